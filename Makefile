@@ -1,0 +1,44 @@
+# dxopt: the two set-up commands are `make demo` and `make test`.
+# Torch is pinned to the CPU wheel; override with `make test TORCH="torch==2.x.y"`.
+PYTHON ?= python3
+TORCH ?= torch==2.13.0
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+PYTEST_ARGS ?=
+
+.PHONY: demo test lint format bench venv clean
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+# One stamp per extras set, refreshed when pyproject.toml changes.
+$(VENV)/.installed-%: pyproject.toml | $(VENV)/bin/python
+	$(PIP) install -q "$(TORCH)"
+	$(PIP) install -q -e ".[$*]" "$(TORCH)"
+	touch $@
+
+venv: $(VENV)/.installed-dev
+
+demo: $(VENV)/.installed-demo
+	$(VENV)/bin/dxopt demo portfolio
+
+test: $(VENV)/.installed-dev
+	OMP_NUM_THREADS=2 $(PY) -m pytest -q $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 0; fi; exit $$rc
+
+lint: $(VENV)/.installed-dev
+	$(VENV)/bin/ruff check src tests benchmarks examples
+	$(VENV)/bin/ruff format --check src tests benchmarks examples
+	$(VENV)/bin/mypy
+
+format: $(VENV)/.installed-dev
+	$(VENV)/bin/ruff format src tests benchmarks examples
+	$(VENV)/bin/ruff check --fix src tests benchmarks examples
+
+bench: $(VENV)/.installed-bench
+	$(VENV)/bin/dxopt bench all
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/*.egg-info
