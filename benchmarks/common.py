@@ -1,0 +1,136 @@
+"""Shared helpers for the benchmarks: timing, machine facts, JSON/Markdown output.
+
+Every benchmark writes its raw results as JSON and a Markdown table under
+``benchmarks/<area>/results/`` and replaces its own section of ``BENCHMARKS.md`` (between
+``<!-- BEGIN <area> -->`` and ``<!-- END <area> -->``), so ``dxopt bench <area>`` reproduces
+that section.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+BENCHMARKS_MD = REPO_ROOT / "BENCHMARKS.md"
+AREA_ORDER = ("qp", "natgrad", "estimators", "bilevel")
+
+
+def set_threads(n: int = 2) -> None:
+    """Pin torch's intra-op threads (and BLAS, for child processes) to ``n``."""
+    import torch
+
+    os.environ.setdefault("OMP_NUM_THREADS", str(n))
+    torch.set_num_threads(n)
+
+
+def results_dir(area: str) -> Path:
+    out = REPO_ROOT / "benchmarks" / area / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def median_time(fn: Callable[[], Any], *, repeats: int = 3, warmup: int = 1) -> float:
+    """Median wall-clock seconds of ``fn()`` over ``repeats`` calls after ``warmup`` calls."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def machine_info() -> dict[str, Any]:
+    import numpy
+    import scipy
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.strip()
+    except OSError:
+        commit = ""
+    return {
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": numpy.__version__,
+        "scipy": scipy.__version__,
+        "commit": commit,
+    }
+
+
+def write_json(path: Path, payload: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+
+
+def fmt(value: Any, digits: int = 3) -> str:
+    """Format a number compactly for tables (``-`` for None/NaN)."""
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        if value != value:  # NaN
+            return "-"
+        if value == 0.0:
+            return "0"
+        if abs(value) >= 1e4 or abs(value) < 1e-2:
+            return f"{value:.{digits - 1}e}"
+        return f"{value:.{digits}g}"
+    return str(value)
+
+
+def markdown_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
+    head = "| " + " | ".join(columns) + " |"
+    sep = "|" + "|".join("---" for _ in columns) + "|"
+    body = ["| " + " | ".join(fmt(r.get(c)) for c in columns) + " |" for r in rows]
+    return "\n".join([head, sep, *body])
+
+
+def machine_line(info: dict[str, Any]) -> str:
+    return (
+        f"Machine: {info['cpu']}, {info['cores']} cores, torch {info['torch']} "
+        f"({info['torch_threads']} threads), Python {info['python']}; "
+        f"run {info['date']} at commit {info['commit'] or 'unknown'}."
+    )
+
+
+def update_benchmarks_md(area: str, section: str) -> None:
+    """Replace (or add) ``area``'s section of BENCHMARKS.md, keeping the others."""
+    begin, end = f"<!-- BEGIN {area} -->", f"<!-- END {area} -->"
+    text = BENCHMARKS_MD.read_text() if BENCHMARKS_MD.exists() else "# Benchmarks\n"
+    block = f"{begin}\n{section.strip()}\n{end}"
+    if begin in text and end in text:
+        pre, rest = text.split(begin, 1)
+        _, post = rest.split(end, 1)
+        text = pre + block + post
+    else:
+        text = text.rstrip() + "\n\n" + block + "\n"
+    BENCHMARKS_MD.write_text(text)
