@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from qp_zoo import (  # noqa: E402
+from qp_zoo import (
     QPData,
     complementary_qp,
     dense_random_qp,

@@ -44,11 +44,12 @@ class QPData(NamedTuple):
 
     def to(self, dtype: torch.dtype) -> QPData:
         """Cast every floating tensor (sparse ones included) to ``dtype``."""
-        return QPData(*(t.to(dtype) if t is not None and t.is_floating_point() else t for t in self))
+        cast = [t.to(dtype) if t is not None and t.is_floating_point() else t for t in self]
+        return QPData(*cast)
 
 
 def dense_random_qp(n: int, *, seed: int = 0, m: int | None = None, p: int | None = None) -> QPData:
-    """The dQP random dense QP (Magoon et al.; qp.md section 5). ``m`` or ``p`` = 0 drops a block."""
+    """The dQP random dense QP (Magoon et al.; qp.md section 5); ``m`` or ``p`` = 0 drops it."""
     gen = torch.Generator().manual_seed(seed)
     m = n if m is None else m
     p = math.ceil(n / 2) if p is None else p
@@ -200,5 +201,5 @@ def sparse_complementary_qp(
 
 
 def weakly_active_qp(seed: int = 0, *, n: int = 12, weak: int = 3) -> QPData:
-    """A QP with ``weak`` rows that have zero slack and zero multiplier (not strictly complementary)."""
+    """A QP with ``weak`` rows of zero slack *and* zero multiplier (not strictly complementary)."""
     return complementary_qp(n, m=10, p=2, n_active=3, weak=weak, seed=seed)
