@@ -1,0 +1,69 @@
+"""FLOP counting and the "does the loss use every parameter?" probe."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.flop_counter import FlopCounterMode
+
+from dxopt.estimators._api import LossFn, check_scalar_loss, raise_unused
+
+
+class FlopTally:
+    """Holds the FLOPs counted by :func:`flop_scope` (``None`` when counting was off)."""
+
+    def __init__(self) -> None:
+        self.flops: int | None = None
+
+
+@contextlib.contextmanager
+def flop_scope(enabled: bool) -> Iterator[FlopTally]:
+    """Count FLOPs of everything inside with :class:`FlopCounterMode` when ``enabled``."""
+    tally = FlopTally()
+    if not enabled:
+        yield tally
+        return
+    mode = FlopCounterMode(display=False)
+    with mode:
+        yield tally
+    tally.flops = int(mode.get_total_flops())
+
+
+class _StorageReads(TorchDispatchMode):
+    """Records the storage pointer of every tensor an operator reads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.read: set[int] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        flat, _ = tree_flatten((args, kwargs or {}))
+        for a in flat:
+            if isinstance(a, Tensor):
+                with contextlib.suppress(RuntimeError, NotImplementedError):
+                    self.read.add(a.untyped_storage().data_ptr())
+        return func(*args, **(kwargs or {}))
+
+
+def check_loss_uses_params(loss_fn: LossFn, params: Mapping[str, Tensor], batch: Any) -> float:
+    """One forward (no graph) that raises if the loss is not scalar or ignores a parameter.
+
+    Zeroth-order and forward-mode estimators cannot see an unused parameter from their
+    estimates (its directional derivative is just zero), so they run this probe once, on their
+    first call. It is not counted in :class:`~dxopt.estimators.Cost`.
+
+    Returns:
+        The loss value.
+    """
+    probe = _StorageReads()
+    with torch.no_grad(), probe:
+        loss = check_scalar_loss(loss_fn(params, batch))
+    unused = [n for n, p in params.items() if p.untyped_storage().data_ptr() not in probe.read]
+    raise_unused(unused)
+    return float(loss)
