@@ -1,0 +1,158 @@
+r"""First-order oracles for bilevel problems and their exact accounting.
+
+A bilevel problem is
+
+.. math::
+
+    \min_x H(x) = f(x, y^*(x)), \qquad y^*(x) = \arg\min_y g(x, y),
+
+with :math:`g(x, \cdot)` :math:`\mu`-strongly convex and :math:`L_g`-smooth. The methods only
+touch the problem through four oracles, each counted as one call:
+
+- ``grad_f(x, y)`` returns :math:`(\nabla_x f, \nabla_y f)`;
+- ``grad_g(x, y)`` returns :math:`(\nabla_x g, \nabla_y g)`;
+- ``hvp_yy(x, y, v)`` returns :math:`\nabla^2_{yy} g\, v` (Hessian-vector product);
+- ``jvp_xy(x, y, v)`` returns :math:`\nabla^2_{xy} g\, v` (mixed product, y-space to x-space).
+
+``exact_hypergradient(x)`` gives :math:`\nabla H(x) = \nabla_x f - \nabla^2_{xy} g
+[\nabla^2_{yy} g]^{-1} \nabla_y f` at :math:`y^*(x)`; it exists for evaluation only and is
+never counted. :class:`CountingOracle` wraps any oracle, counts the four kinds of calls,
+enforces a budget and can log when each coordinate first became nonzero (the frontier of a
+zero-chain, Carmon et al., arXiv 1710.11606; Ji, arXiv 2511.19656).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+__all__ = ["BilevelOracle", "BudgetExhaustedError", "CountingOracle", "OracleCounts"]
+
+
+@runtime_checkable
+class BilevelOracle(Protocol):
+    """The oracle interface every method uses (flat 1-D tensors ``x`` and ``y``)."""
+
+    dim_x: int
+    dim_y: int
+    dtype: torch.dtype
+
+    def grad_f(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def grad_g(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def hvp_yy(self, x: torch.Tensor, y: torch.Tensor, v: torch.Tensor) -> torch.Tensor: ...
+
+    def jvp_xy(self, x: torch.Tensor, y: torch.Tensor, v: torch.Tensor) -> torch.Tensor: ...
+
+    def upper_value(self, x: torch.Tensor, y: torch.Tensor) -> float: ...
+
+    def exact_hypergradient(self, x: torch.Tensor) -> torch.Tensor: ...
+
+
+@dataclass(frozen=True)
+class OracleCounts:
+    """Numbers of oracle calls of each kind; ``total`` counts every call once."""
+
+    grad_f: int = 0
+    grad_g: int = 0
+    hvp: int = 0
+    jvp: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.grad_f + self.grad_g + self.hvp + self.jvp
+
+
+class BudgetExhaustedError(RuntimeError):
+    """Raised by :class:`CountingOracle` before a call that would exceed its budget.
+
+    The methods' driver (:func:`dxopt.bilevel.minimize_bilevel`) catches it and returns a
+    result whose status is ``BUDGET_EXHAUSTED``; users never see it from a method run.
+    """
+
+
+class CountingOracle:
+    """Count the calls made to ``oracle``, stop at ``budget``, optionally log the frontier.
+
+    Args:
+        oracle: the wrapped oracle.
+        budget: maximum total number of calls (``None`` for no limit). The call that would be
+            number ``budget + 1`` raises :class:`BudgetExhaustedError` without running.
+        track_frontier: when true, record for every coordinate of ``x`` and ``y`` the number
+            of the first call whose query (``x``, ``y`` or ``v``) had it nonzero, in
+            :attr:`first_nonzero_x` / :attr:`first_nonzero_y` (``-1``: never).
+
+    Raises:
+        TypeError: if ``oracle`` lacks the oracle methods.
+        ValueError: for a negative budget.
+    """
+
+    def __init__(
+        self, oracle: BilevelOracle, *, budget: int | None = None, track_frontier: bool = False
+    ) -> None:
+        if not isinstance(oracle, BilevelOracle):
+            raise TypeError(
+                "oracle: expected an object with dim_x, dim_y, dtype, grad_f, grad_g, hvp_yy, "
+                f"jvp_xy, upper_value and exact_hypergradient, got {type(oracle).__name__}; "
+                "wrap plain functions with dxopt.bilevel.AutogradOracle(upper, lower, ...)."
+            )
+        if budget is not None and budget < 0:
+            raise ValueError(f"budget: expected a non-negative call count or None, got {budget}.")
+        self.oracle = oracle
+        self.budget = budget
+        self.dim_x, self.dim_y, self.dtype = oracle.dim_x, oracle.dim_y, oracle.dtype
+        self._counts = {"grad_f": 0, "grad_g": 0, "hvp": 0, "jvp": 0}
+        self._total = 0
+        self.track_frontier = track_frontier
+        self.first_nonzero_x = torch.full((oracle.dim_x,), -1, dtype=torch.long)
+        self.first_nonzero_y = torch.full((oracle.dim_y,), -1, dtype=torch.long)
+
+    @property
+    def counts(self) -> OracleCounts:
+        return OracleCounts(**self._counts)
+
+    @property
+    def total(self) -> int:
+        return self._total
+
+    def _charge(self, kind: str, x: torch.Tensor, *ys: torch.Tensor) -> None:
+        if self.budget is not None and self._total >= self.budget:
+            raise BudgetExhaustedError(f"oracle budget of {self.budget} calls exhausted")
+        self._total += 1
+        self._counts[kind] += 1
+        if self.track_frontier:
+            self._log_support(self.first_nonzero_x, x)
+            for y in ys:
+                self._log_support(self.first_nonzero_y, y)
+
+    def _log_support(self, first: torch.Tensor, z: torch.Tensor) -> None:
+        new = (z != 0) & (first < 0)
+        if bool(new.any()):
+            first[new] = self._total
+
+    def grad_f(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self._charge("grad_f", x, y)
+        return self.oracle.grad_f(x, y)
+
+    def grad_g(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self._charge("grad_g", x, y)
+        return self.oracle.grad_g(x, y)
+
+    def hvp_yy(self, x: torch.Tensor, y: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        self._charge("hvp", x, y, v)
+        return self.oracle.hvp_yy(x, y, v)
+
+    def jvp_xy(self, x: torch.Tensor, y: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        self._charge("jvp", x, y, v)
+        return self.oracle.jvp_xy(x, y, v)
+
+    def upper_value(self, x: torch.Tensor, y: torch.Tensor) -> float:
+        """Not counted: for evaluation only."""
+        return self.oracle.upper_value(x, y)
+
+    def exact_hypergradient(self, x: torch.Tensor) -> torch.Tensor:
+        """Not counted: for evaluation only."""
+        return self.oracle.exact_hypergradient(x)
