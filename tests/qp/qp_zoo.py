@@ -164,7 +164,7 @@ def _to_sparse(t: Tensor | None) -> Tensor | None:
 
 
 def sparse_complementary_qp(
-    n: int, *, m: int = 0, p: int = 0, density: float = 0.1, seed: int = 0
+    n: int, *, m: int = 0, p: int = 0, density: float = 0.3, seed: int = 0
 ) -> QPData:
     """A strictly complementary QP with sparse ``P`` (tridiagonal + I), ``A``, ``G`` (COO).
 
@@ -193,6 +193,11 @@ def sparse_complementary_qp(
         G = sparse_rows(m)
         n_active = min(m, max(0, (n - p) // 2))
         active = torch.randperm(m, generator=gen) < n_active
+        for _ in range(100):  # redraw the active rows until LICQ holds
+            C = torch.cat([G[active], A if A is not None else G[:0]])
+            if int(torch.linalg.matrix_rank(C)) == C.shape[0]:
+                break
+            G[active] = sparse_rows(int(active.sum()))
         spread = torch.rand(m, generator=gen, dtype=F64)
         nu = torch.where(active, 0.5 + spread, torch.zeros_like(spread))
         h = G @ x + torch.where(active, torch.zeros_like(spread), 0.5 + spread)

@@ -1,0 +1,37 @@
+"""Differentiable convex quadratic programs.
+
+Solve :math:`\\min_x \\tfrac12 x^\\top P x + q^\\top x` s.t. :math:`Ax = b`, :math:`Gx \\le h`
+with any :mod:`qpsolvers` backend and differentiate the solution and the multipliers, batched,
+dense or sparse, float32 or float64, with either
+
+- :class:`PenaltyBackward` (default): the dXPP smoothed-penalty system
+  :math:`(P + G_J^\\top W G_J + A^\\top W_E A)v = \\bar x` (Linghu, Liu & Deng,
+  arXiv 2602.14154) with per-row weights, β derived from the achieved accuracy and iterative
+  refinement against the exact KKT adjoint, or
+- :class:`KKTBackward`: exact implicit differentiation of the reduced KKT system on the active
+  set (Amos & Kolter, arXiv 1703.00443), the accuracy reference.
+"""
+
+from dxopt.qp._api import QPLayer as QPLayer
+from dxopt.qp._api import solve as solve
+from dxopt.qp._backward_kkt import KKTBackward as KKTBackward
+from dxopt.qp._backward_penalty import PenaltyBackward as PenaltyBackward
+from dxopt.qp._types import BackwardDiagnostics as BackwardDiagnostics
+from dxopt.qp._types import QPBackwardError as QPBackwardError
+from dxopt.qp._types import QPInfo as QPInfo
+from dxopt.qp._types import QPSolution as QPSolution
+from dxopt.qp._types import QPSolveError as QPSolveError
+from dxopt.qp._types import QPStatus as QPStatus
+
+__all__ = [
+    "BackwardDiagnostics",
+    "KKTBackward",
+    "PenaltyBackward",
+    "QPBackwardError",
+    "QPInfo",
+    "QPLayer",
+    "QPSolution",
+    "QPSolveError",
+    "QPStatus",
+    "solve",
+]

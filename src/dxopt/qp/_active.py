@@ -1,0 +1,133 @@
+"""Active-set identification from the accuracy the solver actually reached.
+
+Rows are compared in a row-scaled form: normalised slack :math:`\\hat s_i = (h_i - g_i^\\top x)
+/\\|g_i\\|` and normalised multiplier :math:`\\hat\\nu_i = \\nu_i\\|g_i\\|` (both invariant to
+rescaling a row). With the achieved accuracy
+
+.. math::
+    \\varepsilon = \\max\\big(\\max_i(-\\hat s_i)_+,\\ \\max_j |a_j^\\top x - b_j|/\\|a_j\\|,
+    \\ \\max_i |\\hat s_i \\hat\\nu_i| / (1 + \\max_i \\hat\\nu_i)\\big),
+
+a row is a candidate when :math:`\\hat s_i \\le \\tau_s = \\max(10^3\\varepsilon, 10^{-9})
+(1 + \\|x\\|_\\infty)` and it is *strongly active* when also :math:`\\hat\\nu_i > \\tau_\\nu =
+\\max(10^3\\varepsilon, 10^{-9})(1 + \\max_i\\hat\\nu_i)`. Candidates with
+:math:`\\hat\\nu_i \\le \\tau_\\nu` are *weakly active* (zero slack and zero multiplier); the map
+:math:`\\theta \\mapsto x^\\star` is not differentiable there and ``weak_policy`` decides:
+``"inactive"`` (default, as the reduced-KKT reference of qp.md section 4: the one-sided
+derivative in which the row may leave), ``"active"`` (the row is kept as an equality: the
+derivative on the face) or ``"raise"``. ``active_tol`` overrides :math:`\\tau_s` (in normalised
+slack units).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from dxopt.qp._problem import QPProblem
+from dxopt.qp._types import QPBackwardError
+
+__all__ = ["WEAK_POLICIES", "ActiveSet", "identify_active", "matvec", "rmatvec"]
+
+WEAK_POLICIES = ("inactive", "active", "raise")
+
+
+def matvec(M: Tensor, v: Tensor) -> Tensor:
+    """``M @ v`` per sample: ``M`` is (k, n), (S, k, n) or sparse COO (k, n); ``v`` is (S, n)."""
+    if M.layout == torch.sparse_coo:
+        return torch.sparse.mm(M, v.T).T
+    if M.ndim == 2:
+        return v @ M.T
+    return torch.einsum("skn,sn->sk", M, v)
+
+
+def rmatvec(M: Tensor, w: Tensor) -> Tensor:
+    """``M^T @ w`` per sample: ``w`` is (S, k); returns (S, n)."""
+    if M.layout == torch.sparse_coo:
+        return torch.sparse.mm(M.t(), w.T).T
+    if M.ndim == 2:
+        return w @ M
+    return torch.einsum("skn,sk->sn", M, w)
+
+
+def row_norms(M: Tensor) -> Tensor:
+    """Euclidean row norms, (k,) or (S, k), clamped away from zero."""
+    if M.layout == torch.sparse_coo:
+        sq = torch.zeros(M.shape[0], dtype=M.dtype)
+        sq.index_add_(0, M.indices()[0], M.values() ** 2)
+        out = sq.sqrt()
+    else:
+        out = torch.linalg.vector_norm(M, dim=-1)
+    return out.clamp_min(torch.finfo(M.dtype).tiny)
+
+
+@dataclass(frozen=True)
+class ActiveSet:
+    """Per-sample row classification (masks are (S, m)) and accuracy figures (S,)."""
+
+    active: Tensor
+    weak: Tensor
+    used: Tensor
+    accuracy: Tensor
+    g_norm: Tensor | None
+    a_norm: Tensor | None
+
+    @property
+    def n_active(self) -> tuple[int, ...]:
+        return tuple(int(v) for v in self.used.sum(-1))
+
+    @property
+    def n_weak(self) -> tuple[int, ...]:
+        return tuple(int(v) for v in self.weak.sum(-1))
+
+
+def identify_active(
+    problem: QPProblem,
+    x: Tensor,
+    eq_duals: Tensor,
+    ineq_duals: Tensor,
+    *,
+    active_tol: float | None,
+    weak_policy: str,
+) -> ActiveSet:
+    """Classify the inequality rows of every sample (see the module docstring)."""
+    S, m = x.shape[0], problem.m
+    eps = torch.zeros(S, dtype=torch.float64)
+    a_norm = g_norm = None
+    if problem.A is not None:
+        a_norm = row_norms(problem.A)
+        r = (matvec(problem.A, x) - problem.dense_vec("b")).abs() / a_norm
+        eps = torch.maximum(eps, r.amax(-1) if r.shape[-1] else eps)
+    if problem.G is None:
+        empty = torch.zeros(S, 0, dtype=torch.bool)
+        return ActiveSet(empty, empty, empty, eps, None, a_norm)
+    g_norm = row_norms(problem.G)
+    slack = (problem.dense_vec("h") - matvec(problem.G, x)) / g_norm
+    nu_hat = ineq_duals * g_norm
+    nu_max = nu_hat.amax(-1) if m else torch.zeros(S, dtype=torch.float64)
+    comp = (slack * nu_hat).abs().amax(-1) / (1.0 + nu_max) if m else eps
+    viol = (-slack).clamp_min(0.0).amax(-1) if m else eps
+    eps = torch.maximum(eps, torch.maximum(viol, comp))
+    base = torch.clamp(1e3 * eps, min=1e-9)
+    x_scale = 1.0 + x.abs().amax(-1)
+    tau_s = base * x_scale if active_tol is None else torch.full_like(base, active_tol)
+    tau_nu = base * (1.0 + nu_max)
+    candidate = slack <= tau_s[:, None]
+    active = candidate & (nu_hat > tau_nu[:, None])
+    weak = candidate & ~active
+    if weak_policy not in WEAK_POLICIES:
+        raise ValueError(
+            f"weak_policy: expected one of {WEAK_POLICIES}, got {weak_policy!r}. "
+            "Use 'inactive' (default), 'active' or 'raise'."
+        )
+    if weak_policy == "raise" and bool(weak.any()):
+        rows = [tuple(int(j) for j in torch.nonzero(w).flatten()) for w in weak]
+        bad = {i: r for i, r in enumerate(rows) if r}
+        raise QPBackwardError(
+            f"weakly active rows (zero slack and zero multiplier) at (sample: rows) {bad}; the "
+            "solution map is not differentiable there. Use weak_policy='inactive' or 'active'."
+        )
+    used = active | weak if weak_policy == "active" else active
+    return ActiveSet(active, weak, used, eps, g_norm, a_norm)

@@ -1,0 +1,75 @@
+"""The reduced-KKT adjoint system shared by both backward methods.
+
+With the rows :math:`J` treated as active, the KKT conditions
+:math:`Px + q + G_J^\\top\\nu_J + A^\\top\\mu = 0`, :math:`G_J x = h_J`, :math:`Ax = b` have the
+symmetric Jacobian :math:`K = [[P, G_J^\\top, A^\\top], [G_J, 0, 0], [A, 0, 0]]`. For output
+cotangents :math:`(\\bar x, \\bar\\nu, \\bar\\mu)` the adjoint solves
+
+.. math:: K\\,[u;\\ w_J;\\ w_E] = [\\bar x;\\ \\bar\\nu_J;\\ \\bar\\mu]
+
+and every parameter gradient follows from :math:`(u, w_J, w_E)` (see ``_grads.py``). Rows off
+:math:`J` have :math:`\\nu_i \\equiv 0` locally, so their cotangents do not enter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from dxopt.qp._active import ActiveSet, matvec, rmatvec
+from dxopt.qp._problem import QPProblem
+
+__all__ = ["AdjointInput", "AdjointSolution", "kkt_residual"]
+
+
+@dataclass(frozen=True)
+class AdjointInput:
+    """Everything a backward method needs, float64 CPU, one row per sample.
+
+    Failed samples (``ok`` False) carry zero cotangents and a zero ``x``.
+    """
+
+    problem: QPProblem
+    x: Tensor
+    eq_duals: Tensor
+    ineq_duals: Tensor
+    grad_x: Tensor
+    grad_eq: Tensor
+    grad_ineq: Tensor
+    ok: Tensor
+
+
+@dataclass(frozen=True)
+class AdjointSolution:
+    """:math:`(u, w_J, w_E)` with :math:`w_J` zero off the rows in ``active.used``."""
+
+    u: Tensor
+    w_ineq: Tensor
+    w_eq: Tensor
+    active: ActiveSet
+    residual: Tensor
+
+
+def kkt_residual(
+    data: AdjointInput, active: ActiveSet, u: Tensor, w_ineq: Tensor, w_eq: Tensor
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Residual blocks of :math:`K[u; w] = rhs` and the per-sample relative residual."""
+    problem = data.problem
+    used = active.used.to(torch.float64)
+    r1 = data.grad_x - matvec(problem.P, u)
+    rhs_norm = data.grad_x.pow(2).sum(-1)
+    r2 = torch.zeros_like(w_ineq)
+    r3 = torch.zeros_like(w_eq)
+    if problem.G is not None:
+        r1 = r1 - rmatvec(problem.G, w_ineq * used)
+        r2 = (data.grad_ineq - matvec(problem.G, u)) * used
+        rhs_norm = rhs_norm + (data.grad_ineq * used).pow(2).sum(-1)
+    if problem.A is not None:
+        r1 = r1 - rmatvec(problem.A, w_eq)
+        r3 = data.grad_eq - matvec(problem.A, u)
+        rhs_norm = rhs_norm + data.grad_eq.pow(2).sum(-1)
+    res = (r1.pow(2).sum(-1) + r2.pow(2).sum(-1) + r3.pow(2).sum(-1)).sqrt()
+    rel = res / rhs_norm.sqrt().clamp_min(torch.finfo(torch.float64).tiny)
+    return r1, r2, r3, torch.where(data.ok, rel, torch.zeros_like(rel))

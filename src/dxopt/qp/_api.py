@@ -1,0 +1,222 @@
+"""Public entry points: :func:`solve` and :class:`QPLayer`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from dxopt.qp._active import matvec, rmatvec
+from dxopt.qp._backward_kkt import KKTBackward
+from dxopt.qp._backward_penalty import PenaltyBackward
+from dxopt.qp._forward import ForwardResult, default_solver, solve_forward
+from dxopt.qp._function import BackwardMethod, QPFunction, QPState
+from dxopt.qp._problem import QPProblem, canonical_problem
+from dxopt.qp._types import BackwardDiagnostics, QPInfo, QPSolution, QPSolveError
+
+__all__ = ["QPLayer", "solve"]
+
+
+def _backward_method(backward: object) -> BackwardMethod:
+    if backward == "penalty":
+        return PenaltyBackward()
+    if backward == "kkt":
+        return KKTBackward()
+    if isinstance(backward, (PenaltyBackward, KKTBackward)):
+        return backward
+    raise ValueError(
+        f"backward: expected 'penalty', 'kkt', a PenaltyBackward or a KKTBackward, got "
+        f"{backward!r}."
+    )
+
+
+def _residuals(problem: QPProblem, r: ForwardResult) -> tuple[tuple[float, ...], ...]:
+    x = torch.nan_to_num(r.x)
+    primal = torch.zeros(problem.size, dtype=torch.float64)
+    dual = matvec(problem.P, x) + problem.dense_vec("q")
+    if problem.A is not None:
+        primal = torch.maximum(
+            primal, (matvec(problem.A, x) - problem.dense_vec("b")).abs().amax(-1)
+        )
+        dual = dual + rmatvec(problem.A, torch.nan_to_num(r.eq_duals))
+    if problem.G is not None and problem.m:
+        viol = (matvec(problem.G, x) - problem.dense_vec("h")).clamp_min(0.0).amax(-1)
+        primal = torch.maximum(primal, viol)
+        dual = dual + rmatvec(problem.G, torch.nan_to_num(r.ineq_duals))
+    ok = torch.tensor([s.ok for s in r.status])
+    nan = torch.full_like(primal, float("nan"))
+    primal = torch.where(ok, primal, nan)
+    dual_inf = torch.where(ok, dual.abs().amax(-1), nan)
+    return tuple(float(v) for v in primal), tuple(float(v) for v in dual_inf)
+
+
+def solve(
+    P: Tensor,
+    q: Tensor,
+    A: Tensor | None = None,
+    b: Tensor | None = None,
+    G: Tensor | None = None,
+    h: Tensor | None = None,
+    *,
+    backward: str | PenaltyBackward | KKTBackward = "penalty",
+    solver: str = "auto",
+    eps_abs: float = 1e-9,
+    eps_rel: float = 0.0,
+    on_failure: str = "raise",
+    warm_start: Tensor | None = None,
+    max_workers: int | None = None,
+    solver_options: dict[str, Any] | None = None,
+    check_psd: bool = True,
+) -> QPSolution:
+    """Solve :math:`\\min_x \\tfrac12 x^\\top Px + q^\\top x` s.t. :math:`Ax = b`, :math:`Gx \\le h`
+    and make the solution and the multipliers differentiable.
+
+    The forward solve goes through :func:`qpsolvers.solve_problem` (CPU, float64, one solve per
+    sample). The derivative is the implicit one of the KKT conditions
+    :math:`Px + q + A^\\top\\mu + G^\\top\\nu = 0`, :math:`Ax = b`,
+    :math:`\\nu \\circ (Gx - h) = 0` on the active set, computed either by the dXPP penalty
+    system (:class:`PenaltyBackward`, Linghu et al., arXiv 2602.14154) or by the exact reduced
+    KKT system (:class:`KKTBackward`; Amos & Kolter, arXiv 1703.00443).
+
+    Args:
+        P: ``(n, n)`` or ``(B, n, n)`` symmetric PSD; dense, or torch sparse COO/CSR ``(n, n)``.
+        q: ``(n,)`` or ``(B, n)``.
+        A, b: equality constraints ``(p, n)``/``(B, p, n)`` (dense or sparse) and ``(p,)``/
+            ``(B, p)``; both or neither.
+        G, h: inequality constraints ``(m, n)``/``(B, m, n)`` and ``(m,)``/``(B, m)``.
+        backward: ``"penalty"`` (default), ``"kkt"`` or a configured :class:`PenaltyBackward`
+            / :class:`KKTBackward`.
+        solver: a qpsolvers backend name, or ``"auto"``: ``"daqp"`` for dense problems and
+            ``"piqp"`` when a matrix is sparse (fastest in our measurements; see
+            :func:`dxopt.qp._forward.default_solver`).
+        eps_abs, eps_rel: solver tolerances, mapped to each backend's own settings (daqp is an
+            active-set method solving to machine precision and ignores them).
+        on_failure: ``"raise"`` raises :class:`QPSolveError` naming the failed batch indices;
+            ``"nan"`` returns NaN ``x`` and duals for those samples, keeps the others, and
+            gives zero gradient contributions from the failed samples.
+        warm_start: initial primal guess ``(n,)`` or ``(B, n)`` (backends that support it).
+        max_workers: threads over the batch (``None``: serial loop, the measured winner on
+            small problems).
+        solver_options: extra keyword arguments for the backend.
+        check_psd: check that dense ``P`` is PSD (one Cholesky); sparse ``P`` gets a symmetry
+            and diagonal check only.
+
+    Returns:
+        :class:`QPSolution` with ``x``, ``eq_duals``, ``ineq_duals`` (differentiable),
+        per-sample ``status`` and ``info``. Outputs are batched if any input is; gradients of
+        unbatched inputs are summed over the batch.
+
+    Raises:
+        ValueError: bad shapes, dtypes, devices, NaN/Inf, non-symmetric or non-PSD ``P``,
+            inconsistent batch sizes, bad options.
+        QPSolveError: infeasible, unbounded or failed samples with ``on_failure="raise"``.
+
+    Example:
+        >>> import torch, dxopt.qp as dqp
+        >>> P = torch.eye(2, dtype=torch.float64)
+        >>> q = torch.tensor([-1.0, -1.0], dtype=torch.float64, requires_grad=True)
+        >>> G, h = torch.ones(1, 2, dtype=torch.float64), torch.ones(1, dtype=torch.float64)
+        >>> sol = dqp.solve(P, q, G=G, h=h)
+        >>> sol.x.detach()
+        tensor([0.5000, 0.5000], dtype=torch.float64)
+    """
+    if on_failure not in ("raise", "nan"):
+        raise ValueError(f"on_failure: expected 'raise' or 'nan', got {on_failure!r}.")
+    method = _backward_method(backward)
+    if max_workers is not None and (not isinstance(max_workers, int) or max_workers < 1):
+        raise ValueError(f"max_workers: expected a positive int or None, got {max_workers!r}.")
+    problem = canonical_problem(P, q, A, b, G, h, check_psd=check_psd)
+    if warm_start is not None and (
+        not isinstance(warm_start, Tensor) or warm_start.shape[-1] != problem.n
+    ):
+        got = tuple(warm_start.shape) if isinstance(warm_start, Tensor) else type(warm_start)
+        raise ValueError(f"warm_start: expected a tensor (n,) or (B, n), got {got}.")
+    name = default_solver(problem) if solver == "auto" else solver
+    result = solve_forward(
+        problem,
+        solver=name,
+        eps_abs=eps_abs,
+        eps_rel=eps_rel,
+        warm_start=warm_start,
+        max_workers=max_workers,
+        solver_options=solver_options,
+    )
+    failed = tuple(i for i, s in enumerate(result.status) if not s.ok)
+    if failed and on_failure == "raise":
+        kinds = {i: result.status[i].value for i in failed}
+        raise QPSolveError(
+            f"{len(failed)} of {problem.size} QPs not solved by {name!r} (batch index: status) "
+            f"{kinds}. Fix the data, or pass on_failure='nan' to get NaN for those samples.",
+            failed,
+            result.status,
+        )
+    diagnostics = BackwardDiagnostics()
+    state = QPState(problem=problem, result=result, method=method, diagnostics=diagnostics)
+    x, mu, nu = QPFunction.apply(P, q, A, b, G, h, state)
+    primal, dual = _residuals(problem, result)
+    info = QPInfo(
+        solver=name,
+        solve_time=result.solve_time,
+        primal_residual=primal,
+        dual_residual=dual,
+        backward=diagnostics,
+    )
+    return QPSolution(
+        x=x,
+        eq_duals=mu if A is not None else None,
+        ineq_duals=nu if G is not None else None,
+        status=result.status,
+        info=info,
+    )
+
+
+class QPLayer(nn.Module):
+    """A differentiable QP layer: ``layer(P, q, A, b, G, h) -> QPSolution``.
+
+    Holds only its configuration (keyword options of :func:`solve`), so it is picklable and
+    safe under ``DistributedDataParallel``.
+    """
+
+    def __init__(
+        self,
+        *,
+        backward: str | PenaltyBackward | KKTBackward = "penalty",
+        solver: str = "auto",
+        eps_abs: float = 1e-9,
+        eps_rel: float = 0.0,
+        on_failure: str = "raise",
+        max_workers: int | None = None,
+        solver_options: dict[str, Any] | None = None,
+        check_psd: bool = True,
+    ) -> None:
+        super().__init__()
+        _backward_method(backward)
+        if on_failure not in ("raise", "nan"):
+            raise ValueError(f"on_failure: expected 'raise' or 'nan', got {on_failure!r}.")
+        self.options: dict[str, Any] = {
+            "backward": backward,
+            "solver": solver,
+            "eps_abs": eps_abs,
+            "eps_rel": eps_rel,
+            "on_failure": on_failure,
+            "max_workers": max_workers,
+            "solver_options": solver_options,
+            "check_psd": check_psd,
+        }
+
+    def forward(
+        self,
+        P: Tensor,
+        q: Tensor,
+        A: Tensor | None = None,
+        b: Tensor | None = None,
+        G: Tensor | None = None,
+        h: Tensor | None = None,
+        *,
+        warm_start: Tensor | None = None,
+    ) -> QPSolution:
+        return solve(P, q, A, b, G, h, warm_start=warm_start, **self.options)
+
+    def extra_repr(self) -> str:
+        return ", ".join(f"{k}={v!r}" for k, v in self.options.items() if v is not None)

@@ -1,0 +1,104 @@
+"""The module-level :class:`torch.autograd.Function` that attaches the QP derivative.
+
+Solving and differentiating are kept apart: :func:`dxopt.qp.solve` runs the forward solve
+first; this Function only hands the solution out and, in ``backward``, asks the chosen backward
+method (:class:`~dxopt.qp.PenaltyBackward` or :class:`~dxopt.qp.KKTBackward`) for the adjoint
+:math:`(u, w_J, w_E)`, from which ``_grads.py`` forms every parameter gradient.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor
+
+from dxopt.qp._adjoint import AdjointInput, AdjointSolution
+from dxopt.qp._forward import ForwardResult
+from dxopt.qp._grads import parameter_gradients
+from dxopt.qp._problem import QPProblem
+from dxopt.qp._types import BackwardDiagnostics
+
+__all__ = ["BackwardMethod", "QPFunction", "QPState"]
+
+
+class BackwardMethod(Protocol):
+    """A backward method: computes the adjoint from the saved solution."""
+
+    @property
+    def name(self) -> str: ...
+
+    def solve_adjoint(
+        self, data: AdjointInput, diagnostics: BackwardDiagnostics
+    ) -> AdjointSolution: ...
+
+
+@dataclass(frozen=True)
+class QPState:
+    """Non-tensor context of one call: the canonical problem, its solution, the method."""
+
+    problem: QPProblem
+    result: ForwardResult
+    method: BackwardMethod
+    diagnostics: BackwardDiagnostics
+
+
+def _cotangent(g: Tensor | None, size: int, width: int) -> Tensor:
+    if g is None:
+        return torch.zeros(size, width, dtype=torch.float64)
+    return g.detach().to("cpu", torch.float64).reshape(size, width)
+
+
+class QPFunction(torch.autograd.Function):
+    """``(P, q, A, b, G, h, state) -> (x, eq_duals, ineq_duals)`` with the implicit derivative."""
+
+    @staticmethod
+    def forward(
+        P: Tensor,
+        q: Tensor,
+        A: Tensor | None,
+        b: Tensor | None,
+        G: Tensor | None,
+        h: Tensor | None,
+        state: QPState,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        problem, result = state.problem, state.result
+        outs = []
+        for t in (result.x, result.eq_duals, result.ineq_duals):
+            if problem.batch is None:
+                t = t[0]
+            outs.append(t.to(dtype=problem.dtype, device=problem.device, copy=True))
+        return outs[0], outs[1], outs[2]
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        ctx.state = inputs[-1]
+
+    @staticmethod
+    def backward(
+        ctx: Any, grad_x: Tensor | None, grad_eq: Tensor | None, grad_ineq: Tensor | None
+    ) -> tuple[Tensor | None, ...]:
+        state: QPState = ctx.state
+        problem, result = state.problem, state.result
+        S = problem.size
+        ok = torch.tensor([s.ok for s in result.status], dtype=torch.bool)
+        okc = ok[:, None]
+
+        def clean(t: Tensor) -> Tensor:
+            return torch.where(okc, t, torch.zeros_like(t))
+
+        data = AdjointInput(
+            problem=problem,
+            x=clean(result.x),
+            eq_duals=clean(result.eq_duals),
+            ineq_duals=clean(result.ineq_duals),
+            grad_x=clean(_cotangent(grad_x, S, problem.n)),
+            grad_eq=clean(_cotangent(grad_eq, S, problem.p)),
+            grad_ineq=clean(_cotangent(grad_ineq, S, problem.m)),
+            ok=ok,
+        )
+        adjoint = state.method.solve_adjoint(data, state.diagnostics)
+        grads = parameter_gradients(data, adjoint)
+        needs = ctx.needs_input_grad
+        return (*(g if needs[k] else None for k, g in enumerate(grads)), None)

@@ -1,0 +1,67 @@
+"""Parameter gradients from the adjoint solution :math:`(u, w_J, w_E)`.
+
+.. math::
+    \\bar q = -u,\\quad \\bar P = -\\tfrac12(u x^\\top + x u^\\top),\\quad
+    \\bar h_J = w_J,\\quad \\bar G_J = -(\\nu_J u^\\top + w_J x^\\top),\\quad
+    \\bar b = w_E,\\quad \\bar A = -(\\mu u^\\top + w_E x^\\top),
+
+zero on the rows off :math:`J`. Parameters shared by the batch get the *sum* over samples.
+Sparse matrices get a gradient with exactly their own sparsity pattern (the values of the
+dense formula at the stored entries), in their own layout (COO or CSR).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from dxopt.qp._adjoint import AdjointInput, AdjointSolution
+from dxopt.qp._problem import QPProblem
+
+__all__ = ["parameter_gradients"]
+
+
+def _outer_sum(pairs: list[tuple[Tensor, Tensor]], template: Tensor) -> Tensor:
+    """:math:`-\\sum_{(l, r)} l_s r_s^\\top` (summed over samples unless ``template`` is batched),
+    in the shape and sparsity pattern of ``template``."""
+    if template.layout == torch.sparse_coo:
+        rows, cols = template.indices()
+        values = torch.stack([(left[:, rows] * right[:, cols]).sum(0) for left, right in pairs])
+        return torch.sparse_coo_tensor(template.indices(), -values.sum(0), template.shape)
+    if template.ndim == 3:
+        return sum(-(left.unsqueeze(-1) * right.unsqueeze(-2)) for left, right in pairs)  # type: ignore[return-value]
+    return sum(-(left.T @ right) for left, right in pairs)  # type: ignore[return-value]
+
+
+def _vector(v: Tensor, template: Tensor) -> Tensor:
+    return v if template.ndim == 2 else v.sum(0)
+
+
+def _restore(g: Tensor, problem: QPProblem, index: int) -> Tensor:
+    layout = problem.layouts[index]
+    out = g.to(dtype=problem.dtype)
+    if layout == torch.sparse_coo:
+        out = out.coalesce()
+    elif layout == torch.sparse_csr:
+        out = out.coalesce().to_sparse_csr()
+    return out.to(problem.device)
+
+
+def parameter_gradients(data: AdjointInput, adj: AdjointSolution) -> tuple[Tensor | None, ...]:
+    """Gradients for ``(P, q, A, b, G, h)`` in the inputs' dtype, device and layout."""
+    problem = data.problem
+    x, u = data.x, adj.u
+    grads: list[Tensor | None] = [None] * 6
+    grads[0] = 0.5 * _outer_sum([(u, x), (x, u)], problem.P)
+    grads[1] = _vector(-u, problem.q)
+    if problem.A is not None and problem.b is not None:
+        w_eq = adj.w_eq
+        grads[2] = _outer_sum([(data.eq_duals, u), (w_eq, x)], problem.A)
+        grads[3] = _vector(w_eq, problem.b)
+    if problem.G is not None and problem.h is not None:
+        used = adj.active.used.to(torch.float64)
+        w_ineq = adj.w_ineq * used
+        nu_J = data.ineq_duals * used
+        grads[4] = _outer_sum([(nu_J, u), (w_ineq, x)], problem.G)
+        grads[5] = _vector(w_ineq, problem.h)
+    return tuple(None if g is None else _restore(g, problem, k) for k, g in enumerate(grads))

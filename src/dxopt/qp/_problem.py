@@ -1,0 +1,287 @@
+"""Input validation and the canonical (float64, CPU) form of a batch of QPs.
+
+The problem is :math:`\\min_x \\tfrac12 x^\\top P x + q^\\top x` s.t. :math:`Ax = b`,
+:math:`Gx \\le h`. Dense inputs may carry a leading batch dimension; sparse ``P``, ``A``, ``G``
+(torch COO or CSR) are shared by the batch. Every check raises a :class:`ValueError` (or a
+:class:`TypeError` for a non-tensor) naming the argument, what was expected, what came, and
+what to do about it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+from torch import Tensor
+
+__all__ = ["QPProblem", "canonical_problem", "to_scipy_csr"]
+
+_NAMES = ("P", "q", "A", "b", "G", "h")
+_SPARSE_LAYOUTS = (torch.sparse_coo, torch.sparse_csr)
+
+
+@dataclass(frozen=True)
+class QPProblem:
+    """Validated problem: float64 CPU copies (detached) plus what is needed to map back.
+
+    Dense tensors keep their own shape (batched or not); sparse matrices are coalesced COO.
+    ``batch`` is ``None`` when no input is batched (the call then returns unbatched outputs).
+    """
+
+    P: Tensor
+    q: Tensor
+    A: Tensor | None
+    b: Tensor | None
+    G: Tensor | None
+    h: Tensor | None
+    n: int
+    m: int
+    p: int
+    batch: int | None
+    dtype: torch.dtype
+    device: torch.device
+    layouts: tuple[torch.layout | None, ...]
+
+    @property
+    def size(self) -> int:
+        """Number of samples actually solved (1 for an unbatched call)."""
+        return 1 if self.batch is None else self.batch
+
+    def is_sparse(self, name: str) -> bool:
+        return getattr(self, name) is not None and getattr(self, name).layout == torch.sparse_coo
+
+    @property
+    def any_sparse(self) -> bool:
+        return any(self.is_sparse(k) for k in ("P", "A", "G"))
+
+    def dense_vec(self, name: str) -> Tensor:
+        """``q``, ``b`` or ``h`` as an ``(size, k)`` tensor (expanded if shared)."""
+        t = getattr(self, name)
+        return t if t.ndim == 2 else t.unsqueeze(0).expand(self.size, -1)
+
+    def dense(self, name: str) -> Tensor | None:
+        """The parameter as a dense ``(size, ...)`` tensor (sparse ones densified)."""
+        t = getattr(self, name)
+        if t is None:
+            return None
+        if t.layout == torch.sparse_coo:
+            t = t.to_dense()
+        base = 2 if name in ("P", "A", "G") else 1
+        if t.ndim == base:
+            t = t.unsqueeze(0).expand(self.size, *t.shape)
+        return t
+
+
+def to_scipy_csr(t: Tensor) -> sp.csr_matrix:
+    """A coalesced 2-D torch COO tensor as a scipy CSR matrix (float64)."""
+    idx = t.indices().numpy()
+    return sp.csr_matrix((t.values().numpy(), (idx[0], idx[1])), shape=tuple(t.shape))
+
+
+def _fail(name: str, expected: str, got: str, fix: str) -> ValueError:
+    return ValueError(f"{name}: expected {expected}, got {got}. {fix}")
+
+
+def _check_tensor(name: str, t: object) -> Tensor | None:
+    if t is None:
+        return None
+    if not isinstance(t, Tensor):
+        raise TypeError(
+            f"{name}: expected a torch.Tensor or None, got {type(t).__name__}. "
+            f"Wrap it with torch.as_tensor({name}, dtype=torch.float64)."
+        )
+    if t.dtype not in (torch.float32, torch.float64):
+        raise _fail(name, "dtype float32 or float64", str(t.dtype), f"Use {name}.double().")
+    if t.layout not in (torch.strided, *_SPARSE_LAYOUTS):
+        raise _fail(name, "a dense, sparse COO or sparse CSR tensor", str(t.layout), "Convert it.")
+    if t.layout in _SPARSE_LAYOUTS and name not in ("P", "A", "G"):
+        raise _fail(name, "a dense tensor", str(t.layout), f"Use {name}.to_dense().")
+    return t
+
+
+def _finite(name: str, t: Tensor) -> None:
+    if t.layout == torch.sparse_coo:
+        values = t.detach().coalesce().values()
+    else:
+        values = t.detach().values() if t.layout == torch.sparse_csr else t.detach()
+    if not bool(torch.isfinite(values).all()):
+        raise _fail(
+            name, "finite entries", "NaN or Inf", "Replace infinite bounds by dropping the row."
+        )
+
+
+def _canonical_sparse(t: Tensor) -> Tensor:
+    if t.ndim != 2:
+        raise ValueError("sparse matrices must be 2-D (shared by the batch)")
+    return t.detach().to("cpu", torch.float64).to_sparse_coo().coalesce()
+
+
+def _check_symmetric_psd(P: Tensor, eps: float) -> None:
+    n = P.shape[-1]
+    if P.layout == torch.sparse_coo:
+        diff = (P - P.t()).coalesce().values().abs()
+        scale = max(1.0, float(P.values().abs().max())) if P._nnz() else 1.0
+        if diff.numel() and float(diff.max()) > 100 * eps * scale:
+            raise _fail(
+                "P",
+                "a symmetric matrix",
+                f"max |P - P^T| = {float(diff.max()):.3g}",
+                "Pass (P + P.T) / 2.",
+            )
+        diag = P.to_dense().diagonal() if n <= 2048 else _sparse_diag(P)
+        if bool((diag < -100 * eps * scale).any()):
+            raise _fail(
+                "P",
+                "a positive semidefinite matrix",
+                "a negative diagonal entry",
+                "Check the sign of the quadratic term.",
+            )
+        return
+    dense_scale = P.abs().amax(dim=(-2, -1)).clamp_min(1.0)
+    asym = (P - P.transpose(-1, -2)).abs().amax(dim=(-2, -1))
+    if bool((asym > 100 * eps * dense_scale).any()):
+        raise _fail(
+            "P",
+            "a symmetric matrix",
+            f"max |P - P^T| = {float(asym.max()):.3g}",
+            "Pass (P + P.mT) / 2.",
+        )
+    shift = (max(1e-10, 10 * n * eps) * dense_scale)[..., None, None] * torch.eye(n, dtype=P.dtype)
+    _, info = torch.linalg.cholesky_ex(P + shift)
+    if bool((info != 0).any()):
+        evals = torch.linalg.eigvalsh(P)
+        raise _fail(
+            "P",
+            "a positive semidefinite matrix (convex QP)",
+            f"smallest eigenvalue {float(evals.min()):.3g}",
+            "Use a convex objective, e.g. P = M @ M.T + eps * I.",
+        )
+
+
+def _sparse_diag(P: Tensor) -> Tensor:
+    idx, val = P.indices(), P.values()
+    on = idx[0] == idx[1]
+    diag = torch.zeros(P.shape[0], dtype=P.dtype)
+    diag[idx[0][on]] = val[on]
+    return diag
+
+
+def canonical_problem(
+    P: object,
+    q: object,
+    A: object = None,
+    b: object = None,
+    G: object = None,
+    h: object = None,
+    *,
+    check_psd: bool = True,
+) -> QPProblem:
+    """Validate the inputs and return the canonical float64 CPU :class:`QPProblem`."""
+    raw = {k: _check_tensor(k, v) for k, v in zip(_NAMES, (P, q, A, b, G, h))}
+    if raw["P"] is None or raw["q"] is None:
+        raise TypeError("P and q are required: pass tensors of shape (n, n) and (n,).")
+    for mat, vec in (("A", "b"), ("G", "h")):
+        if (raw[mat] is None) != (raw[vec] is None):
+            raise _fail(
+                vec if raw[vec] is None else mat,
+                f"{mat} and {vec} together",
+                f"only {mat if raw[mat] is not None else vec}",
+                f"Pass both {mat} and {vec}.",
+            )
+    present = {k: v for k, v in raw.items() if v is not None}
+    q_t = raw["q"]
+    dtype, device = q_t.dtype, q_t.device
+    for k, v in present.items():
+        if v.dtype != dtype:
+            raise _fail(k, f"dtype {dtype} like q", str(v.dtype), f"Use {k}.to(q.dtype).")
+        if v.device != device:
+            raise _fail(k, f"device {device} like q", str(v.device), f"Use {k}.to(q.device).")
+        _finite(k, v)
+    if q_t.ndim not in (1, 2):
+        raise _fail("q", "shape (n,) or (B, n)", str(tuple(q_t.shape)), "Reshape q.")
+    n = q_t.shape[-1]
+    batch_sizes: dict[str, int] = {}
+    rows = {"A": 0, "G": 0}
+    expect = {"P": 2, "q": 1, "A": 2, "b": 1, "G": 2, "h": 1}
+    for k, v in present.items():
+        base = expect[k]
+        if v.layout in _SPARSE_LAYOUTS and v.ndim != 2:
+            raise _fail(
+                k,
+                "a 2-D sparse matrix shared by the batch",
+                f"{v.ndim}-D",
+                "Batch only the dense vectors, or pass a dense batched tensor.",
+            )
+        if v.ndim not in (base, base + 1):
+            shape = {
+                "P": "(n, n)",
+                "q": "(n,)",
+                "A": "(p, n)",
+                "b": "(p,)",
+                "G": "(m, n)",
+                "h": "(m,)",
+            }[k]
+            raise _fail(k, f"shape {shape} or (B, *{shape})", str(tuple(v.shape)), "Reshape it.")
+        if v.ndim == base + 1:
+            batch_sizes[k] = v.shape[0]
+        if k in ("P", "A", "G") and v.shape[-1] != n:
+            raise _fail(k, f"{n} columns (n from q)", str(tuple(v.shape)), "Check the sizes.")
+        if k == "P" and v.shape[-2] != n:
+            raise _fail("P", f"shape ({n}, {n})", str(tuple(v.shape)), "P must be square.")
+        if k in rows:
+            rows[k] = v.shape[-2]
+    for mat, vec in (("A", "b"), ("G", "h")):
+        vec_t = raw[vec]
+        if vec_t is not None and vec_t.shape[-1] != rows[mat]:
+            raise _fail(
+                vec,
+                f"{rows[mat]} entries (rows of {mat})",
+                str(tuple(vec_t.shape)),
+                "Check the sizes.",
+            )
+    if len(set(batch_sizes.values())) > 1:
+        raise _fail(
+            ", ".join(batch_sizes),
+            "one common batch size",
+            str(batch_sizes),
+            "Give every batched input the same leading dimension (or none, to broadcast).",
+        )
+    batch = next(iter(batch_sizes.values())) if batch_sizes else None
+    canon: dict[str, Tensor | None] = {}
+    for k in _NAMES:
+        v_raw = raw[k]
+        if v_raw is None:
+            canon[k] = None
+            continue
+        v = v_raw
+        if v.layout in _SPARSE_LAYOUTS:
+            canon[k] = _canonical_sparse(v)
+        else:
+            canon[k] = v.detach().to("cpu", torch.float64)
+    eps = float(torch.finfo(dtype).eps)
+    if check_psd:
+        _check_symmetric_psd(canon["P"], eps)  # type: ignore[arg-type]
+    return QPProblem(
+        P=canon["P"],  # type: ignore[arg-type]
+        q=canon["q"],  # type: ignore[arg-type]
+        A=canon["A"],
+        b=canon["b"],
+        G=canon["G"],
+        h=canon["h"],
+        n=n,
+        m=rows["G"],
+        p=rows["A"],
+        batch=batch,
+        dtype=dtype,
+        device=device,
+        layouts=tuple(None if raw[k] is None else raw[k].layout for k in _NAMES),  # type: ignore[union-attr]
+    )
+
+
+def numpy_sample(t: Tensor | None, i: int, base_ndim: int) -> np.ndarray | None:
+    """Sample ``i`` of a dense canonical tensor as a numpy array (shared if unbatched)."""
+    if t is None:
+        return None
+    return (t[i] if t.ndim > base_ndim else t).numpy()

@@ -1,0 +1,120 @@
+"""Result types, statuses and errors of :mod:`dxopt.qp`."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from torch import Tensor
+
+__all__ = [
+    "BackwardDiagnostics",
+    "QPBackwardError",
+    "QPInfo",
+    "QPSolution",
+    "QPSolveError",
+    "QPStatus",
+]
+
+
+class QPStatus(enum.Enum):
+    """Outcome of the forward solve of one sample."""
+
+    SOLVED = "solved"
+    INFEASIBLE = "infeasible"
+    UNBOUNDED = "unbounded"
+    FAILED = "failed"
+
+    @property
+    def ok(self) -> bool:
+        return self is QPStatus.SOLVED
+
+
+class QPSolveError(RuntimeError):
+    """Some samples of the batch were not solved (``on_failure="raise"``).
+
+    Attributes:
+        failed_indices: batch indices of the failed samples (``(0,)`` for an unbatched call).
+        status: the per-sample status of the whole batch.
+    """
+
+    def __init__(self, message: str, failed_indices: tuple[int, ...], status: tuple[QPStatus, ...]):
+        super().__init__(message)
+        self.failed_indices = failed_indices
+        self.status = status
+
+    def __reduce__(self):  # picklable across processes (DDP, process pools)
+        return (QPSolveError, (str(self), self.failed_indices, self.status))
+
+
+class QPBackwardError(RuntimeError):
+    """The backward linear system could not be solved to the required accuracy.
+
+    Raised instead of returning a gradient that may be wrong; the message names the batch
+    indices, the achieved relative residual and what to try.
+    """
+
+
+@dataclass
+class BackwardDiagnostics:
+    """What the last backward pass did (filled in when ``backward()`` runs).
+
+    Attributes:
+        method: ``"penalty"`` or ``"kkt"``.
+        linear_solver: the factorisation that ran (``"cholesky"``, ``"lu"``, ``"splu"``, ...).
+        residual: max over the batch of the relative residual of the reduced-KKT adjoint
+            system :math:`K[u; w] = [\\bar x; \\bar\\nu_J; \\bar\\mu]` at the returned adjoint.
+        refinement_steps: refinement steps used by the penalty backward (0 for ``"kkt"``).
+        beta: per-sample smoothing :math:`\\beta` used by the penalty backward.
+        n_active: per-sample number of inequality rows treated as active.
+        n_weak: per-sample number of weakly active rows (zero slack and zero multiplier).
+        jitter: diagonal shift added to make a factorisation succeed (0.0 if none).
+    """
+
+    method: str = ""
+    linear_solver: str = ""
+    residual: float = float("nan")
+    refinement_steps: int = 0
+    beta: tuple[float, ...] = ()
+    n_active: tuple[int, ...] = ()
+    n_weak: tuple[int, ...] = ()
+    jitter: float = 0.0
+
+
+@dataclass(frozen=True)
+class QPInfo:
+    """Per-call information.
+
+    Attributes:
+        solver: the qpsolvers backend used for the forward solve.
+        solve_time: wall-clock seconds of the forward solve (whole batch).
+        primal_residual: per-sample max violation of ``Ax = b``, ``Gx <= h``.
+        dual_residual: per-sample :math:`\\|Px + q + A^\\top\\mu + G^\\top\\nu\\|_\\infty`.
+        backward: diagnostics of the last backward pass through this solution (empty until
+            ``backward()`` has run).
+    """
+
+    solver: str
+    solve_time: float
+    primal_residual: tuple[float, ...]
+    dual_residual: tuple[float, ...]
+    backward: BackwardDiagnostics = field(default_factory=BackwardDiagnostics)
+
+
+@dataclass(frozen=True)
+class QPSolution:
+    """Solution of a (batch of) QP(s).
+
+    Attributes:
+        x: primal solution, ``(B, n)`` if any input is batched, else ``(n,)``; differentiable.
+        eq_duals: multipliers :math:`\\mu` of :math:`Ax = b` (``(B, p)``/``(p,)``) or ``None``.
+        ineq_duals: multipliers :math:`\\nu \\ge 0` of :math:`Gx \\le h` or ``None``.
+        status: one :class:`QPStatus` per sample.
+        info: solver name, timings, residuals and backward diagnostics.
+    """
+
+    x: Tensor
+    eq_duals: Tensor | None
+    ineq_duals: Tensor | None
+    status: tuple[QPStatus, ...]
+    info: QPInfo
