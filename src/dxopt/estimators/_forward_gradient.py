@@ -1,7 +1,7 @@
 """Forward gradients: directional derivatives by forward-mode AD, no backward pass.
 
 For tangents :math:`v_1,\\dots,v_k` and :math:`d_i = \\nabla\\ell(\\theta)^\\top v_i` (one JVP
-each, :func:`torch.func.jvp`):
+each, forward-mode AD):
 
 - mean (Baydin et al., arXiv 2202.08587): :math:`g = \\frac1k\\sum_i d_i v_i`, unbiased for
   tangents with :math:`\\mathbb E[vv^\\top] = I`. For Gaussian tangents
@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 import torch
+import torch.autograd.forward_ad as fwAD
 from torch import Tensor
 
 from dxopt.estimators._accounting import check_loss_uses_params, flop_scope
@@ -40,7 +41,6 @@ from dxopt.estimators._directions import (
     draw_seeds,
     top_magnitude_masks,
 )
-from dxopt.linalg import spd_solve
 
 Combine = Literal["mean", "projection"]
 
@@ -48,11 +48,14 @@ Combine = Literal["mean", "projection"]
 def jvp_loss(
     loss_fn: LossFn, primals: Mapping[str, Tensor], tangents: Mapping[str, Tensor], batch: Any
 ) -> tuple[Tensor, Tensor]:
-    """``(loss, grad·tangent)`` by one dual forward pass (no graph is recorded)."""
-    with torch.no_grad():
-        out = torch.func.jvp(lambda p: loss_fn(p, batch), (dict(primals),), (dict(tangents),))
-    loss, dd = out[0], out[1]
-    return check_scalar_loss(loss), dd.reshape(())
+    """``(loss, grad·tangent)`` by one dual forward pass (:mod:`torch.autograd.forward_ad`,
+    the mechanism behind :func:`torch.func.jvp`); no graph is recorded."""
+    with torch.no_grad(), fwAD.dual_level():
+        duals = {n: fwAD.make_dual(p, tangents[n]) for n, p in primals.items()}
+        out = fwAD.unpack_dual(check_scalar_loss(loss_fn(duals, batch)))
+    if out.tangent is None:  # the loss does not depend on any tangent
+        return out.primal, torch.zeros((), dtype=out.primal.dtype)
+    return out.primal, out.tangent.reshape(())
 
 
 class ForwardGradient:
@@ -151,16 +154,16 @@ class ForwardGradient:
 
 def _projection_coefficients(kept: list[tuple[float, dict[str, Tensor]]]) -> list[float]:
     """Solve :math:`(V^\\top V) c = V^\\top\\nabla\\ell` for the projection coefficients."""
-    k = len(kept)
-    gram = torch.zeros(k, k, dtype=torch.float64)
-    for i in range(k):
-        for j in range(i, k):
-            s = sum(
-                float((kept[i][1][n].double() * kept[j][1][n].double()).sum()) for n in kept[i][1]
-            )
-            gram[i, j] = gram[j, i] = s
+    names = list(kept[0][1])
+    gram = sum(
+        torch.stack([t[n].reshape(-1).double() for _, t in kept])
+        @ torch.stack([t[n].reshape(-1).double() for _, t in kept]).T
+        for n in names
+    )
+    assert isinstance(gram, Tensor)
     rhs = torch.tensor([dd for dd, _ in kept], dtype=torch.float64)
-    coeffs, _ = spd_solve(gram, rhs)
+    # pinv keeps the orthogonal projection well defined when k > d or tangents repeat.
+    coeffs = torch.linalg.pinv(gram, hermitian=True) @ rhs
     return [float(c) for c in coeffs]
 
 

@@ -58,9 +58,9 @@ class _LiveStorages(TorchDispatchMode):
                 continue
             try:
                 storage = t.untyped_storage()
-            except (RuntimeError, NotImplementedError):
+                ptr, size = storage.data_ptr(), storage.nbytes()
+            except (RuntimeError, NotImplementedError):  # tensors without a real storage
                 continue
-            ptr, size = storage.data_ptr(), storage.nbytes()
             if ptr in self.live or size == 0:
                 continue
             self.live[ptr] = size
