@@ -45,7 +45,7 @@ def test_mixed_dtypes(args: dict, name: str) -> None:
 
 
 def test_integer_dtype_and_non_tensor(args: dict) -> None:
-    with pytest.raises(ValueError, match="q: expected dtype float32 or float64"):
+    with pytest.raises(ValueError, match=r"q: expected dtype float32 or float64"):
         _call(args, q=torch.zeros(5, dtype=torch.int64))
     with pytest.raises(TypeError, match="h: expected a torch.Tensor"):
         _call(args, h=[1.0, 2.0, 3.0, 4.0])
@@ -112,5 +112,5 @@ def test_bad_options(args: dict) -> None:
         dqp.PenaltyBackward(beta=-1.0)
     with pytest.raises(ValueError, match="warm_start: expected"):
         _call(args, warm_start=torch.zeros(3, dtype=torch.float64))
-    with pytest.raises(ValueError, match="sparse COO or sparse CSR|a dense tensor"):
+    with pytest.raises(ValueError, match=r"q: expected a dense tensor"):
         _call(args, q=args["q"].to_sparse())

@@ -85,7 +85,7 @@ class PenaltyBackward:
     weak_policy: str = "inactive"
     weight_floor: float = 1e-2
     linear_solver: str = "auto"
-    max_refinement: int = 10
+    max_refinement: int = 25
     refine_tol: float = 1e-13
     max_residual: float = 1e-8
 
