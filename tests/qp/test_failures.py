@@ -6,7 +6,7 @@ import pickle
 
 import pytest
 import torch
-from qp_zoo import complementary_qp, weakly_active_qp
+from qp_zoo import weakly_active_qp
 
 import dxopt.qp as dqp
 

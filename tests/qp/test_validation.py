@@ -47,7 +47,7 @@ def test_mixed_dtypes(args: dict, name: str) -> None:
 def test_integer_dtype_and_non_tensor(args: dict) -> None:
     with pytest.raises(ValueError, match=r"q: expected dtype float32 or float64"):
         _call(args, q=torch.zeros(5, dtype=torch.int64))
-    with pytest.raises(TypeError, match="h: expected a torch.Tensor"):
+    with pytest.raises(TypeError, match=r"h: expected a torch\.Tensor"):
         _call(args, h=[1.0, 2.0, 3.0, 4.0])
 
 
