@@ -40,7 +40,7 @@ def matvec(M: Tensor, v: Tensor) -> Tensor:
         return torch.sparse.mm(M, v.T).T
     if M.ndim == 2:
         return v @ M.T
-    return torch.einsum("skn,sn->sk", M, v)
+    return torch.bmm(M, v.unsqueeze(-1)).squeeze(-1)
 
 
 def rmatvec(M: Tensor, w: Tensor) -> Tensor:
@@ -49,7 +49,7 @@ def rmatvec(M: Tensor, w: Tensor) -> Tensor:
         return torch.sparse.mm(M.t(), w.T).T
     if M.ndim == 2:
         return w @ M
-    return torch.einsum("skn,sk->sn", M, w)
+    return torch.bmm(w.unsqueeze(-2), M).squeeze(-2)
 
 
 def row_norms(M: Tensor) -> Tensor:

@@ -80,7 +80,7 @@ class PenaltyBackward:
     """
 
     beta: float | None = None
-    beta_min: float = 1e-6
+    beta_min: float = 1e-8
     active_tol: float | None = None
     weak_policy: str = "inactive"
     weight_floor: float = 1e-2
@@ -161,7 +161,20 @@ class PenaltyBackward:
         sparse = self.linear_solver == "sparse" or (
             self.linear_solver == "auto" and problem.any_sparse
         )
-        solve = _SparseSolve(data, active, W, W_E) if sparse else _DenseSolve(data, W, W_E)
+        if not sparse:
+            dense = _DenseSolve(data, active, W, W_E)
+            diagnostics.linear_solver, diagnostics.jitter = dense.name, dense.jitter
+            m = problem.m
+            rhs2 = torch.cat([data.grad_ineq * active.used, data.grad_eq], 1)
+            u, w, residual, steps = dense.refine(
+                data.grad_x, rhs2, data.ok, self.max_refinement, self.refine_tol
+            )
+            # the exact adjoint residual, recomputed independently for the final check
+            *_, residual = kkt_residual(data, active, u, w[:, :m], w[:, m:])
+            return self._finish(
+                data, active, beta, u, w[:, :m], w[:, m:], residual, steps, diagnostics
+            )
+        solve = _SparseSolve(data, active, W, W_E)
         diagnostics.linear_solver = solve.name
         diagnostics.jitter = solve.jitter
         S = data.x.shape[0]
@@ -178,6 +191,20 @@ class PenaltyBackward:
             if steps >= self.max_refinement or _max(residual) <= self.refine_tol:
                 break
             steps += 1
+        return self._finish(data, active, beta, u, w_ineq, w_eq, residual, steps, diagnostics)
+
+    def _finish(
+        self,
+        data: AdjointInput,
+        active: ActiveSet,
+        beta: Tensor,
+        u: Tensor,
+        w_ineq: Tensor,
+        w_eq: Tensor,
+        residual: Tensor,
+        steps: int,
+        diagnostics: BackwardDiagnostics,
+    ) -> AdjointSolution:
         diagnostics.method = "penalty"
         diagnostics.residual = _max(residual)
         diagnostics.refinement_steps = steps
@@ -190,20 +217,27 @@ class PenaltyBackward:
 
 
 class _DenseSolve:
-    """Batched Cholesky of :math:`H = P + G^\\top W G + A^\\top W_E A` (W zero off J)."""
+    """Batched Cholesky of :math:`H = P + C^\\top D C` with the stacked constraint rows
+    :math:`C = [G_J; A]` (rows off :math:`J` zeroed) and weights :math:`D = [W; W_E]`, and the
+    refinement loop against the exact adjoint system :math:`[[P, C^\\top], [C, 0]]`."""
 
     name = "cholesky"
 
-    def __init__(self, data: AdjointInput, W: Tensor, W_E: Tensor) -> None:
+    def __init__(self, data: AdjointInput, active: ActiveSet, W: Tensor, W_E: Tensor) -> None:
         problem = data.problem
-        H = problem.dense("P").clone()  # type: ignore[union-attr]
-        self.G = problem.dense("G")
-        self.A = problem.dense("A")
-        if self.G is not None:
-            H = H + self.G.transpose(-1, -2) @ (W[..., None] * self.G)
-        if self.A is not None:
-            H = H + self.A.transpose(-1, -2) @ (W_E[..., None] * self.A)
-        eye = torch.eye(problem.n, dtype=torch.float64)
+        blocks, weights = [], []
+        if problem.G is not None:
+            blocks.append(problem.dense("G") * active.used.to(torch.float64)[..., None])
+            weights.append(W)
+        if problem.A is not None:
+            blocks.append(problem.dense("A"))
+            weights.append(W_E)
+        S, n = data.x.shape[0], problem.n
+        self.C = torch.cat(blocks, 1) if blocks else torch.zeros(S, 0, n, dtype=torch.float64)
+        self.D = torch.cat(weights, 1) if weights else torch.zeros(S, 0, dtype=torch.float64)
+        self.P = problem.P if problem.P.ndim == 3 else problem.P.expand(S, n, n)
+        H = self.P + self.C.transpose(-1, -2) @ (self.D[..., None] * self.C)
+        eye = torch.eye(n, dtype=torch.float64)
         H = torch.where(data.ok[:, None, None], 0.5 * (H + H.transpose(-1, -2)), eye)
         L, info = torch.linalg.cholesky_ex(H)
         self.jitter = 0.0
@@ -222,18 +256,34 @@ class _DenseSolve:
                     f"batch indices {bad} even with jitter; P is singular on the null space of "
                     "the active rows. Regularise P or check the problem."
                 )
-        self.L, self.W, self.W_E = L, W, W_E
+        self.L = L
 
-    def __call__(self, r1: Tensor, r2: Tensor, r3: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        rhs = r1
-        if self.G is not None:
-            rhs = rhs + rmatvec(self.G, self.W * r2)
-        if self.A is not None:
-            rhs = rhs + rmatvec(self.A, self.W_E * r3)
-        du = torch.cholesky_solve(rhs.unsqueeze(-1), self.L).squeeze(-1)
-        dw = self.W * (matvec(self.G, du) - r2) if self.G is not None else r2
-        dwe = self.W_E * (matvec(self.A, du) - r3) if self.A is not None else r3
-        return du, dw, dwe
+    def refine(
+        self, grad_x: Tensor, rhs2: Tensor, ok: Tensor, max_steps: int, tol: float
+    ) -> tuple[Tensor, Tensor, Tensor, int]:
+        """Solve :math:`[[P, C^\\top], [C, 0]][u; w] = [\\bar x; r]` by refinement."""
+        C, D, P = self.C, self.D, self.P
+        Ct = C.transpose(-1, -2)
+        u = torch.zeros_like(grad_x)
+        w = torch.zeros_like(rhs2)
+        Pu, Cu = torch.zeros_like(grad_x), torch.zeros_like(rhs2)
+        r1, r2 = grad_x, rhs2
+        norm = (grad_x.pow(2).sum(-1) + rhs2.pow(2).sum(-1)).sqrt().clamp_min(1e-300)
+        steps = 0
+        while True:
+            t = r1 + torch.bmm(Ct, (D * r2).unsqueeze(-1)).squeeze(-1)
+            du = torch.cholesky_solve(t.unsqueeze(-1), self.L).squeeze(-1)
+            Cdu = torch.bmm(C, du.unsqueeze(-1)).squeeze(-1)
+            w = w + D * (Cdu - r2)
+            u, Cu = u + du, Cu + Cdu
+            Pu = Pu + torch.bmm(P, du.unsqueeze(-1)).squeeze(-1)
+            r1 = grad_x - Pu - torch.bmm(Ct, w.unsqueeze(-1)).squeeze(-1)
+            r2 = rhs2 - Cu
+            rel = (r1.pow(2).sum(-1) + r2.pow(2).sum(-1)).sqrt() / norm
+            rel = torch.where(ok, rel, torch.zeros_like(rel))
+            if steps >= max_steps or _max(rel) <= tol:
+                return u, w, rel, steps
+            steps += 1
 
 
 class _SparseSolve:

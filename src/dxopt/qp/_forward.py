@@ -27,7 +27,7 @@ import scipy.sparse as sp
 import torch
 from torch import Tensor
 
-from dxopt.qp._problem import QPProblem, numpy_sample, to_scipy_csr
+from dxopt.qp._problem import QPProblem, to_scipy_csr
 from dxopt.qp._types import QPStatus
 
 __all__ = ["ForwardResult", "default_solver", "solve_forward"]
@@ -71,17 +71,26 @@ class ForwardResult:
     solve_time: float
 
 
-def _matrices(problem: QPProblem, i: int) -> tuple[Any, Any, Any]:
-    out: list[Any] = []
-    for name in ("P", "A", "G"):
+def _numpy_views(problem: QPProblem) -> dict[str, Any]:
+    """Each parameter once as numpy (dense) or scipy CSC (sparse), shared by all samples."""
+    views: dict[str, Any] = {}
+    for name in ("P", "q", "A", "b", "G", "h"):
         t = getattr(problem, name)
         if t is None:
-            out.append(None)
+            views[name] = None
         elif t.layout == torch.sparse_coo:
-            out.append(None)  # filled by the caller from the shared CSC copy
+            views[name] = to_scipy_csr(t).tocsc()
         else:
-            out.append(numpy_sample(t, i, 2))
-    return out[0], out[1], out[2]
+            views[name] = t.numpy()
+    return views
+
+
+def _sample(views: dict[str, Any], name: str, i: int) -> Any:
+    v = views[name]
+    base = 2 if name in ("P", "A", "G") else 1
+    if v is None or sp.issparse(v) or v.ndim == base:
+        return v
+    return v[i]
 
 
 def _recover_duals(
@@ -140,11 +149,7 @@ def solve_forward(
 ) -> ForwardResult:
     """Solve every sample; failed samples get NaN rows and a non-``SOLVED`` status."""
     size, n, m, p = problem.size, problem.n, problem.m, problem.p
-    shared = {
-        k: to_scipy_csr(getattr(problem, k)).tocsc()
-        for k in ("P", "A", "G")
-        if problem.is_sparse(k)
-    }
+    views = _numpy_views(problem)
     kw: dict[str, Any] = dict(_TOLERANCE_KEYS.get(solver, lambda a, r: {})(eps_abs, eps_rel))
     kw.update(solver_options or {})
     x_out = np.full((size, n), np.nan)
@@ -153,16 +158,8 @@ def solve_forward(
     warm = None if warm_start is None else warm_start.detach().to("cpu", torch.float64).numpy()
 
     def run(i: int) -> None:
-        P, A, G = _matrices(problem, i)
-        P, A, G = shared.get("P", P), shared.get("A", A), shared.get("G", G)
-        args = {
-            "P": P,
-            "q": numpy_sample(problem.q, i, 1),
-            "A": A,
-            "b": numpy_sample(problem.b, i, 1),
-            "G": G,
-            "h": numpy_sample(problem.h, i, 1),
-        }
+        args = {k: _sample(views, k, i) for k in ("P", "q", "A", "b", "G", "h")}
+        P, A, G = args["P"], args["A"], args["G"]
         init = None if warm is None else (warm[i] if warm.ndim == 2 else warm)
         sol = qpsolvers.solve_problem(qpsolvers.Problem(**args), solver=solver, initvals=init, **kw)
         if not sol.found or sol.x is None or not np.all(np.isfinite(sol.x)):

@@ -92,6 +92,10 @@ def _check_tensor(name: str, t: object) -> Tensor | None:
             f"{name}: expected a torch.Tensor or None, got {type(t).__name__}. "
             f"Wrap it with torch.as_tensor({name}, dtype=torch.float64)."
         )
+    if t.device.type == "meta":
+        raise _fail(
+            name, "a tensor holding data (cpu or cuda)", "device meta", "Materialise it first."
+        )
     if t.dtype not in (torch.float32, torch.float64):
         raise _fail(name, "dtype float32 or float64", str(t.dtype), f"Use {name}.double().")
     if t.layout not in (torch.strided, *_SPARSE_LAYOUTS):
