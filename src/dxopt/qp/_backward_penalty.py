@@ -225,12 +225,14 @@ class _DenseSolve:
 
     def __init__(self, data: AdjointInput, active: ActiveSet, W: Tensor, W_E: Tensor) -> None:
         problem = data.problem
-        blocks, weights = [], []
-        if problem.G is not None:
-            blocks.append(problem.dense("G") * active.used.to(torch.float64)[..., None])
+        blocks: list[Tensor] = []
+        weights: list[Tensor] = []
+        G, A = problem.dense("G"), problem.dense("A")
+        if G is not None:
+            blocks.append(G * active.used.to(torch.float64)[..., None])
             weights.append(W)
-        if problem.A is not None:
-            blocks.append(problem.dense("A"))
+        if A is not None:
+            blocks.append(A)
             weights.append(W_E)
         S, n = data.x.shape[0], problem.n
         self.C = torch.cat(blocks, 1) if blocks else torch.zeros(S, 0, n, dtype=torch.float64)
