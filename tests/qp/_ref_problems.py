@@ -74,7 +74,7 @@ def kkt_gradients(problem: QPData, grad_x: Tensor) -> dict[str, Tensor]:
 
 
 def feasible_qp(
-    seed: int, n: int, *, m: int, p: int, ridge: float = 0.1, rank: int | None = None
+    seed: int, n: int, *, m: int = 0, p: int = 0, ridge: float = 0.1, rank: int | None = None
 ) -> QPData:
     """A random QP that is feasible by construction; its solution is unknown.
 
@@ -102,7 +102,12 @@ def feasible_qp(
     return QPData(P, q, A, b, G, h)
 
 
-def relative_error(actual: Tensor, expected: Tensor) -> float:
-    """:math:`\\|a - e\\| / \\max(\\|e\\|, 10^{-12})` in float64."""
+def relative_error(actual: Tensor, expected: Tensor, *, floor: float = 1e-12) -> float:
+    """:math:`\\|a - e\\| / \\max(\\|e\\|, \\text{floor})` in float64.
+
+    ``floor`` is the scale below which an error counts as absolute (e.g. the norm of the
+    cotangent for a gradient that is exactly zero, such as :math:`\\partial L/\\partial q`
+    when the active constraints pin :math:`x` down).
+    """
     diff = (actual.detach().double() - expected.detach().double()).norm()
-    return float(diff / expected.detach().double().norm().clamp_min(1e-12))
+    return float(diff / expected.detach().double().norm().clamp_min(floor))

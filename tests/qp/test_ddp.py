@@ -1,0 +1,66 @@
+"""dxopt.qp under DistributedDataParallel (gloo, 2 CPU processes) equals one process.
+
+Two ranks each train a QP model (see ``_ref_ddp``) on half of a batch for two SGD
+steps; the mean loss per rank makes DDP's gradient average equal the full-batch
+gradient, so gradients and parameters must match a single process up to round-off.
+One spawn serves both backwards (process start-up dominates the run time).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from _ref_ddp import STEPS, run_ddp, single_process
+from torch import Tensor
+
+BACKWARDS = ("penalty", "kkt")
+
+pytestmark = pytest.mark.skipif(
+    not dist.is_available() or not dist.is_gloo_available(),
+    reason="torch.distributed with the gloo backend is not available",
+)
+
+
+@pytest.fixture(scope="module")
+def ddp_records(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, dict[str, Tensor]]]:
+    out_dir: Path = tmp_path_factory.mktemp("ddp")
+    return run_ddp(BACKWARDS, out_dir, world_size=2, timeout_s=90.0)
+
+
+@pytest.mark.parametrize("backward", BACKWARDS)
+def test_ddp_gradients_and_parameters_match_single_process(
+    ddp_records: list[dict[str, dict[str, Tensor]]], backward: str
+) -> None:
+    reference = single_process(backward)
+    expected_keys = {
+        f"{prefix}.{name}"
+        for prefix in [*(f"step{s}.grad" for s in range(STEPS)), "final"]
+        for name in ("encoder.weight", "encoder.bias", "h")
+    }
+    assert set(reference) == expected_keys
+    for rank, records in enumerate(ddp_records):
+        assert set(records[backward]) == expected_keys, f"rank {rank}"
+        for key, value in reference.items():
+            # Same arithmetic up to the order of the batch sum: round-off only.
+            torch.testing.assert_close(
+                records[backward][key],
+                value,
+                rtol=1e-9,
+                atol=1e-12,
+                msg=lambda m, key=key, rank=rank: f"rank {rank}, {key}: {m}",
+            )
+    # The gradients are not trivially zero and the parameters moved.
+    for step in range(STEPS):
+        assert reference[f"step{step}.grad.h"].abs().max() > 1e-6
+        assert reference[f"step{step}.grad.encoder.weight"].abs().max() > 1e-6
+
+
+def test_ddp_ranks_agree_with_each_other(ddp_records: list[dict[str, dict[str, Tensor]]]) -> None:
+    """After the all-reduce both ranks hold bit-identical gradients and parameters."""
+    first, second = ddp_records
+    for backward in BACKWARDS:
+        for key, value in first[backward].items():
+            assert torch.equal(value, second[backward][key]), f"{backward}: {key}"
