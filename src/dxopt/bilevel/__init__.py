@@ -8,7 +8,7 @@ Solve :math:`\min_x H(x) = f(x, y^*(x))` with :math:`y^*(x) = \arg\min_y g(x, y)
 
     \nabla H(x) = \nabla_x f - \nabla^2_{xy} g\,[\nabla^2_{yy} g]^{-1} \nabla_y f.
 
-- Oracles: :class:`AutogradOracle` (``torch.func``), analytic :class:`QuadraticBilevel`,
+- Oracles: :class:`AutogradOracle` (``torch.autograd``), analytic :class:`QuadraticBilevel`,
   :class:`JiInstance` (the hard instance of Ji, arXiv 2511.19656) and its stochastic
   :class:`JiBernoulliOracle`; :class:`CountingOracle` counts calls against a budget.
 - Methods: :class:`AID` (CG or Neumann, GD or AGD inner loop, warm starts), :class:`ITD`,
@@ -29,6 +29,7 @@ from dxopt.bilevel.driver import HypergradientMethod as HypergradientMethod
 from dxopt.bilevel.driver import Status as Status
 from dxopt.bilevel.driver import Trajectory as Trajectory
 from dxopt.bilevel.driver import minimize_bilevel as minimize_bilevel
+from dxopt.bilevel.hyperparameters import LogisticRegularization as LogisticRegularization
 from dxopt.bilevel.hyperparameters import RegularizationTask as RegularizationTask
 from dxopt.bilevel.hyperparameters import (
     breast_cancer_regularization as breast_cancer_regularization,
@@ -66,6 +67,7 @@ __all__ = [
     "InnerLoop",
     "JiBernoulliOracle",
     "JiInstance",
+    "LogisticRegularization",
     "NesterovChain",
     "Neumann",
     "OracleCounts",

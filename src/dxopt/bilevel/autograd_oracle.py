@@ -1,8 +1,8 @@
-r"""Oracles built by ``torch.func`` from plain upper- and lower-level functions.
+r"""Oracles built by ``torch.autograd`` from plain upper- and lower-level functions.
 
 Given scalar functions ``upper(x, y)`` = :math:`f` and ``lower(x, y)`` = :math:`g` on flat
 vectors, :class:`AutogradOracle` provides the four counted oracles by reverse mode
-(gradients) and forward-over-reverse mode (second-order products):
+(gradients) and reverse-over-reverse mode (second-order products, one double backward each):
 
 .. math::
 
@@ -10,8 +10,8 @@ vectors, :class:`AutogradOracle` provides the four counted oracles by reverse mo
     \nabla^2_{xy} g\, v = \partial_t \nabla_x g(x, y + t v)\big|_{t=0}.
 
 The exact hypergradient (evaluation only) solves the lower level by damped Newton with the
-dense Hessian and then the adjoint system by Cholesky, so it suits ``dim_y`` up to a few
-thousand.
+dense Hessian (``dim_y`` double-backward rows) and then the adjoint system by Cholesky, so it suits
+``dim_y`` up to a few thousand.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from torch.func import grad, hessian, jacrev, jvp
 
 __all__ = ["AutogradOracle"]
 
@@ -92,39 +91,75 @@ class AutogradOracle:
                     f"{name}: expected a scalar tensor for x of shape ({dim_x},) and y of shape "
                     f"({dim_y},), got {shape}; reduce it with .sum() or .mean()."
                 )
-        self._grad_f = grad(upper, argnums=(0, 1))
-        self._grad_g = grad(lower, argnums=(0, 1))
-        self._grad_g_x = grad(lower, argnums=0)
-        self._grad_g_y = grad(lower, argnums=1)
         self._y_star: torch.Tensor | None = None
         if check_strong_convexity:
-            _cholesky_or_raise(hessian(lower, argnums=1)(x0, y0), "x = 0, y = 0")
+            _cholesky_or_raise(self.dense_second_derivatives(x0, y0)[0], "x = 0, y = 0")
+
+    @staticmethod
+    def _leaves(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x.detach().requires_grad_(True), y.detach().requires_grad_(True)
+
+    def _gradients(self, fn: ScalarFn, x: torch.Tensor, y: torch.Tensor):
+        with torch.enable_grad():
+            xl, yl = self._leaves(x, y)
+            gx, gy = torch.autograd.grad(fn(xl, yl), (xl, yl), allow_unused=True)
+        gx = torch.zeros_like(x) if gx is None else gx
+        gy = torch.zeros_like(y) if gy is None else gy
+        return gx, gy
+
+    def _second_order(self, x: torch.Tensor, y: torch.Tensor, v: torch.Tensor, wrt_x: bool):
+        with torch.enable_grad():
+            xl, yl = self._leaves(x, y)
+            (gy,) = torch.autograd.grad(self.lower(xl, yl), yl, create_graph=True)
+            target = xl if wrt_x else yl
+            (out,) = torch.autograd.grad(gy, target, grad_outputs=v, allow_unused=True)
+        return torch.zeros_like(target) if out is None else out.detach()
+
+    def dense_second_derivatives(
+        self, x: torch.Tensor, y: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        r"""Dense :math:`\nabla^2_{yy} g` ``(m, m)`` and :math:`\nabla^2_{xy} g` ``(n, m)``
+        (not counted; for evaluation and the lower-level check)."""
+        with torch.enable_grad():
+            xl, yl = self._leaves(x, y)
+            (gy,) = torch.autograd.grad(self.lower(xl, yl), yl, create_graph=True)
+            rows_y, rows_x = [], []
+            for i in range(self.dim_y):
+                if not gy[i].requires_grad:  # g is linear in this coordinate
+                    rows_y.append(torch.zeros_like(y))
+                    rows_x.append(torch.zeros_like(x))
+                    continue
+                dx, dy = torch.autograd.grad(gy[i], (xl, yl), retain_graph=True, allow_unused=True)
+                rows_y.append(torch.zeros_like(y) if dy is None else dy)
+                rows_x.append(torch.zeros_like(x) if dx is None else dx)
+        return torch.stack(rows_y).detach(), torch.stack(rows_x, dim=1).detach()
 
     def grad_f(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        gx, gy = self._grad_f(x, y)
-        return gx, gy
+        return self._gradients(self.upper, x, y)
 
     def grad_g(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        gx, gy = self._grad_g(x, y)
-        return gx, gy
+        return self._gradients(self.lower, x, y)
 
     def hvp_yy(self, x: torch.Tensor, y: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return jvp(lambda t: self._grad_g_y(x, t), (y,), (v,))[1]
+        return self._second_order(x, y, v, wrt_x=False)
 
     def jvp_xy(self, x: torch.Tensor, y: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return jvp(lambda t: self._grad_g_x(x, t), (y,), (v,))[1]
+        r""":math:`\nabla^2_{xy} g\, v = \nabla_x (\nabla_y g \cdot v)`."""
+        return self._second_order(x, y, v, wrt_x=True)
 
     def upper_value(self, x: torch.Tensor, y: torch.Tensor) -> float:
         return float(self.upper(x, y))
 
-    def lower_solution(self, x: torch.Tensor, *, tol: float = 1e-12, max_iter: int = 100):
+    def lower_solution(
+        self, x: torch.Tensor, *, tol: float = 1e-12, max_iter: int = 100
+    ) -> torch.Tensor:
         """:math:`y^*(x)` by damped Newton from the previous solution (not counted)."""
         y = torch.zeros(self.dim_y, dtype=self.dtype) if self._y_star is None else self._y_star
         for _ in range(max_iter):
-            gy = self._grad_g_y(x, y)
+            gy = self._gradients(self.lower, x, y)[1]
             if float(torch.linalg.vector_norm(gy)) <= tol * max(1.0, float(y.abs().max())):
                 break
-            L = _cholesky_or_raise(hessian(self.lower, argnums=1)(x, y), "the current x")
+            L = _cholesky_or_raise(self.dense_second_derivatives(x, y)[0], "the current x")
             step = torch.cholesky_solve(gy.unsqueeze(-1), L).squeeze(-1)
             t, g0, slope = 1.0, float(self.lower(x, y)), float(gy @ step)
             while float(self.lower(x, y - t * step)) > g0 - 0.25 * t * slope and t > 1e-8:
@@ -136,8 +171,8 @@ class AutogradOracle:
     def exact_hypergradient(self, x: torch.Tensor) -> torch.Tensor:
         r""":math:`\nabla H(x)` from :math:`y^*(x)` and dense solves (not counted)."""
         y = self.lower_solution(x)
-        fx, fy = self._grad_f(x, y)
-        L = _cholesky_or_raise(hessian(self.lower, argnums=1)(x, y), "y*(x)")
-        cross = jacrev(self._grad_g_x, argnums=1)(x, y)  # (dim_x, dim_y) = d^2 g / dx dy
+        fx, fy = self.grad_f(x, y)
+        H_yy, cross = self.dense_second_derivatives(x, y)
+        L = _cholesky_or_raise(H_yy, "y*(x)")
         v = torch.cholesky_solve(fy.unsqueeze(-1), L).squeeze(-1)
         return fx - cross @ v

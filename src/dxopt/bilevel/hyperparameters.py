@@ -1,7 +1,7 @@
 r"""A real task: per-feature L2 regularization selection for logistic regression.
 
 On scikit-learn's bundled breast-cancer data (569 samples, 30 standardized features, no
-download), split into training and validation halves:
+download), split into training and validation parts:
 
 .. math::
 
@@ -13,6 +13,13 @@ with labels :math:`s_i = \pm 1` and base strength :math:`\rho`. The hyperparamet
 :math:`x_j` are log-scale penalties (:math:`x = 0` gives :math:`\rho` on every feature); the
 lower level is :math:`\rho\min_j e^{x_j}`-strongly convex. This is the regularization
 selection task of benchopt's bilevel benchmark (Dagréou et al., arXiv 2201.13409).
+
+The oracles are analytic (:math:`\sigma` the logistic function, :math:`z = s\odot Aw`):
+:math:`\nabla_w g = -A^\top(s\odot\sigma(-z))/N_t + \rho e^x\odot w`,
+:math:`\nabla_x g = \tfrac{\rho}{2} e^x\odot w^2`,
+:math:`\nabla^2_{ww} g\,v = A^\top(\sigma(z)\sigma(-z)\odot Av)/N_t + \rho e^x\odot v`,
+:math:`\nabla^2_{xw} g\,v = \rho e^x\odot w\odot v`; ``upper``/``lower`` give the values
+for an :class:`AutogradOracle` cross-check.
 """
 
 from __future__ import annotations
@@ -21,9 +28,96 @@ from dataclasses import dataclass
 
 import torch
 
-from dxopt.bilevel.autograd_oracle import AutogradOracle
+__all__ = ["LogisticRegularization", "RegularizationTask", "breast_cancer_regularization"]
 
-__all__ = ["RegularizationTask", "breast_cancer_regularization"]
+
+class LogisticRegularization:
+    """Analytic bilevel oracle of the per-feature L2 selection task (``dim_x = dim_y = d``).
+
+    Args:
+        features_train, labels_train, features_val, labels_val: the two splits (labels
+            in {-1, +1}).
+        base_strength: :math:`\\rho > 0`.
+    """
+
+    def __init__(
+        self,
+        *,
+        features_train: torch.Tensor,
+        labels_train: torch.Tensor,
+        features_val: torch.Tensor,
+        labels_val: torch.Tensor,
+        base_strength: float,
+    ) -> None:
+        d = features_train.shape[1]
+        if features_val.shape[1] != d:
+            raise ValueError(
+                f"features_val: expected {d} columns like features_train, got "
+                f"{features_val.shape[1]}."
+            )
+        self.A_t, self.s_t = features_train.double(), labels_train.double()
+        self.A_v, self.s_v = features_val.double(), labels_val.double()
+        self.rho = float(base_strength)
+        self.dim_x = self.dim_y = d
+        self.dtype = torch.float64
+        self._w_star: torch.Tensor | None = None
+
+    def lower(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        loss = torch.nn.functional.softplus(-self.s_t * (self.A_t @ w)).mean()
+        return loss + 0.5 * self.rho * torch.sum(torch.exp(x) * w * w)
+
+    def upper(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.softplus(-self.s_v * (self.A_v @ w)).mean() + 0.0 * x.sum()
+
+    def grad_f(self, x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        r = self.s_v * torch.sigmoid(-self.s_v * (self.A_v @ w))
+        return torch.zeros_like(x), -(self.A_v.T @ r) / self.A_v.shape[0]
+
+    def grad_g(self, x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        ex = torch.exp(x)
+        r = self.s_t * torch.sigmoid(-self.s_t * (self.A_t @ w))
+        gw = -(self.A_t.T @ r) / self.A_t.shape[0] + self.rho * ex * w
+        return 0.5 * self.rho * ex * w * w, gw
+
+    def _curvature(self, w: torch.Tensor) -> torch.Tensor:
+        p = torch.sigmoid(self.s_t * (self.A_t @ w))
+        return p * (1.0 - p) / self.A_t.shape[0]
+
+    def hvp_yy(self, x: torch.Tensor, w: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return self.A_t.T @ (self._curvature(w) * (self.A_t @ v)) + self.rho * torch.exp(x) * v
+
+    def jvp_xy(self, x: torch.Tensor, w: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return self.rho * torch.exp(x) * w * v
+
+    def _hessian(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        D = self._curvature(w)
+        return (self.A_t.T * D) @ self.A_t + torch.diag(self.rho * torch.exp(x))
+
+    def lower_solution(self, x: torch.Tensor, *, tol: float = 1e-13) -> torch.Tensor:
+        """Newton's method from the previous solution (not counted; g is self-concordant-like
+        and strongly convex, full steps with a backtracking safeguard)."""
+        w = torch.zeros(self.dim_y, dtype=self.dtype) if self._w_star is None else self._w_star
+        for _ in range(100):
+            g = self.grad_g(x, w)[1]
+            if float(torch.linalg.vector_norm(g)) <= tol:
+                break
+            step = torch.linalg.solve(self._hessian(x, w), g)
+            t, g0 = 1.0, float(self.lower(x, w))
+            while float(self.lower(x, w - t * step)) > g0 - 0.25 * t * float(g @ step):
+                t *= 0.5
+                if t < 1e-10:
+                    break
+            w = w - t * step
+        self._w_star = w
+        return w
+
+    def upper_value(self, x: torch.Tensor, w: torch.Tensor) -> float:
+        return float(self.upper(x, w))
+
+    def exact_hypergradient(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.lower_solution(x)
+        _, fw = self.grad_f(x, w)
+        return -self.rho * torch.exp(x) * w * torch.linalg.solve(self._hessian(x, w), fw)
 
 
 @dataclass(frozen=True)
@@ -31,26 +125,27 @@ class RegularizationTask:
     """The oracle plus what is needed to pick step sizes and to score the result.
 
     Attributes:
-        oracle: an :class:`AutogradOracle` with ``dim_x = dim_y`` = number of features.
+        oracle: the analytic :class:`LogisticRegularization` oracle.
         smoothness: an upper bound on :math:`L_g` at :math:`x = 0`.
         strong_convexity: :math:`\\mu` at :math:`x = 0` (:math:`\\rho`).
-        features_val, labels_val: the validation split (labels in {-1, +1}).
     """
 
-    oracle: AutogradOracle
+    oracle: LogisticRegularization
     smoothness: float
     strong_convexity: float
-    features_val: torch.Tensor
-    labels_val: torch.Tensor
+
+    def validation_loss(self, x: torch.Tensor) -> float:
+        """:math:`H(x) = f(x, w^*(x))` (not counted)."""
+        return self.oracle.upper_value(x, self.oracle.lower_solution(x))
 
     def validation_accuracy(self, w: torch.Tensor) -> float:
-        return float(((self.features_val @ w) * self.labels_val > 0).double().mean())
+        return float(((self.oracle.A_v @ w) * self.oracle.s_v > 0).double().mean())
 
 
 def breast_cancer_regularization(
     *, base_strength: float = 1e-2, validation_fraction: float = 0.5, seed: int = 0
 ) -> RegularizationTask:
-    """Build the task (features standardized on the training split).
+    """Build the task (features standardized with the training split's statistics).
 
     Raises:
         ValueError: for a non-positive ``base_strength`` or a fraction outside (0, 1).
@@ -71,23 +166,14 @@ def breast_cancer_regularization(
     val, train = perm[:n_val], perm[n_val:]
     mean, std = A[train].mean(0), A[train].std(0).clamp_min(1e-12)
     A = (A - mean) / std
-    A_t, s_t, A_v, s_v = A[train], s[train], A[val], s[val]
-    rho = float(base_strength)
-
-    def lower(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        loss = torch.nn.functional.softplus(-s_t * (A_t @ w)).mean()
-        return loss + 0.5 * rho * torch.sum(torch.exp(x) * w * w)
-
-    def upper(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.softplus(-s_v * (A_v @ w)).mean()
-
-    d = A.shape[1]
-    oracle = AutogradOracle(upper, lower, dim_x=d, dim_y=d)
-    gram_top = float(torch.linalg.eigvalsh(A_t.T @ A_t / A_t.shape[0])[-1])
+    oracle = LogisticRegularization(
+        features_train=A[train],
+        labels_train=s[train],
+        features_val=A[val],
+        labels_val=s[val],
+        base_strength=base_strength,
+    )
+    gram_top = float(torch.linalg.eigvalsh(A[train].T @ A[train] / len(train))[-1])
     return RegularizationTask(
-        oracle=oracle,
-        smoothness=0.25 * gram_top + rho,
-        strong_convexity=rho,
-        features_val=A_v,
-        labels_val=s_v,
+        oracle=oracle, smoothness=0.25 * gram_top + base_strength, strong_convexity=base_strength
     )
