@@ -27,6 +27,8 @@ import torch
 from qp_zoo import complementary_qp
 from torch import Tensor, nn
 
+import dxopt.qp as dqp
+
 N_VARIABLES = 6
 N_FEATURES = 4
 BATCH = 8
@@ -35,7 +37,7 @@ LEARNING_RATE = 0.05
 
 
 class QPRegressor(nn.Module):
-    """Linear encoder -> q; trainable shared h; fixed P, A, b, G; output the QP solution."""
+    """Linear encoder -> q; trainable shared h; fixed P, A, b, G; a ``dxopt.qp.QPLayer``."""
 
     def __init__(self, backward: str) -> None:
         super().__init__()
@@ -56,7 +58,6 @@ class QPRegressor(nn.Module):
         self.backward_name = backward
 
     def forward(self, features: Tensor) -> Tensor:
-        import dxopt.qp as dqp
 
         q = self.encoder(features)
         solution = dqp.solve(self.P, q, self.A, self.b, self.G, self.h, backward=self.backward_name)

@@ -169,30 +169,35 @@ def test_batched_with_shared_parameters_matches_cvxpylayers(backward: str) -> No
 
 
 @pytest.mark.parametrize("backward", BACKWARDS)
-def test_sparse_inputs_match_cvxpylayers_on_their_pattern(backward: str) -> None:
-    """Sparse COO P, A, G: gradients keep the input's pattern and match the reference there."""
+@pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr], ids=["coo", "csr"])
+def test_sparse_inputs_match_cvxpylayers_on_their_pattern(
+    backward: str, layout: torch.layout
+) -> None:
+    """Sparse P, A, G: gradients keep the input's layout and pattern and match the reference."""
     problem = sparse_complementary_qp(12, m=14, p=3, density=0.3, seed=4)
     dense = QPData(*(t.to_dense() if t is not None and t.is_sparse else t for t in problem))
     w = _cotangents(dense, seed=9)
-    w["eq"] = w["ineq"] = None
     ref, ref_grads = _run_reference(dense, w)
     _assert_reference_accurate(dense, ref)
 
-    leaves = {
-        name: getattr(problem, name).detach().clone().requires_grad_() for name in ("P", *NAMES)
-    }
+    def leaf(name: str) -> Tensor:
+        value = getattr(problem, name).detach().clone()
+        if value.is_sparse and layout == torch.sparse_csr:
+            value = value.to_sparse_csr()
+        return value.requires_grad_()
+
+    leaves = {name: leaf(name) for name in ("P", *NAMES)}
     sol = dqp.solve(*(leaves[k] for k in ("P", *NAMES)), backward=backward)
     torch.testing.assert_close(sol.x.detach(), ref.x.detach(), rtol=0, atol=SOLUTION_ATOL)
-    assert w["x"] is not None
-    (w["x"] * sol.x).sum().backward()
+    _loss(sol.x, sol.eq_duals, sol.ineq_duals, w).backward()
     for name in NAMES:
         grad = leaves[name].grad
         assert grad is not None, f"no gradient for {name}"
         expected = ref_grads[name]
-        if leaves[name].is_sparse:
-            assert grad.is_sparse, f"d/d{name} lost the sparse layout"
-            pattern = leaves[name].coalesce().indices()
-            grad = grad.coalesce()
+        if leaves[name].layout != torch.strided:
+            assert grad.layout == layout, f"d/d{name} came back as {grad.layout}, not {layout}"
+            pattern = leaves[name].detach().to_sparse_coo().coalesce().indices()
+            grad = grad.to_sparse_coo().coalesce()
             assert torch.equal(grad.indices(), pattern), f"d/d{name} changed the sparsity pattern"
             grad, expected = grad.values(), expected[pattern[0], pattern[1]]
         error = relative_error(grad, expected)

@@ -261,3 +261,57 @@ def test_vertex_solutions_match_closed_form(kwargs: dict, backward: str) -> None
     for name in ("q", "A", "b", "G", "h"):
         error = relative_error(grads[name], expected[name], floor=float(grad_x.norm()))
         assert error <= rtol, f"{backward}: d/d{name} relative error {error:.2e}"
+
+
+@st.composite
+def weakly_active_problems(draw: st.DrawFn) -> dict[str, int | float]:
+    """``complementary_qp`` keyword arguments with ``weak`` >= 1 rows of zero slack and zero
+    multiplier (LICQ kept: strictly active + weak + equality rows <= n)."""
+    n = draw(st.integers(3, 12))
+    p = draw(st.integers(0, min(2, n - 2)))
+    weak = draw(st.integers(1, n - p - 1))
+    n_active = draw(st.integers(0, n - p - weak))
+    m = draw(st.integers(n_active + weak, n_active + weak + 6))
+    seed = draw(st.integers(0, 2**31 - 1))
+    return {"n": n, "m": m, "p": p, "n_active": n_active, "weak": weak, "seed": seed}
+
+
+@PROPERTY_SETTINGS
+@given(kwargs=weakly_active_problems(), policy=st.sampled_from(["inactive", "active"]))
+def test_weakly_active_rows_follow_the_documented_policy(kwargs: dict, policy: str) -> None:
+    """Weak rows are not differentiable points; each policy must give the one-sided derivative
+    it documents: "inactive" = reduced KKT on the strictly active rows, "active" = reduced KKT
+    with the weak rows added to the active set (their multiplier is 0)."""
+    problem = complementary_qp(**kwargs)
+    assert problem.x is not None and problem.G is not None and problem.h is not None
+    assert problem.active is not None
+    weak = ((problem.h - problem.G @ problem.x).abs() < 1e-12) & ~problem.active
+    assert int(weak.sum()) == kwargs["weak"]
+    reference = problem if policy == "inactive" else problem._replace(active=problem.active | weak)
+    grad_x = torch.randn(problem.x.shape, generator=torch.Generator().manual_seed(kwargs["n"]))
+    grad_x = grad_x.to(torch.float64)
+    expected = kkt_gradients(reference, grad_x)
+    methods = {
+        "penalty": dqp.PenaltyBackward(weak_policy=policy),
+        "kkt": dqp.KKTBackward(weak_policy=policy),
+    }
+    for label, method in methods.items():
+        leaves = _leaves(problem)
+        sol = dqp.solve(*(leaves.get(k) for k in NAMES), backward=method)
+        grads = dict(zip(leaves, torch.autograd.grad((grad_x * sol.x).sum(), leaves.values())))
+        assert sol.info.backward.n_weak == (kwargs["weak"],), f"{label}: weak rows not counted"
+        rtol = CLOSED_FORM_RTOL if label == "kkt" else PENALTY_VS_KKT_RTOL
+        for name in ("q", "A", "b", "G", "h"):
+            if name not in expected:
+                continue
+            error = relative_error(grads[name], expected[name], floor=float(grad_x.norm()))
+            assert error <= rtol, f"{label}/{policy}: d/d{name} relative error {error:.2e}"
+
+
+def test_weak_policy_raise_names_the_rows() -> None:
+    problem = complementary_qp(8, m=6, p=1, n_active=2, weak=2, seed=5)
+    for method in (dqp.PenaltyBackward(weak_policy="raise"), dqp.KKTBackward(weak_policy="raise")):
+        leaves = _leaves(problem)
+        sol = dqp.solve(*(leaves.get(k) for k in NAMES), backward=method)
+        with pytest.raises((ValueError, RuntimeError), match=r"weak"):
+            torch.autograd.grad(sol.x.sum(), list(leaves.values()))
