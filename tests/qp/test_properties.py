@@ -12,7 +12,11 @@ Properties:
 4. A batched call with shared (unbatched) P, A, G equals a loop of unbatched calls; the
    gradients of the shared parameters are the *sum* over the batch.
 
-``derandomize=True`` keeps the examples fixed from run to run (no flaky CI).
+5. Vertex solutions and weakly active rows (each ``weak_policy``) match the closed form.
+6. Every installed qpsolvers backend gives the same gradients (to the accuracy it reached).
+
+``derandomize=True`` and ``database=None`` keep the examples fixed from run to run (no flaky
+CI, no ``.hypothesis`` folder).
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ PROPERTY_SETTINGS = settings(
     max_examples=20,
     deadline=None,
     derandomize=True,
+    database=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
 
@@ -315,3 +320,38 @@ def test_weak_policy_raise_names_the_rows() -> None:
         sol = dqp.solve(*(leaves.get(k) for k in NAMES), backward=method)
         with pytest.raises((ValueError, RuntimeError), match=r"weak"):
             torch.autograd.grad(sol.x.sum(), list(leaves.values()))
+
+
+FORWARD_SOLVERS = ["daqp", "piqp", "clarabel", "proxqp", "osqp", "highs", "scs"]
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")
+@pytest.mark.parametrize("solver", FORWARD_SOLVERS)
+def test_gradients_do_not_depend_on_the_forward_solver(solver: str) -> None:
+    """Any qpsolvers backend at the default eps_abs = 1e-9: x within 1e-6 of the known solution
+    and both backwards within 1e-6 (relative) of the closed form; the backward adapts to the
+    accuracy the backend actually reached (interior-point and ADMM backends stop short of
+    machine precision)."""
+    import qpsolvers
+
+    if solver not in qpsolvers.available_solvers:
+        pytest.skip(f"qpsolvers backend {solver!r} is not installed")
+    for seed in range(2):
+        problem = complementary_qp(12, m=10, p=2, seed=seed)
+        assert problem.x is not None
+        grad_x = torch.randn(12, generator=torch.Generator().manual_seed(seed))
+        grad_x = grad_x.to(torch.float64)
+        expected = kkt_gradients(problem, grad_x)
+        for backward in BACKWARDS:
+            leaves = _leaves(problem)
+            sol = dqp.solve(*(leaves.get(k) for k in NAMES), backward=backward, solver=solver)
+            assert sol.info.solver == solver
+            torch.testing.assert_close(sol.x.detach(), problem.x, rtol=0, atol=1e-6)
+            grads = torch.autograd.grad((grad_x * sol.x).sum(), leaves.values())
+            for name, grad in zip(leaves, grads):
+                value = expected[name]
+                if name == "P":  # P enters through its symmetric part only
+                    grad, value = 0.5 * (grad + grad.T), 0.5 * (value + value.T)
+                error = relative_error(grad, value, floor=float(grad_x.norm()))
+                assert error <= 1e-6, f"{solver}/{backward}: d/d{name} relative error {error:.2e}"
