@@ -30,6 +30,9 @@ from dxopt.bilevel.driver import Status as Status
 from dxopt.bilevel.driver import Trajectory as Trajectory
 from dxopt.bilevel.driver import minimize_bilevel as minimize_bilevel
 from dxopt.bilevel.hyperparameters import LogisticRegularization as LogisticRegularization
+from dxopt.bilevel.hyperparameters import (
+    MinibatchLogisticRegularization as MinibatchLogisticRegularization,
+)
 from dxopt.bilevel.hyperparameters import RegularizationTask as RegularizationTask
 from dxopt.bilevel.hyperparameters import (
     breast_cancer_regularization as breast_cancer_regularization,
@@ -68,6 +71,7 @@ __all__ = [
     "JiBernoulliOracle",
     "JiInstance",
     "LogisticRegularization",
+    "MinibatchLogisticRegularization",
     "NesterovChain",
     "Neumann",
     "OracleCounts",

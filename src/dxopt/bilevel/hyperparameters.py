@@ -28,7 +28,12 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["LogisticRegularization", "RegularizationTask", "breast_cancer_regularization"]
+__all__ = [
+    "LogisticRegularization",
+    "MinibatchLogisticRegularization",
+    "RegularizationTask",
+    "breast_cancer_regularization",
+]
 
 
 class LogisticRegularization:
@@ -118,6 +123,57 @@ class LogisticRegularization:
         w = self.lower_solution(x)
         _, fw = self.grad_f(x, w)
         return -self.rho * torch.exp(x) * w * torch.linalg.solve(self._hessian(x, w), fw)
+
+
+class MinibatchLogisticRegularization:
+    """Stochastic oracles of the same task: every call uses a fresh random minibatch of the
+    training rows (``grad_g``, HVP, JVP) or validation rows (``grad_f``), drawn uniformly
+    without replacement, so each oracle is an unbiased estimate of the full-batch one.
+    Evaluation (``exact_hypergradient``, ``upper_value``) stays full-batch.
+
+    Args:
+        full: the full-batch oracle.
+        batch_size: rows per call.
+        generator: seeded torch generator.
+    """
+
+    def __init__(
+        self, full: LogisticRegularization, *, batch_size: int, generator: torch.Generator
+    ) -> None:
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size: expected a positive integer, got {batch_size!r}.")
+        self.full, self.batch_size, self.gen = full, batch_size, generator
+        self.dim_x, self.dim_y, self.dtype = full.dim_x, full.dim_y, full.dtype
+
+    def _sample(self) -> LogisticRegularization:
+        f = self.full
+        it = torch.randperm(f.A_t.shape[0], generator=self.gen)[: self.batch_size]
+        iv = torch.randperm(f.A_v.shape[0], generator=self.gen)[: self.batch_size]
+        return LogisticRegularization(
+            features_train=f.A_t[it],
+            labels_train=f.s_t[it],
+            features_val=f.A_v[iv],
+            labels_val=f.s_v[iv],
+            base_strength=f.rho,
+        )
+
+    def grad_f(self, x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._sample().grad_f(x, w)
+
+    def grad_g(self, x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._sample().grad_g(x, w)
+
+    def hvp_yy(self, x: torch.Tensor, w: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return self._sample().hvp_yy(x, w, v)
+
+    def jvp_xy(self, x: torch.Tensor, w: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return self.full.jvp_xy(x, w, v)  # the penalty term does not depend on the data
+
+    def upper_value(self, x: torch.Tensor, w: torch.Tensor) -> float:
+        return self.full.upper_value(x, w)
+
+    def exact_hypergradient(self, x: torch.Tensor) -> torch.Tensor:
+        return self.full.exact_hypergradient(x)
 
 
 @dataclass(frozen=True)

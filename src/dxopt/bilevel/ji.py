@@ -35,7 +35,7 @@ import math
 
 import torch
 
-from dxopt.bilevel.chains import phi, phi_prime, psi, psi_prime
+from dxopt.bilevel.chains import phi, phi_prime, psi
 
 __all__ = ["JiBernoulliOracle", "JiInstance"]
 
@@ -152,10 +152,18 @@ class JiInstance:
     # the four oracles
     def grad_f(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         Y = self._blocks(y)
-        a = self.C_l * Y[:-1, -1] / self.lam
-        b = self.C_r * Y[1:, 0] / self.lam
-        d_a = -psi_prime(-a) * phi(-b) - psi_prime(a) * phi(b)
-        d_b = -psi(-a) * phi_prime(-b) - psi(a) * phi_prime(b)
+        a = Y[:-1, -1] * (self.C_l / self.lam)
+        b = Y[1:, 0] * (self.C_r / self.lam)
+        # at most one of Psi(a), Psi(-a) is nonzero: with sigma = sign(a) and e = Psi(|a|),
+        # the link is -sigma e Phi(sigma b), so d/da = -Psi'(|a|) Phi(sigma b) and
+        # d/db = -e Phi'(b) (Phi' is even); this halves the work of the four-term form
+        t = a.abs()
+        active = t > 0.5
+        s = torch.where(active, 2.0 * t - 1.0, torch.ones_like(t))
+        e = torch.where(active, torch.exp(1.0 - s.pow(-2)), torch.zeros_like(t))
+        phi_sb = phi(torch.sign(a) * b)
+        d_a = -(4.0 * e / s.pow(3)) * phi_sb
+        d_b = -e * phi_prime(b)
         G = torch.zeros_like(Y)
         G[:-1, -1] += (self.scale * self.C_l / self.lam) * d_a
         G[1:, 0] += (self.scale * self.C_r / self.lam) * d_b
