@@ -110,11 +110,17 @@ def test_unsupported_dtypes_are_rejected(dtype: torch.dtype) -> None:
         dqp.solve(*args)
 
 
-def test_meta_tensors_are_rejected_with_a_clear_message() -> None:
+@pytest.mark.parametrize("on_meta", ["all", "q", "h"])
+def test_meta_tensors_are_rejected_with_a_clear_message(on_meta: str) -> None:
+    """Tensors without data (device "meta") cannot be solved: a ValueError naming the argument."""
     problem = complementary_qp(4, m=3, seed=3)
-    args = [None if t is None else t.to("meta") for t in problem.args()]
-    with pytest.raises(ValueError, match=r"meta|device"):
-        dqp.solve(*args)
+    args = {k: getattr(problem, k) for k in NAMES}
+    for name in NAMES if on_meta == "all" else (on_meta,):
+        if args[name] is not None:
+            args[name] = args[name].to("meta")
+    named = "P" if on_meta == "all" else on_meta
+    with pytest.raises(ValueError, match=rf"\b{named}\b.*meta|meta.*\b{named}\b"):
+        dqp.solve(*(args[k] for k in NAMES))
 
 
 @CUDA

@@ -355,3 +355,24 @@ def test_gradients_do_not_depend_on_the_forward_solver(solver: str) -> None:
                     grad, value = 0.5 * (grad + grad.T), 0.5 * (value + value.T)
                 error = relative_error(grad, value, floor=float(grad_x.norm()))
                 assert error <= 1e-6, f"{solver}/{backward}: d/d{name} relative error {error:.2e}"
+
+
+@pytest.mark.parametrize("backward", BACKWARDS)
+def test_threads_and_warm_starts_do_not_change_results(backward: str) -> None:
+    """max_workers (threads over the batch) and warm starts change speed, never results."""
+    problems = [complementary_qp(9, m=7, p=2, seed=s) for s in range(4)]
+    batch = QPData(*(None if v[0] is None else torch.stack(list(v)) for v in zip(*problems)))
+    w = torch.randn(4, 9, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    warm = batch.x + 0.3 * torch.randn(4, 9, generator=torch.Generator().manual_seed(3))  # type: ignore[operator]
+    results = []
+    for options in ({}, {"max_workers": 2}, {"warm_start": warm}):
+        leaves = _leaves(batch)
+        sol = dqp.solve(*(leaves.get(k) for k in NAMES), backward=backward, **options)
+        grads = torch.autograd.grad((w * sol.x).sum(), leaves.values())
+        results.append((sol.x.detach(), *grads))
+    for label, other in zip(("max_workers=2", "warm_start"), results[1:]):
+        for name, ours, reference in zip(("x", *NAMES), other, results[0]):
+            where = f"{label} {name}"
+            torch.testing.assert_close(
+                ours, reference, rtol=1e-9, atol=1e-11, msg=lambda m, where=where: f"{where}: {m}"
+            )
