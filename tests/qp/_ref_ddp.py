@@ -108,7 +108,8 @@ def ddp_worker(
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    if os.path.exists("/sys/class/net/lo"):  # Linux loopback: keep gloo off other interfaces
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     torch.set_num_threads(1)
     dist.init_process_group(
         "gloo",
