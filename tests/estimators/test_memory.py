@@ -21,6 +21,7 @@ def test_hand_computed_two_layer_case():
     report = tracker.report
     assert report.peak_bytes == 2 * b * m * 4
     assert report.saved_bytes == b * n * 4 + b * m * 4
+    assert report.saved_activation_bytes == b * m * 4  # x existed before the block
     assert report.allocated_bytes == 2 * b * m * 4 + 4
     del loss
 

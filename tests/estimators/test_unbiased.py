@@ -102,7 +102,7 @@ def test_svrg_control_variate_is_unbiased(cls):
     assert first.info["refreshed"]
     mu = flat(est._mu)
     moved = {n: p + 0.3 for n, p in params.items()}
-    a_mat, b = batch
+    a_mat, _b = batch
     theta0 = torch.cat([params["a"], params["b"]])
     theta1 = torch.cat([moved["a"], moved["b"]])
     samples = _samples(est, loss_fn, moved, batch, 600)

@@ -2,7 +2,8 @@
 
 :class:`MemoryTracker` is a :class:`~torch.utils._python_dispatch.TorchDispatchMode` that
 sees every tensor an operator creates. It counts each new storage once (keyed by its data
-pointer) and subtracts it when the storage is freed (``weakref.finalize``), so
+pointer; outputs that alias an input, i.e. views and in-place results, are not new) and
+subtracts it when the storage is freed (``weakref.finalize``), so
 ``peak_bytes`` is the high-water mark of storages allocated *inside* the ``with`` block
 (parameters and inputs created before it are not counted). Alongside,
 :func:`torch.autograd.graph.saved_tensors_hooks` sums the distinct storages autograd saves
@@ -29,12 +30,16 @@ class MemoryReport:
 
     Attributes:
         peak_bytes: high-water mark of bytes of live tensor storages created in the block.
-        saved_bytes: bytes of distinct storages saved for backward in the block.
+        saved_bytes: bytes of distinct storages saved for backward in the block (parameters
+            and inputs included).
+        saved_activation_bytes: the part of ``saved_bytes`` whose storages were created in
+            the block (activations), i.e. memory held *only* for the backward pass.
         allocated_bytes: total bytes of all storages created in the block (freed or not).
     """
 
     peak_bytes: int
     saved_bytes: int
+    saved_activation_bytes: int
     allocated_bytes: int
 
 
@@ -52,6 +57,7 @@ class _LiveStorages(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        inputs = {_storage_ptr(a) for a in tree_flatten((args, kwargs or {}))[0]}
         flat, _ = tree_flatten(out)
         for t in flat:
             if not isinstance(t, Tensor):
@@ -61,14 +67,23 @@ class _LiveStorages(TorchDispatchMode):
                 ptr, size = storage.data_ptr(), storage.nbytes()
             except (RuntimeError, NotImplementedError):  # tensors without a real storage
                 continue
-            if ptr in self.live or size == 0:
-                continue
+            if ptr in self.live or ptr in inputs or size == 0:
+                continue  # already counted, a view/in-place result of an input, or empty
             self.live[ptr] = size
             self.current += size
             self.allocated += size
             self.peak = max(self.peak, self.current)
             weakref.finalize(storage, self._release, ptr)
         return out
+
+
+def _storage_ptr(t: object) -> int | None:
+    if not isinstance(t, Tensor):
+        return None
+    try:
+        return t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return None
 
 
 class MemoryTracker:
@@ -87,13 +102,17 @@ class MemoryTracker:
     def __init__(self) -> None:
         self._mode = _LiveStorages()
         self._saved: dict[int, int] = {}
+        self._saved_new: set[int] = set()
         self._hooks = saved_tensors_hooks(self._pack, self._unpack)
         self._report: MemoryReport | None = None
 
     def _pack(self, t: Tensor) -> Tensor:
         try:
             storage = t.untyped_storage()
-            self._saved.setdefault(storage.data_ptr(), storage.nbytes())
+            ptr = storage.data_ptr()
+            self._saved.setdefault(ptr, storage.nbytes())
+            if ptr in self._mode.live:
+                self._saved_new.add(ptr)
         except (RuntimeError, NotImplementedError):
             pass
         return t
@@ -118,6 +137,7 @@ class MemoryTracker:
         self._report = MemoryReport(
             peak_bytes=self._mode.peak,
             saved_bytes=sum(self._saved.values()),
+            saved_activation_bytes=sum(self._saved[p] for p in self._saved_new),
             allocated_bytes=self._mode.allocated,
         )
 
