@@ -29,27 +29,9 @@ from torch import Tensor
 from dxopt.qp._problem import QPProblem
 from dxopt.qp._types import QPBackwardError
 
-__all__ = ["WEAK_POLICIES", "ActiveSet", "identify_active", "matvec", "rmatvec"]
+__all__ = ["WEAK_POLICIES", "ActiveSet", "identify_active", "row_norms"]
 
 WEAK_POLICIES = ("inactive", "active", "raise")
-
-
-def matvec(M: Tensor, v: Tensor) -> Tensor:
-    """``M @ v`` per sample: ``M`` is (k, n), (S, k, n) or sparse COO (k, n); ``v`` is (S, n)."""
-    if M.layout == torch.sparse_coo:
-        return torch.sparse.mm(M, v.T).T
-    if M.ndim == 2:
-        return v @ M.T
-    return torch.bmm(M, v.unsqueeze(-1)).squeeze(-1)
-
-
-def rmatvec(M: Tensor, w: Tensor) -> Tensor:
-    """``M^T @ w`` per sample: ``w`` is (S, k); returns (S, n)."""
-    if M.layout == torch.sparse_coo:
-        return torch.sparse.mm(M.t(), w.T).T
-    if M.ndim == 2:
-        return w @ M
-    return torch.bmm(w.unsqueeze(-2), M).squeeze(-2)
 
 
 def row_norms(M: Tensor) -> Tensor:
@@ -98,13 +80,13 @@ def identify_active(
     a_norm = g_norm = None
     if problem.A is not None:
         a_norm = row_norms(problem.A)
-        r = (matvec(problem.A, x) - problem.dense_vec("b")).abs() / a_norm
+        r = (problem.mv("A", x) - problem.dense_vec("b")).abs() / a_norm
         eps = torch.maximum(eps, r.amax(-1) if r.shape[-1] else eps)
     if problem.G is None:
         empty = torch.zeros(S, 0, dtype=torch.bool)
         return ActiveSet(empty, empty, empty, eps, None, a_norm)
     g_norm = row_norms(problem.G)
-    slack = (problem.dense_vec("h") - matvec(problem.G, x)) / g_norm
+    slack = (problem.dense_vec("h") - problem.mv("G", x)) / g_norm
     nu_hat = ineq_duals * g_norm
     nu_max = nu_hat.amax(-1) if m else torch.zeros(S, dtype=torch.float64)
     comp = (slack * nu_hat).abs().amax(-1) / (1.0 + nu_max) if m else eps

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from dxopt.qp._active import ActiveSet, matvec, rmatvec
+from dxopt.qp._active import ActiveSet
 from dxopt.qp._problem import QPProblem
 
-__all__ = ["AdjointInput", "AdjointSolution", "kkt_residual"]
+__all__ = ["AdjointInput", "AdjointSolution", "kkt_apply", "kkt_residual"]
 
 
 @dataclass(frozen=True)
@@ -52,24 +52,33 @@ class AdjointSolution:
     residual: Tensor
 
 
+def kkt_apply(
+    problem: QPProblem, used: Tensor, u: Tensor, w_ineq: Tensor, w_eq: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """:math:`K[u; w_J; w_E]` block by block (rows off :math:`J` masked by ``used``)."""
+    y1 = problem.mv("P", u)
+    y2 = torch.zeros_like(w_ineq)
+    y3 = torch.zeros_like(w_eq)
+    if problem.G is not None:
+        y1 = y1 + problem.rmv("G", w_ineq * used)
+        y2 = problem.mv("G", u) * used
+    if problem.A is not None:
+        y1 = y1 + problem.rmv("A", w_eq)
+        y3 = problem.mv("A", u)
+    return y1, y2, y3
+
+
 def kkt_residual(
     data: AdjointInput, active: ActiveSet, u: Tensor, w_ineq: Tensor, w_eq: Tensor
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Residual blocks of :math:`K[u; w] = rhs` and the per-sample relative residual."""
-    problem = data.problem
     used = active.used.to(torch.float64)
-    r1 = data.grad_x - matvec(problem.P, u)
-    rhs_norm = data.grad_x.pow(2).sum(-1)
-    r2 = torch.zeros_like(w_ineq)
-    r3 = torch.zeros_like(w_eq)
-    if problem.G is not None:
-        r1 = r1 - rmatvec(problem.G, w_ineq * used)
-        r2 = (data.grad_ineq - matvec(problem.G, u)) * used
-        rhs_norm = rhs_norm + (data.grad_ineq * used).pow(2).sum(-1)
-    if problem.A is not None:
-        r1 = r1 - rmatvec(problem.A, w_eq)
-        r3 = data.grad_eq - matvec(problem.A, u)
-        rhs_norm = rhs_norm + data.grad_eq.pow(2).sum(-1)
+    y1, y2, y3 = kkt_apply(data.problem, used, u, w_ineq, w_eq)
+    r1 = data.grad_x - y1
+    r2 = data.grad_ineq * used - y2
+    r3 = data.grad_eq - y3
+    rhs_norm = data.grad_x.pow(2).sum(-1) + (data.grad_ineq * used).pow(2).sum(-1)
+    rhs_norm = rhs_norm + data.grad_eq.pow(2).sum(-1)
     res = (r1.pow(2).sum(-1) + r2.pow(2).sum(-1) + r3.pow(2).sum(-1)).sqrt()
     rel = res / rhs_norm.sqrt().clamp_min(torch.finfo(torch.float64).tiny)
     return r1, r2, r3, torch.where(data.ok, rel, torch.zeros_like(rel))

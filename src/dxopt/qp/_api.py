@@ -7,7 +7,6 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from dxopt.qp._active import matvec, rmatvec
 from dxopt.qp._backward_kkt import KKTBackward
 from dxopt.qp._backward_penalty import PenaltyBackward
 from dxopt.qp._forward import ForwardResult, default_solver, solve_forward
@@ -34,16 +33,14 @@ def _backward_method(backward: object) -> BackwardMethod:
 def _residuals(problem: QPProblem, r: ForwardResult) -> tuple[tuple[float, ...], ...]:
     x = torch.nan_to_num(r.x)
     primal = torch.zeros(problem.size, dtype=torch.float64)
-    dual = matvec(problem.P, x) + problem.dense_vec("q")
+    dual = problem.mv("P", x) + problem.dense_vec("q")
     if problem.A is not None:
-        primal = torch.maximum(
-            primal, (matvec(problem.A, x) - problem.dense_vec("b")).abs().amax(-1)
-        )
-        dual = dual + rmatvec(problem.A, torch.nan_to_num(r.eq_duals))
+        primal = torch.maximum(primal, (problem.mv("A", x) - problem.dense_vec("b")).abs().amax(-1))
+        dual = dual + problem.rmv("A", torch.nan_to_num(r.eq_duals))
     if problem.G is not None and problem.m:
-        viol = (matvec(problem.G, x) - problem.dense_vec("h")).clamp_min(0.0).amax(-1)
+        viol = (problem.mv("G", x) - problem.dense_vec("h")).clamp_min(0.0).amax(-1)
         primal = torch.maximum(primal, viol)
-        dual = dual + rmatvec(problem.G, torch.nan_to_num(r.ineq_duals))
+        dual = dual + problem.rmv("G", torch.nan_to_num(r.ineq_duals))
     ok = torch.tensor([s.ok for s in r.status])
     nan = torch.full_like(primal, float("nan"))
     primal = torch.where(ok, primal, nan)

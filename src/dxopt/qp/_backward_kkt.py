@@ -20,7 +20,7 @@ from torch import Tensor
 
 from dxopt.qp._active import WEAK_POLICIES, identify_active
 from dxopt.qp._adjoint import AdjointInput, AdjointSolution, kkt_residual
-from dxopt.qp._problem import QPProblem, to_scipy_csr
+from dxopt.qp._problem import QPProblem
 from dxopt.qp._types import BackwardDiagnostics, QPBackwardError
 
 __all__ = ["KKTBackward", "check_residual", "scipy_matrix"]
@@ -30,7 +30,7 @@ def scipy_matrix(problem: QPProblem, name: str, i: int) -> sp.csr_matrix:
     """Parameter ``name`` of sample ``i`` as a scipy CSR matrix."""
     t = getattr(problem, name)
     if t.layout == torch.sparse_coo:
-        return to_scipy_csr(t)
+        return problem.csr[name][0]
     return sp.csr_matrix((t[i] if t.ndim == 3 else t).numpy())
 
 

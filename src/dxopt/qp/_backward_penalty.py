@@ -34,24 +34,24 @@ reduced KKT. Beyond the reference:
   ``max_refinement=0`` gives the plain dXPP gradient. The final residual is always checked.
 - **Weakly active rows** follow ``weak_policy`` (see :mod:`dxopt.qp._active`).
 - Dense problems: one batched Cholesky (``torch.linalg.cholesky_ex`` on (B, n, n)), with a
-  reported jitter if it fails. Sparse problems: the equality rows are kept in the quasi-definite
-  augmented matrix :math:`[[P + G_J^\\top W G_J, A^\\top], [A, -W_E^{-1}]]` so that a dense row
-  such as :math:`1^\\top x = 1` does not fill :math:`H`, factored by SuperLU.
+  reported jitter if it fails. Sparse problems: the equality rows are kept *exactly* in the
+  saddle-point matrix :math:`[[P + G_J^\\top W G_J, A^\\top], [A, 0]]` (the :math:`W_E \\to \\infty`
+  limit), factored by SuperLU with partial pivoting: a dense row such as :math:`1^\\top x = 1`
+  neither fills :math:`H` nor slows the refinement (its penalty curvature would be spread over
+  all :math:`n` entries while only the support feels it).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-import scipy.sparse as sp
-import scipy.sparse.linalg as spla
 import torch
 from torch import Tensor
 
-from dxopt.qp._active import WEAK_POLICIES, ActiveSet, identify_active, matvec, rmatvec
+from dxopt.qp._active import WEAK_POLICIES, ActiveSet, identify_active
 from dxopt.qp._adjoint import AdjointInput, AdjointSolution, kkt_residual
-from dxopt.qp._backward_kkt import check_residual, scipy_matrix
+from dxopt.qp._backward_kkt import check_residual
+from dxopt.qp._penalty_sparse import SparsePenaltySolve, gmres_refine
 from dxopt.qp._types import BackwardDiagnostics, QPBackwardError
 
 __all__ = ["PenaltyBackward"]
@@ -69,9 +69,11 @@ class PenaltyBackward:
             achieved accuracy.
         weak_policy: ``"inactive"`` (default), ``"active"`` or ``"raise"`` for rows with zero
             slack and zero multiplier.
-        weight_floor: floor of the relative per-row weight :math:`\\hat\\nu_i/\\hat\\nu_{ref}`.
+        weight_floor: floor of the relative per-row weight
+            :math:`\\hat\\nu_i/\\hat\\nu_{ref}`.
         linear_solver: ``"auto"`` (batched Cholesky for dense problems, SuperLU on the
-            augmented quasi-definite matrix for sparse ones), ``"dense"`` or ``"sparse"``.
+            saddle-point matrix with exact equality rows plus GMRES for sparse ones),
+            ``"dense"`` or ``"sparse"``.
         max_refinement: most refinement steps against the exact reduced KKT (0: plain dXPP).
         refine_tol: refinement stops once the relative adjoint residual is below this.
         max_residual: the gradient is refused (:class:`~dxopt.qp.QPBackwardError`) if the final
@@ -134,12 +136,12 @@ class PenaltyBackward:
         W_E = torch.zeros(S, problem.p, dtype=torch.float64)
         if nu_hat is not None and problem.G is not None and active.g_norm is not None:
             rho = c_P[:, None] * torch.clamp(nu_hat / ref[:, None], min=self.weight_floor)
-            s = (matvec(problem.G, data.x) - problem.dense_vec("h")) / active.g_norm
+            s = (problem.mv("G", data.x) - problem.dense_vec("h")) / active.g_norm
             sig = torch.sigmoid(s / beta[:, None])
             W = rho * sig * (1 - sig) / beta[:, None] / active.g_norm**2 * used
         if mu_hat is not None and problem.A is not None and active.a_norm is not None:
             rho_e = c_P[:, None] * torch.clamp(mu_hat / ref[:, None], min=self.weight_floor)
-            r = (matvec(problem.A, data.x) - problem.dense_vec("b")) / active.a_norm
+            r = (problem.mv("A", data.x) - problem.dense_vec("b")) / active.a_norm
             sp_, sm = torch.sigmoid(r / beta[:, None]), torch.sigmoid(-r / beta[:, None])
             W_E = rho_e * (sp_ * (1 - sp_) + sm * (1 - sm)) / beta[:, None] / active.a_norm**2
         return beta, W, W_E
@@ -174,23 +176,12 @@ class PenaltyBackward:
             return self._finish(
                 data, active, beta, u, w[:, :m], w[:, m:], residual, steps, diagnostics
             )
-        solve = _SparseSolve(data, active, W, W_E)
-        diagnostics.linear_solver = solve.name
-        diagnostics.jitter = solve.jitter
-        S = data.x.shape[0]
-        u = torch.zeros(S, problem.n, dtype=torch.float64)
-        w_ineq = torch.zeros(S, problem.m, dtype=torch.float64)
-        w_eq = torch.zeros(S, problem.p, dtype=torch.float64)
-        r1, r2, r3 = data.grad_x, data.grad_ineq * active.used, data.grad_eq
-        steps = 0
-        residual = torch.zeros(S, dtype=torch.float64)
-        while True:
-            du, dw, dwe = solve(r1, r2, r3)
-            u, w_ineq, w_eq = u + du, w_ineq + dw, w_eq + dwe
-            r1, r2, r3, residual = kkt_residual(data, active, u, w_ineq, w_eq)
-            if steps >= self.max_refinement or _max(residual) <= self.refine_tol:
-                break
-            steps += 1
+        solve = SparsePenaltySolve(data, active, W, W_E)
+        diagnostics.linear_solver, diagnostics.jitter = solve.name, 0.0
+        u, w_ineq, w_eq, steps = gmres_refine(
+            data, active, solve, tol=self.refine_tol, max_iterations=self.max_refinement
+        )
+        *_, residual = kkt_residual(data, active, u, w_ineq, w_eq)
         return self._finish(data, active, beta, u, w_ineq, w_eq, residual, steps, diagnostics)
 
     def _finish(
@@ -286,55 +277,6 @@ class _DenseSolve:
             if steps >= max_steps or _max(rel) <= tol:
                 return u, w, rel, steps
             steps += 1
-
-
-class _SparseSolve:
-    """SuperLU of the quasi-definite :math:`[[P + G_J^\\top W G_J, A^\\top], [A, -W_E^{-1}]]`."""
-
-    name = "splu"
-    jitter = 0.0
-
-    def __init__(self, data: AdjointInput, active: ActiveSet, W: Tensor, W_E: Tensor) -> None:
-        problem = data.problem
-        self.problem, self.W, self.W_E, self.ok = problem, W, W_E, data.ok
-        self.factors: list[spla.SuperLU | None] = []
-        for i in range(data.x.shape[0]):
-            if not bool(data.ok[i]):
-                self.factors.append(None)
-                continue
-            H = scipy_matrix(problem, "P", i)
-            if problem.G is not None:
-                G = scipy_matrix(problem, "G", i)
-                H = H + G.T @ sp.diags(W[i].numpy()) @ G
-            if problem.A is not None:
-                A = scipy_matrix(problem, "A", i)
-                K = sp.bmat([[H, A.T], [A, sp.diags(-1.0 / W_E[i].numpy())]], format="csc")
-            else:
-                K = sp.csc_matrix(H)
-            try:
-                self.factors.append(spla.splu(K))
-            except RuntimeError as err:
-                raise QPBackwardError(
-                    f"penalty backward: sparse LU failed at batch index {i} ({err}); P is "
-                    "singular on the null space of the active rows."
-                ) from err
-
-    def __call__(self, r1: Tensor, r2: Tensor, r3: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        problem, n = self.problem, self.problem.n
-        rhs = r1
-        if problem.G is not None:
-            rhs = rhs + rmatvec(problem.G, self.W * r2)
-        du = torch.zeros_like(r1)
-        dwe = torch.zeros_like(r3)
-        for i, factor in enumerate(self.factors):
-            if factor is None:
-                continue
-            z = factor.solve(np.concatenate([rhs[i].numpy(), r3[i].numpy()]))
-            du[i] = torch.from_numpy(z[:n])
-            if problem.p:
-                dwe[i] = torch.from_numpy(z[n:])
-        dw = self.W * (matvec(problem.G, du) - r2) if problem.G is not None else r2
-        return du, dw, dwe
 
 
 def _max(t: Tensor) -> float:

@@ -27,7 +27,7 @@ import scipy.sparse as sp
 import torch
 from torch import Tensor
 
-from dxopt.qp._problem import QPProblem, to_scipy_csr
+from dxopt.qp._problem import QPProblem
 from dxopt.qp._types import QPStatus
 
 __all__ = ["ForwardResult", "default_solver", "solve_forward"]
@@ -79,7 +79,7 @@ def _numpy_views(problem: QPProblem) -> dict[str, Any]:
         if t is None:
             views[name] = None
         elif t.layout == torch.sparse_coo:
-            views[name] = to_scipy_csr(t).tocsc()
+            views[name] = problem.csr[name][0].tocsc()
         else:
             views[name] = t.numpy()
     return views

@@ -27,7 +27,9 @@ def _outer_sum(pairs: list[tuple[Tensor, Tensor]], template: Tensor) -> Tensor:
     if template.layout == torch.sparse_coo:
         rows, cols = template.indices()
         values = torch.stack([(left[:, rows] * right[:, cols]).sum(0) for left, right in pairs])
-        return torch.sparse_coo_tensor(template.indices(), -values.sum(0), template.shape)
+        return torch.sparse_coo_tensor(
+            template.indices(), -values.sum(0), template.shape, is_coalesced=True
+        )
     if template.ndim == 3:
         return sum(-(left.unsqueeze(-1) * right.unsqueeze(-2)) for left, right in pairs)  # type: ignore[return-value]
     return sum(-(left.T @ right) for left, right in pairs)  # type: ignore[return-value]

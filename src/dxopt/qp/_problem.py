@@ -9,7 +9,7 @@ what to do about it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import scipy.sparse as sp
@@ -43,6 +43,29 @@ class QPProblem:
     dtype: torch.dtype
     device: torch.device
     layouts: tuple[torch.layout | None, ...]
+    csr: dict[str, tuple[sp.csr_matrix, sp.csr_matrix]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+
+    def mv(self, name: str, v: Tensor) -> Tensor:
+        """``M @ v`` per sample for parameter ``name`` (``v`` is (S, n); returns (S, k))."""
+        M = getattr(self, name)
+        if M.layout == torch.sparse_coo:
+            out = self.csr[name][0] @ v.numpy().T
+            return torch.from_numpy(np.ascontiguousarray(out.T))
+        if M.ndim == 2:
+            return v @ M.T
+        return torch.bmm(M, v.unsqueeze(-1)).squeeze(-1)
+
+    def rmv(self, name: str, w: Tensor) -> Tensor:
+        """``M^T @ w`` per sample for parameter ``name`` (``w`` is (S, k); returns (S, n))."""
+        M = getattr(self, name)
+        if M.layout == torch.sparse_coo:
+            out = self.csr[name][1] @ w.numpy().T
+            return torch.from_numpy(np.ascontiguousarray(out.T))
+        if M.ndim == 2:
+            return w @ M
+        return torch.bmm(w.unsqueeze(-2), M).squeeze(-2)
 
     @property
     def size(self) -> int:
@@ -280,6 +303,11 @@ def canonical_problem(
         batch=batch,
         dtype=dtype,
         device=device,
+        csr={
+            k: (to_scipy_csr(t), to_scipy_csr(t).T.tocsr())
+            for k, t in canon.items()
+            if t is not None and t.layout == torch.sparse_coo
+        },
         layouts=tuple(None if raw[k] is None else raw[k].layout for k in _NAMES),  # type: ignore[union-attr]
     )
 
