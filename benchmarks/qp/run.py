@@ -1,0 +1,183 @@
+"""QP benchmark: dxopt (penalty and KKT backward) against qpth, cvxpylayers, raw qpsolvers
+solves and one dense Cholesky, on the dQP problem families (issue 6).
+
+Every (problem, size, method) cell runs in its own forked process with a timeout and an
+address-space limit, so timeouts, out-of-memory and errors are recorded instead of stopping
+the run. Forward and backward are timed separately (median of 3 when a call takes < 60 s);
+the loss is ``L = w . x*`` with a fixed ``w ~ N(0, I)``, and the gradient error
+``||g - g_ref|| / ||g_ref||`` is taken over ``(q, h, b)`` (plus ``G, A`` on the dense families)
+against the exact reduced-KKT reference (:mod:`benchmarks.qp.reference`) or the simplex
+closed form. Run ``dxopt bench qp`` (full, about 25 minutes) or ``dxopt bench qp --quick``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from benchmarks.common import (
+    machine_info,
+    machine_line,
+    results_dir,
+    set_threads,
+    update_benchmarks_md,
+    write_json,
+)
+from benchmarks.qp import report
+from benchmarks.qp.worker import Case, preimport, run_case
+
+FAMILIES = ("dense", "batched", "sparse", "simplex", "chains")
+DX = ["dxopt_penalty", "dxopt_kkt"]
+COMMAND = "dxopt bench qp"
+
+
+def plan(quick: bool) -> list[Case]:
+    """The cells of the run: (family, n, method) with per-method size caps and limits."""
+    cases: list[Case] = []
+
+    def add(family: str, sizes: list[int], methods: list[str], **kw: Any) -> None:
+        for n in sizes:
+            for method in methods:
+                cases.append(Case(family, n, method, **kw))
+
+    if quick:
+        add("dense", [30], ["reference", *DX, "qpth", "cvxpylayers", "raw_daqp", "raw_piqp",
+                            "cholesky"], timeout_s=120)  # fmt: skip
+        add("batched", [8], ["reference", *DX, "qpth", "raw_daqp", "cholesky"],
+            batch=4, m=8, p=4, timeout_s=120)  # fmt: skip
+        add("simplex", [100], ["reference", *DX, "raw_piqp"], timeout_s=120)
+        add("chains", [200], ["reference", *DX, "raw_piqp"], timeout_s=120)
+        add("sparse", [100], ["reference", *DX, "raw_piqp"], timeout_s=120)
+        return cases
+    dense = [100, 500, 1000, 2000]
+    add("dense", dense, ["reference", *DX, "qpth", "raw_daqp", "raw_proxqp", "cholesky"],
+        timeout_s=300)  # fmt: skip
+    add("dense", [100, 500, 1000], ["raw_piqp"], timeout_s=60)
+    add("dense", [100, 500], ["raw_clarabel"], timeout_s=60)
+    # cvxpylayers: ~24 GB to compile at n = 1000 (anchors.md); run there under a limit to record it
+    add("dense", [100, 500, 1000], ["cvxpylayers"], timeout_s=240, mem_gb=8)
+    add("batched", [50], ["reference", *DX, "qpth", "raw_daqp", "raw_piqp", "cholesky"],
+        batch=128, m=50, p=25, timeout_s=300)  # fmt: skip
+    add("simplex", [10**3, 10**4, 10**5, 10**6], ["reference", *DX, "raw_piqp", "raw_clarabel"],
+        timeout_s=300)  # fmt: skip
+    add("simplex", [10**3], ["qpth"], timeout_s=120)
+    add("simplex", [10**3, 10**4, 10**5], ["cvxpylayers"], timeout_s=180, mem_gb=8)
+    add("chains", [200, 1000, 10**4, 10**5], ["reference", *DX, "raw_piqp", "raw_clarabel"],
+        timeout_s=240)  # fmt: skip
+    add("chains", [200, 1000], ["qpth", "cvxpylayers"], timeout_s=120, mem_gb=8)
+    add("sparse", [100, 1000, 10**4], ["reference", *DX, "raw_piqp", "raw_clarabel"],
+        timeout_s=150)  # fmt: skip
+    add("sparse", [100, 1000], ["qpth", "cvxpylayers"], timeout_s=120, mem_gb=8)
+    return cases
+
+
+def evaluate(records: list[dict], work: Path) -> None:
+    """Attach each cell's gradient error against its size's reference cell."""
+    refs: dict[tuple[str, int], tuple[dict, dict[str, np.ndarray]]] = {}
+    for r in records:
+        if r["method"] == "reference" and r.get("status") == "ok":
+            with np.load(work / r["key"] / "grads.npz") as z:
+                refs[(r["family"], r["n"])] = (r, dict(z))
+    for r in records:
+        if r["method"] == "reference" or r.get("status") != "ok":
+            continue
+        ref_rec, ref = refs.get((r["family"], r["n"]), ({}, {}))
+        if not ref:
+            continue
+        with np.load(work / r["key"] / "grads.npz") as z:
+            grads = dict(z)
+        if "x" in grads and "x" in ref:
+            diff = np.linalg.norm(grads["x"] - ref["x"]) / max(np.linalg.norm(ref["x"]), 1e-300)
+            r["x_rel_err"] = float(diff)
+        blocks = ["q"] if ref_rec.get("degenerate") else [k for k in "qhbGA" if k in ref]
+        r["grad_blocks"] = "".join(blocks)
+        r["grad_err"] = report.grad_error(grads, ref, blocks)
+
+
+def section(records: list[dict], target_rows: list[dict], info: dict, args_line: str) -> str:
+    parts = [
+        "## QP layers",
+        "",
+        f"Command: `{args_line}`",
+        "",
+        machine_line(info),
+        "",
+        "Every cell ran in its own forked process (timeout, address-space limit), float64, "
+        "2 threads; times are medians of 3 after an untimed warm-up (a single run when a call "
+        "took over 60 s). Loss `L = w . x*`; grad rel. err over (q, h, b[, G, A]) against the "
+        "exact reduced-KKT reference on the polished active set (closed form for the simplex; "
+        "only q where the active rows are degenerate). The dXPP reference code is not run; "
+        "its figures are in `shared/research/anchors.md` (dense n=1000: 537 ms forward, "
+        "26 ms backward, grad err 6.6e-4; simplex n=1e6: grad err 1.0).",
+        "",
+        "### Targets",
+        "",
+        report.targets_table(target_rows),
+    ]
+    for family in FAMILIES:
+        if any(r["family"] == family for r in records):
+            parts += ["", f"### {family}", "", report.results_table(records, family)]
+    parts += ["", "Plots: `benchmarks/qp/results/qp_<family>.png`."]
+    return "\n".join(parts)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, temp output dir")
+    parser.add_argument("--only", choices=FAMILIES, action="append", help="family to run")
+    parser.add_argument("--seed", type=int, default=0, help="problem seed")
+    parser.add_argument("--out", type=Path, default=None, help="output folder")
+    args = parser.parse_args(argv)
+    set_threads(2)
+    out = args.out or (
+        Path(tempfile.mkdtemp(prefix="dxopt-bench-qp-")) if args.quick else results_dir("qp")
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="dxopt-qp-cells-"))
+    cases = [
+        Case(**{**c.__dict__, "seed": args.seed})
+        for c in plan(args.quick)
+        if not args.only or c.family in args.only
+    ]
+    records = []
+    preimport()
+    try:
+        bar = tqdm(cases, desc="qp bench", unit="cell", file=sys.stderr)
+        for case in bar:
+            bar.set_postfix_str(case.key)
+            rec = run_case(case, work / case.key)
+            records.append(rec)
+            if rec.get("status") != "ok":
+                tqdm.write(f"{case.key}: {rec.get('status')}", file=sys.stderr)
+        evaluate(records, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    batch_n = 8 if args.quick else 50
+    simplex_n = 100 if args.quick else 10**6
+    target_rows = report.targets(records, batch_n=batch_n, simplex_n=simplex_n)
+    info = machine_info()
+    args_line = " ".join([COMMAND, *(argv if argv is not None else sys.argv[1:])]).strip()
+    payload = {"machine": info, "command": args_line, "records": records, "targets": target_rows}
+    write_json(out / "qp.json", payload)
+    text = section(records, target_rows, info, args_line)
+    (out / "qp.md").write_text(text + "\n")
+    for family in FAMILIES:
+        if any(r["family"] == family for r in records):
+            report.plot_family(records, family, out / f"qp_{family}.png")
+    print(text)
+    print(f"\nresults written to {out}")
+    if not args.quick and args.out is None and not args.only:
+        update_benchmarks_md("qp", text)
+        print("BENCHMARKS.md section 'qp' updated")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
