@@ -20,14 +20,18 @@ from __future__ import annotations
 import os
 import socket
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 from qp_zoo import complementary_qp
 from torch import Tensor, nn
 
 import dxopt.qp as dqp
+
+T = TypeVar("T")
 
 N_VARIABLES = 6
 N_FEATURES = 4
@@ -138,11 +142,18 @@ def free_port() -> int:
 
 
 def run_ddp(
-    backwards: tuple[str, ...], out_dir: Path, *, world_size: int = 2, timeout_s: float = 60.0
-) -> list[dict[str, dict[str, Tensor]]]:
+    backwards: tuple[str, ...],
+    out_dir: Path,
+    *,
+    world_size: int = 2,
+    timeout_s: float = 60.0,
+    while_waiting: Callable[[], T] | None = None,
+) -> tuple[list[dict[str, dict[str, Tensor]]], T | None]:
     """Spawn ``world_size`` ranks; return per rank ``{backward: records}``.
 
-    The ranks are terminated if they have not finished after ``timeout_s`` seconds.
+    ``while_waiting`` (e.g. the single-process reference) runs in this process while the ranks
+    start up, and its result is returned alongside. The ranks are terminated if they have not
+    finished after ``timeout_s`` seconds.
     """
     import torch.multiprocessing as mp
 
@@ -155,6 +166,7 @@ def run_ddp(
     )
     deadline = time.monotonic() + timeout_s
     try:
+        meanwhile = None if while_waiting is None else while_waiting()
         while not context.join(timeout=1.0):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"DDP ranks did not finish within {timeout_s} s")
@@ -163,4 +175,5 @@ def run_ddp(
             if process.is_alive():
                 process.terminate()
                 process.join(5)
-    return [torch.load(out_dir / f"rank{rank}.pt") for rank in range(world_size)]
+    records = [torch.load(out_dir / f"rank{rank}.pt") for rank in range(world_size)]
+    return records, meanwhile

@@ -24,17 +24,30 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+Records = dict[str, dict[str, Tensor]]
+
+
 @pytest.fixture(scope="module")
-def ddp_records(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, dict[str, Tensor]]]:
+def ddp_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[Records], Records]:
+    """Records of both ranks, and the single-process references computed while they start."""
     out_dir: Path = tmp_path_factory.mktemp("ddp")
-    return run_ddp(BACKWARDS, out_dir, world_size=2, timeout_s=90.0)
+    records, references = run_ddp(
+        BACKWARDS,
+        out_dir,
+        world_size=2,
+        timeout_s=90.0,
+        while_waiting=lambda: {backward: single_process(backward) for backward in BACKWARDS},
+    )
+    assert references is not None
+    return records, references
 
 
 @pytest.mark.parametrize("backward", BACKWARDS)
 def test_ddp_gradients_and_parameters_match_single_process(
-    ddp_records: list[dict[str, dict[str, Tensor]]], backward: str
+    ddp_run: tuple[list[Records], Records], backward: str
 ) -> None:
-    reference = single_process(backward)
+    ddp_records, references = ddp_run
+    reference = references[backward]
     expected_keys = {
         f"{prefix}.{name}"
         for prefix in [*(f"step{s}.grad" for s in range(STEPS)), "final"]
@@ -58,9 +71,9 @@ def test_ddp_gradients_and_parameters_match_single_process(
         assert reference[f"step{step}.grad.encoder.weight"].abs().max() > 1e-6
 
 
-def test_ddp_ranks_agree_with_each_other(ddp_records: list[dict[str, dict[str, Tensor]]]) -> None:
+def test_ddp_ranks_agree_with_each_other(ddp_run: tuple[list[Records], Records]) -> None:
     """After the all-reduce both ranks hold bit-identical gradients and parameters."""
-    first, second = ddp_records
+    first, second = ddp_run[0]
     for backward in BACKWARDS:
         for key, value in first[backward].items():
             assert torch.equal(value, second[backward][key]), f"{backward}: {key}"
