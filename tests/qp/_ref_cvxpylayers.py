@@ -98,15 +98,3 @@ def reference_solve(
     eq_duals = rest.pop(0) if p > 0 else None
     ineq_duals = rest.pop(0) if m > 0 else None
     return ReferenceSolution(x, eq_duals, ineq_duals)
-
-
-def reference_kkt_residual(
-    P: Tensor, solution: ReferenceSolution, q: Tensor, A: Tensor | None, G: Tensor | None
-) -> float:
-    """Stationarity residual ‖Px + q + Aᵀμ + Gᵀν‖_∞ of the reference (its own accuracy)."""
-    grad = P @ solution.x + q
-    if A is not None and solution.eq_duals is not None:
-        grad = grad + A.T @ solution.eq_duals
-    if G is not None and solution.ineq_duals is not None:
-        grad = grad + G.T @ solution.ineq_duals
-    return float(grad.detach().abs().max())

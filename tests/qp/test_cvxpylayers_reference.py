@@ -10,6 +10,10 @@ problems to <= 3.1e-9 and the exact reduced-KKT gradients to <= 2.6e-9 (relative
 - KKT-backward gradients within ``KKT_RTOL`` (the reference's error with a 40x margin),
 - penalty-backward gradients within ``PENALTY_RTOL``: the issue's penalty-vs-KKT target
   (1e-6) plus the reference's error.
+
+Gradients are taken of a random linear functional of x *and* of both multiplier vectors, so
+the derivatives of the duals are checked too. Measured (this file, 2026-11-29): the largest
+relative gradient difference to cvxpylayers is 1.4e-9 for both backwards.
 """
 
 from __future__ import annotations
