@@ -76,14 +76,14 @@ def digits_methods(plan: CheckpointPlan, scale: float = 1.0) -> list[Method]:
 
 
 def minilm_methods(plan: CheckpointPlan, scale: float = 1.0) -> list[Method]:
-    """The MiniLM + LoRA variants (fewer: each forward costs ~0.1 s on one core)."""
+    """The MiniLM + LoRA variants (fewer: a forward costs ~0.2 s on one shared core)."""
 
     def n(steps: int) -> int:
         return max(2, int(steps * scale))
 
     return [
-        Method("bp", "bp", lambda s, a: Backprop(), 3e-3, n(30), "adam"),
-        Method("bp-ckpt", "bp", lambda s, a: Backprop(checkpoint=plan), 3e-3, n(30), "adam"),
-        Method("fg-k1", "fmad", lambda s, a: ForwardGradient(seed=s), 1e-3, n(80), "adam"),
-        Method("zo-n1", "zo", lambda s, a: SPSA(eps=1e-3, seed=s), 1e-3, n(160), "adam"),
+        Method("bp", "bp", lambda s, a: Backprop(), 3e-3, n(20), "adam"),
+        Method("bp-ckpt", "bp", lambda s, a: Backprop(checkpoint=plan), 3e-3, n(20), "adam"),
+        Method("fg-k1", "fmad", lambda s, a: ForwardGradient(seed=s), 1e-3, n(60), "adam"),
+        Method("zo-n1", "zo", lambda s, a: SPSA(eps=1e-3, seed=s), 1e-3, n(120), "adam"),
     ]

@@ -17,22 +17,22 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-if str(HERE) not in sys.path:
-    sys.path.insert(0, str(HERE))
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # run as a script: make `benchmarks` importable
+    sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
-from methods import CANDIDATE_PLANS, digits_methods, minilm_methods  # noqa: E402
-from report import summarise, write_outputs  # noqa: E402
-from tasks import digits_task, minilm_task  # noqa: E402
 from tqdm import tqdm  # noqa: E402
-from training import match_checkpoint_plan, measure_memory, train  # noqa: E402
 
 from benchmarks.common import machine_info, results_dir, set_threads  # noqa: E402
+from benchmarks.estimators.methods import CANDIDATE_PLANS, digits_methods, minilm_methods  # noqa: E402
+from benchmarks.estimators.report import summarise, write_outputs  # noqa: E402
+from benchmarks.estimators.tasks import digits_task, minilm_task  # noqa: E402
+from benchmarks.estimators.training import match_checkpoint_plan, measure_memory, train  # noqa: E402
 from dxopt.estimators import ForwardGradient  # noqa: E402
 
 TARGETS = {"digits-mlp": 0.85, "minilm-lora": 0.80}
-EVAL_EVERY = {"digits-mlp": 100, "minilm-lora": 10}
+EVAL_EVERY = {"digits-mlp": 100, "minilm-lora": 5}
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:

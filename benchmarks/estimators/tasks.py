@@ -157,8 +157,9 @@ def minilm_task(
     max_len: int = 16,
 ) -> Task:
     """Frozen MiniLM + LoRA(q, v) + linear head on the generated topic task."""
-    from text_data import LABELS, make_sentences
     from transformers import AutoModel
+
+    from benchmarks.estimators.text_data import LABELS, make_sentences
 
     cache = _load_encoder()
     encoder = AutoModel.from_pretrained(cache["model"], attn_implementation="eager")

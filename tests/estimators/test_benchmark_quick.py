@@ -11,9 +11,15 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.slow
 def test_quick_benchmark_writes_consistent_results(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT))
+    import torch
+
     from benchmarks.estimators import run
 
-    run.main(["--quick", "--tasks", "digits", "--seeds", "0", "--out", str(tmp_path)])
+    threads = torch.get_num_threads()
+    try:
+        run.main(["--quick", "--tasks", "digits", "--seeds", "0", "--out", str(tmp_path)])
+    finally:
+        torch.set_num_threads(threads)  # the benchmark pins one thread
     payload = json.loads((tmp_path / "results.json").read_text())
     task = payload["tasks"][0]
     assert task["task"] == "digits-mlp" and payload["quick"]
