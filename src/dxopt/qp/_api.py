@@ -9,6 +9,7 @@ from torch import Tensor, nn
 
 from dxopt.qp._backward_kkt import KKTBackward
 from dxopt.qp._backward_penalty import PenaltyBackward
+from dxopt.qp._bounds import append_bounds
 from dxopt.qp._forward import ForwardResult, default_solver, solve_forward
 from dxopt.qp._function import BackwardMethod, QPFunction, QPState
 from dxopt.qp._problem import QPProblem, canonical_problem
@@ -56,6 +57,8 @@ def solve(
     G: Tensor | None = None,
     h: Tensor | None = None,
     *,
+    lb: Tensor | None = None,
+    ub: Tensor | None = None,
     backward: str | PenaltyBackward | KKTBackward = "penalty",
     solver: str = "auto",
     eps_abs: float = 1e-9,
@@ -82,6 +85,9 @@ def solve(
         A, b: equality constraints ``(p, n)``/``(B, p, n)`` (dense or sparse) and ``(p,)``/
             ``(B, p)``; both or neither.
         G, h: inequality constraints ``(m, n)``/``(B, m, n)`` and ``(m,)``/``(B, m)``.
+        lb, ub: optional box bounds ``(n,)``/``(B, n)``; ``+-inf`` entries mean no bound (the
+            finite pattern must be shared by the batch). They become extra rows of ``G`` and
+            their multipliers are returned as ``lb_duals``/``ub_duals`` (finite entries only).
         backward: ``"penalty"`` (default), ``"kkt"`` or a configured :class:`PenaltyBackward`
             / :class:`KKTBackward`.
         solver: a qpsolvers backend name, or ``"auto"``: ``"daqp"`` for dense problems and
@@ -123,6 +129,13 @@ def solve(
     method = _backward_method(backward)
     if max_workers is not None and (not isinstance(max_workers, int) or max_workers < 1):
         raise ValueError(f"max_workers: expected a positive int or None, got {max_workers!r}.")
+    m_user = None if G is None else G.shape[-2]
+    if lb is not None or ub is not None:
+        if not isinstance(q, Tensor):
+            raise TypeError("q: expected a torch.Tensor (needed to interpret lb/ub).")
+        others = (P, A) if G is None else (G,)  # match G's layout, else the problem's
+        sparse = any(isinstance(t, Tensor) and t.layout != torch.strided for t in others)
+        G, h, k_lb, k_ub = append_bounds(q, G, h, lb, ub, sparse=sparse)
     problem = canonical_problem(P, q, A, b, G, h, check_psd=check_psd)
     if warm_start is not None and (
         not isinstance(warm_start, Tensor) or warm_start.shape[-1] != problem.n
@@ -159,12 +172,20 @@ def solve(
         dual_residual=dual,
         backward=diagnostics,
     )
+    lb_duals = ub_duals = None
+    if lb is not None or ub is not None:
+        m0 = m_user or 0
+        lb_duals = nu[..., m0 : m0 + k_lb] if lb is not None else None
+        ub_duals = nu[..., m0 + k_lb : m0 + k_lb + k_ub] if ub is not None else None
+        nu = nu[..., :m0]
     return QPSolution(
         x=x,
         eq_duals=mu if A is not None else None,
-        ineq_duals=nu if G is not None else None,
+        ineq_duals=nu if m_user is not None else None,
         status=result.status,
         info=info,
+        lb_duals=lb_duals,
+        ub_duals=ub_duals,
     )
 
 
@@ -211,9 +232,11 @@ class QPLayer(nn.Module):
         G: Tensor | None = None,
         h: Tensor | None = None,
         *,
+        lb: Tensor | None = None,
+        ub: Tensor | None = None,
         warm_start: Tensor | None = None,
     ) -> QPSolution:
-        return solve(P, q, A, b, G, h, warm_start=warm_start, **self.options)
+        return solve(P, q, A, b, G, h, lb=lb, ub=ub, warm_start=warm_start, **self.options)
 
     def extra_repr(self) -> str:
         return ", ".join(f"{k}={v!r}" for k, v in self.options.items() if v is not None)

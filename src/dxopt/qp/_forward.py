@@ -7,10 +7,11 @@ A sample the backend does not solve is classified by two cheap re-solves: the pr
 the origin onto the feasible set (fails: ``INFEASIBLE``) and the problem inside the box
 :math:`\\|x\\|_\\infty \\le 10^6` (solution on that box: ``UNBOUNDED``, otherwise ``FAILED``).
 
-Parallelism: ``max_workers > 1`` solves samples on a thread pool. Measured on the 2-core
-machine (batch 128, n = 50, m = 50, p = 25, daqp): serial loop 20 ms, 2 threads 19 ms,
-2 processes 163 ms (pickling and start-up dominate), so threads are used and the default is the
-serial loop; processes never won and are not offered.
+Parallelism: ``max_workers > 1`` solves samples on a thread pool. Measured on the shared
+2-core machine (load average about 10 from other jobs; batch 128, n = 50, m = 50, p = 25, daqp
+through qpsolvers, median of 7): serial loop 49 ms, 2 threads 48 ms, a warm 2-process pool
+53 ms, a fresh 2-process pool per call 160 ms (start-up and pickling). Threads tie with the loop
+and processes lose, so the default is the serial loop, threads are offered, processes are not.
 """
 
 from __future__ import annotations

@@ -111,6 +111,8 @@ class QPSolution:
         ineq_duals: multipliers :math:`\\nu \\ge 0` of :math:`Gx \\le h` or ``None``.
         status: one :class:`QPStatus` per sample.
         info: solver name, timings, residuals and backward diagnostics.
+        lb_duals: multipliers of the finite entries of ``lb`` (``x >= lb``), or ``None``.
+        ub_duals: multipliers of the finite entries of ``ub`` (``x <= ub``), or ``None``.
     """
 
     x: Tensor
@@ -118,3 +120,5 @@ class QPSolution:
     ineq_duals: Tensor | None
     status: tuple[QPStatus, ...]
     info: QPInfo
+    lb_duals: Tensor | None = None
+    ub_duals: Tensor | None = None
