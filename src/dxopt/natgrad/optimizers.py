@@ -186,6 +186,10 @@ class ENGD(NaturalGradientOptimizer):
         damping: :math:`\\lambda \\ge 0` (default 1e-10).
         grid_size: :math:`m + 1`, the number of step sizes :math:`2^{-j}` (default 31).
         line_search: ``"grid"`` (default) or ``"descending"``.
+        damping_floor: if given, the damping follows the loss, Levenberg-Marquardt style
+            (:math:`\\lambda_k = \\min(\\lambda, \\max(\\lambda_{\\min}, L(\\theta_k)))`, the
+            :math:`\\lambda_k \\propto \\|r_k\\|^2` rule of Yamashita and Fukushima, 2001),
+            so it is large far from a fit and small close to one.
         chunk_size, on_fallback: see :class:`NaturalGradientOptimizer`.
     """
 
@@ -197,6 +201,7 @@ class ENGD(NaturalGradientOptimizer):
         damping: float = 1e-10,
         grid_size: int = 31,
         line_search: Literal["grid", "descending"] = "grid",
+        damping_floor: float | None = None,
         chunk_size: int | None = None,
         on_fallback: FallbackPolicy = "report",
     ) -> None:
@@ -207,6 +212,9 @@ class ENGD(NaturalGradientOptimizer):
         if line_search not in ("grid", "descending"):
             raise ValueError(f"line_search: expected 'grid' or 'descending', got {line_search!r}.")
         self.line_search = line_search
+        self.damping_floor = (
+            None if damping_floor is None else _check_positive("damping_floor", damping_floor)
+        )
         self.step_sizes = torch.tensor([2.0**-j for j in range(grid_size)], dtype=self.dtype)
         self._warn_precision(self.damping, what=type(self).__name__)
 
@@ -248,9 +256,12 @@ class ENGD(NaturalGradientOptimizer):
     def step(self, batch: Any) -> StepReport:
         """One ENGD step on the full ``batch``; returns its :class:`StepReport`."""
         r, jac = self.residual_and_jacobian(batch)
-        solve = gauss_newton_direction(jac, r, damping=self.damping)
-        self._handle_solve(solve)
         loss = 0.5 * float(r @ r)
+        damping = self.damping
+        if self.damping_floor is not None:
+            damping = min(self.damping, max(self.damping_floor, loss))
+        solve = gauss_newton_direction(jac, r, damping=damping)
+        self._handle_solve(solve)
         if self.line_search == "descending":
             eta = self._descending_search(solve.direction, batch, loss)
         else:
