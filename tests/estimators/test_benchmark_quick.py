@@ -12,7 +12,6 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_quick_benchmark_writes_consistent_results(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT))
     import torch
-
     from benchmarks.estimators import run
 
     threads = torch.get_num_threads()

@@ -100,7 +100,7 @@ def test_svrg_control_variate_is_unbiased(cls):
     est = cls(refresh_every=10**6, anchor_directions=4, eps=1e-2, seed=2)
     first = est.estimate(loss_fn, params, batch)
     assert first.info["refreshed"]
-    mu = flat(est._mu)
+    mu = flat(est.anchor_estimate)
     moved = {n: p + 0.3 for n, p in params.items()}
     a_mat, _b = batch
     theta0 = torch.cat([params["a"], params["b"]])

@@ -67,6 +67,11 @@ class _SVRG:
         self._calls = 0
         self._validated = False
 
+    @property
+    def anchor_estimate(self) -> dict[str, Tensor] | None:
+        """The anchor's estimate :math:`\\mu` (``None`` before the first call)."""
+        return self._mu
+
     def _derivatives(
         self, loss_fn: LossFn, params: dict[str, Tensor], batch: Any, seeds: list[int]
     ) -> tuple[list[float], list[float]]:
