@@ -21,6 +21,7 @@ def _loglog_fit_line(ax, xs, ys, slope, style, label):
 
 def kappa_plot(path: Path, rows: list[dict[str, Any]], fits: dict[str, Any]) -> None:
     fig, ax = plt.subplots(figsize=(6.4, 4.6))
+    markers = iter(["o-", "s-", "^--", "v:"])
     for method, fit in fits.items():
         pts = [(r["kappa"], r["calls"]) for r in rows if r["method"] == method and r["calls"]]
         if not pts:
@@ -28,7 +29,7 @@ def kappa_plot(path: Path, rows: list[dict[str, Any]], fits: dict[str, Any]) -> 
         xs, ys = zip(*pts)
         s = fit["slope"]
         label = f"{method} (slope {s:.2f})" if s is not None else method
-        ax.loglog(xs, ys, "o-", label=label)
+        ax.loglog(xs, ys, next(markers, "o-"), label=label)
     lb = sorted({(r["kappa"], r["lower_bound_Tn"]) for r in rows})
     if lb:
         xs, ys = zip(*lb)

@@ -57,12 +57,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--epsilon", type=float, default=0.25, help="accuracy for the kappa sweep")
     p.add_argument("--blocks", type=_ints, default=[3, 4, 6, 8, 11, 16], help="n values")
     p.add_argument("--gd-max-block", type=int, default=8, help="largest n for GD inner")
-    p.add_argument("--itd-max-block", type=int, default=11, help="largest n for ITD")
+    p.add_argument("--itd-max-block", type=int, default=16, help="largest n for ITD")
     p.add_argument("--f2ba-max-block", type=int, default=11, help="largest n for F2BA")
     p.add_argument("--frontier-block", type=int, default=6)
     p.add_argument("--frontier-links", type=int, default=12)
     p.add_argument("--eps-block", type=int, default=4, help="n for the epsilon sweep")
-    p.add_argument("--epsilons", type=_floats, default=[0.5, 0.35, 0.25, 0.177, 0.125])
+    p.add_argument("--epsilons", type=_floats, default=[0.35, 0.25, 0.177, 0.125, 0.088, 0.0625])
     p.add_argument("--budget", type=int, default=3_000_000, help="call budget per Ji run")
     p.add_argument("--task-budget", type=int, default=15_000, help="calls per method (HPO)")
     p.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples")
@@ -77,10 +77,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.quick:
         args.blocks, args.epsilon = [2, 3, 4], 0.5
-        args.gd_max_block = args.itd_max_block = args.f2ba_max_block = 3
+        args.gd_max_block, args.itd_max_block, args.f2ba_max_block = 3, 2, 2
         args.frontier_block, args.frontier_links = 3, 4
-        args.eps_block, args.epsilons = 2, [0.5, 0.35, 0.25]
-        args.task_budget, args.bootstrap = 1500, 200
+        args.eps_block, args.epsilons = 2, [0.5, 0.35]
+        args.task_budget, args.bootstrap = 600, 100
     return args
 
 
