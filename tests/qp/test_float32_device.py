@@ -77,16 +77,22 @@ def test_float32_matches_float64_and_keeps_dtype(backward: str, batched: bool) -
 
 
 @pytest.mark.parametrize("backward", BACKWARDS)
-def test_float32_sparse_inputs(backward: str) -> None:
+@pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr], ids=["coo", "csr"])
+def test_float32_sparse_inputs(backward: str, layout: torch.layout) -> None:
     problem = _rounded(sparse_complementary_qp(12, m=10, p=2, seed=5))
+    if layout == torch.sparse_csr:
+        problem = QPData(
+            *(t.to_sparse_csr() if isinstance(t, Tensor) and t.is_sparse else t for t in problem)
+        )
     sol32, grads32, leaves32 = _run(problem, torch.float32, backward)
     _, grads64, _ = _run(problem, torch.float64, backward)
     assert sol32.x.dtype == torch.float32
     for name, grad in grads32.items():
         assert grad.dtype == torch.float32
         assert grad.layout == leaves32[name].layout, f"d/d{name} layout {grad.layout}"
-        ours = grad.to_dense() if grad.is_sparse else grad
-        reference = grads64[name].to_dense() if grads64[name].is_sparse else grads64[name]
+        ours = grad.to_dense() if grad.layout != torch.strided else grad
+        reference = grads64[name]
+        reference = reference.to_dense() if reference.layout != torch.strided else reference
         error = relative_error(ours, reference)
         assert error <= FLOAT32_RTOL, f"{backward}: d/d{name} float32 relative error {error:.2e}"
 
