@@ -59,6 +59,9 @@ class _Clock:
         self.next_eval = self.elapsed + self.eval_every
         self.t0 = time.perf_counter()
 
+    def now(self) -> float:
+        return self.elapsed + time.perf_counter() - self.t0
+
     def tick(self, step: int) -> bool:
         """Record when due; return False when the budget is spent."""
         now = self.elapsed + time.perf_counter() - self.t0
@@ -88,10 +91,15 @@ def run_method(setup: ProblemSetup, method: str, seed: int) -> dict[str, Any]:
     try:
         if method in ("SNG", "SPRING", "ENGD"):
             residual = setup.problem.residual(model)
+            kwargs = {k: v for k, v in hyper.items() if k != "lr_final_fraction"}
             opt: Any = {"SNG": SNG, "SPRING": SPRING, "ENGD": ENGD}[method](
-                model, residual, **hyper
+                model, residual, **kwargs
             )
+            lr0, final_fraction = getattr(opt, "lr", None), hyper.get("lr_final_fraction")
             while clock.tick(step):
+                if final_fraction is not None:  # linear decay in training time
+                    progress = min(clock.now() / setup.budget_s, 1.0)
+                    opt.lr = lr0 * (1.0 - (1.0 - final_fraction) * progress)
                 if method == "ENGD":
                     batch = setup.full_batch(gen) if setup.resample_full else fixed
                 else:
@@ -126,7 +134,7 @@ def run_method(setup: ProblemSetup, method: str, seed: int) -> dict[str, Any]:
 
             while clock.tick(step):
                 lbfgs.step(closure)
-                step += int(lbfgs.state[lbfgs._params[0]].get("n_iter", 0)) - step
+                step = int(lbfgs.state[lbfgs.param_groups[0]["params"][0]].get("n_iter", step))
         else:
             raise ValueError(f"method: unknown {method!r}")
     except ValueError as exc:  # a diverged iterate (NaN residual) is reported, not hidden

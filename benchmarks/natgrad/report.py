@@ -100,8 +100,11 @@ and seed (seeds {seeds}; budgets: {budgets}; evaluation time excluded). Float64,
 2-32-1 (2D Poisson, heat) and 5-64-1 (5D Poisson). 2D problems: 30x30 interior midpoints +
 120 boundary points; Adam, L-BFGS (fixed batch) and ENGD use all 1020 rows, SNG/SPRING draw
 64 + 16 rows per step. 5D Poisson: fresh points every step (ENGD/Adam 1000 + 200, SNG/SPRING
-256 + 64; L-BFGS one fixed 1000 + 200 batch). The machine is shared with other jobs, so
-wall-clock budgets are noisy: the step counts say how much work each method got done.
+256 + 64; L-BFGS one fixed 1000 + 200 batch). Torch runs single-threaded (the per-step
+tensors are tiny; on this shared 2-core machine a second OpenMP thread mostly waits for a
+descheduled partner). The machine is shared with other jobs, so wall-clock budgets are noisy:
+the step counts say how much work each method got done. `lr_final_fraction` means the step
+size decays linearly in training time to that fraction of `lr` at the end of the budget.
 Settings: {settings}.
 
 {table}
