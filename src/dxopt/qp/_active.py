@@ -29,9 +29,24 @@ from torch import Tensor
 from dxopt.qp._problem import QPProblem
 from dxopt.qp._types import QPBackwardError
 
-__all__ = ["WEAK_POLICIES", "ActiveSet", "identify_active", "row_norms"]
+__all__ = ["WEAK_POLICIES", "ActiveSet", "compress_rows", "identify_active", "row_norms"]
 
 WEAK_POLICIES = ("inactive", "active", "raise")
+
+
+def compress_rows(used: Tensor) -> tuple[Tensor, Tensor]:
+    """Row indices ``(S, k)`` with each sample's used rows first (``k`` = the largest count)
+    and their validity mask, so dense backward work scales with the active rows, not ``m``."""
+    k = int(used.sum(-1).max()) if used.numel() else 0
+    order = torch.argsort((~used).to(torch.int8), dim=-1, stable=True)[:, :k]
+    return order, used.gather(1, order)
+
+
+def gather_rows(M: Tensor, index: Tensor) -> Tensor:
+    """Rows ``index`` (S, k) of a dense ``(m, n)`` or ``(S, m, n)`` matrix, as ``(S, k, n)``."""
+    if M.ndim == 2:
+        return M[index]
+    return M.gather(1, index.unsqueeze(-1).expand(-1, -1, M.shape[-1]))
 
 
 def row_norms(M: Tensor) -> Tensor:

@@ -18,7 +18,7 @@ import scipy.sparse.linalg as spla
 import torch
 from torch import Tensor
 
-from dxopt.qp._active import WEAK_POLICIES, identify_active
+from dxopt.qp._active import WEAK_POLICIES, compress_rows, gather_rows, identify_active
 from dxopt.qp._adjoint import AdjointInput, AdjointSolution, kkt_residual
 from dxopt.qp._problem import QPProblem
 from dxopt.qp._types import BackwardDiagnostics, QPBackwardError
@@ -115,26 +115,26 @@ class KKTBackward:
 def _solve_dense(data: AdjointInput, used: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     problem = data.problem
     S, n, m, p = data.x.shape[0], problem.n, problem.m, problem.p
-    N = n + m + p
+    index, valid = compress_rows(used)  # active rows first: K is (n + k + p) square
+    k = index.shape[1]
+    N = n + k + p
     K = torch.zeros(S, N, N, dtype=torch.float64)
-    K[:, :n, :n] = problem.dense("P")  # type: ignore[assignment]
+    K[:, :n, :n] = problem.P
     rhs = torch.zeros(S, N, dtype=torch.float64)
     rhs[:, :n] = data.grad_x
-    if m:
-        mask = used.to(torch.float64)
-        GJ = problem.dense("G") * mask[..., None]  # type: ignore[operator]
-        K[:, n : n + m, :n] = GJ
-        K[:, :n, n : n + m] = GJ.transpose(-1, -2)
-        K[:, n : n + m, n : n + m] = torch.diag_embed(1.0 - mask)
-        rhs[:, n : n + m] = data.grad_ineq * mask
+    if k:
+        mask = valid.to(torch.float64)
+        GJ = gather_rows(problem.G, index) * mask[..., None]  # type: ignore[arg-type]
+        K[:, n : n + k, :n] = GJ
+        K[:, :n, n : n + k] = GJ.transpose(-1, -2)
+        K[:, n : n + k, n : n + k] = torch.diag_embed(1.0 - mask)
+        rhs[:, n : n + k] = data.grad_ineq.gather(1, index) * mask
     if p:
-        Ad = problem.dense("A")
-        K[:, n + m :, :n] = Ad  # type: ignore[assignment]
-        K[:, :n, n + m :] = Ad.transpose(-1, -2)  # type: ignore[union-attr]
-    if p:
-        rhs[:, n + m :] = data.grad_eq
-    eye = torch.eye(N, dtype=torch.float64)
-    K = torch.where(data.ok[:, None, None], K, eye)
+        K[:, n + k :, :n] = problem.A  # type: ignore[assignment]
+        K[:, :n, n + k :] = problem.A.transpose(-1, -2)  # type: ignore[union-attr]
+        rhs[:, n + k :] = data.grad_eq
+    if not bool(data.ok.all()):
+        K = torch.where(data.ok[:, None, None], K, torch.eye(N, dtype=torch.float64))
     sol, info = torch.linalg.solve_ex(K, rhs)
     singular = torch.nonzero(info != 0).flatten().tolist()
     if singular:
@@ -143,7 +143,10 @@ def _solve_dense(data: AdjointInput, used: Tensor) -> tuple[Tensor, Tensor, Tens
             "(active rows linearly dependent, or P singular on their null space). Use "
             "weak_policy='inactive', or PenaltyBackward, which regularises the system."
         )
-    return sol[:, :n], sol[:, n : n + m], sol[:, n + m :]
+    w_ineq = torch.zeros(S, m, dtype=torch.float64)
+    if k:
+        w_ineq.scatter_(1, index, sol[:, n : n + k] * valid)
+    return sol[:, :n], w_ineq, sol[:, n + k :]
 
 
 def _solve_sparse(data: AdjointInput, used: Tensor) -> tuple[Tensor, Tensor, Tensor]:

@@ -48,7 +48,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from dxopt.qp._active import WEAK_POLICIES, ActiveSet, identify_active
+from dxopt.qp._active import (
+    WEAK_POLICIES,
+    ActiveSet,
+    compress_rows,
+    gather_rows,
+    identify_active,
+)
 from dxopt.qp._adjoint import AdjointInput, AdjointSolution, kkt_residual
 from dxopt.qp._backward_kkt import check_residual
 from dxopt.qp._penalty_sparse import SparsePenaltySolve, gmres_refine
@@ -166,15 +172,17 @@ class PenaltyBackward:
         if not sparse:
             dense = _DenseSolve(data, active, W, W_E)
             diagnostics.linear_solver, diagnostics.jitter = dense.name, dense.jitter
-            m = problem.m
-            rhs2 = torch.cat([data.grad_ineq * active.used, data.grad_eq], 1)
+            k = dense.index.shape[1]
+            rhs2 = torch.cat([data.grad_ineq.gather(1, dense.index) * dense.mask, data.grad_eq], 1)
             u, w, residual, steps = dense.refine(
                 data.grad_x, rhs2, data.ok, self.max_refinement, self.refine_tol
             )
+            w_ineq = torch.zeros(data.x.shape[0], problem.m, dtype=torch.float64)
+            w_ineq.scatter_(1, dense.index, w[:, :k] * dense.mask)
             # the exact adjoint residual, recomputed independently for the final check
-            *_, residual = kkt_residual(data, active, u, w[:, :m], w[:, m:])
+            *_, residual = kkt_residual(data, active, u, w_ineq, w[:, k:])
             return self._finish(
-                data, active, beta, u, w[:, :m], w[:, m:], residual, steps, diagnostics
+                data, active, beta, u, w_ineq, w[:, k:], residual, steps, diagnostics
             )
         solve = SparsePenaltySolve(data, active, W, W_E)
         diagnostics.linear_solver, diagnostics.jitter = solve.name, 0.0
@@ -216,22 +224,25 @@ class _DenseSolve:
 
     def __init__(self, data: AdjointInput, active: ActiveSet, W: Tensor, W_E: Tensor) -> None:
         problem = data.problem
+        S, n = data.x.shape[0], problem.n
+        self.index, self.mask = compress_rows(active.used)
+        mask = self.mask.to(torch.float64)
         blocks: list[Tensor] = []
         weights: list[Tensor] = []
-        G, A = problem.dense("G"), problem.dense("A")
-        if G is not None:
-            blocks.append(G * active.used.to(torch.float64)[..., None])
-            weights.append(W)
-        if A is not None:
-            blocks.append(A)
+        if problem.G is not None:
+            blocks.append(gather_rows(problem.G, self.index) * mask[..., None])
+            weights.append(W.gather(1, self.index) * mask)
+        if problem.A is not None:
+            blocks.append(problem.A if problem.A.ndim == 3 else problem.A.expand(S, -1, -1))
             weights.append(W_E)
-        S, n = data.x.shape[0], problem.n
         self.C = torch.cat(blocks, 1) if blocks else torch.zeros(S, 0, n, dtype=torch.float64)
         self.D = torch.cat(weights, 1) if weights else torch.zeros(S, 0, dtype=torch.float64)
         self.P = problem.P if problem.P.ndim == 3 else problem.P.expand(S, n, n)
-        H = self.P + self.C.transpose(-1, -2) @ (self.D[..., None] * self.C)
+        # Cholesky reads only the lower triangle, so no explicit symmetrisation is needed
+        H = torch.baddbmm(self.P, self.C.transpose(-1, -2), self.D[..., None] * self.C)
         eye = torch.eye(n, dtype=torch.float64)
-        H = torch.where(data.ok[:, None, None], 0.5 * (H + H.transpose(-1, -2)), eye)
+        if not bool(data.ok.all()):
+            H = torch.where(data.ok[:, None, None], H, eye)
         L, info = torch.linalg.cholesky_ex(H)
         self.jitter = 0.0
         if bool((info != 0).any()):
