@@ -24,6 +24,7 @@ from __future__ import annotations
 import pytest
 import torch
 from _ref_problems import feasible_qp, kkt_gradients, relative_error
+from _ref_strategies import complementary_problems, feasible_problems, weakly_active_problems
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from qp_zoo import QPData, complementary_qp
@@ -44,36 +45,6 @@ PROPERTY_SETTINGS = settings(
     database=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
-
-
-@st.composite
-def feasible_problems(draw: st.DrawFn) -> dict[str, int | float]:
-    """Keyword arguments of ``feasible_qp`` (shown as such in a falsifying example)."""
-    n = draw(st.integers(1, 12))
-    return {
-        "seed": draw(st.integers(0, 2**31 - 1)),
-        "n": n,
-        "m": draw(st.integers(0, 16)),
-        "p": draw(st.integers(0, max(0, min(4, n - 1)))),
-        "ridge": draw(st.sampled_from([1e-3, 1e-1, 1.0])),
-        "rank": draw(st.integers(0, n)),
-    }
-
-
-@st.composite
-def complementary_problems(draw: st.DrawFn) -> dict[str, int | float]:
-    """Keyword arguments of ``qp_zoo.complementary_qp``."""
-    n = draw(st.integers(2, 14))
-    p = draw(st.integers(0, min(3, n - 1)))
-    m = draw(st.integers(0, 14))
-    return {
-        "n": n,
-        "m": m,
-        "p": p,
-        "n_active": draw(st.integers(0, min(m, n - p))),
-        "margin": draw(st.sampled_from([0.1, 0.5, 1.0])),
-        "seed": draw(st.integers(0, 2**31 - 1)),
-    }
 
 
 def _data_scale(problem: QPData) -> float:
@@ -268,19 +239,6 @@ def test_vertex_solutions_match_closed_form(kwargs: dict, backward: str) -> None
         assert error <= rtol, f"{backward}: d/d{name} relative error {error:.2e}"
 
 
-@st.composite
-def weakly_active_problems(draw: st.DrawFn) -> dict[str, int | float]:
-    """``complementary_qp`` keyword arguments with ``weak`` >= 1 rows of zero slack and zero
-    multiplier (LICQ kept: strictly active + weak + equality rows <= n)."""
-    n = draw(st.integers(3, 12))
-    p = draw(st.integers(0, min(2, n - 2)))
-    weak = draw(st.integers(1, n - p - 1))
-    n_active = draw(st.integers(0, n - p - weak))
-    m = draw(st.integers(n_active + weak, n_active + weak + 6))
-    seed = draw(st.integers(0, 2**31 - 1))
-    return {"n": n, "m": m, "p": p, "n_active": n_active, "weak": weak, "seed": seed}
-
-
 @PROPERTY_SETTINGS
 @given(kwargs=weakly_active_problems(), policy=st.sampled_from(["inactive", "active"]))
 def test_weakly_active_rows_follow_the_documented_policy(kwargs: dict, policy: str) -> None:
@@ -376,3 +334,33 @@ def test_threads_and_warm_starts_do_not_change_results(backward: str) -> None:
             torch.testing.assert_close(
                 ours, reference, rtol=1e-9, atol=1e-11, msg=lambda m, where=where: f"{where}: {m}"
             )
+
+
+@pytest.mark.parametrize("backward", BACKWARDS)
+@pytest.mark.parametrize(("n", "rank"), [(5, 0), (6, 2), (8, 4), (10, 3)])
+def test_singular_hessian_and_linear_programs(n: int, rank: int, backward: str) -> None:
+    """P = MMᵀ of rank r < n (r = 0: a linear program) with n - r strictly active rows: the
+    solution is unique (P is definite on the null space of the active rows) and both backwards
+    match the closed form to the accuracy the forward reached (daqp's proximal iterations stop
+    near 1e-9 on singular P; measured gradient error <= 1.6e-8)."""
+    gen = torch.Generator().manual_seed(n)
+    f64 = torch.float64
+    M = torch.randn(n, rank, generator=gen, dtype=f64)
+    P = M @ M.T
+    x = torch.randn(n, generator=gen, dtype=f64)
+    m = n + 3
+    G = torch.randn(m, n, generator=gen, dtype=f64)
+    active = torch.arange(m) < n - rank
+    spread = torch.rand(m, generator=gen, dtype=f64)
+    nu = torch.where(active, 0.5 + spread, torch.zeros_like(spread))
+    h = G @ x + torch.where(active, torch.zeros_like(spread), 0.5 + spread)
+    problem = QPData(P, -(P @ x + G.T @ nu), None, None, G, h, x, None, nu, active)
+    grad_x = torch.randn(n, generator=gen, dtype=f64)
+    expected = kkt_gradients(problem, grad_x)
+    leaves = _leaves(problem)
+    sol = _solve(leaves, backward)
+    torch.testing.assert_close(sol.x.detach(), x, rtol=0, atol=1e-6)
+    grads = dict(zip(leaves, torch.autograd.grad((grad_x * sol.x).sum(), leaves.values())))
+    for name in ("q", "G", "h"):
+        error = relative_error(grads[name], expected[name], floor=float(grad_x.norm()))
+        assert error <= 1e-6, f"{backward}: d/d{name} relative error {error:.2e}"
