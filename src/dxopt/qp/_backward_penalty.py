@@ -240,15 +240,15 @@ class _DenseSolve:
         self.P = problem.P if problem.P.ndim == 3 else problem.P.expand(S, n, n)
         # Cholesky reads only the lower triangle, so no explicit symmetrisation is needed
         H = torch.baddbmm(self.P, self.C.transpose(-1, -2), self.D[..., None] * self.C)
-        eye = torch.eye(n, dtype=torch.float64)
         if not bool(data.ok.all()):
-            H = torch.where(data.ok[:, None, None], H, eye)
+            H = torch.where(data.ok[:, None, None], H, torch.eye(n, dtype=torch.float64))
         L, info = torch.linalg.cholesky_ex(H)
         self.jitter = 0.0
         if bool((info != 0).any()):
             scale = H.diagonal(dim1=-2, dim2=-1).abs().amax(-1).clamp_min(1.0)
             for tau in (1e-12, 1e-10, 1e-8):
-                L, info = torch.linalg.cholesky_ex(H + (tau * scale)[:, None, None] * eye)
+                shift = (tau * scale)[:, None, None] * torch.eye(n, dtype=torch.float64)
+                L, info = torch.linalg.cholesky_ex(H + shift)
                 self.jitter = tau * float(scale.max())
                 if not bool((info != 0).any()):
                     self.name = "cholesky+jitter"

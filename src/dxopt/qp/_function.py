@@ -99,6 +99,5 @@ class QPFunction(torch.autograd.Function):
             ok=ok,
         )
         adjoint = state.method.solve_adjoint(data, state.diagnostics)
-        grads = parameter_gradients(data, adjoint)
-        needs = ctx.needs_input_grad
-        return (*(g if needs[k] else None for k, g in enumerate(grads)), None)
+        grads = parameter_gradients(data, adjoint, tuple(ctx.needs_input_grad[:6]))
+        return (*grads, None)

@@ -32,7 +32,10 @@ def _outer_sum(pairs: list[tuple[Tensor, Tensor]], template: Tensor) -> Tensor:
         )
     if template.ndim == 3:
         return sum(-(left.unsqueeze(-1) * right.unsqueeze(-2)) for left, right in pairs)  # type: ignore[return-value]
-    return sum(-(left.T @ right) for left, right in pairs)  # type: ignore[return-value]
+    # one GEMM over (pairs x samples): sum_s sum_pairs l r^T = L^T R with stacked rows
+    left = torch.cat([pair[0] for pair in pairs], 0)
+    right = torch.cat([pair[1] for pair in pairs], 0)
+    return -(left.T @ right)
 
 
 def _vector(v: Tensor, template: Tensor) -> Tensor:
@@ -49,21 +52,30 @@ def _restore(g: Tensor, problem: QPProblem, index: int) -> Tensor:
     return out.to(problem.device)
 
 
-def parameter_gradients(data: AdjointInput, adj: AdjointSolution) -> tuple[Tensor | None, ...]:
-    """Gradients for ``(P, q, A, b, G, h)`` in the inputs' dtype, device and layout."""
+def parameter_gradients(
+    data: AdjointInput, adj: AdjointSolution, needs: tuple[bool, ...] = (True,) * 6
+) -> tuple[Tensor | None, ...]:
+    """Gradients for ``(P, q, A, b, G, h)`` in the inputs' dtype, device and layout
+    (``None`` where ``needs`` is False, so unneeded n x n products are skipped)."""
     problem = data.problem
     x, u = data.x, adj.u
     grads: list[Tensor | None] = [None] * 6
-    grads[0] = 0.5 * _outer_sum([(u, x), (x, u)], problem.P)
-    grads[1] = _vector(-u, problem.q)
+    if needs[0]:
+        grads[0] = 0.5 * _outer_sum([(u, x), (x, u)], problem.P)
+    if needs[1]:
+        grads[1] = _vector(-u, problem.q)
     if problem.A is not None and problem.b is not None:
         w_eq = adj.w_eq
-        grads[2] = _outer_sum([(data.eq_duals, u), (w_eq, x)], problem.A)
-        grads[3] = _vector(w_eq, problem.b)
+        if needs[2]:
+            grads[2] = _outer_sum([(data.eq_duals, u), (w_eq, x)], problem.A)
+        if needs[3]:
+            grads[3] = _vector(w_eq, problem.b)
     if problem.G is not None and problem.h is not None:
         used = adj.active.used.to(torch.float64)
         w_ineq = adj.w_ineq * used
         nu_J = data.ineq_duals * used
-        grads[4] = _outer_sum([(nu_J, u), (w_ineq, x)], problem.G)
-        grads[5] = _vector(w_ineq, problem.h)
+        if needs[4]:
+            grads[4] = _outer_sum([(nu_J, u), (w_ineq, x)], problem.G)
+        if needs[5]:
+            grads[5] = _vector(w_ineq, problem.h)
     return tuple(None if g is None else _restore(g, problem, k) for k, g in enumerate(grads))
