@@ -30,8 +30,10 @@ def _outer_sum(pairs: list[tuple[Tensor, Tensor]], template: Tensor) -> Tensor:
         return torch.sparse_coo_tensor(
             template.indices(), -values.sum(0), template.shape, is_coalesced=True
         )
-    if template.ndim == 3:
-        return sum(-(left.unsqueeze(-1) * right.unsqueeze(-2)) for left, right in pairs)  # type: ignore[return-value]
+    if template.ndim == 3:  # per sample: one bmm with inner dimension len(pairs)
+        left = torch.stack([pair[0] for pair in pairs], -1)
+        right = torch.stack([pair[1] for pair in pairs], -2)
+        return -torch.bmm(left, right)
     # one GEMM over (pairs x samples): sum_s sum_pairs l r^T = L^T R with stacked rows
     left = torch.cat([pair[0] for pair in pairs], 0)
     right = torch.cat([pair[1] for pair in pairs], 0)
