@@ -128,10 +128,19 @@ def epsilon_plot(path: Path, rows: list[dict[str, Any]], slope: float | None) ->
 
 def task_plot(path: Path, rows: list[dict[str, Any]]) -> None:
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.4))
+    lows = []
     for r in rows:
-        vals = [v if math.isfinite(v) else float("nan") for v in r["curve_val_loss"]]
-        ax1.plot(r["curve_calls"], vals, label=r["method"])
-        ax2.plot(r["curve_seconds"], vals, label=r["method"])
+        # skip the first record (y = 0 before any call, f = log 2), which hides the curves
+        vals = [v if math.isfinite(v) else float("nan") for v in r["curve_val_loss"][1:]]
+        ax1.plot(r["curve_calls"][1:], vals, label=r["method"])
+        ax2.plot(r["curve_seconds"][1:], vals, label=r["method"])
+        lows += [v for v in vals if math.isfinite(v)]
+    if rows and lows:
+        top = 1.15 * rows[0]["start_val_loss"]
+        for ax in (ax1, ax2):
+            ax.set_ylim(0.95 * min(lows), top)
+            ax.set_xscale("log")
+            ax.axhline(rows[0]["start_val_loss"], color="k", ls=":", lw=0.8, label="H(0)")
     ax1.set_xlabel("oracle calls")
     ax2.set_xlabel("seconds (method time, evaluation excluded)")
     for ax in (ax1, ax2):
