@@ -64,3 +64,19 @@ def test_equality_only_qp_matches_kkt_linear_solve(backward: str) -> None:
     (x_ref @ wx + mu_ref @ wm).backward()
     for mine, ref in zip(leaves, refs):
         torch.testing.assert_close(mine.grad, ref.grad, atol=1e-9, rtol=1e-7)
+
+
+def test_large_sparse_simplex_matches_closed_form() -> None:
+    """n = 20000 through the sparse path (SuperLU + GMRES refinement) of the penalty backward."""
+    data = simplex_qp(20_000, seed=3, sparse=True)
+    q = data.q.clone().requires_grad_()
+    h = data.h.clone().requires_grad_()  # type: ignore[union-attr]
+    sol = dqp.solve(data.P, q, data.A, data.b, data.G, h)
+    assert sol.info.solver == "piqp"
+    grad_x = torch.randn(20_000, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    (sol.x @ grad_x).backward()
+    expected = simplex_vjp(data.x, grad_x)  # type: ignore[arg-type]
+    assert float((q.grad - expected["q"]).norm() / expected["q"].norm()) <= 1e-6  # type: ignore[operator]
+    assert float((h.grad - expected["h"]).norm() / expected["h"].norm()) <= 1e-6  # type: ignore[operator]
+    assert sol.info.backward.linear_solver == "splu+gmres"
+    assert sol.info.backward.refinement_steps <= 5
