@@ -38,15 +38,17 @@ REFERENCE_SOLVER_ARGS: dict[str, Any] = {
 
 
 class ReferenceSolution(NamedTuple):
-    """x, equality and inequality multipliers from cvxpylayers (None where a block is absent)."""
+    """x and the multipliers of each block from cvxpylayers (None where a block is absent)."""
 
     x: Tensor
     eq_duals: Tensor | None
     ineq_duals: Tensor | None
+    lb_duals: Tensor | None = None
+    ub_duals: Tensor | None = None
 
 
 @functools.lru_cache(maxsize=16)
-def _layer(n: int, m: int, p: int) -> Any:
+def _layer(n: int, m: int, p: int, box: bool) -> Any:
     import cvxpy as cp
     from cvxpylayers.torch import CvxpyLayer
 
@@ -68,6 +70,12 @@ def _layer(n: int, m: int, p: int) -> Any:
         constraints.append(ineq)
         parameters += [G, h]
         duals.append(ineq.dual_variables[0])
+    if box:
+        lb, ub = cp.Parameter(n), cp.Parameter(n)
+        lower, upper = x >= lb, x <= ub
+        constraints += [lower, upper]
+        parameters += [lb, ub]
+        duals += [lower.dual_variables[0], upper.dual_variables[0]]
     problem = cp.Problem(cp.Minimize(0.5 * cp.sum_squares(factor @ x) + q @ x), constraints)
     assert problem.is_dpp()
     return CvxpyLayer(problem, parameters=parameters, variables=[x, *duals])
@@ -80,8 +88,12 @@ def reference_solve(
     b: Tensor | None = None,
     G: Tensor | None = None,
     h: Tensor | None = None,
+    *,
+    lb: Tensor | None = None,
+    ub: Tensor | None = None,
 ) -> ReferenceSolution:
-    """Solve min ½‖L x‖² + qᵀx s.t. Ax = b, Gx ≤ h with cvxpylayers (differentiable, float64)."""
+    """Solve min ½‖L x‖² + qᵀx s.t. Ax = b, Gx ≤ h (and lb ≤ x ≤ ub, both finite, if given)
+    with cvxpylayers (differentiable, float64)."""
     n = factor.shape[-1]
     m = 0 if G is None else G.shape[-2]
     p = 0 if A is None else A.shape[-2]
@@ -90,11 +102,15 @@ def reference_solve(
         args += [A, b]
     if m > 0:
         args += [G, h]
+    box = lb is not None and ub is not None
+    if box:
+        args += [lb, ub]
     solver_args = dict(REFERENCE_SOLVER_ARGS)
     if not (torch.is_grad_enabled() and any(t.requires_grad for t in args)):
         solver_args.pop("mode")  # diffcp forwards it to the solver when no gradient is taken
-    outputs = _layer(n, m, p)(*args, solver_args=solver_args)
+    outputs = _layer(n, m, p, box)(*args, solver_args=solver_args)
     x, rest = outputs[0], list(outputs[1:])
     eq_duals = rest.pop(0) if p > 0 else None
     ineq_duals = rest.pop(0) if m > 0 else None
-    return ReferenceSolution(x, eq_duals, ineq_duals)
+    lb_duals, ub_duals = (rest[0], rest[1]) if box else (None, None)
+    return ReferenceSolution(x, eq_duals, ineq_duals, lb_duals, ub_duals)

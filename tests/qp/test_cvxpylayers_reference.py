@@ -206,3 +206,76 @@ def test_sparse_inputs_match_cvxpylayers_on_their_pattern(
             grad, expected = grad.values(), expected[pattern[0], pattern[1]]
         error = relative_error(grad, expected)
         assert error <= GRADIENT_RTOL[backward], f"{backward}: d/d{name} relative error {error:.2e}"
+
+
+def _boxed_problem(n: int, m: int, p: int, seed: int) -> tuple[QPData, dict[str, Tensor]]:
+    """``complementary_qp`` plus finite box bounds, built backwards from the KKT conditions:
+    2 lower and 1 upper bound active with multipliers >= 0.5, the other bounds >= 0.5 away."""
+    base = complementary_qp(n, m=m, p=p, n_active=1, seed=seed)
+    assert base.x is not None and base.active is not None
+    gen = torch.Generator().manual_seed(seed)
+    f64 = torch.float64
+    lower_active = torch.zeros(n, dtype=torch.bool)
+    upper_active = torch.zeros(n, dtype=torch.bool)
+    lower_active[[0, 2]] = True
+    upper_active[1] = True
+    lam_lb = torch.where(lower_active, 0.5 + torch.rand(n, generator=gen, dtype=f64), 0.0)
+    lam_ub = torch.where(upper_active, 0.5 + torch.rand(n, generator=gen, dtype=f64), 0.0)
+    lb = base.x - torch.where(lower_active, 0.0, 0.5 + torch.rand(n, generator=gen, dtype=f64))
+    ub = base.x + torch.where(upper_active, 0.0, 0.5 + torch.rand(n, generator=gen, dtype=f64))
+    # Stationarity P x + q + Aᵀμ + Gᵀν - λ_lb + λ_ub = 0 (rows -x <= -lb and x <= ub).
+    problem = base._replace(q=base.q + lam_lb - lam_ub)
+    return problem, {"lb": lb, "ub": ub, "lb_duals": lam_lb, "ub_duals": lam_ub}
+
+
+@pytest.mark.parametrize("backward", BACKWARDS)
+def test_box_bounds_match_cvxpylayers(backward: str) -> None:
+    """lb <= x <= ub: x, all four multiplier vectors and every gradient (lb, ub included)."""
+    problem, box = _boxed_problem(9, m=5, p=2, seed=13)
+    gen = torch.Generator().manual_seed(4)
+    weights = {
+        k: torch.randn(9 if k != "eq" else 2, generator=gen, dtype=torch.float64)
+        for k in ("x", "eq", "lb", "ub")
+    }
+    weights["ineq"] = torch.randn(5, generator=gen, dtype=torch.float64)
+
+    def run(solve) -> tuple:
+        leaves = _leaves(problem)
+        leaves["lb"] = box["lb"].clone().requires_grad_()
+        leaves["ub"] = box["ub"].clone().requires_grad_()
+        sol = solve(leaves)
+        outputs = {"x": sol.x, "eq": sol.eq_duals, "ineq": sol.ineq_duals}
+        outputs |= {"lb": sol.lb_duals, "ub": sol.ub_duals}
+        loss = sum((weights[k] * v).sum() for k, v in outputs.items())
+        return outputs, _gradients(leaves, loss)
+
+    get = problem._asdict().get
+    ref, ref_grads = run(
+        lambda t: reference_solve(
+            t["L"], t["q"], t["A"], t["b"], t["G"], t["h"], lb=t["lb"], ub=t["ub"]
+        )
+    )
+    ours, grads = run(
+        lambda t: dqp.solve(
+            t["L"].mT @ t["L"],
+            t["q"],
+            t["A"],
+            t["b"],
+            t["G"],
+            t["h"],
+            lb=t["lb"],
+            ub=t["ub"],
+            backward=backward,
+        )
+    )
+    known = {"x": get("x"), "eq": get("eq_duals"), "ineq": get("ineq_duals")}
+    known |= {"lb": box["lb_duals"], "ub": box["ub_duals"]}
+    for key, value in known.items():
+        torch.testing.assert_close(ref[key].detach(), value, rtol=0, atol=REFERENCE_ATOL)
+        torch.testing.assert_close(
+            ours[key].detach(), ref[key].detach(), rtol=0, atol=SOLUTION_ATOL
+        )
+    assert set(grads) == set(ref_grads) == {"L", *NAMES, "lb", "ub"}
+    for name, expected in ref_grads.items():
+        error = relative_error(grads[name], expected)
+        assert error <= GRADIENT_RTOL[backward], f"{backward}: d/d{name} relative error {error:.2e}"
