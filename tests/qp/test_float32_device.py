@@ -1,8 +1,10 @@
 """dtype and device handling of dxopt.qp: float32 in -> float32 out, CUDA round trip.
 
 float32 results are compared with a float64 solve of the *same* (float32-rounded) data, so
-the only differences are the computation's own: the tolerances are a few hundred float32
-ulps (``FLOAT32_RTOL``), far below any error a wrong float32 path would make.
+the only differences are the computation's own. dxopt solves in float64 internally and rounds
+the outputs, so the measured difference is 4.9e-8 (relative, x, multipliers and every
+gradient); the tolerance ``FLOAT32_RTOL`` = 1e-6 (about 8 float32 epsilons) is still far below
+any error a wrong float32 path (a lost cast, a float32 factorisation) would make.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import dxopt.qp as dqp
 
 BACKWARDS = ("penalty", "kkt")
 NAMES = ("P", "q", "A", "b", "G", "h")
-FLOAT32_RTOL = 1e-5  # ~ 80 float32 ulps, relative in norm
+FLOAT32_RTOL = 1e-6  # ~ 8 float32 epsilons, relative in norm (measured: 4.9e-8)
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
 
 
