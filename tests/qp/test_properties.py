@@ -364,3 +364,27 @@ def test_singular_hessian_and_linear_programs(n: int, rank: int, backward: str) 
     for name in ("q", "G", "h"):
         error = relative_error(grads[name], expected[name], floor=float(grad_x.norm()))
         assert error <= 1e-6, f"{backward}: d/d{name} relative error {error:.2e}"
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("solver", ["piqp", "clarabel"])
+def test_duplicated_active_row_penalty_exact_kkt_refuses(solver: str) -> None:
+    """LICQ fails (an active row of G appears twice; interior-point backends split its
+    multiplier between the copies). x is still differentiable in q and b: the penalty backward
+    must give the exact derivative, the KKT backward must refuse (never a silent wrong one)."""
+    problem = complementary_qp(8, m=6, p=1, n_active=3, seed=2)
+    assert problem.G is not None and problem.h is not None and problem.active is not None
+    row = int(torch.nonzero(problem.active)[0])
+    G = torch.cat([problem.G, problem.G[row : row + 1]])
+    h = torch.cat([problem.h, problem.h[row : row + 1]])
+    grad_x = torch.randn(8, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    expected = kkt_gradients(problem, grad_x)
+    q, b = problem.q.clone().requires_grad_(), problem.b.clone().requires_grad_()  # type: ignore[union-attr]
+    sol = dqp.solve(problem.P, q, problem.A, b, G, h, backward="penalty", solver=solver)
+    assert sol.ineq_duals is not None and float(sol.ineq_duals[-1]) > 1e-3  # split multiplier
+    grad_q, grad_b = torch.autograd.grad((grad_x * sol.x).sum(), [q, b])
+    assert relative_error(grad_q, expected["q"], floor=float(grad_x.norm())) <= 1e-6
+    assert relative_error(grad_b, expected["b"], floor=float(grad_x.norm())) <= 1e-6
+    sol = dqp.solve(problem.P, q, problem.A, b, G, h, backward="kkt", solver=solver)
+    with pytest.raises(dqp.QPBackwardError, match=r"singular"):
+        torch.autograd.grad((grad_x * sol.x).sum(), [q, b])
