@@ -58,6 +58,21 @@ def test_mismatched_shapes_are_refused() -> None:
         AutogradOracle(_upper, lower, dim_x=2, dim_y=3)
 
 
+def test_logistic_task_checks_its_data() -> None:
+    from dxopt.bilevel import LogisticRegularization
+
+    A = torch.zeros(4, 3, dtype=torch.float64)
+    s = torch.ones(4, dtype=torch.float64)
+    with pytest.raises(ValueError, match="base_strength: expected rho > 0"):
+        LogisticRegularization(
+            features_train=A, labels_train=s, features_val=A, labels_val=s, base_strength=0.0
+        )
+    with pytest.raises(ValueError, match="labels_val: expected shape \\(4,\\)"):
+        LogisticRegularization(
+            features_train=A, labels_train=s, features_val=A, labels_val=s[:3], base_strength=1.0
+        )
+
+
 def test_bad_options_are_refused() -> None:
     with pytest.raises(ValueError, match="lr: expected a positive finite number"):
         InnerLoop(steps=3, lr=-1.0)

@@ -54,6 +54,20 @@ class LogisticRegularization:
         labels_val: torch.Tensor,
         base_strength: float,
     ) -> None:
+        if not base_strength > 0:
+            raise ValueError(
+                f"base_strength: expected rho > 0 (the lower level's strong convexity), got "
+                f"{base_strength!r}."
+            )
+        for name, A, s in (
+            ("labels_train", features_train, labels_train),
+            ("labels_val", features_val, labels_val),
+        ):
+            if A.ndim != 2 or s.shape != (A.shape[0],):
+                raise ValueError(
+                    f"{name}: expected shape ({A.shape[0]},) to match the feature rows of a 2-D "
+                    f"feature matrix, got labels {tuple(s.shape)} for features {tuple(A.shape)}."
+                )
         d = features_train.shape[1]
         if features_val.shape[1] != d:
             raise ValueError(
