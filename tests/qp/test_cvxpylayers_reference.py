@@ -279,3 +279,29 @@ def test_box_bounds_match_cvxpylayers(backward: str) -> None:
     for name, expected in ref_grads.items():
         error = relative_error(grads[name], expected)
         assert error <= GRADIENT_RTOL[backward], f"{backward}: d/d{name} relative error {error:.2e}"
+
+
+@pytest.mark.parametrize("backward", BACKWARDS)
+def test_fully_batched_matrices_match_cvxpylayers(backward: str) -> None:
+    """Per-sample L (P), A, G as well as q, b, h: the batched matrix gradients."""
+    batch = stack([complementary_qp(7, m=6, p=2, seed=40 + i) for i in range(3)])
+    w = torch.randn(3, 7, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+
+    def run(solve) -> tuple[Tensor, dict[str, Tensor]]:
+        leaves = _leaves(batch)
+        get = leaves.get
+        x = solve(leaves["L"], leaves["q"], get("A"), get("b"), get("G"), get("h"))
+        return x.detach(), _gradients(leaves, (w * x).sum())
+
+    x_ref, ref_grads = run(lambda L, *rest: reference_solve(L, *rest).x)
+    x_ours, grads = run(lambda L, *rest: dqp.solve(L.mT @ L, *rest, backward=backward).x)
+    torch.testing.assert_close(x_ref, batch.x, rtol=0, atol=REFERENCE_ATOL)
+    torch.testing.assert_close(x_ours, x_ref, rtol=0, atol=SOLUTION_ATOL)
+    for name, expected in ref_grads.items():
+        assert grads[name].shape == expected.shape == batch_shape(batch, name)
+        error = relative_error(grads[name], expected)
+        assert error <= GRADIENT_RTOL[backward], f"{backward}: d/d{name} relative error {error:.2e}"
+
+
+def batch_shape(batch: QPData, name: str) -> torch.Size:
+    return batch.P.shape if name == "L" else getattr(batch, name).shape
