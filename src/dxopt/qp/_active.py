@@ -62,7 +62,8 @@ def row_norms(M: Tensor) -> Tensor:
 
 @dataclass(frozen=True)
 class ActiveSet:
-    """Per-sample row classification (masks are (S, m)) and accuracy figures (S,)."""
+    """Per-sample row classification (masks are (S, m)), accuracy (S,), and the normalised
+    slack :math:`\\hat s` (S, m) and signed equality residual :math:`(Ax - b)/\\|a_j\\|` (S, p)."""
 
     active: Tensor
     weak: Tensor
@@ -70,6 +71,8 @@ class ActiveSet:
     accuracy: Tensor
     g_norm: Tensor | None
     a_norm: Tensor | None
+    slack: Tensor | None = None
+    eq_residual: Tensor | None = None
 
     @property
     def n_active(self) -> tuple[int, ...]:
@@ -92,14 +95,15 @@ def identify_active(
     """Classify the inequality rows of every sample (see the module docstring)."""
     S, m = x.shape[0], problem.m
     eps = torch.zeros(S, dtype=torch.float64)
-    a_norm = g_norm = None
+    a_norm = g_norm = eq_residual = None
     if problem.A is not None:
         a_norm = row_norms(problem.A)
-        r = (problem.mv("A", x) - problem.dense_vec("b")).abs() / a_norm
+        eq_residual = (problem.mv("A", x) - problem.dense_vec("b")) / a_norm
+        r = eq_residual.abs()
         eps = torch.maximum(eps, r.amax(-1) if r.shape[-1] else eps)
     if problem.G is None:
         empty = torch.zeros(S, 0, dtype=torch.bool)
-        return ActiveSet(empty, empty, empty, eps, None, a_norm)
+        return ActiveSet(empty, empty, empty, eps, None, a_norm, None, eq_residual)
     g_norm = row_norms(problem.G)
     slack = (problem.dense_vec("h") - problem.mv("G", x)) / g_norm
     nu_hat = ineq_duals * g_norm
@@ -127,4 +131,4 @@ def identify_active(
             "solution map is not differentiable there. Use weak_policy='inactive' or 'active'."
         )
     used = active | weak if weak_policy == "active" else active
-    return ActiveSet(active, weak, used, eps, g_norm, a_norm)
+    return ActiveSet(active, weak, used, eps, g_norm, a_norm, slack, eq_residual)
