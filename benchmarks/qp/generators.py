@@ -12,7 +12,8 @@ The families follow Magoon et al., *dQP* (NeurIPS 2025, repo cwmagoon/dQP,
 (Linghu et al., arXiv 2602.14154); the seed of problem ``i`` is ``i``.
 
 - :func:`random_dense`: :math:`P = MM^\\top + 10^{-4}I`, :math:`M, q, G, A \\sim U[0,1]`,
-  :math:`m = n`, :math:`p = \\lceil n/2 \\rceil`, :math:`h = G\\mathbf 1 + 1`, :math:`b = A\\mathbf 1`.
+  :math:`m = n`, :math:`p = \\lceil n/2 \\rceil`, :math:`h = G\\mathbf 1 + 1`,
+  :math:`b = A\\mathbf 1`.
 - :func:`random_sparse_laplacian`: :math:`P` is the graph Laplacian of the symmetrised
   3-nearest-neighbour graph of ``make_blobs(n, 2 features, 3 centers)``, sparse ``G, A`` of
   density :math:`5\\cdot10^{-4}` with at least one entry per row.
@@ -83,7 +84,7 @@ def batched_dense(batch: int, n: int, m: int, p: int, *, seed: int = 0) -> list[
 
 def _sparse_rows(rows: int, n: int, density: float, rng: np.random.Generator) -> sp.csc_matrix:
     """Sparse N(0,1) matrix of about the given density with at least one nonzero per row."""
-    nnz = max(int(round(density * rows * n)), 0)
+    nnz = max(round(density * rows * n), 0)
     r = rng.integers(rows, size=nnz)
     c = rng.integers(n, size=nnz)
     # guarantee one entry per row

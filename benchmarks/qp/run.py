@@ -78,27 +78,25 @@ def plan(quick: bool) -> list[Case]:
     return cases
 
 
-def evaluate(records: list[dict], work: Path) -> None:
-    """Attach each cell's gradient error against its size's reference cell."""
-    refs: dict[tuple[str, int], tuple[dict, dict[str, np.ndarray]]] = {}
-    for r in records:
-        if r["method"] == "reference" and r.get("status") == "ok":
-            with np.load(work / r["key"] / "grads.npz") as z:
-                refs[(r["family"], r["n"])] = (r, dict(z))
-    for r in records:
-        if r["method"] == "reference" or r.get("status") != "ok":
-            continue
-        ref_rec, ref = refs.get((r["family"], r["n"]), ({}, {}))
-        if not ref:
-            continue
-        with np.load(work / r["key"] / "grads.npz") as z:
-            grads = dict(z)
-        if "x" in grads and "x" in ref:
-            diff = np.linalg.norm(grads["x"] - ref["x"]) / max(np.linalg.norm(ref["x"]), 1e-300)
-            r["x_rel_err"] = float(diff)
-        blocks = ["q"] if ref_rec.get("degenerate") else [k for k in "qhbGA" if k in ref]
-        r["grad_blocks"] = "".join(blocks)
-        r["grad_err"] = report.grad_error(grads, ref, blocks)
+def evaluate(rec: dict, folder: Path, refs: dict) -> None:
+    """Attach ``rec``'s gradient error against its size's reference (kept in ``refs``)."""
+    if rec.get("status") != "ok":
+        return
+    with np.load(folder / "grads.npz") as z:
+        grads = dict(z)
+    cell = (rec["family"], rec["n"])
+    if rec["method"] == "reference":
+        refs[cell] = (rec, grads)
+        return
+    ref_rec, ref = refs.get(cell, ({}, {}))
+    if not ref:
+        return
+    if "x" in grads and "x" in ref:
+        diff = np.linalg.norm(grads["x"] - ref["x"]) / max(np.linalg.norm(ref["x"]), 1e-300)
+        rec["x_rel_err"] = float(diff)
+    blocks = ["q"] if ref_rec.get("degenerate") else [k for k in "qhbGA" if k in ref]
+    rec["grad_blocks"] = "".join(blocks)
+    rec["grad_err"] = report.grad_error(grads, ref, blocks)
 
 
 def section(records: list[dict], target_rows: list[dict], info: dict, args_line: str) -> str:
@@ -146,19 +144,24 @@ def main(argv: list[str] | None = None) -> None:
         for c in plan(args.quick)
         if not args.only or c.family in args.only
     ]
-    records = []
+    records: list[dict] = []
+    refs: dict = {}
     preimport()
     try:
         bar = tqdm(cases, desc="qp bench", unit="cell", file=sys.stderr)
         for case in bar:
             bar.set_postfix_str(case.key)
             rec = run_case(case, work / case.key)
+            evaluate(rec, work / case.key, refs)
+            if case.method != "reference":
+                shutil.rmtree(work / case.key, ignore_errors=True)
             records.append(rec)
+            write_json(out / "qp_partial.json", {"records": records})  # survives an abort
             if rec.get("status") != "ok":
                 tqdm.write(f"{case.key}: {rec.get('status')}", file=sys.stderr)
-        evaluate(records, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    (out / "qp_partial.json").unlink(missing_ok=True)
     batch_n = 8 if args.quick else 50
     simplex_n = 100 if args.quick else 10**6
     target_rows = report.targets(records, batch_n=batch_n, simplex_n=simplex_n)

@@ -8,6 +8,8 @@ out-of-memory kill or a crash becomes a recorded status instead of stopping the 
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import json
 import multiprocessing as mp
 import os
@@ -133,15 +135,15 @@ def _child(case: Case, folder: str) -> None:
 
 
 def preimport() -> None:
-    """Import every peer once in the parent, so forked children start in milliseconds."""
-    import importlib
+    """Import every peer once in the parent, so forked children start in milliseconds.
 
+    The parent must not run torch operations itself: a child forked after the parent ran an
+    OpenMP region can deadlock in libgomp (so tests run the benchmark as a subprocess).
+    """
     for name in ("torch", "qpsolvers", "sklearn.datasets", "sklearn.neighbors", "dxopt.qp",
                  "qpth.qp", "cvxpy", "cvxpylayers.torch", "diffcp"):  # fmt: skip
-        try:
+        with contextlib.suppress(Exception):  # a missing peer is recorded per cell
             importlib.import_module(name)
-        except Exception:  # a missing peer is recorded per cell as "not installed"
-            pass
 
 
 def run_case(case: Case, folder: Path) -> dict[str, Any]:
@@ -149,8 +151,7 @@ def run_case(case: Case, folder: Path) -> dict[str, Any]:
     folder.mkdir(parents=True, exist_ok=True)
     for stale in ("result.json", "grads.npz"):
         (folder / stale).unlink(missing_ok=True)
-    ctx = mp.get_context("fork")
-    proc = ctx.Process(target=_child, args=(case, str(folder)))
+    proc = mp.get_context("fork").Process(target=_child, args=(case, str(folder)))
     t0 = time.perf_counter()
     proc.start()
     proc.join(case.timeout_s)

@@ -1,0 +1,18 @@
+"""Make ``import benchmarks`` resolve to the repository's top-level ``benchmarks/`` package.
+
+pytest puts ``tests/`` on ``sys.path`` (rootdir conftest), where this folder would
+otherwise shadow the real package as a namespace package.
+"""
+
+import sys
+from pathlib import Path
+
+REPO_ROOT = str(Path(__file__).resolve().parents[2])
+if sys.path[:1] != [REPO_ROOT]:
+    sys.path.insert(0, REPO_ROOT)
+_mod = sys.modules.get("benchmarks")
+if _mod is not None and str(Path(REPO_ROOT) / "benchmarks") not in list(
+    getattr(_mod, "__path__", [])
+):
+    for name in [m for m in sys.modules if m == "benchmarks" or m.startswith("benchmarks.")]:
+        del sys.modules[name]
