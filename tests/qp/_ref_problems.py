@@ -10,8 +10,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
-from qp_zoo import QPData
+from qp_zoo import QPData, sparse_complementary_qp
 from torch import Tensor
 
 
@@ -100,6 +102,50 @@ def feasible_qp(
         slack = torch.where(torch.rand(m, generator=gen) < 1 / 3, torch.zeros_like(slack), slack)
         h = G @ x0 + slack
     return QPData(P, q, A, b, G, h)
+
+
+def data_scale(problem: QPData) -> float:
+    """1 + the largest absolute entry of the data (a scale for residual tolerances)."""
+    return 1.0 + max(float(t.abs().max()) for t in problem.args() if t is not None and t.numel())
+
+
+def grad_leaves(problem: QPData) -> dict[str, Tensor]:
+    """Fresh leaf copies (requires_grad) of the present P, q, A, b, G, h."""
+    return {
+        k: getattr(problem, k).clone().requires_grad_()
+        for k in ("P", "q", "A", "b", "G", "h")
+        if getattr(problem, k) is not None
+    }
+
+
+def dependent_rows_qp() -> tuple[QPData, Tensor]:
+    """qp_zoo's sparse problem (n=6, m=8, p=2, seed=29), densified: an active row of G is a
+    multiple of a row of A, so LICQ fails although x is unique. Returns it with the exact
+    :math:`\\partial L/\\partial q = -Z(Z^\\top PZ)^{-1}Z^\\top\\bar x` (Z: null space of the
+    active rows) for the cotangent ``grad_x`` = 1."""
+    sparse = sparse_complementary_qp(6, m=8, p=2, density=0.3, seed=29)
+    problem = QPData(
+        *(t.to_dense() if isinstance(t, Tensor) and t.is_sparse else t for t in sparse)
+    )
+    assert problem.G is not None and problem.A is not None and problem.active is not None
+    rows = torch.cat([problem.G[problem.active], problem.A])
+    _, singular_values, vh = torch.linalg.svd(rows)
+    rank = int((singular_values > 1e-10).sum())
+    assert rank < rows.shape[0], "the construction must violate LICQ"
+    null = vh[rank:].T
+    grad_x = torch.ones(6, dtype=torch.float64)
+    reduced = null.T @ problem.P @ null
+    return problem, -(null @ torch.linalg.solve(reduced, null.T @ grad_x))
+
+
+def random_functional(sol: Any, seed: int) -> Tensor:
+    """A random linear functional of ``sol.x`` and of both multiplier vectors (if present)."""
+    gen = torch.Generator().manual_seed(seed)
+    loss = (torch.randn(sol.x.shape, generator=gen, dtype=sol.x.dtype) * sol.x).sum()
+    for duals in (sol.eq_duals, sol.ineq_duals):
+        if duals is not None:
+            loss = loss + (torch.randn(duals.shape, generator=gen, dtype=duals.dtype) * duals).sum()
+    return loss
 
 
 def relative_error(actual: Tensor, expected: Tensor, *, floor: float = 1e-12) -> float:
