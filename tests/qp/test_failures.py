@@ -112,3 +112,16 @@ def test_all_zero_multipliers(backward: type) -> None:
         (sol.x @ grad_x).backward()
         torch.testing.assert_close(q.grad, dq, atol=1e-9, rtol=1e-9)
         torch.testing.assert_close(h.grad, dh, atol=1e-9, rtol=1e-9)
+
+
+def test_sparse_infeasible_is_classified_without_densifying() -> None:
+    """x >= 1 and 1'x = 1 (n = 20000) is infeasible; the classification stays sparse."""
+    n = 20_000
+    idx = torch.arange(n).repeat(2, 1)
+    P = torch.sparse_coo_tensor(idx, torch.ones(n, dtype=F64), (n, n))
+    G = torch.sparse_coo_tensor(idx, -torch.ones(n, dtype=F64), (n, n))
+    A = torch.ones(1, n, dtype=F64).to_sparse()
+    q, h, b = torch.zeros(n, dtype=F64), -torch.ones(n, dtype=F64), torch.ones(1, dtype=F64)
+    sol = dqp.solve(P, q, A, b, G, h, on_failure="nan")
+    assert sol.status == (dqp.QPStatus.INFEASIBLE,)
+    assert torch.isnan(sol.x).all()

@@ -51,11 +51,13 @@ _TOLERANCE_KEYS: dict[str, Callable[[float, float], dict[str, float]]] = {
 def default_solver(problem: QPProblem) -> str:
     """``"daqp"`` for dense problems, ``"piqp"`` when any matrix is sparse.
 
-    Measured raw solves on a 2-core CPU (shared/research/anchors.md): dense dQP QPs, daqp
-    0.80 / 44 / 408 ms at n = 100 / 500 / 1000 against proxqp 2.4 / 140 / 654 ms, piqp
-    2.2 / 110 / 1050 ms and clarabel 60 ms / 4.5 s / 5.6 s; sparse simplex projection, piqp
-    1.4 ms / 16.5 ms / 258 ms / 8.7 s at n = 1e3 / 1e4 / 1e5 / 1e6 against clarabel
-    4.3 ms / 53 ms / 822 ms / 13.1 s (daqp and proxqp are dense-only or slow there: 1.2 s at 1e3).
+    Measured through :func:`solve_forward` (eps_abs = 1e-9, 1 thread, the shared 2-core
+    machine under a load average of 5-9, medians): dense dQP problems (m = n, p = n/2) at
+    n = 100 / 500: daqp 3.4 / 219 ms, piqp 5.5 / 429 ms, proxqp 9.9 / 308 ms, clarabel
+    260 ms / 10.9 s; sparse simplex projection at n = 1e4 / 1e5: piqp 30 ms / 1.18 s, clarabel
+    177 ms / 4.86 s, osqp hit its iteration limit (FAILED) at 1e4. The same ranking as the quiet
+    anchor runs in shared/research/anchors.md (daqp 0.80 / 44 ms dense; piqp 16.5 / 258 ms
+    sparse, the fastest backend at every simplex size up to 1e6).
     """
     return "piqp" if problem.any_sparse else "daqp"
 
@@ -119,7 +121,8 @@ def _recover_duals(
 
 def _classify_failure(problem_kwargs: dict[str, Any], n: int, solver: str, **kw: Any) -> QPStatus:
     feas = dict(problem_kwargs)
-    feas["P"] = sp.identity(n, format="csc") if solver == "piqp" else np.eye(n)
+    sparse = any(sp.issparse(problem_kwargs.get(k)) for k in ("P", "A", "G"))
+    feas["P"] = sp.identity(n, format="csc") if sparse else np.eye(n)
     feas["q"] = np.zeros(n)
     try:
         sol = qpsolvers.solve_problem(qpsolvers.Problem(**feas), solver=solver, **kw)
