@@ -69,6 +69,8 @@ class SNG(NaturalGradientOptimizer):
         >>> problem, model = Poisson2D(), tanh_mlp(2, (16,))
         >>> opt = SNG(model, problem.residual(model), lr=0.5, damping=1e-8, norm_cap=1e-2)
         >>> report = opt.step(problem.sample(64, 16, torch.Generator().manual_seed(0)))
+        >>> report.solve_method, report.rows
+        ('cholesky', 80)
     """
 
     def __init__(
