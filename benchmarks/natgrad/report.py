@@ -84,6 +84,12 @@ def section_markdown(
     budgets = ", ".join(f"{k} {s.budget_s:g} s" for k, s in setups.items())
     hyper = next(iter(setups.values())).hyper
     settings = "; ".join(f"{m}: {h}" for m, h in hyper.items())
+    for name, setup in setups.items():
+        changed = {m: h for m, h in setup.hyper.items() if hyper.get(m) != h}
+        if changed:
+            settings += f". Overrides for {name}: " + "; ".join(
+                f"{m}: {h}" for m, h in changed.items()
+            )
     target_rows = [
         {"target": c["target"], "measured": fmt(c["measured"]), "status": c["status"]}
         for c in checks
