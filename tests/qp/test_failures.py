@@ -6,7 +6,7 @@ import pickle
 
 import pytest
 import torch
-from qp_zoo import weakly_active_qp
+from qp_zoo import complementary_qp, weakly_active_qp
 
 import dxopt.qp as dqp
 
@@ -125,3 +125,27 @@ def test_sparse_infeasible_is_classified_without_densifying() -> None:
     sol = dqp.solve(P, q, A, b, G, h, on_failure="nan")
     assert sol.status == (dqp.QPStatus.INFEASIBLE,)
     assert torch.isnan(sol.x).all()
+
+
+def test_licq_failure_kkt_refuses_and_penalty_is_right() -> None:
+    """A duplicated active row (LICQ fails, multiplier split by an interior-point solver):
+    the exact KKT matrix is singular, so KKTBackward raises; the penalty system stays SPD and
+    its refined gradient for q equals the one of the problem without the duplicate."""
+    data = complementary_qp(8, m=6, p=2, seed=0)
+    j = int(torch.nonzero(data.active)[0])  # type: ignore[arg-type]
+    G = torch.cat([data.G, data.G[j : j + 1]])  # type: ignore[index]
+    h = torch.cat([data.h, data.h[j : j + 1]])  # type: ignore[index]
+    grad_x = torch.randn(8, generator=torch.Generator().manual_seed(1), dtype=F64)
+    q_ref = data.q.clone().requires_grad_()
+    ref = dqp.solve(data.P, q_ref, data.A, data.b, data.G, data.h, backward="kkt")
+    (ref.x @ grad_x).backward()
+    for backward in ("kkt", "penalty"):
+        q = data.q.clone().requires_grad_()
+        sol = dqp.solve(data.P, q, data.A, data.b, G, h, backward=backward, solver="clarabel")
+        assert float(sol.ineq_duals[j]) > 0.1 and float(sol.ineq_duals[-1]) > 0.1  # type: ignore[index]
+        if backward == "kkt":
+            with pytest.raises(dqp.QPBackwardError, match="singular"):
+                (sol.x @ grad_x).backward()
+        else:
+            (sol.x @ grad_x).backward()
+            torch.testing.assert_close(q.grad, q_ref.grad, atol=1e-7, rtol=1e-6)

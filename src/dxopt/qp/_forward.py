@@ -74,15 +74,20 @@ class ForwardResult:
     solve_time: float
 
 
-def _numpy_views(problem: QPProblem) -> dict[str, Any]:
+_SPARSE_ONLY = ("clarabel", "osqp", "scs")
+
+
+def _numpy_views(problem: QPProblem, solver: str) -> dict[str, Any]:
     """Each parameter once as numpy (dense) or scipy CSC (sparse), shared by all samples."""
-    views: dict[str, Any] = {}
+    views: dict[str, Any] = {"sparse_only": solver in _SPARSE_ONLY}
     for name in ("P", "q", "A", "b", "G", "h"):
         t = getattr(problem, name)
         if t is None:
             views[name] = None
         elif t.layout == torch.sparse_coo:
             views[name] = problem.csr[name][0].tocsc()
+        elif solver in _SPARSE_ONLY and name in ("P", "A", "G") and t.ndim == 2:
+            views[name] = sp.csc_matrix(t.numpy())  # what the backend converts to anyway
         else:
             views[name] = t.numpy()
     return views
@@ -90,6 +95,8 @@ def _numpy_views(problem: QPProblem) -> dict[str, Any]:
 
 def _sample(views: dict[str, Any], name: str, i: int) -> Any:
     v = views[name]
+    if views["sparse_only"] and v is not None and not sp.issparse(v) and v.ndim == 3:
+        return sp.csc_matrix(v[i])  # batched dense matrix for a CSC-only backend
     base = 2 if name in ("P", "A", "G") else 1
     if v is None or sp.issparse(v) or v.ndim == base:
         return v
@@ -153,7 +160,7 @@ def solve_forward(
 ) -> ForwardResult:
     """Solve every sample; failed samples get NaN rows and a non-``SOLVED`` status."""
     size, n, m, p = problem.size, problem.n, problem.m, problem.p
-    views = _numpy_views(problem)
+    views = _numpy_views(problem, solver)
     kw: dict[str, Any] = dict(_TOLERANCE_KEYS.get(solver, lambda a, r: {})(eps_abs, eps_rel))
     kw.update(solver_options or {})
     x_out = np.full((size, n), np.nan)
