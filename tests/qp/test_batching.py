@@ -58,3 +58,15 @@ def test_float32_and_layer_module() -> None:
     assert q.grad is not None and q.grad.dtype == torch.float32
     ref = dqp.solve(*complementary_qp(8, m=6, p=2, seed=2).args(), backward="kkt")
     torch.testing.assert_close(sol.x.double(), ref.x, atol=1e-5, rtol=1e-5)
+
+
+def test_warm_start_per_sample_reaches_the_same_solution() -> None:
+    problems = [complementary_qp(10, m=8, p=3, seed=s) for s in range(3)]
+    stacked = [
+        torch.stack([getattr(d, k) for d in problems]) for k in ("P", "q", "A", "b", "G", "h")
+    ]
+    cold = dqp.solve(*stacked, solver="proxqp")
+    warm = dqp.solve(*stacked, solver="proxqp", warm_start=torch.stack([d.x for d in problems]))  # type: ignore[misc]
+    torch.testing.assert_close(warm.x, cold.x, atol=1e-7, rtol=0)
+    for i, d in enumerate(problems):
+        torch.testing.assert_close(warm.x[i], d.x, atol=1e-7, rtol=0)  # type: ignore[arg-type]
