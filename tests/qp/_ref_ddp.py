@@ -77,10 +77,11 @@ def training_data() -> tuple[Tensor, Tensor]:
 
 
 def train(model: nn.Module, features: Tensor, targets: Tensor) -> dict[str, Tensor]:
-    """Run ``STEPS`` SGD steps; record each step's gradients and the final parameters."""
+    """Run ``STEPS`` SGD steps; record the initial parameters, each step's gradients and the
+    final parameters."""
     optimizer = torch.optim.SGD(model.parameters(), lr=LEARNING_RATE)
     named = dict(model.named_parameters())
-    records: dict[str, Tensor] = {}
+    records = {f"initial.{_plain(k)}": v.detach().clone() for k, v in named.items()}
     for step in range(STEPS):
         optimizer.zero_grad()
         loss = ((model(features) - targets) ** 2).sum(dim=-1).mean()

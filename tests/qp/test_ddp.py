@@ -50,7 +50,7 @@ def test_ddp_gradients_and_parameters_match_single_process(
     reference = references[backward]
     expected_keys = {
         f"{prefix}.{name}"
-        for prefix in [*(f"step{s}.grad" for s in range(STEPS)), "final"]
+        for prefix in ["initial", *(f"step{s}.grad" for s in range(STEPS)), "final"]
         for name in ("encoder.weight", "encoder.bias", "h")
     }
     assert set(reference) == expected_keys
@@ -69,6 +69,9 @@ def test_ddp_gradients_and_parameters_match_single_process(
     for step in range(STEPS):
         assert reference[f"step{step}.grad.h"].abs().max() > 1e-6
         assert reference[f"step{step}.grad.encoder.weight"].abs().max() > 1e-6
+    for name in ("encoder.weight", "encoder.bias", "h"):
+        moved = reference[f"final.{name}"] - reference[f"initial.{name}"]
+        assert moved.abs().max() > 1e-6, f"{name} did not move"
 
 
 def test_ddp_ranks_agree_with_each_other(ddp_run: tuple[list[Records], Records]) -> None:
