@@ -52,7 +52,7 @@ def features(data: MarketData, t: Tensor, lags: int) -> Tensor:
 
 
 def covariance(data: MarketData, t: Tensor, window: int = 52, shrink: float = 0.2) -> Tensor:
-    """``(B, N, N)`` sample covariance of the ``window`` weeks up to ``t``, shrunk to its diagonal."""
+    """``(B, N, N)`` covariance of the ``window`` weeks up to ``t``, shrunk to its diagonal."""
     idx = t[:, None] - torch.arange(window - 1, -1, -1)[None, :]
     past = data.returns[idx]  # (B, window, N)
     centred = past - past.mean(dim=1, keepdim=True)

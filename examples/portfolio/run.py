@@ -205,7 +205,7 @@ def format_table(table: dict[str, dict[str, float]]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=60, help="training steps per model")
+    parser.add_argument("--steps", type=int, default=40, help="training steps per model")
     parser.add_argument("--batch", type=int, default=32, help="decision times per step")
     parser.add_argument("--horizon", type=int, default=3, help="planning periods H")
     parser.add_argument("--seed", type=int, default=0)
