@@ -5,10 +5,9 @@ from __future__ import annotations
 import math
 
 import torch
-
 from examples.portfolio import run as demo
 from examples.portfolio.data import covariance, features, load_weekly
-from examples.portfolio.problem import PortfolioSpec, constraint_matrices
+from examples.portfolio.problem import PortfolioSpec, constraint_matrices, rhs
 
 
 def test_tiny_demo_run_gives_valid_portfolios_and_finite_metrics(tmp_path):
@@ -42,6 +41,7 @@ def test_qp_decisions_satisfy_constraints_and_carry_gradients():
     flat = w.detach().reshape(3, -1)
     torch.testing.assert_close(flat @ A.T, b.expand(3, -1))
     assert flat.min() >= -1e-8
+    assert (flat @ G.T <= rhs(spec, w0) + 1e-8).all()  # long-only and trade limits
     trades = w.detach() - torch.cat([w0[:, None], w.detach()[:, :-1]], dim=1)
     assert trades.abs().max() <= spec.trade_limit + 1e-8
     loss = -demo.realized_utility(spec, w, torch.randn_like(w) * 0.02, cov, w0).mean()
