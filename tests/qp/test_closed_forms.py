@@ -80,3 +80,15 @@ def test_large_sparse_simplex_matches_closed_form() -> None:
     assert float((h.grad - expected["h"]).norm() / expected["h"].norm()) <= 1e-6  # type: ignore[operator]
     assert sol.info.backward.linear_solver == "splu+gmres"
     assert sol.info.backward.refinement_steps <= 5
+
+
+@pytest.mark.parametrize("backward", ["kkt", "penalty"])
+def test_empty_constraint_blocks_behave_like_absent_ones(backward: str) -> None:
+    P = torch.eye(3, dtype=torch.float64)
+    q = torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64, requires_grad=True)
+    empty_rows, empty = torch.zeros(0, 3, dtype=torch.float64), torch.zeros(0, dtype=torch.float64)
+    sol = dqp.solve(P, q, empty_rows, empty, empty_rows, empty, backward=backward)
+    assert sol.ineq_duals is not None and sol.ineq_duals.shape == (0,)
+    (grad_q,) = torch.autograd.grad(sol.x.sum(), q)
+    torch.testing.assert_close(sol.x.detach(), -q.detach())
+    torch.testing.assert_close(grad_q, -torch.ones(3, dtype=torch.float64))

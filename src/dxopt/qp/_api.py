@@ -35,8 +35,9 @@ def _residuals(problem: QPProblem, r: ForwardResult) -> tuple[tuple[float, ...],
     x = torch.nan_to_num(r.x)
     primal = torch.zeros(problem.size, dtype=torch.float64)
     dual = problem.mv("P", x) + problem.dense_vec("q")
-    if problem.A is not None:
-        primal = torch.maximum(primal, (problem.mv("A", x) - problem.dense_vec("b")).abs().amax(-1))
+    if problem.A is not None and problem.p:
+        eq = (problem.mv("A", x) - problem.dense_vec("b")).abs().amax(-1)
+        primal = torch.maximum(primal, eq)
         dual = dual + problem.rmv("A", torch.nan_to_num(r.eq_duals))
     if problem.G is not None and problem.m:
         viol = (problem.mv("G", x) - problem.dense_vec("h")).clamp_min(0.0).amax(-1)
