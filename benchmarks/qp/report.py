@@ -148,7 +148,8 @@ def plot_family(records: list[dict], family: str, path: Path) -> None:
         ax.set_ylabel(ylabel)
         ax.grid(True, which="both", alpha=0.3)
     ax_e.axhline(1e-6, color="k", ls="--", lw=0.8)
-    ax_t.legend(fontsize=7)
+    if ax_t.get_legend_handles_labels()[0]:
+        ax_t.legend(fontsize=7)
     fig.suptitle(f"QP benchmark: {family}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -13,6 +13,7 @@ closed form. Run ``dxopt bench qp`` (full, about 25 minutes) or ``dxopt bench qp
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import sys
@@ -133,24 +134,9 @@ def section(records: list[dict], target_rows: list[dict], info: dict, args_line:
     return "\n".join(parts)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="tiny sizes, temp output dir")
-    parser.add_argument("--only", choices=FAMILIES, action="append", help="family to run")
-    parser.add_argument("--seed", type=int, default=0, help="problem seed")
-    parser.add_argument("--out", type=Path, default=None, help="output folder")
-    args = parser.parse_args(argv)
-    set_threads(2)
-    out = args.out or (
-        Path(tempfile.mkdtemp(prefix="dxopt-bench-qp-")) if args.quick else results_dir("qp")
-    )
-    out.mkdir(parents=True, exist_ok=True)
+def _run_cells(cases: list[Case], out: Path) -> tuple[list[dict], float]:
+    """Run every cell (progress bar); checkpoints ``qp_partial.json`` after each one."""
     work = Path(tempfile.mkdtemp(prefix="dxopt-qp-cells-"))
-    cases = [
-        Case(**{**c.__dict__, "seed": args.seed})
-        for c in plan(args.quick)
-        if not args.only or c.family in args.only
-    ]
     load_start = round(os.getloadavg()[0], 1)
     records: list[dict] = []
     refs: dict = {}
@@ -164,20 +150,75 @@ def main(argv: list[str] | None = None) -> None:
             if case.method != "reference":
                 shutil.rmtree(work / case.key, ignore_errors=True)
             records.append(rec)
-            write_json(out / "qp_partial.json", {"records": records})  # survives an abort
+            partial = {"records": records, "load_start": load_start}
+            write_json(out / "qp_partial.json", partial)  # survives an abort
             if rec.get("status") != "ok":
                 tqdm.write(f"{case.key}: {rec.get('status')}", file=sys.stderr)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     (out / "qp_partial.json").unlink(missing_ok=True)
+    return records, load_start
+
+
+def _complete(records: list[dict], cases: list[Case]) -> list[dict]:
+    """Add a "not run" record for every planned cell a stopped run did not reach."""
+    done = {r["key"] for r in records}
+    missing = [
+        {**c.__dict__, "key": c.key, "status": "not run (run stopped at its time budget)"}
+        for c in cases
+        if c.key not in done
+    ]
+    return [*records, *missing]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, temp output dir")
+    parser.add_argument("--only", choices=FAMILIES, action="append", help="family to run")
+    parser.add_argument("--seed", type=int, default=0, help="problem seed")
+    parser.add_argument("--out", type=Path, default=None, help="output folder")
+    parser.add_argument(
+        "--report-from",
+        type=Path,
+        default=None,
+        help="build the report from a stopped run's qp_partial.json; cells it lacks are "
+        "reported as not run",
+    )
+    args = parser.parse_args(argv)
+    set_threads(2)
+    out = args.out or (
+        Path(tempfile.mkdtemp(prefix="dxopt-bench-qp-")) if args.quick else results_dir("qp")
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    cases = [
+        Case(**{**c.__dict__, "seed": args.seed})
+        for c in plan(args.quick)
+        if not args.only or c.family in args.only
+    ]
+    if args.report_from is not None:
+        saved = json.loads(args.report_from.read_text())
+        records, load_start = _complete(saved["records"], cases), saved.get("load_start")
+    else:
+        records, load_start = _run_cells(cases, out)
     batch_n = 8 if args.quick else 50
     simplex_n = 100 if args.quick else 10**6
     target_rows = report.targets(records, batch_n=batch_n, simplex_n=simplex_n)
     info = {**machine_info(), "load_start": load_start, "load_end": round(os.getloadavg()[0], 1)}
-    args_line = " ".join([COMMAND, *(argv if argv is not None else sys.argv[1:])]).strip()
+    given = list(argv if argv is not None else sys.argv[1:])
+    if args.report_from is not None:  # the measurements came from the stopped run
+        i = given.index("--report-from")
+        given = given[:i] + given[i + 2 :]
+    args_line = " ".join([COMMAND, *given]).strip()
     payload = {"machine": info, "command": args_line, "records": records, "targets": target_rows}
     write_json(out / "qp.json", payload)
     text = section(records, target_rows, info, args_line)
+    if args.report_from is not None:
+        text = text.replace(
+            "\n\n### Targets",
+            "\n\nThe run was stopped at its time budget; cells it did not reach say so.\n\n"
+            "### Targets",
+            1,
+        )
     (out / "qp.md").write_text(text + "\n")
     for family in FAMILIES:
         if any(r["family"] == family for r in records):
