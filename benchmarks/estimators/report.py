@@ -199,7 +199,8 @@ def _plots(payload: dict[str, Any], out: Path) -> list[str]:
             (axes[1, 0], "peak MiB", "peak live-tensor MiB per estimate"),
         ]:
             ax.bar(labels, [r[key] or 0.0 for r in rows], color="C0")
-            ax.set(title=title, yscale="log" if key != "peak MiB" else "linear")
+            positive = any((r[key] or 0.0) > 0 for r in rows)
+            ax.set(title=title, yscale="log" if key != "peak MiB" and positive else "linear")
             ax.tick_params(axis="x", rotation=60, labelsize=7)
         ax = axes[1, 1]
         ax.bar(labels, [r["non-finite"] for r in rows], label="non-finite JVP/ZO values")
