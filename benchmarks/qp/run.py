@@ -184,6 +184,7 @@ def main(argv: list[str] | None = None) -> None:
         help="build the report from a stopped run's qp_partial.json; cells it lacks are "
         "reported as not run",
     )
+    parser.add_argument("--note", default="", help="a sentence added to the report")
     args = parser.parse_args(argv)
     set_threads(2)
     out = args.out or (
@@ -205,20 +206,17 @@ def main(argv: list[str] | None = None) -> None:
     target_rows = report.targets(records, batch_n=batch_n, simplex_n=simplex_n)
     info = {**machine_info(), "load_start": load_start, "load_end": round(os.getloadavg()[0], 1)}
     given = list(argv if argv is not None else sys.argv[1:])
-    if args.report_from is not None:  # the measurements came from the stopped run
-        i = given.index("--report-from")
-        given = given[:i] + given[i + 2 :]
+    for flag in ("--report-from", "--note"):  # the measurements came from the stopped run
+        if flag in given:
+            i = given.index(flag)
+            given = given[:i] + given[i + 2 :]
     args_line = " ".join([COMMAND, *given]).strip()
     payload = {"machine": info, "command": args_line, "records": records, "targets": target_rows}
     write_json(out / "qp.json", payload)
     text = section(records, target_rows, info, args_line)
-    if args.report_from is not None:
-        text = text.replace(
-            "\n\n### Targets",
-            "\n\nThe run was stopped at its time budget; cells it did not reach say so.\n\n"
-            "### Targets",
-            1,
-        )
+    if args.report_from is not None or args.note:
+        note = args.note or "The run was stopped at its time budget; cells it did not reach say so."
+        text = text.replace("\n\n### Targets", f"\n\n{note}\n\n### Targets", 1)
     (out / "qp.md").write_text(text + "\n")
     for family in FAMILIES:
         if any(r["family"] == family for r in records):
