@@ -7,7 +7,8 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint format bench venv clean
+.PHONY: demo test lint format bench bench-peers venv clean
+QPTH_BUILD ?= /tmp/dxopt-qpth-build
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -37,7 +38,17 @@ format: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff format src tests benchmarks examples
 	$(VENV)/bin/ruff check --fix src tests benchmarks examples
 
-bench: $(VENV)/.installed-bench
+# qpth 0.0.18 (a benchmark peer) ships only an sdist that current setuptools cannot build:
+# build its wheel in a throwaway venv with old setuptools, then install it without its
+# (outdated numpy<2) dependency pins.
+bench-peers: $(VENV)/.installed-bench
+	$(PY) -c "import qpth" 2>/dev/null || ( rm -rf $(QPTH_BUILD) && \
+	  $(PYTHON) -m venv $(QPTH_BUILD) && \
+	  $(QPTH_BUILD)/bin/pip install -q "setuptools<60" wheel && \
+	  $(QPTH_BUILD)/bin/pip wheel -q --no-deps --no-build-isolation -w $(QPTH_BUILD)/wheels qpth==0.0.18 && \
+	  $(PIP) install -q --no-deps $(QPTH_BUILD)/wheels/qpth-0.0.18-py3-none-any.whl )
+
+bench: bench-peers
 	$(VENV)/bin/dxopt bench all
 
 clean:
