@@ -18,6 +18,7 @@ from dxopt.qp._backward_kkt import KKTBackward as KKTBackward
 from dxopt.qp._backward_penalty import PenaltyBackward as PenaltyBackward
 from dxopt.qp._types import BackwardDiagnostics as BackwardDiagnostics
 from dxopt.qp._types import QPBackwardError as QPBackwardError
+from dxopt.qp._types import QPDegenerateWarning as QPDegenerateWarning
 from dxopt.qp._types import QPInfo as QPInfo
 from dxopt.qp._types import QPSolution as QPSolution
 from dxopt.qp._types import QPSolveError as QPSolveError
@@ -28,6 +29,7 @@ __all__ = [
     "KKTBackward",
     "PenaltyBackward",
     "QPBackwardError",
+    "QPDegenerateWarning",
     "QPInfo",
     "QPLayer",
     "QPSolution",
