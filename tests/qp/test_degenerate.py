@@ -1,0 +1,89 @@
+"""Degenerate active sets (LICQ fails) on the dQP sparse Laplacian family, both backwards.
+
+dQP's sparse generator (Magoon et al., arXiv 2410.06324): :math:`P` is the Laplacian of the
+symmetrised 3-nearest-neighbour graph of ``make_blobs`` points (PSD and singular), ``G`` and
+``A`` are N(0, 1) matrices of density :math:`5\\cdot10^{-4}` with one forced entry per row,
+:math:`h = G\\mathbf 1 + 1`, :math:`b = A\\mathbf 1`. Many rows touch a single coordinate, so
+active rows are linearly dependent; :math:`\\partial L/\\partial q` is still unique and is
+checked against central finite differences of the forward solve.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+from torch import Tensor
+
+import dxopt.qp as dqp
+
+F64 = torch.float64
+
+
+def _sparse_rows(rows: int, n: int, rng: np.random.Generator) -> sp.coo_matrix:
+    nnz = round(5e-4 * rows * n)
+    r = np.concatenate([rng.integers(rows, size=nnz), np.arange(rows)])
+    c = np.concatenate([rng.integers(n, size=nnz), rng.integers(n, size=rows)])
+    mat = sp.coo_matrix((np.ones(r.size), (r, c)), shape=(rows, n)).tocsr().tocoo()
+    mat.data = rng.standard_normal(mat.data.size)
+    return mat
+
+
+def _torch(mat: sp.spmatrix) -> Tensor:
+    coo = sp.coo_matrix(mat)
+    idx = torch.from_numpy(np.vstack([coo.row, coo.col]).astype(np.int64))
+    return torch.sparse_coo_tensor(
+        idx, torch.from_numpy(coo.data), coo.shape, check_invariants=True
+    ).coalesce()
+
+
+def laplacian_qp(n: int, seed: int = 0) -> tuple[Tensor, ...]:
+    """``(P, q, A, b, G, h)`` of dQP's sparse Laplacian family (sparse COO, float64)."""
+    from sklearn.datasets import make_blobs
+    from sklearn.neighbors import kneighbors_graph
+
+    points, _ = make_blobs(n_samples=n, n_features=2, centers=3, random_state=seed)
+    knn = kneighbors_graph(points, 3, mode="connectivity", include_self=False)
+    adjacency = knn.maximum(knn.T)
+    P = sp.diags(np.asarray(adjacency.sum(axis=1)).ravel()) - adjacency
+    rng = np.random.default_rng(seed)
+    q = torch.from_numpy(rng.standard_normal(n))
+    G = _sparse_rows(n, n, rng)
+    A = _sparse_rows(math.ceil(n / 2), n, rng)
+    h = torch.from_numpy(np.asarray(G.sum(axis=1)).ravel() + 1.0)
+    b = torch.from_numpy(np.asarray(A.sum(axis=1)).ravel())
+    return _torch(P), q, _torch(A), b, _torch(G), h
+
+
+def _loss(x: Tensor, weights: Tensor) -> Tensor:
+    return (weights * x).sum()
+
+
+@pytest.mark.filterwarnings("ignore::dxopt.qp.QPDegenerateWarning")
+def test_sparse_laplacian_dependent_rows_both_backwards_match_finite_differences() -> None:
+    P, q, A, b, G, h = laplacian_qp(100, seed=0)
+    weights = torch.randn(100, generator=torch.Generator().manual_seed(0), dtype=F64)
+    grads = {}
+    for backward in ("penalty", "kkt"):
+        leaves = [t.clone().requires_grad_() for t in (q, b, h)]
+        sol = dqp.solve(P, leaves[0], A, leaves[1], G, leaves[2], backward=backward)
+        with pytest.warns(dqp.QPDegenerateWarning):
+            grads[backward] = torch.autograd.grad(_loss(sol.x, weights), leaves)
+        diag = sol.info.backward
+        assert not diag.licq and max(diag.dependent_rows) >= 1
+        assert diag.residual <= 1e-8
+    for g_pen, g_kkt in zip(grads["penalty"], grads["kkt"]):
+        torch.testing.assert_close(g_pen, g_kkt, rtol=0, atol=1e-8 * float(g_kkt.norm()))
+    step, gen = 1e-2, torch.Generator().manual_seed(1)  # x(q) is affine near q
+    for _ in range(6):  # central differences along random directions of q
+        d = torch.randn(100, generator=gen, dtype=F64)
+        d = d / d.norm()
+        plus = dqp.solve(P, q + step * d, A, b, G, h).x
+        minus = dqp.solve(P, q - step * d, A, b, G, h).x
+        fd = float(_loss(plus - minus, weights)) / (2 * step)
+        for backward in ("penalty", "kkt"):
+            analytic = float(grads[backward][0] @ d)
+            assert abs(analytic - fd) <= 1e-6 * max(abs(fd), 1.0), (backward, analytic, fd)
