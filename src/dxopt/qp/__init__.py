@@ -10,6 +10,11 @@ dense or sparse, float32 or float64, with either
   refinement against the exact KKT adjoint, or
 - :class:`KKTBackward`: exact implicit differentiation of the reduced KKT system on the active
   set (Amos & Kolter, arXiv 1703.00443), the accuracy reference.
+
+When the active constraint rows are linearly dependent (LICQ fails) both methods return the
+same minimum-norm multiplier adjoint (exact :math:`\\partial L/\\partial q`,
+:math:`\\partial L/\\partial P`), record it in :class:`BackwardDiagnostics` and warn with
+:class:`QPDegenerateWarning`.
 """
 
 from dxopt.qp._api import QPLayer as QPLayer

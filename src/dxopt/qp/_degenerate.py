@@ -51,6 +51,7 @@ DEPENDENT_TOL = 1e-10
 _RELATIVE_DELTA = 1e-8
 _MAX_STEPS = 60
 _TOL = 1e-14
+_DENSE_GRAM = 300  # sparse C with more rows: SuperLU of the Gram matrix
 
 
 def count_dependent_dense(C: Tensor) -> Tensor:
@@ -62,7 +63,8 @@ def count_dependent_dense(C: Tensor) -> Tensor:
     norms = torch.linalg.vector_norm(C, dim=-1)
     nonzero = norms > 0
     Cn = C / norms.clamp_min(torch.finfo(C.dtype).tiny)[..., None]
-    gram = torch.baddbmm(torch.diag_embed((~nonzero).to(C.dtype) + 1e-14), Cn, Cn.mT)
+    gram = torch.bmm(Cn, Cn.mT)
+    gram.diagonal(dim1=-2, dim2=-1).add_((~nonzero).to(C.dtype) + 1e-14)
     L, info = torch.linalg.cholesky_ex(gram)
     pivots = L.diagonal(dim1=-2, dim2=-1).pow(2)
     count = ((pivots < DEPENDENT_TOL) & nonzero).sum(-1)
@@ -81,14 +83,21 @@ def count_dependent_sparse(C: sp.csr_matrix) -> int:
     if k == 0:
         return 0
     gram = (C @ C.T).tocsc() + sp.diags(np.where(norms > 0, 1e-14, 1.0))
-    if k <= 2000:
+    if k <= _DENSE_GRAM:
         try:
             pivots = np.diag(np.linalg.cholesky(gram.toarray())) ** 2
         except np.linalg.LinAlgError:
             dense = C.toarray()
             return int((norms > 0).sum()) - int(np.linalg.matrix_rank(dense, rtol=1e-8))
     else:
-        pivots = np.abs(spla.splu(gram).U.diagonal())
+        # symmetric mode with diagonal pivots: the pivots are those of the Cholesky factor
+        lu = spla.splu(
+            gram,
+            permc_spec="MMD_AT_PLUS_A",
+            diag_pivot_thresh=0.0,
+            options={"SymmetricMode": True},
+        )
+        pivots = np.abs(lu.U.diagonal())
     return int(((pivots < DEPENDENT_TOL) & (norms > 0)).sum())
 
 
@@ -112,9 +121,9 @@ def refine_schur(
     preconditioner :math:`[[P, C^\\top], [C, -D^{-1}]]`, applied through the Cholesky factor
     ``L`` of :math:`P + C^\\top DC`. Returns ``(u, w, relative residual, steps)``."""
     Ct = C.transpose(-1, -2)
+    PCt = torch.cat([P, Ct], -1)  # one product gives the change of r1 = xbar - Pu - C'w
     u = torch.zeros_like(grad_x)
     w = torch.zeros_like(rhs2)
-    Pu, Cu = torch.zeros_like(grad_x), torch.zeros_like(rhs2)
     r1, r2 = grad_x, rhs2
     norm = (grad_x.pow(2).sum(-1) + rhs2.pow(2).sum(-1)).sqrt().clamp_min(1e-300)
     steps, best = 0, float("inf")
@@ -122,11 +131,10 @@ def refine_schur(
         t = r1 + torch.bmm(Ct, (D * r2).unsqueeze(-1)).squeeze(-1)
         du = torch.cholesky_solve(t.unsqueeze(-1), L).squeeze(-1)
         Cdu = torch.bmm(C, du.unsqueeze(-1)).squeeze(-1)
-        w = w + D * (Cdu - r2)
-        u, Cu = u + du, Cu + Cdu
-        Pu = Pu + torch.bmm(P, du.unsqueeze(-1)).squeeze(-1)
-        r1 = grad_x - Pu - torch.bmm(Ct, w.unsqueeze(-1)).squeeze(-1)
-        r2 = rhs2 - Cu
+        dw = D * (Cdu - r2)
+        u, w = u + du, w + dw
+        r1 = r1 - torch.bmm(PCt, torch.cat([du, dw], -1).unsqueeze(-1)).squeeze(-1)
+        r2 = r2 - Cdu
         rel = (r1.pow(2).sum(-1) + r2.pow(2).sum(-1)).sqrt() / norm
         rel = torch.where(ok, rel, torch.zeros_like(rel))
         worst = float(rel.max()) if rel.numel() else 0.0
