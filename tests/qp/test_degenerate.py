@@ -126,3 +126,26 @@ def test_batched_kkt_with_many_weak_rows_equals_loop(
     captured = capfd.readouterr()
     assert "MKL" not in captured.out + captured.err
     assert "DLASWP" not in captured.out + captured.err
+
+
+@pytest.mark.parametrize("dense_limit", [300, 0])
+def test_dependent_row_counts_equal_the_svd_rank_deficiency(
+    dense_limit: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Detection (dense Cholesky of the row-normalised Gram matrix, or SuperLU of it for many
+    sparse rows) counts k - rank(C) against numpy's SVD rank; zero (padding) rows don't count."""
+    from dxopt.qp import _degenerate
+
+    monkeypatch.setattr(_degenerate, "_DENSE_GRAM", dense_limit)
+    gen = torch.Generator().manual_seed(5)
+    for trial in range(4):
+        base = sp.random(30, 80, density=0.1, random_state=trial, format="csr")
+        base = base + sp.eye(30, 80, format="csr")  # no zero rows: rank 30
+        extra = [base[:trial] * 3.0, sp.csr_matrix(base[4] - 2.0 * base[7])]
+        C = sp.vstack([base, *extra], format="csr")
+        expected = C.shape[0] - int(np.linalg.matrix_rank(C.toarray()))
+        assert _degenerate.count_dependent_sparse(C) == expected == trial + 1
+        dense = torch.from_numpy(C.toarray())
+        padded = torch.cat([dense, torch.zeros(2, 80, dtype=F64)])[None]
+        shuffled = padded[:, torch.randperm(padded.shape[1], generator=gen)]
+        assert int(_degenerate.count_dependent_dense(shuffled)[0]) == expected
