@@ -127,25 +127,30 @@ def test_sparse_infeasible_is_classified_without_densifying() -> None:
     assert torch.isnan(sol.x).all()
 
 
-def test_licq_failure_kkt_refuses_and_penalty_is_right() -> None:
+@pytest.mark.filterwarnings("ignore::dxopt.qp.QPDegenerateWarning")
+def test_licq_failure_both_backwards_are_right() -> None:
     """A duplicated active row (LICQ fails, multiplier split by an interior-point solver):
-    the exact KKT matrix is singular, so KKTBackward raises; the penalty system stays SPD and
-    its refined gradient for q equals the one of the problem without the duplicate."""
+    the exact KKT matrix is singular; both backwards detect it, report it in the diagnostics
+    and give the q gradient of the problem without the duplicate, and the same h gradient
+    (minimum norm: the duplicate rows share the multiplier adjoint equally)."""
     data = complementary_qp(8, m=6, p=2, seed=0)
     j = int(torch.nonzero(data.active)[0])  # type: ignore[arg-type]
     G = torch.cat([data.G, data.G[j : j + 1]])  # type: ignore[index]
-    h = torch.cat([data.h, data.h[j : j + 1]])  # type: ignore[index]
     grad_x = torch.randn(8, generator=torch.Generator().manual_seed(1), dtype=F64)
-    q_ref = data.q.clone().requires_grad_()
-    ref = dqp.solve(data.P, q_ref, data.A, data.b, data.G, data.h, backward="kkt")
+    q_ref, h_ref = data.q.clone().requires_grad_(), data.h.clone().requires_grad_()  # type: ignore[union-attr]
+    ref = dqp.solve(data.P, q_ref, data.A, data.b, data.G, h_ref, backward="kkt")
     (ref.x @ grad_x).backward()
+    grads = {}
     for backward in ("kkt", "penalty"):
         q = data.q.clone().requires_grad_()
+        h = torch.cat([data.h, data.h[j : j + 1]]).requires_grad_()  # type: ignore[index]
         sol = dqp.solve(data.P, q, data.A, data.b, G, h, backward=backward, solver="clarabel")
         assert float(sol.ineq_duals[j]) > 0.1 and float(sol.ineq_duals[-1]) > 0.1  # type: ignore[index]
-        if backward == "kkt":
-            with pytest.raises(dqp.QPBackwardError, match="singular"):
-                (sol.x @ grad_x).backward()
-        else:
-            (sol.x @ grad_x).backward()
-            torch.testing.assert_close(q.grad, q_ref.grad, atol=1e-7, rtol=1e-6)
+        (sol.x @ grad_x).backward()
+        assert sol.info.backward.dependent_rows == (1,)
+        torch.testing.assert_close(q.grad, q_ref.grad, atol=1e-7, rtol=1e-6)
+        assert h.grad is not None and h_ref.grad is not None
+        torch.testing.assert_close(h.grad[j], h.grad[-1], atol=1e-9, rtol=0)
+        torch.testing.assert_close(h.grad[j] + h.grad[-1], h_ref.grad[j], atol=1e-7, rtol=1e-6)
+        grads[backward] = h.grad
+    torch.testing.assert_close(grads["kkt"], grads["penalty"], atol=1e-8, rtol=0)

@@ -345,10 +345,10 @@ def test_singular_hessian_and_linear_programs(n: int, rank: int, backward: str) 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
 @pytest.mark.parametrize("solver", ["piqp", "clarabel"])
-def test_duplicated_active_row_penalty_exact_kkt_refuses(solver: str) -> None:
+def test_duplicated_active_row_both_backwards_exact(solver: str) -> None:
     """LICQ fails (an active row of G appears twice; interior-point backends split its
     multiplier between the copies). x is still differentiable in q and b: the penalty backward
-    must give the exact derivative, the KKT backward must refuse (never a silent wrong one)."""
+    both backwards give the exact derivative and the same (minimum-norm) multiplier adjoint."""
     problem = complementary_qp(8, m=6, p=1, n_active=3, seed=2)
     assert problem.G is not None and problem.h is not None and problem.active is not None
     row = int(torch.nonzero(problem.active)[0])
@@ -363,8 +363,10 @@ def test_duplicated_active_row_penalty_exact_kkt_refuses(solver: str) -> None:
     assert relative_error(grad_q, expected["q"], floor=float(grad_x.norm())) <= 1e-6
     assert relative_error(grad_b, expected["b"], floor=float(grad_x.norm())) <= 1e-6
     sol = dqp.solve(problem.P, q, problem.A, b, G, h, backward="kkt", solver=solver)
-    with pytest.raises(dqp.QPBackwardError, match=r"singular"):
-        torch.autograd.grad((grad_x * sol.x).sum(), [q, b])
+    with pytest.warns(dqp.QPDegenerateWarning):
+        kkt_q, kkt_b = torch.autograd.grad((grad_x * sol.x).sum(), [q, b])
+    torch.testing.assert_close(kkt_q, grad_q, rtol=0, atol=1e-8)
+    torch.testing.assert_close(kkt_b, grad_b, rtol=0, atol=1e-8)
 
 
 @pytest.mark.parametrize("backward", BACKWARDS)
@@ -376,26 +378,34 @@ def test_dependent_active_rows_still_give_the_unique_q_derivative(backward: str)
     assert relative_error(grads["q"], expected_q) <= 1e-9
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="qp-core: with linearly dependent active rows (LICQ fails) the multiplier part of the "
-    "adjoint is not unique; both backwards return a gradient for b (and h, A, G) silently, and "
-    "they disagree (db = [0.1548, 0.0071] penalty vs [1.1029, -4.321] kkt)",
-)
+@pytest.mark.filterwarnings("ignore::dxopt.qp.QPDegenerateWarning")
 def test_dependent_active_rows_are_not_silently_method_dependent() -> None:
-    """Either refuse (QPBackwardError) or return one documented, method-independent choice."""
-    problem, _ = dependent_rows_qp()
+    """LICQ fails: both backwards return the same documented choice, the minimum-norm
+    multiplier adjoint w = (dL/dh_J, dL/db): it solves C^T w = x_bar - P u and lies in range C
+    (orthogonal to ker C^T), and dL/dq is the exact unique derivative."""
+    problem, expected_q = dependent_rows_qp()
+    assert problem.G is not None and problem.A is not None and problem.active is not None
     results = {}
     for backward in BACKWARDS:
         leaves = grad_leaves(problem)
         sol = _solve(leaves, backward)
-        try:
+        with pytest.warns(dqp.QPDegenerateWarning, match=r"batch indices \[0\]"):
             grads = torch.autograd.grad(sol.x.sum(), list(leaves.values()))
-        except dqp.QPBackwardError:
-            continue
+        assert sol.info.backward.dependent_rows == (1,) and not sol.info.backward.licq
         results[backward] = dict(zip(leaves, grads))
-    if len(results) == 2:
-        for name in NAMES:
-            torch.testing.assert_close(
-                results["penalty"][name], results["kkt"][name], rtol=1e-6, atol=1e-9
-            )
+    for name in NAMES:
+        torch.testing.assert_close(
+            results["penalty"][name], results["kkt"][name], rtol=0, atol=1e-8
+        )
+    grads = results["kkt"]
+    assert relative_error(grads["q"], expected_q) <= 1e-9
+    C = torch.cat([problem.G[problem.active], problem.A])
+    w = torch.cat([grads["h"][problem.active], grads["b"]])
+    u = -grads["q"]
+    stationarity = torch.ones(6, dtype=torch.float64) - problem.P @ u - C.T @ w
+    assert float(stationarity.norm()) <= 1e-9
+    U, sigma, _ = torch.linalg.svd(C)
+    null_left = U[:, int((sigma > 1e-10 * sigma.max()).sum()) :]  # ker C^T
+    assert null_left.shape[1] == 1
+    assert float((null_left.T @ w).norm()) <= 1e-9 * float(w.norm())
+    assert float(grads["h"][~problem.active].abs().max()) == 0.0

@@ -10,6 +10,11 @@ dense or sparse, float32 or float64, with either
   refinement against the exact KKT adjoint, or
 - :class:`KKTBackward`: exact implicit differentiation of the reduced KKT system on the active
   set (Amos & Kolter, arXiv 1703.00443), the accuracy reference.
+
+When the active constraint rows are linearly dependent (LICQ fails) both methods return the
+same minimum-norm multiplier adjoint (exact :math:`\\partial L/\\partial q`,
+:math:`\\partial L/\\partial P`), record it in :class:`BackwardDiagnostics` and warn with
+:class:`QPDegenerateWarning`.
 """
 
 from dxopt.qp._api import QPLayer as QPLayer
@@ -18,6 +23,7 @@ from dxopt.qp._backward_kkt import KKTBackward as KKTBackward
 from dxopt.qp._backward_penalty import PenaltyBackward as PenaltyBackward
 from dxopt.qp._types import BackwardDiagnostics as BackwardDiagnostics
 from dxopt.qp._types import QPBackwardError as QPBackwardError
+from dxopt.qp._types import QPDegenerateWarning as QPDegenerateWarning
 from dxopt.qp._types import QPInfo as QPInfo
 from dxopt.qp._types import QPSolution as QPSolution
 from dxopt.qp._types import QPSolveError as QPSolveError
@@ -28,6 +34,7 @@ __all__ = [
     "KKTBackward",
     "PenaltyBackward",
     "QPBackwardError",
+    "QPDegenerateWarning",
     "QPInfo",
     "QPLayer",
     "QPSolution",

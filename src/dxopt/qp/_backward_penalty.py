@@ -32,6 +32,9 @@ reduced KKT. Beyond the reference:
   a preconditioner (a proximal method-of-multipliers step) until the exact adjoint residual is
   below ``refine_tol`` (error :math:`O(\\beta^{k+1})` after :math:`k` steps, same factorisation);
   ``max_refinement=0`` gives the plain dXPP gradient. The final residual is always checked.
+- **Dependent active rows** (LICQ fails): the per-row weights would select a
+  :math:`W^{-1}`-weighted multiplier adjoint; such samples instead get the minimum-norm one of
+  :mod:`dxopt.qp._degenerate`, identical to :class:`~dxopt.qp.KKTBackward`'s.
 - **Weakly active rows** follow ``weak_policy`` (see :mod:`dxopt.qp._active`).
 - Dense problems: one batched Cholesky (``torch.linalg.cholesky_ex`` on (B, n, n)), with a
   reported jitter if it fails. Sparse problems: the equality rows are kept *exactly* in the
@@ -43,7 +46,7 @@ reduced KKT. Beyond the reference:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -56,7 +59,13 @@ from dxopt.qp._active import (
     identify_active,
 )
 from dxopt.qp._adjoint import AdjointInput, AdjointSolution, kkt_residual
-from dxopt.qp._backward_kkt import check_residual
+from dxopt.qp._backward_kkt import check_residual, dependent_rows_sparse, solve_sparse
+from dxopt.qp._degenerate import (
+    count_dependent_dense,
+    min_norm_dense,
+    record_degenerate,
+    refine_schur,
+)
 from dxopt.qp._penalty_sparse import SparsePenaltySolve, gmres_refine
 from dxopt.qp._types import BackwardDiagnostics, QPBackwardError
 
@@ -177,16 +186,39 @@ class PenaltyBackward:
             u, w, residual, steps = dense.refine(
                 data.grad_x, rhs2, data.ok, self.max_refinement, self.refine_tol
             )
+            dependent = count_dependent_dense(dense.C) * data.ok
+            record_degenerate(diagnostics, dependent, "penalty")
+            degenerate = dependent > 0
+            if bool(degenerate.any()):
+                u_d, w_d, *_ = min_norm_dense(
+                    dense.P[degenerate],
+                    dense.C[degenerate],
+                    data.grad_x[degenerate],
+                    rhs2[degenerate],
+                )
+                u, w = u.clone(), w.clone()
+                u[degenerate], w[degenerate] = u_d, w_d
             w_ineq = torch.zeros(data.x.shape[0], problem.m, dtype=torch.float64)
             w_ineq.scatter_(1, dense.index, w[:, :k] * dense.mask)
+            if bool(degenerate.any()):
+                *_, residual = kkt_residual(data, active, u, w_ineq, w[:, k:])
             return self._finish(
                 data, active, beta, u, w_ineq, w[:, k:], residual, steps, diagnostics
             )
-        solve = SparsePenaltySolve(data, active, W, W_E)
+        dependent = dependent_rows_sparse(data, active.used)
+        record_degenerate(diagnostics, dependent, "penalty")
+        degenerate = dependent > 0
+        regular = replace(data, ok=data.ok & ~degenerate)
+        solve = SparsePenaltySolve(regular, active, W, W_E)
         diagnostics.linear_solver, diagnostics.jitter = solve.name, 0.0
         u, w_ineq, w_eq, steps = gmres_refine(
-            data, active, solve, tol=self.refine_tol, max_iterations=self.max_refinement
+            regular, active, solve, tol=self.refine_tol, max_iterations=self.max_refinement
         )
+        if bool(degenerate.any()):  # the minimum-norm adjoint, shared with KKTBackward
+            u_d, wi_d, we_d, _ = solve_sparse(replace(data, ok=degenerate), active.used)
+            col = degenerate[:, None]
+            u, w_ineq = torch.where(col, u_d, u), torch.where(col, wi_d, w_ineq)
+            w_eq = torch.where(col, we_d, w_eq)
         *_, residual = kkt_residual(data, active, u, w_ineq, w_eq)
         return self._finish(data, active, beta, u, w_ineq, w_eq, residual, steps, diagnostics)
 
@@ -264,28 +296,7 @@ class _DenseSolve:
         self, grad_x: Tensor, rhs2: Tensor, ok: Tensor, max_steps: int, tol: float
     ) -> tuple[Tensor, Tensor, Tensor, int]:
         """Solve :math:`[[P, C^\\top], [C, 0]][u; w] = [\\bar x; r]` by refinement."""
-        C, D, P = self.C, self.D, self.P
-        Ct = C.transpose(-1, -2)
-        u = torch.zeros_like(grad_x)
-        w = torch.zeros_like(rhs2)
-        Pu, Cu = torch.zeros_like(grad_x), torch.zeros_like(rhs2)
-        r1, r2 = grad_x, rhs2
-        norm = (grad_x.pow(2).sum(-1) + rhs2.pow(2).sum(-1)).sqrt().clamp_min(1e-300)
-        steps = 0
-        while True:
-            t = r1 + torch.bmm(Ct, (D * r2).unsqueeze(-1)).squeeze(-1)
-            du = torch.cholesky_solve(t.unsqueeze(-1), self.L).squeeze(-1)
-            Cdu = torch.bmm(C, du.unsqueeze(-1)).squeeze(-1)
-            w = w + D * (Cdu - r2)
-            u, Cu = u + du, Cu + Cdu
-            Pu = Pu + torch.bmm(P, du.unsqueeze(-1)).squeeze(-1)
-            r1 = grad_x - Pu - torch.bmm(Ct, w.unsqueeze(-1)).squeeze(-1)
-            r2 = rhs2 - Cu
-            rel = (r1.pow(2).sum(-1) + r2.pow(2).sum(-1)).sqrt() / norm
-            rel = torch.where(ok, rel, torch.zeros_like(rel))
-            if steps >= max_steps or _max(rel) <= tol:
-                return u, w, rel, steps
-            steps += 1
+        return refine_schur(self.P, self.C, self.D, self.L, grad_x, rhs2, ok, max_steps, tol)
 
 
 def _max(t: Tensor) -> float:

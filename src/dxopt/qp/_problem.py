@@ -169,21 +169,23 @@ def _check_symmetric_psd(P: Tensor, eps: float) -> None:
                 "Check the sign of the quadratic term.",
             )
         return
-    dense_scale = P.abs().amax(dim=(-2, -1)).clamp_min(1.0)
-    if torch.equal(P, P.transpose(-1, -2)):  # exact symmetry: the common, cheap case
-        asym = torch.zeros_like(dense_scale)
-    else:  # numpy's strided transpose is much faster than torch's here
-        Pn = P.numpy()
+
+    def dense_scale_of() -> Tensor:  # only needed off the common path (no extra pass over P)
+        return P.abs().amax(dim=(-2, -1)).clamp_min(1.0)
+
+    if not torch.equal(P, P.transpose(-1, -2)):  # exact symmetry is the common, cheap case
+        Pn = P.numpy()  # numpy's strided transpose is much faster than torch's here
         asym = torch.as_tensor(np.abs(Pn - np.swapaxes(Pn, -1, -2)).max(axis=(-2, -1)))
-    if bool((asym > 100 * eps * dense_scale).any()):
-        raise _fail(
-            "P",
-            "a symmetric matrix",
-            f"max |P - P^T| = {float(asym.max()):.3g}",
-            "Pass (P + P.mT) / 2.",
-        )
+        if bool((asym > 100 * eps * dense_scale_of()).any()):
+            raise _fail(
+                "P",
+                "a symmetric matrix",
+                f"max |P - P^T| = {float(asym.max()):.3g}",
+                "Pass (P + P.mT) / 2.",
+            )
     _, info = torch.linalg.cholesky_ex(P)  # positive definite: done
     if bool((info != 0).any()):  # semidefinite P passes with a tiny relative shift
+        dense_scale = dense_scale_of()
         shift = (max(1e-10, 10 * n * eps) * dense_scale)[..., None, None] * torch.eye(n)
         _, info = torch.linalg.cholesky_ex(P + shift.to(P.dtype))
     if bool((info != 0).any()):

@@ -10,6 +10,7 @@ from torch import Tensor
 __all__ = [
     "BackwardDiagnostics",
     "QPBackwardError",
+    "QPDegenerateWarning",
     "QPInfo",
     "QPSolution",
     "QPSolveError",
@@ -55,6 +56,16 @@ class QPBackwardError(RuntimeError):
     """
 
 
+class QPDegenerateWarning(UserWarning):
+    """The active constraint rows of some samples are linearly dependent (LICQ fails).
+
+    The gradient is still returned: :math:`\\partial L/\\partial q` and
+    :math:`\\partial L/\\partial P` are exact, and the gradients for ``b, h, A, G`` use the
+    minimum-norm multiplier adjoint (see :mod:`dxopt.qp._degenerate`). The message names the
+    batch indices; ``BackwardDiagnostics.dependent_rows`` has the per-sample counts.
+    """
+
+
 @dataclass
 class BackwardDiagnostics:
     """What the last backward pass did (filled in when ``backward()`` runs).
@@ -69,6 +80,10 @@ class BackwardDiagnostics:
         n_active: per-sample number of inequality rows treated as active.
         n_weak: per-sample number of weakly active rows (zero slack and zero multiplier).
         jitter: diagonal shift added to make a factorisation succeed (0.0 if none).
+        dependent_rows: per-sample number of active rows linearly dependent on the others
+            (0 everywhere when LICQ holds); such samples use the minimum-norm multiplier
+            adjoint, identical for both methods.
+        licq: False if any sample had dependent active rows.
     """
 
     method: str = ""
@@ -79,6 +94,8 @@ class BackwardDiagnostics:
     n_active: tuple[int, ...] = ()
     n_weak: tuple[int, ...] = ()
     jitter: float = 0.0
+    dependent_rows: tuple[int, ...] = ()
+    licq: bool = True
 
 
 @dataclass(frozen=True)
