@@ -30,13 +30,13 @@ test: $(VENV)/.installed-dev
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 0; fi; exit $$rc
 
 lint: $(VENV)/.installed-dev
-	$(VENV)/bin/ruff check src tests benchmarks examples
-	$(VENV)/bin/ruff format --check src tests benchmarks examples
+	$(VENV)/bin/ruff check src tests benchmarks examples docs
+	$(VENV)/bin/ruff format --check src tests benchmarks examples docs
 	$(VENV)/bin/mypy
 
 format: $(VENV)/.installed-dev
-	$(VENV)/bin/ruff format src tests benchmarks examples
-	$(VENV)/bin/ruff check --fix src tests benchmarks examples
+	$(VENV)/bin/ruff format src tests benchmarks examples docs
+	$(VENV)/bin/ruff check --fix src tests benchmarks examples docs
 
 # qpth 0.0.18 (a benchmark peer) ships only an sdist that current setuptools cannot build:
 # build its wheel in a throwaway venv with old setuptools, then install it without its
