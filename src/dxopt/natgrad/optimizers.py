@@ -29,7 +29,12 @@ from dxopt.natgrad._base import (
     StepReport,
     _check_positive,
 )
-from dxopt.natgrad._directions import gauss_newton_direction, kernel_direction, spring_direction
+from dxopt.natgrad._directions import (
+    DirectionSolve,
+    gauss_newton_direction,
+    kernel_direction,
+    spring_direction,
+)
 from dxopt.natgrad._jacobian import ResidualFunction
 
 __all__ = ["ENGD", "SNG", "SPRING"]
@@ -39,6 +44,16 @@ def _capped_step(lr: float, norm_cap: float | None, direction_norm: float) -> fl
     if norm_cap is None or direction_norm == 0.0:
         return lr
     return min(lr, math.sqrt(norm_cap) / direction_norm)
+
+
+def _capped_update(opt: SNG | SPRING, solve: DirectionSolve, r: torch.Tensor) -> StepReport:
+    """Report the solve, take the norm-capped step along its direction, return the report."""
+    opt._handle_solve(solve)
+    norm = float(torch.linalg.vector_norm(solve.direction))
+    eta = _capped_step(opt.lr, opt.norm_cap, norm)
+    opt._apply(solve.direction, eta)
+    opt.steps += 1
+    return StepReport(0.5 * float(r @ r), eta, norm, solve.method, solve.jitter, r.shape[0])
 
 
 class SNG(NaturalGradientOptimizer):
@@ -94,12 +109,7 @@ class SNG(NaturalGradientOptimizer):
         """One SNG step on ``batch``; returns its :class:`StepReport`."""
         r, jac = self.residual_and_jacobian(batch)
         solve = kernel_direction(jac, r, damping=self.damping)
-        self._handle_solve(solve)
-        norm = float(torch.linalg.vector_norm(solve.direction))
-        eta = _capped_step(self.lr, self.norm_cap, norm)
-        self._apply(solve.direction, eta)
-        self.steps += 1
-        return StepReport(0.5 * float(r @ r), eta, norm, solve.method, solve.jitter, r.shape[0])
+        return _capped_update(self, solve, r)
 
 
 class SPRING(NaturalGradientOptimizer):
@@ -151,13 +161,8 @@ class SPRING(NaturalGradientOptimizer):
         """One SPRING step on ``batch``; returns its :class:`StepReport`."""
         r, jac = self.residual_and_jacobian(batch)
         solve = spring_direction(jac, r, self.phi, damping=self.damping, momentum=self.momentum)
-        self._handle_solve(solve)
         self.phi = solve.direction
-        norm = float(torch.linalg.vector_norm(self.phi))
-        eta = _capped_step(self.lr, self.norm_cap, norm)
-        self._apply(self.phi, eta)
-        self.steps += 1
-        return StepReport(0.5 * float(r @ r), eta, norm, solve.method, solve.jitter, r.shape[0])
+        return _capped_update(self, solve, r)
 
 
 class ENGD(NaturalGradientOptimizer):
