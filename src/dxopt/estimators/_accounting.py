@@ -12,7 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import FlopCounterMode
 
-from dxopt.estimators._api import LossFn, check_scalar_loss, raise_unused
+from dxopt.estimators._api import LossFn, check_params, check_scalar_loss, raise_unused
 
 
 class FlopTally:
@@ -67,3 +67,23 @@ def check_loss_uses_params(loss_fn: LossFn, params: Mapping[str, Tensor], batch:
     unused = [n for n, p in params.items() if p.untyped_storage().data_ptr() not in probe.read]
     raise_unused(unused)
     return float(loss)
+
+
+class ProbesOnce:
+    """Mixin for estimators that cannot see unused parameters in their estimates.
+
+    :meth:`_checked_params` validates ``params`` on every call and, when ``validate`` is set,
+    runs :func:`check_loss_uses_params` on the first call only.
+    """
+
+    validate: bool
+    _validated: bool = False
+
+    def _checked_params(
+        self, loss_fn: LossFn, params: Mapping[str, Tensor], batch: Any
+    ) -> dict[str, Tensor]:
+        checked = check_params(params)
+        if self.validate and not self._validated:
+            check_loss_uses_params(loss_fn, checked, batch)
+            self._validated = True
+        return checked

@@ -23,13 +23,12 @@ import torch
 import torch.autograd.forward_ad as fwAD
 from torch import Tensor
 
-from dxopt.estimators._accounting import check_loss_uses_params, flop_scope
+from dxopt.estimators._accounting import ProbesOnce, flop_scope
 from dxopt.estimators._api import (
     Cost,
     Estimate,
     LossFn,
     check_count,
-    check_params,
     check_positive,
     check_scalar_loss,
     write_grads,
@@ -58,7 +57,7 @@ def jvp_loss(
     return out.primal, out.tangent.reshape(())
 
 
-class ForwardGradient:
+class ForwardGradient(ProbesOnce):
     """Forward gradient with ``k`` tangents, combined by mean or orthogonal projection.
 
     Args:
@@ -97,7 +96,6 @@ class ForwardGradient:
         self.k, self.combine, self.distribution = k, combine, distribution
         self.keep_fraction, self.jvp_clip, self.validate = keep_fraction, jvp_clip, validate
         self.generator = torch.Generator().manual_seed(seed)
-        self._validated = False
 
     def estimate(
         self,
@@ -108,10 +106,7 @@ class ForwardGradient:
         count_flops: bool = False,
     ) -> Estimate:
         """Estimate the gradient with ``k`` JVPs, write it to ``.grad`` and return it."""
-        params = check_params(params)
-        if self.validate and not self._validated:
-            check_loss_uses_params(loss_fn, params, batch)
-            self._validated = True
+        params = self._checked_params(loss_fn, params, batch)
         primals = {n: p.detach() for n, p in params.items()}
         masks = top_magnitude_masks(primals, self.keep_fraction) if self.keep_fraction else None
         seeds = draw_seeds(self.generator, self.k)

@@ -20,13 +20,12 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from dxopt.estimators._accounting import check_loss_uses_params, flop_scope
+from dxopt.estimators._accounting import ProbesOnce, flop_scope
 from dxopt.estimators._api import (
     Cost,
     Estimate,
     LossFn,
     check_count,
-    check_params,
     check_positive,
     write_grads,
 )
@@ -37,7 +36,7 @@ from dxopt.estimators._zeroth_order import SPSA
 Kind = Literal["zo", "fmad"]
 
 
-class _SVRG:
+class _SVRG(ProbesOnce):
     kind: Kind = "zo"
 
     def __init__(
@@ -65,7 +64,6 @@ class _SVRG:
         self._anchor: dict[str, Tensor] | None = None
         self._mu: dict[str, Tensor] | None = None
         self._calls = 0
-        self._validated = False
 
     @property
     def anchor_estimate(self) -> dict[str, Tensor] | None:
@@ -103,10 +101,7 @@ class _SVRG:
         count_flops: bool = False,
     ) -> Estimate:
         """Refresh the anchor if due, then return the control-variate estimate."""
-        checked = check_params(params)
-        if self.validate and not self._validated:
-            check_loss_uses_params(loss_fn, checked, batch)
-            self._validated = True
+        checked = self._checked_params(loss_fn, params, batch)
         current = {n: p.detach() for n, p in checked.items()}
         passes = 0
         nonfinite = 0

@@ -20,13 +20,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from dxopt.estimators._accounting import check_loss_uses_params, flop_scope
+from dxopt.estimators._accounting import ProbesOnce, flop_scope
 from dxopt.estimators._api import (
     Cost,
     Estimate,
     LossFn,
     check_count,
-    check_params,
     check_positive,
     check_scalar_loss,
     write_grads,
@@ -40,7 +39,7 @@ from dxopt.estimators._directions import (
 )
 
 
-class SPSA:
+class SPSA(ProbesOnce):
     """Two-sided SPSA / MeZO with ``n_directions`` directions and in-place seed replay.
 
     Args:
@@ -75,7 +74,6 @@ class SPSA:
         self.eps, self.n_directions, self.distribution = eps, n_directions, distribution
         self.keep_fraction, self.validate = keep_fraction, validate
         self.generator = torch.Generator().manual_seed(seed)
-        self._validated = False
         self._masks: dict[str, Tensor] | None = None
 
     # -- directions (overridden by LOZO) ------------------------------------------------
@@ -117,10 +115,7 @@ class SPSA:
     def _run(
         self, loss_fn: LossFn, params: Mapping[str, Tensor], batch: Any, count_flops: bool
     ) -> tuple[dict[str, Tensor], list[int], list[float], list[float], int | None]:
-        checked = check_params(params)
-        if self.validate and not self._validated:
-            check_loss_uses_params(loss_fn, checked, batch)
-            self._validated = True
+        checked = self._checked_params(loss_fn, params, batch)
         self._begin(checked)
         seeds = draw_seeds(self.generator, self.n_directions)
         with flop_scope(count_flops) as tally:
