@@ -3,7 +3,8 @@
 - :func:`spd_solve`: Cholesky solve of (batched) symmetric positive (semi)definite systems,
   with a jitter escalation and an eigendecomposition fallback whose use is reported.
 - :func:`conjugate_gradient`: preconditioned CG on a matrix-free operator, returning its
-  convergence flag, iteration count and true residual norm.
+  status, iteration and product counts and residual norm; :mod:`dxopt.bilevel` and the
+  implicit layer use it (with ``check_residual=False`` so no uncounted product is made).
 """
 
 from dxopt.linalg.dense import SPDSolveInfo as SPDSolveInfo
