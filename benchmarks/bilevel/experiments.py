@@ -41,11 +41,13 @@ def ji_method(name: str, ji: JiInstance) -> Any:
     k = ji.kappa
     k_agd, k_gd = math.ceil(4 * math.sqrt(k)), math.ceil(4 * k)
     lr = 1.0 / (10 * ji.n**2)
-    agd = InnerLoop.agd(smoothness=ji.L_g, strong_convexity=ji.mu, steps=k_agd)
+    agd = InnerLoop.agd(smoothness=ji.L_g, strong_convexity=ji.mu, max_iter=k_agd)
     if name == "AID-CG+AGD":
         return AID(inner=agd, linear=CG(k_agd), outer_lr=lr)
     if name == "AID-CG+GD":
-        return AID(inner=InnerLoop.gd(smoothness=ji.L_g, steps=k_gd), linear=CG(k_agd), outer_lr=lr)
+        return AID(
+            inner=InnerLoop.gd(smoothness=ji.L_g, max_iter=k_gd), linear=CG(k_agd), outer_lr=lr
+        )
     if name == "ITD+AGD":
         return ITD(inner=agd, outer_lr=lr)
     if name == "F2BA+AGD":
@@ -62,9 +64,9 @@ def run_ji(
         result = minimize_bilevel(
             ji_method(name, ji),
             ji,
-            max_iterations=10**7,
+            max_iter=10**7,
             budget=budget,
-            tolerance=ji.epsilon,
+            tol=ji.epsilon,
             track_frontier=frontier,
         )
     row: dict[str, Any] = {
@@ -77,10 +79,10 @@ def run_ji(
         "calls": result.trajectory.calls_to_reach(ji.epsilon),
         "status": result.status.value,
         "outer_iterations": result.iterations,
-        "grad_f": result.counts.grad_f,
-        "grad_g": result.counts.grad_g,
-        "hvp": result.counts.hvp,
-        "jvp": result.counts.jvp,
+        "grad_f": result.cost.grad_f,
+        "grad_g": result.cost.grad_g,
+        "hvp": result.cost.hvps,
+        "jvp": result.cost.jvps,
         "seconds": round(time.perf_counter() - start, 3),
     }
     if frontier:
@@ -117,7 +119,7 @@ def single_level_references(blocks, epsilon: float, carmon_links: int) -> list[d
     Nesterov's chain (AGD to a 1e-6 relative gradient)."""
     rows = []
     carmon = CarmonChain(carmon_links)
-    c_run = run_single_level(carmon.grad, carmon_links, lr=0.1, tolerance=1.0, max_calls=10**6)
+    c_run = run_single_level(carmon.grad, carmon_links, lr=0.1, tol=1.0, max_calls=10**6)
     for n in blocks:
         kappa = 4.0 * n * n + 1.0
         chain = NesterovChain(dim=4000, smoothness=1.0, strong_convexity=1.0 / kappa)
@@ -128,7 +130,7 @@ def single_level_references(blocks, epsilon: float, carmon_links: int) -> list[d
             4000,
             lr=1.0,
             momentum=(root - 1) / (root + 1),
-            tolerance=1e-6 * g0,
+            tol=1e-6 * g0,
             max_calls=10**6,
         )
         rows.append(
@@ -146,8 +148,8 @@ def regularization_task(*, budget: int, seed: int) -> list[dict[str, Any]]:
     """All six methods on breast-cancer L2 selection, same budget, validation loss curves."""
     task = breast_cancer_regularization(seed=seed)
     L, mu = task.smoothness, task.strong_convexity
-    agd = InnerLoop.agd(smoothness=L, strong_convexity=mu, steps=20)
-    gd = InnerLoop.gd(smoothness=L, steps=20)
+    agd = InnerLoop.agd(smoothness=L, strong_convexity=mu, max_iter=20)
+    gd = InnerLoop.gd(smoothness=L, max_iter=20)
     lr = 100.0
     methods: dict[str, tuple[Any, Any]] = {
         "AID-CG+AGD": (AID(inner=agd, linear=CG(20), outer_lr=lr), task.oracle),
@@ -172,13 +174,13 @@ def regularization_task(*, budget: int, seed: int) -> list[dict[str, Any]]:
     rows = []
     for name, (method, oracle) in methods.items():
         with torch.inference_mode():
-            result = minimize_bilevel(method, oracle, max_iterations=10**7, budget=budget)
+            result = minimize_bilevel(method, oracle, max_iter=10**7, budget=budget)
         w_star = task.oracle.lower_solution(result.x)
         traj = result.trajectory
         rows.append(
             {
                 "method": name,
-                "calls": result.counts.total,
+                "calls": result.cost.total,
                 "seconds": round(traj.seconds[-1], 3),
                 "outer_iterations": result.iterations,
                 "start_val_loss": start_loss,

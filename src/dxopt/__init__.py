@@ -6,25 +6,52 @@ Subpackages
 - :mod:`dxopt.natgrad`: subsampled natural gradient (SNG), SPRING and ENGD for least squares.
 - :mod:`dxopt.estimators`: backprop, checkpointed backprop, forward-mode and zeroth-order
   gradients behind one interface, with cost accounting.
-- :mod:`dxopt.bilevel`: hypergradient methods, hard instances and oracle-call accounting.
+- :mod:`dxopt.bilevel`: hypergradient methods, hard instances, oracle-call accounting and an
+  implicit-differentiation layer for ``nn.Module`` inner problems.
 - :mod:`dxopt.linalg`: the linear solves they share (checked Cholesky, CG).
 
-Subpackages are imported lazily, so ``import dxopt`` stays cheap.
+Shared by all of them (from :mod:`dxopt._core`): :class:`Status` (why a solver stopped, with a
+message), :class:`Cost` (what it cost), :class:`DxoptError` (the base of every dxopt error) and
+:class:`DxoptWarning`, and one option vocabulary (``max_iter``, ``tol``, ``lr``,
+``on_failure``) described in :mod:`dxopt._core`.
+
+Everything is imported lazily, so ``import dxopt`` stays cheap.
 """
 
 from __future__ import annotations
 
 import importlib
-from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+if TYPE_CHECKING:
+    from dxopt._core import Cost, DxoptError, DxoptWarning, Status
+
+__version__ = "0.2.0"
 
 _SUBPACKAGES = ("qp", "natgrad", "estimators", "bilevel", "linalg")
+_CORE = ("Cost", "DxoptError", "DxoptWarning", "Status")
 
-__all__ = ["__version__", "bilevel", "estimators", "linalg", "natgrad", "qp"]
+__all__ = [
+    "Cost",
+    "DxoptError",
+    "DxoptWarning",
+    "Status",
+    "__version__",
+    "bilevel",
+    "estimators",
+    "linalg",
+    "natgrad",
+    "qp",
+]
 
 
-def __getattr__(name: str) -> ModuleType:
+def __getattr__(name: str) -> Any:
     if name in _SUBPACKAGES:
         return importlib.import_module(f"dxopt.{name}")
+    if name in _CORE:
+        return getattr(importlib.import_module("dxopt._core"), name)
     raise AttributeError(f"module 'dxopt' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -44,9 +44,9 @@ def test_mismatched_shapes_are_refused() -> None:
     p = random_quadratic_bilevel(2, 3, seed=0)
     with pytest.raises(ValueError, match="F_yx: expected shape \\(3, 2\\)"):
         QuadraticBilevel(Q=p.Q, P=p.P, q=p.q, F_xx=p.F_xx, F_yx=p.F_yx.T, F_yy=p.F_yy, a=p.a, b=p.b)
-    with pytest.raises(ValueError, match="x0: expected a tensor of shape \\(2,\\)"):
+    with pytest.raises(ValueError, match="x0: expected shape \\(2,\\), got \\(3,\\)"):
         minimize_bilevel(
-            SOBA(inner_lr=0.5, outer_lr=0.1), p, max_iterations=3, x0=torch.zeros(3).double()
+            SOBA(inner_lr=0.5, outer_lr=0.1), p, max_iter=3, x0=torch.zeros(3).double()
         )
 
     def lower(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -75,19 +75,19 @@ def test_logistic_task_checks_its_data() -> None:
 
 def test_bad_options_are_refused() -> None:
     with pytest.raises(ValueError, match="lr: expected a positive finite number"):
-        InnerLoop(steps=3, lr=-1.0)
-    with pytest.raises(ValueError, match="steps: expected a positive integer"):
+        InnerLoop(max_iter=3, lr=-1.0)
+    with pytest.raises(ValueError, match="max_iter: expected an integer >= 1, got 0"):
         CG(0)
     with pytest.raises(ValueError, match="momentum"):
-        InnerLoop(steps=3, lr=1.0, momentum=1.0)
+        InnerLoop(max_iter=3, lr=1.0, momentum=1.0)
     with pytest.raises(ValueError, match="outer_lr"):
-        AID(inner=InnerLoop(steps=3, lr=1.0), linear=CG(3), outer_lr=float("nan"))
+        AID(inner=InnerLoop(max_iter=3, lr=1.0), linear=CG(3), outer_lr=float("nan"))
     with pytest.raises(TypeError, match="linear: expected CG"):
-        AID(inner=InnerLoop(steps=3, lr=1.0), linear="cg", outer_lr=0.1)  # type: ignore[arg-type]
+        AID(inner=InnerLoop(max_iter=3, lr=1.0), linear="cg", outer_lr=0.1)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="penalty"):
-        F2BA(inner=InnerLoop(steps=3, lr=1.0), penalty=0.0, outer_lr=0.1)
+        F2BA(inner=InnerLoop(max_iter=3, lr=1.0), penalty=0.0, outer_lr=0.1)
     with pytest.raises(ValueError, match="batch_size"):
-        StocBiO(inner=InnerLoop(steps=3, lr=1.0), neumann=Neumann(3, 1.0), outer_lr=0.1,
+        StocBiO(inner=InnerLoop(max_iter=3, lr=1.0), neumann=Neumann(3, 1.0), outer_lr=0.1,
                 batch_size=0)  # fmt: skip
     with pytest.raises(ValueError, match="block: expected an integer n >= 2"):
         JiInstance(block=1, links=3, chain_scale=0.1)
@@ -100,8 +100,8 @@ def test_bad_options_are_refused() -> None:
 @pytest.mark.parametrize("budget", [0, 1, 37])
 def test_exhausted_budget_is_a_status_not_an_exception(budget: int) -> None:
     p = random_quadratic_bilevel(2, 3, seed=0)
-    method = AID(inner=InnerLoop.gd(smoothness=1.0, steps=5), linear=CG(3), outer_lr=0.1)
-    result = minimize_bilevel(method, p, max_iterations=10_000, budget=budget, tolerance=1e-12)
+    method = AID(inner=InnerLoop.gd(smoothness=1.0, max_iter=5), linear=CG(3), outer_lr=0.1)
+    result = minimize_bilevel(method, p, max_iter=10_000, budget=budget, tol=1e-12)
     assert result.status is Status.BUDGET_EXHAUSTED
-    assert result.counts.total == budget
+    assert result.cost.total == budget
     assert len(result.trajectory.calls) == result.iterations + 1

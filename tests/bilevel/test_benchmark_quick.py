@@ -27,7 +27,7 @@ def test_quick_benchmark_writes_consistent_results(tmp_path, monkeypatch) -> Non
         assert (tmp_path / f"{name}.png").stat().st_size > 1000
     # every Ji run converged and never beat the zero-chain lower bound T n
     for row in data["kappa_runs"] + data["epsilon_runs"]:
-        assert row["status"] == "converged"
+        assert row["status"] == "solved"
         assert row["calls"] >= row["lower_bound_Tn"]
         assert row["calls"] == row["grad_f"] + row["grad_g"] + row["hvp"] + row["jvp"]
     # the AGD slope is positive and finite; GD inner costs more at every shared kappa

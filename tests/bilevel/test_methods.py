@@ -19,17 +19,17 @@ from dxopt.bilevel import (
 )
 
 MU, L = 0.2, 1.0
-AGD = InnerLoop.agd(smoothness=L, strong_convexity=MU, steps=30)
-GD = InnerLoop.gd(smoothness=L, steps=30)
+AGD = InnerLoop.agd(smoothness=L, strong_convexity=MU, max_iter=30)
+GD = InnerLoop.gd(smoothness=L, max_iter=30)
 
 # (method with outer_lr = 0 so x stays at x0, outer iterations, relative tolerance)
 METHODS = {
     "AID-CG+AGD": (AID(inner=AGD, linear=CG(20), outer_lr=0.0), 20, 1e-6),
     "AID-CG+GD": (AID(inner=GD, linear=CG(20), outer_lr=0.0), 20, 1e-6),
     "AID-Neumann+GD": (AID(inner=GD, linear=Neumann(300, 1.0 / L), outer_lr=0.0), 20, 1e-6),
-    "ITD+GD": (ITD(inner=InnerLoop.gd(smoothness=L, steps=300), outer_lr=0.0), 3, 1e-6),
+    "ITD+GD": (ITD(inner=InnerLoop.gd(smoothness=L, max_iter=300), outer_lr=0.0), 3, 1e-6),
     "ITD+AGD": (
-        ITD(inner=InnerLoop.agd(smoothness=L, strong_convexity=MU, steps=150), outer_lr=0.0),
+        ITD(inner=InnerLoop.agd(smoothness=L, strong_convexity=MU, max_iter=150), outer_lr=0.0),
         3,
         1e-6,
     ),
@@ -45,7 +45,7 @@ def test_estimate_matches_exact_hypergradient(name: str, seed: int) -> None:
     problem = random_quadratic_bilevel(5, 8, strong_convexity=MU, smoothness=L, seed=seed)
     x0 = torch.randn(5, dtype=torch.float64, generator=torch.Generator().manual_seed(seed + 10))
     method, iterations, rtol = METHODS[name]
-    result = minimize_bilevel(method, problem, max_iterations=iterations, x0=x0, evaluate=False)
+    result = minimize_bilevel(method, problem, max_iter=iterations, x0=x0, evaluate=False)
     exact = problem.exact_hypergradient(x0)
     assert result.direction is not None
     err = float(
@@ -58,10 +58,10 @@ def test_estimate_matches_exact_hypergradient(name: str, seed: int) -> None:
 def test_itd_without_convergence_is_the_derivative_of_the_unrolled_iterate() -> None:
     """Few unrolled steps: ITD equals autograd through the same unrolled AGD loop."""
     problem = random_quadratic_bilevel(4, 6, strong_convexity=MU, smoothness=L, seed=5)
-    inner = InnerLoop.agd(smoothness=L, strong_convexity=MU, steps=4)
+    inner = InnerLoop.agd(smoothness=L, strong_convexity=MU, max_iter=4)
     x0 = torch.randn(4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     result = minimize_bilevel(
-        ITD(inner=inner, outer_lr=0.0, warm_start=False), problem, max_iterations=1, x0=x0
+        ITD(inner=inner, outer_lr=0.0, warm_start=False), problem, max_iter=1, x0=x0
     )
     x = x0.clone().requires_grad_(True)
     y, _ = inner.run(lambda w: problem.Q @ w + problem.P @ x + problem.q, torch.zeros(6).double())
@@ -76,10 +76,10 @@ def test_aid_on_a_nonquadratic_lower_level(regularization_task: RegularizationTa
     task = regularization_task
     x0 = torch.full((task.oracle.dim_x,), 1.0, dtype=torch.float64)
     mu = task.strong_convexity * float(torch.exp(x0).min())
-    inner = InnerLoop.agd(smoothness=task.smoothness, strong_convexity=mu, steps=300)
+    inner = InnerLoop.agd(smoothness=task.smoothness, strong_convexity=mu, max_iter=300)
     exact = task.oracle.exact_hypergradient(x0)
     for method in (AID(inner=inner, linear=CG(60), outer_lr=0.0), ITD(inner=inner, outer_lr=0.0)):
-        result = minimize_bilevel(method, task.oracle, max_iterations=3, x0=x0, evaluate=False)
+        result = minimize_bilevel(method, task.oracle, max_iter=3, x0=x0, evaluate=False)
         assert result.direction is not None
         diff = torch.linalg.vector_norm(result.direction - exact)
         assert float(diff / torch.linalg.vector_norm(exact)) < 1e-6
@@ -94,8 +94,8 @@ def test_outer_loop_decreases_the_upper_objective() -> None:
     J = torch.linalg.solve(p.Q, p.P)  # dy*/dx = -J
     L_H = float(torch.linalg.eigvalsh(eye5 + J.T @ J)[-1])
     method = AID(inner=AGD, linear=CG(20), outer_lr=1.0 / L_H)
-    result = minimize_bilevel(method, problem, max_iterations=2000, tolerance=1e-8)
-    assert result.status.value == "converged"
+    result = minimize_bilevel(method, problem, max_iter=2000, tol=1e-8)
+    assert result.status.value == "solved"
     assert result.trajectory.hypergradient_norm[-1] <= 1e-8
     x0 = torch.zeros(5, dtype=torch.float64)
     H0 = problem.upper(x0, problem.lower_solution(x0))

@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from dxopt import Cost
 from dxopt.bilevel import (
     AID,
     CG,
@@ -13,7 +14,6 @@ from dxopt.bilevel import (
     CountingOracle,
     InnerLoop,
     JiInstance,
-    OracleCounts,
     Status,
     minimize_bilevel,
     random_quadratic_bilevel,
@@ -122,10 +122,10 @@ def test_counting_is_exact() -> None:
     """AID's calls follow its formula: K grad_g, 1 grad_f, N (+1 warm residual) HVP, 1 JVP."""
     p = random_quadratic_bilevel(3, 5, seed=0)
     K, N, iters = 7, 4, 6
-    method = AID(inner=InnerLoop.gd(smoothness=1.0, steps=K), linear=CG(N), outer_lr=0.05)
-    result = minimize_bilevel(method, p, max_iterations=iters)
-    assert result.counts == OracleCounts(
-        grad_f=iters, grad_g=K * iters, hvp=N * iters + (iters - 1), jvp=iters
+    method = AID(inner=InnerLoop.gd(smoothness=1.0, max_iter=K), linear=CG(N), outer_lr=0.05)
+    result = minimize_bilevel(method, p, max_iter=iters)
+    assert result.cost == Cost(
+        grad_f=iters, grad_g=K * iters, hvps=N * iters + (iters - 1), jvps=iters
     )
     assert result.trajectory.calls == tuple(
         (K + N + 2) * t + max(t - 1, 0) for t in range(iters + 1)
@@ -138,16 +138,16 @@ def test_counting_is_exact() -> None:
     counting.hvp_yy(x, y, y)
     counting.exact_hypergradient(x)  # evaluation is free
     counting.upper_value(x, y)
-    assert counting.counts == OracleCounts(grad_f=3, hvp=1)
+    assert counting.cost == Cost(grad_f=3, hvps=1)
     assert counting.total == 4
 
 
 def test_budget_stops_cleanly_with_the_last_complete_iterate() -> None:
     p = random_quadratic_bilevel(3, 5, seed=0)
-    method = AID(inner=InnerLoop.gd(smoothness=1.0, steps=7), linear=CG(4), outer_lr=0.05)
-    result = minimize_bilevel(method, p, max_iterations=1000, budget=100)
+    method = AID(inner=InnerLoop.gd(smoothness=1.0, max_iter=7), linear=CG(4), outer_lr=0.05)
+    result = minimize_bilevel(method, p, max_iter=1000, budget=100)
     assert result.status is Status.BUDGET_EXHAUSTED
-    assert result.counts.total == 100  # the refused call is not counted
-    reference = minimize_bilevel(method, p, max_iterations=result.iterations)
+    assert result.cost.total == 100  # the refused call is not counted
+    reference = minimize_bilevel(method, p, max_iter=result.iterations)
     torch.testing.assert_close(result.x, reference.x, rtol=0, atol=0)
     assert result.trajectory.calls[-1] <= 100

@@ -18,6 +18,6 @@ def test_readme_example_runs_and_prints_what_it_claims(capsys) -> None:
     lines = capsys.readouterr().out.strip().splitlines()
     assert float(lines[0]) < 1e-10  # AID-CG agrees with the exact hypergradient
     status, calls, bound = lines[1].split()
-    assert status == "converged"
+    assert status == "solved"
     assert int(calls) == 2702 and int(bound) == 36  # exact counts, as printed in the README
-    assert lines[2] == "OracleCounts(grad_f=51, grad_g=1275, hvp=1325, jvp=51)"
+    assert lines[2] == "Cost(grad_f=51, grad_g=1275, hvps=1325, jvps=51)"

@@ -42,13 +42,13 @@ def test_stochastic_methods_reach_the_target_on_the_noisy_chain() -> None:
     lr = 1.0 / (10 * ji.n**2)
     methods = [
         StocBiO(
-            inner=InnerLoop.gd(smoothness=1.0, steps=K), neumann=Neumann(K, 1.0), outer_lr=lr,
+            inner=InnerLoop.gd(smoothness=1.0, max_iter=K), neumann=Neumann(K, 1.0), outer_lr=lr,
             batch_size=2,
         ),
         SOBA(inner_lr=0.5, outer_lr=0.2 * lr),
     ]  # fmt: skip
     for method in methods:
         noisy = JiBernoulliOracle(ji, probability=0.5, generator=torch.Generator().manual_seed(1))
-        result = minimize_bilevel(method, noisy, max_iterations=20_000, tolerance=ji.epsilon)
-        assert result.status.value == "converged", type(method).__name__
-        assert result.counts.total >= ji.T * ji.n
+        result = minimize_bilevel(method, noisy, max_iter=20_000, tol=ji.epsilon)
+        assert result.status.value == "solved", type(method).__name__
+        assert result.cost.total >= ji.T * ji.n

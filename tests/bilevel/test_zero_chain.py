@@ -19,19 +19,17 @@ from dxopt.bilevel import (
 
 def _methods(ji: JiInstance):
     K = math.ceil(4 * math.sqrt(ji.kappa))
-    agd = InnerLoop.agd(smoothness=1.0, strong_convexity=ji.mu, steps=K)
+    agd = InnerLoop.agd(smoothness=1.0, strong_convexity=ji.mu, max_iter=K)
     lr = 1.0 / (10 * ji.n**2)
     yield AID(inner=agd, linear=CG(K), outer_lr=lr)
-    yield AID(inner=InnerLoop.gd(smoothness=1.0, steps=K), linear=CG(K), outer_lr=lr)
+    yield AID(inner=InnerLoop.gd(smoothness=1.0, max_iter=K), linear=CG(K), outer_lr=lr)
     yield ITD(inner=agd, outer_lr=lr)
 
 
 def test_ji_frontier_advances_at_most_one_coordinate_per_call() -> None:
     ji = JiInstance.for_accuracy(block=3, epsilon=0.25, links=6)
     for method in _methods(ji):
-        result = minimize_bilevel(
-            method, ji, max_iterations=200, tolerance=ji.epsilon, track_frontier=True
-        )
+        result = minimize_bilevel(method, ji, max_iter=200, tol=ji.epsilon, track_frontier=True)
         assert result.first_nonzero_x is not None and result.first_nonzero_y is not None
         frontier = ji.frontier(result.first_nonzero_x, result.first_nonzero_y)
         steps = frontier[1:] - frontier[:-1]
@@ -44,7 +42,7 @@ def test_ji_frontier_advances_at_most_one_coordinate_per_call() -> None:
         idx = torch.arange(1, ji.T + 1)[reached]
         assert bool((fx[reached] >= idx * ji.n).all())
         # stationarity needs the whole chain: the last coordinate is active at the end
-        assert result.status.value == "converged"
+        assert result.status.value == "solved"
         assert float(result.x[-1]) != 0.0
         assert int(fx[-1]) >= ji.T * ji.n
 
@@ -69,7 +67,7 @@ def test_nesterov_chain_gradient_and_zero_respecting_agd() -> None:
     torch.testing.assert_close(q.grad(x), g_ad)
     root = 10.0
     run = run_single_level(
-        q.grad, 50, lr=1.0, momentum=(root - 1) / (root + 1), tolerance=0.0, max_calls=30
+        q.grad, 50, lr=1.0, momentum=(root - 1) / (root + 1), tol=0.0, max_calls=30
     )
     first = run.first_nonzero
     seen = first >= 0

@@ -7,15 +7,16 @@ everything can report ``seconds`` and ``flops``. Records add up with ``+``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 __all__ = ["Cost"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Cost:
-    """What a computation cost; fields a module does not use stay 0.
+    """What a computation cost; fields a module does not use stay 0 (keyword-only; the repr
+    shows only the nonzero fields).
 
     Attributes:
         forwards: plain forward passes.
@@ -29,19 +30,20 @@ class Cost:
             one full forward.
         flops: FLOPs counted by :class:`torch.utils.flop_counter.FlopCounterMode`
             (``None`` when not counted).
-        seconds: wall-clock seconds (0.0 when not timed).
+        seconds: wall-clock seconds (0.0 when not timed; left out of ``==`` and the repr, so
+            records of the same work compare and print equal).
     """
 
     forwards: int = 0
     backwards: int = 0
-    jvps: int = 0
-    hvps: int = 0
     grad_f: int = 0
     grad_g: int = 0
+    hvps: int = 0
+    jvps: int = 0
     rows: int = 0
     recomputed_forwards: float = 0.0
     flops: int | None = None
-    seconds: float = 0.0
+    seconds: float = field(default=0.0, compare=False)
 
     @property
     def oracle_calls(self) -> int:
@@ -83,6 +85,6 @@ class Cost:
         shown = [
             f"{f.name}={getattr(self, f.name)!r}"
             for f in fields(self)
-            if getattr(self, f.name) not in (0, 0.0, None)
+            if f.compare and getattr(self, f.name) not in (0, 0.0, None)
         ]
         return f"Cost({', '.join(shown)})"

@@ -13,7 +13,11 @@ Solve :math:`\min_x H(x) = f(x, y^*(x))` with :math:`y^*(x) = \arg\min_y g(x, y)
   :class:`JiBernoulliOracle`; :class:`CountingOracle` counts calls against a budget.
 - Methods: :class:`AID` (CG or Neumann, GD or AGD inner loop, warm starts), :class:`ITD`,
   :class:`StocBiO`, :class:`SOBA`, :class:`F2BA`, all run by :func:`minimize_bilevel`
-  from :math:`x = 0`.
+  from :math:`x_0` (default 0) and :math:`y_0` (default 0); :func:`hypergradient` gives one
+  estimate at a given ``x``. Results carry a :class:`dxopt.Status` and a :class:`dxopt.Cost`.
+- Neural networks: :func:`implicit_argmin` / :class:`ImplicitArgmin`, an autograd layer that
+  differentiates the minimizer of an ``nn.Module``'s inner loss with respect to
+  hyperparameters by the implicit function theorem (CG on Hessian-vector products).
 - Single-level chains: :class:`NesterovChain`, :class:`CarmonChain`,
   :func:`run_single_level`.
 - A real task: :func:`breast_cancer_regularization`.
@@ -26,8 +30,10 @@ from dxopt.bilevel.chains import SingleLevelRun as SingleLevelRun
 from dxopt.bilevel.chains import run_single_level as run_single_level
 from dxopt.bilevel.driver import BilevelResult as BilevelResult
 from dxopt.bilevel.driver import HypergradientMethod as HypergradientMethod
+from dxopt.bilevel.driver import HypergradientResult as HypergradientResult
 from dxopt.bilevel.driver import Status as Status
 from dxopt.bilevel.driver import Trajectory as Trajectory
+from dxopt.bilevel.driver import hypergradient as hypergradient
 from dxopt.bilevel.driver import minimize_bilevel as minimize_bilevel
 from dxopt.bilevel.hyperparameters import LogisticRegularization as LogisticRegularization
 from dxopt.bilevel.hyperparameters import (
@@ -37,6 +43,9 @@ from dxopt.bilevel.hyperparameters import RegularizationTask as RegularizationTa
 from dxopt.bilevel.hyperparameters import (
     breast_cancer_regularization as breast_cancer_regularization,
 )
+from dxopt.bilevel.implicit import ImplicitArgmin as ImplicitArgmin
+from dxopt.bilevel.implicit import ImplicitSolveError as ImplicitSolveError
+from dxopt.bilevel.implicit import implicit_argmin as implicit_argmin
 from dxopt.bilevel.inner import CG as CG
 from dxopt.bilevel.inner import InnerLoop as InnerLoop
 from dxopt.bilevel.inner import Neumann as Neumann
@@ -67,6 +76,9 @@ __all__ = [
     "CarmonChain",
     "CountingOracle",
     "HypergradientMethod",
+    "HypergradientResult",
+    "ImplicitArgmin",
+    "ImplicitSolveError",
     "InnerLoop",
     "JiBernoulliOracle",
     "JiInstance",
@@ -82,6 +94,8 @@ __all__ = [
     "StocBiO",
     "Trajectory",
     "breast_cancer_regularization",
+    "hypergradient",
+    "implicit_argmin",
     "minimize_bilevel",
     "random_quadratic_bilevel",
     "run_single_level",

@@ -9,9 +9,12 @@ vectors, :class:`AutogradOracle` provides the four counted oracles by reverse mo
     \nabla^2_{yy} g\, v = \partial_t \nabla_y g(x, y + t v)\big|_{t=0}, \qquad
     \nabla^2_{xy} g\, v = \partial_t \nabla_x g(x, y + t v)\big|_{t=0}.
 
-The exact hypergradient (evaluation only) solves the lower level by damped Newton with the
-dense Hessian (``dim_y`` double-backward rows) and then the adjoint system by Cholesky, so it suits
-``dim_y`` up to a few thousand.
+The exact hypergradient (evaluation only) solves the lower level by damped Newton-CG and
+then the adjoint system :math:`\nabla^2_{yy} g\, v = \nabla_y f` by conjugate gradients
+(:func:`dxopt.linalg.conjugate_gradient`) on Hessian-vector products, so nothing of size
+``dim_y**2`` is ever built; it refuses (``NotConvergedError``) rather than return an inaccurate
+reference. ``dense_hessian=True`` switches construction check and evaluation to the dense
+Hessian (``dim_y`` double-backward rows, Cholesky), for small problems or a cross-check.
 """
 
 from __future__ import annotations
@@ -20,7 +23,12 @@ from collections.abc import Callable
 
 import torch
 
+from dxopt._core import NotConvergedError, Status, check_callable, check_int
+from dxopt.linalg import conjugate_gradient
+
 __all__ = ["AutogradOracle"]
+
+_PROBE_ITERS = 20  # CG iterations of the matrix-free strong-convexity probe
 
 ScalarFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -46,9 +54,12 @@ class AutogradOracle:
         dim_x: length of ``x``.
         dim_y: length of ``y``.
         dtype: floating dtype of ``x`` and ``y`` (default float64).
-        check_strong_convexity: factor :math:`\nabla^2_{yy} g(0, 0)` once at construction
-            (cheap for ``dim_y`` up to a few thousand) and refuse a lower level that is not
-            strongly convex there.
+        check_strong_convexity: at construction, probe :math:`\nabla^2_{yy} g(0, 0)` and refuse
+            a lower level that is not strongly convex there: by default a few CG iterations on
+            Hessian-vector products that fail on a direction of non-positive curvature (cheap,
+            a probe rather than a proof), with ``dense_hessian`` a Cholesky factorization.
+        dense_hessian: build the dense Hessian for the construction check and the exact
+            hypergradient (``dim_y`` double backwards each time; off by default).
 
     Raises:
         TypeError: if ``upper``/``lower`` are not callable or ``dtype`` is not floating.
@@ -65,12 +76,12 @@ class AutogradOracle:
         dim_y: int,
         dtype: torch.dtype = torch.float64,
         check_strong_convexity: bool = True,
+        dense_hessian: bool = False,
     ) -> None:
         for name, fn in (("upper", upper), ("lower", lower)):
-            if not callable(fn):
-                raise TypeError(f"{name}: expected a callable (x, y) -> scalar tensor, got {fn!r}.")
-        if dim_x < 1 or dim_y < 1:
-            raise ValueError(f"dim_x, dim_y: expected positive sizes, got {dim_x}, {dim_y}.")
+            check_callable(name, fn, signature="(x, y) -> scalar tensor")
+        check_int("dim_x", dim_x)
+        check_int("dim_y", dim_y)
         if not dtype.is_floating_point:
             raise TypeError(f"dtype: expected a floating dtype such as float64, got {dtype}.")
         self.upper, self.lower = upper, lower
@@ -92,8 +103,56 @@ class AutogradOracle:
                     f"({dim_y},), got {shape}; reduce it with .sum() or .mean()."
                 )
         self._y_star: torch.Tensor | None = None
+        self.dense_hessian = dense_hessian
         if check_strong_convexity:
-            _cholesky_or_raise(self.dense_second_derivatives(x0, y0)[0], "x = 0, y = 0")
+            if dense_hessian:
+                _cholesky_or_raise(self.dense_second_derivatives(x0, y0)[0], "x = 0, y = 0")
+            else:
+                self._probe_convexity(x0, y0)
+
+    def _hvp_operator(self, x: torch.Tensor, y: torch.Tensor):
+        """``v -> H v`` at ``(x, y)``, the gradient graph built once and reused."""
+        with torch.enable_grad():
+            xl, yl = self._leaves(x, y)
+            (gy,) = torch.autograd.grad(self.lower(xl, yl), yl, create_graph=True)
+
+        def matvec(v: torch.Tensor) -> torch.Tensor:
+            if not gy.requires_grad:  # g is linear in y: zero Hessian
+                return torch.zeros_like(v)
+            with torch.enable_grad():
+                (out,) = torch.autograd.grad(gy, yl, grad_outputs=v, retain_graph=True)
+            return out.detach()
+
+        return matvec
+
+    def _probe_convexity(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        b = torch.randn(self.dim_y, generator=torch.Generator().manual_seed(0), dtype=self.dtype)
+        result = conjugate_gradient(
+            self._hvp_operator(x, y),
+            b,
+            rtol=1e-8,
+            max_iter=min(self.dim_y, _PROBE_ITERS),
+            check_residual=False,
+        )
+        if result.status is Status.FAILED:
+            raise ValueError(
+                "lower: expected g(x, .) strongly convex in y, but its Hessian at x = 0, y = 0 "
+                "has a direction of non-positive curvature; add a ridge term (mu/2)||y||^2 to "
+                "the lower level or reformulate it."
+            )
+
+    def _solve(self, x: torch.Tensor, y: torch.Tensor, b: torch.Tensor, rtol: float, what: str):
+        result = conjugate_gradient(
+            self._hvp_operator(x, y), b, rtol=rtol, max_iter=10 * self.dim_y + 10
+        )
+        if result.status is not Status.SOLVED:
+            raise NotConvergedError(
+                f"AutogradOracle: the {what} solve by CG stopped with status "
+                f"{result.status.value} (residual {result.residual_norm:.3e}); the lower level "
+                "may not be strongly convex here, or pass dense_hessian=True.",
+                status=result.status,
+            )
+        return result.x
 
     @staticmethod
     def _leaves(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -153,14 +212,19 @@ class AutogradOracle:
     def lower_solution(
         self, x: torch.Tensor, *, tol: float = 1e-12, max_iter: int = 100
     ) -> torch.Tensor:
-        """:math:`y^*(x)` by damped Newton from the previous solution (not counted)."""
+        """:math:`y^*(x)` by damped Newton (Newton-CG unless ``dense_hessian``) from the
+        previous solution (not counted)."""
         y = torch.zeros(self.dim_y, dtype=self.dtype) if self._y_star is None else self._y_star
         for _ in range(max_iter):
             gy = self._gradients(self.lower, x, y)[1]
-            if float(torch.linalg.vector_norm(gy)) <= tol * max(1.0, float(y.abs().max())):
+            gnorm = float(torch.linalg.vector_norm(gy))
+            if gnorm <= tol * max(1.0, float(y.abs().max())):
                 break
-            L = _cholesky_or_raise(self.dense_second_derivatives(x, y)[0], "the current x")
-            step = torch.cholesky_solve(gy.unsqueeze(-1), L).squeeze(-1)
+            if self.dense_hessian:
+                L = _cholesky_or_raise(self.dense_second_derivatives(x, y)[0], "the current x")
+                step = torch.cholesky_solve(gy.unsqueeze(-1), L).squeeze(-1)
+            else:  # inexact Newton: forcing term min(0.1, sqrt(||g||)), superlinear near y*
+                step = self._solve(x, y, gy, min(0.1, gnorm**0.5), "Newton step")
             t, g0, slope = 1.0, float(self.lower(x, y)), float(gy @ step)
             while float(self.lower(x, y - t * step)) > g0 - 0.25 * t * slope and t > 1e-8:
                 t *= 0.5
@@ -169,9 +233,13 @@ class AutogradOracle:
         return y
 
     def exact_hypergradient(self, x: torch.Tensor) -> torch.Tensor:
-        r""":math:`\nabla H(x)` from :math:`y^*(x)` and dense solves (not counted)."""
+        r""":math:`\nabla H(x)` from :math:`y^*(x)` and a CG adjoint solve to ``rtol = 1e-12``
+        (dense Cholesky with ``dense_hessian``); not counted."""
         y = self.lower_solution(x)
         fx, fy = self.grad_f(x, y)
+        if not self.dense_hessian:
+            v = self._solve(x, y, fy, 1e-12, "adjoint")
+            return fx - self.jvp_xy(x, y, v)
         H_yy, cross = self.dense_second_derivatives(x, y)
         L = _cholesky_or_raise(H_yy, "y*(x)")
         v = torch.cholesky_solve(fy.unsqueeze(-1), L).squeeze(-1)

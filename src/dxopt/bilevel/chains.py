@@ -28,6 +28,8 @@ from dataclasses import dataclass
 
 import torch
 
+from dxopt._core import renamed_kwargs
+
 __all__ = [
     "CarmonChain",
     "NesterovChain",
@@ -138,19 +140,22 @@ class SingleLevelRun:
     first_nonzero: torch.Tensor
 
 
+@renamed_kwargs(tolerance="tol")
 def run_single_level(
     grad: Callable[[torch.Tensor], torch.Tensor],
     dim: int,
     *,
     lr: float,
     momentum: float = 0.0,
-    tolerance: float,
+    tol: float,
     max_calls: int,
     dtype: torch.dtype = torch.float64,
 ) -> SingleLevelRun:
     """GD (``momentum = 0``) or Nesterov AGD from zero, one gradient call per step.
 
-    The gradient at each query point is also the stopping test (no extra calls).
+    The gradient at each query point is also the stopping test (no extra calls): the run
+    stops at the first query whose gradient norm is at most ``tol`` (``tolerance`` is its
+    deprecated name).
     """
     y_prev = y = torch.zeros(dim, dtype=dtype)
     first = torch.full((dim,), -1, dtype=torch.long)
@@ -159,7 +164,7 @@ def run_single_level(
         new = (w != 0) & (first < 0)
         first[new] = call
         g = grad(w)
-        if float(torch.linalg.vector_norm(g)) <= tolerance:
+        if float(torch.linalg.vector_norm(g)) <= tol:
             return SingleLevelRun(calls=call, x=w, first_nonzero=first)
         y_prev, y = y, w - lr * g
     return SingleLevelRun(calls=None, x=y, first_nonzero=first)

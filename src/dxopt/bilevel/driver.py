@@ -1,43 +1,46 @@
-r"""The outer loop shared by every method, its typed result and the budget handling.
+r"""The outer loop shared by every method, its typed result, the one-shot hypergradient and
+the budget handling.
 
 Every method proposes a hypergradient estimate :math:`d_t \approx \nabla H(x_t)` and the
-driver steps :math:`x_{t+1} = x_t - \gamma d_t`, starting from :math:`x_0 = 0` (zero-respecting
-runs). After each step it records the oracle calls so far, the wall-clock seconds spent in the
-method (evaluation excluded) and, when the oracle can give it, the exact
-:math:`\|\nabla H(x_t)\|` and the upper-level value; evaluation is never counted.
+driver steps :math:`x_{t+1} = x_t - \gamma d_t`, starting from :math:`x_0` (default 0, the
+zero-respecting start) with the lower level started at :math:`y_0` (default 0). After each
+step it records the oracle calls so far, the wall-clock seconds spent in the method
+(evaluation excluded) and, when asked (``evaluate=True``), the exact :math:`\|\nabla H(x_t)\|`
+and the upper-level value; evaluation is never counted.
 """
 
 from __future__ import annotations
 
-import enum
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import torch
 
-from dxopt.bilevel.oracles import BilevelOracle, BudgetExhaustedError, CountingOracle, OracleCounts
+from dxopt._core import Cost, Status, check_int, check_positive, check_tensor, renamed_kwargs
+from dxopt.bilevel.oracles import BilevelOracle, BudgetExhaustedError, CountingOracle
 
-__all__ = ["BilevelResult", "HypergradientMethod", "Status", "Trajectory", "minimize_bilevel"]
-
-
-class Status(enum.Enum):
-    """Why a run stopped."""
-
-    CONVERGED = "converged"  # exact ||grad H|| <= tolerance
-    BUDGET_EXHAUSTED = "budget_exhausted"  # the next oracle call would exceed the budget
-    MAX_ITERATIONS = "max_iterations"
+__all__ = [
+    "BilevelResult",
+    "HypergradientMethod",
+    "HypergradientResult",
+    "Status",
+    "Trajectory",
+    "hypergradient",
+    "minimize_bilevel",
+]
 
 
 class HypergradientMethod(Protocol):
-    """A method: ``init`` builds its state at ``x``; ``step`` returns ``(d, state)``.
+    """A method: ``init`` builds its state at ``x`` with the lower level started at ``y0``;
+    ``step`` returns ``(d, state)``.
 
     The state must expose ``y``, the method's current lower-level estimate.
     """
 
     outer_lr: float
 
-    def init(self, oracle: CountingOracle, x: torch.Tensor) -> Any: ...
+    def init(self, oracle: CountingOracle, x: torch.Tensor, y0: torch.Tensor) -> Any: ...
 
     def step(
         self, oracle: CountingOracle, x: torch.Tensor, state: Any
@@ -68,8 +71,10 @@ class BilevelResult:
     Attributes:
         x: final upper-level variable; y: the method's final lower-level estimate.
         direction: the last hypergradient estimate (None if no step finished).
-        status: why the run stopped; iterations: outer steps completed.
-        counts: oracle calls by kind (exact; a refused call is not counted).
+        status: why the run stopped: ``SOLVED`` (exact norm at most ``tol``), ``MAX_ITER`` or
+            ``BUDGET_EXHAUSTED``; iterations: outer steps completed.
+        cost: oracle calls by kind (``grad_f``, ``grad_g``, ``hvps``, ``jvps``; exact, a refused
+            call is not counted) and the method's ``seconds``.
         trajectory: calls, seconds, exact ``||grad H||`` and upper value per iterate.
         first_nonzero_x, first_nonzero_y: call number at which each coordinate first
             appeared nonzero in a query (``-1``: never), when the frontier was tracked.
@@ -80,59 +85,68 @@ class BilevelResult:
     direction: torch.Tensor | None
     status: Status
     iterations: int
-    counts: OracleCounts
+    cost: Cost
     trajectory: Trajectory
     first_nonzero_x: torch.Tensor | None = field(default=None, repr=False)
     first_nonzero_y: torch.Tensor | None = field(default=None, repr=False)
 
+    @property
+    def counts(self) -> Cost:
+        """Deprecated name of :attr:`cost`."""
+        return self.cost
 
+
+def _start(name: str, value: torch.Tensor | None, dim: int, dtype: torch.dtype) -> torch.Tensor:
+    if value is None:
+        return torch.zeros(dim, dtype=dtype)
+    hint = f"pass a flat tensor of length {dim} in {dtype} (the oracle's dim and dtype)."
+    check_tensor(name, value, shape=(dim,), dtype=dtype, finite=True, hint=hint)
+    return value.detach().clone()
+
+
+@renamed_kwargs(max_iterations="max_iter", tolerance="tol")
 def minimize_bilevel(
     method: HypergradientMethod,
     oracle: BilevelOracle,
     *,
-    max_iterations: int,
+    max_iter: int,
     budget: int | None = None,
-    tolerance: float | None = None,
+    tol: float | None = None,
     x0: torch.Tensor | None = None,
+    y0: torch.Tensor | None = None,
     evaluate: bool = True,
     track_frontier: bool = False,
 ) -> BilevelResult:
-    r"""Run ``method`` on ``oracle`` until :math:`\|\nabla H\| \le` ``tolerance``, the
-    budget or ``max_iterations``.
+    r"""Run ``method`` on ``oracle`` until :math:`\|\nabla H\| \le` ``tol``, the budget or
+    ``max_iter`` outer steps.
 
     Args:
         method: e.g. :class:`AID`, :class:`ITD`, :class:`StocBiO`, :class:`SOBA`, :class:`F2BA`.
         oracle: the problem's oracle (wrapped here in a fresh :class:`CountingOracle`).
-        max_iterations: number of outer steps at most.
+        max_iter: number of outer steps at most (``max_iterations`` is its deprecated name).
         budget: total oracle calls allowed; when the next call would exceed it the run stops
             cleanly with ``Status.BUDGET_EXHAUSTED`` and the last completed iterate.
-        tolerance: stop once the exact :math:`\|\nabla H(x_t)\|` is at most this (needs
-            ``evaluate``).
+        tol: stop once the exact :math:`\|\nabla H(x_t)\|` is at most this (needs
+            ``evaluate``; ``tolerance`` is its deprecated name).
         x0: starting point (default zero, the zero-respecting start).
-        evaluate: record exact hypergradient norms and upper values (uncounted).
+        y0: the lower-level start (default zero; a nonzero start breaks the symmetry of, e.g.,
+            a neural network's weights).
+        evaluate: record exact hypergradient norms and upper values (uncounted; what that
+            costs depends on the oracle's ``exact_hypergradient``).
         track_frontier: log when each coordinate first became nonzero.
 
     Raises:
-        ValueError: for a non-positive ``max_iterations``, a ``tolerance`` without
-            ``evaluate``, or an ``x0`` whose shape or dtype does not match the oracle.
+        ValueError: for a non-positive ``max_iter``, a ``tol`` without ``evaluate``, or an
+            ``x0`` / ``y0`` whose shape or dtype does not match the oracle.
     """
-    if max_iterations < 1:
-        raise ValueError(f"max_iterations: expected a positive integer, got {max_iterations}.")
-    if tolerance is not None and not evaluate:
-        raise ValueError("tolerance: needs evaluate=True (the stop uses the exact ||grad H||).")
+    check_int("max_iter", max_iter)
+    if tol is not None:
+        check_positive("tol", tol, allow_zero=True)
+        if not evaluate:
+            raise ValueError("tol: needs evaluate=True (the stop uses the exact ||grad H||).")
     counting = CountingOracle(oracle, budget=budget, track_frontier=track_frontier)
-    if x0 is None:
-        x = torch.zeros(oracle.dim_x, dtype=oracle.dtype)
-    else:
-        if not isinstance(x0, torch.Tensor) or tuple(x0.shape) != (oracle.dim_x,):
-            shape = tuple(x0.shape) if isinstance(x0, torch.Tensor) else type(x0).__name__
-            raise ValueError(
-                f"x0: expected a tensor of shape ({oracle.dim_x},) to match the oracle's dim_x, "
-                f"got {shape}; flatten it or fix the problem's dimensions."
-            )
-        if x0.dtype != oracle.dtype:
-            raise ValueError(f"x0: expected dtype {oracle.dtype}, got {x0.dtype}; cast it.")
-        x = x0.clone()
+    x = _start("x0", x0, oracle.dim_x, oracle.dtype)
+    y = _start("y0", y0, oracle.dim_y, oracle.dtype)
     calls: list[int] = []
     seconds: list[float] = []
     norms: list[float] = []
@@ -140,7 +154,6 @@ def minimize_bilevel(
     elapsed = 0.0
     state: Any = None
     direction: torch.Tensor | None = None
-    y = torch.zeros(oracle.dim_y, dtype=oracle.dtype)
 
     def record() -> bool:
         calls.append(counting.total)
@@ -150,25 +163,25 @@ def minimize_bilevel(
         norm = float(torch.linalg.vector_norm(counting.exact_hypergradient(x)))
         norms.append(norm)
         values.append(counting.upper_value(x, y))
-        return tolerance is not None and norm <= tolerance
+        return tol is not None and norm <= tol
 
-    status = Status.MAX_ITERATIONS
+    status = Status.MAX_ITER
     iterations = 0
     if record():
-        status = Status.CONVERGED
+        status = Status.SOLVED
     else:
         try:
             start = time.perf_counter()
-            state = method.init(counting, x)
+            state = method.init(counting, x, y)
             elapsed += time.perf_counter() - start
-            for iterations in range(1, max_iterations + 1):  # noqa: B007
+            for iterations in range(1, max_iter + 1):  # noqa: B007
                 start = time.perf_counter()
                 direction, state = method.step(counting, x, state)
                 x = x - method.outer_lr * direction
                 y = state.y
                 elapsed += time.perf_counter() - start
                 if record():
-                    status = Status.CONVERGED
+                    status = Status.SOLVED
                     break
         except BudgetExhaustedError:
             status = Status.BUDGET_EXHAUSTED
@@ -180,8 +193,71 @@ def minimize_bilevel(
         direction=direction,
         status=status,
         iterations=iterations,
-        counts=counting.counts,
+        cost=replace(counting.cost, seconds=elapsed),
         trajectory=Trajectory(tuple(calls), tuple(seconds), tuple(norms), tuple(values)),
         first_nonzero_x=counting.first_nonzero_x if track_frontier else None,
         first_nonzero_y=counting.first_nonzero_y if track_frontier else None,
+    )
+
+
+@dataclass(frozen=True)
+class HypergradientResult:
+    r"""One hypergradient estimate.
+
+    Attributes:
+        value: the estimate of :math:`\nabla H(x)`.
+        y: the lower-level point the method used.
+        cost: its oracle calls by kind and seconds.
+        state: the method's state afterwards (pass ``y`` back as ``y0`` to warm start).
+    """
+
+    value: torch.Tensor
+    y: torch.Tensor
+    cost: Cost
+    state: Any = field(default=None, repr=False)
+
+
+def hypergradient(
+    oracle: BilevelOracle,
+    x: torch.Tensor,
+    method: HypergradientMethod | str,
+    *,
+    y0: torch.Tensor | None = None,
+) -> HypergradientResult:
+    r"""Estimate :math:`\nabla H(x)` once with ``method``, without moving ``x``.
+
+    Args:
+        oracle: the problem's oracle.
+        x: where to estimate (a flat tensor of length ``oracle.dim_x``).
+        method: a method instance such as ``AID(inner=..., linear=CG(max_iter=20),
+            outer_lr=0.0)`` (its ``outer_lr`` is not used), or ``"exact"`` for the oracle's
+            uncounted :meth:`exact_hypergradient` (a reference, not an estimate).
+        y0: the lower-level start (default zero).
+
+    Raises:
+        ValueError: for an ``x`` / ``y0`` not matching the oracle or an unknown method name.
+    """
+    x = _start("x", x, oracle.dim_x, oracle.dtype)
+    y = _start("y0", y0, oracle.dim_y, oracle.dtype)
+    if isinstance(method, str):
+        if method != "exact":
+            raise ValueError(
+                f"method: expected a method instance (AID, ITD, StocBiO, SOBA, F2BA) or "
+                f"'exact', got {method!r}."
+            )
+        start = time.perf_counter()
+        value = oracle.exact_hypergradient(x)
+        return HypergradientResult(value=value, y=y, cost=Cost(seconds=time.perf_counter() - start))
+    if not (hasattr(method, "init") and hasattr(method, "step")):
+        raise TypeError(
+            f"method: expected a hypergradient method with init/step (e.g. AID), got "
+            f"{type(method).__name__}."
+        )
+    counting = CountingOracle(oracle)
+    start = time.perf_counter()
+    state = method.init(counting, x, y)
+    value, state = method.step(counting, x, state)
+    elapsed = time.perf_counter() - start
+    return HypergradientResult(
+        value=value, y=state.y, cost=replace(counting.cost, seconds=elapsed), state=state
     )

@@ -15,12 +15,12 @@ Optimization: Convergence Analysis and Enhanced Design", arXiv 2010.07962):
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 
+from dxopt._core import check_positive
 from dxopt.bilevel.inner import CG, InnerLoop, Neumann
 from dxopt.bilevel.oracles import CountingOracle
 
@@ -28,16 +28,18 @@ __all__ = ["AID", "ITD", "AIDState", "ITDState"]
 
 
 def _check_outer_lr(outer_lr: float) -> None:
-    if not (math.isfinite(outer_lr) and outer_lr >= 0):
-        raise ValueError(
-            f"outer_lr: expected a non-negative finite step size, got {outer_lr!r} "
-            "(0 keeps x fixed, which is how hypergradient estimates are checked)."
-        )
+    check_positive(
+        "outer_lr",
+        outer_lr,
+        allow_zero=True,
+        hint="0 keeps x fixed (or use dxopt.bilevel.hypergradient for a one-shot estimate).",
+    )
 
 
 class AIDState(NamedTuple):
     y: torch.Tensor
     v: torch.Tensor | None
+    start: torch.Tensor  # y0, where a cold (warm_start=False) inner loop restarts
 
 
 @dataclass(frozen=True)
@@ -61,22 +63,23 @@ class AID:
         if not isinstance(self.linear, (CG, Neumann)):
             raise TypeError(f"linear: expected CG(...) or Neumann(...), got {self.linear!r}.")
 
-    def init(self, oracle: CountingOracle, x: torch.Tensor) -> AIDState:
-        return AIDState(y=torch.zeros(oracle.dim_y, dtype=oracle.dtype), v=None)
+    def init(self, oracle: CountingOracle, x: torch.Tensor, y0: torch.Tensor) -> AIDState:
+        return AIDState(y=y0, v=None, start=y0)
 
     def step(
         self, oracle: CountingOracle, x: torch.Tensor, state: AIDState
     ) -> tuple[torch.Tensor, AIDState]:
-        y0 = state.y if self.warm_start else torch.zeros_like(state.y)
+        y0 = state.y if self.warm_start else state.start
         y, _ = self.inner.run(lambda w: oracle.grad_g(x, w)[1], y0)
         fx, fy = oracle.grad_f(x, y)
         v0 = state.v if self.warm_start else None
         v = self.linear.solve(lambda u: oracle.hvp_yy(x, y, u), fy, v0)
-        return fx - oracle.jvp_xy(x, y, v), AIDState(y=y, v=v)
+        return fx - oracle.jvp_xy(x, y, v), AIDState(y=y, v=v, start=state.start)
 
 
 class ITDState(NamedTuple):
     y: torch.Tensor
+    start: torch.Tensor  # y0, where a cold (warm_start=False) unroll restarts
 
 
 @dataclass(frozen=True)
@@ -108,13 +111,13 @@ class ITD:
     def __post_init__(self) -> None:
         _check_outer_lr(self.outer_lr)
 
-    def init(self, oracle: CountingOracle, x: torch.Tensor) -> ITDState:
-        return ITDState(y=torch.zeros(oracle.dim_y, dtype=oracle.dtype))
+    def init(self, oracle: CountingOracle, x: torch.Tensor, y0: torch.Tensor) -> ITDState:
+        return ITDState(y=y0, start=y0)
 
     def step(
         self, oracle: CountingOracle, x: torch.Tensor, state: ITDState
     ) -> tuple[torch.Tensor, ITDState]:
-        y0 = state.y if self.warm_start else torch.zeros_like(state.y)
+        y0 = state.y if self.warm_start else state.start
         y, points = self.inner.run(lambda w: oracle.grad_g(x, w)[1], y0, keep_points=True)
         d, a_next = oracle.grad_f(x, y)
         alpha, beta = self.inner.lr, self.inner.momentum
@@ -123,4 +126,4 @@ class ITD:
             w_bar = a_next - alpha * oracle.hvp_yy(x, w, a_next)
             d = d - alpha * oracle.jvp_xy(x, w, a_next)
             a_next, carry = carry + (1.0 + beta) * w_bar, -beta * w_bar
-        return d, ITDState(y=y)
+        return d, ITDState(y=y, start=state.start)

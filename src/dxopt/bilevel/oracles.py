@@ -16,17 +16,20 @@ touch the problem through four oracles, each counted as one call:
 
 ``exact_hypergradient(x)`` gives :math:`\nabla H(x) = \nabla_x f - \nabla^2_{xy} g
 [\nabla^2_{yy} g]^{-1} \nabla_y f` at :math:`y^*(x)`; it exists for evaluation only and is
-never counted. :class:`CountingOracle` wraps any oracle, counts the four kinds of calls,
+never counted. :class:`CountingOracle` wraps any oracle, counts the four kinds of calls (in a
+:class:`dxopt._core.Cost`: ``grad_f``, ``grad_g``, ``hvps``, ``jvps``),
 enforces a budget and can log when each coordinate first became nonzero (the frontier of a
 zero-chain, Carmon et al., arXiv 1710.11606; Ji, arXiv 2511.19656).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+import warnings
+from typing import Any, Protocol, runtime_checkable
 
 import torch
+
+from dxopt._core import Cost, DxoptError, Status
 
 __all__ = ["BilevelOracle", "BudgetExhaustedError", "CountingOracle", "OracleCounts"]
 
@@ -52,21 +55,20 @@ class BilevelOracle(Protocol):
     def exact_hypergradient(self, x: torch.Tensor) -> torch.Tensor: ...
 
 
-@dataclass(frozen=True)
-class OracleCounts:
-    """Numbers of oracle calls of each kind; ``total`` counts every call once."""
+def OracleCounts(**counts: Any) -> Cost:
+    """Deprecated: bilevel counts are a :class:`dxopt._core.Cost` (``hvp``/``jvp`` are now
+    ``hvps``/``jvps``). Kept for one release."""
+    warnings.warn(
+        "dxopt.bilevel.OracleCounts is deprecated; counts are a dxopt.Cost "
+        "(fields grad_f, grad_g, hvps, jvps).",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    renames = {"hvp": "hvps", "jvp": "jvps"}
+    return Cost(**{renames.get(k, k): v for k, v in counts.items()})
 
-    grad_f: int = 0
-    grad_g: int = 0
-    hvp: int = 0
-    jvp: int = 0
 
-    @property
-    def total(self) -> int:
-        return self.grad_f + self.grad_g + self.hvp + self.jvp
-
-
-class BudgetExhaustedError(RuntimeError):
+class BudgetExhaustedError(DxoptError):
     """Raised by :class:`CountingOracle` before a call that would exceed its budget.
 
     The methods' driver (:func:`dxopt.bilevel.minimize_bilevel`) catches it and returns a
@@ -104,15 +106,21 @@ class CountingOracle:
         self.oracle = oracle
         self.budget = budget
         self.dim_x, self.dim_y, self.dtype = oracle.dim_x, oracle.dim_y, oracle.dtype
-        self._counts = {"grad_f": 0, "grad_g": 0, "hvp": 0, "jvp": 0}
+        self._counts = {"grad_f": 0, "grad_g": 0, "hvps": 0, "jvps": 0}
         self._total = 0
         self.track_frontier = track_frontier
         self.first_nonzero_x = torch.full((oracle.dim_x,), -1, dtype=torch.long)
         self.first_nonzero_y = torch.full((oracle.dim_y,), -1, dtype=torch.long)
 
     @property
-    def counts(self) -> OracleCounts:
-        return OracleCounts(**self._counts)
+    def cost(self) -> Cost:
+        """Calls so far by kind (``grad_f``, ``grad_g``, ``hvps``, ``jvps``)."""
+        return Cost(**self._counts)
+
+    @property
+    def counts(self) -> Cost:
+        """Deprecated name of :attr:`cost`."""
+        return self.cost
 
     @property
     def total(self) -> int:
@@ -120,7 +128,9 @@ class CountingOracle:
 
     def _charge(self, kind: str, x: torch.Tensor, *ys: torch.Tensor) -> None:
         if self.budget is not None and self._total >= self.budget:
-            raise BudgetExhaustedError(f"oracle budget of {self.budget} calls exhausted")
+            raise BudgetExhaustedError(
+                f"oracle budget of {self.budget} calls exhausted", status=Status.BUDGET_EXHAUSTED
+            )
         self._total += 1
         self._counts[kind] += 1
         if self.track_frontier:
@@ -142,11 +152,11 @@ class CountingOracle:
         return self.oracle.grad_g(x, y)
 
     def hvp_yy(self, x: torch.Tensor, y: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        self._charge("hvp", x, y, v)
+        self._charge("hvps", x, y, v)
         return self.oracle.hvp_yy(x, y, v)
 
     def jvp_xy(self, x: torch.Tensor, y: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        self._charge("jvp", x, y, v)
+        self._charge("jvps", x, y, v)
         return self.oracle.jvp_xy(x, y, v)
 
     def upper_value(self, x: torch.Tensor, y: torch.Tensor) -> float:

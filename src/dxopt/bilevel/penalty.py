@@ -56,9 +56,8 @@ class F2BA:
                 f"{self.penalty!r}."
             )
 
-    def init(self, oracle: CountingOracle, x: torch.Tensor) -> F2BAState:
-        zero = torch.zeros(oracle.dim_y, dtype=oracle.dtype)
-        return F2BAState(y=zero, y_penalized=zero)
+    def init(self, oracle: CountingOracle, x: torch.Tensor, y0: torch.Tensor) -> F2BAState:
+        return F2BAState(y=y0, y_penalized=y0)
 
     def step(
         self, oracle: CountingOracle, x: torch.Tensor, state: F2BAState

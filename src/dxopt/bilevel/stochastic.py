@@ -57,7 +57,7 @@ class StocBiO:
 
     Args:
         inner: inner loop (its ``momentum`` must be 0: SGD).
-        neumann: the series (``steps`` terms, ``lr`` = :math:`\\eta`).
+        neumann: the series (``max_iter`` terms, ``lr`` = :math:`\\eta`).
         outer_lr: step size on ``x``.
         batch_size: oracle calls averaged per gradient, HVP and JVP.
     """
@@ -73,8 +73,8 @@ class StocBiO:
         if self.inner.momentum != 0.0:
             raise ValueError("inner: stocBiO uses plain SGD inner steps; pass momentum=0.")
 
-    def init(self, oracle: CountingOracle, x: torch.Tensor) -> StocBiOState:
-        return StocBiOState(y=torch.zeros(oracle.dim_y, dtype=oracle.dtype))
+    def init(self, oracle: CountingOracle, x: torch.Tensor, y0: torch.Tensor) -> StocBiOState:
+        return StocBiOState(y=y0)
 
     def step(
         self, oracle: CountingOracle, x: torch.Tensor, state: StocBiOState
@@ -112,9 +112,8 @@ class SOBA:
         if not (math.isfinite(self.inner_lr) and self.inner_lr > 0):
             raise ValueError(f"inner_lr: expected a positive step (<= 1/L_g), got {self.inner_lr}.")
 
-    def init(self, oracle: CountingOracle, x: torch.Tensor) -> SOBAState:
-        zero = torch.zeros(oracle.dim_y, dtype=oracle.dtype)
-        return SOBAState(y=zero, v=zero)
+    def init(self, oracle: CountingOracle, x: torch.Tensor, y0: torch.Tensor) -> SOBAState:
+        return SOBAState(y=y0, v=torch.zeros(oracle.dim_y, dtype=oracle.dtype))
 
     def step(
         self, oracle: CountingOracle, x: torch.Tensor, state: SOBAState
