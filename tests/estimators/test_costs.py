@@ -60,10 +60,12 @@ JVP = 3 * FWD
             (1, 1, 0),
         ),
         (ForwardGradient(k=3), 3 * JVP, (0, 0, 3)),
-        # projection adds the Gram matrix VᵀV: 2·k²·d with d = D1·D0 + D2·D1.
+        # projection adds the Gram matrix VᵀV from regenerated tangents: k(k+1)/2 inner
+        # products, each a (1, n) @ (n, 1) product per parameter, 2·d FLOPs with
+        # d = D1·D0 + D2·D1.
         (
             ForwardGradient(k=2, combine="projection"),
-            2 * JVP + 2 * 2 * 2 * (D1 * D0 + D2 * D1),
+            2 * JVP + 3 * 2 * (D1 * D0 + D2 * D1),
             (0, 0, 2),
         ),
         (SPSA(n_directions=4), 4 * 2 * FWD, (8, 0, 0)),

@@ -56,15 +56,20 @@ def check_loss_uses_params(loss_fn: LossFn, params: Mapping[str, Tensor], batch:
 
     Zeroth-order and forward-mode estimators cannot see an unused parameter from their
     estimates (its directional derivative is just zero), so they run this probe once, on their
-    first call. It is not counted in :class:`~dxopt.estimators.Cost`.
+    first call. The probe passes *fresh copies* of the parameters and records which of them an
+    operator reads: a loss that reads the model's own tensors instead of ``params`` (e.g.
+    ``model(x)`` with ``params = dict(model.named_parameters())``, which share storage) is
+    caught, where probing the originals would see the shared storage being read. It is not
+    counted in :class:`~dxopt._core.Cost`.
 
     Returns:
         The loss value.
     """
+    copies = {n: p.detach().clone() for n, p in params.items()}
     probe = _StorageReads()
     with torch.no_grad(), probe:
-        loss = check_scalar_loss(loss_fn(params, batch))
-    unused = [n for n, p in params.items() if p.untyped_storage().data_ptr() not in probe.read]
+        loss = check_scalar_loss(loss_fn(copies, batch))
+    unused = [n for n, p in copies.items() if p.untyped_storage().data_ptr() not in probe.read]
     raise_unused(unused)
     return float(loss)
 
@@ -73,17 +78,19 @@ class ProbesOnce:
     """Mixin for estimators that cannot see unused parameters in their estimates.
 
     :meth:`_checked_params` validates ``params`` on every call and, when ``validate`` is set,
-    runs :func:`check_loss_uses_params` on the first call only.
+    runs :func:`check_loss_uses_params` on the first call only (through ``forward``, the
+    estimate's :class:`~dxopt.estimators._replay.ForwardReplay`, so the probe's forward draws
+    the same dropout mask and updates buffers no more than the estimate's own forwards).
     """
 
     validate: bool
     _validated: bool = False
 
     def _checked_params(
-        self, loss_fn: LossFn, params: Mapping[str, Tensor], batch: Any
+        self, forward: LossFn, params: Mapping[str, Tensor], batch: Any
     ) -> dict[str, Tensor]:
         checked = check_params(params)
         if self.validate and not self._validated:
-            check_loss_uses_params(loss_fn, checked, batch)
+            check_loss_uses_params(forward, checked, batch)
             self._validated = True
         return checked

@@ -18,29 +18,10 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
+from dxopt._core import Cost
+
 LossFn = Callable[[Mapping[str, Tensor], Any], Tensor]
 """``loss_fn(params, batch) -> scalar Tensor``, pure in ``params``."""
-
-
-@dataclass(frozen=True)
-class Cost:
-    """What one estimate cost.
-
-    Attributes:
-        forwards: plain forward passes (no tangent, no graph needed for a backward).
-        backwards: backward passes (reverse sweeps).
-        jvps: dual (forward-mode) passes, each carrying one tangent.
-        recomputed_forwards: forward work redone by activation checkpointing, in units of the
-            checkpointed blocks' forward (``recomputed block calls / number of blocks``).
-        flops: FLOPs counted by :class:`torch.utils.flop_counter.FlopCounterMode` over the whole
-            estimate (``None`` when not requested).
-    """
-
-    forwards: int = 0
-    backwards: int = 0
-    jvps: int = 0
-    recomputed_forwards: float = 0.0
-    flops: int | None = None
 
 
 @dataclass(frozen=True)
@@ -53,7 +34,8 @@ class Estimate:
             parameters in place.
         loss: the loss at the unperturbed parameters when it was evaluated, else the mean of
             the perturbed losses (zeroth order).
-        cost: the :class:`Cost` record.
+        cost: the :class:`~dxopt._core.Cost` record (``forwards``, ``backwards``, ``jvps``,
+            ``recomputed_forwards``, ``flops``).
         info: method-specific extras, e.g. ``{"jvps": [...], "nan_jvps": 0}`` or the
             ``(seed, projected_grad)`` pairs of a zeroth-order estimate.
     """
@@ -117,8 +99,9 @@ def raise_unused(names: list[str]) -> None:
     """Raise the error for parameters that the loss does not depend on."""
     if names:
         raise ValueError(
-            f"params: the loss does not use {sorted(names)}; pass only the parameters that "
-            "loss_fn reads (functional_call leaves the others at their module values)."
+            f"params: the loss does not use {sorted(names)}; loss_fn must read the tensors it "
+            "is given (e.g. torch.func.functional_call(model, params, x), not model(x)), and "
+            "params must hold only the parameters it reads."
         )
 
 
@@ -133,11 +116,13 @@ def check_count(name: str, value: int) -> None:
 
 
 def write_grads(params: Mapping[str, Tensor], grads: Mapping[str, Tensor]) -> None:
-    """Store ``grads`` in each parameter's ``.grad`` (overwriting), so torch optimisers apply."""
+    """Add ``grads`` to each parameter's ``.grad`` (set it when it is ``None``), as
+    :meth:`torch.Tensor.backward` does, so gradient accumulation and torch optimisers work;
+    call ``optimizer.zero_grad()`` between steps."""
     with torch.no_grad():
         for name, p in params.items():
             g = grads[name]
-            if p.grad is None or p.grad.shape != p.shape:
+            if p.grad is None:
                 p.grad = g.detach().clone()
             else:
-                p.grad.copy_(g)
+                p.grad.add_(g)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,7 +19,7 @@ from dxopt.estimators._api import (
     raise_unused,
     write_grads,
 )
-from dxopt.estimators._checkpointing import CheckpointPlan, checkpointing
+from dxopt.estimators._checkpointing import CheckpointPlan, _BlockCalls, checkpointing
 
 
 class Backprop:
@@ -30,7 +31,11 @@ class Backprop:
     the same gradient for roughly one extra forward of the checkpointed blocks.
 
     Cost: one forward, one backward (≈ 2 forwards of FLOPs), plus
-    ``recomputed_forwards`` block forwards when checkpointing.
+    ``recomputed_forwards`` when checkpointing: the FLOPs redone during backward over the
+    FLOPs of the blocks' forward (matrix products, as
+    :class:`~torch.utils.flop_counter.FlopCounterMode` counts them), so a selective plan that
+    keeps every product's output reports 0. A plan set on a loss that never calls
+    :func:`~dxopt.estimators.run_blocks` warns (nothing would be checkpointed).
 
     Args:
         checkpoint: a :class:`CheckpointPlan`, or ``None`` for plain backpropagation.
@@ -69,18 +74,38 @@ class Backprop:
         ):
             loss = check_scalar_loss(loss_fn(leaves, batch))
             forward_calls = calls.calls
+            if self.checkpoint is not None and calls.blocks_in_forward == 0:
+                _warn_no_blocks(self.checkpoint)
             if not loss.requires_grad:
                 raise_unused(list(params))
             grads = torch.autograd.grad(loss, list(leaves.values()), allow_unused=True)
         raise_unused([n for n, g in zip(leaves, grads) if g is None])
         grad_map = {n: g for n, g in zip(leaves, grads) if g is not None}
         write_grads(params, grad_map)
-        recomputed = calls.calls - forward_calls
-        blocks = max(calls.blocks_in_forward, 1)
         cost = Cost(
             forwards=1,
             backwards=1,
-            recomputed_forwards=recomputed / blocks,
+            recomputed_forwards=_recomputed(calls, forward_calls),
             flops=tally.flops,
         )
         return Estimate(grads=grad_map, loss=float(loss.detach()), cost=cost, info={})
+
+
+def _warn_no_blocks(plan: CheckpointPlan) -> None:
+    if plan.strategy != "none":
+        warnings.warn(
+            f"checkpoint: a CheckpointPlan(strategy={plan.strategy!r}) is set but loss_fn never "
+            "called dxopt.estimators.run_blocks, so nothing was checkpointed (plain backprop "
+            "memory). Chain the model's blocks through run_blocks(blocks, x), or drop the plan.",
+            UserWarning,
+            stacklevel=3,
+        )
+
+
+def _recomputed(calls: _BlockCalls, forward_calls: int) -> float:
+    """Recomputed block work in units of the blocks' forward: recomputed FLOPs over forward
+    FLOPs of the blocks, or recomputed block calls over blocks when the blocks have no
+    counted FLOPs (elementwise only)."""
+    if calls.forward_flops > 0:
+        return calls.recompute_flops / calls.forward_flops
+    return (calls.calls - forward_calls) / max(calls.blocks_in_forward, 1)

@@ -6,8 +6,8 @@ model) decides how the chain is checkpointed by activating a :class:`CheckpointP
 - ``"none"``: plain forward, every activation saved for backward;
 - ``"per_block"``: each block wrapped in :func:`torch.utils.checkpoint.checkpoint`, so only
   the block inputs are kept and each block is recomputed once during backward;
-- ``"segments"``: :func:`torch.utils.checkpoint.checkpoint_sequential` with ``segments``
-  segments (the last segment runs normally);
+- ``"segments"``: ``segments`` checkpointed segments as in
+  :func:`torch.utils.checkpoint.checkpoint_sequential` (the last segment runs normally);
 - ``"selective"``: per block, but the outputs of the operators in ``save_ops`` are kept and
   only the rest recomputed (:func:`torch.utils.checkpoint.create_selective_checkpoint_contexts`).
 
@@ -21,16 +21,16 @@ import contextvars
 import functools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
 from torch.utils.checkpoint import (
     CheckpointPolicy,
     checkpoint,
-    checkpoint_sequential,
     create_selective_checkpoint_contexts,
 )
+from torch.utils.flop_counter import FlopCounterMode
 
 Strategy = Literal["none", "per_block", "segments", "selective"]
 _STRATEGIES = ("none", "per_block", "segments", "selective")
@@ -66,12 +66,20 @@ class CheckpointPlan:
 
 
 class _BlockCalls:
-    """Counts block evaluations while a plan is active (forward plus recomputation)."""
+    """Counts block evaluations and their FLOPs while a plan is active.
+
+    ``forward_flops`` are the FLOPs of the blocks' forward, ``recompute_flops`` those redone
+    during backward (both as :class:`~torch.utils.flop_counter.FlopCounterMode` counts them:
+    matrix products and convolutions); ``calls`` counts block calls, forward plus
+    recomputation.
+    """
 
     def __init__(self, plan: CheckpointPlan) -> None:
         self.plan = plan
         self.calls = 0
         self.blocks_in_forward = 0
+        self.forward_flops = 0
+        self.recompute_flops = 0
 
 
 _ACTIVE: contextvars.ContextVar[_BlockCalls | None] = contextvars.ContextVar(
@@ -110,11 +118,54 @@ def _selective_policy(save: frozenset[str]) -> Callable:
     return policy
 
 
+@contextlib.contextmanager
+def _flops_into(
+    state: _BlockCalls, attr: str, inner: contextlib.AbstractContextManager | None = None
+) -> Iterator[None]:
+    """Add the FLOPs run inside to ``state.<attr>``; ``inner`` (a selective-checkpoint mode)
+    is entered *after* the counter, so outputs it serves from its cache are not counted."""
+    mode = FlopCounterMode(display=False)
+    try:
+        with mode, inner if inner is not None else contextlib.nullcontext():
+            yield
+    finally:
+        setattr(state, attr, getattr(state, attr) + int(mode.get_total_flops()))
+
+
+def _contexts(state: _BlockCalls) -> Callable[[], tuple[Any, Any]]:
+    """``context_fn`` for :func:`torch.utils.checkpoint.checkpoint` that counts forward and
+    recomputed FLOPs (and applies the selective policy for ``"selective"``)."""
+
+    def context_fn() -> tuple[Any, Any]:
+        fwd: contextlib.AbstractContextManager | None = None
+        rec: contextlib.AbstractContextManager | None = None
+        if state.plan.strategy == "selective":
+            policy = _selective_policy(frozenset(state.plan.save_ops))
+            fwd, rec = create_selective_checkpoint_contexts(policy)
+        return (
+            _flops_into(state, "forward_flops", fwd),
+            _flops_into(state, "recompute_flops", rec),
+        )
+
+    return context_fn
+
+
+def _chain(fns: Sequence[Callable[[Tensor], Tensor]]) -> Callable[[Tensor], Tensor]:
+    def run(x: Tensor) -> Tensor:
+        for f in fns:
+            x = f(x)
+        return x
+
+    return run
+
+
 def run_blocks(blocks: Sequence[Callable[[Tensor], Tensor]], x: Tensor) -> Tensor:
     """Apply ``blocks`` in order to ``x``, checkpointed as the active plan says.
 
     Outside :func:`checkpointing` (or when no gradient is being recorded) the blocks simply
-    run in sequence.
+    run in sequence. ``"segments"`` splits the chain into ``segments`` runs of
+    ``len(blocks) // segments`` blocks, checkpoints all but the last (which runs normally and
+    holds the remaining blocks), as :func:`torch.utils.checkpoint.checkpoint_sequential` does.
     """
     state = _ACTIVE.get()
     fns = [_counted(b, state) for b in blocks]
@@ -122,21 +173,19 @@ def run_blocks(blocks: Sequence[Callable[[Tensor], Tensor]], x: Tensor) -> Tenso
         state.blocks_in_forward += len(fns)
     strategy = "none" if state is None else state.plan.strategy
     if strategy == "none" or not torch.is_grad_enabled():
-        for f in fns:
-            x = f(x)
-        return x
+        return _chain(fns)(x)
     assert state is not None
     if strategy == "segments":
         segments = min(state.plan.segments, len(fns))
-        return checkpoint_sequential(fns, segments, x, use_reentrant=False)
-    context_fn = None
-    if strategy == "selective":
-        context_fn = functools.partial(
-            create_selective_checkpoint_contexts, _selective_policy(frozenset(state.plan.save_ops))
-        )
-    for f in fns:
-        if context_fn is None:
-            x = checkpoint(f, x, use_reentrant=False)
-        else:
-            x = checkpoint(f, x, use_reentrant=False, context_fn=context_fn)
+        size = len(fns) // segments
+        groups = [fns[i * size : (i + 1) * size] for i in range(segments - 1)]
+        last = fns[(segments - 1) * size :]
+    else:
+        groups, last = [[f] for f in fns], []
+    context_fn = _contexts(state)
+    for group in groups:
+        x = checkpoint(_chain(group), x, use_reentrant=False, context_fn=context_fn)
+    if last:
+        with _flops_into(state, "forward_flops"):
+            x = _chain(last)(x)
     return x

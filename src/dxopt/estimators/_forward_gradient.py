@@ -31,6 +31,7 @@ from dxopt.estimators._api import (
     check_count,
     check_positive,
     check_scalar_loss,
+    raise_unused,
     write_grads,
 )
 from dxopt.estimators._directions import (
@@ -38,8 +39,10 @@ from dxopt.estimators._directions import (
     check_distribution,
     direction,
     draw_seeds,
+    iter_direction,
     top_magnitude_masks,
 )
+from dxopt.estimators._replay import replayed_forwards
 
 Combine = Literal["mean", "projection"]
 
@@ -48,12 +51,17 @@ def jvp_loss(
     loss_fn: LossFn, primals: Mapping[str, Tensor], tangents: Mapping[str, Tensor], batch: Any
 ) -> tuple[Tensor, Tensor]:
     """``(loss, grad·tangent)`` by one dual forward pass (:mod:`torch.autograd.forward_ad`,
-    the mechanism behind :func:`torch.func.jvp`); no graph is recorded."""
+    the mechanism behind :func:`torch.func.jvp`); no graph is recorded.
+
+    Raises:
+        ValueError: if no tangent reaches the loss (it does not read ``primals``), rather
+            than returning a zero directional derivative.
+    """
     with torch.no_grad(), fwAD.dual_level():
         duals = {n: fwAD.make_dual(p, tangents[n]) for n, p in primals.items()}
         out = fwAD.unpack_dual(check_scalar_loss(loss_fn(duals, batch)))
-    if out.tangent is None:  # the loss does not depend on any tangent
-        return out.primal, torch.zeros((), dtype=out.primal.dtype)
+    if out.tangent is None:
+        raise_unused(list(primals))
     return out.primal, out.tangent.reshape(())
 
 
@@ -70,8 +78,15 @@ class ForwardGradient(ProbesOnce):
         seed: seed of the estimator's generator of tangent seeds.
         validate: run the scalar-loss / unused-parameter probe on the first call.
 
+    Tangents are never stored: each is regenerated from its seed (one
+    :class:`torch.Generator` per direction) when it is needed, so an estimate holds at most
+    one tangent and the gradient buffer, i.e. two parameter-sized tensors, for any ``k``.
+    ``"projection"`` regenerates tangents :math:`k(k+1)/2` times for the Gram matrix
+    :math:`V^\\top V` (random-number generation traded for memory).
+
     Non-finite JVPs are skipped and counted in ``info["nan_jvps"]`` (the estimate is zero
-    when all are non-finite).
+    when all are non-finite). The ``k`` forwards see the same RNG state (same dropout mask) and
+    update module buffers once (see :mod:`dxopt.estimators._replay`).
     """
 
     def __init__(
@@ -105,61 +120,78 @@ class ForwardGradient(ProbesOnce):
         *,
         count_flops: bool = False,
     ) -> Estimate:
-        """Estimate the gradient with ``k`` JVPs, write it to ``.grad`` and return it."""
-        params = self._checked_params(loss_fn, params, batch)
-        primals = {n: p.detach() for n, p in params.items()}
-        masks = top_magnitude_masks(primals, self.keep_fraction) if self.keep_fraction else None
-        seeds = draw_seeds(self.generator, self.k)
-        jvps: list[float] = []
-        kept: list[tuple[float, dict[str, Tensor]]] = []
-        losses: list[float] = []
-        with flop_scope(count_flops) as tally:
-            for seed in seeds:
-                tangent = direction(primals, seed, self.distribution, masks)
-                loss, dd = jvp_loss(loss_fn, primals, tangent, batch)
-                losses.append(float(loss))
-                value = float(dd)
-                jvps.append(value)
-                if not math.isfinite(value):
-                    continue
-                if self.jvp_clip is not None:
-                    value = max(-self.jvp_clip, min(self.jvp_clip, value))
-                kept.append((value, tangent))
-            grads = self._combine(primals, kept)
+        """Estimate the gradient with ``k`` JVPs, add it to ``.grad`` and return it."""
+        with replayed_forwards(loss_fn) as forward:
+            params = self._checked_params(forward, params, batch)
+            primals = {n: p.detach() for n, p in params.items()}
+            masks = top_magnitude_masks(primals, self.keep_fraction) if self.keep_fraction else None
+            seeds = draw_seeds(self.generator, self.k)
+            jvps: list[float] = []
+            kept: list[tuple[float, int]] = []  # (clipped derivative, seed)
+            losses: list[float] = []
+            with flop_scope(count_flops) as tally:
+                for seed in seeds:
+                    tangent = direction(primals, seed, self.distribution, masks)
+                    loss, dd = jvp_loss(forward, primals, tangent, batch)
+                    del tangent
+                    losses.append(float(loss))
+                    value = float(dd)
+                    jvps.append(value)
+                    if not math.isfinite(value):
+                        continue
+                    if self.jvp_clip is not None:
+                        value = max(-self.jvp_clip, min(self.jvp_clip, value))
+                    kept.append((value, seed))
+                grads = self._combine(primals, kept, masks)
         write_grads(params, grads)
         info = {"jvps": jvps, "nan_jvps": len(seeds) - len(kept), "seeds": seeds}
         cost = Cost(jvps=self.k, flops=tally.flops)
         return Estimate(grads=grads, loss=_mean(losses), cost=cost, info=info)
 
     def _combine(
-        self, primals: dict[str, Tensor], kept: list[tuple[float, dict[str, Tensor]]]
+        self,
+        primals: dict[str, Tensor],
+        kept: list[tuple[float, int]],
+        masks: dict[str, Tensor] | None,
     ) -> dict[str, Tensor]:
-        grads = {n: torch.zeros_like(p) for n, p in primals.items()}
-        if not kept:
-            return grads
         if self.combine == "mean":
             coeffs = [dd / len(kept) for dd, _ in kept]
         else:
-            coeffs = _projection_coefficients(kept)
-        for c, (_, tangent) in zip(coeffs, kept):
-            for n, v in tangent.items():
-                grads[n].add_(v, alpha=c)
+            coeffs = self._projection_coefficients(primals, kept, masks) if kept else []
+        grads = {n: torch.zeros_like(p) for n, p in primals.items()}
+        with torch.no_grad():
+            for c, (_, seed) in zip(coeffs, kept):
+                for n, v in iter_direction(primals, seed, self.distribution, masks):
+                    grads[n].add_(v, alpha=c)
         return grads
 
+    def _projection_coefficients(
+        self,
+        primals: dict[str, Tensor],
+        kept: list[tuple[float, int]],
+        masks: dict[str, Tensor] | None,
+    ) -> list[float]:
+        """Solve :math:`(V^\\top V) c = V^\\top\\nabla\\ell` for the projection coefficients.
 
-def _projection_coefficients(kept: list[tuple[float, dict[str, Tensor]]]) -> list[float]:
-    """Solve :math:`(V^\\top V) c = V^\\top\\nabla\\ell` for the projection coefficients."""
-    names = list(kept[0][1])
-    gram = sum(
-        torch.stack([t[n].reshape(-1).double() for _, t in kept])
-        @ torch.stack([t[n].reshape(-1).double() for _, t in kept]).T
-        for n in names
-    )
-    assert isinstance(gram, Tensor)
-    rhs = torch.tensor([dd for dd, _ in kept], dtype=torch.float64)
-    # pinv keeps the orthogonal projection well defined when k > d or tangents repeat.
-    coeffs = torch.linalg.pinv(gram, hermitian=True) @ rhs
-    return [float(c) for c in coeffs]
+        Row ``i`` of the Gram matrix is built with tangent ``i`` materialised and tangents
+        ``j <= i`` regenerated one parameter at a time (each inner product as a ``(1, n) @
+        (n, 1)`` product in the parameters' dtype: :math:`2n` FLOPs, :math:`k(k+1)/2` of
+        them), so at most two parameter-sized tensors are alive.
+        """
+        k = len(kept)
+        gram = torch.zeros(k, k, dtype=torch.float64)
+        for i, (_, seed_i) in enumerate(kept):
+            v_i = direction(primals, seed_i, self.distribution, masks)
+            for j, (_, seed_j) in enumerate(kept[: i + 1]):
+                dot = 0.0
+                for n, v_j in iter_direction(primals, seed_j, self.distribution, masks):
+                    dot += float((v_i[n].reshape(1, -1) @ v_j.reshape(-1, 1))[0, 0])
+                gram[i, j] = gram[j, i] = dot
+            del v_i
+        rhs = torch.tensor([dd for dd, _ in kept], dtype=torch.float64)
+        # pinv keeps the orthogonal projection well defined when k > d or tangents repeat.
+        coeffs = torch.linalg.pinv(gram, hermitian=True) @ rhs
+        return [float(c) for c in coeffs]
 
 
 def _mean(values: list[float]) -> float:

@@ -31,6 +31,7 @@ from dxopt.estimators._api import (
 )
 from dxopt.estimators._directions import Distribution, check_distribution, direction, draw_seeds
 from dxopt.estimators._forward_gradient import jvp_loss
+from dxopt.estimators._replay import replayed_forwards
 from dxopt.estimators._zeroth_order import SPSA
 
 Kind = Literal["zo", "fmad"]
@@ -100,7 +101,14 @@ class _SVRG(ProbesOnce):
         *,
         count_flops: bool = False,
     ) -> Estimate:
-        """Refresh the anchor if due, then return the control-variate estimate."""
+        """Refresh the anchor if due, then return the control-variate estimate (added to
+        ``.grad``); all forwards of the estimate see one RNG state (see ``_replay``)."""
+        with replayed_forwards(loss_fn) as forward:
+            return self._estimate(forward, params, batch, count_flops)
+
+    def _estimate(
+        self, loss_fn: LossFn, params: Mapping[str, Tensor], batch: Any, count_flops: bool
+    ) -> Estimate:
         checked = self._checked_params(loss_fn, params, batch)
         current = {n: p.detach() for n, p in checked.items()}
         passes = 0

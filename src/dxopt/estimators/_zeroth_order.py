@@ -37,6 +37,7 @@ from dxopt.estimators._directions import (
     iter_direction,
     top_magnitude_masks,
 )
+from dxopt.estimators._replay import replayed_forwards
 
 
 class SPSA(ProbesOnce):
@@ -51,7 +52,10 @@ class SPSA(ProbesOnce):
         seed: seed of the estimator's generator of direction seeds.
         validate: run the scalar-loss / unused-parameter probe on the first call.
 
-    :meth:`estimate` writes :math:`\\hat g` to ``.grad`` (one gradient-sized buffer);
+    The :math:`2n` forwards of one estimate see the same RNG state (same dropout mask) and
+    update module buffers (BatchNorm statistics) once, see :mod:`dxopt.estimators._replay`.
+
+    :meth:`estimate` adds :math:`\\hat g` to ``.grad`` (one gradient-sized buffer);
     :meth:`step_` instead applies :math:`\\theta \\leftarrow \\theta - \\eta\\hat g` in place,
     regenerating each :math:`z_i`, and never materialises a gradient.
     """
@@ -115,11 +119,12 @@ class SPSA(ProbesOnce):
     def _run(
         self, loss_fn: LossFn, params: Mapping[str, Tensor], batch: Any, count_flops: bool
     ) -> tuple[dict[str, Tensor], list[int], list[float], list[float], int | None]:
-        checked = self._checked_params(loss_fn, params, batch)
-        self._begin(checked)
-        seeds = draw_seeds(self.generator, self.n_directions)
-        with flop_scope(count_flops) as tally:
-            coeffs, losses = self.projected_grads(loss_fn, checked, batch, seeds)
+        with replayed_forwards(loss_fn) as forward:
+            checked = self._checked_params(forward, params, batch)
+            self._begin(checked)
+            seeds = draw_seeds(self.generator, self.n_directions)
+            with flop_scope(count_flops) as tally:
+                coeffs, losses = self.projected_grads(forward, checked, batch, seeds)
         return checked, seeds, coeffs, losses, tally.flops
 
     def _finish(
