@@ -94,7 +94,8 @@ class _ImplicitArgminFunction(torch.autograd.Function):
         with torch.enable_grad():
             loss = spec.inner_loss(dict(zip(spec.names, params)), *hparams)
             grads = torch.autograd.grad(loss, params, create_graph=True, allow_unused=True)
-        live = [(g, p) for g, p in zip(grads, params) if g is not None and g.requires_grad]
+        live = [i for i, g in enumerate(grads) if g is not None and g.requires_grad]
+        live_grads = [grads[i] for i in live]
 
         def hvp(u: Tensor) -> Tensor:
             parts = _unflat(u, params)
@@ -102,9 +103,9 @@ class _ImplicitArgminFunction(torch.autograd.Function):
                 return torch.zeros_like(u)
             with torch.enable_grad():
                 outs = torch.autograd.grad(
-                    [g for g, _ in live],
+                    live_grads,
                     params,
-                    grad_outputs=[parts[params.index(p)] for _, p in live],
+                    grad_outputs=[parts[i] for i in live],
                     retain_graph=True,
                     allow_unused=True,
                 )
@@ -126,13 +127,14 @@ class _ImplicitArgminFunction(torch.autograd.Function):
                 status=result.status,
             )
         u = _unflat(-result.x, params)
-        if not hparams:
-            return (None, None, *([None] * len(params)))
+        if not hparams or not live:
+            zeros = tuple(torch.zeros_like(h) for h in hparams)
+            return (None, None, *([None] * len(params)), *zeros)
         with torch.enable_grad():
             mixed = torch.autograd.grad(
-                [g for g, _ in live],
+                live_grads,
                 hparams,
-                grad_outputs=[u[params.index(p)] for _, p in live],
+                grad_outputs=[u[i] for i in live],
                 allow_unused=True,
             )
         hgrads = tuple(torch.zeros_like(h) if m is None else m for m, h in zip(mixed, hparams))
