@@ -80,17 +80,17 @@ def test_low_precision_dtype_warns():
 
 def test_bad_options_name_the_argument():
     res = lambda p, b: p["theta"]  # noqa: E731
-    with pytest.raises(ValueError, match="momentum: expected a value in \\[0, 1\\)"):
+    with pytest.raises(ValueError, match="momentum: expected a number in \\[0, 1\\)"):
         SPRING(_Linear(2), res, momentum=1.0)
-    with pytest.raises(ValueError, match="lr: expected a finite value > 0"):
+    with pytest.raises(ValueError, match="lr: expected a finite number > 0"):
         SNG(_Linear(2), res, lr=0.0)
     with pytest.raises(ValueError, match="damping"):
         SNG(_Linear(2), res, damping=-1.0)
-    with pytest.raises(ValueError, match="on_fallback"):
-        SNG(_Linear(2), res, on_fallback="ignore")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="on_failure: expected one of 'raise', 'warn', 'ignore'"):
+        SNG(_Linear(2), res, on_failure="skip")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="line_search"):
         ENGD(_Linear(2), res, line_search="armijo")  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match=r"model: expected a torch\.nn\.Module"):
+    with pytest.raises(TypeError, match=r"params: expected a torch\.nn\.Module"):
         SNG("net", res)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="jacobian: expected shape"):
         kernel_direction(torch.ones(3, 2, dtype=DT), torch.ones(4, dtype=DT), damping=0.1)

@@ -109,9 +109,9 @@ def test_cholesky_failure_is_reported_or_raised():
     assert report.used_fallback and report.solve_method in ("cholesky+jitter", "eigh-pinv")
     assert opt.fallbacks == 1
     with pytest.warns(RuntimeWarning, match="Cholesky of the kernel failed"):
-        SNG(_Linear(6), _linear_residual(a, b), damping=0.0, on_fallback="warn").step(
+        SNG(_Linear(6), _linear_residual(a, b), damping=0.0, on_failure="warn").step(
             torch.arange(4)
         )
-    strict = SNG(_Linear(6), _linear_residual(a, b), damping=0.0, on_fallback="raise")
+    strict = SNG(_Linear(6), _linear_residual(a, b), damping=0.0, on_failure="raise")
     with pytest.raises(CholeskyFallbackError, match="Increase damping"):
         strict.step(torch.arange(4))

@@ -1,5 +1,9 @@
 """Natural-gradient optimizers for least-squares losses :math:`\\tfrac12\\|r(\\theta)\\|^2`.
 
+All three are :class:`torch.optim.Optimizer` subclasses: ``opt.step(batch)`` for a residual
+function given at construction, or ``opt.step(closure)`` with ``closure()`` returning the
+residual vector; hyperparameters in ``param_groups``, LR schedulers, ``state_dict``.
+
 - :class:`SNG`: subsampled natural gradient, :math:`d = J_S^\\top(J_SJ_S^\\top+\\lambda I)^{-1}r_S`.
 - :class:`SPRING`: SNG with Kaczmarz momentum and a norm cap (arXiv:2401.10190).
 - :class:`ENGD`: full-batch Gauss-Newton with a grid line search (arXiv:2302.13163).

@@ -25,12 +25,23 @@ Tested against ``vmap(grad(...))`` of the same residual.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import nn
 
 from dxopt.natgrad._jacobian import Params
 
-__all__ = ["mlp_operator_jacobian"]
+__all__ = ["layer_param", "mlp_operator_jacobian"]
+
+
+def layer_param(params: Params, module: nn.Module, name: str, attr: str) -> torch.Tensor:
+    """``params["<name>.<attr>"]``, or the module's own tensor when it is not in ``params``
+    (a frozen parameter, ``requires_grad=False``, which the optimizers do not pass)."""
+    key = f"{name}.{attr}"
+    if key in params:
+        return params[key]
+    return getattr(module, attr).detach()
 
 
 def mlp_operator_jacobian(
@@ -41,6 +52,7 @@ def mlp_operator_jacobian(
     value_coef: float,
     grad_coef: torch.Tensor,
     diag_coef: torch.Tensor,
+    names: Sequence[str] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Operator rows :math:`a u + b\\cdot\\nabla u + c\\cdot\\mathrm{diag}\\nabla^2 u` and Jacobian.
 
@@ -52,10 +64,13 @@ def mlp_operator_jacobian(
         value_coef: :math:`a`.
         grad_coef: :math:`b`, shape ``(d,)``.
         diag_coef: :math:`c`, shape ``(d,)``.
+        names: the parameters to differentiate, in column order (default: all of
+            ``model.named_parameters()``); the others (e.g. frozen ones) are read from
+            ``params`` or, when absent, from the model.
 
     Returns:
-        ``(values, jacobian)`` with shapes ``(n,)`` and ``(n, P)``, parameters in
-        ``model.named_parameters()`` order (source term not included).
+        ``(values, jacobian)`` with shapes ``(n,)`` and ``(n, P)``, columns in ``names``
+        order (source term not included).
     """
     n, d = x.shape
     need_derivs = bool(grad_coef.abs().sum() > 0 or diag_coef.abs().sum() > 0)
@@ -63,13 +78,15 @@ def mlp_operator_jacobian(
     grad = torch.eye(d, dtype=x.dtype, device=x.device).expand(n, d, d)
     diag = torch.zeros_like(grad)
     tape: list[tuple[str, str, tuple[torch.Tensor, ...]]] = []
+    modules = dict(model.named_children())
+    module_has_bias = {n: getattr(m, "bias", None) is not None for n, m in modules.items()}
     for name, module in model.named_children():
         if isinstance(module, nn.Linear):
             tape.append(("linear", name, (h, grad, diag)))
-            weight_t = params[f"{name}.weight"].T
+            weight_t = layer_param(params, module, name, "weight").T
             h = h @ weight_t
             if module.bias is not None:
-                h = h + params[f"{name}.bias"]
+                h = h + layer_param(params, module, name, "bias")
             if need_derivs:
                 grad, diag = grad @ weight_t, diag @ weight_t
         else:
@@ -96,9 +113,9 @@ def mlp_operator_jacobian(
             if need_derivs:
                 w_grad = w_grad + g_bar.transpose(1, 2) @ g_in + d_bar.transpose(1, 2) @ d_in
             blocks[f"{name}.weight"] = w_grad
-            if f"{name}.bias" in params:
+            if module_has_bias[name]:
                 blocks[f"{name}.bias"] = h_bar
-            weight = params[f"{name}.weight"]
+            weight = layer_param(params, modules[name], name, "weight")
             h_bar = h_bar @ weight
             if need_derivs:
                 g_bar, d_bar = g_bar @ weight, d_bar @ weight
@@ -112,5 +129,7 @@ def mlp_operator_jacobian(
             else:
                 t_bar = h_bar
             h_bar = t_bar * s1.squeeze(1)
-    jac = torch.cat([blocks[name].reshape(n, -1) for name, _ in model.named_parameters()], dim=1)
+    if names is None:
+        names = [name for name, _ in model.named_parameters()]
+    jac = torch.cat([blocks[name].reshape(n, -1) for name in names], dim=1)
     return value, jac

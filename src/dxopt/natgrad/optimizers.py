@@ -2,8 +2,11 @@
 
 All three minimize :math:`L(\\theta) = \\tfrac12\\|r(\\theta)\\|^2` for a residual function
 ``residual(params, batch)`` and update the model's parameters in place with
-``report = opt.step(batch)``. SNG and SPRING take a (sub)sampled batch of rows each step;
-ENGD takes the full batch and picks its step by a line search.
+``report = opt.step(batch)``, or, as any :class:`torch.optim.Optimizer`, with
+``report = opt.step(closure)`` where ``closure()`` returns the residual vector with its graph.
+SNG and SPRING take a (sub)sampled batch of rows each step; ENGD takes the full batch and
+picks its step by a line search. Hyperparameters live in ``param_groups[0]`` (LR schedulers,
+``state_dict``); SPRING's momentum is in ``state[p]["momentum_buffer"]``.
 
 References:
     - Goldshlager, Hu, Lin. A Sketch-and-Project Analysis of Subsampled Natural Gradient
@@ -17,17 +20,21 @@ References:
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Any, Literal
 
 import torch
 from torch import nn
 from torch.func import vmap
 
+from dxopt._core import Cost, check_choice, check_int, check_range, renamed_kwargs
 from dxopt.natgrad._base import (
-    FallbackPolicy,
+    FailurePolicy,
     NaturalGradientOptimizer,
     StepReport,
-    _check_positive,
+    _Rows,
+    _split,
+    check_hyper,
 )
 from dxopt.natgrad._directions import (
     DirectionSolve,
@@ -39,6 +46,8 @@ from dxopt.natgrad._jacobian import ResidualFunction
 
 __all__ = ["ENGD", "SNG", "SPRING"]
 
+Params = nn.Module | Iterable[Any]
+
 
 def _capped_step(lr: float, norm_cap: float | None, direction_norm: float) -> float:
     if norm_cap is None or direction_norm == 0.0:
@@ -46,16 +55,32 @@ def _capped_step(lr: float, norm_cap: float | None, direction_norm: float) -> fl
     return min(lr, math.sqrt(norm_cap) / direction_norm)
 
 
-def _capped_update(opt: SNG | SPRING, solve: DirectionSolve, r: torch.Tensor) -> StepReport:
+def _capped_update(opt: SNG | SPRING, rows: _Rows, solve: DirectionSolve) -> StepReport:
     """Report the solve, take the norm-capped step along its direction, return the report."""
-    opt._handle_solve(solve)
+    status = opt._handle_solve(solve)
     norm = float(torch.linalg.vector_norm(solve.direction))
-    eta = _capped_step(opt.lr, opt.norm_cap, norm)
-    opt._apply(solve.direction, eta)
-    opt.steps += 1
-    return StepReport(0.5 * float(r @ r), eta, norm, solve.method, solve.jitter, r.shape[0])
+    eta = _capped_step(opt._hyper("lr"), opt._hyper("norm_cap"), norm)
+    opt._apply(rows.params, solve.direction, eta)
+    opt._finish()
+    r = rows.r
+    cost = Cost(rows=r.shape[0])
+    return StepReport(0.5 * float(r @ r), eta, norm, solve.method, solve.jitter, status, cost)
 
 
+_CLOSURE_DOC = """
+        Args:
+            closure: either a callable with no arguments returning the residual vector
+                :math:`r` (1-D, with its autograd graph through the parameters), as a torch
+                closure returns the loss; or a batch for the ``residual`` function given at
+                construction (the batch API; ``None`` is passed on as the batch).
+
+        Returns:
+            The :class:`StepReport` (its ``loss`` is :math:`\\tfrac12\\|r\\|^2` before
+            the update).
+"""
+
+
+@renamed_kwargs(on_fallback="on_failure")
 class SNG(NaturalGradientOptimizer):
     """Subsampled natural gradient in kernel (Woodbury) form.
 
@@ -67,16 +92,18 @@ class SNG(NaturalGradientOptimizer):
         \\theta_{k+1} = \\theta_k - \\eta_k d_k, \\quad
         \\eta_k = \\min(\\eta, \\sqrt{C}/\\|d_k\\|) ,
 
-    the cap applying only when ``norm_cap`` :math:`C` is given. With :math:`\\lambda\\to0` this is
-    one sketch-and-project step on :math:`J d = r` (arXiv:2508.21022).
+    the cap applying only when ``norm_cap`` :math:`C` is given. With :math:`\\lambda\\to0` this
+    is one sketch-and-project step on :math:`J d = r` (arXiv:2508.21022).
 
     Args:
-        model: module whose parameters are updated in place (float64 recommended).
-        residual: ``residual(params, batch) -> (B,)``.
+        params: the ``nn.Module`` whose trainable parameters are updated in place (float64
+            recommended), or an iterable of parameters (closure steps only).
+        residual: ``residual(params, batch) -> (B,)`` for batch steps, or ``None``.
         lr: :math:`\\eta > 0` (default 0.2).
         damping: :math:`\\lambda \\ge 0` (default 1e-3), relative to the residual's scaling.
         norm_cap: :math:`C` or ``None`` for no cap (default ``None``).
-        chunk_size, on_fallback: see :class:`NaturalGradientOptimizer`.
+        chunk_size, on_failure: see :class:`NaturalGradientOptimizer` (``on_fallback`` is the
+            deprecated name of ``on_failure``).
 
     Example:
         >>> import torch
@@ -84,34 +111,39 @@ class SNG(NaturalGradientOptimizer):
         >>> problem, model = Poisson2D(), tanh_mlp(2, (16,))
         >>> opt = SNG(model, problem.residual(model), lr=0.5, damping=1e-8, norm_cap=1e-2)
         >>> report = opt.step(problem.sample(64, 16, torch.Generator().manual_seed(0)))
-        >>> report.solve_method, report.rows
+        >>> report.solve_method, report.cost.rows
         ('cholesky', 80)
     """
 
     def __init__(
         self,
-        model: nn.Module,
-        residual: ResidualFunction,
+        params: Params,
+        residual: ResidualFunction | None = None,
         *,
         lr: float = 0.2,
         damping: float = 1e-3,
         norm_cap: float | None = None,
         chunk_size: int | None = None,
-        on_fallback: FallbackPolicy = "report",
+        on_failure: FailurePolicy = "ignore",
     ) -> None:
-        super().__init__(model, residual, chunk_size=chunk_size, on_fallback=on_fallback)
-        self.lr = _check_positive("lr", lr)
-        self.damping = _check_positive("damping", damping, allow_zero=True)
-        self.norm_cap = None if norm_cap is None else _check_positive("norm_cap", norm_cap)
-        self._warn_precision(self.damping, what=type(self).__name__)
+        defaults = {
+            "lr": check_hyper("lr", lr),
+            "damping": check_hyper("damping", damping, allow_zero=True),
+            "norm_cap": None if norm_cap is None else check_hyper("norm_cap", norm_cap),
+        }
+        super().__init__(params, residual, defaults, chunk_size=chunk_size, on_failure=on_failure)
+        self._warn_precision(self._hyper("damping"), what=type(self).__name__)
 
-    def step(self, batch: Any) -> StepReport:
-        """One SNG step on ``batch``; returns its :class:`StepReport`."""
-        r, jac = self.residual_and_jacobian(batch)
-        solve = kernel_direction(jac, r, damping=self.damping)
-        return _capped_update(self, solve, r)
+    def step(self, closure: Any = None) -> StepReport:  # type: ignore[override]
+        """One SNG step."""
+        rows = self._rows(closure)
+        solve = kernel_direction(rows.jac, rows.r, damping=self._hyper("damping"))
+        return _capped_update(self, rows, solve)
+
+    step.__doc__ = (step.__doc__ or "") + _CLOSURE_DOC
 
 
+@renamed_kwargs(on_fallback="on_failure")
 class SPRING(NaturalGradientOptimizer):
     """SPRING: subsampled natural gradient with Kaczmarz-style momentum.
 
@@ -123,48 +155,68 @@ class SPRING(NaturalGradientOptimizer):
 
     (arXiv:2401.10190, Algorithm 1; accelerated sketch-and-project per arXiv:2508.21022). With
     :math:`\\mu = 0` it is exactly :class:`SNG` with the same ``lr``, ``damping`` and cap.
+    :math:`\\phi` is kept per parameter in ``state[p]["momentum_buffer"]``, so it is saved
+    and restored by ``state_dict`` / ``load_state_dict``.
 
     Args:
-        model: module whose parameters are updated in place (float64 recommended).
-        residual: ``residual(params, batch) -> (B,)``.
+        params: the ``nn.Module`` whose trainable parameters are updated in place (float64
+            recommended), or an iterable of parameters (closure steps only).
+        residual: ``residual(params, batch) -> (B,)`` for batch steps, or ``None``.
         lr: :math:`\\eta > 0` (default 0.2).
         damping: :math:`\\lambda \\ge 0` (default 1e-3).
         momentum: :math:`\\mu \\in [0, 1)` (default 0.99).
         norm_cap: :math:`C` (default 1e-3); ``None`` disables the cap.
-        chunk_size, on_fallback: see :class:`NaturalGradientOptimizer`.
+        chunk_size, on_failure: see :class:`NaturalGradientOptimizer`.
     """
 
     def __init__(
         self,
-        model: nn.Module,
-        residual: ResidualFunction,
+        params: Params,
+        residual: ResidualFunction | None = None,
         *,
         lr: float = 0.2,
         damping: float = 1e-3,
         momentum: float = 0.99,
         norm_cap: float | None = 1e-3,
         chunk_size: int | None = None,
-        on_fallback: FallbackPolicy = "report",
+        on_failure: FailurePolicy = "ignore",
     ) -> None:
-        super().__init__(model, residual, chunk_size=chunk_size, on_fallback=on_fallback)
-        self.lr = _check_positive("lr", lr)
-        self.damping = _check_positive("damping", damping, allow_zero=True)
-        momentum = _check_positive("momentum", momentum, allow_zero=True)
-        if momentum >= 1:
-            raise ValueError(f"momentum: expected a value in [0, 1), got {momentum}.")
-        self.momentum = momentum
-        self.norm_cap = None if norm_cap is None else _check_positive("norm_cap", norm_cap)
-        self._warn_precision(self.damping, what=type(self).__name__)
-        self.phi = torch.zeros(self.num_params, dtype=self.dtype)
+        defaults = {
+            "lr": check_hyper("lr", lr),
+            "damping": check_hyper("damping", damping, allow_zero=True),
+            "momentum": check_range("momentum", momentum, 0, 1),
+            "norm_cap": None if norm_cap is None else check_hyper("norm_cap", norm_cap),
+        }
+        super().__init__(params, residual, defaults, chunk_size=chunk_size, on_failure=on_failure)
+        self._warn_precision(self._hyper("damping"), what=type(self).__name__)
 
-    def step(self, batch: Any) -> StepReport:
-        """One SPRING step on ``batch``; returns its :class:`StepReport`."""
-        r, jac = self.residual_and_jacobian(batch)
-        solve = spring_direction(jac, r, self.phi, damping=self.damping, momentum=self.momentum)
-        self.phi = solve.direction
-        return _capped_update(self, solve, r)
+    @property
+    def phi(self) -> torch.Tensor:
+        """The momentum :math:`\\phi` over the trainable parameters, flattened (a copy)."""
+        pieces = []
+        for p in self._trainable():
+            buf = self.state[p].get("momentum_buffer")
+            pieces.append(torch.zeros(p.numel(), dtype=p.dtype) if buf is None else buf.reshape(-1))
+        return torch.cat(pieces)
+
+    def step(self, closure: Any = None) -> StepReport:  # type: ignore[override]
+        """One SPRING step."""
+        rows = self._rows(closure)
+        solve = spring_direction(
+            rows.jac,
+            rows.r,
+            self.phi,
+            damping=self._hyper("damping"),
+            momentum=self._hyper("momentum"),
+        )
+        for p, piece in zip(rows.params, _split(solve.direction, rows.params)):
+            self.state[p]["momentum_buffer"] = piece.detach().clone()
+        return _capped_update(self, rows, solve)
+
+    step.__doc__ = (step.__doc__ or "") + _CLOSURE_DOC
 
 
+@renamed_kwargs(on_fallback="on_failure", grid_size="line_search_max_iter")
 class ENGD(NaturalGradientOptimizer):
     """Energy natural gradient descent = full-batch Gauss-Newton with a grid line search.
 
@@ -175,111 +227,121 @@ class ENGD(NaturalGradientOptimizer):
         \\eta_k = \\arg\\min_{\\eta \\in \\{2^{-j}\\}_{j=0}^{m}}
         L(\\theta_k - \\eta d_k)
 
-    (arXiv:2302.13163). With :math:`\\lambda = 0` the direction is the minimum-norm least-squares
-    solution (LAPACK ``gelsd``), which on PINNs (Jacobian singular values spanning 1e-17..1)
-    is dominated by noise directions, hence a small default damping. Dangel, Müller and
-    Zeinhofer (arXiv:2405.15603) report 1e-10 as best on 2D Poisson; from our random
-    initialisation (2-32-1 tanh, 1/sqrt(N_b) row scaling) 1e-10 wandered for the first ~40
-    steps while 1e-8 reached 2e-5 relative error in 40 steps, so 1e-8 is the default. If no
-    grid point lowers the loss the step is rejected (``step_size == 0``).
+    (arXiv:2302.13163). With :math:`\\lambda = 0` the direction is the minimum-norm
+    least-squares solution (LAPACK ``gelsd``), which on PINNs (Jacobian singular values
+    spanning 1e-17..1) is dominated by noise directions, hence a small default damping.
+    Dangel, Müller and Zeinhofer (arXiv:2405.15603) report 1e-10 as best on 2D Poisson; from
+    our random initialisation (2-32-1 tanh, 1/sqrt(N_b) row scaling) 1e-10 wandered for the
+    first ~40 steps while 1e-8 reached 2e-5 relative error in 40 steps, so 1e-8 is the
+    default. If no grid point lowers the loss the step is rejected (``step_size == 0``).
 
-    ``line_search="grid"`` evaluates all :math:`m+1` step sizes in one vectorised call;
-    ``"descending"`` walks :math:`\\eta = 1, 1/2, 1/4, \\dots` and stops at the first rise of the
-    loss after a decrease (the grid minimiser whenever the loss profile along :math:`d_k` is
-    unimodal), usually after two or three evaluations.
+    ``line_search="grid"`` evaluates all :math:`m+1` step sizes (in one vectorised call for
+    batch steps); ``"descending"`` walks :math:`\\eta = 1, 1/2, 1/4, \\dots` and stops at the
+    first rise of the loss after a decrease (the grid minimiser whenever the loss profile
+    along :math:`d_k` is unimodal), usually after two or three evaluations.
 
     Args:
-        model: module whose parameters are updated in place (float64 recommended).
-        residual: ``residual(params, batch) -> (N,)`` (it must support :func:`torch.func.vmap`
-            over the parameters for the line search).
+        params: the ``nn.Module`` whose trainable parameters are updated in place (float64
+            recommended), or an iterable of parameters (closure steps only).
+        residual: ``residual(params, batch) -> (N,)`` (it must support
+            :func:`torch.func.vmap` over the parameters for the batch grid search), or
+            ``None``.
+        lr: a factor on the line-search step (default 1.0, which LR schedulers may lower).
         damping: :math:`\\lambda \\ge 0` (default 1e-8).
-        grid_size: :math:`m + 1`, the number of step sizes :math:`2^{-j}` (default 31).
+        line_search_max_iter: :math:`m + 1`, the number of step sizes :math:`2^{-j}` tried
+            at most (default 31; ``grid_size`` before 0.2).
         line_search: ``"grid"`` (default) or ``"descending"``.
         damping_floor: if given, the damping follows the loss, Levenberg-Marquardt style
             (:math:`\\lambda_k = \\min(\\lambda, \\max(\\lambda_{\\min}, L(\\theta_k)))`, the
             :math:`\\lambda_k \\propto \\|r_k\\|^2` rule of Yamashita and Fukushima, 2001),
             so it is large far from a fit and small close to one.
-        chunk_size, on_fallback: see :class:`NaturalGradientOptimizer`.
+        chunk_size, on_failure: see :class:`NaturalGradientOptimizer`.
     """
 
     def __init__(
         self,
-        model: nn.Module,
-        residual: ResidualFunction,
+        params: Params,
+        residual: ResidualFunction | None = None,
         *,
+        lr: float = 1.0,
         damping: float = 1e-8,
-        grid_size: int = 31,
+        line_search_max_iter: int = 31,
         line_search: Literal["grid", "descending"] = "grid",
         damping_floor: float | None = None,
         chunk_size: int | None = None,
-        on_fallback: FallbackPolicy = "report",
+        on_failure: FailurePolicy = "ignore",
     ) -> None:
-        super().__init__(model, residual, chunk_size=chunk_size, on_fallback=on_fallback)
-        self.damping = _check_positive("damping", damping, allow_zero=True)
-        if not isinstance(grid_size, int) or grid_size < 1:
-            raise ValueError(f"grid_size: expected a positive int, got {grid_size!r}.")
-        if line_search not in ("grid", "descending"):
-            raise ValueError(f"line_search: expected 'grid' or 'descending', got {line_search!r}.")
-        self.line_search = line_search
-        self.damping_floor = (
-            None if damping_floor is None else _check_positive("damping_floor", damping_floor)
-        )
-        self.step_sizes = torch.tensor([2.0**-j for j in range(grid_size)], dtype=self.dtype)
-        self._warn_precision(self.damping, what=type(self).__name__)
+        defaults = {
+            "lr": check_hyper("lr", lr),
+            "damping": check_hyper("damping", damping, allow_zero=True),
+            "line_search_max_iter": check_int("line_search_max_iter", line_search_max_iter),
+            "line_search": check_choice("line_search", line_search, ("grid", "descending")),
+            "damping_floor": (
+                None if damping_floor is None else check_hyper("damping_floor", damping_floor)
+            ),
+        }
+        super().__init__(params, residual, defaults, chunk_size=chunk_size, on_failure=on_failure)
+        self._warn_precision(self._hyper("damping"), what=type(self).__name__)
 
-    def _descending_search(self, direction: torch.Tensor, batch: Any, loss0: float) -> float:
-        params = self.params()
-        offsets, pieces = 0, {}
-        for name, p in params.items():
-            n = p.numel()
-            pieces[name] = direction[offsets : offsets + n].view_as(p)
-            offsets += n
-        best_eta, best_loss = 0.0, loss0
-        for eta in self.step_sizes.tolist():
-            r = self.residual({k: p - eta * pieces[k] for k, p in params.items()}, batch)
-            loss = 0.5 * float(r @ r)
+    def _step_sizes(self) -> list[float]:
+        lr = self._hyper("lr")
+        return [lr * 2.0**-j for j in range(self._hyper("line_search_max_iter"))]
+
+    def _descending_search(
+        self, rows: _Rows, direction: torch.Tensor, loss0: float
+    ) -> tuple[float, int]:
+        best_eta, best_loss, evaluations = 0.0, loss0, 0
+        for eta in self._step_sizes():
+            (loss,) = self._loss_at(rows, direction, [eta])
+            evaluations += 1
             if loss < best_loss:
                 best_eta, best_loss = eta, loss
             elif best_eta:
                 break
-        return best_eta
+        return best_eta, evaluations
 
-    def _grid_losses(self, direction: torch.Tensor, batch: Any) -> torch.Tensor:
-        params = self.params()
-        offsets, pieces = 0, {}
-        for name, p in params.items():
-            n = p.numel()
-            pieces[name] = direction[offsets : offsets + n].view_as(p)
-            offsets += n
+    def _grid_losses(self, rows: _Rows, direction: torch.Tensor) -> torch.Tensor:
+        etas = self._step_sizes()
+        if rows.closure is not None:
+            return torch.tensor(self._loss_at(rows, direction, etas), dtype=torch.float64)
+        assert self.residual is not None and rows.names is not None
+        residual, batch = self.residual, rows.batch
+        steps = torch.tensor(etas, dtype=self.dtype)
         trial = {
-            name: p.unsqueeze(0) - self.step_sizes.view(-1, *([1] * p.ndim)) * pieces[name]
-            for name, p in params.items()
+            name: p.detach().unsqueeze(0) - steps.view(-1, *([1] * p.ndim)) * d
+            for name, p, d in zip(rows.names, rows.params, _split(direction, rows.params))
         }
 
         def loss(pp: dict[str, torch.Tensor]) -> torch.Tensor:
-            r = self.residual(pp, batch)
+            r = residual(pp, batch)
             return 0.5 * (r * r).sum()
 
         return vmap(loss)(trial)
 
-    def step(self, batch: Any) -> StepReport:
-        """One ENGD step on the full ``batch``; returns its :class:`StepReport`."""
-        r, jac = self.residual_and_jacobian(batch)
+    def step(self, closure: Any = None) -> StepReport:  # type: ignore[override]
+        """One ENGD step on the full batch."""
+        rows = self._rows(closure)
+        r = rows.r
         loss = 0.5 * float(r @ r)
-        damping = self.damping
-        if self.damping_floor is not None:
-            damping = min(self.damping, max(self.damping_floor, loss))
-        solve = gauss_newton_direction(jac, r, damping=damping)
-        self._handle_solve(solve)
-        if self.line_search == "descending":
-            eta = self._descending_search(solve.direction, batch, loss)
+        damping = self._hyper("damping")
+        floor = self._hyper("damping_floor")
+        if floor is not None:
+            damping = min(damping, max(floor, loss))
+        solve = gauss_newton_direction(rows.jac, r, damping=damping)
+        status = self._handle_solve(solve)
+        if self._hyper("line_search") == "descending":
+            eta, evaluations = self._descending_search(rows, solve.direction, loss)
         else:
-            losses = self._grid_losses(solve.direction, batch)
+            losses = self._grid_losses(rows, solve.direction)
+            evaluations = losses.shape[0]
             losses = torch.where(torch.isfinite(losses), losses, torch.full_like(losses, math.inf))
             best = int(torch.argmin(losses))
-            eta = float(self.step_sizes[best]) if float(losses[best]) < loss else 0.0
+            eta = self._step_sizes()[best] if float(losses[best]) < loss else 0.0
         if eta:
-            self._apply(solve.direction, eta)
-        self.steps += 1
+            self._apply(rows.params, solve.direction, eta)
+        self._finish()
         norm = float(torch.linalg.vector_norm(solve.direction))
-        return StepReport(loss, eta, norm, solve.method, solve.jitter, r.shape[0])
+        cost = Cost(rows=r.shape[0], forwards=evaluations)
+        return StepReport(loss, eta, norm, solve.method, solve.jitter, status, cost)
+
+    step.__doc__ = (step.__doc__ or "") + _CLOSURE_DOC

@@ -34,7 +34,7 @@ from torch import nn
 from torch.func import functional_call, jacfwd, jacrev, vmap
 
 from dxopt.natgrad._jacobian import Params, RowwiseResidual
-from dxopt.natgrad._mlp_jacobian import mlp_operator_jacobian
+from dxopt.natgrad._mlp_jacobian import layer_param, mlp_operator_jacobian
 
 __all__ = ["Heat1D", "PINNProblem", "Poisson2D", "Poisson5D", "input_derivatives", "tanh_mlp"]
 
@@ -86,10 +86,10 @@ def _mlp_forward_derivatives(
     diag = torch.zeros_like(grad)
     for name, module in model.named_children():
         if isinstance(module, nn.Linear):
-            weight_t = params[f"{name}.weight"].T
+            weight_t = layer_param(params, module, name, "weight").T
             h = h @ weight_t
             if module.bias is not None:
-                h = h + params[f"{name}.bias"]
+                h = h + layer_param(params, module, name, "bias")
             grad = grad @ weight_t
             diag = diag @ weight_t
         else:
@@ -252,6 +252,14 @@ class _PINNResidual(RowwiseResidual):
     """PINN residual whose Jacobian uses the closed-form sweep for tanh MLPs."""
 
     def __init__(self, problem: PINNProblem, model: nn.Module) -> None:
+        dtypes = {p.dtype for p in model.parameters()}
+        if dtypes and dtypes != {problem.dtype}:
+            raise TypeError(
+                f"model: its parameters are {sorted(map(str, dtypes))} but the "
+                f"{type(problem).__name__} problem is {problem.dtype}; make them match, e.g. "
+                f"model.to({problem.dtype}) (float64 is recommended for PINNs) or "
+                f"{type(problem).__name__}(dtype={next(iter(dtypes))})."
+            )
         super().__init__(
             [problem.interior_row(model), problem.boundary_row(model)],
             names=("interior", "boundary"),
@@ -282,7 +290,13 @@ class _PINNResidual(RowwiseResidual):
         for points, a_k, b_k, c_k, rhs in blocks:
             scale = 1.0 / math.sqrt(points.shape[0])
             val, jac = mlp_operator_jacobian(
-                self.model, params, points, value_coef=a_k, grad_coef=b_k, diag_coef=c_k
+                self.model,
+                params,
+                points,
+                value_coef=a_k,
+                grad_coef=b_k,
+                diag_coef=c_k,
+                names=list(params),
             )
             values.append((val - rhs(points)) * scale)
             jacobians.append(jac * scale)
