@@ -54,7 +54,7 @@ def test_ridge_hypergradient_matches_the_closed_form() -> None:
 
 
 def test_solving_apart_from_differentiating_with_a_given_solution() -> None:
-    model, inner_loss, closed_form, val_loss, (Xt, Yt) = _ridge_problem()
+    _, inner_loss, closed_form, val_loss, (Xt, Yt) = _ridge_problem()
     log_lam = torch.tensor(-1.0, dtype=torch.float64, requires_grad=True)
     n = Xt.shape[0]
     A = Xt.T @ Xt / n + log_lam.detach().exp() * torch.eye(5, dtype=torch.float64)
@@ -95,7 +95,7 @@ def test_bad_arguments_are_named() -> None:
         implicit_argmin(inner_loss, [], lam)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="hparams\\[0\\]: expected a floating-point tensor"):
         implicit_argmin(inner_loss, dict(model.named_parameters()), 1.0)  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="model: expected a torch.nn.Module"):
+    with pytest.raises(TypeError, match=r"model: expected a torch\.nn\.Module"):
         ImplicitArgmin("net", inner_loss)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="on_failure: expected one of"):
         ImplicitArgmin(model, inner_loss, on_failure="nan")
