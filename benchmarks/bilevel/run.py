@@ -1,4 +1,4 @@
-"""``dxopt bench bilevel``: oracle complexity on Ji's hard instance and a real HPO task.
+"""Bilevel benchmark: oracle complexity on Ji's hard instance and a real HPO task.
 
 Experiments (one run, side by side):
 
@@ -42,31 +42,38 @@ AREA = "bilevel"
 FULL_RUN_LIMIT_S = 1200.0
 
 
-def _ints(text: str) -> list[int]:
-    return [int(t) for t in text.split(",") if t]
-
-
-def _floats(text: str) -> list[float]:
-    return [float(t) for t in text.split(",") if t]
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="dxopt bench bilevel", description=__doc__.split("\n")[0])
-    p.add_argument("--quick", action="store_true", help="tiny smoke run into a temp dir")
-    p.add_argument("--out", type=Path, default=None, help="output directory override")
+    p = argparse.ArgumentParser(
+        prog="dxopt bench bilevel",
+        description=__doc__.split("\n")[0],
+    )
+    p.add_argument("--quick", action="store_true", help="smoke run into a temporary folder")
+    p.add_argument("--out", type=Path, default=None, help="output folder override")
     p.add_argument("--epsilon", type=float, default=0.25, help="accuracy for the kappa sweep")
-    p.add_argument("--blocks", type=_ints, default=[3, 4, 6, 8, 11, 16], help="n values")
+    p.add_argument(
+        "--blocks",
+        type=int,
+        nargs="+",
+        default=[3, 4, 6, 8, 11, 16],
+        help="block sizes n of Ji's instance (kappa grows with n), space separated",
+    )
     p.add_argument("--gd-max-block", type=int, default=8, help="largest n for GD inner")
     p.add_argument("--itd-max-block", type=int, default=16, help="largest n for ITD")
     p.add_argument("--f2ba-max-block", type=int, default=11, help="largest n for F2BA")
-    p.add_argument("--frontier-block", type=int, default=6)
-    p.add_argument("--frontier-links", type=int, default=12)
+    p.add_argument("--frontier-block", type=int, default=6, help="n of the frontier panel")
+    p.add_argument("--frontier-links", type=int, default=12, help="links T of the frontier panel")
     p.add_argument("--eps-block", type=int, default=4, help="n for the epsilon sweep")
-    p.add_argument("--epsilons", type=_floats, default=[0.35, 0.25, 0.177, 0.125, 0.088, 0.0625])
+    p.add_argument(
+        "--epsilons",
+        type=float,
+        nargs="+",
+        default=[0.35, 0.25, 0.177, 0.125, 0.088, 0.0625],
+        help="accuracies of the epsilon sweep, space separated",
+    )
     p.add_argument("--budget", type=int, default=3_000_000, help="call budget per Ji run")
     p.add_argument("--task-budget", type=int, default=15_000, help="calls per method (HPO)")
     p.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the real-task split")
     p.add_argument(
         "--threads",
         type=int,

@@ -6,7 +6,8 @@ Checkpointing is matched in memory to forward-mode AD (the checkpoint plan whose
 live tensors is closest to FmAD's), then every method trains over the seeds; we report
 accuracy, FLOPs and wall-clock time to a target accuracy, peak memory and failures.
 
-Usage: ``dxopt bench estimators [--quick] [--seeds 0 1 2] [--tasks digits minilm]``.
+Usage: ``dxopt bench estimators [--quick] [--seeds 0 1 2] [--tasks digits minilm]`` (lists are
+space separated, as in every area).
 """
 
 from __future__ import annotations
@@ -36,10 +37,22 @@ EVAL_EVERY = {"digits-mlp": 100, "minilm-lora": 5}
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="tiny budgets, temporary output")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--tasks", nargs="+", default=["digits", "minilm"])
+    parser = argparse.ArgumentParser(
+        prog="dxopt bench estimators",
+        description="Estimators benchmark: The Cost of Avoiding Backpropagation "
+        "(arXiv 2506.21833) at small scale, on digits and a LoRA-adapted MiniLM.",
+    )
+    parser.add_argument("--quick", action="store_true", help="smoke run into a temporary folder")
+    parser.add_argument(
+        "--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds, space separated"
+    )
+    parser.add_argument(
+        "--tasks",
+        nargs="+",
+        choices=["digits", "minilm"],
+        default=["digits", "minilm"],
+        help="tasks, space separated",
+    )
     parser.add_argument("--budget-scale", type=float, default=1.0, help="scales step budgets")
     parser.add_argument(
         "--threads",
@@ -47,7 +60,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         default=1,
         help="torch threads (1: on a shared 2-core box, 2 threads ran MiniLM ~19x slower)",
     )
-    parser.add_argument("--out", type=Path, default=None, help="output directory")
+    parser.add_argument("--out", type=Path, default=None, help="output folder override")
     return parser.parse_args(argv)
 
 

@@ -1,4 +1,4 @@
-"""natgrad benchmark: Adam, L-BFGS, ENGD, SNG and SPRING on three PINNs at equal wall-clock time.
+"""Natgrad benchmark: Adam, L-BFGS, ENGD, SNG and SPRING on three PINNs at equal wall-clock time.
 
 Run with ``dxopt bench natgrad`` (or ``python -m benchmarks.natgrad.run``). Methods and seeds
 run one after another, never in parallel. ``--quick`` is a few-second smoke run that writes to
@@ -123,13 +123,25 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="tiny smoke run into a temp dir")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    parser = argparse.ArgumentParser(
+        prog="dxopt bench natgrad",
+        description=__doc__.splitlines()[0],
+    )
+    parser.add_argument("--quick", action="store_true", help="smoke run into a temporary folder")
+    parser.add_argument(
+        "--seeds", type=int, nargs="+", default=[0, 1], help="seeds, space separated"
+    )
     parser.add_argument("--budget-scale", type=float, default=1.0, help="multiply all budgets")
-    parser.add_argument("--problems", nargs="+", default=["poisson2d", "heat1d", "poisson5d"])
-    parser.add_argument("--methods", nargs="+", default=list(METHODS))
-    parser.add_argument("--out", type=Path, default=None, help="output directory override")
+    parser.add_argument(
+        "--problems",
+        nargs="+",
+        default=["poisson2d", "heat1d", "poisson5d"],
+        help="PINN problems, space separated",
+    )
+    parser.add_argument(
+        "--methods", nargs="+", default=list(METHODS), help="methods, space separated"
+    )
+    parser.add_argument("--out", type=Path, default=None, help="output folder override")
     parser.add_argument(
         "--threads",
         type=int,

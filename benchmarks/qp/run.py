@@ -172,11 +172,21 @@ def _complete(records: list[dict], cases: list[Case]) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="tiny sizes, temp output dir")
-    parser.add_argument("--only", choices=FAMILIES, action="append", help="family to run")
+    parser = argparse.ArgumentParser(
+        prog="dxopt bench qp",
+        description="QP benchmark: dxopt (penalty and KKT backward) against qpth, cvxpylayers, "
+        "raw qpsolvers solves and one dense Cholesky, on the dQP problem families.",
+    )
+    parser.add_argument("--quick", action="store_true", help="smoke run into a temporary folder")
+    parser.add_argument(
+        "--only",
+        choices=FAMILIES,
+        nargs="+",
+        action="extend",
+        help="problem families to run, space separated (default: all)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="problem seed")
-    parser.add_argument("--out", type=Path, default=None, help="output folder")
+    parser.add_argument("--out", type=Path, default=None, help="output folder override")
     parser.add_argument(
         "--report-from",
         type=Path,

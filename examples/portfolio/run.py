@@ -37,6 +37,7 @@ import argparse
 import json
 import math
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -204,15 +205,34 @@ def format_table(table: dict[str, dict[str, float]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="dxopt demo portfolio",
+        description=__doc__.splitlines()[0],
+    )
     parser.add_argument("--steps", type=int, default=40, help="training steps per model")
     parser.add_argument("--batch", type=int, default=32, help="decision times per step")
     parser.add_argument("--horizon", type=int, default=3, help="planning periods H")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--backward", choices=["penalty", "kkt"], default="penalty")
-    parser.add_argument("--quick", action="store_true", help="a few steps, 20 test weeks")
-    parser.add_argument("--out", type=Path, default=OUT_DIR)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the networks and batches")
+    parser.add_argument(
+        "--backward",
+        choices=["penalty", "kkt"],
+        default="penalty",
+        help="the QP layer's backward: penalty (dXPP) or exact KKT",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run (3 steps, 20 test weeks) into a temporary folder",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="output folder (default: out/ next to this script; with --quick a temporary folder)",
+    )
     args = parser.parse_args(argv)
+    if args.out is None:
+        args.out = Path(tempfile.mkdtemp(prefix="dxopt-portfolio-")) if args.quick else OUT_DIR
     torch.set_num_threads(2)
     steps, batch, weeks = (3, 4, 20) if args.quick else (args.steps, args.batch, None)
     summary = run(steps=steps, batch=batch, horizon=args.horizon, seed=args.seed,

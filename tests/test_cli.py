@@ -1,0 +1,83 @@
+"""The ``dxopt`` command line: one usage style, --version, help everywhere, no raw markup."""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+import pytest
+
+import dxopt
+from dxopt import cli
+
+AREAS = ("bilevel", "estimators", "natgrad", "qp")
+
+
+def _help(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    with pytest.raises(SystemExit) as info:
+        cli.main(list(argv))
+    assert info.value.code == 0
+    return capsys.readouterr().out
+
+
+def _assert_plain(text: str) -> None:
+    assert "``" not in text and not re.search(r":[a-z]+:`", text), text
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    assert _help(capsys, "--version").strip() == f"dxopt {dxopt.__version__}"
+
+
+def test_top_level_and_demo_and_bench_help(capsys: pytest.CaptureFixture[str]) -> None:
+    top = _help(capsys, "--help")
+    assert "{bench,demo}" in top and "--version" in top
+    demo = _help(capsys, "demo", "--help")
+    assert demo.startswith("usage: dxopt demo {portfolio}")
+    assert re.search(r"^\s+portfolio\s+Multi-period portfolio", demo, flags=re.M)
+    bench = _help(capsys, "bench", "--help")
+    assert bench.startswith("usage: dxopt bench {bilevel,estimators,natgrad,qp,all}")
+    for area in AREAS:
+        assert re.search(rf"^\s+{area}\s+\S", bench, flags=re.M), area
+    for text in (top, demo, bench):
+        _assert_plain(text)
+
+
+@pytest.mark.parametrize("command", [("demo", "portfolio"), *(("bench", a) for a in AREAS)])
+def test_every_script_has_one_usage_style_and_help_on_every_option(
+    command: tuple[str, str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``dxopt <bench|demo> <name> --help`` names itself that way, every option has a help
+    string, and list options take space-separated values (nargs), never comma lists."""
+    parsers: list[argparse.ArgumentParser] = []
+    original = argparse.ArgumentParser.parse_args
+
+    def spy(self, args=None, namespace=None):
+        parsers.append(self)
+        return original(self, args, namespace)
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", spy)
+    text = _help(capsys, *command, "--help")
+    assert text.startswith(f"usage: dxopt {command[0]} {command[1]} ")
+    _assert_plain(text)
+    script = parsers[-1]
+    for action in script._actions:
+        if isinstance(action, argparse._HelpAction):
+            continue
+        assert action.help, f"{command}: option {action.option_strings} has no help"
+        if action.default is not None and isinstance(action.default, list):
+            assert action.nargs in ("+", "*"), f"{action.option_strings} is not space separated"
+
+
+def test_unknown_names_are_refused_with_the_choices() -> None:
+    with pytest.raises(SystemExit, match="unknown area 'foo'; expected one of: bilevel"):
+        cli.main(["bench", "foo"])
+    with pytest.raises(SystemExit, match="unknown demo 'foo'; expected one of: portfolio"):
+        cli.main(["demo", "foo"])
+
+
+def test_bench_outside_a_source_checkout_says_it_needs_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(cli, "_find_source_root", lambda: None)
+    with pytest.raises(SystemExit, match="need a source checkout of dxopt"):
+        cli.main(["bench", "qp", "--quick"])
