@@ -2,9 +2,11 @@
 
 Every estimator has ``estimate(loss_fn, params, batch, *, count_flops=False) -> Estimate``
 for a loss pure in named parameters (``loss_fn(params, batch)``, as with
-:func:`torch.func.functional_call`); the gradient lands in each parameter's ``.grad``, so any
-:mod:`torch.optim` optimiser can step, and :class:`Cost` counts forwards, backwards, JVPs,
-recomputed forwards and FLOPs.
+:func:`torch.func.functional_call`); the estimate is added to each parameter's ``.grad`` (as
+``loss.backward()`` does; zero it between steps), so any :mod:`torch.optim` optimiser can
+step, and :class:`Cost` (the shared :class:`dxopt._core.Cost`) counts forwards, backwards,
+JVPs, recomputed forwards and FLOPs. A loss that does not read ``params`` is refused; the
+forwards of one estimate share one RNG state and update module buffers once.
 
 - :class:`Backprop`, with an optional :class:`CheckpointPlan` (per block, segments,
   selective) followed by models that chain blocks through :func:`run_blocks`;
