@@ -18,7 +18,8 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from dxopt._core import Cost
+from dxopt._core import Cost, check_int, check_range
+from dxopt._core import check_positive as _core_positive
 
 LossFn = Callable[[Mapping[str, Tensor], Any], Tensor]
 """``loss_fn(params, batch) -> scalar Tensor``, pure in ``params``."""
@@ -106,13 +107,19 @@ def raise_unused(names: list[str]) -> None:
 
 
 def check_positive(name: str, value: float) -> None:
-    if not value > 0:
-        raise ValueError(f"{name}: expected a positive number, got {value!r}.")
+    """A positive finite number (:func:`dxopt._core.check_positive`)."""
+    _core_positive(name, value)
 
 
 def check_count(name: str, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name}: expected an integer >= 1, got {value!r}.")
+    """An integer ``>= 1`` (:func:`dxopt._core.check_int`)."""
+    check_int(name, value)
+
+
+def check_keep_fraction(value: float | None) -> None:
+    """``None`` or a number in ``(0, 1]``."""
+    if value is not None:
+        check_range("keep_fraction", value, 0, 1, closed=(False, True))
 
 
 def write_grads(params: Mapping[str, Tensor], grads: Mapping[str, Tensor]) -> None:

@@ -32,6 +32,8 @@ from torch.utils.checkpoint import (
 )
 from torch.utils.flop_counter import FlopCounterMode
 
+from dxopt._core import check_choice, check_int
+
 Strategy = Literal["none", "per_block", "segments", "selective"]
 _STRATEGIES = ("none", "per_block", "segments", "selective")
 
@@ -52,12 +54,8 @@ class CheckpointPlan:
     save_ops: tuple[str, ...] = ("mm", "addmm", "bmm")
 
     def __post_init__(self) -> None:
-        if self.strategy not in _STRATEGIES:
-            raise ValueError(f"strategy: expected one of {_STRATEGIES}, got {self.strategy!r}.")
-        if isinstance(self.segments, bool) or not isinstance(self.segments, int):
-            raise ValueError(f"segments: expected an integer >= 1, got {self.segments!r}.")
-        if self.segments < 1:
-            raise ValueError(f"segments: expected an integer >= 1, got {self.segments!r}.")
+        check_choice("strategy", self.strategy, _STRATEGIES)
+        check_int("segments", self.segments)
         for op in self.save_ops:
             if not hasattr(torch.ops.aten, op):
                 raise ValueError(

@@ -14,13 +14,14 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from dxopt._core import check_choice
+
 Distribution = Literal["gaussian", "rademacher"]
 _DISTRIBUTIONS = ("gaussian", "rademacher")
 
 
 def check_distribution(distribution: str) -> None:
-    if distribution not in _DISTRIBUTIONS:
-        raise ValueError(f"distribution: expected one of {_DISTRIBUTIONS}, got {distribution!r}.")
+    check_choice("distribution", distribution, _DISTRIBUTIONS)
 
 
 def draw_seeds(generator: torch.Generator, n: int) -> list[int]:

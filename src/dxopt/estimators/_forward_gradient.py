@@ -23,12 +23,14 @@ import torch
 import torch.autograd.forward_ad as fwAD
 from torch import Tensor
 
+from dxopt._core import check_choice
 from dxopt.estimators._accounting import ProbesOnce, flop_scope
 from dxopt.estimators._api import (
     Cost,
     Estimate,
     LossFn,
     check_count,
+    check_keep_fraction,
     check_positive,
     check_scalar_loss,
     raise_unused,
@@ -101,11 +103,9 @@ class ForwardGradient(ProbesOnce):
         validate: bool = True,
     ) -> None:
         check_count("k", k)
-        if combine not in ("mean", "projection"):
-            raise ValueError(f"combine: expected 'mean' or 'projection', got {combine!r}.")
+        check_choice("combine", combine, ("mean", "projection"))
         check_distribution(distribution)
-        if keep_fraction is not None and not 0 < keep_fraction <= 1:
-            raise ValueError(f"keep_fraction: expected a number in (0, 1], got {keep_fraction!r}.")
+        check_keep_fraction(keep_fraction)
         if jvp_clip is not None:
             check_positive("jvp_clip", jvp_clip)
         self.k, self.combine, self.distribution = k, combine, distribution

@@ -26,6 +26,7 @@ from dxopt.estimators._api import (
     Estimate,
     LossFn,
     check_count,
+    check_keep_fraction,
     check_positive,
     check_scalar_loss,
     write_grads,
@@ -73,8 +74,7 @@ class SPSA(ProbesOnce):
         check_positive("eps", eps)
         check_count("n_directions", n_directions)
         check_distribution(distribution)
-        if keep_fraction is not None and not 0 < keep_fraction <= 1:
-            raise ValueError(f"keep_fraction: expected a number in (0, 1], got {keep_fraction!r}.")
+        check_keep_fraction(keep_fraction)
         self.eps, self.n_directions, self.distribution = eps, n_directions, distribution
         self.keep_fraction, self.validate = keep_fraction, validate
         self.generator = torch.Generator().manual_seed(seed)
