@@ -217,3 +217,5 @@ def test_renamed_options_still_work_for_one_release():
         pytest.warns(DeprecationWarning, match="'report' is renamed 'ignore'"),
     ):
         assert SNG(model, residual, on_fallback="report").on_failure == "ignore"
+    with pytest.warns(DeprecationWarning, match="'model' is renamed 'params'"):
+        assert SNG(model=model, residual=residual).model is model

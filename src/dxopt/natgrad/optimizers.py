@@ -80,7 +80,7 @@ _CLOSURE_DOC = """
 """
 
 
-@renamed_kwargs(on_fallback="on_failure")
+@renamed_kwargs(on_fallback="on_failure", model="params")
 class SNG(NaturalGradientOptimizer):
     """Subsampled natural gradient in kernel (Woodbury) form.
 
@@ -143,7 +143,7 @@ class SNG(NaturalGradientOptimizer):
     step.__doc__ = (step.__doc__ or "") + _CLOSURE_DOC
 
 
-@renamed_kwargs(on_fallback="on_failure")
+@renamed_kwargs(on_fallback="on_failure", model="params")
 class SPRING(NaturalGradientOptimizer):
     """SPRING: subsampled natural gradient with Kaczmarz-style momentum.
 
@@ -216,7 +216,7 @@ class SPRING(NaturalGradientOptimizer):
     step.__doc__ = (step.__doc__ or "") + _CLOSURE_DOC
 
 
-@renamed_kwargs(on_fallback="on_failure", grid_size="line_search_max_iter")
+@renamed_kwargs(on_fallback="on_failure", grid_size="line_search_max_iter", model="params")
 class ENGD(NaturalGradientOptimizer):
     """Energy natural gradient descent = full-batch Gauss-Newton with a grid line search.
 
