@@ -219,3 +219,21 @@ def test_renamed_options_still_work_for_one_release():
         assert SNG(model, residual, on_fallback="report").on_failure == "ignore"
     with pytest.warns(DeprecationWarning, match="'model' is renamed 'params'"):
         assert SNG(model=model, residual=residual).model is model
+
+
+def test_closure_jacobian_falls_back_to_rows_when_batching_fails(monkeypatch):
+    model_a, x, y = _regression()
+    model_b = copy.deepcopy(model_a)
+    ref = SNG(model_a.parameters(), lr=0.5, damping=1e-6)
+    ref.step(lambda: model_a(x).reshape(-1) - y)
+    grad = torch.autograd.grad
+
+    def no_batching(*args, **kwargs):
+        if kwargs.get("is_grads_batched"):
+            raise RuntimeError("no batching rule")
+        return grad(*args, **kwargs)
+
+    monkeypatch.setattr(torch.autograd, "grad", no_batching)
+    SNG(model_b.parameters(), lr=0.5, damping=1e-6).step(lambda: model_b(x).reshape(-1) - y)
+    for a, b in zip(model_a.parameters(), model_b.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-14)

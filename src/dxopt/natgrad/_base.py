@@ -341,7 +341,7 @@ class NaturalGradientOptimizer(torch.optim.Optimizer):
         eye = torch.eye(n, dtype=r.dtype, device=r.device)
         try:
             grads: Sequence[torch.Tensor | None] = torch.autograd.grad(
-                r, params, eye, is_grads_batched=True, allow_unused=True
+                r, params, eye, is_grads_batched=True, allow_unused=True, retain_graph=True
             )
         except RuntimeError:  # an operator without a batching rule: one row at a time
             per_row = [
@@ -359,7 +359,11 @@ class NaturalGradientOptimizer(torch.optim.Optimizer):
             )
         jac = torch.cat(
             [
-                (torch.zeros(n, p.numel(), dtype=r.dtype) if g is None else g.reshape(n, -1))
+                (
+                    torch.zeros(n, p.numel(), dtype=r.dtype, device=r.device)
+                    if g is None
+                    else g.reshape(n, -1)
+                )
                 for g, p in zip(grads, params)
             ],
             dim=1,

@@ -196,7 +196,11 @@ class SPRING(NaturalGradientOptimizer):
         pieces = []
         for p in self._trainable():
             buf = self.state[p].get("momentum_buffer")
-            pieces.append(torch.zeros(p.numel(), dtype=p.dtype) if buf is None else buf.reshape(-1))
+            pieces.append(
+                torch.zeros(p.numel(), dtype=p.dtype, device=p.device)
+                if buf is None
+                else buf.reshape(-1)
+            )
         return torch.cat(pieces)
 
     def step(self, closure: Any = None) -> StepReport:  # type: ignore[override]
@@ -306,7 +310,7 @@ class ENGD(NaturalGradientOptimizer):
             return torch.tensor(self._loss_at(rows, direction, etas), dtype=torch.float64)
         assert self.residual is not None and rows.names is not None
         residual, batch = self.residual, rows.batch
-        steps = torch.tensor(etas, dtype=self.dtype)
+        steps = torch.tensor(etas, dtype=self.dtype, device=rows.r.device)
         trial = {
             name: p.detach().unsqueeze(0) - steps.view(-1, *([1] * p.ndim)) * d
             for name, p, d in zip(rows.names, rows.params, _split(direction, rows.params))
