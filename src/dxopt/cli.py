@@ -77,6 +77,7 @@ def _listing(root: Path | None, folder: str, names: list[str]) -> str:
 def _run_script(root: Path, folder: str, name: str, args: list[str], command: str) -> None:
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
+    sys.modules.pop(f"{folder}.{name}.run", None)  # run it fresh, as a script
     saved_argv = sys.argv
     sys.argv = [command, *args]
     try:

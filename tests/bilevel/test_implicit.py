@@ -72,8 +72,12 @@ def test_a_non_stationary_solution_is_refused() -> None:
     with pytest.raises(ImplicitSolveError, match="not a stationary point") as info:
         implicit_argmin(inner_loss, dict(model.named_parameters()), log_lam)
     assert isinstance(info.value, DxoptError) and isinstance(info.value, RuntimeError)
+
+    def unbounded(p: dict[str, torch.Tensor], log_lam: torch.Tensor) -> torch.Tensor:
+        return log_lam.exp() * p["weight"].sum()  # no minimizer, zero Hessian
+
     with pytest.raises(ImplicitSolveError, match="not a stationary point"):
-        ImplicitArgmin(model, inner_loss, max_iter=1)(log_lam)
+        ImplicitArgmin(model, unbounded, max_iter=2)(log_lam)
 
 
 def test_an_indefinite_inner_hessian_is_refused_in_backward() -> None:
@@ -160,3 +164,15 @@ def test_tunes_an_mlp_weight_decay_on_diabetes() -> None:
     final = val_loss(layer(log_wd)).item()
     assert log_wd.item() < -2.0
     assert final < 0.75 * history[0], (history, final)
+
+
+def test_a_later_warm_started_solve_does_not_change_an_earlier_derivative() -> None:
+    model, inner_loss, closed_form, val_loss, _ = _ridge_problem()
+    layer = ImplicitArgmin(model, inner_loss, tol=1e-8, cg_rtol=1e-12)
+    first = torch.tensor(-1.0, dtype=torch.float64, requires_grad=True)
+    loss = val_loss(layer(first))
+    layer(torch.tensor(2.0, dtype=torch.float64))  # moves the model's parameters in place
+    (grad,) = torch.autograd.grad(loss, first)
+    ref_point = first.detach().clone().requires_grad_(True)
+    (ref,) = torch.autograd.grad(closed_form(ref_point), ref_point)
+    torch.testing.assert_close(grad, ref, rtol=1e-6, atol=1e-12)

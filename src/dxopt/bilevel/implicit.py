@@ -81,8 +81,10 @@ class _ImplicitArgminFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, spec: _Spec, n_params: int, *tensors: Tensor) -> tuple[Tensor, ...]:
         ctx.spec, ctx.n_params = spec, n_params
-        ctx.save_for_backward(*tensors)
-        return tuple(t.detach().clone() for t in tensors[:n_params])
+        # copies, so a later in-place solve (a warm start) cannot change this point
+        solution = tuple(t.detach().clone() for t in tensors[:n_params])
+        ctx.save_for_backward(*solution, *tensors[n_params:])
+        return solution
 
     @staticmethod
     @once_differentiable
@@ -155,6 +157,60 @@ def _stationarity(
         grads = torch.autograd.grad(loss, list(leaves.values()), allow_unused=True)
     norms = [float(g.abs().max()) for g in grads if g is not None and g.numel()]
     return max(norms, default=0.0)
+
+
+def _newton_polish(
+    inner_loss: InnerLoss,
+    params: Mapping[str, nn.Parameter],
+    hparams: tuple[Tensor, ...],
+    tol: float,
+    max_steps: int = 5,
+) -> float:
+    """Newton-CG steps on the parameters in place until the largest gradient entry is at most
+    ``tol``; L-BFGS's line search works on loss values, which stop changing in floating point
+    before the gradient is small. A step is kept only if it lowers the gradient. Returns the
+    final largest gradient entry."""
+    plist = list(params.values())
+    worst = _stationarity(inner_loss, params, hparams)
+    for _ in range(max_steps):
+        if worst <= tol:
+            break
+        leaves = tuple(p.detach().requires_grad_(True) for p in plist)
+        with torch.enable_grad():
+            loss = inner_loss(dict(zip(params, leaves)), *hparams)
+            grads = torch.autograd.grad(loss, leaves, create_graph=True, allow_unused=True)
+        live = [i for i, g in enumerate(grads) if g is not None and g.requires_grad]
+        if not live:
+            break
+
+        def hvp(u: Tensor, live: list[int] = live, grads=grads, leaves=leaves) -> Tensor:
+            parts = _unflat(u, leaves)
+            with torch.enable_grad():
+                outs = torch.autograd.grad(
+                    [grads[i] for i in live],
+                    leaves,
+                    grad_outputs=[parts[i] for i in live],
+                    retain_graph=True,
+                    allow_unused=True,
+                )
+            return _flat(outs, leaves)
+
+        g = _flat(tuple(x.detach() if x is not None else None for x in grads), leaves)
+        step = conjugate_gradient(hvp, g, rtol=1e-10, max_iter=10 * g.numel() + 10)
+        if step.status is not Status.SOLVED:
+            break  # not positive definite here: leave the point to the stationarity check
+        before = [p.detach().clone() for p in plist]
+        with torch.no_grad():
+            for p, d in zip(plist, _unflat(step.x, leaves)):
+                p.sub_(d)
+        new = _stationarity(inner_loss, params, hparams)
+        if not new < worst:
+            with torch.no_grad():
+                for p, b in zip(plist, before):
+                    p.copy_(b)
+            break
+        worst = new
+    return worst
 
 
 def implicit_argmin(
@@ -231,8 +287,9 @@ class ImplicitArgmin(nn.Module):
     the minimizer, differentiable with respect to :math:`\lambda` by :func:`implicit_argmin`.
 
     Each call runs :class:`torch.optim.LBFGS` (strong Wolfe line search) from the model's
-    current parameters (a warm start across outer steps), leaves the solution in the model
-    and returns it by name.
+    current parameters (a warm start across outer steps), then at most five Newton-CG steps
+    (Hessian-vector products) if the gradient is still above ``tol``, leaves the solution in
+    the model and returns it by name.
 
     Args:
         model: the inner network; its trainable parameters are :math:`w`.
@@ -303,7 +360,7 @@ class ImplicitArgmin(nn.Module):
         opt.step(closure)
         for p in params.values():
             p.grad = None
-        self.grad_max = _stationarity(self.inner_loss, params, fixed)
+        self.grad_max = _newton_polish(self.inner_loss, params, fixed, self.tol)
         self.status = Status.SOLVED if self.grad_max <= self.tol else Status.INACCURATE
         return implicit_argmin(
             self.inner_loss,
