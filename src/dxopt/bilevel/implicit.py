@@ -75,6 +75,48 @@ def _unflat(vector: Tensor, like: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
     return tuple(out)
 
 
+class _InnerGradient:
+    r"""The inner gradient :math:`\nabla_w L(w, \lambda)` at one point, with its graph kept
+    for the products :math:`\nabla^2_{ww} L\, u` (:meth:`hvp`) and
+    :math:`\nabla^2_{\lambda w} L\, u` (:meth:`mixed`) on flat vectors ``u``."""
+
+    def __init__(
+        self,
+        inner_loss: InnerLoss,
+        names: tuple[str, ...],
+        params: tuple[Tensor, ...],
+        hparams: tuple[Tensor, ...],
+    ) -> None:
+        self.params = tuple(t.detach().requires_grad_(True) for t in params)
+        self.hparams = tuple(t.detach().requires_grad_(True) for t in hparams)
+        with torch.enable_grad():
+            loss = inner_loss(dict(zip(names, self.params)), *self.hparams)
+            grads = torch.autograd.grad(loss, self.params, create_graph=True, allow_unused=True)
+        self.flat = _flat(tuple(None if g is None else g.detach() for g in grads), self.params)
+        self.live = [i for i, g in enumerate(grads) if g is not None and g.requires_grad]
+        self._grads = [grads[i] for i in self.live]
+
+    def _vjp(self, u: Tensor, wrt: tuple[Tensor, ...]) -> tuple[Tensor | None, ...]:
+        if not self.live or not wrt:
+            return (None,) * len(wrt)
+        parts = _unflat(u, self.params)
+        with torch.enable_grad():
+            return torch.autograd.grad(
+                self._grads,
+                wrt,
+                grad_outputs=[parts[i] for i in self.live],
+                retain_graph=True,
+                allow_unused=True,
+            )
+
+    def hvp(self, u: Tensor) -> Tensor:
+        return _flat(self._vjp(u, self.params), self.params)
+
+    def mixed(self, u: Tensor) -> tuple[Tensor, ...]:
+        out = self._vjp(u, self.hparams)
+        return tuple(torch.zeros_like(h) if m is None else m for m, h in zip(out, self.hparams))
+
+
 class _ImplicitArgminFunction(torch.autograd.Function):
     """Identity on the solved parameters forward; implicit-function-theorem VJP backward."""
 
@@ -91,31 +133,14 @@ class _ImplicitArgminFunction(torch.autograd.Function):
     def backward(ctx: Any, *grad_w: Tensor) -> tuple[Tensor | None, ...]:
         spec: _Spec = ctx.spec
         saved = ctx.saved_tensors
-        params = tuple(t.detach().requires_grad_(True) for t in saved[: ctx.n_params])
-        hparams = tuple(t.detach().requires_grad_(True) for t in saved[ctx.n_params :])
-        with torch.enable_grad():
-            loss = spec.inner_loss(dict(zip(spec.names, params)), *hparams)
-            grads = torch.autograd.grad(loss, params, create_graph=True, allow_unused=True)
-        live = [i for i, g in enumerate(grads) if g is not None and g.requires_grad]
-        live_grads = [grads[i] for i in live]
-
-        def hvp(u: Tensor) -> Tensor:
-            parts = _unflat(u, params)
-            if not live:
-                return torch.zeros_like(u)
-            with torch.enable_grad():
-                outs = torch.autograd.grad(
-                    live_grads,
-                    params,
-                    grad_outputs=[parts[i] for i in live],
-                    retain_graph=True,
-                    allow_unused=True,
-                )
-            return _flat(outs, params)
-
-        rhs = _flat(grad_w, params)
+        n = ctx.n_params
+        inner = _InnerGradient(spec.inner_loss, spec.names, saved[:n], saved[n:])
         result = conjugate_gradient(
-            hvp, rhs, rtol=spec.cg_rtol, max_iter=spec.cg_max_iter, check_residual=True
+            inner.hvp,
+            _flat(grad_w, inner.params),
+            rtol=spec.cg_rtol,
+            max_iter=spec.cg_max_iter,
+            check_residual=True,
         )
         if result.status is not Status.SOLVED:
             handle_failure(
@@ -128,19 +153,7 @@ class _ImplicitArgminFunction(torch.autograd.Function):
                 error=ImplicitSolveError,
                 status=result.status,
             )
-        u = _unflat(-result.x, params)
-        if not hparams or not live:
-            zeros = tuple(torch.zeros_like(h) for h in hparams)
-            return (None, None, *([None] * len(params)), *zeros)
-        with torch.enable_grad():
-            mixed = torch.autograd.grad(
-                live_grads,
-                hparams,
-                grad_outputs=[u[i] for i in live],
-                allow_unused=True,
-            )
-        hgrads = tuple(torch.zeros_like(h) if m is None else m for m, h in zip(mixed, hparams))
-        return (None, None, *([None] * len(params)), *hgrads)
+        return (None, None, *([None] * n), *inner.mixed(-result.x))
 
 
 def _stationarity(
@@ -170,38 +183,18 @@ def _newton_polish(
     ``tol``; L-BFGS's line search works on loss values, which stop changing in floating point
     before the gradient is small. A step is kept only if it lowers the gradient. Returns the
     final largest gradient entry."""
-    plist = list(params.values())
+    names, plist = tuple(params), list(params.values())
     worst = _stationarity(inner_loss, params, hparams)
     for _ in range(max_steps):
         if worst <= tol:
             break
-        leaves = tuple(p.detach().requires_grad_(True) for p in plist)
-        with torch.enable_grad():
-            loss = inner_loss(dict(zip(params, leaves)), *hparams)
-            grads = torch.autograd.grad(loss, leaves, create_graph=True, allow_unused=True)
-        live = [i for i, g in enumerate(grads) if g is not None and g.requires_grad]
-        if not live:
-            break
-
-        def hvp(u: Tensor, live: list[int] = live, grads=grads, leaves=leaves) -> Tensor:
-            parts = _unflat(u, leaves)
-            with torch.enable_grad():
-                outs = torch.autograd.grad(
-                    [grads[i] for i in live],
-                    leaves,
-                    grad_outputs=[parts[i] for i in live],
-                    retain_graph=True,
-                    allow_unused=True,
-                )
-            return _flat(outs, leaves)
-
-        g = _flat(tuple(x.detach() if x is not None else None for x in grads), leaves)
-        step = conjugate_gradient(hvp, g, rtol=1e-10, max_iter=10 * g.numel() + 10)
+        inner = _InnerGradient(inner_loss, names, tuple(plist), hparams)
+        step = conjugate_gradient(inner.hvp, inner.flat, rtol=1e-10, max_iter=None)
         if step.status is not Status.SOLVED:
             break  # not positive definite here: leave the point to the stationarity check
         before = [p.detach().clone() for p in plist]
         with torch.no_grad():
-            for p, d in zip(plist, _unflat(step.x, leaves)):
+            for p, d in zip(plist, _unflat(step.x, inner.params)):
                 p.sub_(d)
         new = _stationarity(inner_loss, params, hparams)
         if not new < worst:
