@@ -176,3 +176,25 @@ def test_a_later_warm_started_solve_does_not_change_an_earlier_derivative() -> N
     ref_point = first.detach().clone().requires_grad_(True)
     (ref,) = torch.autograd.grad(closed_form(ref_point), ref_point)
     torch.testing.assert_close(grad, ref, rtol=1e-6, atol=1e-12)
+
+
+def test_float32_model_gets_a_dtype_aware_backward_tolerance() -> None:
+    """Default tolerances follow the dtype: a float32 model is differentiated (was refused by
+    a float64-level CG tolerance), within float32 accuracy of the float64 closed form."""
+    model, _, closed_form, _, (Xt, Yt) = _ridge_problem()
+    model = model.float()
+    Xt32, Yt32 = Xt.float(), Yt.float()
+    _, _, Xv, Yv = _ridge_data()
+
+    def inner32(p: dict[str, torch.Tensor], log_lam: torch.Tensor) -> torch.Tensor:
+        fit = 0.5 * ((functional_call(model, p, (Xt32,)) - Yt32) ** 2).mean()
+        return fit + 0.5 * log_lam.exp() * (p["weight"] ** 2).sum()
+
+    log_lam = torch.tensor(-1.0, requires_grad=True)
+    w_star = ImplicitArgmin(model, inner32)(log_lam)
+    val = 0.5 * ((functional_call(model, w_star, (Xv.float(),)) - Yv.float()) ** 2).mean()
+    (grad,) = torch.autograd.grad(val, log_lam)
+    ref_point = torch.tensor(-1.0, dtype=torch.float64, requires_grad=True)
+    (ref,) = torch.autograd.grad(closed_form(ref_point), ref_point)
+    assert grad.dtype == torch.float32
+    assert abs(grad.item() - ref.item()) <= 1e-3 * abs(ref.item()) + 1e-6
