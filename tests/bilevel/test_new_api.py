@@ -153,3 +153,16 @@ def test_deprecated_names_still_work_with_a_warning() -> None:
     from dxopt.bilevel import Status
 
     assert Status.CONVERGED is Status.SOLVED
+
+
+def test_float32_autograd_oracle_evaluates_within_float32_accuracy() -> None:
+    upper, lower, exact = _large_quadratic(3, 50)
+
+    def to32(fn):
+        return lambda x, y: fn(x.double(), y.double()).float()
+
+    oracle = AutogradOracle(to32(upper), to32(lower), dim_x=3, dim_y=50, dtype=torch.float32)
+    x = torch.tensor([0.3, -1.0, 2.0])
+    got = oracle.exact_hypergradient(x)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), exact(x.double()), rtol=1e-4, atol=1e-5)

@@ -209,11 +209,18 @@ class AutogradOracle:
     def upper_value(self, x: torch.Tensor, y: torch.Tensor) -> float:
         return float(self.upper(x, y))
 
+    @property
+    def _accuracy(self) -> float:
+        """The tightest relative tolerance the dtype supports: 1e-12 in float64."""
+        return max(1e-12, 100 * torch.finfo(self.dtype).eps)
+
     def lower_solution(
-        self, x: torch.Tensor, *, tol: float = 1e-12, max_iter: int = 100
+        self, x: torch.Tensor, *, tol: float | None = None, max_iter: int = 100
     ) -> torch.Tensor:
         """:math:`y^*(x)` by damped Newton (Newton-CG unless ``dense_hessian``) from the
-        previous solution (not counted)."""
+        previous solution (not counted); ``tol`` defaults to 1e-12 in float64 (100 machine
+        epsilons in lower precision)."""
+        tol = self._accuracy if tol is None else tol
         y = torch.zeros(self.dim_y, dtype=self.dtype) if self._y_star is None else self._y_star
         for _ in range(max_iter):
             gy = self._gradients(self.lower, x, y)[1]
@@ -224,7 +231,8 @@ class AutogradOracle:
                 L = _cholesky_or_raise(self.dense_second_derivatives(x, y)[0], "the current x")
                 step = torch.cholesky_solve(gy.unsqueeze(-1), L).squeeze(-1)
             else:  # inexact Newton: forcing term min(0.1, sqrt(||g||)), superlinear near y*
-                step = self._solve(x, y, gy, min(0.1, gnorm**0.5), "Newton step")
+                forcing = min(0.1, max(gnorm**0.5, self._accuracy))
+                step = self._solve(x, y, gy, forcing, "Newton step")
             t, g0, slope = 1.0, float(self.lower(x, y)), float(gy @ step)
             while float(self.lower(x, y - t * step)) > g0 - 0.25 * t * slope and t > 1e-8:
                 t *= 0.5
@@ -234,11 +242,11 @@ class AutogradOracle:
 
     def exact_hypergradient(self, x: torch.Tensor) -> torch.Tensor:
         r""":math:`\nabla H(x)` from :math:`y^*(x)` and a CG adjoint solve to ``rtol = 1e-12``
-        (dense Cholesky with ``dense_hessian``); not counted."""
+        in float64 (dense Cholesky with ``dense_hessian``); not counted."""
         y = self.lower_solution(x)
         fx, fy = self.grad_f(x, y)
         if not self.dense_hessian:
-            v = self._solve(x, y, fy, 1e-12, "adjoint")
+            v = self._solve(x, y, fy, self._accuracy, "adjoint")
             return fx - self.jvp_xy(x, y, v)
         H_yy, cross = self.dense_second_derivatives(x, y)
         L = _cholesky_or_raise(H_yy, "y*(x)")
