@@ -82,3 +82,4 @@ def test_wheel_installs_and_runs_version_and_quick_demo(tmp_path: Path) -> None:
     demo = _run([cli, "demo", "portfolio", "--quick"], tmp_path, env, timeout=300)
     assert demo.returncode == 0, demo.stderr[-3000:]
     assert "decision-focused" in demo.stdout and "equal weights" in demo.stdout
+    assert not list(env_dir.rglob("wealth.png"))  # nothing written into the installation

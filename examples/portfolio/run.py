@@ -50,6 +50,8 @@ from examples.portfolio.data import MarketData, covariance, features, future, lo
 from examples.portfolio.problem import PortfolioSpec, constraint_matrices, objective, rhs
 
 OUT_DIR = Path(__file__).resolve().parent / "out"
+if "site-packages" in OUT_DIR.parts or "dist-packages" in OUT_DIR.parts:
+    OUT_DIR = Path.cwd() / "dxopt-portfolio-out"  # installed from a wheel: never write there
 LAGS, WINDOW = 12, 52
 SPLIT = np.datetime64("2018-01-01")
 
@@ -228,7 +230,8 @@ def main(argv: list[str] | None = None) -> None:
         "--out",
         type=Path,
         default=None,
-        help="output folder (default: out/ next to this script; with --quick a temporary folder)",
+        help="output folder (default: out/ next to this script, ./dxopt-portfolio-out from an "
+        "installed wheel; with --quick a temporary folder)",
     )
     args = parser.parse_args(argv)
     if args.out is None:
