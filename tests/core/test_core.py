@@ -70,6 +70,12 @@ def test_validators_name_argument_and_value():
     with pytest.raises(ValueError, match=r"lr: expected a positive finite number, got -1; use"):
         check_positive("lr", -1, hint="use 1/L.")
     assert check_positive("lr", 0, allow_zero=True) == 0.0
+    import numpy as np
+
+    assert check_positive("lr", np.float32(0.5)) == 0.5
+    assert check_int("max_iter", np.int64(3)) == 3
+    with pytest.raises(ValueError, match="lr: expected a positive finite number"):
+        check_positive("lr", float("nan"))
     with pytest.raises(ValueError, match=r"max_iter: expected an integer >= 1, got True"):
         check_int("max_iter", True)
     with pytest.raises(ValueError, match=r"momentum: expected a number in \[0, 1\), got 1.0"):

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 import warnings
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
+import numpy as np
 import torch
 
 __all__ = [
@@ -32,7 +34,8 @@ def _tail(hint: str) -> str:
 
 
 def _is_real(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """Python and NumPy real scalars (not bools, not tensors)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
 
 
 def check_positive(name: str, value: Any, *, allow_zero: bool = False, hint: str = "") -> float:
@@ -67,9 +70,13 @@ def check_range(
 
 def check_int(name: str, value: Any, *, minimum: int = 1, hint: str = "") -> int:
     """Require an integer (not a bool) ``>= minimum``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    if (
+        isinstance(value, (bool, np.bool_))
+        or not isinstance(value, numbers.Integral)
+        or value < minimum
+    ):
         raise ValueError(f"{name}: expected an integer >= {minimum}, got {value!r}{_tail(hint)}")
-    return value
+    return int(value)
 
 
 def check_choice(name: str, value: Any, choices: Iterable[T], *, hint: str = "") -> T:
