@@ -98,6 +98,6 @@ def test_attempts_not_made_are_ignored_even_if_non_finite():
     assert not bool(weights.attempted.all())
     logp = policy.log_probs(sample.states, sample.actions)
     poisoned = torch.where(weights.attempted, logp, math.nan)
-    (a,) = torch.autograd.grad(surrogate_loss(logp, weights), policy.logits)
+    (a,) = torch.autograd.grad(surrogate_loss(logp, weights), policy.logits, retain_graph=True)
     (b,) = torch.autograd.grad(surrogate_loss(poisoned, weights), policy.logits)
     torch.testing.assert_close(a, b, atol=0, rtol=0)

@@ -14,7 +14,8 @@ The pieces plug into any RL loop:
 - :func:`surrogate_loss`: attempt or token log-probabilities times the weights, whose
   negative gradient is the estimate;
 - :class:`TabularMultiAttempt`: a tabular K-attempt policy with exact Verification@K, its
-  gradient, the naive estimator's mean and every group of rollouts enumerated.
+  gradient, the naive estimator's mean and every group of rollouts enumerated;
+  :func:`exact_verification_at_k` is its recursion for any history-indexed policy.
 
 The unbiasedness theorem and its proof are in :mod:`dxopt.rl._weights`.
 
@@ -29,6 +30,7 @@ from dxopt.rl._rollout import MultiAttemptRollout as MultiAttemptRollout
 from dxopt.rl._rollout import RolloutCounts as RolloutCounts
 from dxopt.rl._tabular import TabularMultiAttempt as TabularMultiAttempt
 from dxopt.rl._tabular import TabularSample as TabularSample
+from dxopt.rl._tabular import exact_verification_at_k as exact_verification_at_k
 from dxopt.rl._weights import METHODS as METHODS
 from dxopt.rl._weights import AttemptWeights as AttemptWeights
 from dxopt.rl._weights import compute_weights as compute_weights
@@ -43,5 +45,6 @@ __all__ = [
     "TabularMultiAttempt",
     "TabularSample",
     "compute_weights",
+    "exact_verification_at_k",
     "surrogate_loss",
 ]

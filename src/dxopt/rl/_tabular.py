@@ -21,7 +21,6 @@ follow by summation.
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 
 import torch
@@ -30,6 +29,33 @@ from torch import Tensor, nn
 from dxopt.rl._errors import RLTypeError, RLValueError
 from dxopt.rl._rollout import MultiAttemptRollout
 from dxopt.rl._weights import AttemptWeights
+
+
+def exact_verification_at_k(probs: Tensor, success: Tensor, num_attempts: int) -> Tensor:
+    """Verification@K of history-indexed policies by backward recursion (differentiable).
+
+    Args:
+        probs: ``(..., S, A)`` policy :math:`\pi(a\mid h)` per history state (numbered as in
+            this module: level by level, base-``A`` codes), any leading batch dimensions.
+        success: ``(..., S, A)`` pass probabilities :math:`p(h, a)`, broadcastable to ``probs``.
+        num_attempts: ``K``, with :math:`S = \sum_{k<K} A^k`.
+
+    Returns:
+        ``(...)`` Verification@K :math:`V(\varnothing)`.
+    """
+    a = probs.shape[-1]
+    if probs.shape[-2] != sum(a**k for k in range(num_attempts)):
+        raise RLValueError(
+            f"probs: expected {sum(a**k for k in range(num_attempts))} history states for "
+            f"{num_attempts} attempts over {a} answers, got shape {tuple(probs.shape)}."
+        )
+    batch = probs.shape[:-2]
+    value = torch.zeros((*batch, a**num_attempts), dtype=probs.dtype, device=probs.device)
+    for k in reversed(range(num_attempts)):
+        lo, hi = sum(a**j for j in range(k)), sum(a**j for j in range(k + 1))
+        pi, p = probs[..., lo:hi, :], success[..., lo:hi, :]
+        value = (pi * (p + (1 - p) * value.reshape(*batch, -1, a))).sum(-1)
+    return value.reshape(batch)
 
 
 @dataclass(frozen=True)
@@ -131,12 +157,7 @@ class TabularMultiAttempt(nn.Module):
 
     def verification_at_k(self) -> Tensor:
         """Exact Verification@K (differentiable in :attr:`logits`)."""
-        pi, p, a = self.probs(), self.success, self.num_answers
-        value = torch.zeros(a**self.num_attempts, dtype=pi.dtype, device=pi.device)
-        for k in reversed(range(self.num_attempts)):
-            lv = self._level(k)
-            value = (pi[lv] * (p[lv] + (1 - p[lv]) * value.reshape(-1, a))).sum(-1)
-        return value.reshape(())
+        return exact_verification_at_k(self.probs(), self.success, self.num_attempts)
 
     def pass_at_1(self) -> Tensor:
         """Exact Pass@1 (differentiable)."""
@@ -219,8 +240,9 @@ class TabularMultiAttempt(nn.Module):
         ac = torch.tensor([o[1] for o in outcomes], dtype=torch.long)
         rw = torch.tensor([o[2] for o in outcomes], dtype=p.dtype)
         pr = torch.tensor([o[3] for o in outcomes], dtype=p.dtype)
-        idx = torch.tensor(list(itertools.product(range(len(outcomes)), repeat=group_size)))
-        idx = idx.reshape(-1, group_size)
+        t = len(outcomes)
+        place = t ** torch.arange(group_size - 1, -1, -1)
+        idx = torch.arange(t**group_size).unsqueeze(-1).div(place, rounding_mode="floor") % t
         return TabularSample(
             MultiAttemptRollout(rw[idx]), st[idx], ac[idx], probabilities=pr[idx].prod(dim=-1)
         )
