@@ -72,7 +72,9 @@ def bias_variance_table(quick: bool) -> list[dict[str, Any]]:
             p = groups.probabilities.reshape(-1, 1, 1)
         for label, method, options in VARIANTS:
             if "mc" in inst:
-                est = policy.group_gradients(sample, compute_weights(sample.rollout, method, **options))
+                est = policy.group_gradients(
+                    sample, compute_weights(sample.rollout, method, **options)
+                )
                 mean, m = est.mean(0), est.shape[0]
                 var = float((est - mean).square().sum(dim=(1, 2)).mean()) * m / (m - 1)
                 se = est.std(0) / math.sqrt(m)

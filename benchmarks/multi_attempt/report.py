@@ -123,7 +123,8 @@ def claims(payload: dict[str, Any]) -> list[str]:
     var_held = [
         i
         for i in inst
-        if by[(i, "cal (LOO, fallback)")]["total variance"] <= by[(i, "grpo (LOO)")]["total variance"]
+        if by[(i, "cal (LOO, fallback)")]["total variance"]
+        <= by[(i, "grpo (LOO)")]["total variance"]
     ]
     lines.append(
         f"CAL's variance no larger than vanilla GRPO's: held on {len(var_held)}/{len(inst)} "
@@ -159,12 +160,11 @@ def section_markdown(*, payload, machine, exact_table, final_table, plot) -> str
             "calibrated attempt-level (CAL) weights of `dxopt.rl` (Ildiz et al., arXiv "
             "2604.17912), all with leave-one-out group baselines unless stated.",
             "",
-            f"Command: `{payload['command']}`"
-            + (" (quick smoke run)" if payload["quick"] else ""),
+            f"Command: `{payload['command']}`" + (" (quick smoke run)" if payload["quick"] else ""),
             "",
             machine,
-            f"Load average (1, 5, 15 min) at start {la0}, at end {la1}; wall {payload['wall_s']:.0f} s, "
-            f"CPU {payload['cpu_s']:.0f} s.",
+            f"Load average (1, 5, 15 min) at start {la0}, at end {la1}; "
+            f"wall {payload['wall_s']:.0f} s, CPU {payload['cpu_s']:.0f} s.",
             "",
             "### Exact bias and variance",
             "",

@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
 from tqdm import tqdm
 
 from benchmarks.common import (

@@ -7,6 +7,8 @@ Subpackages
 - :mod:`dxopt.estimators`: backprop, checkpointed backprop, forward-mode and zeroth-order
   gradients behind one interface, with cost accounting.
 - :mod:`dxopt.bilevel`: hypergradient methods, hard instances and oracle-call accounting.
+- :mod:`dxopt.rl`: multi-attempt policy gradients (vanilla GRPO, naive and calibrated
+  attempt-level weights) for Verification@K, with an exactly solvable tabular policy.
 - :mod:`dxopt.linalg`: the linear solves they share (checked Cholesky, CG).
 
 Subpackages are imported lazily, so ``import dxopt`` stays cheap.
@@ -19,9 +21,9 @@ from types import ModuleType
 
 __version__ = "0.1.0"
 
-_SUBPACKAGES = ("qp", "natgrad", "estimators", "bilevel", "linalg")
+_SUBPACKAGES = ("qp", "natgrad", "estimators", "bilevel", "rl", "linalg")
 
-__all__ = ["__version__", "bilevel", "estimators", "linalg", "natgrad", "qp"]
+__all__ = ["__version__", "bilevel", "estimators", "linalg", "natgrad", "qp", "rl"]
 
 
 def __getattr__(name: str) -> ModuleType:

@@ -88,7 +88,7 @@ def test_rollout_value_errors(rewards, match):
 
 
 def test_type_and_option_errors():
-    with pytest.raises(RLTypeError, match="rewards: expected a torch.Tensor"):
+    with pytest.raises(RLTypeError, match=r"rewards: expected a torch\.Tensor"):
         MultiAttemptRollout([[[0, 1]]])  # type: ignore[arg-type]
     ro = MultiAttemptRollout(REWARDS)
     with pytest.raises(RLTypeError, match="rollout: expected"):

@@ -32,7 +32,7 @@ from dxopt.rl._weights import AttemptWeights
 
 
 def exact_verification_at_k(probs: Tensor, success: Tensor, num_attempts: int) -> Tensor:
-    """Verification@K of history-indexed policies by backward recursion (differentiable).
+    r"""Verification@K of history-indexed policies by backward recursion (differentiable).
 
     Args:
         probs: ``(..., S, A)`` policy :math:`\pi(a\mid h)` per history state (numbered as in
@@ -84,6 +84,8 @@ class TabularMultiAttempt(nn.Module):
         num_attempts: ``K``.
         logits: initial ``(S, A)`` logits (default zeros: uniform policy).
     """
+
+    success: Tensor
 
     def __init__(self, success: Tensor, num_attempts: int, *, logits: Tensor | None = None):
         super().__init__()
@@ -209,7 +211,9 @@ class TabularMultiAttempt(nn.Module):
             code = code * a + act
         shape = (g, n, kk)
         return TabularSample(
-            MultiAttemptRollout(rewards.reshape(shape)), states.reshape(shape), actions.reshape(shape)
+            MultiAttemptRollout(rewards.reshape(shape)),
+            states.reshape(shape),
+            actions.reshape(shape),
         )
 
     @torch.no_grad()
@@ -229,7 +233,8 @@ class TabularMultiAttempt(nn.Module):
                 ps = float(p[state, act])
                 s2, a2 = [*st, state], [*ac, act]
                 pad = [0] * (kk - k - 1)
-                outcomes.append((s2 + pad, a2 + pad, [0.0] * k + [1.0] + pad, prob * q * ps))
+                hit = [0.0] * k + [1.0] + [0.0] * (kk - k - 1)
+                outcomes.append((s2 + pad, a2 + pad, hit, prob * q * ps))
                 if k + 1 == kk:
                     outcomes.append((s2, a2, [0.0] * kk, prob * q * (1 - ps)))
                 else:
@@ -248,7 +253,7 @@ class TabularMultiAttempt(nn.Module):
         )
 
     def log_probs(self, states: Tensor, actions: Tensor) -> Tensor:
-        """Attempt log-probabilities :math:`\\log\\pi(a\\mid h)` (differentiable), shape of ``states``."""
+        """Attempt log-probabilities :math:`\\log\\pi(a\\mid h)`, shaped like ``states``."""
         logp = torch.log_softmax(self.logits, dim=-1)
         return logp[states, actions]
 

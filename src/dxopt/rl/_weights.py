@@ -42,8 +42,9 @@ standard deviation plus ``eps`` (GRPO's scaling).
 :math:`R_i`, and :math:`E[\sum_i\sum_{k\le L_i} s_{i,k}R_i] = N\nabla J`. It remains to show
 that each baseline term vanishes in expectation. :math:`b_{i,k}` is a function of the
 rollouts :math:`j\ne i` only (which ones reached :math:`k` and their :math:`R_j`, with the
-fallback when none did), hence independent of rollout :math:`i`; the event :math:`\{L_i\ge k\}` is decided by the
-history :math:`h_{i,k-1}`; and :math:`E[s_{i,k}\mid h_{i,k-1}] = \sum_y \nabla\pi(y\mid h) = 0`.
+fallback when none did), hence independent of rollout :math:`i`; the event
+:math:`\{L_i\ge k\}` is decided by the history :math:`h_{i,k-1}`; and
+:math:`E[s_{i,k}\mid h_{i,k-1}] = \sum_y \nabla\pi(y\mid h) = 0`.
 So :math:`E[1\{L_i\ge k\}\, b_{i,k}\, s_{i,k}] = E[b_{i,k}]\,
 E[1\{L_i\ge k\}\,E[s_{i,k}\mid h_{i,k-1}]] = 0`. Dividing by :math:`N` gives
 :math:`\nabla J`. :math:`\square`
