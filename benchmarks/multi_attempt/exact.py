@@ -17,6 +17,7 @@ VARIANTS: list[tuple[str, str, dict[str, Any]]] = [
     ("cal (LOO, fallback)", "cal", {}),
     ("cal (LOO, keep)", "cal", {"singleton": "keep"}),
     ("cal (LOO, zero)", "cal", {"singleton": "zero"}),
+    ("cal (LOO, keep, mix 0.5)", "cal", {"singleton": "keep", "mix": 0.5}),
 ]
 
 

@@ -35,7 +35,7 @@ from benchmarks.multi_attempt.exact import bias_variance_table
 from benchmarks.multi_attempt.report import section_markdown, summarize, write_plot
 from benchmarks.multi_attempt.task import ProbeFixTask, TaskConfig, TrainConfig, train
 
-METHODS = ("grpo", "naive", "cal")
+METHODS = ("grpo", "naive", "cal", "cal-mix")
 COMMAND = "dxopt bench multi_attempt"
 
 

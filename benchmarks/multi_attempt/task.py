@@ -123,8 +123,18 @@ class ProbeFixTask:
         return rollout, torch.stack(logps, -1).reshape(shape)
 
 
-def train(task: ProbeFixTask, method: str, seed: int, cfg: TrainConfig) -> dict[str, Any]:
-    """Train one policy with ``method``'s weights; exact curves every ``eval_every`` steps."""
+# arm name -> (method, options) of dxopt.rl.compute_weights
+ARMS: dict[str, tuple[str, dict[str, Any]]] = {
+    "grpo": ("grpo", {}),
+    "naive": ("naive", {}),
+    "cal": ("cal", {}),
+    "cal-mix": ("cal", {"singleton": "keep", "mix": 0.5}),
+}
+
+
+def train(task: ProbeFixTask, arm: str, seed: int, cfg: TrainConfig) -> dict[str, Any]:
+    """Train one policy with ``arm``'s weights; exact curves every ``eval_every`` steps."""
+    method, options = ARMS[arm]
     torch.manual_seed(seed)
     policy = task.policy(cfg.hidden)
     opt = torch.optim.Adam(policy.parameters(), lr=cfg.lr)
@@ -141,13 +151,13 @@ def train(task: ProbeFixTask, method: str, seed: int, cfg: TrainConfig) -> dict[
             break
         prompts = torch.randperm(task.cfg.prompts, generator=gen)[: cfg.prompts_per_step]
         rollout, logp = task.rollouts(logits, prompts, cfg.group_size, gen)
-        weights = compute_weights(rollout, method)  # type: ignore[arg-type]
+        weights = compute_weights(rollout, method, **options)  # type: ignore[arg-type]
         attempts += rollout.counts().attempts
         opt.zero_grad()
         surrogate_loss(logp, weights).backward()
         opt.step()
     return {
-        "method": method,
+        "method": arm,
         "seed": seed,
         "curve": curve,
         "final_verification": curve[-1]["verification"],

@@ -21,7 +21,7 @@ def test_quick_benchmark_writes_consistent_results(tmp_path, monkeypatch):
         torch.set_num_threads(threads)  # the benchmark pins one thread
     payload = json.loads((tmp_path / "multi_attempt.json").read_text())
     assert payload["quick"]
-    assert {r["method"] for r in payload["runs"]} == {"grpo", "naive", "cal"}
+    assert {r["method"] for r in payload["runs"]} == {"grpo", "naive", "cal", "cal-mix"}
     for r in payload["runs"]:
         assert all(0.0 <= p["verification"] <= 1.0 for p in r["curve"])
         assert all(p["pass1"] <= p["verification"] + 1e-12 for p in r["curve"])

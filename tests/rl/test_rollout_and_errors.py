@@ -128,3 +128,22 @@ def test_tabular_errors():
         TabularMultiAttempt(torch.full((3, 2), 2.0), 2)
     with pytest.raises(RLValueError, match="group_size"):
         TabularMultiAttempt.counterexample().sample(2, 0)
+
+
+def test_mix_option():
+    ro = MultiAttemptRollout(REWARDS)
+    cal, grpo = compute_weights(ro, "cal").weights, compute_weights(ro, "grpo").weights
+    half = compute_weights(ro, "cal", mix=0.5)
+    torch.testing.assert_close(half.weights, 0.5 * cal + 0.5 * grpo)
+    assert half.unbiased and float(half.mix) == 0.5
+    per = compute_weights(ro, "cal", mix=[1.0, 0.0, 1.0]).weights
+    torch.testing.assert_close(per[..., 1], grpo[..., 1])
+    torch.testing.assert_close(per[..., 2], cal[..., 2])
+    with pytest.raises(RLValueError, match="only the 'cal' method"):
+        compute_weights(ro, "grpo", mix=0.5)
+    with pytest.raises(RLValueError, match="one per attempt"):
+        compute_weights(ro, "cal", mix=[0.5, 0.5])
+    with pytest.raises(RLValueError, match="finite"):
+        compute_weights(ro, "cal", mix=float("nan"))
+    with pytest.raises(RLTypeError, match="mix"):
+        compute_weights(ro, "cal", mix=True)

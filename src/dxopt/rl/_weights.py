@@ -31,11 +31,15 @@ Baselines (``baseline=``): ``"loo"`` the leave-one-out mean over the other membe
 rollout of its group reached (a *singleton*, :math:`n_k = 1`) has no attempt-level baseline;
 ``singleton=`` picks what it gets: ``"trajectory"`` (default) the same statistic over the
 whole group (for ``"cal"``: the trajectory-level leave-one-out mean of :math:`R_j`),
-``"keep"`` baseline 0, ``"zero"`` weight 0. ``normalize_std=True`` divides by the members'
-standard deviation plus ``eps`` (GRPO's scaling).
+``"keep"`` baseline 0, ``"zero"`` weight 0. For ``"cal"``, ``mix=β`` blends the two
+baselines, :math:`b_{i,k} = \beta b^{\text{attempt}}_{i,k} + (1-\beta) b^{\text{traj}}_i`
+(``β = 1``: CAL, ``β = 0``: GRPO), still a function of the other rollouts only.
+``normalize_std=True`` divides by the members' standard deviation plus ``eps`` (GRPO's
+scaling).
 
 **Theorem (unbiasedness).** For ``"grpo"`` and ``"cal"`` with ``baseline="loo"`` or
-``"none"``, ``normalize_std=False`` and ``singleton="trajectory"`` or ``"keep"``,
+``"none"``, ``normalize_std=False``, ``singleton="trajectory"`` or ``"keep"`` and any
+``mix`` fixed before the batch is drawn,
 :math:`E[\hat g] = \nabla J` for every :math:`N \ge 1`.
 
 *Proof.* Every attempt before :math:`L_i` failed, so the reward-to-go of attempt :math:`k` is
@@ -71,6 +75,7 @@ here from the abstract's description; GRPO: Shao et al., arXiv 2402.03300).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -104,6 +109,7 @@ class AttemptWeights:
         unbiased: whether :math:`E[\\hat g] = \\nabla` Verification@K exactly (see the module
             docstring's theorem).
         singletons: number of made attempts whose baseline group had no other member.
+        mix: the blend β of ``"cal"`` (a number or ``(K,)``), ``None`` for the plain method.
     """
 
     weights: Tensor
@@ -114,6 +120,7 @@ class AttemptWeights:
     singleton: str
     unbiased: bool
     singletons: int
+    mix: Tensor | None = None
 
 
 def _group_stats(
@@ -142,6 +149,31 @@ def _group_stats(
     return adv, singleton
 
 
+def _check_mix(mix: float | Sequence[float] | Tensor, method: str, k: int, like: Tensor):
+    """``mix`` as a ``(K,)`` tensor, or ``None`` when it is the plain method (β = 1)."""
+    if isinstance(mix, bool):
+        raise RLTypeError(f"mix: expected a number or {k} numbers, got a bool.")
+    if isinstance(mix, (int, float)) and mix == 1:
+        return None
+    if method != "cal":
+        raise RLValueError(
+            f"mix: only the 'cal' method blends baselines, got mix={mix!r} with method "
+            f"{method!r}; drop mix or use method='cal'."
+        )
+    try:
+        beta = torch.as_tensor(mix, dtype=like.dtype, device=like.device).detach()
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise RLTypeError(f"mix: expected a number or {k} numbers, got {mix!r}.") from err
+    if beta.ndim > 1 or (beta.ndim == 1 and beta.numel() != k):
+        raise RLValueError(
+            f"mix: expected a number or one per attempt ({k} values), got shape "
+            f"{tuple(beta.shape)}."
+        )
+    if not bool(torch.isfinite(beta).all()):
+        raise RLValueError(f"mix: expected finite values, got {mix!r}.")
+    return beta
+
+
 def compute_weights(
     rollout: MultiAttemptRollout,
     method: Method,
@@ -149,6 +181,7 @@ def compute_weights(
     baseline: Baseline = "loo",
     normalize_std: bool = False,
     singleton: Singleton = "trajectory",
+    mix: float | Sequence[float] | Tensor = 1.0,
     eps: float = 1e-6,
 ) -> AttemptWeights:
     """Attempt weights of ``method`` for a batch of groups (see the module docstring).
@@ -164,6 +197,10 @@ def compute_weights(
             ``"trajectory"`` (default) the baseline over the whole group, ``"keep"`` baseline
             0 (both unbiased), ``"zero"`` weight 0 (biased). For ``"grpo"`` only ``N = 1``
             has singletons, and ``"trajectory"`` then means ``"keep"``.
+        mix: ``"cal"`` only: weight β of the attempt-level baseline against the trajectory
+            one, a number or one per attempt (``K`` values). Any β fixed independently of the
+            batch (e.g. fitted on earlier batches) keeps the estimate unbiased; β fitted on the
+            same batch does not.
         eps: added to the standard deviation when ``normalize_std``.
 
     Returns:
@@ -188,6 +225,7 @@ def compute_weights(
 
     r = rollout.rewards
     attempted = rollout.attempted
+    beta = _check_mix(mix, method, rollout.shape[-1], r)
     solved = rollout.solved
     if method == "grpo":
         adv, single = _group_stats(
@@ -203,6 +241,11 @@ def compute_weights(
     elif singleton == "trajectory" and method != "grpo":
         whole, _ = _group_stats(values, torch.ones_like(attempted), baseline, normalize_std, eps)
         adv = torch.where(single, whole, adv)
+    if beta is not None:
+        traj = compute_weights(
+            rollout, "grpo", baseline=baseline, normalize_std=normalize_std, eps=eps
+        ).weights
+        adv = beta * adv + (1 - beta) * traj
     weights = torch.where(attempted, adv, 0.0).detach()
     _, n, k = rollout.shape
     never_singleton = n >= 2 and (method == "grpo" or k == 1)
@@ -221,4 +264,5 @@ def compute_weights(
         singleton=singleton,
         unbiased=unbiased,
         singletons=int((single & attempted).sum()),
+        mix=beta,
     )
