@@ -55,22 +55,27 @@ E[1\{L_i\ge k\}\,E[s_{i,k}\mid h_{i,k-1}]] = 0`. Dividing by :math:`N` gives
 
 What is *not* unbiased, and why (each is checked by exact enumeration in the tests):
 
-- ``"naive"`` with any of these baselines has mean :math:`E[\sum_k 1\{L\ge k\} r_k s_k]`, which
-  misses :math:`E[\sum_k 1\{L\ge k\}(1-r_k) V_{k+1}(h_k) s_k]`, the credit a failed attempt
-  earns by making a later success likelier (:math:`V_{k+1}(h_k)` = success probability of the
-  remaining attempts). It can point the wrong way.
+- ``"naive"`` with a leave-one-out or no baseline has mean
+  :math:`E[\sum_k 1\{L\ge k\} r_k s_k]`, which misses
+  :math:`E[\sum_k 1\{L\ge k\}(1-r_k) V_{k+1}(h_k) s_k]`, the credit a failed attempt earns
+  by making a later success likelier (:math:`V_{k+1}(h_k)` = success probability of the
+  remaining attempts). It can point the wrong way. (With ``"mean"`` it is biased further.)
 - ``baseline="mean"`` includes :math:`i`: for ``"grpo"`` this multiplies the mean by exactly
   :math:`(N-1)/N`; for attempt-level methods the factor :math:`(n_k-1)/n_k` is random and
   correlated with the history, a bias.
 - ``singleton="zero"`` (drop attempts reached by one rollout only, which the paper reportedly
-  does, assuming :math:`n_k\ge 2`) removes :math:`E[1\{n_k=1\}R_i s_{i,k}]\ne 0`.
+  does, assuming :math:`n_k\ge 2`): the singleton event depends on the other rollouts only,
+  so it removes :math:`\sum_k P(\text{no } j\ne i \text{ reaches } k)\,
+  E[1\{L\ge k\} R\, s_k] \ne 0` in general.
 - ``normalize_std=True``: the divisor depends on :math:`i`'s reward; with population
   statistics the trajectory version ascends :math:`2\arcsin\sqrt{J}` per prompt, not
   :math:`J`.
 
 Reference: Ildiz, Gozeten, Taga, Oymak, "Learning to Correct: Calibrated Reinforcement
-Learning for Multi-Attempt Chain-of-Thought", arXiv 2604.17912 (the formula above is derived
-here from the abstract's description; GRPO: Shao et al., arXiv 2402.03300).
+Learning for Multi-Attempt Chain-of-Thought", arXiv 2604.17912. Only its abstract could be
+read: ``"cal"`` is a reconstruction from the abstract and secondary descriptions (attempt-level
+leave-one-out credit among the rollouts that reached the attempt, divided by the group size),
+derived and proved here, not copied from the paper. GRPO: Shao et al., arXiv 2402.03300.
 """
 
 from __future__ import annotations
