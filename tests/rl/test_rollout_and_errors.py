@@ -147,3 +147,19 @@ def test_mix_option():
         compute_weights(ro, "cal", mix=float("nan"))
     with pytest.raises(RLTypeError, match="mix"):
         compute_weights(ro, "cal", mix=True)
+
+
+def test_batched_exact_verification_matches_the_class():
+    from dxopt.rl import exact_verification_at_k
+
+    policies = [
+        TabularMultiAttempt.random(3, 2, generator=torch.Generator().manual_seed(s))
+        for s in range(3)
+    ]
+    probs = torch.stack([p.probs() for p in policies])
+    success = torch.stack([p.success for p in policies])
+    batched = exact_verification_at_k(probs, success, 2)
+    expected = torch.stack([p.verification_at_k() for p in policies])
+    torch.testing.assert_close(batched, expected)
+    with pytest.raises(RLValueError, match="history states"):
+        exact_verification_at_k(probs, success, 3)
