@@ -8,6 +8,8 @@ Subpackages
   gradients behind one interface, with cost accounting.
 - :mod:`dxopt.bilevel`: hypergradient methods, hard instances, oracle-call accounting and an
   implicit-differentiation layer for ``nn.Module`` inner problems.
+- :mod:`dxopt.rl`: multi-attempt policy gradients (vanilla GRPO, naive and calibrated
+  attempt-level weights) for Verification@K, with an exactly solvable tabular policy.
 - :mod:`dxopt.linalg`: the linear solves they share (checked Cholesky, CG).
 
 Shared by all of them (from :mod:`dxopt._core`): :class:`Status` (why a solver stopped, with a
@@ -28,7 +30,7 @@ if TYPE_CHECKING:
 
 __version__ = "0.2.0"
 
-_SUBPACKAGES = ("qp", "natgrad", "estimators", "bilevel", "linalg")
+_SUBPACKAGES = ("qp", "natgrad", "estimators", "bilevel", "rl", "linalg")
 _CORE = ("Cost", "DxoptError", "DxoptWarning", "Status")
 
 __all__ = [
@@ -42,6 +44,7 @@ __all__ = [
     "linalg",
     "natgrad",
     "qp",
+    "rl",
 ]
 
 
