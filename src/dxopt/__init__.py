@@ -7,6 +7,8 @@ Subpackages
 - :mod:`dxopt.estimators`: backprop, checkpointed backprop, forward-mode and zeroth-order
   gradients behind one interface, with cost accounting.
 - :mod:`dxopt.bilevel`: hypergradient methods, hard instances and oracle-call accounting.
+- :mod:`dxopt.linearize`: linearized (tangent-space) fine-tuning, task vectors, and distilling a
+  curvature-regularised linearized teacher into an ordinary student (DELTA).
 - :mod:`dxopt.linalg`: the linear solves they share (checked Cholesky, CG).
 
 Subpackages are imported lazily, so ``import dxopt`` stays cheap.
@@ -19,9 +21,9 @@ from types import ModuleType
 
 __version__ = "0.1.0"
 
-_SUBPACKAGES = ("qp", "natgrad", "estimators", "bilevel", "linalg")
+_SUBPACKAGES = ("qp", "natgrad", "estimators", "bilevel", "linalg", "linearize")
 
-__all__ = ["__version__", "bilevel", "estimators", "linalg", "natgrad", "qp"]
+__all__ = ["__version__", "bilevel", "estimators", "linalg", "linearize", "natgrad", "qp"]
 
 
 def __getattr__(name: str) -> ModuleType:
