@@ -16,9 +16,9 @@ from dxopt.linearize import (
 
 
 def test_linearized_model_bad_input(tiny):
-    with pytest.raises(TypeError, match="model: expected a torch.nn.Module"):
+    with pytest.raises(TypeError, match=r"model: expected a torch.nn.Module"):
         LinearizedModel(lambda x: x)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="names: .*not parameters"):
+    with pytest.raises(ValueError, match=r"names: .*not parameters"):
         LinearizedModel(tiny, names=["fc.nope"])
     with pytest.raises(TypeError, match="names: expected an iterable"):
         LinearizedModel(tiny, names="fc.weight")
@@ -36,9 +36,9 @@ def test_curvature_penalty_bad_input(tiny, images):
     with pytest.raises(ValueError, match="names"):
         CurvaturePenalty(tiny, images, names=["x"])
     pen = CurvaturePenalty(tiny, images, names=["fc.weight"])
-    with pytest.raises(ValueError, match="tau: .*not among"):
+    with pytest.raises(ValueError, match=r"tau: .*not among"):
         pen({"fc.bias": torch.zeros(5, dtype=torch.float64)})
-    with pytest.raises(ValueError, match="tau\\['fc.weight'\\]: expected shape"):
+    with pytest.raises(ValueError, match=r"tau\['fc.weight'\]: expected shape"):
         pen({"fc.weight": torch.zeros(2, dtype=torch.float64)})
 
 
@@ -53,5 +53,5 @@ def test_distillation_bad_input(tiny, images):
         alpha_range(1.5)
     with pytest.raises(ValueError, match="low, high"):
         alpha_range(0.5, low=1.5)
-    with pytest.raises(ValueError, match="pretrained: .*not parameters"):
+    with pytest.raises(ValueError, match=r"pretrained: .*not parameters"):
         call_along_ray(tiny, {"nope": torch.zeros(1)}, 1.0, images)

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from tests.linearize.conftest import random_direction
 from torch import nn
 from torch.func import functional_call, jacrev
 
@@ -17,7 +18,6 @@ from dxopt.linearize import (
     distillation_loss,
     sample_alpha,
 )
-from tests.linearize.conftest import random_direction
 
 
 def _explicit_gauss_newton(model, x, normalize):

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tests.linearize.conftest import LoRALinear, random_direction
 from torch import nn
 from torch.func import functional_call
 
 from dxopt.linearize import LinearizedModel, TaskVector
-from tests.linearize.conftest import LoRALinear, random_direction
 
 
 def _at(model: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
