@@ -10,7 +10,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PARTS = ROOT / "docs" / "readme"
-ORDER = ("_head", "qp", "portfolio", "natgrad", "estimators", "bilevel", "_tail")
+ORDER = ("_head", "qp", "portfolio", "natgrad", "estimators", "bilevel", "linearize", "_tail")
 
 
 def build() -> str:

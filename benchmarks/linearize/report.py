@@ -143,7 +143,8 @@ def section_markdown(
         "validation.",
         "",
         f"Command: `{command}`. {machine} Load average at start {la0}, at end {la1}; "
-        f"total {info['total_seconds']:.0f} s.",
+        f"total {info['total_seconds']:.0f} s wall, {info['cpu_seconds']:.0f} s CPU "
+        "(the gap is time spent waiting for the shared cores).",
         "",
         table,
         "",

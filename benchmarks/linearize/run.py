@@ -101,6 +101,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     set_threads(args.threads)
     load_start = os.getloadavg()
     t_start = time.perf_counter()
+    cpu_start = time.process_time()
     cfg = Config() if args.steps is None else Config(steps=args.steps)
     grids = Grids()
     seeds = args.seeds
@@ -164,6 +165,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     info["load_average_start"] = load_start
     info["load_average_end"] = os.getloadavg()
     info["total_seconds"] = time.perf_counter() - t_start
+    info["cpu_seconds"] = time.process_time() - cpu_start
     rows = summarize(runs, cost)
     checks = claims(runs, cost)
     payload = {
