@@ -39,26 +39,35 @@ from dxopt.estimators import MemoryTracker
 COMMAND = "dxopt bench linearize"
 
 
-def inference_cost(model: torch.nn.Module, x: torch.Tensor, *, repeats: int) -> dict[str, float]:
-    """Seconds (fastest of ``repeats``, the least load-sensitive figure on a shared machine)
-    and peak bytes of live tensors per example for one no-grad forward of ``model``."""
+def inference_cost(
+    models: dict[str, torch.nn.Module], x: torch.Tensor, *, repeats: int
+) -> dict[str, dict[str, float]]:
+    """Per model: seconds and peak bytes of live tensors per example of one no-grad forward.
+
+    The models are timed round-robin (so load spikes on the shared machine hit all of them
+    alike) and the fastest of ``repeats`` is kept, the least load-sensitive figure.
+    """
+    times: dict[str, list[float]] = {m: [] for m in models}
+    out: dict[str, dict[str, float]] = {}
     with torch.no_grad():
-        model(x)
-        times = []
+        for model in models.values():
+            model(x)  # warm-up
         for _ in range(repeats):
-            t0 = time.perf_counter()
-            model(x)
-            times.append(time.perf_counter() - t0)
-        seconds = min(times)
-        with MemoryTracker() as mem:
-            model(x)
-    report = mem.report
-    stored = sum(p.numel() for p in model.parameters()) * 4
-    return {
-        "us_per_example": 1e6 * seconds / x.shape[0],
-        "peak_bytes_per_example": report.peak_bytes / x.shape[0],
-        "weight_bytes": float(stored),
-    }
+            for name, model in models.items():
+                t0 = time.perf_counter()
+                model(x)
+                times[name].append(time.perf_counter() - t0)
+        for name, model in models.items():
+            with MemoryTracker() as mem:
+                model(x)
+            out[name] = {
+                "us_per_example": 1e6 * min(times[name]) / x.shape[0],
+                "peak_bytes_per_example": mem.report.peak_bytes / x.shape[0],
+                "weight_bytes": float(
+                    sum(p.numel() * p.element_size() for p in model.parameters())
+                ),
+            }
+    return out
 
 
 def summarize(runs: list[dict[str, Any]], cost: dict[str, dict[str, float]]) -> list[dict]:
@@ -77,6 +86,7 @@ def summarize(runs: list[dict[str, Any]], cost: dict[str, dict[str, float]]) -> 
                 "single-task acc": ms("single_mean"),
                 "add. abs acc": ms("add_abs"),
                 "add. norm acc": ms("add_norm"),
+                "add. gain over θ₀": ms("add_gain"),
                 "α* add": ms("add_alpha"),
                 "neg. target acc ↓": ms("neg_target"),
                 "neg. control acc": ms("neg_control"),
@@ -115,6 +125,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     runs: list[dict[str, Any]] = []
     cost: dict[str, dict[str, float]] = {}
+    timed: dict[str, torch.nn.Module] = {}
     curves: dict[str, list[list[float]]] = {m: [] for m in METHODS}
     heat: dict[str, Any] = {}
     zero_shot: list[float] = []
@@ -133,10 +144,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 bar.update()
             editor = Editor(suite, method in LINEAR_METHODS)
             ev = evaluate(editor, taus[method], grids)
-            if method not in cost:  # the fine-tuned model of the first task, first seed
-                x = suite.data[TASKS[0]]["test"].x[:256]
-                model = editor.model(taus[method][TASKS[0]])
-                cost[method] = inference_cost(model, x, repeats=5 if args.quick else 20)
+            if seed == seeds[0]:  # the fine-tuned model of the first task, first seed
+                timed[method] = editor.model(taus[method][TASKS[0]])
             curves[method].append(ev["addition"]["val_curve"])
             if seed == seeds[0]:
                 heat[method] = ev["xi_pairs"]
@@ -147,6 +156,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     "single": ev["single"],
                     "single_mean": ev["single_mean"],
                     "add_abs": ev["addition"]["absolute"],
+                    "add_gain": ev["addition"]["absolute"]
+                    - statistics.fmean(ev["zero_shot"].values()),
                     "add_norm": ev["addition"]["normalized"],
                     "add_alpha": ev["addition"]["alpha"],
                     "add_test": ev["addition"]["test"],
@@ -158,6 +169,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     "tau_norm": statistics.fmean(taus[method][t].norm() for t in TASKS),
                 }
             )
+        if seed == seeds[0]:
+            x = suite.data[TASKS[0]]["test"].x[:256]
+            cost = inference_cost(timed, x, repeats=5 if args.quick else 30)
         zero_shot.append(statistics.fmean(ev["zero_shot"].values()))
         control0.append(ev["control_pretrained"])
     bar.close()
