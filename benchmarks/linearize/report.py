@@ -61,13 +61,15 @@ def claims(runs: list[dict[str, Any]], cost: dict[str, dict[str, float]]) -> lis
         f"student {m['single_mean']['delta']:.3f}, standard {m['single_mean']['standard']:.3f}, "
         f"teacher {m['single_mean']['linear']:.3f}",
     )
+    fs, fd, fl = (cost[k]["mflop_per_example"] for k in ("standard", "delta", "linear"))
     s, d, lin = (cost[k]["us_per_example"] for k in ("standard", "delta", "linear"))
     check(
-        "no inference overhead: the student's forward within 10% of the standard model's, "
-        "the linearized model's slower",
-        d <= 1.1 * s and lin > 1.1 * s,
-        f"µs/example: student {d:.1f}, standard {s:.1f}, linearized {lin:.1f} "
-        f"({lin / s:.2f}x); peak KB/example: student "
+        "no inference overhead: the student's forward costs the standard model's FLOPs, the "
+        "linearized model's more",
+        fd == fs and fl > 1.5 * fs,
+        f"MFLOP/example: student {fd:.3f}, standard {fs:.3f}, linearized {fl:.3f} "
+        f"({fl / fs:.2f}x); µs/example (noisy, shared machine): student {d:.1f}, standard "
+        f"{s:.1f}, linearized {lin:.1f}; peak KB/example: student "
         f"{cost['delta']['peak_bytes_per_example'] / 1024:.1f}, linearized "
         f"{cost['linear']['peak_bytes_per_example'] / 1024:.1f}",
     )

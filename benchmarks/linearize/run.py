@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 from tqdm import tqdm
 
 from benchmarks.common import (
@@ -42,7 +43,8 @@ COMMAND = "dxopt bench linearize"
 def inference_cost(
     models: dict[str, torch.nn.Module], x: torch.Tensor, *, repeats: int
 ) -> dict[str, dict[str, float]]:
-    """Per model: seconds and peak bytes of live tensors per example of one no-grad forward.
+    """Per model: FLOPs (``torch.utils.flop_counter``), seconds and peak bytes of live tensors
+    per example of one no-grad forward.
 
     The models are timed round-robin (so load spikes on the shared machine hit all of them
     alike) and the fastest of ``repeats`` is kept, the least load-sensitive figure.
@@ -60,8 +62,12 @@ def inference_cost(
         for name, model in models.items():
             with MemoryTracker() as mem:
                 model(x)
+            counter = FlopCounterMode(display=False)
+            with counter:
+                model(x)
             out[name] = {
                 "us_per_example": 1e6 * min(times[name]) / x.shape[0],
+                "mflop_per_example": counter.get_total_flops() / 1e6 / x.shape[0],
                 "peak_bytes_per_example": mem.report.peak_bytes / x.shape[0],
                 "weight_bytes": float(
                     sum(p.numel() * p.element_size() for p in model.parameters())
@@ -91,6 +97,7 @@ def summarize(runs: list[dict[str, Any]], cost: dict[str, dict[str, float]]) -> 
                 "neg. target acc ↓": ms("neg_target"),
                 "neg. control acc": ms("neg_control"),
                 "ξ ↓": ms("xi"),
+                "MFLOP / example": cost[m]["mflop_per_example"],
                 "µs / example": cost[m]["us_per_example"],
                 "peak KB / example": cost[m]["peak_bytes_per_example"] / 1024,
                 "weights KB": cost[m]["weight_bytes"] / 1024,
