@@ -33,7 +33,7 @@ from benchmarks.common import (
 )
 from benchmarks.linearize.methods import LINEAR_METHODS, METHODS, Config, Editor, finetune
 from benchmarks.linearize.metrics import QUICK_GRIDS, Grids, evaluate
-from benchmarks.linearize.report import claims, section_markdown, write_plots
+from benchmarks.linearize.report import claims, notes, section_markdown, write_plots
 from benchmarks.linearize.tasks import TASKS, build_suite
 from dxopt.estimators import MemoryTracker
 
@@ -220,6 +220,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         seeds=seeds,
         zero_shot=zero_shot,
         control0=control0,
+        readings=notes(payload),
     )
     (out / "linearize.md").write_text(section + "\n")
     if not args.quick and args.out is None:
