@@ -10,7 +10,17 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PARTS = ROOT / "docs" / "readme"
-ORDER = ("_head", "qp", "portfolio", "natgrad", "estimators", "bilevel", "rl", "_tail")
+ORDER = (
+    "_head",
+    "qp",
+    "portfolio",
+    "natgrad",
+    "estimators",
+    "bilevel",
+    "rl",
+    "linearize",
+    "_tail",
+)
 
 
 def build() -> str:

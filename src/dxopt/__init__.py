@@ -10,6 +10,8 @@ Subpackages
   implicit-differentiation layer for ``nn.Module`` inner problems.
 - :mod:`dxopt.rl`: multi-attempt policy gradients (vanilla GRPO, naive and calibrated
   attempt-level weights) for Verification@K, with an exactly solvable tabular policy.
+- :mod:`dxopt.linearize`: linearized (tangent-space) fine-tuning, task vectors, and distilling a
+  curvature-regularised linearized teacher into an ordinary student (DELTA).
 - :mod:`dxopt.linalg`: the linear solves they share (checked Cholesky, CG).
 
 Shared by all of them (from :mod:`dxopt._core`): :class:`Status` (why a solver stopped, with a
@@ -30,7 +32,7 @@ if TYPE_CHECKING:
 
 __version__ = "0.2.0"
 
-_SUBPACKAGES = ("qp", "natgrad", "estimators", "bilevel", "rl", "linalg")
+_SUBPACKAGES = ("qp", "natgrad", "estimators", "bilevel", "rl", "linearize", "linalg")
 _CORE = ("Cost", "DxoptError", "DxoptWarning", "Status")
 
 __all__ = [
@@ -42,6 +44,7 @@ __all__ = [
     "bilevel",
     "estimators",
     "linalg",
+    "linearize",
     "natgrad",
     "qp",
     "rl",
