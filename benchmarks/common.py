@@ -21,7 +21,7 @@ from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS_MD = REPO_ROOT / "BENCHMARKS.md"
-AREA_ORDER = ("qp", "natgrad", "estimators", "bilevel")
+AREA_ORDER = ("qp", "natgrad", "estimators", "bilevel", "multi_attempt", "linearize")
 
 
 def set_threads(n: int = 2) -> None:

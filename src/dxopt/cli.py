@@ -26,7 +26,7 @@ from dxopt import __version__
 
 __all__ = ["main"]
 
-BENCH_AREAS = ("qp", "natgrad", "estimators", "bilevel")
+BENCH_AREAS = ("qp", "natgrad", "estimators", "bilevel", "multi_attempt", "linearize")
 _PACKAGE_DIR = Path(__file__).resolve().parent
 
 
