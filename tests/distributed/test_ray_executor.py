@@ -290,3 +290,38 @@ def test_qplayer_with_executor(executor):
     torch.testing.assert_close(
         layer(**data).x, dqp.solve(**data, backward="kkt").x, atol=TOL, rtol=0
     )
+
+
+def test_example_trains_and_matches_local_gradient(executor, capsys):
+    from examples.ray_qp import run as example
+
+    out = example.run(batch=40, n=8, k=3, steps=3, workers=2, chunk_size=10, executor=executor)
+    assert out["grad_check"] <= TOL
+    assert out["history"][0] == pytest.approx(out["uniform"], abs=1e-9)  # W = 0: x = 1/n
+    assert min(out["history"][1:]) < out["history"][0]
+    assert "max |grad difference|" in capsys.readouterr().out
+
+
+def test_benchmark_quick_measurement(executor, tmp_path):
+    from benchmarks.qp_ray import run as bench
+
+    measured = bench.measure(60, 10, 20, 5, 1, executor=executor)
+    assert (executor.num_workers, executor.chunk_size) == (2, 3)  # settings restored
+    rows = measured["rows"]
+    assert [r["workers"] for r in rows] == [0, 1, 2]
+    assert all(r["solved"] == 60 and r["qps_per_s"] > 0 for r in rows)
+    assert all(r["max_diff_vs_local"] <= TOL for r in rows[1:])
+    assert rows[1]["scaling_efficiency"] == pytest.approx(1.0)
+    payload = {
+        "command": "test", "batch": 60, "n": 10, "chunk_size": 20,
+        "info": bench.machine_info(), "load": {"start": 0.0, "end": 0.0}, **measured,
+        "projection": bench.projection(1e-3, 5e-3, 1e-3, 10),
+    }  # fmt: skip
+    proj = payload["projection"]
+    assert len(proj) == 6 and all(p["total_s"] >= max(p["workers_s"], p["driver_s"]) for p in proj)
+    # 1e7 QPs x 1 ms on 100 workers, chunks of 1000: 100 s of solving + 100 chunks x 5 ms
+    assert proj[0]["workers_s"] == pytest.approx(1e7 / 100 * 1e-3 + 1e4 / 100 * 5e-3)
+    text = bench.report(payload)
+    assert text.startswith("## QP batches on Ray") and "Target: 2 workers" in text
+    bench.plot(payload, tmp_path / "p.png")
+    assert (tmp_path / "p.png").stat().st_size > 0

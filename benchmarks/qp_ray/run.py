@@ -1,0 +1,377 @@
+"""QP batches on Ray: local serial ``dqp.solve`` against :class:`dxopt.distributed.RayExecutor`
+with 1 and 2 workers on this machine, the fixed cost per chunk, and a projection to 100 nodes.
+
+Problem: ``B`` dense QPs with ``n`` variables, ``m = n`` inequalities and ``p = n/2``
+equalities (dQP's random dense family, ``benchmarks/qp/generators.py``); ``P, A, G`` are shared
+(broadcast) and ``q, b, h`` are per sample (what a decision-focused model predicts). Timed: one
+forward + backward of ``L = sum(w * x)`` with gradients for ``q, b, h`` (penalty backward),
+torch threads 1 in the driver and in every worker. Run ``dxopt bench qp_ray`` (full, about
+3 minutes on a quiet 2-core machine) or ``dxopt bench qp_ray --quick``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks.common import (
+    REPO_ROOT,
+    machine_info,
+    machine_line,
+    markdown_table,
+    results_dir,
+    set_threads,
+    update_benchmarks_md,
+    write_json,
+)
+from benchmarks.qp.generators import random_dense
+
+AREA = "qp_ray"
+COMMAND = "dxopt bench qp_ray"
+TARGET_SPEEDUP = 1.6
+
+
+def make_batch(batch: int, n: int, *, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Shared ``P, A, G`` from :func:`random_dense`; per-sample ``q, b, h`` that keep
+    ``x = 1 + d`` feasible with inequality slack in ``[1, 2]``."""
+    prob = random_dense(n, seed=seed)
+    dt = torch.float64
+    P, A, G = (torch.as_tensor(v, dtype=dt) for v in (prob.P, prob.A, prob.G))
+    gen = torch.Generator().manual_seed(seed)
+    d = 0.1 * torch.randn(batch, n, generator=gen, dtype=dt)
+    return {
+        "P": P,
+        "q": torch.randn(batch, n, generator=gen, dtype=dt),
+        "A": A,
+        "b": (1.0 + d) @ A.T,
+        "G": G,
+        "h": (1.0 + d) @ G.T + 1.0 + torch.rand(batch, G.shape[0], generator=gen, dtype=dt),
+    }
+
+
+def fwd_bwd(data: dict[str, torch.Tensor], executor: Any) -> dict[str, Any]:
+    """One timed forward + backward; also the driver's CPU time and the solution."""
+    import dxopt.qp as dqp
+
+    leaves = {k: (v.clone().requires_grad_(True) if v.ndim == 2 and k in "qbh" else v)
+              for k, v in data.items()}  # fmt: skip
+    w = torch.ones_like(data["q"]) / data["q"].shape[0]
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    sol = dqp.solve(**leaves, executor=executor)
+    t1 = time.perf_counter()
+    (w * sol.x).sum().backward()
+    t2, cpu1 = time.perf_counter(), time.process_time()
+    return {
+        "forward_s": t1 - t0,
+        "total_s": t2 - t0,
+        "driver_cpu_s": cpu1 - cpu0,
+        "x": sol.x.detach(),
+        "grads": {k: leaves[k].grad for k in "qbh"},
+        "ok": sum(s.ok for s in sol.status),
+    }
+
+
+def _max_diff(a: dict[str, Any], b: dict[str, Any]) -> float:
+    diffs = [float((a["x"] - b["x"]).abs().max())]
+    diffs += [float((a["grads"][k] - b["grads"][k]).abs().max()) for k in "qbh"]
+    return max(diffs)
+
+
+def _ray_init(num_cpus: int) -> Any:
+    import ray
+
+    if not ray.is_initialized():
+        src = str(REPO_ROOT / "src")
+        env = {"PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               "OMP_NUM_THREADS": "1"}  # fmt: skip
+        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+                 configure_logging=False, runtime_env={"env_vars": env})  # fmt: skip
+    return ray
+
+
+def measure(
+    batch: int,
+    n: int,
+    chunk_size: int,
+    tiny_batch: int,
+    repeats: int,
+    *,
+    executor: Any = None,
+) -> dict[str, Any]:
+    """Local serial vs Ray with 1 and 2 workers, and the per-chunk overhead (1 worker).
+
+    ``executor``: a started 2-worker :class:`RayExecutor` to use (its settings are restored);
+    by default one is created on a local 2-CPU Ray instance (started unless Ray is running).
+    """
+    from dxopt.distributed import RayExecutor
+
+    data = make_batch(batch, n)
+    fwd_bwd(make_batch(chunk_size, n, seed=1), None)  # warm-up
+    local = fwd_bwd(data, None)
+    rows = [{"setup": "local serial", "workers": 0, **_row(local, batch, None)}]
+    ray = _ray_init(2)
+    runs: dict[int, dict[str, Any]] = {}
+    overhead: dict[str, Any] = {}
+    chunks = math.ceil(batch / chunk_size)
+    # One pool of 2 actors; the 1-worker run schedules on its first actor only (the second
+    # idles), which saves starting a third process on this 2-core machine.
+    ex = executor if executor is not None else RayExecutor(num_workers=2)
+    saved = ex.num_workers, ex.chunk_size
+    try:
+        ex.start()
+        ray.get([w.describe.remote() for w in ex.workers])  # actors up and imported
+        ex.chunk_size = 2
+        fwd_bwd(make_batch(8, n, seed=1), ex)  # warm-up: 4 chunks, both actors
+        ex.chunk_size = chunk_size
+        for workers in (1, 2):
+            ex.num_workers = workers
+            res = fwd_bwd(data, ex)
+            runs[workers] = res
+            rows.append(
+                {"setup": f"Ray, {workers} worker{'s' * (workers > 1)}", "workers": workers,
+                 **_row(res, batch, chunks), "max_diff_vs_local": _max_diff(res, local)}
+            )  # fmt: skip
+            if workers == 1:
+                overhead = _chunk_overhead(ex, n, tiny_batch, repeats)
+    finally:
+        ex.num_workers, ex.chunk_size = saved
+        if executor is None:
+            ex.shutdown()
+    base = rows[0]["qps_per_s"]
+    one = rows[1]["qps_per_s"]
+    for r in rows[1:]:
+        r["speedup_vs_local"] = r["qps_per_s"] / base
+        r["scaling_efficiency"] = r["qps_per_s"] / (r["workers"] * one)
+    per_qp_worker = max(
+        (runs[1]["total_s"] - math.ceil(batch / chunk_size) * overhead["fwd_bwd_s"]) / batch,
+        1e-9,
+    )
+    return {
+        "rows": rows,
+        "overhead": overhead,
+        "per_qp_worker_s": per_qp_worker,
+        "driver_cpu_per_chunk_s": runs[2]["driver_cpu_s"] / math.ceil(batch / chunk_size),
+    }
+
+
+def _row(res: dict[str, Any], batch: int, chunks: int | None) -> dict[str, Any]:
+    return {
+        "chunks": chunks,
+        "forward_s": res["forward_s"],
+        "fwd_bwd_s": res["total_s"],
+        "qps_per_s": batch / res["total_s"],
+        "driver_cpu_s": res["driver_cpu_s"],
+        "solved": res["ok"],
+    }
+
+
+def _chunk_overhead(ex: Any, n: int, tiny: int, repeats: int) -> dict[str, Any]:
+    """Fixed cost per chunk: ``tiny`` QPs as ``tiny`` one-QP chunks minus the same QPs as one
+    chunk, divided by ``tiny - 1`` (median of ``repeats``); forward only and fwd+bwd."""
+    data = make_batch(tiny, n, seed=2)
+    saved = ex.chunk_size
+    fwd, both = [], []
+    try:
+        for _ in range(repeats):
+            ex.chunk_size = 1
+            small = fwd_bwd(data, ex)
+            ex.chunk_size = tiny
+            big = fwd_bwd(data, ex)
+            fwd.append((small["forward_s"] - big["forward_s"]) / (tiny - 1))
+            both.append((small["total_s"] - big["total_s"]) / (tiny - 1))
+    finally:
+        ex.chunk_size = saved
+    return {"tiny_batch": tiny, "forward_s": statistics.median(fwd),
+            "fwd_bwd_s": statistics.median(both), "samples_fwd_bwd_s": both}  # fmt: skip
+
+
+def projection(per_qp: float, overhead: float, driver: float, n: int) -> list[dict[str, Any]]:
+    """Time for 10^7 QPs of this size on 100 nodes from the measured per-chunk costs.
+
+    Workers: ``B/W * t_qp + B/(c W) * o`` (each worker solves its share and pays the fixed
+    cost ``o`` per chunk of ``c``); the driver, serial, spends ``d`` CPU per chunk and moves
+    about ``4 (n + m + p) * 8`` bytes per QP (inputs, outputs, cotangents, gradients) through
+    a 10 Gb/s link. The run takes the larger of the two (they overlap).
+    """
+    B = 10**7
+    bytes_per_qp = 4 * (n + n + math.ceil(n / 2)) * 8
+    out = []
+    for per_node in (1, 2, 16):
+        W = 100 * per_node
+        for c in (1000, 10000):
+            workers = B / W * per_qp + B / (c * W) * overhead
+            drive = B / c * driver + B * bytes_per_qp / 1.25e9
+            total = max(workers, drive)
+            out.append({
+                "nodes": 100, "workers_per_node": per_node, "workers": W, "chunk_size": c,
+                "workers_s": workers, "driver_s": drive, "total_s": total,
+                "qps_per_s": B / total, "bound": "workers" if workers >= drive else "driver",
+                "efficiency": B * per_qp / W / total,
+            })  # fmt: skip
+    return out
+
+
+def plot(payload: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = payload["rows"]
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    ax.bar([r["setup"] for r in rows], [r["qps_per_s"] for r in rows], color="C0")
+    ax.axhline(TARGET_SPEEDUP * rows[0]["qps_per_s"], color="C3", ls="--",
+               label=f"target {TARGET_SPEEDUP}x local")  # fmt: skip
+    ax.set_ylabel("QPs per second (fwd + bwd)")
+    ax.set_title(f"B = {payload['batch']}, n = {payload['n']}")
+    ax.legend()
+    proj = [p for p in payload["projection"] if p["chunk_size"] == 10000]
+    ax2.loglog([p["workers"] for p in proj], [p["qps_per_s"] for p in proj], "o-",
+               label="projected (chunk 10000)")  # fmt: skip
+    ax2.loglog([p["workers"] for p in proj],
+               [p["workers"] / payload["per_qp_worker_s"] for p in proj], "k:",
+               label="ideal W / t_qp")  # fmt: skip
+    ax2.set_xlabel("workers on 100 nodes")
+    ax2.set_ylabel("QPs per second")
+    ax2.set_title("projection, 10^7 QPs")
+    ax2.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def report(payload: dict[str, Any]) -> str:
+    rows = [{**r, "setup": r["setup"]} for r in payload["rows"]]
+    two = next(r for r in rows if r["workers"] == 2)
+    verdict = "PASS" if two["speedup_vs_local"] >= TARGET_SPEEDUP else "MISSED"
+    o = payload["overhead"]
+    load = payload["load"]
+    contaminated = max(load["start"], load["end"]) > 0.5 * payload["info"]["cores"]
+    lines = [
+        "## QP batches on Ray",
+        "",
+        f"Command: `{payload['command']}`",
+        "",
+        machine_line(payload["info"]),
+        f"Load average (1 min) at start / end: {load['start']} / {load['end']} on "
+        f"{payload['info']['cores']} cores"
+        + (
+            " - the machine was shared with other jobs, so these figures are contaminated "
+            "(workers and the local baseline competed for the same cores)."
+            if contaminated
+            else "."
+        ),
+        "",
+        f"{payload['batch']} dense QPs, n = {payload['n']}, m = {payload['n']}, "
+        f"p = {math.ceil(payload['n'] / 2)}; shared P, A, G; per-sample q, b, h; one forward + "
+        f"backward (gradients of q, b, h), torch threads 1 everywhere; Ray chunks of "
+        f"{payload['chunk_size']}; warm actors (start-up not timed). `max diff` is the largest "
+        "difference of x and every gradient against the local run.",
+        "",
+        markdown_table(
+            rows,
+            [
+                "setup",
+                "chunks",
+                "forward_s",
+                "fwd_bwd_s",
+                "qps_per_s",
+                "speedup_vs_local",
+                "scaling_efficiency",
+                "driver_cpu_s",
+                "max_diff_vs_local",
+            ],
+        ),
+        "",
+        f"Target: 2 workers >= {TARGET_SPEEDUP}x local serial: **{verdict}** "
+        f"({two['speedup_vs_local']:.2f}x).",
+        "",
+        f"Fixed overhead per chunk (1 worker, {o['tiny_batch']} one-QP chunks against one chunk "
+        f"of {o['tiny_batch']}): {1e3 * o['forward_s']:.2f} ms forward, "
+        f"{1e3 * o['fwd_bwd_s']:.2f} ms forward + backward. Per-QP worker time "
+        f"{1e3 * payload['per_qp_worker_s']:.3f} ms; driver CPU per chunk "
+        f"{1e3 * payload['driver_cpu_per_chunk_s']:.2f} ms (2-worker run).",
+        "",
+        "### Projection to 100 nodes (10^7 QPs of this size)",
+        "",
+        "From the measured per-QP time t, per-chunk overhead o and driver CPU per chunk d: "
+        "workers take `B/W t + B/(cW) o`; the single driver takes `B/c d` plus the bytes "
+        "(about 4 (n + m + p) 8 per QP) over a 10 Gb/s link; the run takes the larger. Not "
+        "measured: network latency between nodes, object-store spilling, stragglers.",
+        "",
+        markdown_table(
+            payload["projection"],
+            [
+                "workers_per_node",
+                "workers",
+                "chunk_size",
+                "workers_s",
+                "driver_s",
+                "total_s",
+                "qps_per_s",
+                "bound",
+                "efficiency",
+            ],
+        ),
+        "",
+        f"Plot: `benchmarks/{AREA}/results/{AREA}.png`.",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, temp output dir")
+    parser.add_argument("--batch", type=int, default=None, help="QPs (default 20000)")
+    parser.add_argument("--n", type=int, default=None, help="variables (default 50)")
+    parser.add_argument("--chunk-size", type=int, default=None, help="default 500")
+    parser.add_argument("--out", type=Path, default=None, help="output folder")
+    args = parser.parse_args(argv)
+    set_threads(1)
+    batch = args.batch or (300 if args.quick else 20000)
+    n = args.n or (20 if args.quick else 50)
+    chunk = args.chunk_size or (50 if args.quick else 500)
+    tiny, repeats = (10, 1) if args.quick else (100, 3)
+    out = args.out or (
+        Path(tempfile.mkdtemp(prefix="dxopt-bench-qp-ray-")) if args.quick else results_dir(AREA)
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    load_start = round(os.getloadavg()[0], 2)
+    measured = measure(batch, n, chunk, tiny, repeats)
+    load_end = round(os.getloadavg()[0], 2)
+    payload = {
+        "command": COMMAND + (" --quick" if args.quick else ""),
+        "batch": batch,
+        "n": n,
+        "chunk_size": chunk,
+        "info": machine_info(),
+        "load": {"start": load_start, "end": load_end},
+        **measured,
+        "projection": projection(
+            measured["per_qp_worker_s"],
+            measured["overhead"]["fwd_bwd_s"],
+            measured["driver_cpu_per_chunk_s"],
+            n,
+        ),
+    }
+    write_json(out / f"{AREA}.json", payload)
+    text = report(payload)
+    (out / f"{AREA}.md").write_text(text + "\n")
+    plot(payload, out / f"{AREA}.png")
+    print(text)
+    if not args.quick and args.out is None:
+        update_benchmarks_md(AREA, text)
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
