@@ -10,7 +10,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PARTS = ROOT / "docs" / "readme"
-ORDER = ("_head", "qp", "portfolio", "natgrad", "estimators", "bilevel", "_tail")
+ORDER = (
+    "_head",
+    "qp",
+    "portfolio",
+    "distributed",
+    "natgrad",
+    "estimators",
+    "bilevel",
+    "_tail",
+)
 
 
 def build() -> str:

@@ -7,11 +7,13 @@ agree to 1e-12.
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import io
 import os
+import re
 import subprocess
 import sys
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -188,7 +190,7 @@ def test_bad_input_raises_original_error(executor):
         dqp.solve(**data, executor=executor)
 
 
-@contextmanager
+@contextlib.contextmanager
 def configured(ex: RayExecutor, **attrs):
     """Temporarily change per-call settings of the shared executor; zero its counters."""
     saved = {k: getattr(ex, k) for k in attrs}
@@ -325,3 +327,21 @@ def test_benchmark_quick_measurement(executor, tmp_path):
     assert text.startswith("## QP batches on Ray") and "Target: 2 workers" in text
     bench.plot(payload, tmp_path / "p.png")
     assert (tmp_path / "p.png").stat().st_size > 0
+
+
+def test_readme_example_output_matches(executor):
+    """docs/readme/distributed.md's example prints its documented output (on this module's
+    cluster: its ``ray.init`` line is skipped and the shared executor's actors are stopped to
+    leave the CPUs to the example's own executor)."""
+    readme = Path(__file__).resolve().parents[2] / "docs" / "readme" / "distributed.md"
+    text = readme.read_text()
+    code = re.search(r"```python\n(.*?)```", text, re.S)
+    output = re.search(r"Output:\n\n```text\n(.*?)```", text, re.S)
+    assert code is not None and output is not None
+    source = re.sub(r"^ray\.init\(.*$", "pass", code.group(1), flags=re.M)
+    assert source != code.group(1)
+    executor.shutdown()  # restarted on its next use
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        exec(compile(source, str(readme), "exec"), {"__name__": "readme_example"})
+    assert buffer.getvalue() == output.group(1)
