@@ -288,7 +288,7 @@ class RayExecutor:
         holders = tuple({id(w): w for w in owners if w is not None}.values())
         try:
             outputs, status, primal, dual, solver = self._stitch(
-                results, bounds, layout.batch, worker_failed
+                results, bounds, layout.batch, cpu, str(options.get("solver", "auto"))
             )
         except BaseException:
             _release(holders, call_id)
@@ -422,16 +422,15 @@ class RayExecutor:
         results: list[ChunkOutput | None],
         bounds: list[tuple[int, int]],
         batch: int | None,
-        worker_failed: set[int],
+        inputs: tuple[Tensor | None, ...],
+        solver: str,
     ) -> tuple[
         tuple[Tensor | None, ...], tuple[QPStatus, ...], tuple[float, ...], tuple[float, ...], str
     ]:
         template = next((r for r in results if r is not None), None)
-        if template is None:
-            raise RuntimeError(
-                "RayExecutor: every chunk was lost with its Ray workers (twice); no sample was "
-                "solved. Check the cluster (ray status) and the workers' logs."
-            )
+        if template is None:  # every chunk lost: shapes and dtype from the inputs
+            template = _lost_chunk(inputs, batch is not None, solver)
+            results = [template] if batch is None else [None] * len(bounds)
         if batch is None:
             r = results[0]
             assert r is not None
@@ -609,6 +608,37 @@ class RayExecutor:
                 raise RuntimeError(f"{name}: gradient shape {total.shape} != {t.shape}.")
             result.append(total.to(call.device))
         return tuple(result)
+
+
+def _lost_chunk(inputs: tuple[Tensor | None, ...], batched: bool, solver: str) -> ChunkOutput:
+    """A one-sample all-NaN ``FAILED`` chunk shaped like the call's outputs (used when no
+    chunk came back to copy the shapes from)."""
+    _, q, A, _, G, _, lb, ub, _ = inputs
+    assert q is not None
+    n = q.shape[-1]
+
+    def finite(bound: Tensor | None) -> int | None:
+        return None if bound is None else int(torch.isfinite(bound.reshape(-1, n)[0]).sum())
+
+    widths = (n, None if A is None else A.shape[-2], None if G is None else G.shape[-2])
+    nan = float("nan")
+    x, eq, ineq, lbd, ubd = (
+        None if w is None else torch.full((1, w) if batched else (w,), nan, dtype=q.dtype)
+        for w in (*widths, finite(lb), finite(ub))
+    )
+    assert x is not None
+    return ChunkOutput(
+        x=x,
+        eq_duals=eq,
+        ineq_duals=ineq,
+        lb_duals=lbd,
+        ub_duals=ubd,
+        status=(QPStatus.FAILED,),
+        solver=solver,
+        primal_residual=(nan,),
+        dual_residual=(nan,),
+        warnings=(),
+    )
 
 
 def _original(err: Exception) -> BaseException:
