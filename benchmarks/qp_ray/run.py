@@ -105,6 +105,7 @@ def measure(
     tiny_batch: int,
     repeats: int,
     *,
+    rounds: int = 1,
     executor: Any = None,
 ) -> dict[str, Any]:
     """Local serial vs Ray with 1 and 2 workers, and the per-chunk overhead (1 worker).
@@ -116,51 +117,74 @@ def measure(
 
     data = make_batch(batch, n)
     fwd_bwd(make_batch(chunk_size, n, seed=1), None)  # warm-up
-    local = fwd_bwd(data, None)
-    rows = [{"setup": "local serial", "workers": 0, **_row(local, batch, None)}]
     ray = _ray_init(2)
-    runs: dict[int, dict[str, Any]] = {}
-    overhead: dict[str, Any] = {}
     chunks = math.ceil(batch / chunk_size)
     # One pool of 2 actors; the 1-worker run schedules on its first actor only (the second
-    # idles), which saves starting a third process on this 2-core machine.
+    # idles), which saves starting a third process on this 2-core machine. The three setups
+    # are interleaved, ``rounds`` times, and the median of each is kept, so that a change of
+    # the load from other jobs during the run does not favour one setup.
     ex = executor if executor is not None else RayExecutor(num_workers=2)
     saved = ex.num_workers, ex.chunk_size
+    samples: dict[int, list[dict[str, Any]]] = {0: [], 1: [], 2: []}
+    overhead: dict[str, Any] = {}
     try:
         ex.start()
         ray.get([w.describe.remote() for w in ex.workers])  # actors up and imported
         ex.chunk_size = 2
         fwd_bwd(make_batch(8, n, seed=1), ex)  # warm-up: 4 chunks, both actors
         ex.chunk_size = chunk_size
-        for workers in (1, 2):
-            ex.num_workers = workers
-            res = fwd_bwd(data, ex)
-            runs[workers] = res
-            rows.append(
-                {"setup": f"Ray, {workers} worker{'s' * (workers > 1)}", "workers": workers,
-                 **_row(res, batch, chunks), "max_diff_vs_local": _max_diff(res, local)}
-            )  # fmt: skip
-            if workers == 1:
-                overhead = _chunk_overhead(ex, n, tiny_batch, repeats)
+        for _ in range(rounds):
+            samples[0].append(fwd_bwd(data, None))
+            for workers in (1, 2):
+                ex.num_workers = workers
+                before = ray.get([w.cpu_time.remote() for w in ex.workers[:workers]])
+                res = fwd_bwd(data, ex)
+                after = ray.get([w.cpu_time.remote() for w in ex.workers[:workers]])
+                res["worker_cpu_s"] = [a - b for a, b in zip(after, before)]
+                samples[workers].append(res)
+        ex.num_workers = 1
+        overhead = _chunk_overhead(ex, n, tiny_batch, repeats)
     finally:
         ex.num_workers, ex.chunk_size = saved
         if executor is None:
             ex.shutdown()
+    runs = {k: _median_run(v) for k, v in samples.items()}
+    local = runs[0]
+    rows = [{"setup": "local serial", "workers": 0, **_row(local, batch, None),
+             "cpu_s": local["driver_cpu_s"]}]  # fmt: skip
+    for workers in (1, 2):
+        res = runs[workers]
+        rows.append(
+            {"setup": f"Ray, {workers} worker{'s' * (workers > 1)}", "workers": workers,
+             **_row(res, batch, chunks), "worker_cpu_s": sum(res["worker_cpu_s"]),
+             "cpu_s": res["driver_cpu_s"] + sum(res["worker_cpu_s"]),
+             "max_diff_vs_local": max(_max_diff(r, local) for r in samples[workers])}
+        )  # fmt: skip
     base = rows[0]["qps_per_s"]
     one = rows[1]["qps_per_s"]
     for r in rows[1:]:
         r["speedup_vs_local"] = r["qps_per_s"] / base
         r["scaling_efficiency"] = r["qps_per_s"] / (r["workers"] * one)
-    per_qp_worker = max(
-        (runs[1]["total_s"] - math.ceil(batch / chunk_size) * overhead["fwd_bwd_s"]) / batch,
-        1e-9,
-    )
+    # Without other jobs, 2 dedicated cores would run the 2-worker case in about
+    # max(busiest worker, all CPU / 2) seconds: a contention-free estimate from CPU times.
+    two = runs[2]
+    ideal = max(max(two["worker_cpu_s"]), (two["driver_cpu_s"] + sum(two["worker_cpu_s"])) / 2)
+    rows[2]["cpu_estimate_speedup"] = local["driver_cpu_s"] / ideal
+    per_qp_worker = sum(runs[1]["worker_cpu_s"]) / batch  # CPU: independent of the load
     return {
         "rows": rows,
         "overhead": overhead,
         "per_qp_worker_s": per_qp_worker,
-        "driver_cpu_per_chunk_s": runs[2]["driver_cpu_s"] / math.ceil(batch / chunk_size),
+        "driver_cpu_per_chunk_s": runs[2]["driver_cpu_s"] / chunks,
+        "rounds": rounds,
+        "samples_fwd_bwd_s": {k: [r["total_s"] for r in v] for k, v in samples.items()},
     }
+
+
+def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run with the median fwd+bwd time (the lower middle one for an even count)."""
+    ordered = sorted(runs, key=lambda r: r["total_s"])
+    return ordered[(len(ordered) - 1) // 2]
 
 
 def _row(res: dict[str, Any], batch: int, chunks: int | None) -> dict[str, Any]:
@@ -176,10 +200,17 @@ def _row(res: dict[str, Any], batch: int, chunks: int | None) -> dict[str, Any]:
 
 def _chunk_overhead(ex: Any, n: int, tiny: int, repeats: int) -> dict[str, Any]:
     """Fixed cost per chunk: ``tiny`` QPs as ``tiny`` one-QP chunks minus the same QPs as one
-    chunk, divided by ``tiny - 1`` (median of ``repeats``); forward only and fwd+bwd."""
+    chunk, divided by ``tiny - 1`` (median of ``repeats``); forward only and fwd+bwd.
+
+    Part of it is the fixed cost of one local ``dqp.solve`` call (validation, set-up of the
+    batched backward), measured the same way without Ray: ``tiny`` one-QP local calls minus
+    one local call of ``tiny`` QPs; the rest is Ray's (transport, scheduling, stitching).
+    """
     data = make_batch(tiny, n, seed=2)
+    singles = [{k: (v[i : i + 1] if k in "qbh" else v) for k, v in data.items()}
+               for i in range(tiny)]  # fmt: skip
     saved = ex.chunk_size
-    fwd, both = [], []
+    fwd, both, local = [], [], []
     try:
         for _ in range(repeats):
             ex.chunk_size = 1
@@ -188,10 +219,18 @@ def _chunk_overhead(ex: Any, n: int, tiny: int, repeats: int) -> dict[str, Any]:
             big = fwd_bwd(data, ex)
             fwd.append((small["forward_s"] - big["forward_s"]) / (tiny - 1))
             both.append((small["total_s"] - big["total_s"]) / (tiny - 1))
+            calls = sum(fwd_bwd(one, None)["total_s"] for one in singles)
+            local.append((calls - fwd_bwd(data, None)["total_s"]) / (tiny - 1))
     finally:
         ex.chunk_size = saved
-    return {"tiny_batch": tiny, "forward_s": statistics.median(fwd),
-            "fwd_bwd_s": statistics.median(both), "samples_fwd_bwd_s": both}  # fmt: skip
+    return {
+        "tiny_batch": tiny,
+        "forward_s": statistics.median(fwd),
+        "fwd_bwd_s": statistics.median(both),
+        "local_call_fixed_s": statistics.median(local),
+        "ray_only_s": statistics.median(both) - statistics.median(local),
+        "samples_fwd_bwd_s": both,
+    }
 
 
 def projection(per_qp: float, overhead: float, driver: float, n: int) -> list[dict[str, Any]]:
@@ -274,8 +313,14 @@ def report(payload: dict[str, Any]) -> str:
         f"{payload['batch']} dense QPs, n = {payload['n']}, m = {payload['n']}, "
         f"p = {math.ceil(payload['n'] / 2)}; shared P, A, G; per-sample q, b, h; one forward + "
         f"backward (gradients of q, b, h), torch threads 1 everywhere; Ray chunks of "
-        f"{payload['chunk_size']}; warm actors (start-up not timed). `max diff` is the largest "
-        "difference of x and every gradient against the local run.",
+        f"{payload['chunk_size']}; warm actors (start-up not timed). The three setups ran "
+        f"interleaved, {payload['rounds']} round(s); times are the median round's. "
+        "`driver_cpu_s`: CPU seconds of the calling process (all its threads; for the local "
+        "run, the solve itself); `worker_cpu_s`: CPU seconds of the actors; "
+        "`cpu_estimate_speedup`: local CPU / max(busiest actor's CPU, all CPU / 2), the "
+        "speed-up two dedicated cores would give - an estimate from CPU times, not a "
+        "measurement. `max_diff_vs_local`: largest difference of x and every gradient against "
+        "the local run.",
         "",
         markdown_table(
             rows,
@@ -288,6 +333,8 @@ def report(payload: dict[str, Any]) -> str:
                 "speedup_vs_local",
                 "scaling_efficiency",
                 "driver_cpu_s",
+                "worker_cpu_s",
+                "cpu_estimate_speedup",
                 "max_diff_vs_local",
             ],
         ),
@@ -297,7 +344,10 @@ def report(payload: dict[str, Any]) -> str:
         "",
         f"Fixed overhead per chunk (1 worker, {o['tiny_batch']} one-QP chunks against one chunk "
         f"of {o['tiny_batch']}): {1e3 * o['forward_s']:.2f} ms forward, "
-        f"{1e3 * o['fwd_bwd_s']:.2f} ms forward + backward. Per-QP worker time "
+        f"{1e3 * o['fwd_bwd_s']:.2f} ms forward + backward, of which "
+        f"{1e3 * o['local_call_fixed_s']:.2f} ms is the fixed cost of any local `dqp.solve` "
+        f"call (same measurement without Ray) and {1e3 * o['ray_only_s']:.2f} ms Ray's "
+        "(transport, scheduling, stitching). Per-QP actor CPU time "
         f"{1e3 * payload['per_qp_worker_s']:.3f} ms; driver CPU per chunk "
         f"{1e3 * payload['driver_cpu_per_chunk_s']:.2f} ms (2-worker run).",
         "",
@@ -340,13 +390,13 @@ def main(argv: list[str] | None = None) -> None:
     batch = args.batch or (300 if args.quick else 20000)
     n = args.n or (20 if args.quick else 50)
     chunk = args.chunk_size or (50 if args.quick else 500)
-    tiny, repeats = (10, 1) if args.quick else (100, 3)
+    tiny, repeats, rounds = (10, 1, 1) if args.quick else (100, 3, 2)
     out = args.out or (
         Path(tempfile.mkdtemp(prefix="dxopt-bench-qp-ray-")) if args.quick else results_dir(AREA)
     )
     out.mkdir(parents=True, exist_ok=True)
     load_start = round(os.getloadavg()[0], 2)
-    measured = measure(batch, n, chunk, tiny, repeats)
+    measured = measure(batch, n, chunk, tiny, repeats, rounds=rounds)
     load_end = round(os.getloadavg()[0], 2)
     payload = {
         "command": COMMAND + (" --quick" if args.quick else ""),

@@ -11,6 +11,7 @@ first). Warnings raised while solving are recorded and sent back to the driver.
 from __future__ import annotations
 
 import os
+import time
 import warnings
 from collections import OrderedDict
 from dataclasses import dataclass, replace
@@ -85,6 +86,10 @@ class QPWorker:
         import dxopt
 
         return {"pid": os.getpid(), "dxopt": dxopt.__file__, "threads": torch.get_num_threads()}
+
+    def cpu_time(self) -> float:
+        """CPU seconds this worker process has used (for benchmarks)."""
+        return time.process_time()
 
     def stored(self) -> int:
         """Number of chunk graphs held now."""
