@@ -12,6 +12,7 @@ torch threads 1 in the driver and in every worker. Run ``dxopt bench qp_ray`` (f
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import statistics
@@ -65,15 +66,16 @@ def fwd_bwd(data: dict[str, torch.Tensor], executor: Any) -> dict[str, Any]:
     leaves = {k: (v.clone().requires_grad_(True) if v.ndim == 2 and k in "qbh" else v)
               for k, v in data.items()}  # fmt: skip
     w = torch.ones_like(data["q"]) / data["q"].shape[0]
-    cpu0, t0 = time.process_time(), time.perf_counter()
+    cpu0, th0, t0 = time.process_time(), time.thread_time(), time.perf_counter()
     sol = dqp.solve(**leaves, executor=executor)
     t1 = time.perf_counter()
     (w * sol.x).sum().backward()
-    t2, cpu1 = time.perf_counter(), time.process_time()
+    t2, cpu1, th1 = time.perf_counter(), time.process_time(), time.thread_time()
     return {
         "forward_s": t1 - t0,
         "total_s": t2 - t0,
         "driver_cpu_s": cpu1 - cpu0,
+        "thread_cpu_s": th1 - th0,
         "x": sol.x.detach(),
         "grads": {k: leaves[k].grad for k in "qbh"},
         "ok": sum(s.ok for s in sol.status),
@@ -129,7 +131,7 @@ def measure(
     overhead: dict[str, Any] = {}
     try:
         ex.start()
-        ray.get([w.describe.remote() for w in ex.workers])  # actors up and imported
+        described = ray.get([w.describe.remote() for w in ex.workers])  # actors up, imported
         ex.chunk_size = 2
         fwd_bwd(make_batch(8, n, seed=1), ex)  # warm-up: 4 chunks, both actors
         ex.chunk_size = chunk_size
@@ -150,8 +152,9 @@ def measure(
             ex.shutdown()
     runs = {k: _median_run(v) for k, v in samples.items()}
     local = runs[0]
+    # the local solve runs in this thread; the process also has Ray's threads once Ray is up
     rows = [{"setup": "local serial", "workers": 0, **_row(local, batch, None),
-             "cpu_s": local["driver_cpu_s"]}]  # fmt: skip
+             "driver_cpu_s": local["thread_cpu_s"]}]  # fmt: skip
     for workers in (1, 2):
         res = runs[workers]
         rows.append(
@@ -169,7 +172,7 @@ def measure(
     # max(busiest worker, all CPU / 2) seconds: a contention-free estimate from CPU times.
     two = runs[2]
     ideal = max(max(two["worker_cpu_s"]), (two["driver_cpu_s"] + sum(two["worker_cpu_s"])) / 2)
-    rows[2]["cpu_estimate_speedup"] = local["driver_cpu_s"] / ideal
+    rows[2]["cpu_estimate_speedup"] = local["thread_cpu_s"] / ideal
     per_qp_worker = sum(runs[1]["worker_cpu_s"]) / batch  # CPU: independent of the load
     return {
         "rows": rows,
@@ -177,8 +180,21 @@ def measure(
         "per_qp_worker_s": per_qp_worker,
         "driver_cpu_per_chunk_s": runs[2]["driver_cpu_s"] / chunks,
         "rounds": rounds,
+        "autogroup": _autogroup(described),
         "samples_fwd_bwd_s": {k: [r["total_s"] for r in v] for k, v in samples.items()},
     }
+
+
+def _autogroup(described: list[dict[str, Any]]) -> dict[str, Any]:
+    """Linux autogroup scheduling: with it on, the CPU is shared fairly between sessions, not
+    processes, so actors in the driver's session share the driver's one share."""
+    try:
+        enabled = Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "1"
+        mine = Path("/proc/self/autogroup").read_text().strip()
+    except OSError:
+        return {"enabled": False, "shared_with_driver": False}
+    same = all(d.get("autogroup") == mine for d in described)
+    return {"enabled": enabled, "driver": mine, "shared_with_driver": same}
 
 
 def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -340,7 +356,9 @@ def report(payload: dict[str, Any]) -> str:
         ),
         "",
         f"Target: 2 workers >= {TARGET_SPEEDUP}x local serial: **{verdict}** "
-        f"({two['speedup_vs_local']:.2f}x).",
+        f"({two['speedup_vs_local']:.2f}x measured; {two['cpu_estimate_speedup']:.2f}x "
+        "estimated for two dedicated cores from the CPU times).",
+        *_autogroup_note(payload),
         "",
         f"Fixed overhead per chunk (1 worker, {o['tiny_batch']} one-QP chunks against one chunk "
         f"of {o['tiny_batch']}): {1e3 * o['forward_s']:.2f} ms forward, "
@@ -373,9 +391,48 @@ def report(payload: dict[str, Any]) -> str:
             ],
         ),
         "",
+        _crossover(payload),
+        "",
         f"Plot: `benchmarks/{AREA}/results/{AREA}.png`.",
     ]
     return "\n".join(lines)
+
+
+def _autogroup_note(payload: dict[str, Any]) -> list[str]:
+    group = payload.get("autogroup", {})
+    if not (group.get("enabled") and group.get("shared_with_driver")):
+        return []
+    return [
+        "",
+        "Why the wall-clock figure cannot show the scaling here: Linux autogroup scheduling is "
+        "on (`/proc/sys/kernel/sched_autogroup_enabled` = 1) and the Ray actors run in the "
+        f"driver's session (`{group.get('driver')}`), so while other sessions keep the cores "
+        "busy, the kernel gives this whole session - driver and both actors together - one "
+        "fair share, the same CPU the local run gets. The actors' CPU times above are not "
+        "affected by this and give the estimate.",
+    ]
+
+
+def _crossover(payload: dict[str, Any]) -> str:
+    """Where the single driver stops the scaling, from the same measured costs."""
+    t = payload["per_qp_worker_s"]
+    d = payload["driver_cpu_per_chunk_s"]
+    n = payload["n"]
+    per_qp_bytes = 4 * (n + n + math.ceil(n / 2)) * 8
+    parts = []
+    for c in (1000, 10000):
+        per_chunk = d + c * per_qp_bytes / 1.25e9  # driver seconds per chunk
+        parts.append(
+            f"chunks of {c}: the driver handles at most {c / per_chunk:,.0f} QPs/s, which "
+            f"{t * c / per_chunk:,.0f} workers (at {1e3 * t:.2f} ms per QP) already saturate"
+        )
+    return (
+        "Reading: the workers scale linearly (their per-chunk overhead is small against "
+        "a chunk's solve time), so on 100 nodes the limit is the single driver, which "
+        "serialises every chunk: " + "; ".join(parts) + ". Larger chunks, or several drivers "
+        "each owning a slice of the epoch, push that limit out; the per-chunk driver CPU "
+        "measured here on a loaded 2-core machine is itself an upper estimate."
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -385,7 +442,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--n", type=int, default=None, help="variables (default 50)")
     parser.add_argument("--chunk-size", type=int, default=None, help="default 500")
     parser.add_argument("--out", type=Path, default=None, help="output folder")
+    parser.add_argument(
+        "--report-from",
+        type=Path,
+        default=None,
+        help="rebuild the Markdown, plot and BENCHMARKS.md section from a saved qp_ray.json",
+    )
     args = parser.parse_args(argv)
+    if args.report_from is not None:
+        payload = json.loads(args.report_from.read_text())
+        out = args.out or args.report_from.parent
+        _write(payload, out, update_md=args.out is None)
+        return
     set_threads(1)
     batch = args.batch or (300 if args.quick else 20000)
     n = args.n or (20 if args.quick else 50)
@@ -414,11 +482,15 @@ def main(argv: list[str] | None = None) -> None:
         ),
     }
     write_json(out / f"{AREA}.json", payload)
+    _write(payload, out, update_md=not args.quick and args.out is None)
+
+
+def _write(payload: dict[str, Any], out: Path, *, update_md: bool) -> None:
     text = report(payload)
     (out / f"{AREA}.md").write_text(text + "\n")
     plot(payload, out / f"{AREA}.png")
     print(text)
-    if not args.quick and args.out is None:
+    if update_md:
         update_benchmarks_md(AREA, text)
     sys.stdout.flush()
 

@@ -12,7 +12,9 @@ import math
 import warnings
 from dataclasses import fields
 from itertools import chain
+from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -23,10 +25,12 @@ __all__ = [
     "INPUT_NAMES",
     "Layout",
     "chunk_bounds",
+    "from_wire",
     "layout_of",
     "merge_diagnostics",
     "reemit_warnings",
     "slice_chunk",
+    "to_wire",
 ]
 
 #: Differentiable inputs of :func:`dxopt.qp.solve`, in the order the executor passes them.
@@ -93,6 +97,27 @@ def slice_chunk(
     if t is None or not batched or batch is None:
         return t
     return t[start:stop].contiguous()
+
+
+def to_wire(t: Tensor | None) -> Any:
+    """What crosses a process boundary: a contiguous numpy array (Ray moves these without
+    pickling their data), or the tensor itself for dtypes numpy lacks."""
+    if t is None:
+        return None
+    t = t.detach().cpu()
+    try:
+        return np.ascontiguousarray(t.numpy())
+    except (TypeError, RuntimeError):
+        return t.contiguous()
+
+
+def from_wire(a: Any) -> Tensor | None:
+    """A fresh, writable tensor from :func:`to_wire`'s output (Ray hands out read-only views)."""
+    if a is None:
+        return None
+    if isinstance(a, Tensor):
+        return a.clone()
+    return torch.from_numpy(np.array(a))
 
 
 def _nanmax(values: list[float]) -> float:

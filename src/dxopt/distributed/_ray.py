@@ -20,10 +20,12 @@ from torch import Tensor
 from dxopt.distributed._chunks import (
     DIFF_NAMES,
     chunk_bounds,
+    from_wire,
     layout_of,
     merge_diagnostics,
     reemit_warnings,
     slice_chunk,
+    to_wire,
 )
 from dxopt.distributed._function import DistributedCall, RayQPFunction
 from dxopt.distributed._worker import ChunkGrads, ChunkOutput, QPWorker
@@ -268,13 +270,14 @@ class RayExecutor:
         on_failure = options.get("on_failure", "raise")
         worker_options = {**options, "on_failure": "nan"}
         shared = tuple(
-            ray.put(t) if t is not None and not bat else None for t, bat in zip(cpu, layout.batched)
+            ray.put(to_wire(t)) if t is not None and not bat else None
+            for t, bat in zip(cpu, layout.batched)
         )
 
         def chunk_inputs(c: int) -> list[Any]:
             s, e = bounds[c]
             return [
-                ref if ref is not None else slice_chunk(t, bat, layout.batch, s, e)
+                ref if ref is not None else to_wire(slice_chunk(t, bat, layout.batch, s, e))
                 for t, bat, ref in zip(cpu, layout.batched, shared)
             ]
 
@@ -434,21 +437,22 @@ class RayExecutor:
         if batch is None:
             r = results[0]
             assert r is not None
-            return r.outputs, r.status, r.primal_residual, r.dual_residual, r.solver
+            outs = tuple(from_wire(a) for a in r.outputs)
+            return outs, r.status, r.primal_residual, r.dual_residual, r.solver
         outputs: list[Tensor | None] = []
         for k in range(5):
-            ref = template.outputs[k]
+            ref = from_wire(template.outputs[k])
             if ref is None:
                 outputs.append(None)
                 continue
             parts = []
             for c, (s, e) in enumerate(bounds):
                 r = results[c]
-                t = r.outputs[k] if r is not None else None
-                parts.append(
-                    t if t is not None else torch.full((e - s, *ref.shape[1:]), float("nan"))
-                )
-            outputs.append(torch.cat([p.to(ref.dtype) for p in parts]))
+                t = from_wire(r.outputs[k]) if r is not None else None
+                if t is None:
+                    t = torch.full((e - s, *ref.shape[1:]), float("nan"), dtype=ref.dtype)
+                parts.append(t)
+            outputs.append(torch.cat(parts))
         status: list[QPStatus] = []
         primal: list[float] = []
         dual: list[float] = []
@@ -479,7 +483,7 @@ class RayExecutor:
 
         def chunk_cots(c: int) -> tuple[Tensor | None, ...]:
             s, e = call.bounds[c]
-            return tuple(slice_chunk(g, True, call.batch, s, e) for g in cots)
+            return tuple(to_wire(slice_chunk(g, True, call.batch, s, e)) for g in cots)
 
         active = [c for c in range(len(call.bounds)) if c not in call.worker_failed]
         refs = {}
@@ -532,7 +536,7 @@ class RayExecutor:
                 worker = self._workers[slot]
                 s, e = call.bounds[c]
                 inputs = [
-                    slice_chunk(t, bat, call.batch, s, e)
+                    to_wire(slice_chunk(t, bat, call.batch, s, e))
                     for t, bat in zip(call.inputs, call.batched)
                 ]
                 ref = worker.solve_and_backward.remote(
@@ -570,7 +574,8 @@ class RayExecutor:
         assert x_then is not None
         if call.batch is not None:
             x_then = x_then[s:e]
-        x_now = solved.x.to(x_then.dtype)
+        x_now = from_wire(solved.x)
+        assert x_now is not None
         ok = torch.tensor([st.ok for st in status])
         scale = 1.0 + float(torch.nan_to_num(x_then).abs().max()) if x_then.numel() else 1.0
         diff = (x_now - x_then).abs()
@@ -596,7 +601,7 @@ class RayExecutor:
                 continue
             total = torch.zeros_like(t)
             for c, g in grads.items():
-                part = g.grads[i]
+                part = from_wire(g.grads[i])
                 if part is None:
                     continue
                 if call.batched[i] and call.batch is not None:
@@ -623,10 +628,9 @@ def _lost_chunk(inputs: tuple[Tensor | None, ...], batched: bool, solver: str) -
     widths = (n, None if A is None else A.shape[-2], None if G is None else G.shape[-2])
     nan = float("nan")
     x, eq, ineq, lbd, ubd = (
-        None if w is None else torch.full((1, w) if batched else (w,), nan, dtype=q.dtype)
+        None if w is None else to_wire(torch.full((1, w) if batched else (w,), nan, dtype=q.dtype))
         for w in (*widths, finite(lb), finite(ub))
     )
-    assert x is not None
     return ChunkOutput(
         x=x,
         eq_duals=eq,

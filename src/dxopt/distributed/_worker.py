@@ -21,20 +21,21 @@ import torch
 from torch import Tensor
 
 import dxopt.qp as dqp
-from dxopt.distributed._chunks import WarningRecord
+from dxopt.distributed._chunks import WarningRecord, from_wire, to_wire
 
 __all__ = ["ChunkGrads", "ChunkOutput", "QPWorker"]
 
 
 @dataclass(frozen=True)
 class ChunkOutput:
-    """What a worker returns for one solved chunk (detached CPU tensors)."""
+    """What a worker returns for one solved chunk (arrays from
+    :func:`~dxopt.distributed._chunks.to_wire`)."""
 
-    x: Tensor
-    eq_duals: Tensor | None
-    ineq_duals: Tensor | None
-    lb_duals: Tensor | None
-    ub_duals: Tensor | None
+    x: Any
+    eq_duals: Any
+    ineq_duals: Any
+    lb_duals: Any
+    ub_duals: Any
     status: tuple[dqp.QPStatus, ...]
     solver: str
     primal_residual: tuple[float, ...]
@@ -42,15 +43,16 @@ class ChunkOutput:
     warnings: tuple[WarningRecord, ...]
 
     @property
-    def outputs(self) -> tuple[Tensor | None, ...]:
+    def outputs(self) -> tuple[Any, ...]:
         return (self.x, self.eq_duals, self.ineq_duals, self.lb_duals, self.ub_duals)
 
 
 @dataclass(frozen=True)
 class ChunkGrads:
-    """Gradients of one chunk for the differentiable inputs (``None`` where not needed)."""
+    """Gradients of one chunk for the differentiable inputs (wire arrays; ``None`` where not
+    needed)."""
 
-    grads: tuple[Tensor | None, ...]
+    grads: tuple[Any, ...]
     diagnostics: dqp.BackwardDiagnostics
     warnings: tuple[WarningRecord, ...]
 
@@ -82,10 +84,22 @@ class QPWorker:
         self.evicted = 0
 
     def describe(self) -> dict[str, Any]:
-        """Process id, the imported dxopt and the torch thread count (for checks and logs)."""
+        """Process id, session, Linux autogroup, the imported dxopt and the torch thread count
+        (for checks and logs)."""
         import dxopt
 
-        return {"pid": os.getpid(), "dxopt": dxopt.__file__, "threads": torch.get_num_threads()}
+        try:
+            with open("/proc/self/autogroup") as fh:
+                autogroup = fh.read().strip()
+        except OSError:
+            autogroup = ""
+        return {
+            "pid": os.getpid(),
+            "sid": os.getsid(0),
+            "autogroup": autogroup,
+            "dxopt": dxopt.__file__,
+            "threads": torch.get_num_threads(),
+        }
 
     def cpu_time(self) -> float:
         """CPU seconds this worker process has used (for benchmarks)."""
@@ -97,25 +111,26 @@ class QPWorker:
 
     def _solve(
         self,
-        inputs: tuple[Tensor | None, ...],
+        inputs: tuple[Any, ...],
         needs_grad: tuple[bool, ...],
         options: dict[str, Any],
         keep: bool,
     ) -> tuple[ChunkOutput, _Stored | None]:
         leaves: list[Tensor | None] = []
-        for t, grad in zip(inputs[:8], needs_grad):
+        for a, grad in zip(inputs[:8], needs_grad):
+            t = from_wire(a)  # a fresh tensor: a leaf of this worker's graph
             if t is not None:
-                t = t.detach().clone()  # writable, and a leaf of this worker's graph
                 t.requires_grad_(keep and grad)
             leaves.append(t)
         P, q, A, b, G, h, lb, ub = leaves
         assert P is not None and q is not None
         with warnings.catch_warnings(record=True) as caught, torch.set_grad_enabled(keep):
             warnings.simplefilter("always")
-            sol = dqp.solve(P, q, A, b, G, h, lb=lb, ub=ub, warm_start=inputs[8], **options)
+            sol = dqp.solve(
+                P, q, A, b, G, h, lb=lb, ub=ub, warm_start=from_wire(inputs[8]), **options
+            )
         outs = (sol.x, sol.eq_duals, sol.ineq_duals, sol.lb_duals, sol.ub_duals)
-        x, eq, ineq, lbd, ubd = (None if t is None else t.detach() for t in outs)
-        assert x is not None
+        x, eq, ineq, lbd, ubd = (to_wire(t) for t in outs)
         out = ChunkOutput(
             x=x,
             eq_duals=eq,
@@ -138,7 +153,7 @@ class QPWorker:
         needs_grad: tuple[bool, ...],
         options: dict[str, Any],
         crash: bool,
-        *inputs: Tensor | None,
+        *inputs: Any,
     ) -> ChunkOutput:
         """Solve one chunk; keep its graph under ``key`` if ``keep``.
 
@@ -156,10 +171,10 @@ class QPWorker:
         return out
 
     @staticmethod
-    def _grad(stored: _Stored, cotangents: tuple[Tensor | None, ...]) -> ChunkGrads:
+    def _grad(stored: _Stored, cotangents: tuple[Any, ...]) -> ChunkGrads:
         pairs = [
             (o, g)
-            for o, g in zip(stored.outputs, cotangents)
+            for o, g in zip(stored.outputs, (from_wire(a) for a in cotangents))
             if o is not None and g is not None and o.requires_grad
         ]
         wrt = [t for t in stored.leaves if t is not None and t.requires_grad]
@@ -177,11 +192,10 @@ class QPWorker:
                 for i, t in enumerate(stored.leaves):
                     if t is not None and t.requires_grad:
                         grads[i] = next(it)
-        return ChunkGrads(tuple(grads), replace(stored.diagnostics), _records(caught))
+        wire = tuple(to_wire(g) for g in grads)
+        return ChunkGrads(wire, replace(stored.diagnostics), _records(caught))
 
-    def backward(
-        self, key: tuple[str, int], cotangents: tuple[Tensor | None, ...]
-    ) -> ChunkGrads | None:
+    def backward(self, key: tuple[str, int], cotangents: tuple[Any, ...]) -> ChunkGrads | None:
         """Vector-Jacobian product through the stored graph of ``key`` (then freed);
         ``None`` if that graph is not held (released or evicted)."""
         stored = self._graphs.pop(key, None)
@@ -193,8 +207,8 @@ class QPWorker:
         self,
         needs_grad: tuple[bool, ...],
         options: dict[str, Any],
-        cotangents: tuple[Tensor | None, ...],
-        *inputs: Tensor | None,
+        cotangents: tuple[Any, ...],
+        *inputs: Any,
     ) -> tuple[ChunkOutput, ChunkGrads]:
         """Re-solve a chunk whose graph is gone and run its backward at once (nothing kept)."""
         out, stored = self._solve(inputs, needs_grad, options, True)
