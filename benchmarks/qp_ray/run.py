@@ -179,6 +179,13 @@ def measure(
         "overhead": overhead,
         "per_qp_worker_s": per_qp_worker,
         "driver_cpu_per_chunk_s": runs[2]["driver_cpu_s"] / chunks,
+        # driver CPU per chunk of c QPs modelled as d0 + d1 c from the one-QP chunks and these
+        "driver_cpu_fixed_s": overhead["driver_cpu_per_tiny_chunk_s"],
+        "driver_cpu_per_qp_s": max(
+            (runs[2]["driver_cpu_s"] / chunks - overhead["driver_cpu_per_tiny_chunk_s"])
+            / max(chunk_size - 1, 1),
+            0.0,
+        ),
         "rounds": rounds,
         "autogroup": _autogroup(described),
         "samples_fwd_bwd_s": {k: [r["total_s"] for r in v] for k, v in samples.items()},
@@ -226,11 +233,12 @@ def _chunk_overhead(ex: Any, n: int, tiny: int, repeats: int) -> dict[str, Any]:
     singles = [{k: (v[i : i + 1] if k in "qbh" else v) for k, v in data.items()}
                for i in range(tiny)]  # fmt: skip
     saved = ex.chunk_size
-    fwd, both, local = [], [], []
+    fwd, both, local, driver = [], [], [], []
     try:
         for _ in range(repeats):
             ex.chunk_size = 1
             small = fwd_bwd(data, ex)
+            driver.append(small["driver_cpu_s"] / tiny)
             ex.chunk_size = tiny
             big = fwd_bwd(data, ex)
             fwd.append((small["forward_s"] - big["forward_s"]) / (tiny - 1))
@@ -245,26 +253,33 @@ def _chunk_overhead(ex: Any, n: int, tiny: int, repeats: int) -> dict[str, Any]:
         "fwd_bwd_s": statistics.median(both),
         "local_call_fixed_s": statistics.median(local),
         "ray_only_s": statistics.median(both) - statistics.median(local),
+        "driver_cpu_per_tiny_chunk_s": statistics.median(driver),
         "samples_fwd_bwd_s": both,
     }
 
 
-def projection(per_qp: float, overhead: float, driver: float, n: int) -> list[dict[str, Any]]:
+def _driver_per_chunk(c: int, d0: float, d1: float, n: int) -> float:
+    """Driver seconds per chunk of ``c`` QPs: CPU ``d0 + d1 c`` plus about
+    ``4 (n + m + p) 8`` bytes per QP (inputs, outputs, cotangents, gradients) over 10 Gb/s."""
+    return d0 + d1 * c + c * 4 * (n + n + math.ceil(n / 2)) * 8 / 1.25e9
+
+
+def projection(
+    per_qp: float, overhead: float, d0: float, d1: float, n: int
+) -> list[dict[str, Any]]:
     """Time for 10^7 QPs of this size on 100 nodes from the measured per-chunk costs.
 
     Workers: ``B/W * t_qp + B/(c W) * o`` (each worker solves its share and pays the fixed
-    cost ``o`` per chunk of ``c``); the driver, serial, spends ``d`` CPU per chunk and moves
-    about ``4 (n + m + p) * 8`` bytes per QP (inputs, outputs, cotangents, gradients) through
-    a 10 Gb/s link. The run takes the larger of the two (they overlap).
+    cost ``o`` per chunk of ``c``); the driver, serial, spends :func:`_driver_per_chunk` on
+    each of the ``B/c`` chunks. The run takes the larger of the two (they overlap).
     """
     B = 10**7
-    bytes_per_qp = 4 * (n + n + math.ceil(n / 2)) * 8
     out = []
     for per_node in (1, 2, 16):
         W = 100 * per_node
         for c in (1000, 10000):
             workers = B / W * per_qp + B / (c * W) * overhead
-            drive = B / c * driver + B * bytes_per_qp / 1.25e9
+            drive = B / c * _driver_per_chunk(c, d0, d1, n)
             total = max(workers, drive)
             out.append({
                 "nodes": 100, "workers_per_node": per_node, "workers": W, "chunk_size": c,
@@ -367,14 +382,18 @@ def report(payload: dict[str, Any]) -> str:
         f"call (same measurement without Ray) and {1e3 * o['ray_only_s']:.2f} ms Ray's "
         "(transport, scheduling, stitching). Per-QP actor CPU time "
         f"{1e3 * payload['per_qp_worker_s']:.3f} ms; driver CPU per chunk "
-        f"{1e3 * payload['driver_cpu_per_chunk_s']:.2f} ms (2-worker run).",
+        f"{1e3 * payload['driver_cpu_per_chunk_s']:.2f} ms (2-worker run, chunks of "
+        f"{payload['chunk_size']}), modelled as d0 + d1 c with d0 = "
+        f"{1e3 * payload['driver_cpu_fixed_s']:.2f} ms (one-QP chunks) and d1 = "
+        f"{1e6 * payload['driver_cpu_per_qp_s']:.1f} us per QP.",
         "",
         "### Projection to 100 nodes (10^7 QPs of this size)",
         "",
-        "From the measured per-QP time t, per-chunk overhead o and driver CPU per chunk d: "
-        "workers take `B/W t + B/(cW) o`; the single driver takes `B/c d` plus the bytes "
-        "(about 4 (n + m + p) 8 per QP) over a 10 Gb/s link; the run takes the larger. Not "
-        "measured: network latency between nodes, object-store spilling, stragglers.",
+        "From the measured per-QP actor CPU t, per-chunk overhead o and driver CPU per chunk "
+        "d0 + d1 c: W workers take `B/W t + B/(cW) o`; the single driver takes "
+        "`B/c (d0 + d1 c)` plus the bytes (about 4 (n + m + p) 8 per QP) over a 10 Gb/s link; "
+        "the run takes the larger. Not measured: network latency between nodes, object-store "
+        "spilling, stragglers, actor start-up (seconds per node, once).",
         "",
         markdown_table(
             payload["projection"],
@@ -416,20 +435,20 @@ def _autogroup_note(payload: dict[str, Any]) -> list[str]:
 def _crossover(payload: dict[str, Any]) -> str:
     """Where the single driver stops the scaling, from the same measured costs."""
     t = payload["per_qp_worker_s"]
-    d = payload["driver_cpu_per_chunk_s"]
-    n = payload["n"]
-    per_qp_bytes = 4 * (n + n + math.ceil(n / 2)) * 8
+    d0, d1 = payload["driver_cpu_fixed_s"], payload["driver_cpu_per_qp_s"]
     parts = []
     for c in (1000, 10000):
-        per_chunk = d + c * per_qp_bytes / 1.25e9  # driver seconds per chunk
+        per_chunk = _driver_per_chunk(c, d0, d1, payload["n"])
         parts.append(
             f"chunks of {c}: the driver handles at most {c / per_chunk:,.0f} QPs/s, which "
             f"{t * c / per_chunk:,.0f} workers (at {1e3 * t:.2f} ms per QP) already saturate"
         )
     return (
-        "Reading: the workers scale linearly (their per-chunk overhead is small against "
-        "a chunk's solve time), so on 100 nodes the limit is the single driver, which "
-        "serialises every chunk: " + "; ".join(parts) + ". Larger chunks, or several drivers "
+        "Reading: in this model the workers scale linearly (their per-chunk overhead is "
+        "small against a chunk's solve time), so on 100 nodes the limit is the single "
+        "driver, which handles every chunk in turn: "
+        + "; ".join(parts)
+        + ". Larger chunks, or several drivers "
         "each owning a slice of the epoch, push that limit out; the per-chunk driver CPU "
         "measured here on a loaded 2-core machine is itself an upper estimate."
     )
@@ -477,7 +496,8 @@ def main(argv: list[str] | None = None) -> None:
         "projection": projection(
             measured["per_qp_worker_s"],
             measured["overhead"]["fwd_bwd_s"],
-            measured["driver_cpu_per_chunk_s"],
+            measured["driver_cpu_fixed_s"],
+            measured["driver_cpu_per_qp_s"],
             n,
         ),
     }

@@ -175,6 +175,17 @@ def test_unbatched_call(executor):
     assert_same(sol_r, grads_r, sol_l, grads_l)
 
 
+def test_float32_inputs(executor):
+    """float32 in, float32 out; the broadcast G's gradient is summed per chunk and then over
+    chunks, so it differs from the local sum by float32 rounding only."""
+    data = {k: v.float() for k, v in make_batch(B=7, infeasible=(3,)).items()}
+    sol_l, grads_l = run(data, None, on_failure="nan")
+    sol_r, grads_r = run(data, executor, on_failure="nan")
+    assert sol_r.x.dtype == torch.float32 and grads_r["G"].dtype == torch.float32
+    torch.testing.assert_close(grads_r.pop("G"), grads_l.pop("G"), rtol=1e-5, atol=1e-6)
+    assert_same(sol_r, grads_r, sol_l, grads_l)
+
+
 def test_on_failure_raise_names_global_indices(executor):
     data = make_batch()
     with pytest.raises(dqp.QPSolveError) as err:
@@ -320,12 +331,14 @@ def test_benchmark_quick_measurement(executor, tmp_path):
     payload = {
         "command": "test", "batch": 60, "n": 10, "chunk_size": 20,
         "info": bench.machine_info(), "load": {"start": 0.0, "end": 0.0}, **measured,
-        "projection": bench.projection(1e-3, 5e-3, 1e-3, 10),
+        "projection": bench.projection(1e-3, 5e-3, 1e-3, 0.0, 10),
     }  # fmt: skip
     proj = payload["projection"]
     assert len(proj) == 6 and all(p["total_s"] >= max(p["workers_s"], p["driver_s"]) for p in proj)
     # 1e7 QPs x 1 ms on 100 workers, chunks of 1000: 100 s of solving + 100 chunks x 5 ms
     assert proj[0]["workers_s"] == pytest.approx(1e7 / 100 * 1e-3 + 1e4 / 100 * 5e-3)
+    # the driver: 1e4 chunks x (1 ms + 1000 QPs x 4 (10 + 10 + 5) 8 bytes at 1.25 GB/s)
+    assert proj[0]["driver_s"] == pytest.approx(1e4 * (1e-3 + 1000 * 800 / 1.25e9))
     text = bench.report(payload)
     assert text.startswith("## QP batches on Ray") and "Target: 2 workers" in text
     bench.plot(payload, tmp_path / "p.png")
