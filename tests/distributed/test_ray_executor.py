@@ -118,11 +118,19 @@ def test_import_dxopt_does_not_import_ray():
         ({"num_workers": 1.5}, "num_workers"),
         ({"max_inflight": -1}, "max_inflight"),
         ({"num_cpus_per_worker": 0}, "num_cpus_per_worker"),
+        ({"start_timeout": 0}, "start_timeout"),
     ],
 )
 def test_bad_options_raise_value_error(kwargs, message):
     with pytest.raises(ValueError, match=message):
         RayExecutor(**kwargs)
+
+
+def test_no_room_for_the_actors_is_a_clear_error(cluster):
+    ex = RayExecutor(num_workers=1, num_cpus_per_worker=3, start_timeout=2)
+    with pytest.raises(RuntimeError, match="0 of 1 new actors came up"):
+        ex.start()
+    assert ex.workers == ()
 
 
 def test_workers_import_this_dxopt(executor):

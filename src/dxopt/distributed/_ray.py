@@ -131,6 +131,8 @@ class RayExecutor:
         spread: place actors with Ray's ``"SPREAD"`` strategy (one per node first).
         runtime_env: passed to the actors (e.g. ``{"py_modules": [...]}`` on a cluster).
         progress: called as ``progress(done, total)`` (samples) after every finished chunk.
+        start_timeout: seconds :meth:`start` waits for the actors to come up (a cluster without
+            room for them would otherwise leave chunks queued forever).
     """
 
     def __init__(
@@ -146,6 +148,7 @@ class RayExecutor:
         spread: bool = True,
         runtime_env: dict[str, Any] | None = None,
         progress: Callable[[int, int], None] | None = None,
+        start_timeout: float = 300.0,
     ) -> None:
         self.num_workers = _positive_int("num_workers", num_workers)
         self.chunk_size = _positive_int("chunk_size", chunk_size)
@@ -162,6 +165,12 @@ class RayExecutor:
             raise ValueError(
                 f"num_cpus_per_worker: expected a positive number, got {num_cpus_per_worker!r}."
             )
+        if isinstance(start_timeout, bool) or not (
+            isinstance(start_timeout, (int, float)) and start_timeout > 0
+        ):
+            raise ValueError(
+                f"start_timeout: expected a positive number of seconds, got {start_timeout!r}."
+            )
         if progress is not None and not callable(progress):
             raise TypeError(f"progress: expected a callable or None, got {progress!r}.")
         self.address = address
@@ -169,6 +178,7 @@ class RayExecutor:
         self.spread = spread
         self.runtime_env = runtime_env
         self.progress = progress
+        self.start_timeout = float(start_timeout)
         self.stats = ExecutorStats()
         self._workers: list[Any] = []
         self._crash_chunks: frozenset[int] = frozenset()  # fault injection (tests only)
@@ -207,8 +217,22 @@ class RayExecutor:
                     "RayExecutor(address=...)."
                 )
             ray.init(address=self.address)
-        while len(self._workers) < self.num_workers:
-            self._workers.append(self._new_worker())
+        new = [self._new_worker() for _ in range(self.num_workers - len(self._workers))]
+        if new:
+            probes = [w.describe.remote() for w in new]
+            ready, _ = ray.wait(probes, num_returns=len(probes), timeout=self.start_timeout)
+            if len(ready) < len(probes):
+                for worker in new:
+                    with contextlib.suppress(Exception):
+                        ray.kill(worker)
+                cpus = ray.cluster_resources().get("CPU", 0.0)
+                raise RuntimeError(
+                    f"RayExecutor: only {len(ready)} of {len(new)} new actors came up within "
+                    f"start_timeout={self.start_timeout:g} s (the cluster has {cpus:g} CPUs; each "
+                    f"actor asks for num_cpus_per_worker={self.num_cpus_per_worker:g}). Lower "
+                    "num_workers or num_cpus_per_worker, add nodes, or raise start_timeout."
+                )
+            self._workers.extend(new)
         return self
 
     def shutdown(self) -> None:
