@@ -126,6 +126,12 @@ def test_bad_options_raise_value_error(kwargs, message):
         RayExecutor(**kwargs)
 
 
+def test_executor_must_be_an_executor():
+    data = make_batch(B=2, infeasible=())
+    with pytest.raises(TypeError, match="executor: expected None or an executor"):
+        dqp.solve(**data, executor=object())
+
+
 def test_no_room_for_the_actors_is_a_clear_error(cluster):
     ex = RayExecutor(num_workers=1, num_cpus_per_worker=3, start_timeout=2)
     with pytest.raises(RuntimeError, match="0 of 1 new actors came up"):
