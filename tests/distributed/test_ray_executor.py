@@ -14,6 +14,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -215,6 +216,19 @@ def test_bad_input_raises_original_error(executor):
         dqp.solve(**data, executor=executor)
 
 
+def wait_dead(actor, timeout: float = 60.0) -> None:
+    """``ray.kill`` the actor and wait until calls to it fail (the kill is asynchronous)."""
+    ray.kill(actor)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.stored.remote(), timeout=timeout)
+        except ray.exceptions.RayActorError:
+            return
+        time.sleep(0.05)
+    raise AssertionError("the killed actor still answers")
+
+
 @contextlib.contextmanager
 def configured(ex: RayExecutor, **attrs):
     """Temporarily change per-call settings of the shared executor; zero its counters."""
@@ -284,7 +298,7 @@ def test_dead_owner_and_evicted_graphs_are_resolved_in_backward(executor):
         sol = dqp.solve(**leaves, executor=ex, on_failure="nan")
         kept = ray.get([w.stored.remote() for w in ex.workers])
         assert max(kept) == 4 and sum(kept) < 12
-        ray.kill(ex.workers[1])
+        wait_dead(ex.workers[1])
         g = torch.Generator().manual_seed(1)
         loss = 0.0
         for t in (sol.x, sol.eq_duals, sol.ineq_duals):
