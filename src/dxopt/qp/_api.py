@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
@@ -14,6 +14,9 @@ from dxopt.qp._forward import ForwardResult, default_solver, solve_forward
 from dxopt.qp._function import BackwardMethod, QPFunction, QPState
 from dxopt.qp._problem import QPProblem, canonical_problem
 from dxopt.qp._types import BackwardDiagnostics, QPInfo, QPSolution, QPSolveError
+
+if TYPE_CHECKING:
+    from dxopt.distributed import QPExecutor
 
 __all__ = ["QPLayer", "solve"]
 
@@ -69,6 +72,7 @@ def solve(
     max_workers: int | None = None,
     solver_options: dict[str, Any] | None = None,
     check_psd: bool = True,
+    executor: QPExecutor | None = None,
 ) -> QPSolution:
     """Solve :math:`\\min_x \\tfrac12 x^\\top Px + q^\\top x` s.t. :math:`Ax = b`, :math:`Gx \\le h`
     and make the solution and the multipliers differentiable.
@@ -105,6 +109,9 @@ def solve(
         solver_options: extra keyword arguments for the backend.
         check_psd: check that dense ``P`` is PSD (one Cholesky); sparse ``P`` gets a symmetry
             and diagonal check only.
+        executor: ``None`` (default) solves in this process; an executor such as
+            :class:`dxopt.distributed.RayExecutor` spreads the batch over workers in chunks and
+            returns the same solution, status and gradients.
 
     Returns:
         :class:`QPSolution` with ``x``, ``eq_duals``, ``ineq_duals`` (differentiable),
@@ -130,6 +137,25 @@ def solve(
     method = _backward_method(backward)
     if max_workers is not None and (not isinstance(max_workers, int) or max_workers < 1):
         raise ValueError(f"max_workers: expected a positive int or None, got {max_workers!r}.")
+    if executor is not None:
+        if not callable(getattr(executor, "solve", None)):
+            raise TypeError(
+                f"executor: expected None or an executor such as "
+                f"dxopt.distributed.RayExecutor, got {type(executor).__name__}."
+            )
+        options = {
+            "backward": backward,
+            "solver": solver,
+            "eps_abs": eps_abs,
+            "eps_rel": eps_rel,
+            "on_failure": on_failure,
+            "max_workers": max_workers,
+            "solver_options": solver_options,
+            "check_psd": check_psd,
+        }
+        return executor.solve(
+            P, q, A, b, G, h, lb=lb, ub=ub, warm_start=warm_start, options=options
+        )
     m_user = None if G is None else G.shape[-2]
     if lb is not None or ub is not None:
         if not isinstance(q, Tensor):
@@ -208,6 +234,7 @@ class QPLayer(nn.Module):
         max_workers: int | None = None,
         solver_options: dict[str, Any] | None = None,
         check_psd: bool = True,
+        executor: QPExecutor | None = None,
     ) -> None:
         super().__init__()
         _backward_method(backward)
@@ -222,6 +249,7 @@ class QPLayer(nn.Module):
             "max_workers": max_workers,
             "solver_options": solver_options,
             "check_psd": check_psd,
+            "executor": executor,
         }
 
     def forward(

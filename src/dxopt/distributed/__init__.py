@@ -1,0 +1,14 @@
+"""Scale-out executors for :func:`dxopt.qp.solve` and :class:`dxopt.qp.QPLayer`.
+
+``dqp.solve(..., executor=RayExecutor(num_workers=8))`` spreads a QP batch over long-lived Ray
+actors in chunks; each actor keeps the graphs (and with them the backward's data) of the chunks
+it solved, so the backward goes back to the actor that owns each chunk. Results, per-sample
+status and gradients are those of the local call. Ray is an optional extra
+(``pip install 'dxopt[distributed]'``) imported only when an executor starts.
+"""
+
+from dxopt.distributed._protocol import QPExecutor as QPExecutor
+from dxopt.distributed._ray import ExecutorStats as ExecutorStats
+from dxopt.distributed._ray import RayExecutor as RayExecutor
+
+__all__ = ["ExecutorStats", "QPExecutor", "RayExecutor"]

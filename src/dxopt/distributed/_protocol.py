@@ -1,0 +1,32 @@
+"""What :func:`dxopt.qp.solve` needs from an ``executor=``."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+from torch import Tensor
+
+from dxopt.qp._types import QPSolution
+
+__all__ = ["QPExecutor"]
+
+
+@runtime_checkable
+class QPExecutor(Protocol):
+    """Runs a (batched) :func:`dxopt.qp.solve` call elsewhere and returns the same
+    :class:`~dxopt.qp.QPSolution`, differentiable as the local one."""
+
+    def solve(
+        self,
+        P: Tensor,
+        q: Tensor,
+        A: Tensor | None = None,
+        b: Tensor | None = None,
+        G: Tensor | None = None,
+        h: Tensor | None = None,
+        *,
+        lb: Tensor | None = None,
+        ub: Tensor | None = None,
+        warm_start: Tensor | None = None,
+        options: dict[str, Any],
+    ) -> QPSolution: ...

@@ -1,0 +1,675 @@
+"""Solve and differentiate QP batches on a Ray cluster: :class:`RayExecutor`.
+
+Ray is imported only when an executor starts, so importing dxopt never imports Ray.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+import weakref
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from dxopt.distributed._chunks import (
+    DIFF_NAMES,
+    chunk_bounds,
+    from_wire,
+    layout_of,
+    merge_diagnostics,
+    reemit_warnings,
+    slice_chunk,
+    to_wire,
+)
+from dxopt.distributed._function import DistributedCall, RayQPFunction
+from dxopt.distributed._worker import ChunkGrads, ChunkOutput, QPWorker
+from dxopt.qp import BackwardDiagnostics, QPInfo, QPSolution, QPSolveError, QPStatus
+
+__all__ = ["ExecutorStats", "RayExecutor"]
+
+_OUTPUT_NAMES = ("x", "eq_duals", "ineq_duals", "lb_duals", "ub_duals")
+
+
+def _import_ray() -> Any:
+    try:
+        import ray
+    except ImportError as err:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            "RayExecutor needs Ray: install the extra with `pip install 'dxopt[distributed]'`."
+        ) from err
+    return ray
+
+
+def _positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name}: expected a positive int, got {value!r}.")
+    return value
+
+
+@dataclass
+class ExecutorStats:
+    """Counters of one executor since it was created (or since :meth:`RayExecutor.reset_stats`).
+
+    Attributes:
+        calls: distributed forward calls.
+        chunks: chunks solved successfully in forward calls (retries included once).
+        retried_chunks: chunks whose worker died and that were sent to another worker.
+        failed_chunks: chunks whose worker died on the retry too (samples marked ``FAILED``).
+        restarted_workers: dead workers replaced by fresh ones.
+        resolved_in_backward: chunks whose graph was gone at backward time (worker died,
+            graph evicted, or a second backward) and that were re-solved on a live worker.
+    """
+
+    calls: int = 0
+    chunks: int = 0
+    retried_chunks: int = 0
+    failed_chunks: int = 0
+    restarted_workers: int = 0
+    resolved_in_backward: int = 0
+
+
+def _release(workers: tuple[Any, ...], call_id: str) -> None:
+    """Finalizer: ask the workers to drop the graphs of a call that was never backpropagated."""
+    for worker in workers:
+        with contextlib.suppress(Exception):  # Ray shut down, worker gone: nothing to free
+            worker.release.remote(call_id)
+
+
+class RayExecutor:
+    """Spread :func:`dxopt.qp.solve` over long-lived Ray actors, chunk by chunk.
+
+    ``dqp.solve(P, q, ..., executor=RayExecutor(...))`` splits the batch (leading dimension) into
+    chunks of ``chunk_size`` samples and sends them to ``num_workers`` actors (at most
+    ``max_inflight`` chunks queued per actor; a free actor takes the next chunk). Each actor
+    solves its chunk with the local :func:`dxopt.qp.solve` and, when a gradient is needed,
+    keeps the chunk's autograd graph (the factorization data of the backward stays where it was
+    made). The backward sends each chunk's output cotangents to the actor that owns it, which
+    returns the input gradients; batched inputs get them concatenated, broadcast inputs summed
+    over chunks. The result is the same :class:`~dxopt.qp.QPSolution` as the local call: same
+    ``x``, duals, per-sample ``status``, residuals and gradients (up to the order of the sums
+    over chunks).
+
+    Failures:
+
+    - A worker that dies (:class:`ray.exceptions.RayActorError`) is replaced by a fresh actor
+      and its chunks are solved again once on another (or the fresh) actor; if that attempt
+      dies too, the chunk's samples get ``QPStatus.FAILED`` and follow ``on_failure``
+      (``"raise"``: :class:`~dxopt.qp.QPSolveError`; ``"nan"``: NaN outputs, zero gradient).
+    - If the actor owning a chunk's graph is gone at backward time (died, or the graph was
+      evicted), the chunk is re-solved on a live actor and differentiated there; the re-solve
+      must reproduce the forward's status and ``x`` (else ``RuntimeError``), so a gradient is
+      never taken at another point. A second backward through the same call takes this path
+      too (the first one freed the graphs).
+    - Errors raised by :func:`dxopt.qp.solve` itself (bad input, ``QPBackwardError``) are raised
+      on the driver as their original type; batch indices in their messages count from the
+      chunk's first sample.
+
+    Memory: a graph is freed by its backward; a call that is never backpropagated is freed
+    when its outputs are garbage-collected (a weakref finalizer on the call tells the actors),
+    and each actor keeps at most ``max_stored_chunks`` graphs (oldest evicted first).
+
+    ``ray.init()`` is the user's call (local or a cluster); alternatively pass ``address=``
+    and the executor calls ``ray.init(address=address)`` when it starts. Actors are created
+    on first use, or by :meth:`start`, and stopped by :meth:`shutdown` (also a context manager).
+    Each actor needs ``dxopt`` importable on its node.
+
+    Args:
+        num_workers: number of actors.
+        chunk_size: samples per chunk. Each chunk costs a fixed overhead (measured in
+            ``benchmarks/qp_ray``); keep chunks much longer to solve than that.
+        address: Ray cluster address for ``ray.init`` if Ray is not initialised yet.
+        num_cpus_per_worker: CPUs Ray reserves per actor.
+        torch_threads: ``torch.set_num_threads`` in each actor.
+        max_inflight: chunks queued per actor at once (2 hides the round trip).
+        max_stored_chunks: graphs kept per actor.
+        spread: place actors with Ray's ``"SPREAD"`` strategy (one per node first).
+        runtime_env: passed to the actors (e.g. ``{"py_modules": [...]}`` on a cluster).
+        progress: called as ``progress(done, total)`` (samples) after every finished chunk.
+        start_timeout: seconds :meth:`start` waits for the actors to come up (a cluster without
+            room for them would otherwise leave chunks queued forever).
+    """
+
+    def __init__(
+        self,
+        *,
+        num_workers: int = 2,
+        chunk_size: int = 256,
+        address: str | None = None,
+        num_cpus_per_worker: float = 1.0,
+        torch_threads: int = 1,
+        max_inflight: int = 2,
+        max_stored_chunks: int = 128,
+        spread: bool = True,
+        runtime_env: dict[str, Any] | None = None,
+        progress: Callable[[int, int], None] | None = None,
+        start_timeout: float = 300.0,
+    ) -> None:
+        self.num_workers = _positive_int("num_workers", num_workers)
+        self.chunk_size = _positive_int("chunk_size", chunk_size)
+        self.torch_threads = _positive_int("torch_threads", torch_threads)
+        self.max_inflight = _positive_int("max_inflight", max_inflight)
+        self.max_stored_chunks = _positive_int("max_stored_chunks", max_stored_chunks)
+        if address is not None and not isinstance(address, str):
+            raise TypeError(f"address: expected a str or None, got {type(address).__name__}.")
+        if (
+            isinstance(num_cpus_per_worker, bool)
+            or not isinstance(num_cpus_per_worker, (int, float))
+            or not num_cpus_per_worker > 0
+        ):
+            raise ValueError(
+                f"num_cpus_per_worker: expected a positive number, got {num_cpus_per_worker!r}."
+            )
+        if isinstance(start_timeout, bool) or not (
+            isinstance(start_timeout, (int, float)) and start_timeout > 0
+        ):
+            raise ValueError(
+                f"start_timeout: expected a positive number of seconds, got {start_timeout!r}."
+            )
+        if progress is not None and not callable(progress):
+            raise TypeError(f"progress: expected a callable or None, got {progress!r}.")
+        self.address = address
+        self.num_cpus_per_worker = float(num_cpus_per_worker)
+        self.spread = spread
+        self.runtime_env = runtime_env
+        self.progress = progress
+        self.start_timeout = float(start_timeout)
+        self.stats = ExecutorStats()
+        self._workers: list[Any] = []
+        self._crash_chunks: frozenset[int] = frozenset()  # fault injection (tests only)
+
+    def __repr__(self) -> str:
+        return (
+            f"RayExecutor(num_workers={self.num_workers}, chunk_size={self.chunk_size}, "
+            f"address={self.address!r})"
+        )
+
+    # --- actors -------------------------------------------------------------------------
+
+    @property
+    def workers(self) -> tuple[Any, ...]:
+        """The current actor handles (started on first use)."""
+        return tuple(self._workers)
+
+    def _new_worker(self) -> Any:
+        ray = _import_ray()
+        options: dict[str, Any] = {"num_cpus": self.num_cpus_per_worker}
+        if self.spread:
+            options["scheduling_strategy"] = "SPREAD"
+        if self.runtime_env is not None:
+            options["runtime_env"] = self.runtime_env
+        actor_class = ray.remote(QPWorker).options(**options)
+        return actor_class.remote(self.torch_threads, self.max_stored_chunks)
+
+    def start(self) -> RayExecutor:
+        """Connect (``ray.init(address=...)`` if needed) and create the actors."""
+        ray = _import_ray()
+        if not ray.is_initialized():
+            if self.address is None:
+                raise RuntimeError(
+                    "RayExecutor: Ray is not initialised. Call ray.init() first (a local "
+                    "cluster, or ray.init(address=...) for a running one), or pass "
+                    "RayExecutor(address=...)."
+                )
+            ray.init(address=self.address)
+        new = [self._new_worker() for _ in range(self.num_workers - len(self._workers))]
+        if new:
+            probes = [w.describe.remote() for w in new]
+            ready, _ = ray.wait(probes, num_returns=len(probes), timeout=self.start_timeout)
+            if len(ready) < len(probes):
+                for worker in new:
+                    with contextlib.suppress(Exception):
+                        ray.kill(worker)
+                cpus = ray.cluster_resources().get("CPU", 0.0)
+                raise RuntimeError(
+                    f"RayExecutor: only {len(ready)} of {len(new)} new actors came up within "
+                    f"start_timeout={self.start_timeout:g} s (the cluster has {cpus:g} CPUs; each "
+                    f"actor asks for num_cpus_per_worker={self.num_cpus_per_worker:g}). Lower "
+                    "num_workers or num_cpus_per_worker, add nodes, or raise start_timeout."
+                )
+            self._workers.extend(new)
+        return self
+
+    def shutdown(self) -> None:
+        """Kill the actors (their stored graphs are lost; Ray itself keeps running)."""
+        if self._workers:
+            ray = _import_ray()
+            for worker in self._workers:
+                with contextlib.suppress(Exception):  # already dead
+                    ray.kill(worker)
+        self._workers = []
+
+    def __enter__(self) -> RayExecutor:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def reset_stats(self) -> None:
+        self.stats = ExecutorStats()
+
+    def _replace(self, slot: int, dead: Any) -> None:
+        """Replace the actor in ``slot`` if it is still the dead one."""
+        if self._workers[slot] is dead:
+            ray = _import_ray()
+            with contextlib.suppress(Exception):
+                ray.kill(dead)
+            self._workers[slot] = self._new_worker()
+            self.stats.restarted_workers += 1
+
+    # --- forward ------------------------------------------------------------------------
+
+    def solve(
+        self,
+        P: Tensor,
+        q: Tensor,
+        A: Tensor | None = None,
+        b: Tensor | None = None,
+        G: Tensor | None = None,
+        h: Tensor | None = None,
+        *,
+        lb: Tensor | None = None,
+        ub: Tensor | None = None,
+        warm_start: Tensor | None = None,
+        options: dict[str, Any],
+    ) -> QPSolution:
+        """Solve the batch on the actors; called by ``dqp.solve(..., executor=self)``.
+
+        ``options`` are the other keyword options of :func:`dxopt.qp.solve` (already checked).
+        """
+        ray = _import_ray()
+        self.start()
+        inputs = (P, q, A, b, G, h, lb, ub, warm_start)
+        layout = layout_of(inputs)
+        device = q.device if isinstance(q, Tensor) else torch.device("cpu")
+        cpu = tuple(None if t is None else t.detach().cpu() for t in inputs)
+        needs_grad = tuple(t is not None and t.requires_grad for t in inputs[:8])
+        keep = torch.is_grad_enabled() and any(needs_grad)
+        bounds = chunk_bounds(layout.batch, self.chunk_size)
+        on_failure = options.get("on_failure", "raise")
+        worker_options = {**options, "on_failure": "nan"}
+        shared = tuple(
+            ray.put(to_wire(t)) if t is not None and not bat else None
+            for t, bat in zip(cpu, layout.batched)
+        )
+
+        def chunk_inputs(c: int) -> list[Any]:
+            s, e = bounds[c]
+            return [
+                ref if ref is not None else to_wire(slice_chunk(t, bat, layout.batch, s, e))
+                for t, bat, ref in zip(cpu, layout.batched, shared)
+            ]
+
+        call_id = uuid.uuid4().hex
+        t0 = time.perf_counter()
+        results, owners, worker_failed = self._run_forward(
+            call_id, bounds, chunk_inputs, keep, needs_grad, worker_options, layout.batch
+        )
+        elapsed = time.perf_counter() - t0
+        self.stats.calls += 1
+        holders = tuple({id(w): w for w in owners if w is not None}.values())
+        try:
+            outputs, status, primal, dual, solver = self._stitch(
+                results, bounds, layout.batch, cpu, str(options.get("solver", "auto"))
+            )
+        except BaseException:
+            _release(holders, call_id)
+            raise
+        for c, r in enumerate(results):
+            if r is not None:
+                reemit_warnings(r.warnings, *bounds[c])
+        failed = tuple(i for i, s in enumerate(status) if not s.ok)
+        if failed and on_failure == "raise":
+            _release(holders, call_id)
+            lost = sorted(i for c in worker_failed for i in range(*bounds[c]))
+            kinds = {i: status[i].value for i in failed}
+            raise QPSolveError(
+                f"{len(failed)} of {len(status)} QPs not solved by {solver!r} (batch index: "
+                f"status) {kinds}"
+                + (f"; samples {lost} were lost with their Ray workers (twice)" if lost else "")
+                + ". Fix the data, or pass on_failure='nan' to get NaN for those samples.",
+                failed,
+                status,
+            )
+        diagnostics = BackwardDiagnostics()
+        call = DistributedCall(
+            call_id=call_id,
+            backend=self,
+            bounds=bounds,
+            owners=owners,
+            worker_failed=worker_failed,
+            batch=layout.batch,
+            batched=layout.batched,
+            inputs=cpu,
+            needs_grad=needs_grad,
+            options=worker_options,
+            outputs=outputs,
+            status=status,
+            diagnostics=diagnostics,
+            device=device,
+        )
+        if holders:
+            weakref.finalize(call, _release, holders, call_id)
+        outs = RayQPFunction.apply(call, *inputs[:8])
+        x, eq, ineq, lbd, ubd = (None if o is None else t for o, t in zip(outputs, outs))
+        assert x is not None
+        info = QPInfo(
+            solver=solver,
+            solve_time=elapsed,
+            primal_residual=primal,
+            dual_residual=dual,
+            backward=diagnostics,
+        )
+        return QPSolution(
+            x=x,
+            eq_duals=eq,
+            ineq_duals=ineq,
+            status=status,
+            info=info,
+            lb_duals=lbd,
+            ub_duals=ubd,
+        )
+
+    def _run_forward(
+        self,
+        call_id: str,
+        bounds: list[tuple[int, int]],
+        chunk_inputs: Callable[[int], list[Any]],
+        keep: bool,
+        needs_grad: tuple[bool, ...],
+        options: dict[str, Any],
+        batch: int | None,
+    ) -> tuple[list[ChunkOutput | None], list[Any], set[int]]:
+        """Schedule the chunks over the actors: a free actor takes the next chunk; a chunk
+        whose actor died is queued again once (on the replacement or another actor)."""
+        ray = _import_ray()
+        from ray.exceptions import RayActorError, WorkerCrashedError
+
+        lost_worker = (RayActorError, WorkerCrashedError)
+        n = len(bounds)
+        total = batch if batch is not None else 1
+        results: list[ChunkOutput | None] = [None] * n
+        owners: list[Any] = [None] * n
+        worker_failed: set[int] = set()
+        pending: deque[tuple[int, int]] = deque((c, 0) for c in range(n))
+        inflight: dict[Any, tuple[int, int, int, Any]] = {}
+        load = [0] * self.num_workers
+        done = 0
+        try:
+            while pending or inflight:
+                while pending:
+                    slot = min(range(self.num_workers), key=load.__getitem__)
+                    if load[slot] >= self.max_inflight:
+                        break
+                    c, attempt = pending.popleft()
+                    worker = self._workers[slot]
+                    ref = worker.forward.remote(
+                        (call_id, c),
+                        keep,
+                        needs_grad,
+                        options,
+                        c in self._crash_chunks,
+                        *chunk_inputs(c),
+                    )
+                    inflight[ref] = (c, attempt, slot, worker)
+                    load[slot] += 1
+                (ref,), _ = ray.wait(list(inflight), num_returns=1)
+                c, attempt, slot, worker = inflight.pop(ref)
+                load[slot] -= 1
+                try:
+                    results[c] = ray.get(ref)
+                except lost_worker:
+                    self._replace(slot, worker)
+                    if attempt == 0:
+                        self.stats.retried_chunks += 1
+                        pending.append((c, 1))
+                    else:
+                        self.stats.failed_chunks += 1
+                        worker_failed.add(c)
+                    continue
+                except Exception as err:
+                    raise _original(err) from err
+                self.stats.chunks += 1
+                owners[c] = worker if keep else None
+                done += bounds[c][1] - bounds[c][0] if batch is not None else 1
+                if self.progress is not None:
+                    self.progress(done, total)
+        except BaseException:
+            _release(tuple(self._workers), call_id)
+            raise
+        return results, owners, worker_failed
+
+    @staticmethod
+    def _stitch(
+        results: list[ChunkOutput | None],
+        bounds: list[tuple[int, int]],
+        batch: int | None,
+        inputs: tuple[Tensor | None, ...],
+        solver: str,
+    ) -> tuple[
+        tuple[Tensor | None, ...], tuple[QPStatus, ...], tuple[float, ...], tuple[float, ...], str
+    ]:
+        template = next((r for r in results if r is not None), None)
+        if template is None:  # every chunk lost: shapes and dtype from the inputs
+            template = _lost_chunk(inputs, batch is not None, solver)
+            results = [template] if batch is None else [None] * len(bounds)
+        if batch is None:
+            r = results[0]
+            assert r is not None
+            outs = tuple(from_wire(a) for a in r.outputs)
+            return outs, r.status, r.primal_residual, r.dual_residual, r.solver
+        outputs: list[Tensor | None] = []
+        for k in range(5):
+            ref = from_wire(template.outputs[k])
+            if ref is None:
+                outputs.append(None)
+                continue
+            parts = []
+            for c, (s, e) in enumerate(bounds):
+                r = results[c]
+                t = from_wire(r.outputs[k]) if r is not None else None
+                if t is None:
+                    t = torch.full((e - s, *ref.shape[1:]), float("nan"), dtype=ref.dtype)
+                parts.append(t)
+            outputs.append(torch.cat(parts))
+        status: list[QPStatus] = []
+        primal: list[float] = []
+        dual: list[float] = []
+        for c, (s, e) in enumerate(bounds):
+            r = results[c]
+            if r is None:
+                status += [QPStatus.FAILED] * (e - s)
+                primal += [float("nan")] * (e - s)
+                dual += [float("nan")] * (e - s)
+            else:
+                status += r.status
+                primal += r.primal_residual
+                dual += r.dual_residual
+        return tuple(outputs), tuple(status), tuple(primal), tuple(dual), template.solver
+
+    # --- backward -----------------------------------------------------------------------
+
+    def backward_call(
+        self, call: DistributedCall, cotangents: tuple[Tensor | None, ...]
+    ) -> tuple[Tensor | None, ...]:
+        """Gradients of the eight differentiable inputs for the output cotangents."""
+        ray = _import_ray()
+        from ray.exceptions import RayActorError, WorkerCrashedError
+
+        lost_worker = (RayActorError, WorkerCrashedError)
+        self.start()
+        cots = tuple(None if g is None else g.detach().cpu() for g in cotangents)
+
+        def chunk_cots(c: int) -> tuple[Tensor | None, ...]:
+            s, e = call.bounds[c]
+            return tuple(to_wire(slice_chunk(g, True, call.batch, s, e)) for g in cots)
+
+        active = [c for c in range(len(call.bounds)) if c not in call.worker_failed]
+        refs = {}
+        missing: list[int] = []
+        for c in active:
+            owner = call.owners[c]
+            if owner is None:
+                missing.append(c)
+                continue
+            call.owners[c] = None  # the worker frees the graph with this backward
+            try:
+                refs[c] = owner.backward.remote((call.call_id, c), chunk_cots(c))
+            except lost_worker:
+                missing.append(c)
+        grads: dict[int, ChunkGrads] = {}
+        for c, ref in refs.items():
+            try:
+                got = ray.get(ref)
+            except lost_worker:
+                got = None
+            except Exception as err:
+                raise _original(err) from err
+            if got is None:
+                missing.append(c)
+            else:
+                grads[c] = got
+        if missing:
+            grads.update(self._resolve(call, sorted(missing), chunk_cots))
+        for c in sorted(grads):
+            reemit_warnings(grads[c].warnings, *call.bounds[c])
+        merge_diagnostics(call.diagnostics, [grads[c].diagnostics for c in sorted(grads)])
+        return self._assemble(call, grads)
+
+    def _resolve(
+        self,
+        call: DistributedCall,
+        chunks: list[int],
+        chunk_cots: Callable[[int], tuple[Tensor | None, ...]],
+    ) -> dict[int, ChunkGrads]:
+        """Re-solve ``chunks`` on live actors and differentiate there (graph gone)."""
+        ray = _import_ray()
+        from ray.exceptions import RayActorError, WorkerCrashedError
+
+        lost_worker = (RayActorError, WorkerCrashedError)
+        out: dict[int, ChunkGrads] = {}
+        for _attempt in range(2):
+            submitted = {}
+            for k, c in enumerate(chunks):
+                slot = k % self.num_workers
+                worker = self._workers[slot]
+                s, e = call.bounds[c]
+                inputs = [
+                    to_wire(slice_chunk(t, bat, call.batch, s, e))
+                    for t, bat in zip(call.inputs, call.batched)
+                ]
+                ref = worker.solve_and_backward.remote(
+                    call.needs_grad, call.options, chunk_cots(c), *inputs
+                )
+                submitted[c] = (ref, slot, worker)
+            retry = []
+            for c, (ref, slot, worker) in submitted.items():
+                try:
+                    solved, grads = ray.get(ref)
+                except lost_worker:
+                    self._replace(slot, worker)
+                    retry.append(c)
+                    continue
+                except Exception as err:
+                    raise _original(err) from err
+                self._check_same_point(call, c, solved)
+                self.stats.resolved_in_backward += 1
+                out[c] = grads
+            if not retry:
+                return out
+            chunks = retry
+        s, e = call.bounds[chunks[0]]
+        raise RuntimeError(
+            f"RayExecutor: the workers holding samples {s}..{e - 1} (and {len(chunks) - 1} other "
+            "chunks) died, and re-solving them for the backward failed twice; no gradient is "
+            "returned. Check the cluster (ray status) and the workers' logs."
+        )
+
+    @staticmethod
+    def _check_same_point(call: DistributedCall, c: int, solved: ChunkOutput) -> None:
+        s, e = call.bounds[c]
+        status = call.status[s:e] if call.batch is not None else call.status
+        x_then = call.outputs[0]
+        assert x_then is not None
+        if call.batch is not None:
+            x_then = x_then[s:e]
+        x_now = from_wire(solved.x)
+        assert x_now is not None
+        ok = torch.tensor([st.ok for st in status])
+        scale = 1.0 + float(torch.nan_to_num(x_then).abs().max()) if x_then.numel() else 1.0
+        diff = (x_now - x_then).abs()
+        if call.batch is not None:
+            diff = diff[ok]
+        elif not bool(ok.all()):
+            diff = diff[:0]
+        if solved.status != status or (diff.numel() and float(diff.max()) > 1e-10 * scale):
+            raise RuntimeError(
+                f"RayExecutor: re-solving samples {s}..{e - 1} for the backward (their worker "
+                "died or dropped the graph) did not reproduce the forward's solution (status or "
+                "x differ), so their gradient would be taken at another point; none is returned. "
+                "Use a deterministic solver, or keep the workers alive until the backward."
+            )
+
+    @staticmethod
+    def _assemble(call: DistributedCall, grads: dict[int, ChunkGrads]) -> tuple[Tensor | None, ...]:
+        result: list[Tensor | None] = []
+        for i, name in enumerate(DIFF_NAMES):
+            t = call.inputs[i]
+            if t is None or not call.needs_grad[i]:
+                result.append(None)
+                continue
+            total = torch.zeros_like(t)
+            for c, g in grads.items():
+                part = from_wire(g.grads[i])
+                if part is None:
+                    continue
+                if call.batched[i] and call.batch is not None:
+                    s, e = call.bounds[c]
+                    total[s:e] = part
+                else:
+                    total += part
+            if total.shape != t.shape:  # pragma: no cover - guarded by the workers
+                raise RuntimeError(f"{name}: gradient shape {total.shape} != {t.shape}.")
+            result.append(total.to(call.device))
+        return tuple(result)
+
+
+def _lost_chunk(inputs: tuple[Tensor | None, ...], batched: bool, solver: str) -> ChunkOutput:
+    """A one-sample all-NaN ``FAILED`` chunk shaped like the call's outputs (used when no
+    chunk came back to copy the shapes from)."""
+    _, q, A, _, G, _, lb, ub, _ = inputs
+    assert q is not None
+    n = q.shape[-1]
+
+    def finite(bound: Tensor | None) -> int | None:
+        return None if bound is None else int(torch.isfinite(bound.reshape(-1, n)[0]).sum())
+
+    widths = (n, None if A is None else A.shape[-2], None if G is None else G.shape[-2])
+    nan = float("nan")
+    x, eq, ineq, lbd, ubd = (
+        None if w is None else to_wire(torch.full((1, w) if batched else (w,), nan, dtype=q.dtype))
+        for w in (*widths, finite(lb), finite(ub))
+    )
+    return ChunkOutput(
+        x=x,
+        eq_duals=eq,
+        ineq_duals=ineq,
+        lb_duals=lbd,
+        ub_duals=ubd,
+        status=(QPStatus.FAILED,),
+        solver=solver,
+        primal_residual=(nan,),
+        dual_residual=(nan,),
+        warnings=(),
+    )
+
+
+def _original(err: Exception) -> BaseException:
+    """The exception a worker raised (Ray wraps it in a ``RayTaskError``)."""
+    cause = getattr(err, "cause", None)
+    return cause if isinstance(cause, BaseException) else err
