@@ -68,7 +68,7 @@ class TorchQPFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         P: Tensor,
         q: Tensor,
         A: Tensor | None,
@@ -110,7 +110,9 @@ class TorchQPFunction(torch.autograd.Function):
         ctx.save_for_backward(*saved, x, y, z, status, L, w_ineq, w_eq, active)
 
     @staticmethod
-    def backward(ctx: Any, gx: Tensor | None, gy: Tensor | None, gz: Tensor | None, *_: Any):  # type: ignore[override]
+    def backward(
+        ctx: Any, gx: Tensor | None, gy: Tensor | None, gz: Tensor | None, *_unused: Any
+    ) -> tuple[Tensor | None, ...]:
         saved = list(ctx.saved_tensors)
         x, y, z, status, L, w_ineq, w_eq, active = saved[-8:]
         ins = iter(saved[:-8])
@@ -178,7 +180,7 @@ def torch_qp_differentiable(
     f64 = P.dtype == torch.float64
     steps = options.get("refine_steps")
     options = dict(options, refine_steps=steps if steps is not None else (4 if f64 else 8))
-    out = TorchQPFunction.apply(P, q, A, b, G, h, options)
+    out: tuple[Tensor, ...] = TorchQPFunction.apply(P, q, A, b, G, h, options)
     x, y, z, slacks, status, iters, pres, dres, polished, L, w_ineq, w_eq, active = out
     factor = PenaltyFactor(
         L=L, w_ineq=w_ineq, w_eq=w_eq, active=active, steps=options["refine_steps"]

@@ -187,7 +187,6 @@ def penalty_factor(
     times the curvature scale of :math:`P`. Returns the factor and a ``(B,)`` mask of samples
     whose Cholesky failed.
     """
-    B, n = P.shape[0], P.shape[-1]
     scale = P.diagonal(dim1=-2, dim2=-1).abs().mean(-1)
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
     tiny = torch.finfo(P.dtype).tiny ** 0.5
@@ -261,7 +260,7 @@ class _Newton:
     """One factorization of the reduced Newton matrix, reused for several right-hand sides."""
 
     def __init__(self, P: Tensor, A: Tensor, G: Tensor, D: Tensor, delta: Tensor):
-        n, p = P.shape[-1], A.shape[-2]
+        p = A.shape[-2]
         H = P + _gram(G, D)
         H.diagonal(dim1=-2, dim2=-1).add_(delta[:, None])
         self.L, bad = _chol(H)
@@ -307,7 +306,7 @@ def _kkt_residuals(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Residuals :math:`(r_d, r_e, r_i)` of the KKT system at ``(x, y, z, s)`` and the mask
     of samples within tolerance (primal, dual and mean complementarity, each
-    :math:`\le \epsilon_{\rm abs} + \epsilon_{\rm rel}\cdot\text{scale}`)."""
+    :math:`\\le \\epsilon_{\\rm abs} + \\epsilon_{\\rm rel}\\cdot\\text{scale}`)."""
     Px, Ax, Gx, Ay, Gz = _mv(P, x), _mv(A, x), _mv(G, x), _rmv(A, y), _rmv(G, z)
     rd, re, ri = Px + q + Ay + Gz, Ax - b, Gx + s - h
     pscale = torch.maximum(torch.maximum(_amax(h), _amax(b)), torch.maximum(_amax(Gx), _amax(Ax)))
@@ -407,12 +406,15 @@ def _check_inputs(
     if q.shape[-1] != n:
         raise ValueError(f"torch_qp_solve: q must have n = {n} entries, got shape {tuple(q.shape)}")
     for mat, vec, mn, vn in ((A, b, "A", "b"), (G, h, "G", "h")):
-        if mat is not None and vec is not None:
-            if mat.shape[-1] != n or mat.shape[-2] != vec.shape[-1]:
-                raise ValueError(
-                    f"torch_qp_solve: {mn} must be (k, n={n}) with {vn} of length k, got "
-                    f"{mn} {tuple(mat.shape)} and {vn} {tuple(vec.shape)}"
-                )
+        if (
+            mat is not None
+            and vec is not None
+            and (mat.shape[-1] != n or mat.shape[-2] != vec.shape[-1])
+        ):
+            raise ValueError(
+                f"torch_qp_solve: {mn} must be (k, n={n}) with {vn} of length k, got "
+                f"{mn} {tuple(mat.shape)} and {vn} {tuple(vec.shape)}"
+            )
 
     def full(t: Tensor | None, base: int, shape: tuple[int, ...]) -> Tensor:
         if t is None:
@@ -542,7 +544,7 @@ def _certify(
     eps_rel: float,
 ) -> Tensor:
     """Samples whose ``(x, y, z)`` meet the user's tolerance (:func:`_kkt_residuals` with the
-    slack :math:`s = (h - Gx)_+`), with :math:`z \ge 0` and finite values."""
+    slack :math:`s = (h - Gx)_+`), with :math:`z \\ge 0` and finite values."""
     s = (h - _mv(G, x)).clamp_min(0.0)
     ok = _kkt_residuals(P, q, A, b, G, h, x, y, z, s, eps_abs, eps_rel)[3]
     fin = torch.isfinite(torch.cat([x, y, z], -1)).all(-1)
@@ -678,6 +680,16 @@ def solve_detached(
             x = torch.where(polished[:, None], xp, x)
             y = torch.where(polished[:, None], yp, y)
             z = torch.where(polished[:, None], zp.clamp_min(0.0), z)
+            if h.shape[-1] == 0 and bool((~ok_p).any()):
+                # equality-only: the least-squares residual r = b - A A^+ b (-r is a Farkas
+                # certificate when nonzero) and the penalty solve's (diverging) x are the
+                # candidates
+                r = b - _mv(A, _mv(torch.linalg.pinv(A), b)) if A.shape[-2] else b
+                cand = _Iterate(x=xp, y=-r, z=zp, s=zp)
+                pinf, dinf = _certificates(P, q, A, b, G, h, cand, eps_inf)
+                pinf, dinf = pinf & ~ok_p, dinf & ~ok_p
+                status = torch.where(pinf, int(TorchQPStatus.PRIMAL_INFEASIBLE), status)
+                status = torch.where(dinf & ~pinf, int(TorchQPStatus.DUAL_INFEASIBLE), status)
         ok = _certify(P, q, A, b, G, h, x, y, z, eps_abs, eps_rel)
         ok = ok & ~status_is(status, "PRIMAL_INFEASIBLE", "DUAL_INFEASIBLE")
         # not certified at the user's tolerance: an interior-point "SOLVED" becomes MAX_ITER
