@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -170,7 +171,9 @@ def _chol(H: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def _cho_solve(L: Tensor, r: Tensor) -> Tensor:
-    return torch.cholesky_solve(r.unsqueeze(-1), L).squeeze(-1)
+    """:math:`(LL^\\top)^{-1} r` by two triangular solves (faster than ``cholesky_solve``)."""
+    t = torch.linalg.solve_triangular(L, r.unsqueeze(-1), upper=False)
+    return torch.linalg.solve_triangular(L.mT, t, upper=True).squeeze(-1)
 
 
 # ----------------------------------------------------------------------------------------
@@ -303,6 +306,7 @@ def _kkt_residuals(
     eps_abs: float,
     eps_rel: float,
     gap_rel: float | None = None,
+    gap_abs: float | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Residuals :math:`(r_d, r_e, r_i)` of the KKT system at ``(x, y, z, s)`` and the mask
     of samples within tolerance (primal, dual and mean complementarity, each
@@ -316,7 +320,8 @@ def _kkt_residuals(
     ok = torch.maximum(_amax(re), _amax(ri)) <= eps_abs + eps_rel * pscale
     ok = ok & (_amax(rd) <= eps_abs + eps_rel * dscale)
     gap_rel = eps_rel if gap_rel is None else gap_rel
-    ok = ok & (_dot(s.abs(), z.abs()) / m <= eps_abs + gap_rel * obj)
+    gap_abs = eps_abs if gap_abs is None else gap_abs
+    ok = ok & (_dot(s.abs(), z.abs()) / m <= gap_abs + gap_rel * obj)
     return rd, re, ri, ok
 
 
@@ -447,11 +452,15 @@ def _ipm(
     max_iter: int,
     check_every: int,
     gap_rel: float,
+    gap_abs: float | None = None,
+    start: tuple[_Iterate, Tensor, Tensor] | None = None,
 ) -> tuple[_Iterate, Tensor, Tensor]:
     """Mehrotra predictor-corrector; returns the final iterate, status and iteration counts.
 
     ``SOLVED`` here means the interior-point tolerance was met; :func:`solve_detached`
-    re-certifies the returned (polished) point against the user's tolerance.
+    re-certifies the returned (polished) point against the user's tolerance. ``start =
+    (iterate, frozen, iterations)`` resumes a previous run, moving only the samples not
+    ``frozen``, with the complementarity tolerance ``gap_abs`` (default ``eps_abs``).
     """
     B, m = q.shape[0], h.shape[-1]
     dev = q.device
@@ -460,17 +469,20 @@ def _ipm(
     f64 = P.dtype == torch.float64
     delta = scale * (1e-10 if f64 else 1e-6)
     mu_floor = 1e-15 if f64 else 1e-7  # relative: no progress is possible below this
-    it = _initial_point(P, q, A, b, G, h, delta)
     status = torch.full((B,), int(TorchQPStatus.MAX_ITER), dtype=torch.long, device=dev)
-    done = torch.zeros(B, dtype=torch.bool, device=dev)
-    iters = torch.zeros(B, dtype=torch.long, device=dev)
+    if start is None:
+        it = _initial_point(P, q, A, b, G, h, delta)
+        done = torch.zeros(B, dtype=torch.bool, device=dev)
+        iters = torch.zeros(B, dtype=torch.long, device=dev)
+    else:
+        it, done, iters = start
     if m == 0:
         return it, status, iters  # equality-only: the polish solves it exactly
     tiny = torch.finfo(q.dtype).tiny ** 0.5
     SOLVED, NUMERICAL = int(TorchQPStatus.SOLVED), int(TorchQPStatus.NUMERICAL_ERROR)
     for k in range(max_iter + 1):
         rd, re, ri, ok = _kkt_residuals(
-            P, q, A, b, G, h, it.x, it.y, it.z, it.s, eps_abs, eps_rel, gap_rel
+            P, q, A, b, G, h, it.x, it.y, it.z, it.s, eps_abs, eps_rel, gap_rel, gap_abs
         )
         mu = _dot(it.s, it.z) / m
         stalled = mu <= mu_floor * (1.0 + _amax(it.x) * _amax(q) + _amax(it.z) * _amax(h))
@@ -520,6 +532,54 @@ def _ipm(
             s=torch.where(move, new.s, it.s),
         )
     return it, status, iters
+
+
+def _null_space(A: Tensor, b: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
+    """``(Q1, R1, Z, x_p)`` from a complete QR of :math:`A^\\top = [Q_1\\ Z][R_1; 0]`, with
+    :math:`x_p = Q_1 R_1^{-\\top} b`, or None when some :math:`R_1` is (nearly) singular."""
+    p = A.shape[-2]
+    Q, R = torch.linalg.qr(A.mT, mode="complete")
+    R1 = R[..., :p, :]
+    d = R1.diagonal(dim1=-2, dim2=-1).abs()
+    tol = (1e-10 if A.dtype == torch.float64 else 1e-5) * d.amax(-1, keepdim=True)
+    if not bool((d > tol).all()):  # rank-deficient or inconsistent A: Schur path
+        return None
+    Q1, Z = Q[..., :p], Q[..., p:]
+    u = torch.linalg.solve_triangular(R1.mT, b.unsqueeze(-1), upper=False)
+    return Q1, R1, Z, (Q1 @ u).squeeze(-1)
+
+
+def _ipm_null_space(
+    P: Tensor,
+    q: Tensor,
+    A: Tensor,
+    G: Tensor,
+    h: Tensor,
+    null: tuple[Tensor, Tensor, Tensor, Tensor],
+    ipm: dict,
+) -> tuple[_Iterate, Tensor, Tensor, _Iterate]:
+    """The interior point on the equality-free problem in :math:`x = x_p + Zw`.
+
+    With :math:`AZ = 0`, the QP becomes
+    :math:`\\min_w \\tfrac12 w^\\top Z^\\top P Z w + (Z^\\top(q + Px_p))^\\top w` s.t.
+    :math:`GZw \\le h - Gx_p`: every Newton system shrinks from :math:`n` to :math:`n - p` and
+    loses its Schur complement. Farkas certificates of the reduced problem are certificates of
+    the original one (:math:`y = -R_1^{-1}Q_1^\\top G^\\top z`). The equality multipliers
+    are recovered from stationarity, :math:`y = -R_1^{-1}Q_1^\\top(Px + q + G^\\top z)`.
+    Returns the iterate in :math:`x` and, last, the reduced iterate (to resume from).
+    """
+    Q1, R1, Z, xp = null
+    B = q.shape[0]
+    Pz = Z.mT @ P @ Z
+    qz = _rmv(Z, q + _mv(P, xp))
+    Gz = G @ Z
+    hz = h - _mv(G, xp)
+    e_mat, e_vec = P.new_zeros(B, 0, Z.shape[-1]), q.new_zeros(B, 0)
+    it, status, iters = _ipm(Pz, qz, e_mat, e_vec, Gz, hz, **ipm)
+    x = xp + _mv(Z, it.x)
+    grad = _mv(P, x) + q + _rmv(G, it.z)
+    y = -torch.linalg.solve_triangular(R1, _rmv(Q1, grad).unsqueeze(-1), upper=True).squeeze(-1)
+    return _Iterate(x=x, y=y, z=it.z, s=it.s), status, iters, it
 
 
 def status_is(status: Tensor, *names: str) -> Tensor:
@@ -651,31 +711,53 @@ def solve_detached(
         f64 = P.dtype == torch.float64
         if not f64:
             eps_abs, eps_rel = max(eps_abs, 1e-5), max(eps_rel, 1e-5)
-        it, status, iters = _ipm(
-            P,
-            q,
-            A,
-            b,
-            G,
-            h,
-            eps_abs=eps_abs,
-            eps_rel=max(eps_rel, 1e-10),  # residuals: the polish takes it from there
-            eps_inf=eps_inf,
-            max_iter=max_iter,
-            check_every=check_every,
-            gap_rel=eps_rel,  # the complementarity decides the active set: keep it tight
-        )
+        ipm = {
+            "eps_abs": eps_abs,
+            "eps_rel": max(eps_rel, 1e-10),  # residuals: the polish takes it from there
+            "eps_inf": eps_inf,
+            "max_iter": max_iter,
+            "check_every": check_every,
+            "gap_rel": eps_rel,  # the complementarity decides the active set: keep it tight
+        }
+        null = _null_space(A, b) if 0 < A.shape[-2] < A.shape[-1] and h.shape[-1] else None
+
+        def run(**kw: Any) -> tuple[_Iterate, Tensor, Tensor, _Iterate]:
+            if null is None:
+                out = _ipm(P, q, A, b, G, h, **ipm, **kw)
+                return (*out, out[0])
+            return _ipm_null_space(P, q, A, G, h, null, {**ipm, **kw})
+
+        it, status, iters, raw = run()
         steps = refine_steps if refine_steps is not None else (4 if f64 else 8)
-        active = it.z > it.s
-        factor, bad = penalty_factor(
-            P, A, G, active, omega=1e6 if f64 else 1e3, sigma=1e-9 if f64 else 1e-6, steps=steps
-        )
-        x, y, z = it.x, it.y, it.z.clamp_min(0.0)
-        polished = torch.zeros_like(bad)
-        if polish or h.shape[-1] == 0:
+        m, gap_abs = h.shape[-1], eps_abs
+        for attempt in range(3):
+            # polish on the active set read off the iterate; where a sample's polish fails
+            # certification (an ambiguous, nearly weakly active row), resume its interior
+            # point with a 1000x tighter complementarity and polish again
+            active = it.z > it.s
+            factor, bad = penalty_factor(
+                P,
+                A,
+                G,
+                active,
+                omega=1e6 if f64 else 1e3,
+                sigma=1e-9 if f64 else 1e-6,
+                steps=steps,
+            )
+            if not (polish or m == 0):
+                break
             xp, yp, zp, _ = kkt_solve(factor, P, A, G, -q, b, h)
             zp = torch.where(active, zp, 0.0)
             ok_p = _certify(P, q, A, b, G, h, xp, yp, zp, eps_abs, eps_rel) & ~bad
+            retry = ~ok_p & (status == TorchQPStatus.SOLVED) & (iters < max_iter)
+            if attempt == 2 or m == 0 or not bool(retry.any()):
+                break
+            gap_abs *= 1e-3
+            it, status_new, iters, raw = run(gap_abs=gap_abs, start=(raw, ~retry, iters))
+            status = torch.where(retry, status_new, status)
+        x, y, z = it.x, it.y, it.z.clamp_min(0.0)
+        polished = torch.zeros_like(bad)
+        if polish or m == 0:
             polished = ok_p & ~status_is(status, "PRIMAL_INFEASIBLE", "DUAL_INFEASIBLE")
             x = torch.where(polished[:, None], xp, x)
             y = torch.where(polished[:, None], yp, y)
