@@ -53,10 +53,14 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from dxopt.qp._forward import ForwardResult
+    from dxopt.qp._problem import QPProblem
 
 __all__ = [
     "PenaltyFactor",
@@ -64,6 +68,7 @@ __all__ = [
     "TorchQPStatus",
     "kkt_solve",
     "penalty_factor",
+    "solve_forward_torch",
     "torch_qp_solve",
 ]
 
@@ -711,7 +716,7 @@ def solve_detached(
         f64 = P.dtype == torch.float64
         if not f64:
             eps_abs, eps_rel = max(eps_abs, 1e-5), max(eps_rel, 1e-5)
-        ipm = {
+        ipm: dict[str, Any] = {
             "eps_abs": eps_abs,
             "eps_rel": max(eps_rel, 1e-10),  # residuals: the polish takes it from there
             "eps_inf": eps_inf,
@@ -794,3 +799,40 @@ def solve_detached(
             polished=polished,
             factor=factor,
         )
+
+
+def solve_forward_torch(
+    problem: QPProblem, *, eps_abs: float, eps_rel: float, solver_options: dict[str, Any] | None
+) -> ForwardResult:
+    """``solver="torch"`` for :func:`dxopt.qp.solve`: the canonical problem through
+    :func:`torch_qp_solve` (float64, CPU, sparse matrices densified), as a ``ForwardResult``."""
+    import time
+
+    from dxopt.qp._forward import ForwardResult
+    from dxopt.qp._types import QPStatus
+
+    names = ("P", "q", "A", "b", "G", "h")
+    start = time.perf_counter()
+    r = torch_qp_solve(
+        *(problem.dense(k) for k in names),
+        eps_abs=eps_abs,
+        eps_rel=eps_rel,
+        **(solver_options or {}),
+    )
+    elapsed = time.perf_counter() - start
+    to_status = {
+        TorchQPStatus.SOLVED: QPStatus.SOLVED,
+        TorchQPStatus.PRIMAL_INFEASIBLE: QPStatus.INFEASIBLE,
+        TorchQPStatus.DUAL_INFEASIBLE: QPStatus.UNBOUNDED,
+    }
+    status = tuple(to_status.get(TorchQPStatus(c), QPStatus.FAILED) for c in r.status.tolist())
+    bad = (r.status != TorchQPStatus.SOLVED)[:, None]
+    nan = float("nan")
+    return ForwardResult(
+        x=r.x.masked_fill(bad, nan),
+        eq_duals=r.eq_duals.masked_fill(bad, nan),
+        ineq_duals=r.ineq_duals.masked_fill(bad, nan),
+        status=status,
+        solver="torch",
+        solve_time=elapsed,
+    )
