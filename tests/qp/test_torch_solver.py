@@ -159,7 +159,7 @@ def test_gradients_match_exact_kkt_reference_with_broadcasting():
 
 def test_gradients_match_finite_differences():
     """gradcheck of x, y and z in float64 on strictly complementary problems."""
-    probs = batch(6, 6, 2, 3, seed=11)
+    probs = batch(6, 6, 2, 2, seed=11)
     for pr in probs:  # certify the margins that make central differences valid
         sol = daqp(pr)
         slack = pr["h"] - pr["G"] @ sol.x
@@ -170,7 +170,8 @@ def test_gradients_match_finite_differences():
         r = torch_qp_solve(0.5 * (P + P.mT), q, A, b, G, h)
         return r.x, r.eq_duals, r.ineq_duals
 
-    assert torch.autograd.gradcheck(fn, ins, eps=1e-6, atol=1e-6, rtol=1e-5)
+    # fast mode: random projections of the Jacobian, a few dozen solves instead of hundreds
+    assert torch.autograd.gradcheck(fn, ins, eps=1e-6, atol=1e-6, rtol=1e-5, fast_mode=True)
 
 
 def _mixed_batch(dtype):
