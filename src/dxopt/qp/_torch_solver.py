@@ -820,10 +820,16 @@ def solve_forward_torch(
     from dxopt.qp._forward import ForwardResult
     from dxopt.qp._types import QPStatus
 
-    names = ("P", "q", "A", "b", "G", "h")
+    P = problem.dense("P")
+    assert P is not None
     start = time.perf_counter()
     r = torch_qp_solve(
-        *(problem.dense(k) for k in names),
+        P,
+        problem.dense_vec("q"),
+        problem.dense("A"),
+        problem.dense("b"),
+        problem.dense("G"),
+        problem.dense("h"),
         eps_abs=eps_abs,
         eps_rel=eps_rel,
         **(solver_options or {}),
