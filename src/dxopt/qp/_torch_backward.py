@@ -150,20 +150,25 @@ class TorchQPFunction(torch.autograd.Function):
                 "backward=KKTBackward() for a diagnosed fallback"
             )
         w = w * active
-        zero = torch.zeros((), dtype=x.dtype, device=x.device)
-        gP = -0.5 * (u.unsqueeze(-1) * x.unsqueeze(-2) + x.unsqueeze(-1) * u.unsqueeze(-2))
-        grads: list[Tensor | None] = [gP, -u, None, None, None, None]
+        need = ctx.needs_input_grad
+        grads: list[Tensor | None] = [None] * 6
+
+        def outer(left: Tensor, right: Tensor) -> Tensor:
+            return left.unsqueeze(-1) * right.unsqueeze(-2)
+
+        if need[0]:
+            ux = outer(u, x)
+            grads[0] = -0.5 * (ux + ux.mT)
+        if need[1]:
+            grads[1] = -u
         if A is not None:
-            grads[2] = -(y.unsqueeze(-1) * u.unsqueeze(-2) + v.unsqueeze(-1) * x.unsqueeze(-2))
-            grads[3] = v
+            grads[2] = -(outer(y, u) + outer(v, x)) if need[2] else None
+            grads[3] = v if need[3] else None
         if G is not None:
-            grads[4] = -(z.unsqueeze(-1) * u.unsqueeze(-2) + w.unsqueeze(-1) * x.unsqueeze(-2))
-            grads[5] = w + zero
+            grads[4] = -(outer(z, u) + outer(w, x)) if need[4] else None
+            grads[5] = w if need[5] else None
         inputs = (P, q, A, b, G, h)
-        out = [
-            None if g is None or not ctx.needs_input_grad[k] else _reduce(g, inputs[k], _BASE[k])
-            for k, g in enumerate(grads)
-        ]
+        out = [None if g is None else _reduce(g, inputs[k], _BASE[k]) for k, g in enumerate(grads)]
         return (*out, None)
 
 
