@@ -221,7 +221,7 @@ def test_equality_only_infeasible_and_unbounded():
 def test_backward_refuses_unsolved_samples_and_passes_zero_cotangents():
     P, q, G, h = (t.requires_grad_() for t in _mixed_batch(torch.float64))
     r = torch_qp_solve(P, q, G=G, h=h)
-    with pytest.raises(QPBackwardError, match=r"samples \[1, 2\] were not solved"):
+    with pytest.raises(QPBackwardError, match=r"samples \[1, 2\] were not solved or not polished"):
         r.x.sum().backward(retain_graph=True)
     keep = torch.tensor([1.0, 0.0, 0.0, 1.0], dtype=torch.float64)[:, None]
     (keep * r.x).sum().backward()
@@ -230,6 +230,9 @@ def test_backward_refuses_unsolved_samples_and_passes_zero_cotangents():
     torch.testing.assert_close(q.grad[0], -torch.ones(2, dtype=torch.float64), atol=1e-10, rtol=0)
     torch.testing.assert_close(h.grad[0], torch.zeros(2, dtype=torch.float64), atol=1e-10, rtol=0)
     assert (q.grad[1:3] == 0).all() and (h.grad[1:3] == 0).all()
+    unpolished = torch_qp_solve(P, q, G=G, h=h, polish=False)
+    with pytest.raises(QPBackwardError, match=r"samples \[0, 1, 2, 3\]"):
+        unpolished.x.sum().backward()
 
 
 def test_float32_accuracy():

@@ -22,8 +22,9 @@ A}]` gives
 the forward polish computed (:class:`dxopt.qp._torch_solver.PenaltyFactor`) and refined against
 :math:`K` (:func:`dxopt.qp._torch_solver.kkt_solve`): no new factorization, one batched pair of
 triangular solves per refinement pass. Inputs shared by the batch get gradients summed over the
-batch. A sample that was not solved, or whose adjoint residual stays above tolerance, makes the
-backward raise :class:`dxopt.qp.QPBackwardError` instead of returning a wrong gradient.
+batch. A sample with a nonzero cotangent that was not solved, not polished (its active set
+unconfirmed, e.g. with ``polish=False``) or whose adjoint residual stays above tolerance makes
+the backward raise :class:`dxopt.qp.QPBackwardError` instead of returning a wrong gradient.
 """
 
 from __future__ import annotations
@@ -99,7 +100,8 @@ class TorchQPFunction(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, ...]) -> None:
         P, q, A, b, G, h, options = inputs
-        x, y, z, _, status, *_rest = output
+        x, y, z, _, status = output[:5]
+        polished = output[8]
         L, w_ineq, w_eq, active = output[-4:]
         ctx.mark_non_differentiable(*output[3:])
         ctx.steps = options["refine_steps"]
@@ -107,15 +109,15 @@ class TorchQPFunction(torch.autograd.Function):
         ctx.shapes = tuple(None if t is None else (t.ndim, t.shape[0]) for t in inputs[:6])
         ctx.f64 = P.dtype == torch.float64
         saved = [t for t in (P, q, A, b, G, h) if t is not None]
-        ctx.save_for_backward(*saved, x, y, z, status, L, w_ineq, w_eq, active)
+        ctx.save_for_backward(*saved, x, y, z, status, polished, L, w_ineq, w_eq, active)
 
     @staticmethod
     def backward(
         ctx: Any, gx: Tensor | None, gy: Tensor | None, gz: Tensor | None, *_unused: Any
     ) -> tuple[Tensor | None, ...]:
         saved = list(ctx.saved_tensors)
-        x, y, z, status, L, w_ineq, w_eq, active = saved[-8:]
-        ins = iter(saved[:-8])
+        x, y, z, status, polished, L, w_ineq, w_eq, active = saved[-9:]
+        ins = iter(saved[:-9])
         P, q = next(ins), next(ins)
         A, b = (next(ins), next(ins)) if ctx.present[0] else (None, None)
         G, h = (next(ins), next(ins)) if ctx.present[1] else (None, None)
@@ -124,7 +126,8 @@ class TorchQPFunction(torch.autograd.Function):
         gy = torch.zeros_like(y) if gy is None else gy
         gz = torch.zeros_like(z) if gz is None else gz
         used = (gx != 0).any(-1) | (gy != 0).any(-1) | (gz != 0).any(-1)
-        failed = used & (status != TorchQPStatus.SOLVED)
+        # an unpolished sample's active set is not confirmed by an exact KKT solve: refuse it
+        failed = used & ((status != TorchQPStatus.SOLVED) | ~polished)
         factor = PenaltyFactor(L=L, w_ineq=w_ineq, w_eq=w_eq, active=active, steps=ctx.steps)
         u, v, w, res = kkt_solve(factor, Pf, Af, Gf, gx, gy, gz)
         tol = 1e-10 if ctx.f64 else 1e-4
@@ -135,8 +138,9 @@ class TorchQPFunction(torch.autograd.Function):
             raise QPBackwardError(
                 "torch QP backward refused: "
                 + (
-                    f"samples {idx_f} were not solved (status codes "
-                    f"{status[failed].tolist()}, see TorchQPStatus); "
+                    f"samples {idx_f} were not solved or not polished onto a verified active "
+                    f"set (status codes {status[failed].tolist()}, see TorchQPStatus; "
+                    f"polished {polished[failed].tolist()}); "
                     if idx_f
                     else ""
                 )
