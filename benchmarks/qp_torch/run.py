@@ -24,6 +24,7 @@ time is the median of ``--repeats`` calls after a warm-up, or one call for the
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import time
@@ -220,6 +221,44 @@ def _plot(rows: list[dict[str, Any]], path: os.PathLike) -> None:
     plt.close(fig)
 
 
+def _targets(rows: list[dict[str, Any]]) -> str:
+    """Issue 10's CPU target for the torch solver, per thread count, plus the 1024 rows."""
+    out = []
+    for r in rows:
+        if r["method"] != "torch" or r.get("fwd_bwd_s") is None:
+            continue
+        qpth = next(
+            (
+                o
+                for o in rows
+                if (o["case"], o["threads"], o["method"]) == (r["case"], r["threads"], "qpth")
+            ),
+            {},
+        )
+        ratio = r.get("qpth_over_torch")
+        if r["case"] == "128 x n=50":
+            accurate = bool(qpth) and (
+                r["x_err_vs_daqp"] <= max(qpth["x_err_vs_daqp"], 1e-12)
+                and (r["grad_rel_err"] or 0) <= (qpth["grad_rel_err"] or 0)
+            )
+            verdict = "MET" if ratio is not None and ratio >= 3 and accurate else "MISSED"
+            target = "qpth fwd+bwd / torch fwd+bwd >= 3 at equal or better accuracy"
+        else:
+            verdict, target = "reported", "fwd+bwd vs raw daqp loop and qpth"
+        out.append(
+            {
+                "case": r["case"],
+                "threads": r["threads"],
+                "target": target,
+                "torch fwd+bwd / daqp loop": fmt(r.get("fwd_bwd_over_daqp")),
+                "qpth / torch": fmt(ratio),
+                "verdict": verdict,
+            }
+        )
+    cols = ["case", "threads", "target", "torch fwd+bwd / daqp loop", "qpth / torch", "verdict"]
+    return markdown_table(out, cols)
+
+
 def _section(rows: list[dict[str, Any]], info: dict[str, Any], load: tuple, args: Any) -> str:
     table = markdown_table(
         [
@@ -264,6 +303,8 @@ def _section(rows: list[dict[str, Any]], info: dict[str, Any], load: tuple, args
         "(q, h, b, G, A) against the exact "
         f"reduced-KKT reference on the first {args.n_ref} samples of each batch. GPU: none "
         "was available to this run.\n\n"
+        + _targets(rows)
+        + "\n\n"
         + table
         + "\n\n![torch solver](benchmarks/qp_torch/results/qp_torch.png)\n"
     )
@@ -276,27 +317,36 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--n-ref", type=int, default=32, help="samples with a reference grad")
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--no-md", action="store_true", help="do not touch BENCHMARKS.md")
+    parser.add_argument(
+        "--render", action="store_true", help="rebuild the tables and plot from the saved JSON"
+    )
     args = parser.parse_args(argv)
     if args.repeats is None:
         args.repeats = 1 if args.quick else 3
     if args.quick:
         args.threads = args.threads[:1]
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(args.threads)))
-    load0 = os.getloadavg()[0]
-    rows: list[dict[str, Any]] = []
-    for threads in args.threads:
-        for batch, n in QUICK if args.quick else FULL:
-            repeats = args.repeats if batch * n * n < 5e6 else 1
-            rows += run_case(batch, n, threads, repeats, min(args.n_ref, batch))
-            print(f"done {batch} x n={n} at {threads} threads", flush=True)
-    load1 = os.getloadavg()[0]
-    info = machine_info()
     out = results_dir("qp_torch")
     suffix = "_quick" if args.quick else ""
-    write_json(
-        out / f"qp_torch{suffix}.json", {"machine": info, "load": [load0, load1], "rows": rows}
-    )
-    section = _section(rows, info, (load0, load1), args)
+    if args.render:
+        saved = json.loads((out / f"qp_torch{suffix}.json").read_text())
+        rows, info, load = saved["rows"], saved["machine"], tuple(saved["load"])
+        duration = saved.get("duration_s")
+    else:
+        os.environ.setdefault("OMP_NUM_THREADS", str(max(args.threads)))
+        start, load0 = time.perf_counter(), os.getloadavg()[0]
+        rows = []
+        for threads in args.threads:
+            for batch, n in QUICK if args.quick else FULL:
+                repeats = args.repeats if batch * n * n < 5e6 else 1
+                rows += run_case(batch, n, threads, repeats, min(args.n_ref, batch))
+                print(f"done {batch} x n={n} at {threads} threads", flush=True)
+        load, info = (load0, os.getloadavg()[0]), machine_info()
+        duration = time.perf_counter() - start
+        payload = {"machine": info, "load": list(load), "duration_s": duration, "rows": rows}
+        write_json(out / f"qp_torch{suffix}.json", payload)
+    section = _section(rows, info, load, args)
+    if duration is not None:
+        section += f"\nWhole run: {duration:.0f} s.\n"
     (out / f"qp_torch{suffix}.md").write_text(section)
     _plot(rows, out / f"qp_torch{suffix}.png")
     if not args.quick and not args.no_md:

@@ -309,12 +309,17 @@ def test_cuda_matches_cpu():
 
 
 def test_benchmark_quick_runs(tmp_path, monkeypatch):
+    from benchmarks.common import BENCHMARKS_MD
     from benchmarks.qp_torch import run
 
+    before = BENCHMARKS_MD.read_text()
     monkeypatch.setattr(run, "results_dir", lambda area: tmp_path)
     run.main(["--quick", "--no-md"])
     text = (tmp_path / "qp_torch_quick.md").read_text()
-    assert "| 16 x n=20 | 1 | torch |" in text
+    assert "| 16 x n=20 | 1 | torch |" in text and "16/16 solved" in text
     assert (tmp_path / "qp_torch_quick.json").exists() and (
         tmp_path / "qp_torch_quick.png"
     ).exists()
+    run.main(["--quick", "--no-md", "--render"])  # rebuilt from the JSON: same tables
+    assert (tmp_path / "qp_torch_quick.md").read_text() == text
+    assert BENCHMARKS_MD.read_text() == before
