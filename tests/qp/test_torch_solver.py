@@ -174,6 +174,20 @@ def test_gradients_match_finite_differences():
     assert torch.autograd.gradcheck(fn, ins, eps=1e-6, atol=1e-6, rtol=1e-5, fast_mode=True)
 
 
+def test_duplicated_active_rows_split_the_gradient_equally():
+    """LICQ fails: min 1/2|x|^2 - x_1 s.t. x_1 <= 1/2 twice. x = (1/2, 0); dx_1/dq_1 = 0 and
+    the minimum-norm adjoint splits dx_1/dh = 1 equally between the two copies."""
+    d = torch.float64
+    q = torch.tensor([-1.0, 0.0], dtype=d, requires_grad=True)
+    G = torch.tensor([[1.0, 0.0], [1.0, 0.0]], dtype=d, requires_grad=True)
+    h = torch.tensor([0.5, 0.5], dtype=d, requires_grad=True)
+    r = torch_qp_solve(torch.eye(2, dtype=d), q, G=G, h=h)
+    torch.testing.assert_close(r.x[0].detach(), torch.tensor([0.5, 0.0], dtype=d))
+    r.x[0, 0].backward()
+    torch.testing.assert_close(q.grad, torch.zeros(2, dtype=d), atol=1e-12, rtol=0)
+    torch.testing.assert_close(h.grad, torch.tensor([0.5, 0.5], dtype=d), atol=1e-10, rtol=0)
+
+
 def _mixed_batch(dtype):
     P = torch.stack(
         [torch.eye(2), torch.eye(2), torch.diag(torch.tensor([1.0, 0.0])), torch.eye(2)]
