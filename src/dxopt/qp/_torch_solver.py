@@ -7,20 +7,26 @@ Solves, for every sample of a batch and on the inputs' device and dtype,
 
 **Interior point.** Mehrotra's predictor-corrector (Mehrotra, SIAM J. Optim. 2(4), 1992; the
 QP form of Vandenberghe's CVXOPT ``coneqp`` notes) on the slack form :math:`Gx + s = h`,
-:math:`s, z \\ge 0`. With :math:`D = Z S^{-1}` each Newton system is reduced to
+:math:`s, z \\ge 0`. Equality constraints are eliminated first when :math:`A` has full row
+rank :math:`p < n`: with a batched complete QR :math:`A^\\top = [Q_1\\ Z][R_1; 0]` the
+iterate is :math:`x = x_p + Zw`, so every Newton system is
+:math:`(n-p)\\times(n-p)` and has no Schur complement. Otherwise (rank-deficient ``A``,
+``p >= n``) each Newton system is reduced to
 
 .. math::
     (P + G^\\top D G + \\delta I)\\,\\Delta x + A^\\top \\Delta y = r_1,\\qquad A\\Delta x = r_2,
 
-factored once per iteration by a batched Cholesky of the :math:`n\\times n` matrix
-:math:`H = P + G^\\top D G + \\delta I` and, with equality constraints, of the Schur complement
-:math:`AH^{-1}A^\\top + \\delta I` (:math:`p\\times p`); predictor and corrector share both
-factors (centering :math:`\\sigma = (\\mu_{\\rm aff}/\\mu)^3`). The iteration runs in chunks of
-``check_every`` steps with per-sample on-device masks: a converged, certified or broken sample
-takes zero-length steps, and the host synchronises once per chunk (``done.all()``), never per
-iteration. The small static shift :math:`\\delta` keeps the Cholesky alive for singular
-:math:`P` (LPs, unbounded samples); residuals are always evaluated on the exact problem, so it
-only makes the Newton step inexact.
+with :math:`D = \\mathrm{diag}(z/s)`, factored once per iteration by a batched Cholesky of
+:math:`H = P + G^\\top D G + \\delta I` and of the Schur complement
+:math:`AH^{-1}A^\\top + \\delta I`. Predictor and corrector share the factors (centering
+:math:`\\sigma = (\\mu_{\\rm aff}/\\mu)^3`, step :math:`0.99` of the way to the boundary). The
+iteration is fixed-shape with per-sample on-device masks: a converged, certified, stalled or
+broken sample takes zero-length steps, and the host synchronises once per ``check_every``
+iterations (``done.all()``), never per iteration. Outside the loop a solve has a handful of
+further syncs (the rank test of :math:`A`, the polish retry test, the early exit of each
+refinement), none per sample. The small static shift :math:`\\delta` keeps the Cholesky alive
+for singular :math:`P` (LPs, unbounded samples); residuals are always evaluated on the exact
+problem, so it only makes the Newton step inexact.
 
 **Infeasibility.** At every check, a sample that has not converged is tested for the Farkas
 certificates its diverging iterates approach (as in OSQP, arXiv 1711.08013, section 3.4):
@@ -36,17 +42,23 @@ primal infeasible if :math:`(\\hat y, \\hat z) = (y, z)/\\|(y, z)\\|_\\infty` ha
 OSQP's polish (Stellato et al., arXiv 1711.08013, section 4): factor the penalty matrix
 :math:`P + \\sigma I + C^\\top W C` (the quasi-definite :math:`K_\\delta` with
 :math:`\\delta = W^{-1}` after eliminating the multipliers) and refine against :math:`K`. The
-polished point replaces the interior-point iterate only when it is primal feasible on every
-row and its active multipliers are non-negative (within tolerance). That penalty factorization
+polished point replaces the interior-point iterate only when it passes the same
+certification as the final status (primal and dual residuals within ``eps_abs + eps_rel *
+scale`` on every row, multipliers non-negative); where it does not (an ambiguous, nearly
+weakly active row), the sample's interior point resumes with a 1000x tighter complementarity
+and is polished again (at most twice). A sample whose polish never certifies keeps its
+interior-point iterate and is refused by the backward. That penalty factorization
 is kept in :class:`TorchQPResult.factor` and is the one the backward reuses: one batched
 Cholesky serves the polish and every adjoint solve.
 
-**float32.** The iteration runs in the input dtype. In float32 the interior point stops at a
-relaxed tolerance (complementarity and residuals at most ``eps_f32 = 1e-5`` relative), where
-:math:`D = z/s` is still within :math:`10^{\\pm 10}` and the Cholesky is reliable, and the
-polish (weights :math:`W` three orders smaller than in float64, more refinement steps) moves
-the point onto the identified active set; float32 accuracy is then the conditioning of the
-reduced KKT times float32 round-off, not the interior point's.
+**float32.** The iteration runs in the input dtype; ``eps_abs`` and ``eps_rel`` are raised to
+at least ``1e-5`` (the interior point cannot go further in float32). The polish factors its
+penalty matrix in float32 (weights :math:`W` three orders smaller than in float64) but
+computes its refinement residuals and accumulates the solution in float64 (mixed-precision
+iterative refinement), and so does the backward: the returned float32 ``x`` and gradients are
+accurate to float32 rounding of the exact active-set solution whenever the reduced KKT matrix
+has condition number below about :math:`10^7`. This is the choice made here in place of
+qpax's relaxed interior point (which differentiates a smoothed point instead).
 """
 
 from __future__ import annotations
