@@ -159,6 +159,12 @@ def solve_forward(
     solver_options: dict[str, Any] | None,
 ) -> ForwardResult:
     """Solve every sample; failed samples get NaN rows and a non-``SOLVED`` status."""
+    if solver == "torch":  # the batched torch interior point (dxopt.qp._torch_solver)
+        from dxopt.qp._torch_solver import solve_forward_torch
+
+        return solve_forward_torch(
+            problem, eps_abs=eps_abs, eps_rel=eps_rel, solver_options=solver_options
+        )
     size, n, m, p = problem.size, problem.n, problem.m, problem.p
     views = _numpy_views(problem, solver)
     kw: dict[str, Any] = dict(_TOLERANCE_KEYS.get(solver, lambda a, r: {})(eps_abs, eps_rel))
