@@ -26,7 +26,16 @@ from dxopt import __version__
 
 __all__ = ["main"]
 
-BENCH_AREAS = ("qp", "natgrad", "estimators", "bilevel", "multi_attempt", "linearize")
+BENCH_AREAS = (
+    "qp",
+    "natgrad",
+    "estimators",
+    "bilevel",
+    "multi_attempt",
+    "linearize",
+    "qp_torch",
+    "qp_ray",
+)
 _PACKAGE_DIR = Path(__file__).resolve().parent
 
 
