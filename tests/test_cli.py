@@ -32,7 +32,7 @@ def test_top_level_and_demo_and_bench_help(capsys: pytest.CaptureFixture[str]) -
     top = _help(capsys, "--help")
     assert "{bench,demo}" in top and "--version" in top
     demo = _help(capsys, "demo", "--help")
-    assert demo.startswith("usage: dxopt demo {portfolio}")
+    assert demo.startswith("usage: dxopt demo {portfolio,ray_qp}")
     assert re.search(r"^\s+portfolio\s+Multi-period portfolio", demo, flags=re.M)
     bench = _help(capsys, "bench", "--help")
     assert bench.startswith("usage: dxopt bench {bilevel,estimators,natgrad,qp,all}")
