@@ -35,7 +35,9 @@ def test_top_level_and_demo_and_bench_help(capsys: pytest.CaptureFixture[str]) -
     assert demo.startswith("usage: dxopt demo {portfolio,ray_qp}")
     assert re.search(r"^\s+portfolio\s+Multi-period portfolio", demo, flags=re.M)
     bench = _help(capsys, "bench", "--help")
-    assert bench.startswith("usage: dxopt bench {bilevel,estimators,natgrad,qp,all}")
+    assert bench.startswith(
+        "usage: dxopt bench {bilevel,estimators,linearize,multi_attempt,natgrad,qp,qp_ray,qp_torch,all}"
+    )
     for area in AREAS:
         assert re.search(rf"^\s+{area}\s+\S", bench, flags=re.M), area
     for text in (top, demo, bench):

@@ -1,4 +1,4 @@
-"""Benchmark of the torch-native batched QP solver (``solver="torch"``, issue 10).
+"""Benchmark of the torch-native batched QP solver (``solver="torch"``).
 
 Batches of dQP's random dense QPs (:func:`benchmarks.qp.generators.batched_dense`, ``m = n``,
 ``p = n/2``): 128 x n=50, 1024 x n=20 and 1024 x n=100, each at 1 and 2 torch threads
