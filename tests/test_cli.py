@@ -36,7 +36,8 @@ def test_top_level_and_demo_and_bench_help(capsys: pytest.CaptureFixture[str]) -
     assert re.search(r"^\s+portfolio\s+Multi-period portfolio", demo, flags=re.M)
     bench = _help(capsys, "bench", "--help")
     assert bench.startswith(
-        "usage: dxopt bench {bilevel,estimators,linearize,multi_attempt,natgrad,qp,qp_ray,qp_torch,all}"
+        "usage: dxopt bench "
+        "{bilevel,estimators,linearize,multi_attempt,natgrad,qp,qp_ray,qp_torch,all}"
     )
     for area in AREAS:
         assert re.search(rf"^\s+{area}\s+\S", bench, flags=re.M), area
