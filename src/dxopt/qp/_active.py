@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -83,6 +84,26 @@ class ActiveSet:
         return tuple(int(v) for v in self.weak.sum(-1))
 
 
+def row_inf(M: Tensor) -> Tensor:
+    """Row max-norms, (k,) or (S, k) (zero for zero rows)."""
+    if M.layout == torch.sparse_coo:
+        out = torch.zeros(M.shape[0], dtype=M.dtype)
+        out.index_reduce_(0, M.indices()[0], M.values().abs(), "amax")
+        return out
+    return M.abs().amax(-1) if M.shape[-1] else torch.zeros(M.shape[:-1], dtype=M.dtype)
+
+
+def _abs_mv(problem: QPProblem, name: str, v: Tensor) -> Tensor:
+    """:math:`|M||v|` per sample (componentwise scale)."""
+    M = getattr(problem, name)
+    if M.layout == torch.sparse_coo:
+        out = abs(problem.csr[name][0]) @ v.abs().numpy().T
+        return torch.from_numpy(np.ascontiguousarray(out.T))
+    if M.ndim == 2:
+        return v.abs() @ M.abs().T
+    return torch.bmm(M.abs(), v.abs().unsqueeze(-1)).squeeze(-1)
+
+
 def identify_active(
     problem: QPProblem,
     x: Tensor,
@@ -91,11 +112,17 @@ def identify_active(
     *,
     active_tol: float | None,
     weak_policy: str,
+    forward_active: Tensor | None = None,
 ) -> ActiveSet:
     """Classify the inequality rows of every sample (see the module docstring)."""
+    if weak_policy not in WEAK_POLICIES:
+        raise ValueError(
+            f"weak_policy: expected one of {WEAK_POLICIES}, got {weak_policy!r}. "
+            "Use 'inactive' (default), 'active' or 'raise'."
+        )
     S, m = x.shape[0], problem.m
-    eps = torch.zeros(S, dtype=torch.float64)
     a_norm = g_norm = eq_residual = None
+    eps = torch.zeros(S, dtype=torch.float64)
     if problem.A is not None:
         a_norm = row_norms(problem.A)
         eq_residual = (problem.mv("A", x) - problem.dense_vec("b")) / a_norm
@@ -105,23 +132,43 @@ def identify_active(
         empty = torch.zeros(S, 0, dtype=torch.bool)
         return ActiveSet(empty, empty, empty, eps, None, a_norm, None, eq_residual)
     g_norm = row_norms(problem.G)
-    slack = (problem.dense_vec("h") - problem.mv("G", x)) / g_norm
-    nu_hat = ineq_duals * g_norm
+    nonzero = g_norm > torch.finfo(torch.float64).tiny  # zero rows are never active
+    gx = problem.mv("G", x)
+    h = problem.dense_vec("h")
+    raw_slack = h - gx
+    # componentwise scale (no row normalisation), kept away from zero on nonzero rows
+    g_inf = row_inf(problem.G)
+    x_inf = x.abs().amax(-1, keepdim=True) if x.shape[-1] else torch.zeros(S, 1)
+    sigma_p = h.abs() + _abs_mv(problem, "G", x) + g_inf * (1.0 + x_inf)
+    rel_slack = raw_slack / sigma_p.clamp_min(torch.finfo(torch.float64).tiny)
+    slack = torch.where(nonzero, raw_slack / g_norm, torch.zeros_like(raw_slack))
+    nu_hat = ineq_duals * g_norm * nonzero
     nu_max = nu_hat.amax(-1) if m else torch.zeros(S, dtype=torch.float64)
-    comp = (slack * nu_hat).abs().amax(-1) / (1.0 + nu_max) if m else eps
-    viol = (-slack).clamp_min(0.0).amax(-1) if m else eps
+    comp = (rel_slack.clamp_min(0.0) * nu_hat).amax(-1) / (1.0 + nu_max) if m else eps
+    viol = torch.where(nonzero, (-rel_slack).clamp_min(0.0), 0.0).amax(-1) if m else eps
     eps = torch.maximum(eps, torch.maximum(viol, comp))
     base = torch.clamp(1e3 * eps, min=1e-9)
-    x_scale = 1.0 + x.abs().amax(-1)
-    tau_s = base * x_scale if active_tol is None else torch.full_like(base, active_tol)
     tau_nu = base * (1.0 + nu_max)
-    candidate = slack <= tau_s[:, None]
-    active = candidate & (nu_hat > tau_nu[:, None])
-    weak = candidate & ~active
-    if weak_policy not in WEAK_POLICIES:
-        raise ValueError(
-            f"weak_policy: expected one of {WEAK_POLICIES}, got {weak_policy!r}. "
-            "Use 'inactive' (default), 'active' or 'raise'."
+    if active_tol is not None:
+        candidate = (slack <= active_tol) & nonzero
+    else:
+        candidate = (rel_slack <= base[:, None]) & nonzero
+    if forward_active is not None and active_tol is None:
+        # the forward's certified (polished) active set decides; rows outside it are only
+        # candidates for the weak class (zero slack, zero multiplier)
+        active = forward_active & nonzero & (nu_hat > 1e-12 * (1.0 + nu_max)[:, None])
+        weak = ((forward_active & nonzero) | candidate) & ~active
+        weak = weak & (nu_hat <= tau_nu[:, None])
+    else:
+        active = candidate & (nu_hat > tau_nu[:, None])
+        weak = candidate & ~active
+    if forward_active is not None:
+        used_slack = torch.where(active | weak, slack.abs(), torch.zeros_like(slack))
+        eps = torch.maximum(
+            used_slack.amax(-1) if m else eps,
+            eq_residual.abs().amax(-1)
+            if eq_residual is not None and eq_residual.shape[-1]
+            else torch.zeros_like(eps),
         )
     if weak_policy == "raise" and bool(weak.any()):
         rows = [tuple(int(j) for j in torch.nonzero(w).flatten()) for w in weak]

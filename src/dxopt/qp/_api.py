@@ -69,6 +69,8 @@ def solve(
     max_workers: int | None = None,
     solver_options: dict[str, Any] | None = None,
     check_psd: bool = True,
+    fallback: bool = True,
+    polish: bool = True,
 ) -> QPSolution:
     """Solve :math:`\\min_x \\tfrac12 x^\\top Px + q^\\top x` s.t. :math:`Ax = b`, :math:`Gx \\le h`
     and make the solution and the multipliers differentiable.
@@ -105,6 +107,14 @@ def solve(
         solver_options: extra keyword arguments for the backend.
         check_psd: check that dense ``P`` is PSD (one Cholesky); sparse ``P`` gets a symmetry
             and diagonal check only.
+        fallback: walk the documented fallback chain (other backends, then a looser stopping
+            tolerance followed by polishing; :func:`dxopt.qp._forward.fallback_chain`) when
+            the requested backend fails or its point does not certify. ``False``: only the
+            requested backend runs.
+        polish: polish every backend's point on its active set (an equality-constrained QP
+            solve, repeated until the multiplier signs and the feasibility are right). The
+            certificate of :mod:`dxopt.qp._polish` runs either way: a sample is ``SOLVED`` only
+            if its point meets ``eps_abs``/``eps_rel`` componentwise.
 
     Returns:
         :class:`QPSolution` with ``x``, ``eq_duals``, ``ineq_duals`` (differentiable),
@@ -152,6 +162,8 @@ def solve(
         warm_start=warm_start,
         max_workers=max_workers,
         solver_options=solver_options,
+        fallback=fallback,
+        polish=polish,
     )
     failed = tuple(i for i, s in enumerate(result.status) if not s.ok)
     if failed and on_failure == "raise":
@@ -172,6 +184,9 @@ def solve(
         primal_residual=primal,
         dual_residual=dual,
         backward=diagnostics,
+        sample_solvers=result.sample_solvers,
+        sample_tolerances=result.sample_eps,
+        polished=result.polished,
     )
     lb_duals = ub_duals = None
     if lb is not None or ub is not None:
@@ -208,6 +223,8 @@ class QPLayer(nn.Module):
         max_workers: int | None = None,
         solver_options: dict[str, Any] | None = None,
         check_psd: bool = True,
+        fallback: bool = True,
+        polish: bool = True,
     ) -> None:
         super().__init__()
         _backward_method(backward)
@@ -222,6 +239,8 @@ class QPLayer(nn.Module):
             "max_workers": max_workers,
             "solver_options": solver_options,
             "check_psd": check_psd,
+            "fallback": fallback,
+            "polish": polish,
         }
 
     def forward(

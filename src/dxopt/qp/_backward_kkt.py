@@ -112,6 +112,7 @@ class KKTBackward:
             data.ineq_duals,
             active_tol=self.active_tol,
             weak_policy=self.weak_policy,
+            forward_active=data.active,
         )
         sparse = self.linear_solver == "sparse" or (
             self.linear_solver == "auto" and problem.any_sparse

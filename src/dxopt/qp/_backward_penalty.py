@@ -173,6 +173,7 @@ class PenaltyBackward:
             data.ineq_duals,
             active_tol=self.active_tol,
             weak_policy=self.weak_policy,
+            forward_active=data.active,
         )
         beta, W, W_E = self.weights(data, active)
         sparse = self.linear_solver == "sparse" or (

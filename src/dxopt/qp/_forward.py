@@ -1,11 +1,28 @@
-"""Forward solve of a batch of QPs through :func:`qpsolvers.solve_problem`.
+"""Forward solve of a batch of QPs: backend, polish, certificate, fallback chain.
 
-Each sample is solved by the chosen backend; sparse matrices are handed over as scipy CSC.
-Missing multipliers are recovered by least squares on the active rows,
-:math:`[G_J^\\top\\ A^\\top][\\nu_J; \\mu] = -(Px^\\star + q)`, with :math:`\\nu_J` clipped at 0.
-A sample the backend does not solve is classified by two cheap re-solves: the projection of
-the origin onto the feasible set (fails: ``INFEASIBLE``) and the problem inside the box
-:math:`\\|x\\|_\\infty \\le 10^6` (solution on that box: ``UNBOUNDED``, otherwise ``FAILED``).
+Each sample is solved by the chosen :mod:`qpsolvers` backend; sparse matrices are handed over
+as scipy CSC, and the requested tolerance is passed to every backend in its own setting names
+(daqp included: ``primal_tol``). Missing multipliers are recovered by least squares on the
+active rows, :math:`[G_J^\\top\\ A^\\top][\\nu_J; \\mu] = -(Px^\\star + q)`.
+
+Every backend's output is then polished on its active set and certified against the requested
+tolerances (componentwise scales, zero rows handled explicitly; :mod:`dxopt.qp._polish`).
+Interior-point and first-order backends are always polished; daqp (an exact working set) only
+when its point does not certify. A sample is ``SOLVED`` only if the certificate passes.
+
+**Fallback chain** (``fallback=True``, the default; :func:`fallback_chain`): when an attempt
+fails, reports infeasible/unbounded, or its polished point does not certify, the next attempt
+runs: the requested backend, then ``piqp``, ``clarabel`` (and ``daqp`` for dense problems),
+then the requested backend at the looser stopping tolerance :math:`\\max(10^3\\varepsilon_{abs},
+10^{-7})` (the polish restores the accuracy; the certificate is still the requested one).
+Why: on the Maros-Meszaros set piqp reports ``failed``/``infeasible`` on some feasible
+problems that clarabel solves, and the reverse; an early stop at a looser tolerance followed
+by an exact polish rescues problems where the backend stalls near the optimum. Which backend
+and stopping tolerance produced each sample is recorded (``QPInfo.sample_solvers``,
+``QPInfo.sample_tolerances``). A sample that no attempt certifies is classified by two cheap
+re-solves with the requested backend: the projection of the origin onto the feasible set
+(fails: ``INFEASIBLE``) and the problem inside the box :math:`\\|x\\|_\\infty \\le 10^6`
+(solution on that box: ``UNBOUNDED``, otherwise ``FAILED``).
 
 Parallelism: ``max_workers > 1`` solves samples on a thread pool. Measured on the shared
 2-core machine (load average about 10 from other jobs; batch 128, n = 50, m = 50, p = 25, daqp
@@ -28,12 +45,16 @@ import scipy.sparse as sp
 import torch
 from torch import Tensor
 
+from dxopt.qp._polish import polish as polish_solution
 from dxopt.qp._problem import QPProblem
 from dxopt.qp._types import QPStatus
 
-__all__ = ["ForwardResult", "default_solver", "solve_forward"]
+__all__ = ["Attempt", "ForwardResult", "default_solver", "fallback_chain", "solve_forward"]
+
+_EXACT_WORKING_SET = ("daqp",)  # active-set backends: polish only if the point fails
 
 _TOLERANCE_KEYS: dict[str, Callable[[float, float], dict[str, float]]] = {
+    "daqp": lambda a, r: {"primal_tol": a},
     "piqp": lambda a, r: {"eps_abs": a, "eps_rel": r},
     "osqp": lambda a, r: {"eps_abs": a, "eps_rel": r},
     "proxqp": lambda a, r: {"eps_abs": a, "eps_rel": r},
@@ -64,7 +85,12 @@ def default_solver(problem: QPProblem) -> str:
 
 @dataclass(frozen=True)
 class ForwardResult:
-    """Float64 CPU solution of every sample (NaN rows for failed samples)."""
+    """Float64 CPU solution of every sample (NaN rows for failed samples).
+
+    ``active`` (S, m) is the certified active set of each sample (the polished one), and
+    ``sample_solvers``/``sample_eps``/``polished`` record which attempt of the fallback chain
+    produced each sample (``""``/NaN for failed samples).
+    """
 
     x: Tensor
     eq_duals: Tensor
@@ -72,6 +98,10 @@ class ForwardResult:
     status: tuple[QPStatus, ...]
     solver: str
     solve_time: float
+    active: Tensor | None = None
+    sample_solvers: tuple[str, ...] = ()
+    sample_eps: tuple[float, ...] = ()
+    polished: tuple[bool, ...] = ()
 
 
 _SPARSE_ONLY = ("clarabel", "osqp", "scs")
@@ -148,6 +178,46 @@ def _classify_failure(problem_kwargs: dict[str, Any], n: int, solver: str, **kw:
     return QPStatus.FAILED
 
 
+def fallback_chain(problem: QPProblem, solver: str, eps_abs: float) -> tuple[Attempt, ...]:
+    """The documented fallback chain for ``solver`` at ``eps_abs`` (see the module docstring).
+
+    1. the requested backend at the requested tolerance;
+    2. the other backends that suit the problem: ``piqp`` and ``clarabel`` (interior point,
+       robust on degenerate and badly scaled data), and ``daqp`` when the problem is dense
+       (exact working set);
+    3. the requested backend at a looser stopping tolerance ``max(1e3 eps_abs, 1e-7)``: the
+       polish then restores the requested accuracy, and the certificate is still checked at
+       the requested tolerance.
+    """
+    chain = [Attempt(solver, eps_abs)]
+    others = ["piqp", "clarabel"] + ([] if problem.any_sparse else ["daqp"])
+    chain += [Attempt(s, eps_abs) for s in others if s != solver and s in _available()]
+    loose = max(1e3 * eps_abs, 1e-7)
+    if loose > eps_abs:
+        chain.append(Attempt(solver, loose))
+    return tuple(chain)
+
+
+def _available() -> tuple[str, ...]:
+    return tuple(qpsolvers.available_solvers)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One step of the fallback chain: a backend and the stopping tolerance passed to it."""
+
+    solver: str
+    eps_abs: float
+
+
+def _backend_kwargs(
+    solver: str, eps_abs: float, eps_rel: float, options: dict[str, Any] | None
+) -> dict[str, Any]:
+    kw: dict[str, Any] = dict(_TOLERANCE_KEYS.get(solver, lambda a, r: {})(eps_abs, eps_rel))
+    kw.update(options or {})
+    return kw
+
+
 def solve_forward(
     problem: QPProblem,
     *,
@@ -157,36 +227,99 @@ def solve_forward(
     warm_start: Tensor | None,
     max_workers: int | None,
     solver_options: dict[str, Any] | None,
+    fallback: bool = True,
+    polish: bool = True,
 ) -> ForwardResult:
-    """Solve every sample; failed samples get NaN rows and a non-``SOLVED`` status."""
+    """Solve, polish and certify every sample, walking the fallback chain where an attempt
+    fails; failed samples get NaN rows and a non-``SOLVED`` status."""
     size, n, m, p = problem.size, problem.n, problem.m, problem.p
-    views = _numpy_views(problem, solver)
-    kw: dict[str, Any] = dict(_TOLERANCE_KEYS.get(solver, lambda a, r: {})(eps_abs, eps_rel))
-    kw.update(solver_options or {})
+    chain = fallback_chain(problem, solver, eps_abs) if fallback else (Attempt(solver, eps_abs),)
+    views_by_solver: dict[str, dict[str, Any]] = {}
+
+    def views(name: str) -> dict[str, Any]:
+        if name not in views_by_solver:
+            views_by_solver[name] = _numpy_views(problem, name)
+        return views_by_solver[name]
+
     x_out = np.full((size, n), np.nan)
     mu_out, nu_out = np.full((size, p), np.nan), np.full((size, m), np.nan)
+    active_out = np.zeros((size, m), dtype=bool)
     status: list[QPStatus] = [QPStatus.FAILED] * size
+    used_solver: list[str] = [""] * size
+    used_eps: list[float] = [float("nan")] * size
+    polished: list[bool] = [False] * size
     warm = None if warm_start is None else warm_start.detach().to("cpu", torch.float64).numpy()
 
-    def run(i: int) -> None:
-        args = {k: _sample(views, k, i) for k in ("P", "q", "A", "b", "G", "h")}
+    def attempt(i: int, step: Attempt, first: bool) -> tuple[bool, QPStatus | None]:
+        v = views(step.solver)
+        args = {k: _sample(v, k, i) for k in ("P", "q", "A", "b", "G", "h")}
         P, A, G = args["P"], args["A"], args["G"]
         init = None if warm is None else (warm[i] if warm.ndim == 2 else warm)
-        sol = qpsolvers.solve_problem(qpsolvers.Problem(**args), solver=solver, initvals=init, **kw)
+        kw = _backend_kwargs(step.solver, step.eps_abs, eps_rel, solver_options if first else None)
+        try:
+            sol = qpsolvers.solve_problem(
+                qpsolvers.Problem(**args), solver=step.solver, initvals=init, **kw
+            )
+        except (TypeError, AttributeError) as err:
+            if first and solver_options:
+                raise ValueError(
+                    f"solver_options: the backend {step.solver!r} rejected the options "
+                    f"{sorted(solver_options)} ({type(err).__name__}: {err}). Use the setting "
+                    f"names of {step.solver}'s own documentation."
+                ) from err
+            return False, None
+        except Exception:  # a backend crash: try the next one in the chain
+            return False, None
         if not sol.found or sol.x is None or not np.all(np.isfinite(sol.x)):
-            status[i] = _classify_failure(args, n, solver, **kw)
-            return
+            return False, None
         x = np.asarray(sol.x, dtype=np.float64)
         y = None if sol.y is None else np.asarray(sol.y, dtype=np.float64).reshape(-1)
         z = None if sol.z is None else np.asarray(sol.z, dtype=np.float64).reshape(-1)
         if (p and (y is None or y.size != p)) or (m and (z is None or z.size != m)):
             y, z = _recover_duals(P, args["q"], A, G, args["h"], x, eps_abs)
-        x_out[i] = x
+        y = np.zeros(0) if not p else np.nan_to_num(y)  # type: ignore[arg-type]
+        z = np.zeros(0) if not m else np.nan_to_num(z)  # type: ignore[arg-type]
+        pol = polish_solution(
+            P,
+            args["q"],
+            A,
+            args["b"],
+            G,
+            args["h"],
+            x,
+            y,
+            z,
+            eps_abs=eps_abs,
+            eps_rel=eps_rel,
+            enabled=polish,
+            force=step.solver not in _EXACT_WORKING_SET or step.eps_abs > eps_abs,
+        )
+        if pol.certificate.zero_row_infeasible:
+            return False, QPStatus.INFEASIBLE
+        if not pol.certificate.ok:
+            return False, None
+        x_out[i] = pol.x
         if p:
-            mu_out[i] = y
+            mu_out[i] = pol.mu
         if m:
-            nu_out[i] = np.maximum(z, 0.0)  # type: ignore[arg-type]
+            nu_out[i] = np.maximum(pol.nu, 0.0)
+            active_out[i] = pol.active
         status[i] = QPStatus.SOLVED
+        used_solver[i], used_eps[i], polished[i] = step.solver, step.eps_abs, pol.polished
+        return True, None
+
+    def run(i: int) -> None:
+        for k, step in enumerate(chain):
+            done, verdict = attempt(i, step, k == 0)
+            if done:
+                return
+            if verdict is not None:
+                status[i] = verdict
+                return
+        v = views(solver)
+        args = {k: _sample(v, k, i) for k in ("P", "q", "A", "b", "G", "h")}
+        kw = _backend_kwargs(solver, eps_abs, eps_rel, solver_options)
+        status[i] = _classify_failure(args, n, solver, **kw)
 
     start = time.perf_counter()
     if max_workers is not None and max_workers > 1 and size > 1:
@@ -203,4 +336,8 @@ def solve_forward(
         status=tuple(status),
         solver=solver,
         solve_time=elapsed,
+        active=torch.from_numpy(active_out),
+        sample_solvers=tuple(used_solver),
+        sample_eps=tuple(used_eps),
+        polished=tuple(polished),
     )

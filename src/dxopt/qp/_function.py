@@ -97,6 +97,7 @@ class QPFunction(torch.autograd.Function):
             grad_eq=clean(_cotangent(grad_eq, S, problem.p)),
             grad_ineq=clean(_cotangent(grad_ineq, S, problem.m)),
             ok=ok,
+            active=None if result.active is None else result.active & okc,
         )
         adjoint = state.method.solve_adjoint(data, state.diagnostics)
         grads = parameter_gradients(data, adjoint, tuple(ctx.needs_input_grad[:6]))

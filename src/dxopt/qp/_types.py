@@ -109,6 +109,11 @@ class QPInfo:
         dual_residual: per-sample :math:`\\|Px + q + A^\\top\\mu + G^\\top\\nu\\|_\\infty`.
         backward: diagnostics of the last backward pass through this solution (empty until
             ``backward()`` has run).
+        sample_solvers: per sample, the backend of the fallback chain whose (polished) point
+            was certified (``""`` for an unsolved sample).
+        sample_tolerances: per sample, the stopping tolerance ``eps_abs`` passed to that
+            backend (the certificate always uses the requested one).
+        polished: per sample, whether the returned point is the polished one.
     """
 
     solver: str
@@ -116,6 +121,9 @@ class QPInfo:
     primal_residual: tuple[float, ...]
     dual_residual: tuple[float, ...]
     backward: BackwardDiagnostics = field(default_factory=BackwardDiagnostics)
+    sample_solvers: tuple[str, ...] = ()
+    sample_tolerances: tuple[float, ...] = ()
+    polished: tuple[bool, ...] = ()
 
 
 @dataclass(frozen=True)
