@@ -143,12 +143,16 @@ def identify_active(
     rel_slack = raw_slack / sigma_p.clamp_min(torch.finfo(torch.float64).tiny)
     slack = torch.where(nonzero, raw_slack / g_norm, torch.zeros_like(raw_slack))
     nu_hat = ineq_duals * g_norm * nonzero
-    nu_max = nu_hat.amax(-1) if m else torch.zeros(S, dtype=torch.float64)
-    comp = (rel_slack.clamp_min(0.0) * nu_hat).amax(-1) / (1.0 + nu_max) if m else eps
+    # dual scale (componentwise, no absolute "1 +"): multipliers are compared with it
+    nu_inf = ineq_duals.clamp_min(0.0) * g_inf * nonzero
+    dual_scale = (_abs_mv(problem, "P", x) + problem.dense_vec("q").abs()).amax(-1)
+    dual_scale = torch.maximum(dual_scale, nu_inf.amax(-1) if m else dual_scale)
+    dual_scale = dual_scale.clamp_min(torch.finfo(torch.float64).tiny)
+    comp = (rel_slack.clamp_min(0.0) * nu_inf).amax(-1) / dual_scale if m else eps
     viol = torch.where(nonzero, (-rel_slack).clamp_min(0.0), 0.0).amax(-1) if m else eps
     eps = torch.maximum(eps, torch.maximum(viol, comp))
     base = torch.clamp(1e3 * eps, min=1e-9)
-    tau_nu = base * (1.0 + nu_max)
+    tau_nu = base * dual_scale
     if active_tol is not None:
         candidate = (slack <= active_tol) & nonzero
     else:
@@ -156,11 +160,11 @@ def identify_active(
     if forward_active is not None and active_tol is None:
         # the forward's certified (polished) active set decides; rows outside it are only
         # candidates for the weak class (zero slack, zero multiplier)
-        active = forward_active & nonzero & (nu_hat > 1e-12 * (1.0 + nu_max)[:, None])
+        active = forward_active & nonzero & (nu_inf > 1e-10 * dual_scale[:, None])
         weak = ((forward_active & nonzero) | candidate) & ~active
-        weak = weak & (nu_hat <= tau_nu[:, None])
+        weak = weak & (nu_inf <= tau_nu[:, None])
     else:
-        active = candidate & (nu_hat > tau_nu[:, None])
+        active = candidate & (nu_inf > tau_nu[:, None])
         weak = candidate & ~active
     if forward_active is not None:
         used_slack = torch.where(active | weak, slack.abs(), torch.zeros_like(slack))

@@ -153,7 +153,8 @@ class PenaltyBackward:
             rho = c_P[:, None] * torch.clamp(nu_hat / ref[:, None], min=self.weight_floor)
             s = -active.slack if active.slack is not None else torch.zeros_like(W)
             sig = torch.sigmoid(s / beta[:, None])
-            W = rho * sig * (1 - sig) / beta[:, None] / active.g_norm**2 * used
+            W = rho * sig * (1 - sig) / beta[:, None] / active.g_norm**2
+            W = torch.where(active.used, W, torch.zeros_like(W))  # zero rows: 0 * inf
         if mu_hat is not None and problem.A is not None and active.a_norm is not None:
             rho_e = c_P[:, None] * torch.clamp(mu_hat / ref[:, None], min=self.weight_floor)
             r = active.eq_residual if active.eq_residual is not None else torch.zeros_like(W_E)

@@ -23,8 +23,8 @@ all-zero row of ``A`` needs :math:`|b_j| \\le \\varepsilon_{abs}` and gets multi
 
 1. Guess the active set :math:`J` from the solver's point: a nonzero row is active when its
    relative multiplier exceeds its relative slack,
-   :math:`\\nu_i\\|g_i\\|_\\infty/\\|\\sigma^d\\|_\\infty > (h_i - g_i^\\top x)_+/\\hat\\sigma_i` with
-   :math:`\\hat\\sigma_i = \\sigma^p_i + \\|g_i\\|_\\infty(1 + \\|x\\|_\\infty)`
+   :math:`\\nu_i\\|g_i\\|_\\infty/\\|\\sigma^d\\|_\\infty > (h_i - g_i^\\top x)_+/\\hat\\sigma_i`
+   with :math:`\\hat\\sigma_i = \\sigma^p_i + \\|g_i\\|_\\infty(1 + \\|x\\|_\\infty)`
    (:func:`identification_scale`).
 2. Solve the equality-constrained QP on :math:`J` (rows :math:`C = [A; G_J]`) by the
    regularised saddle-point solve of :func:`dxopt.linalg.sparse.saddle_solve`, refined from the
