@@ -142,7 +142,6 @@ def identify_active(
     sigma_p = h.abs() + _abs_mv(problem, "G", x) + g_inf * (1.0 + x_inf)
     rel_slack = raw_slack / sigma_p.clamp_min(torch.finfo(torch.float64).tiny)
     slack = torch.where(nonzero, raw_slack / g_norm, torch.zeros_like(raw_slack))
-    nu_hat = ineq_duals * g_norm * nonzero
     # dual scale (componentwise, no absolute "1 +"): multipliers are compared with it
     nu_inf = ineq_duals.clamp_min(0.0) * g_inf * nonzero
     dual_scale = (_abs_mv(problem, "P", x) + problem.dense_vec("q").abs()).amax(-1)
