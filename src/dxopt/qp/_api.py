@@ -19,15 +19,17 @@ __all__ = ["QPLayer", "solve"]
 
 
 def _backward_method(backward: object) -> BackwardMethod:
-    if backward == "penalty":
-        return PenaltyBackward()
-    if backward == "kkt":
-        return KKTBackward()
-    if isinstance(backward, (PenaltyBackward, KKTBackward)):
+    if isinstance(backward, str):
+        if backward == "penalty":
+            return PenaltyBackward()
+        if backward == "kkt":
+            return KKTBackward()
+    elif isinstance(backward, BackwardMethod):  # the protocol: any object with the methods
         return backward
     raise ValueError(
-        f"backward: expected 'penalty', 'kkt', a PenaltyBackward or a KKTBackward, got "
-        f"{backward!r}."
+        f"backward: expected 'penalty', 'kkt' or a backward method (an object with a `name` and "
+        f"a `solve_adjoint(data, diagnostics)` method, e.g. PenaltyBackward(), KKTBackward() "
+        f"or a subclass of dxopt.qp.BackwardBase), got {backward!r}."
     )
 
 
@@ -60,7 +62,7 @@ def solve(
     *,
     lb: Tensor | None = None,
     ub: Tensor | None = None,
-    backward: str | PenaltyBackward | KKTBackward = "penalty",
+    backward: str | BackwardMethod = "penalty",
     solver: str = "auto",
     eps_abs: float = 1e-9,
     eps_rel: float = 0.0,
@@ -215,7 +217,7 @@ class QPLayer(nn.Module):
     def __init__(
         self,
         *,
-        backward: str | PenaltyBackward | KKTBackward = "penalty",
+        backward: str | BackwardMethod = "penalty",
         solver: str = "auto",
         eps_abs: float = 1e-9,
         eps_rel: float = 0.0,

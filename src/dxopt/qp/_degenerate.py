@@ -35,6 +35,7 @@ import scipy.sparse.linalg as spla
 import torch
 from torch import Tensor
 
+from dxopt.linalg.sparse import FactorizationError, splu
 from dxopt.qp._types import BackwardDiagnostics, QPBackwardError, QPDegenerateWarning
 
 __all__ = [
@@ -184,8 +185,8 @@ def min_norm_sparse(P: sp.spmatrix, C: sp.csr_matrix, rhs: np.ndarray) -> np.nda
     K = sp.bmat([[P, C.T], [C, None]], format="csc")
     M = sp.bmat([[P, C.T], [C, -delta * sp.eye(k)]], format="csc")
     try:
-        lu = spla.splu(M)
-    except RuntimeError as err:
+        lu = splu(M, what="regularised KKT matrix")
+    except FactorizationError as err:
         raise QPBackwardError(
             f"backward: the active rows are linearly dependent and the regularised KKT matrix "
             f"is singular ({err}): P is singular on the null space of the active rows."

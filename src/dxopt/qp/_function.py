@@ -16,7 +16,7 @@ derivative comes back without the QP's term.)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -30,8 +30,14 @@ from dxopt.qp._types import BackwardDiagnostics
 __all__ = ["BackwardMethod", "NoDoubleBackward", "QPFunction", "QPState"]
 
 
+@runtime_checkable
 class BackwardMethod(Protocol):
-    """A backward method: computes the adjoint from the saved solution."""
+    """A backward method: computes the adjoint from the saved solution.
+
+    The extension point of :func:`dxopt.qp.solve`: any object with these two members can be
+    passed as ``backward=``; :class:`dxopt.qp.BackwardBase` provides the shared options, the
+    active set and the degenerate-problem policy.
+    """
 
     @property
     def name(self) -> str: ...

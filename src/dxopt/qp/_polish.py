@@ -13,7 +13,11 @@ primal :math:`(g_i^\\top x - h_i)_+/(\\varepsilon_{abs} + r\\sigma^p_i)` and
 :math:`|a_j^\\top x - b_j|/(\\varepsilon_{abs} + r\\sigma^e_j)`; dual
 :math:`|Px + q + A^\\top\\mu + G^\\top\\nu|_k/(\\varepsilon_{abs} + r\\sigma^d_k)`; sign
 :math:`(-\\nu_i)_+\\|g_i\\|_\\infty/(\\varepsilon_{abs} + r\\|\\sigma^d\\|_\\infty)`;
-complementarity :math:`(h_i - g_i^\\top x)_+\\nu_i/(\\varepsilon_{abs} + r\\sigma^p_i\\nu_i)`.
+complementarity as a natural residual,
+:math:`\\min\\big((h_i - g_i^\\top x)_+/(\\varepsilon_{abs} + r\\sigma^p_i),\\
+(\\nu_i)_+\\|g_i\\|_\\infty/(\\varepsilon_{abs} + r\\|\\sigma^d\\|_\\infty)\\big)` (every row has its
+slack or its multiplier within tolerance; an interior-point point with slack and multiplier
+both of order :math:`\\sqrt\\mu` does not pass until polished).
 
 **Zero rows** are handled explicitly: an all-zero row of ``G`` is never active (multiplier 0);
 it is feasible iff :math:`h_i \\ge -\\varepsilon_{abs}`, otherwise the sample is infeasible. An
@@ -133,11 +137,13 @@ def certify(d: _Data, x: np.ndarray, mu: np.ndarray, nu: np.ndarray) -> Certific
         sigma_d = sigma_d + _abs(d.G).T @ np.abs(nu)
         zero = d.g_inf == 0
         zero_bad = zero_bad or bool(np.any(d.h[zero] < -d.eps_abs))  # type: ignore[index]
-        comp = float(np.max(np.maximum(s, 0.0) * nu / (d.eps_abs + d.rel * sig * nu)))
     dual_ratio = float(np.max(np.abs(dual) / (d.eps_abs + d.rel * sigma_d), initial=0.0))
     if d.G is not None and d.G.shape[0]:
-        scale = d.eps_abs + d.rel * float(np.max(sigma_d, initial=0.0))
-        sign = float(np.max(np.maximum(-nu, 0.0) * d.g_inf / scale))
+        tol_d = d.eps_abs + d.rel * float(np.max(sigma_d, initial=0.0))
+        sign = float(np.max(np.maximum(-nu, 0.0) * d.g_inf / tol_d))
+        # natural residual: each row has its slack or its multiplier within tolerance
+        both = np.minimum(np.maximum(s, 0.0) / tol_p, np.maximum(nu, 0.0) * d.g_inf / tol_d)
+        comp = float(np.max(both))
     return Certificate(primal, dual_ratio, sign, comp, zero_bad)
 
 

@@ -84,6 +84,9 @@ class BackwardDiagnostics:
             (0 everywhere when LICQ holds); such samples use the minimum-norm multiplier
             adjoint, identical for both methods.
         licq: False if any sample had dependent active rows.
+        pseudo_inverse: per sample, True if the reduced KKT matrix was singular beyond
+            dependent rows (P singular on the null space of the active rows) and the
+            Moore-Penrose adjoint was returned (``degenerate="min_norm"``).
     """
 
     method: str = ""
@@ -96,6 +99,7 @@ class BackwardDiagnostics:
     jitter: float = 0.0
     dependent_rows: tuple[int, ...] = ()
     licq: bool = True
+    pseudo_inverse: tuple[bool, ...] = ()
 
 
 @dataclass(frozen=True)
