@@ -22,8 +22,8 @@ from torch import Tensor
 
 from dxopt.linalg.sparse import FactorizationError, splu
 from dxopt.qp._active import ActiveSet, compress_rows, gather_rows
-from dxopt.qp._backward_base import BackwardBase
 from dxopt.qp._adjoint import AdjointInput, AdjointSolution, kkt_residual
+from dxopt.qp._backward_base import BackwardBase
 from dxopt.qp._degenerate import (
     count_dependent_dense,
     count_dependent_sparse,

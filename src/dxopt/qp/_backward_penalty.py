@@ -52,8 +52,8 @@ import torch
 from torch import Tensor
 
 from dxopt.qp._active import ActiveSet, compress_rows, gather_rows
-from dxopt.qp._backward_base import BackwardBase
 from dxopt.qp._adjoint import AdjointInput, AdjointSolution, kkt_residual
+from dxopt.qp._backward_base import BackwardBase
 from dxopt.qp._backward_kkt import check_residual, dependent_rows_sparse, solve_sparse
 from dxopt.qp._degenerate import (
     count_dependent_dense,

@@ -15,7 +15,8 @@ primal :math:`(g_i^\\top x - h_i)_+/(\\varepsilon_{abs} + r\\sigma^p_i)` and
 :math:`(-\\nu_i)_+\\|g_i\\|_\\infty/(\\varepsilon_{abs} + r\\|\\sigma^d\\|_\\infty)`;
 complementarity as a natural residual,
 :math:`\\min\\big((h_i - g_i^\\top x)_+/(\\varepsilon_{abs} + r\\sigma^p_i),\\
-(\\nu_i)_+\\|g_i\\|_\\infty/(\\varepsilon_{abs} + r\\|\\sigma^d\\|_\\infty)\\big)` (every row has its
+(\\nu_i)_+\\|g_i\\|_\\infty/(\\varepsilon_{abs} + r\\|\\sigma^d\\|_\\infty)\\big)`
+(every row has its
 slack or its multiplier within tolerance; an interior-point point with slack and multiplier
 both of order :math:`\\sqrt\\mu` does not pass until polished).
 
