@@ -17,9 +17,9 @@ piece): :math:`|D(t_k) - D(t_{k+1})| \\le r\\,\\max|D| + 2\\varepsilon/t_{k+1} +
 2\\varepsilon/t_k`, where :math:`\\varepsilon` bounds the error of each evaluation of
 :math:`f` (the disagreement of two independent solvers, plus round-off). A stable slope is
 *usable* when its uncertainty (the spread plus :math:`2\\varepsilon/t`) is below ``usable``
-(0.5%) of the size of what is compared (the largest of the claim and the stable slopes of the
-direction), so a difference drowned in solver noise is never read
-as a pass, and a match is never looser than about 1%.
+(0.5%) of the size of what is compared (the largest of the claim and of the stable slopes of
+the direction that are that accurate on their own), so a difference drowned in solver noise is
+never read as a pass, and a match is never looser than about 1% of that size.
 
 Verdicts per direction (:func:`judge_direction`):
 
@@ -151,7 +151,8 @@ def judge_direction(
         noise: bound on the absolute error of each evaluation of ``f``.
         rtol: relative tolerance of the step-consistency check and of the agreement.
         usable: a stable slope counts only if its uncertainty is at most ``usable`` times the
-            largest of ``|claimed|`` and the stable slopes' sizes.
+            largest of ``|claimed|`` and the sizes of the stable slopes that pass this test on
+            their own.
     """
     if not _finite(claimed):
         return DirectionVerdict(WRONG, claimed, reason="claimed value is not finite")
@@ -160,7 +161,10 @@ def judge_direction(
     f0f = float(f0)  # type: ignore[arg-type]
     found = stable_slopes(f0f, plus, "+", noise=noise, rtol=rtol)
     found += stable_slopes(f0f, minus, "-", noise=noise, rtol=rtol)
-    size = max([abs(claimed)] + [abs(s.value) for s in found])  # the scale of this direction
+    # the scale of this direction: the claim and the slopes that are accurate on their own
+    size = max(
+        [abs(claimed)] + [abs(s.value) for s in found if s.uncertainty <= usable * abs(s.value)]
+    )
     good = [s for s in found if s.uncertainty <= usable * size]
     if not good:
         why = "no stable slope" if not found else "stable slopes are within the noise"
