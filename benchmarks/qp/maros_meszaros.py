@@ -35,6 +35,7 @@ import multiprocessing as mp
 import os
 import pickle
 import resource
+import subprocess
 import sys
 import tempfile
 import time
@@ -146,14 +147,15 @@ def _claim(grads: dict[str, np.ndarray], d: dict[str, Any]) -> float:
 
 
 def _flagged(dx: dict) -> bool:
-    """dxopt said the sample is degenerate (warning, diagnostics or a non-SOLVED status)."""
+    """dxopt said the sample is degenerate: a ``QPDegenerateWarning``, dependent rows or a
+    pseudo-inverse adjoint in its backward diagnostics."""
     bw = dx.get("backward_info") or {}
     deps = bw.get("dependent_rows") or []
     return bool(
         dx.get("degenerate_warning")
         or (isinstance(deps, list) and any(int(v or 0) > 0 for v in deps))
         or bw.get("licq") is False
-        or bw.get("degenerate") not in (None, False, [], ())
+        or any(bool(v) for v in (bw.get("pseudo_inverse") or []))
     )
 
 
@@ -241,6 +243,9 @@ def run_problem(name: str, args: argparse.Namespace) -> dict[str, Any]:
     rec: dict[str, Any] = {"problem": name, "n": prob.n, "m": prob.m, "p": prob.p}
     raws: dict[str, Any] = {}
     for solver in mmp.RAW_SOLVERS:
+        if solver not in args.raw:
+            raws[solver] = {"status": "not run (--raw)", "success": False}
+            continue
         if solver == "daqp" and prob.n > args.dense_max_n:
             raws[solver] = {"status": f"skipped (dense, n > {args.dense_max_n})", "success": False}
             continue
@@ -545,6 +550,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--raw-timeout", type=float, default=30.0, help="raw backend limit, s")
     parser.add_argument("--fd-timeout", type=float, default=240.0, help="FD evidence limit, s")
     parser.add_argument("--accept-tol", type=float, default=1e-6)
+    parser.add_argument(
+        "--raw", default=",".join(mmp.RAW_SOLVERS),
+        help="comma-separated raw backends to time (default: all five)",
+    )  # fmt: skip
     parser.add_argument("--dense-max-n", type=int, default=3000, help="largest n for daqp")
     parser.add_argument("--cache", type=Path, default=None, help="FD evidence cache folder")
     parser.add_argument("--no-cache", action="store_true")
@@ -555,10 +564,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--no-md", action="store_true", help="do not update BENCHMARKS.md")
     parser.add_argument(
+        "--evidence-only", action="store_true",
+        help="only fill the finite-difference cache (it does not depend on dxopt)",
+    )  # fmt: skip
+    parser.add_argument(
         "--render-only", action="store_true",
         help="rebuild the report and BENCHMARKS.md section from the saved before/after JSON",
     )  # fmt: skip
     args = parser.parse_args(argv)
+    args.raw = [s.strip() for s in args.raw.split(",") if s.strip()]
     if args.render_only:
         out = args.out or results_dir("qp")
         payloads = load_payloads(out)
@@ -581,6 +595,13 @@ def main(argv: list[str] | None = None) -> None:
     elif args.cache is None:
         args.cache = (out if args.quick else results_dir("qp")) / "mm_cache"
     preimport()
+    if args.evidence_only:  # fill the finite-difference cache (independent of dxopt)
+        for name, _ in tqdm(names, desc="evidence", unit="problem", file=sys.stderr):
+            t0 = time.perf_counter()
+            ev, _ = _evidence(name, args.seed, args.cache, args.fd_timeout)
+            tqdm.write(f"{name}: {ev.get('base_solver', ev.get('status'))} "
+                       f"({time.perf_counter() - t0:.1f} s)", file=sys.stderr)  # fmt: skip
+        return
     load_start = round(os.getloadavg()[0], 2)
     records = []
     partial = out / f"maros_meszaros_{args.label}.partial.json"
@@ -595,11 +616,17 @@ def main(argv: list[str] | None = None) -> None:
         write_json(partial, {"records": records})
     import dxopt
 
+    src = Path(dxopt.__file__).parent
+    dirty = subprocess.run(
+        ["git", "status", "--short", "."], cwd=src, capture_output=True, text=True, check=False
+    ).stdout.split("\n")
+    dirty = [line for line in dirty if line.strip()]
     given = list(argv if argv is not None else sys.argv[1:])
     payload = {
         "command": " ".join([COMMAND, *given]).strip(),
         "label": args.label,
-        "code": f"dxopt from {Path(dxopt.__file__).parent}",
+        "code": f"dxopt from {src}"
+        + (f", {len(dirty)} files with uncommitted changes" if dirty else ""),
         "machine": machine_info(),
         "load_start": load_start,
         "load_end": round(os.getloadavg()[0], 2),

@@ -162,7 +162,8 @@ def test_fixed_pairs_and_polish_make_degenerate_differences_exact():
 @needs_data
 def test_quick_cli_run_writes_json_and_table(tmp_path):
     cmd = [sys.executable, "-m", "benchmarks.qp.run", "--suite", "maros-meszaros",
-           "--problems", "HS21,HS35", "--out", str(tmp_path), "--label", "after"]  # fmt: skip
+           "--problems", "HS21,HS35", "--raw", "daqp,piqp", "--out", str(tmp_path),
+           "--label", "after"]  # fmt: skip
     proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     payload = json.loads((tmp_path / "maros_meszaros_after.json").read_text())
