@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -10,7 +11,7 @@ from torch import Tensor, nn
 from dxopt.qp._backward_kkt import KKTBackward
 from dxopt.qp._backward_penalty import PenaltyBackward
 from dxopt.qp._bounds import append_bounds
-from dxopt.qp._forward import ForwardResult, default_solver, solve_forward
+from dxopt.qp._forward import ForwardResult, default_solver, solve_forward, trivial_forward
 from dxopt.qp._function import BackwardMethod, QPFunction, QPState
 from dxopt.qp._problem import QPProblem, canonical_problem
 from dxopt.qp._types import BackwardDiagnostics, QPInfo, QPSolution, QPSolveError
@@ -33,6 +34,10 @@ def _backward_method(backward: object) -> BackwardMethod:
     )
 
 
+def _trivial(problem: QPProblem, *, solver: str, eps_abs: float, **_: Any) -> ForwardResult:
+    return trivial_forward(problem, eps_abs, solver)
+
+
 def _residuals(problem: QPProblem, r: ForwardResult) -> tuple[tuple[float, ...], ...]:
     x = torch.nan_to_num(r.x)
     primal = torch.zeros(problem.size, dtype=torch.float64)
@@ -45,13 +50,15 @@ def _residuals(problem: QPProblem, r: ForwardResult) -> tuple[tuple[float, ...],
         viol = (problem.mv("G", x) - problem.dense_vec("h")).clamp_min(0.0).amax(-1)
         primal = torch.maximum(primal, viol)
         dual = dual + problem.rmv("G", torch.nan_to_num(r.ineq_duals))
-    ok = torch.tensor([s.ok for s in r.status])
+    ok = torch.tensor([s.ok for s in r.status], dtype=torch.bool)
     nan = torch.full_like(primal, float("nan"))
     primal = torch.where(ok, primal, nan)
-    dual_inf = torch.where(ok, dual.abs().amax(-1), nan)
+    dual_max = dual.abs().amax(-1) if problem.n else torch.zeros_like(primal)
+    dual_inf = torch.where(ok, dual_max, nan)
     return tuple(float(v) for v in primal), tuple(float(v) for v in dual_inf)
 
 
+@torch.compiler.disable  # a graph break: the solver runs eagerly (numpy/C backends)
 def solve(
     P: Tensor,
     q: Tensor,
@@ -123,6 +130,9 @@ def solve(
         per-sample ``status`` and ``info``. Outputs are batched if any input is; gradients of
         unbatched inputs are summed over the batch.
 
+    Under :func:`torch.compile` the call is a graph break (``torch.compiler.disable``): the
+    backends are numpy/C code that Dynamo cannot trace; the rest of the model compiles.
+
     Raises:
         ValueError: bad shapes, dtypes, devices, NaN/Inf, non-symmetric or non-PSD ``P``,
             inconsistent batch sizes, bad options.
@@ -140,6 +150,20 @@ def solve(
     if on_failure not in ("raise", "nan"):
         raise ValueError(f"on_failure: expected 'raise' or 'nan', got {on_failure!r}.")
     method = _backward_method(backward)
+    for tol_name, tol in (("eps_abs", eps_abs), ("eps_rel", eps_rel)):
+        if not isinstance(tol, (int, float)) or not math.isfinite(tol) or tol < 0:
+            raise ValueError(
+                f"{tol_name}: expected a finite float >= 0, got {tol!r}. Use e.g. eps_abs=1e-9, "
+                "eps_rel=0.0."
+            )
+    for mat_name, mat in (("A", A), ("G", G)):
+        if isinstance(mat, Tensor) and mat.ndim < 2:
+            shape = "(p, n)" if mat_name == "A" else "(m, n)"
+            raise ValueError(
+                f"{mat_name}: expected a matrix of shape {shape} or (B, *{shape}), got a "
+                f"{mat.ndim}-D tensor of shape {tuple(mat.shape)}. For a single row use "
+                f"{mat_name}.reshape(1, -1)."
+            )
     if max_workers is not None and (not isinstance(max_workers, int) or max_workers < 1):
         raise ValueError(f"max_workers: expected a positive int or None, got {max_workers!r}.")
     m_user = None if G is None else G.shape[-2]
@@ -156,7 +180,8 @@ def solve(
         got = tuple(warm_start.shape) if isinstance(warm_start, Tensor) else type(warm_start)
         raise ValueError(f"warm_start: expected a tensor (n,) or (B, n), got {got}.")
     name = default_solver(problem) if solver == "auto" else solver
-    result = solve_forward(
+    solve_fn = solve_forward if problem.size and problem.n else _trivial
+    result = solve_fn(
         problem,
         solver=name,
         eps_abs=eps_abs,

@@ -49,7 +49,14 @@ from dxopt.qp._polish import polish as polish_solution
 from dxopt.qp._problem import QPProblem
 from dxopt.qp._types import QPStatus
 
-__all__ = ["Attempt", "ForwardResult", "default_solver", "fallback_chain", "solve_forward"]
+__all__ = [
+    "Attempt",
+    "ForwardResult",
+    "default_solver",
+    "fallback_chain",
+    "solve_forward",
+    "trivial_forward",
+]
 
 _EXACT_WORKING_SET = ("daqp",)  # active-set backends: polish only if the point fails
 
@@ -216,6 +223,31 @@ def _backend_kwargs(
     kw: dict[str, Any] = dict(_TOLERANCE_KEYS.get(solver, lambda a, r: {})(eps_abs, eps_rel))
     kw.update(options or {})
     return kw
+
+
+def trivial_forward(problem: QPProblem, eps_abs: float, solver: str) -> ForwardResult:
+    """An empty batch or ``n = 0``: nothing to solve. With no variables the only question is
+    feasibility: every ``h_i >= -eps_abs`` and ``|b_j| <= eps_abs`` (all multipliers 0)."""
+    S, n, m, p = problem.size, problem.n, problem.m, problem.p
+    feasible = torch.ones(S, dtype=torch.bool)
+    if m and S:
+        feasible &= (problem.dense_vec("h") >= -eps_abs).all(-1)
+    if p and S:
+        feasible &= (problem.dense_vec("b").abs() <= eps_abs).all(-1)
+    status = tuple(QPStatus.SOLVED if bool(f) else QPStatus.INFEASIBLE for f in feasible)
+    nan = torch.where(feasible, 0.0, float("nan"))[:, None].to(torch.float64)
+    return ForwardResult(
+        x=torch.zeros(S, n, dtype=torch.float64) + nan,
+        eq_duals=torch.zeros(S, p, dtype=torch.float64) + nan,
+        ineq_duals=torch.zeros(S, m, dtype=torch.float64) + nan,
+        status=status,
+        solver=solver,
+        solve_time=0.0,
+        active=torch.zeros(S, m, dtype=torch.bool),
+        sample_solvers=tuple(solver if s.ok else "" for s in status),
+        sample_eps=tuple(eps_abs if s.ok else float("nan") for s in status),
+        polished=(False,) * S,
+    )
 
 
 def solve_forward(

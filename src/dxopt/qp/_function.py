@@ -21,6 +21,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
+from dxopt.qp._active import ActiveSet
 from dxopt.qp._adjoint import AdjointInput, AdjointSolution
 from dxopt.qp._forward import ForwardResult
 from dxopt.qp._grads import parameter_gradients
@@ -112,7 +113,17 @@ class QPFunction(torch.autograd.Function):
             ok=ok,
             active=None if result.active is None else result.active & okc,
         )
-        adjoint = state.method.solve_adjoint(data, state.diagnostics)
+        if S == 0 or problem.n == 0:  # nothing depends on the parameters
+            none = torch.zeros(S, problem.m, dtype=torch.bool)
+            active = ActiveSet(none, none, none, torch.zeros(S), None, None)
+            zeros = (
+                torch.zeros(S, problem.n),
+                torch.zeros(S, problem.m),
+                torch.zeros(S, problem.p),
+            )
+            adjoint = AdjointSolution(*(z.double() for z in zeros), active, torch.zeros(S))
+        else:
+            adjoint = state.method.solve_adjoint(data, state.diagnostics)
         grads = parameter_gradients(data, adjoint, tuple(ctx.needs_input_grad[:6]))
         anchors = [g for g in (grad_x, grad_eq, grad_ineq) if g is not None and g.requires_grad]
         if torch.is_grad_enabled() and anchors:  # create_graph=True: refuse a second pass
