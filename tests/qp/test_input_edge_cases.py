@@ -56,9 +56,9 @@ def test_zero_variables_is_a_feasibility_question():
 
 
 def test_nan_and_inf_get_their_own_advice():
-    with pytest.raises(ValueError, match="q: expected finite entries, got NaN. Check the"):
+    with pytest.raises(ValueError, match=r"q: expected finite entries, got NaN\. Check the"):
         dqp.solve(P3, Q3 * float("nan"))
-    with pytest.raises(ValueError, match="h: expected finite entries, got Inf. An infinite h_i"):
+    with pytest.raises(ValueError, match=r"h: expected finite entries, got Inf\. An infinite h_i"):
         dqp.solve(P3, Q3, G=P3, h=torch.tensor([1.0, float("inf"), 1.0], dtype=F64))
 
 

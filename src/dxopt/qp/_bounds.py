@@ -128,7 +128,7 @@ def append_bounds(
     if G is not None and G.layout == torch.sparse_coo and G.requires_grad:
         tail = torch.cat(rows, 0).coalesce() if len(rows) > 1 else rows[0].coalesce()
         G_new = SparseRowCat.apply(G, tail)
-        vectors = [h] + rhs if h is not None else rhs
+        vectors = [h, *rhs] if h is not None else rhs
         batch = max(v.shape[0] if v.ndim == 2 else 0 for v in vectors)
         if batch:
             vectors = [v if v.ndim == 2 else v.expand(batch, -1) for v in vectors]
