@@ -74,14 +74,16 @@ def test_solver_tolerance_does_not_leak_into_the_active_set(solver: str):
     torch.testing.assert_close(h.grad, torch.tensor([1.0], dtype=F64))
 
 
-def test_tolerance_leak_at_small_scale():
-    """The same problem scaled by 1e-6: the certificate is componentwise, not absolute-only."""
-    s = 1e-6
+@pytest.mark.parametrize("solver", ["daqp", "piqp"])
+@pytest.mark.parametrize("s", [1e-3, 1e-6])
+def test_tolerance_leak_at_small_scale(s: float, solver: str):
+    """The same problem scaled down: the polished active set is exact at round-off level,
+    whatever the (default, absolute) tolerance."""
     P = torch.eye(3, dtype=F64)
     q = -s * torch.tensor([0.5, -0.3, 0.2], dtype=F64)
     G = torch.tensor([[1.0, 0.0, 0.0]], dtype=F64)
     h = torch.tensor([0.499999 * s], dtype=F64, requires_grad=True)
-    sol = dqp.solve(P, q, G=G, h=h, eps_abs=1e-15)
+    sol = dqp.solve(P, q, G=G, h=h, solver=solver)
     assert float(sol.x[0]) <= h.item() * (1 + 1e-10)
     sol.x[0].backward()
     torch.testing.assert_close(h.grad, torch.tensor([1.0], dtype=F64))

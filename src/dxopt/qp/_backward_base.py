@@ -10,9 +10,15 @@ problem to ``_adjoint``, and it owns the policy for degenerate problems.
 **Degenerate problems** (``degenerate="min_norm"``, the default). Dependent active rows (LICQ
 fails) get the minimum-norm multiplier adjoint inside each method (:mod:`dxopt.qp._degenerate`).
 When the reduced KKT matrix :math:`K = [[P, C^\\top], [C, 0]]` is singular for another reason,
-i.e. :math:`P` is singular on :math:`\\ker C` (the solution is not unique, e.g. LP-like
-problems), no derivative of "the" solution exists; the method's exact solve then fails its
-residual check, and the adjoint becomes the Moore-Penrose one,
+i.e. :math:`P` is singular on :math:`\\ker C`, the method's exact solve fails its residual
+check. Two cases:
+
+1. With ``weak_policy="inactive"`` the weakly active rows (zero slack, zero multiplier) were
+   left out; on LP-like problems those rows are what pins :math:`x` (a degenerate vertex). They
+   are then kept as equalities (the derivative on the face, an element of the
+   B-subdifferential), ``BackwardDiagnostics.weak_kept`` is set and a warning is issued.
+2. Otherwise (or if that is still singular) the solution is not unique and no derivative of
+   "the" solution exists; the adjoint becomes the Moore-Penrose one,
 
 .. math:: [u; w] = K^+ [\\bar x; \\bar\\nu_J; \\bar\\mu]
     = \\lim_{\\varepsilon\\to 0}(K^2 + \\varepsilon I)^{-1}K[\\bar x; \\bar\\nu_J; \\bar\\mu],
@@ -27,7 +33,7 @@ behaviour (:class:`~dxopt.qp.QPBackwardError`).
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -112,12 +118,33 @@ class BackwardBase:
             forward_active=data.active,
         )
         diagnostics.pseudo_inverse = (False,) * data.x.shape[0]
+        diagnostics.weak_kept = False
         try:
             return self._adjoint(data, active, diagnostics)
         except QPBackwardError as err:
             if self.degenerate == "raise":
                 raise
-            return pseudo_inverse_adjoint(data, active, diagnostics, self.name, err)
+            cause = err
+        if self.weak_policy == "inactive" and bool((active.weak & ~active.used).any()):
+            # dropping the weak rows left x undetermined: keep them (the face derivative)
+            kept = replace(active, used=active.used | active.weak)
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", QPDegenerateWarning)
+                    out = self._adjoint(data, kept, diagnostics)
+                diagnostics.weak_kept = True
+                warnings.warn(
+                    f"{self.name} backward: P is singular on the null space of the strongly "
+                    "active rows, so the weakly active rows (zero slack, zero multiplier) are "
+                    "kept as equalities to determine the derivative (see BackwardDiagnostics."
+                    "weak_kept).",
+                    QPDegenerateWarning,
+                    stacklevel=3,
+                )
+                return out
+            except QPBackwardError as err:
+                cause = err
+        return pseudo_inverse_adjoint(data, active, diagnostics, self.name, cause)
 
 
 def _sample_matrices(problem: QPProblem, used: torch.Tensor, i: int):  # type: ignore[no-untyped-def]

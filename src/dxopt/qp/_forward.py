@@ -12,7 +12,7 @@ when its point does not certify. A sample is ``SOLVED`` only if the certificate 
 
 **Fallback chain** (``fallback=True``, the default; :func:`fallback_chain`): when an attempt
 fails, reports infeasible/unbounded, or its polished point does not certify, the next attempt
-runs: the requested backend, then ``piqp``, ``clarabel`` (and ``daqp`` for dense problems),
+runs: the requested backend, then ``piqp``, ``clarabel``, ``daqp`` (dense, or n <= 3000),
 then the requested backend at the looser stopping tolerance :math:`\\max(10^3\\varepsilon_{abs},
 10^{-7})` (the polish restores the accuracy; the certificate is still the requested one).
 Why: on the Maros-Meszaros set piqp reports ``failed``/``infeasible`` on some feasible
@@ -112,6 +112,8 @@ class ForwardResult:
 
 
 _SPARSE_ONLY = ("clarabel", "osqp", "scs")
+_DENSE_ONLY = ("daqp",)
+DENSE_FALLBACK_MAX_N = 3000  # daqp joins the chain of sparse problems up to this size
 
 
 def _numpy_views(problem: QPProblem, solver: str) -> dict[str, Any]:
@@ -121,6 +123,8 @@ def _numpy_views(problem: QPProblem, solver: str) -> dict[str, Any]:
         t = getattr(problem, name)
         if t is None:
             views[name] = None
+        elif t.layout == torch.sparse_coo and solver in _DENSE_ONLY:
+            views[name] = problem.csr[name][0].toarray()  # daqp takes dense arrays only
         elif t.layout == torch.sparse_coo:
             views[name] = problem.csr[name][0].tocsc()
         elif solver in _SPARSE_ONLY and name in ("P", "A", "G") and t.ndim == 2:
@@ -190,14 +194,16 @@ def fallback_chain(problem: QPProblem, solver: str, eps_abs: float) -> tuple[Att
 
     1. the requested backend at the requested tolerance;
     2. the other backends that suit the problem: ``piqp`` and ``clarabel`` (interior point,
-       robust on degenerate and badly scaled data), and ``daqp`` when the problem is dense
-       (exact working set);
+       robust on badly scaled data), and ``daqp`` (an exact working set, which settles the
+       degenerate LP-like problems where an interior point's active set is ambiguous) when the
+       problem is dense or has at most ``DENSE_FALLBACK_MAX_N`` variables (it is densified);
     3. the requested backend at a looser stopping tolerance ``max(1e3 eps_abs, 1e-7)``: the
        polish then restores the requested accuracy, and the certificate is still checked at
        the requested tolerance.
     """
     chain = [Attempt(solver, eps_abs)]
-    others = ["piqp", "clarabel"] + ([] if problem.any_sparse else ["daqp"])
+    dense_ok = not problem.any_sparse or problem.n <= DENSE_FALLBACK_MAX_N
+    others = ["piqp", "clarabel"] + (["daqp"] if dense_ok else [])
     chain += [Attempt(s, eps_abs) for s in others if s != solver and s in _available()]
     loose = max(1e3 * eps_abs, 1e-7)
     if loose > eps_abs:
@@ -302,7 +308,9 @@ def solve_forward(
             return False, None
         except Exception:  # a backend crash: try the next one in the chain
             return False, None
-        if not sol.found or sol.x is None or not np.all(np.isfinite(sol.x)):
+        # a point is judged by its certificate, not by the backend's status: some backends
+        # stop with "max iterations"/"failed" at a point that is a solution within tolerance
+        if sol.x is None or not np.all(np.isfinite(sol.x)):
             return False, None
         x = np.asarray(sol.x, dtype=np.float64)
         y = None if sol.y is None else np.asarray(sol.y, dtype=np.float64).reshape(-1)

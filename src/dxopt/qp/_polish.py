@@ -1,24 +1,19 @@
 """Certification and polishing of a forward solution (one sample, numpy / scipy).
 
-**Certification** uses componentwise scales, never row norms (a zero or tiny row cannot
-poison it). With :math:`r = \\max(\\varepsilon_{rel}, 10^{-10})` (the relative part never
-goes below a round-off floor) and the scales
-
-.. math::
-    \\sigma^p_i = |h_i| + (|G||x|)_i,\\qquad \\sigma^e_j = |b_j| + (|A||x|)_j,\\qquad
-    \\sigma^d = |P||x| + |q| + |A^\\top||\\mu| + |G^\\top||\\nu|,
-
-a point :math:`(x, \\mu, \\nu)` is certified when every ratio below is at most 1:
-primal :math:`(g_i^\\top x - h_i)_+/(\\varepsilon_{abs} + r\\sigma^p_i)` and
-:math:`|a_j^\\top x - b_j|/(\\varepsilon_{abs} + r\\sigma^e_j)`; dual
-:math:`|Px + q + A^\\top\\mu + G^\\top\\nu|_k/(\\varepsilon_{abs} + r\\sigma^d_k)`; sign
-:math:`(-\\nu_i)_+\\|g_i\\|_\\infty/(\\varepsilon_{abs} + r\\|\\sigma^d\\|_\\infty)`;
-complementarity as a natural residual,
-:math:`\\min\\big((h_i - g_i^\\top x)_+/(\\varepsilon_{abs} + r\\sigma^p_i),\\
-(\\nu_i)_+\\|g_i\\|_\\infty/(\\varepsilon_{abs} + r\\|\\sigma^d\\|_\\infty)\\big)`
-(every row has its
-slack or its multiplier within tolerance; an interior-point point with slack and multiplier
-both of order :math:`\\sqrt\\mu` does not pass until polished).
+**Certification** uses norm scales (as the backends' own stopping rules do) and never
+normalises a row, so a zero or tiny row cannot poison it. With
+:math:`r = \\max(\\varepsilon_{rel}, 10^{-10})` (the relative part never goes below a
+round-off floor), :math:`t_p = \\varepsilon_{abs} + r\\max(\\|Gx\\|_\\infty, \\|h\\|_\\infty)`,
+:math:`t_e` likewise for :math:`Ax = b`, and :math:`t_d = \\varepsilon_{abs} +
+r\\max(\\|Px\\|_\\infty, \\|q\\|_\\infty, \\|A^\\top\\mu\\|_\\infty, \\|G^\\top\\nu\\|_\\infty)`,
+a point :math:`(x, \\mu, \\nu)` is certified when
+:math:`\\|(Gx - h)_+\\|_\\infty \\le t_p`, :math:`\\|Ax - b\\|_\\infty \\le t_e`,
+:math:`\\|Px + q + A^\\top\\mu + G^\\top\\nu\\|_\\infty \\le t_d`,
+:math:`(-\\nu_i)_+\\|g_i\\|_\\infty \\le t_d` and the complementarity natural residual
+:math:`\\min((h_i - g_i^\\top x)_+/t_p,\\ (\\nu_i)_+\\|g_i\\|_\\infty/t_d) \\le 1` for every row
+(each row has its slack or its multiplier within tolerance: an interior-point point with both
+of order :math:`\\sqrt\\mu` does not pass until polished). The certificate is the authority:
+a point that passes is a solution within tolerance whatever the backend reported.
 
 **Zero rows** are handled explicitly: an all-zero row of ``G`` is never active (multiplier 0);
 it is feasible iff :math:`h_i \\ge -\\varepsilon_{abs}`, otherwise the sample is infeasible. An
@@ -35,9 +30,10 @@ all-zero row of ``A`` needs :math:`|b_j| \\le \\varepsilon_{abs}` and gets multi
    regularised saddle-point solve of :func:`dxopt.linalg.sparse.saddle_solve`, refined from the
    solver's own point, so on a problem with a non-unique solution it lands on the solution
    nearest to the solver's.
-3. Drop rows of :math:`J` with negative multipliers and add rows that are violated; repeat (at
-   most ``max_rounds`` times) until the multipliers have the right signs and the point is
-   feasible.
+3. Drop rows of :math:`J` with negative multipliers and add rows that are violated, both
+   judged at round-off level (``ROUNDOFF`` times the norm scales, not at the requested
+   tolerance, so the active set does not depend on it); repeat (at most ``max_rounds``
+   times) until the multipliers have the right signs and the point is feasible.
 
 The polished point is kept only if it certifies; otherwise the solver's point is certified as it
 is. The returned active set is the polished :math:`J` (or, unpolished, the guess).
@@ -56,6 +52,7 @@ from dxopt.linalg.sparse import FactorizationError, saddle_solve
 __all__ = ["Certificate", "PolishResult", "certify", "identification_scale", "polish"]
 
 RELATIVE_FLOOR = 1e-10
+ROUNDOFF = 1e-12
 
 
 @dataclass(frozen=True)
@@ -114,38 +111,57 @@ def _make(P, q, A, b, G, h, eps_abs: float, eps_rel: float) -> _Data:  # type: i
     return _Data(P, q, A, b, G, h, _row_inf(G), _row_inf(A), eps_abs, max(eps_rel, RELATIVE_FLOOR))
 
 
+def _inf(v: Any) -> float:
+    return float(np.max(np.abs(v), initial=0.0))
+
+
 def certify(d: _Data, x: np.ndarray, mu: np.ndarray, nu: np.ndarray) -> Certificate:
-    """Componentwise certificate of ``(x, mu, nu)`` (module docstring)."""
-    ax = np.abs(x)
-    dual = d.P @ x + d.q
-    sigma_d = _abs(d.P) @ ax + np.abs(d.q)
+    """Certificate of ``(x, mu, nu)`` against the requested tolerances (module docstring)."""
+    px = d.P @ x
+    dual = px + d.q
+    dual_scale = max(_inf(px), _inf(d.q))
     primal = comp = sign = 0.0
     zero_bad = False
     if d.A is not None and d.A.shape[0]:
-        res = d.A @ x - d.b
-        sig = np.abs(d.b) + _abs(d.A) @ ax
-        primal = max(primal, float(np.max(np.abs(res) / (d.eps_abs + d.rel * sig))))
-        dual = dual + d.A.T @ mu
-        sigma_d = sigma_d + _abs(d.A).T @ np.abs(mu)
-        zero = d.a_inf == 0
-        zero_bad = bool(np.any(np.abs(d.b[zero]) > d.eps_abs))  # type: ignore[index]
+        ax = d.A @ x
+        tol_e = d.eps_abs + d.rel * max(_inf(ax), _inf(d.b))
+        primal = max(primal, _inf(ax - d.b) / tol_e)
+        at_mu = d.A.T @ mu
+        dual = dual + at_mu
+        dual_scale = max(dual_scale, _inf(at_mu))
+        zero_bad = bool(np.any(np.abs(d.b[d.a_inf == 0]) > d.eps_abs))  # type: ignore[index]
     if d.G is not None and d.G.shape[0]:
-        s = d.h - d.G @ x
-        sig = np.abs(d.h) + _abs(d.G) @ ax
-        tol_p = d.eps_abs + d.rel * sig
-        primal = max(primal, float(np.max(np.maximum(-s, 0.0) / tol_p)))
-        dual = dual + d.G.T @ nu
-        sigma_d = sigma_d + _abs(d.G).T @ np.abs(nu)
-        zero = d.g_inf == 0
-        zero_bad = zero_bad or bool(np.any(d.h[zero] < -d.eps_abs))  # type: ignore[index]
-    dual_ratio = float(np.max(np.abs(dual) / (d.eps_abs + d.rel * sigma_d), initial=0.0))
+        gx = d.G @ x
+        s = d.h - gx
+        tol_p = d.eps_abs + d.rel * max(_inf(gx), _inf(d.h))
+        primal = max(primal, _inf(np.maximum(-s, 0.0)) / tol_p)
+        gt_nu = d.G.T @ nu
+        dual = dual + gt_nu
+        dual_scale = max(dual_scale, _inf(gt_nu))
+        zero_bad = zero_bad or bool(np.any(d.h[d.g_inf == 0] < -d.eps_abs))  # type: ignore[index]
+    tol_d = d.eps_abs + d.rel * dual_scale
+    dual_ratio = _inf(dual) / tol_d
     if d.G is not None and d.G.shape[0]:
-        tol_d = d.eps_abs + d.rel * float(np.max(sigma_d, initial=0.0))
-        sign = float(np.max(np.maximum(-nu, 0.0) * d.g_inf / tol_d))
+        sign = _inf(np.maximum(-nu, 0.0) * d.g_inf) / tol_d
         # natural residual: each row has its slack or its multiplier within tolerance
         both = np.minimum(np.maximum(s, 0.0) / tol_p, np.maximum(nu, 0.0) * d.g_inf / tol_d)
-        comp = float(np.max(both))
+        comp = _inf(both)
     return Certificate(primal, dual_ratio, sign, comp, zero_bad)
+
+
+def _exact_flags(
+    d: _Data, x: np.ndarray, nu: np.ndarray, J: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Rows violated beyond round-off and rows of ``J`` whose multiplier is negative beyond
+    round-off (``ROUNDOFF`` times the norm scales; independent of the requested tolerance, so
+    the polished active set does not depend on it)."""
+    gx = d.G @ x
+    s = d.h - gx  # type: ignore[operator]
+    p_scale = max(_inf(gx), _inf(d.h), 1e-300)
+    d_scale = max(_inf(d.P @ x), _inf(d.q), _inf(nu * d.g_inf), 1e-300)
+    violated = (s < -ROUNDOFF * p_scale) & ~J & (d.g_inf > 0)
+    negative = J & (nu * d.g_inf < -ROUNDOFF * d_scale)
+    return violated, negative
 
 
 def identification_scale(h: np.ndarray, G: Any, x: np.ndarray, g_inf: np.ndarray) -> np.ndarray:
@@ -235,7 +251,8 @@ def polish(
     raw = certify(d, x, mu, nu)
     if raw.zero_row_infeasible:
         return PolishResult(x, mu, nu, J, False, raw)
-    if enabled and (force or not raw.ok):
+    inexact = bool(m) and any(f.any() for f in _exact_flags(d, x, nu, J))
+    if enabled and (force or not raw.ok or inexact):
         seen: set[bytes] = set()
         for _ in range(max_rounds):
             key = J.tobytes()
@@ -251,10 +268,7 @@ def polish(
                 if cert.ok:
                     return PolishResult(xp, mup, np.maximum(nup, 0.0), J, True, cert)
                 break
-            s = h - G @ xp  # type: ignore[operator]
-            tol_p = eps_abs + d.rel * (np.abs(h) + _abs(G) @ np.abs(xp))
-            violated = (s < -tol_p) & ~J & (d.g_inf > 0)
-            negative = J & (nup < 0)
+            violated, negative = _exact_flags(d, xp, nup, J)
             if not violated.any() and not negative.any():
                 cert = certify(d, xp, mup, nup)
                 if cert.ok:

@@ -87,6 +87,8 @@ class BackwardDiagnostics:
         pseudo_inverse: per sample, True if the reduced KKT matrix was singular beyond
             dependent rows (P singular on the null space of the active rows) and the
             Moore-Penrose adjoint was returned (``degenerate="min_norm"``).
+        weak_kept: True if the weakly active rows had to be kept as equalities because P is
+            singular on the null space of the strongly active rows.
     """
 
     method: str = ""
@@ -100,6 +102,7 @@ class BackwardDiagnostics:
     dependent_rows: tuple[int, ...] = ()
     licq: bool = True
     pseudo_inverse: tuple[bool, ...] = ()
+    weak_kept: bool = False
 
 
 @dataclass(frozen=True)
