@@ -214,7 +214,7 @@ def _evidence(name: str, seed: int, cache: Path | None, timeout_s: float) -> tup
         with open(path, "rb") as fh:
             return pickle.load(fh), 0.0
     ev, wall = isolated("fd", name, seed, 0.0, timeout_s)
-    if path is not None and "directions" in ev:
+    if path is not None and ("directions" in ev or str(ev.get("status")).startswith("timeout")):
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "wb") as fh:
             pickle.dump(ev, fh)
