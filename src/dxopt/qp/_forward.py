@@ -7,8 +7,9 @@ active rows, :math:`[G_J^\\top\\ A^\\top][\\nu_J; \\mu] = -(Px^\\star + q)`.
 
 Every backend's output is then polished on its active set and certified against the requested
 tolerances (componentwise scales, zero rows handled explicitly; :mod:`dxopt.qp._polish`).
-Interior-point and first-order backends are always polished; daqp (an exact working set) only
-when its point does not certify. A sample is ``SOLVED`` only if the certificate passes.
+A point is polished when it does not certify, is off by more than round-off, or leaves a row's
+side unsettled (slack and multiplier both small, as at an interior-point solution); a looser-
+tolerance attempt is always polished. A sample is ``SOLVED`` only if the certificate passes.
 
 **Fallback chain** (``fallback=True``, the default; :func:`fallback_chain`): when an attempt
 fails, reports infeasible/unbounded, or its polished point does not certify, the next attempt
@@ -45,6 +46,8 @@ import scipy.sparse as sp
 import torch
 from torch import Tensor
 
+from dxopt.qp._active import row_inf as row_inf_torch
+from dxopt.qp._polish import _row_inf, batch_accept_exact
 from dxopt.qp._polish import polish as polish_solution
 from dxopt.qp._problem import QPProblem
 from dxopt.qp._types import QPStatus
@@ -189,6 +192,10 @@ def _classify_failure(problem_kwargs: dict[str, Any], n: int, solver: str, **kw:
     return QPStatus.FAILED
 
 
+def _finite_or_zero(v: np.ndarray) -> np.ndarray:
+    return v if np.isfinite(v).all() else np.nan_to_num(v)
+
+
 def fallback_chain(problem: QPProblem, solver: str, eps_abs: float) -> tuple[Attempt, ...]:
     """The documented fallback chain for ``solver`` at ``eps_abs`` (see the module docstring).
 
@@ -256,6 +263,33 @@ def trivial_forward(problem: QPProblem, eps_abs: float, solver: str) -> ForwardR
     )
 
 
+def _accept_exact_batch(
+    problem: QPProblem,
+    points: list[tuple[Any, ...] | None],
+    eps_abs: float,
+    eps_rel: float,
+    g_inf: np.ndarray | None,
+) -> list[int]:
+    """Certify a batch of exact-working-set points at once (clipping the multipliers and
+    zeroing those of zero rows in place); returns the samples that still need the per-sample
+    path (no point, or not certified as they are)."""
+    if any(pt is None for pt in points):  # rare: keep the per-sample path for everyone
+        return list(range(len(points)))
+    m = problem.m
+    X = torch.from_numpy(np.stack([pt[1] for pt in points]))  # type: ignore[index]
+    MU = torch.from_numpy(np.stack([pt[2] for pt in points]))  # type: ignore[index]
+    NU = torch.from_numpy(np.stack([pt[3] for pt in points]))  # type: ignore[index]
+    if m:
+        gi = torch.from_numpy(g_inf) if g_inf is not None else row_inf_torch(problem.G)
+        NU = torch.where(gi > 0, NU.clamp_min(0.0), torch.zeros_like(NU))
+        for i, pt in enumerate(points):
+            points[i] = (pt[0], pt[1], pt[2], NU[i].numpy())  # type: ignore[index]
+    else:
+        gi = torch.zeros(0, dtype=torch.float64)
+    ok = batch_accept_exact(problem, X, MU, NU, gi, eps_abs=eps_abs, eps_rel=eps_rel)
+    return [i for i in range(len(points)) if not bool(ok[i])]
+
+
 def solve_forward(
     problem: QPProblem,
     *,
@@ -287,8 +321,14 @@ def solve_forward(
     used_eps: list[float] = [float("nan")] * size
     polished: list[bool] = [False] * size
     warm = None if warm_start is None else warm_start.detach().to("cpu", torch.float64).numpy()
+    row_norms: dict[str, np.ndarray] = {}  # max-norms of the rows of shared G and A, once
+    for name in ("G", "A"):
+        M = getattr(problem, name)
+        if M is not None and M.ndim == 2:
+            row_norms[name] = _row_inf(problem.csr[name][0] if name in problem.csr else M.numpy())
 
-    def attempt(i: int, step: Attempt, first: bool) -> tuple[bool, QPStatus | None]:
+    def backend(i: int, step: Attempt, first: bool) -> tuple[Any, ...] | None:
+        """The backend's point ``(args, x, y, z)`` of sample ``i`` (``None``: no point)."""
         v = views(step.solver)
         args = {k: _sample(v, k, i) for k in ("P", "q", "A", "b", "G", "h")}
         P, A, G = args["P"], args["A"], args["G"]
@@ -305,20 +345,26 @@ def solve_forward(
                     f"{sorted(solver_options)} ({type(err).__name__}: {err}). Use the setting "
                     f"names of {step.solver}'s own documentation."
                 ) from err
-            return False, None
+            return None
         except Exception:  # a backend crash: try the next one in the chain
-            return False, None
+            return None
         # a point is judged by its certificate, not by the backend's status: some backends
         # stop with "max iterations"/"failed" at a point that is a solution within tolerance
         if sol.x is None or not np.all(np.isfinite(sol.x)):
-            return False, None
+            return None
         x = np.asarray(sol.x, dtype=np.float64)
         y = None if sol.y is None else np.asarray(sol.y, dtype=np.float64).reshape(-1)
         z = None if sol.z is None else np.asarray(sol.z, dtype=np.float64).reshape(-1)
         if (p and (y is None or y.size != p)) or (m and (z is None or z.size != m)):
             y, z = _recover_duals(P, args["q"], A, G, args["h"], x, eps_abs)
-        y = np.zeros(0) if not p else np.nan_to_num(y)  # type: ignore[arg-type]
-        z = np.zeros(0) if not m else np.nan_to_num(z)  # type: ignore[arg-type]
+        y = np.zeros(0) if not p else _finite_or_zero(y)  # type: ignore[arg-type]
+        z = np.zeros(0) if not m else _finite_or_zero(z)  # type: ignore[arg-type]
+        return args, x, y, z
+
+    def finish(i: int, step: Attempt, point: tuple[Any, ...]) -> tuple[bool, QPStatus | None]:
+        """Polish and certify the point; store it if it certifies."""
+        args, x, y, z = point
+        P, A, G = args["P"], args["A"], args["G"]
         pol = polish_solution(
             P,
             args["q"],
@@ -332,7 +378,10 @@ def solve_forward(
             eps_abs=eps_abs,
             eps_rel=eps_rel,
             enabled=polish,
-            force=step.solver not in _EXACT_WORKING_SET or step.eps_abs > eps_abs,
+            force=step.eps_abs > eps_abs,
+            exact_working_set=step.solver in _EXACT_WORKING_SET,
+            g_inf=row_norms.get("G"),
+            a_inf=row_norms.get("A"),
         )
         if pol.certificate.zero_row_infeasible:
             return False, QPStatus.INFEASIBLE
@@ -350,7 +399,10 @@ def solve_forward(
 
     def run(i: int) -> None:
         for k, step in enumerate(chain):
-            done, verdict = attempt(i, step, k == 0)
+            point = first_points[i] if k == 0 else backend(i, step, False)
+            if point is None:
+                continue
+            done, verdict = finish(i, step, point)
             if done:
                 return
             if verdict is not None:
@@ -362,12 +414,31 @@ def solve_forward(
         status[i] = _classify_failure(args, n, solver, **kw)
 
     start = time.perf_counter()
-    if max_workers is not None and max_workers > 1 and size > 1:
-        with ThreadPoolExecutor(max_workers=max_workers) as pool:
-            list(pool.map(run, range(size)))
-    else:
-        for i in range(size):
-            run(i)
+    first_points: list[tuple[Any, ...] | None] = [None] * size
+
+    def first(i: int) -> None:
+        first_points[i] = backend(i, chain[0], True)
+
+    def each(fn: Callable[[int], None], indices: list[int]) -> None:
+        if max_workers is not None and max_workers > 1 and len(indices) > 1:
+            with ThreadPoolExecutor(max_workers=max_workers) as pool:
+                list(pool.map(fn, indices))
+        else:
+            for i in indices:
+                fn(i)
+
+    each(first, list(range(size)))
+    todo = list(range(size))
+    if chain[0].solver in _EXACT_WORKING_SET and size > 1 and problem.any_sparse is False:
+        todo = _accept_exact_batch(problem, first_points, eps_abs, eps_rel, row_norms.get("G"))
+        for i in set(range(size)) - set(todo):
+            _, x, y, z = first_points[i]  # type: ignore[misc]
+            x_out[i], mu_out[i], nu_out[i] = x, y, z
+            if m:
+                active_out[i] = z > 0
+            status[i] = QPStatus.SOLVED
+            used_solver[i], used_eps[i] = chain[0].solver, chain[0].eps_abs
+    each(run, todo)
     elapsed = time.perf_counter() - start
     return ForwardResult(
         x=torch.from_numpy(x_out),

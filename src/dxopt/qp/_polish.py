@@ -46,13 +46,24 @@ from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
+import torch
+from torch import Tensor
 
 from dxopt.linalg.sparse import FactorizationError, saddle_solve
+from dxopt.qp._problem import QPProblem
 
-__all__ = ["Certificate", "PolishResult", "certify", "identification_scale", "polish"]
+__all__ = [
+    "Certificate",
+    "PolishResult",
+    "batch_accept_exact",
+    "certify",
+    "identification_scale",
+    "polish",
+]
 
 RELATIVE_FLOOR = 1e-10
 ROUNDOFF = 1e-12
+AMBIGUITY = 1e4
 
 
 @dataclass(frozen=True)
@@ -64,6 +75,7 @@ class Certificate:
     sign: float
     complementarity: float
     zero_row_infeasible: bool
+    ambiguous: bool = False
 
     @property
     def ok(self) -> bool:
@@ -107,21 +119,34 @@ class _Data:
     rel: float
 
 
-def _make(P, q, A, b, G, h, eps_abs: float, eps_rel: float) -> _Data:  # type: ignore[no-untyped-def]
-    return _Data(P, q, A, b, G, h, _row_inf(G), _row_inf(A), eps_abs, max(eps_rel, RELATIVE_FLOOR))
+def _make(P, q, A, b, G, h, eps_abs: float, eps_rel: float, g_inf=None, a_inf=None) -> _Data:  # type: ignore[no-untyped-def]
+    g_inf = _row_inf(G) if g_inf is None else g_inf
+    a_inf = _row_inf(A) if a_inf is None else a_inf
+    return _Data(P, q, A, b, G, h, g_inf, a_inf, eps_abs, max(eps_rel, RELATIVE_FLOOR))
 
 
 def _inf(v: Any) -> float:
-    return float(np.max(np.abs(v), initial=0.0))
+    return float(np.abs(v).max()) if v.size else 0.0
 
 
 def certify(d: _Data, x: np.ndarray, mu: np.ndarray, nu: np.ndarray) -> Certificate:
     """Certificate of ``(x, mu, nu)`` against the requested tolerances (module docstring)."""
+    return _check(d, x, mu, nu, None)[0]
+
+
+def _check(
+    d: _Data, x: np.ndarray, mu: np.ndarray, nu: np.ndarray, J: np.ndarray | None
+) -> tuple[Certificate, np.ndarray | None, np.ndarray | None]:
+    """The certificate and, if ``J`` is given, the round-off-level flags: rows violated beyond
+    round-off and rows of ``J`` whose multiplier is negative beyond round-off (``ROUNDOFF``
+    times the norm scales; independent of the requested tolerance, so the polished active set
+    does not depend on it)."""
     px = d.P @ x
     dual = px + d.q
     dual_scale = max(_inf(px), _inf(d.q))
     primal = comp = sign = 0.0
     zero_bad = False
+    violated = negative = None
     if d.A is not None and d.A.shape[0]:
         ax = d.A @ x
         tol_e = d.eps_abs + d.rel * max(_inf(ax), _inf(d.b))
@@ -129,39 +154,36 @@ def certify(d: _Data, x: np.ndarray, mu: np.ndarray, nu: np.ndarray) -> Certific
         at_mu = d.A.T @ mu
         dual = dual + at_mu
         dual_scale = max(dual_scale, _inf(at_mu))
-        zero_bad = bool(np.any(np.abs(d.b[d.a_inf == 0]) > d.eps_abs))  # type: ignore[index]
+        if not d.a_inf.all():
+            zero_bad = bool(np.any(np.abs(d.b[d.a_inf == 0]) > d.eps_abs))  # type: ignore[index]
     if d.G is not None and d.G.shape[0]:
         gx = d.G @ x
         s = d.h - gx
-        tol_p = d.eps_abs + d.rel * max(_inf(gx), _inf(d.h))
-        primal = max(primal, _inf(np.maximum(-s, 0.0)) / tol_p)
+        p_scale = max(_inf(gx), _inf(d.h))
+        tol_p = d.eps_abs + d.rel * p_scale
+        primal = max(primal, max(-float(s.min()), 0.0) / tol_p)
         gt_nu = d.G.T @ nu
         dual = dual + gt_nu
         dual_scale = max(dual_scale, _inf(gt_nu))
-        zero_bad = zero_bad or bool(np.any(d.h[d.g_inf == 0] < -d.eps_abs))  # type: ignore[index]
+        if not d.g_inf.all():
+            zero_bad = zero_bad or bool(np.any(d.h[d.g_inf == 0] < -d.eps_abs))  # type: ignore[index]
+        nu_g = nu * d.g_inf
+        if J is not None:
+            violated = (s < -ROUNDOFF * max(p_scale, 1e-300)) & ~J & (d.g_inf > 0)
+            negative = J & (nu_g < -ROUNDOFF * max(dual_scale, _inf(nu_g), 1e-300))
     tol_d = d.eps_abs + d.rel * dual_scale
     dual_ratio = _inf(dual) / tol_d
+    ambiguous = False
     if d.G is not None and d.G.shape[0]:
-        sign = _inf(np.maximum(-nu, 0.0) * d.g_inf) / tol_d
+        sign = max(-float(nu_g.min()), 0.0) / tol_d
         # natural residual: each row has its slack or its multiplier within tolerance
-        both = np.minimum(np.maximum(s, 0.0) / tol_p, np.maximum(nu, 0.0) * d.g_inf / tol_d)
-        comp = _inf(both)
-    return Certificate(primal, dual_ratio, sign, comp, zero_bad)
-
-
-def _exact_flags(
-    d: _Data, x: np.ndarray, nu: np.ndarray, J: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """Rows violated beyond round-off and rows of ``J`` whose multiplier is negative beyond
-    round-off (``ROUNDOFF`` times the norm scales; independent of the requested tolerance, so
-    the polished active set does not depend on it)."""
-    gx = d.G @ x
-    s = d.h - gx  # type: ignore[operator]
-    p_scale = max(_inf(gx), _inf(d.h), 1e-300)
-    d_scale = max(_inf(d.P @ x), _inf(d.q), _inf(nu * d.g_inf), 1e-300)
-    violated = (s < -ROUNDOFF * p_scale) & ~J & (d.g_inf > 0)
-    negative = J & (nu * d.g_inf < -ROUNDOFF * d_scale)
-    return violated, negative
+        s_ratio, nu_ratio = np.maximum(s, 0.0) / tol_p, np.maximum(nu_g, 0.0) / tol_d
+        comp = float(np.minimum(s_ratio, nu_ratio).max())
+        # a row whose slack and multiplier are both below AMBIGUITY tolerances: its side is
+        # not settled by this point (zero rows are never active, so never ambiguous)
+        ambiguous = bool((np.maximum(s_ratio, nu_ratio)[d.g_inf > 0] < AMBIGUITY).any())
+    cert = Certificate(primal, dual_ratio, sign, comp, zero_bad, ambiguous)
+    return cert, violated, negative
 
 
 def identification_scale(h: np.ndarray, G: Any, x: np.ndarray, g_inf: np.ndarray) -> np.ndarray:
@@ -234,25 +256,34 @@ def polish(
     eps_abs: float,
     eps_rel: float,
     enabled: bool = True,
-    force: bool = True,
+    force: bool = False,
+    exact_working_set: bool = False,
     max_rounds: int = 8,
+    g_inf: np.ndarray | None = None,
+    a_inf: np.ndarray | None = None,
 ) -> PolishResult:
     """Certify, and (``enabled``) polish, one sample's solution (module docstring).
 
-    ``force=False`` polishes only a point that does not certify as it is (used for backends
-    that return an exact working set).
+    The point is polished when it does not certify, when a row is violated or a multiplier of
+    :math:`J` is negative beyond round-off, or when some row is *ambiguous* (its slack and its
+    multiplier are both below ``AMBIGUITY`` tolerances, as at an interior-point solution);
+    ``force=True`` always polishes. ``exact_working_set=True`` (daqp) takes the rows with a
+    positive multiplier as :math:`J` and skips the ambiguity test. ``g_inf``/``a_inf`` are the row max-norms of ``G``/``A``
+    when the caller has them (shared matrices: computed once per batch).
     """
-    d = _make(P, q, A, b, G, h, eps_abs, eps_rel)
+    d = _make(P, q, A, b, G, h, eps_abs, eps_rel, g_inf, a_inf)
     m = 0 if G is None else G.shape[0]
     nu = np.maximum(nu, 0.0) if m else np.zeros(0)
-    if m:
+    if m and not d.g_inf.all():
         nu = np.where(d.g_inf > 0, nu, 0.0)  # zero rows are never active
-    J = _guess(d, x, nu)
-    raw = certify(d, x, mu, nu)
+    # an exact working set is its own guess: the rows with a multiplier
+    J = (nu > 0) & (d.g_inf > 0) if exact_working_set and m else _guess(d, x, nu)
+    raw, violated, negative = _check(d, x, mu, nu, J if m else None)
     if raw.zero_row_infeasible:
         return PolishResult(x, mu, nu, J, False, raw)
-    inexact = bool(m) and any(f.any() for f in _exact_flags(d, x, nu, J))
-    if enabled and (force or not raw.ok or inexact):
+    inexact = bool(m) and bool(violated.any() or negative.any())  # type: ignore[union-attr]
+    unsettled = raw.ambiguous and not exact_working_set
+    if enabled and (force or not raw.ok or inexact or unsettled):
         seen: set[bytes] = set()
         for _ in range(max_rounds):
             key = J.tobytes()
@@ -268,12 +299,65 @@ def polish(
                 if cert.ok:
                     return PolishResult(xp, mup, np.maximum(nup, 0.0), J, True, cert)
                 break
-            violated, negative = _exact_flags(d, xp, nup, J)
-            if not violated.any() and not negative.any():
-                cert = certify(d, xp, mup, nup)
+            cert, violated, negative = _check(d, xp, mup, nup, J)
+            if not violated.any() and not negative.any():  # type: ignore[union-attr]
                 if cert.ok:
                     return PolishResult(xp, mup, np.maximum(nup, 0.0), J, True, cert)
                 break
             # drop wrong-signed multipliers, add violated rows
             J = (J & ~negative) | violated
     return PolishResult(x, mu, nu, J, False, raw)
+
+
+def batch_accept_exact(
+    problem: QPProblem,
+    x: Tensor,
+    mu: Tensor,
+    nu: Tensor,
+    g_inf: Tensor,
+    *,
+    eps_abs: float,
+    eps_rel: float,
+) -> Tensor:
+    """The certificate of :func:`polish`, vectorised over a batch of exact-working-set points
+    (daqp): ``(S,)`` True where the point certifies as it is and no row is violated beyond
+    round-off (the point needs no polish). ``nu`` must be clipped at 0 and zero on zero rows.
+    Samples it rejects go through :func:`polish` one by one."""
+    rel = max(eps_rel, RELATIVE_FLOOR)
+
+    def inf(t: Tensor) -> Tensor:
+        return t.abs().amax(-1) if t.shape[-1] else torch.zeros(t.shape[0], dtype=t.dtype)
+
+    px = problem.mv("P", x)
+    q = problem.dense_vec("q")
+    dual = px + q
+    dual_scale = torch.maximum(inf(px), inf(q))
+    ok = torch.ones(x.shape[0], dtype=torch.bool)
+    if problem.A is not None and problem.p:
+        ax, b = problem.mv("A", x), problem.dense_vec("b")
+        tol_e = eps_abs + rel * torch.maximum(inf(ax), inf(b))
+        ok &= inf(ax - b) <= tol_e
+        at_mu = problem.rmv("A", mu)
+        dual = dual + at_mu
+        dual_scale = torch.maximum(dual_scale, inf(at_mu))
+    if problem.G is not None and problem.m:
+        gt_nu = problem.rmv("G", nu)
+        dual = dual + gt_nu
+        dual_scale = torch.maximum(dual_scale, inf(gt_nu))
+    tol_d = eps_abs + rel * dual_scale
+    ok &= inf(dual) <= tol_d
+    if problem.G is not None and problem.m:
+        gx, h = problem.mv("G", x), problem.dense_vec("h")
+        s = h - gx
+        p_scale = torch.maximum(inf(gx), inf(h))
+        tol_p = eps_abs + rel * p_scale
+        ok &= (-s).clamp_min(0.0).amax(-1) <= tol_p
+        zero = g_inf == 0
+        if bool(zero.any()):
+            ok &= ~((h < -eps_abs) & zero).any(-1)
+        J = (nu > 0) & ~zero
+        ok &= ~((s < -ROUNDOFF * p_scale.clamp_min(1e-300)[:, None]) & ~J & ~zero).any(-1)
+        nu_g = nu * g_inf
+        both = torch.minimum(s.clamp_min(0.0) / tol_p[:, None], nu_g / tol_d[:, None])
+        ok &= both.amax(-1) <= 1.0
+    return ok
