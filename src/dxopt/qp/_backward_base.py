@@ -5,7 +5,10 @@ A backward method turns the saved solution and the output cotangents into the ad
 ``name`` and a ``solve_adjoint(data, diagnostics)`` method is one (the
 :class:`~dxopt.qp._function.BackwardMethod` protocol); :class:`BackwardBase` is the convenient
 way to write one: it validates the common options, identifies the active set and hands the
-problem to ``_adjoint``, and it owns the policy for degenerate problems.
+problem to ``_adjoint``, and it owns the policy for degenerate problems. Weakly active rows that
+lie in the span of the active rows (a duplicated row whose multiplier the backend put on the
+other copy) join the active set first (:func:`dxopt.qp._degenerate.dependent_weak_rows`), so
+LICQ detection does not depend on the backend.
 
 **Degenerate problems** (``degenerate="min_norm"``, the default). Dependent active rows (LICQ
 fails) get the minimum-norm multiplier adjoint inside each method (:mod:`dxopt.qp._degenerate`).
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import torch
@@ -41,6 +45,7 @@ import torch
 from dxopt.linalg.sparse import lstsq_saddle
 from dxopt.qp._active import WEAK_POLICIES, ActiveSet, identify_active
 from dxopt.qp._adjoint import AdjointInput, AdjointSolution, kkt_residual
+from dxopt.qp._degenerate import dependent_weak_rows
 from dxopt.qp._problem import QPProblem
 from dxopt.qp._types import BackwardDiagnostics, QPBackwardError, QPDegenerateWarning
 
@@ -117,6 +122,10 @@ class BackwardBase:
             weak_policy=self.weak_policy,
             forward_active=data.active,
         )
+        if self.weak_policy == "inactive" and bool((active.weak & ~active.used).any()):
+            adopt = dependent_weak_rows(data.problem, active.used, active.weak & ~active.used)
+            if bool(adopt.any()):  # duplicated/dependent weak rows join the active set
+                active = replace(active, used=active.used | adopt)
         diagnostics.pseudo_inverse = (False,) * data.x.shape[0]
         diagnostics.weak_kept = False
         try:
@@ -147,7 +156,7 @@ class BackwardBase:
         return pseudo_inverse_adjoint(data, active, diagnostics, self.name, cause)
 
 
-def _sample_matrices(problem: QPProblem, used: torch.Tensor, i: int):  # type: ignore[no-untyped-def]
+def _sample_matrices(problem: QPProblem, used: torch.Tensor, i: int) -> tuple[Any, Any]:
     from dxopt.qp._backward_kkt import active_rows_sparse, scipy_matrix
 
     P = scipy_matrix(problem, "P", i)

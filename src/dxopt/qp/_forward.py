@@ -280,7 +280,7 @@ def _accept_exact_batch(
     MU = torch.from_numpy(np.stack([pt[2] for pt in points]))  # type: ignore[index]
     NU = torch.from_numpy(np.stack([pt[3] for pt in points]))  # type: ignore[index]
     if m:
-        gi = torch.from_numpy(g_inf) if g_inf is not None else row_inf_torch(problem.G)
+        gi = torch.from_numpy(g_inf) if g_inf is not None else row_inf_torch(problem.G)  # type: ignore[arg-type]
         NU = torch.where(gi > 0, NU.clamp_min(0.0), torch.zeros_like(NU))
         for i, pt in enumerate(points):
             points[i] = (pt[0], pt[1], pt[2], NU[i].numpy())  # type: ignore[index]

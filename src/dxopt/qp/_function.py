@@ -116,12 +116,14 @@ class QPFunction(torch.autograd.Function):
         if S == 0 or problem.n == 0:  # nothing depends on the parameters
             none = torch.zeros(S, problem.m, dtype=torch.bool)
             active = ActiveSet(none, none, none, torch.zeros(S), None, None)
-            zeros = (
-                torch.zeros(S, problem.n),
-                torch.zeros(S, problem.m),
-                torch.zeros(S, problem.p),
+            f64 = torch.float64
+            adjoint = AdjointSolution(
+                torch.zeros(S, problem.n, dtype=f64),
+                torch.zeros(S, problem.m, dtype=f64),
+                torch.zeros(S, problem.p, dtype=f64),
+                active,
+                torch.zeros(S, dtype=f64),
             )
-            adjoint = AdjointSolution(*(z.double() for z in zeros), active, torch.zeros(S))
         else:
             adjoint = state.method.solve_adjoint(data, state.diagnostics)
         grads = parameter_gradients(data, adjoint, tuple(ctx.needs_input_grad[:6]))

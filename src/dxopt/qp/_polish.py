@@ -119,7 +119,7 @@ class _Data:
     rel: float
 
 
-def _make(P, q, A, b, G, h, eps_abs: float, eps_rel: float, g_inf=None, a_inf=None) -> _Data:  # type: ignore[no-untyped-def]
+def _make(P, q, A, b, G, h, eps_abs: float, eps_rel: float, g_inf=None, a_inf=None) -> _Data:
     g_inf = _row_inf(G) if g_inf is None else g_inf
     a_inf = _row_inf(A) if a_inf is None else a_inf
     return _Data(P, q, A, b, G, h, g_inf, a_inf, eps_abs, max(eps_rel, RELATIVE_FLOOR))
@@ -197,7 +197,7 @@ def _guess(d: _Data, x: np.ndarray, nu: np.ndarray) -> np.ndarray:
     if d.G is None or d.G.shape[0] == 0:
         return np.zeros(0, dtype=bool)
     s = np.maximum(d.h - d.G @ x, 0.0)
-    sig = identification_scale(d.h, d.G, x, d.g_inf)
+    sig = identification_scale(d.h, d.G, x, d.g_inf)  # type: ignore[arg-type]
     rel_s = s / np.maximum(sig, 1e-300)
     dual_scale = float(np.max(_abs(d.P) @ np.abs(x) + np.abs(d.q), initial=0.0))
     dual_scale = max(dual_scale, float(np.max(np.maximum(nu, 0.0) * d.g_inf, initial=0.0)))
@@ -268,8 +268,8 @@ def polish(
     :math:`J` is negative beyond round-off, or when some row is *ambiguous* (its slack and its
     multiplier are both below ``AMBIGUITY`` tolerances, as at an interior-point solution);
     ``force=True`` always polishes. ``exact_working_set=True`` (daqp) takes the rows with a
-    positive multiplier as :math:`J` and skips the ambiguity test. ``g_inf``/``a_inf`` are the row max-norms of ``G``/``A``
-    when the caller has them (shared matrices: computed once per batch).
+    positive multiplier as :math:`J` and skips the ambiguity test. ``g_inf``/``a_inf`` are the
+    row max-norms of ``G``/``A`` when the caller has them (shared matrices: once per batch).
     """
     d = _make(P, q, A, b, G, h, eps_abs, eps_rel, g_inf, a_inf)
     m = 0 if G is None else G.shape[0]
@@ -305,7 +305,7 @@ def polish(
                     return PolishResult(xp, mup, np.maximum(nup, 0.0), J, True, cert)
                 break
             # drop wrong-signed multipliers, add violated rows
-            J = (J & ~negative) | violated
+            J = (J & ~negative) | violated  # type: ignore[operator]
     return PolishResult(x, mu, nu, J, False, raw)
 
 
