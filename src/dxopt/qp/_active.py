@@ -1,22 +1,27 @@
-"""Active-set identification from the accuracy the solver actually reached.
+"""Active-set identification for the backward.
 
-Rows are compared in a row-scaled form: normalised slack :math:`\\hat s_i = (h_i - g_i^\\top x)
-/\\|g_i\\|` and normalised multiplier :math:`\\hat\\nu_i = \\nu_i\\|g_i\\|` (both invariant to
-rescaling a row). With the achieved accuracy
+**From the forward (the default).** The forward polishes and certifies every sample
+(:mod:`dxopt.qp._polish`) and hands over its active set :math:`J`. A row of :math:`J` is
+*strongly active* when its multiplier is above round-off, :math:`\\nu_i\\|g_i\\|_\\infty >
+10^{-10}\\sigma^d` (:math:`\\sigma^d = \\max(\\||P||x| + |q|\\|_\\infty,
+\\max_i \\nu_i\\|g_i\\|_\\infty)`, a dual scale with no absolute "1 +", so data at any scale is
+treated alike); rows of :math:`J` with a round-off multiplier, and rows outside :math:`J` with a
+relative slack below :math:`\\tau = \\max(10^3\\varepsilon, 10^{-9})` and a multiplier below
+:math:`\\tau\\sigma^d`, are *weakly active* (zero slack and zero multiplier). The relative slack
+is :math:`(h_i - g_i^\\top x)/(|h_i| + (|G||x|)_i + \\|g_i\\|_\\infty(1 + \\|x\\|_\\infty))`
+(componentwise; no row normalisation). All-zero rows of ``G`` are never active.
 
-.. math::
-    \\varepsilon = \\max\\big(\\max_i(-\\hat s_i)_+,\\ \\max_j |a_j^\\top x - b_j|/\\|a_j\\|,
-    \\ \\max_i |\\hat s_i \\hat\\nu_i| / (1 + \\max_i \\hat\\nu_i)\\big),
+**From the point** (``forward_active=None``, or a user ``active_tol``): candidates are the rows
+with relative slack at most :math:`\\tau` (or normalised slack :math:`(h_i - g_i^\\top x)/
+\\|g_i\\|_2 \\le` ``active_tol``), strongly active when their multiplier exceeds
+:math:`\\tau\\sigma^d`. :math:`\\varepsilon` is the achieved accuracy (relative primal violation,
+equality residual and complementarity).
 
-a row is a candidate when :math:`\\hat s_i \\le \\tau_s = \\max(10^3\\varepsilon, 10^{-9})
-(1 + \\|x\\|_\\infty)` and it is *strongly active* when also :math:`\\hat\\nu_i > \\tau_\\nu =
-\\max(10^3\\varepsilon, 10^{-9})(1 + \\max_i\\hat\\nu_i)`. Candidates with
-:math:`\\hat\\nu_i \\le \\tau_\\nu` are *weakly active* (zero slack and zero multiplier); the map
-:math:`\\theta \\mapsto x^\\star` is not differentiable there and ``weak_policy`` decides:
-``"inactive"`` (default, as the reduced-KKT reference of qp.md section 4: the one-sided
-derivative in which the row may leave), ``"active"`` (the row is kept as an equality: the
-derivative on the face) or ``"raise"``. ``active_tol`` overrides :math:`\\tau_s` (in normalised
-slack units).
+The map :math:`\\theta \\mapsto x^\\star` is not differentiable at weakly active rows and
+``weak_policy`` decides: ``"inactive"`` (default: the one-sided derivative in which the row may
+leave), ``"active"`` (the row is kept as an equality: the derivative on the face) or ``"raise"``.
+The backward methods add two rules on top (:mod:`dxopt.qp._backward_base`): weak rows in the span
+of the active rows join them, and weak rows are kept when :math:`x` is otherwise undetermined.
 """
 
 from __future__ import annotations
