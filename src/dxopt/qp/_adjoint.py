@@ -29,7 +29,8 @@ class AdjointInput:
     """Everything a backward method needs, float64 CPU, one row per sample.
 
     Failed samples (``ok`` False) carry zero cotangents and a zero ``x``. ``active`` (S, m)
-    is the forward's certified active set (``None``: identify it from the point).
+    is the forward's certified active set (``None``: identify it from the point); ``settled``
+    (S,) is False where that set is only a guess (see :mod:`dxopt.qp._polish`).
     """
 
     problem: QPProblem
@@ -41,6 +42,7 @@ class AdjointInput:
     grad_ineq: Tensor
     ok: Tensor
     active: Tensor | None = None
+    settled: Tensor | None = None
 
 
 @dataclass(frozen=True)

@@ -128,6 +128,17 @@ class BackwardBase:
                 active = replace(active, used=active.used | adopt)
         diagnostics.pseudo_inverse = (False,) * data.x.shape[0]
         diagnostics.weak_kept = False
+        if data.settled is not None and bool((~data.settled & data.ok).any()):
+            bad = torch.nonzero(~data.settled & data.ok).flatten().tolist()
+            diagnostics.unsettled = tuple(bool(not v) for v in data.settled)
+            warnings.warn(
+                f"{self.name} backward: at batch indices {bad} the solution was certified only "
+                "by its duality gap (the polish failed; some rows have slack and multiplier "
+                "both small), so the active set is a guess and the gradient is one of the "
+                "one-sided derivatives at best. Tighten eps_abs or check the problem.",
+                QPDegenerateWarning,
+                stacklevel=3,
+            )
         try:
             return self._adjoint(data, active, diagnostics)
         except QPBackwardError as err:

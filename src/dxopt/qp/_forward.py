@@ -13,7 +13,9 @@ tolerance attempt is always polished. A sample is ``SOLVED`` only if the certifi
 
 **Fallback chain** (``fallback=True``, the default; :func:`fallback_chain`): when an attempt
 fails, reports infeasible/unbounded, or its polished point does not certify, the next attempt
-runs: the requested backend, then ``piqp``, ``clarabel``, ``daqp`` (dense, or n <= 3000),
+runs (also when the point certifies only by its duality gap, i.e. its active set is not
+settled; such a point is used only if no attempt gives a settled one): the requested backend,
+then ``piqp``, ``clarabel``, ``daqp`` (dense, or n <= 3000),
 then the requested backend at the looser stopping tolerance :math:`\\max(10^3\\varepsilon_{abs},
 10^{-7})` (the polish restores the accuracy; the certificate is still the requested one).
 Why: on the Maros-Meszaros set piqp reports ``failed``/``infeasible`` on some feasible
@@ -99,7 +101,8 @@ class ForwardResult:
 
     ``active`` (S, m) is the certified active set of each sample (the polished one), and
     ``sample_solvers``/``sample_eps``/``polished`` record which attempt of the fallback chain
-    produced each sample (``""``/NaN for failed samples).
+    produced each sample (``""``/NaN for failed samples); ``settled`` is False where the point
+    was certified only by the duality gap (its active set is a guess).
     """
 
     x: Tensor
@@ -112,6 +115,7 @@ class ForwardResult:
     sample_solvers: tuple[str, ...] = ()
     sample_eps: tuple[float, ...] = ()
     polished: tuple[bool, ...] = ()
+    settled: tuple[bool, ...] = ()
 
 
 _SPARSE_ONLY = ("clarabel", "osqp", "scs")
@@ -320,6 +324,7 @@ def solve_forward(
     used_solver: list[str] = [""] * size
     used_eps: list[float] = [float("nan")] * size
     polished: list[bool] = [False] * size
+    settled: list[bool] = [True] * size
     warm = None if warm_start is None else warm_start.detach().to("cpu", torch.float64).numpy()
     row_norms: dict[str, np.ndarray] = {}  # max-norms of the rows of shared G and A, once
     for name in ("G", "A"):
@@ -361,7 +366,11 @@ def solve_forward(
         z = np.zeros(0) if not m else _finite_or_zero(z)  # type: ignore[arg-type]
         return args, x, y, z
 
-    def finish(i: int, step: Attempt, point: tuple[Any, ...]) -> tuple[bool, QPStatus | None]:
+    candidates: dict[int, tuple[Attempt, Any]] = {}
+
+    def finish(
+        i: int, step: Attempt, point: tuple[Any, ...], last: bool
+    ) -> tuple[bool, QPStatus | None]:
         """Polish and certify the point; store it if it certifies."""
         args, x, y, z = point
         P, A, G = args["P"], args["A"], args["G"]
@@ -387,6 +396,13 @@ def solve_forward(
             return False, QPStatus.INFEASIBLE
         if not pol.certificate.ok:
             return False, None
+        if not pol.certificate.settled and not last:
+            candidates.setdefault(i, (step, pol))  # certified by the gap only: look further
+            return False, None
+        store(i, step, pol)
+        return True, None
+
+    def store(i: int, step: Attempt, pol: Any) -> None:
         x_out[i] = pol.x
         if p:
             mu_out[i] = pol.mu
@@ -395,19 +411,22 @@ def solve_forward(
             active_out[i] = pol.active
         status[i] = QPStatus.SOLVED
         used_solver[i], used_eps[i], polished[i] = step.solver, step.eps_abs, pol.polished
-        return True, None
+        settled[i] = pol.certificate.settled
 
     def run(i: int) -> None:
         for k, step in enumerate(chain):
             point = first_points[i] if k == 0 else backend(i, step, False)
             if point is None:
                 continue
-            done, verdict = finish(i, step, point)
+            done, verdict = finish(i, step, point, k == len(chain) - 1)
             if done:
                 return
             if verdict is not None:
                 status[i] = verdict
                 return
+        if i in candidates:  # no settled point anywhere: the first gap-certified one
+            store(i, *candidates[i])
+            return
         v = views(solver)
         args = {k: _sample(v, k, i) for k in ("P", "q", "A", "b", "G", "h")}
         kw = _backend_kwargs(solver, eps_abs, eps_rel, solver_options)
@@ -451,4 +470,5 @@ def solve_forward(
         sample_solvers=tuple(used_solver),
         sample_eps=tuple(used_eps),
         polished=tuple(polished),
+        settled=tuple(settled),
     )

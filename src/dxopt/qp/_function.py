@@ -112,6 +112,7 @@ class QPFunction(torch.autograd.Function):
             grad_ineq=clean(_cotangent(grad_ineq, S, problem.m)),
             ok=ok,
             active=None if result.active is None else result.active & okc,
+            settled=torch.tensor(result.settled, dtype=torch.bool) if result.settled else None,
         )
         if S == 0 or problem.n == 0:  # nothing depends on the parameters
             none = torch.zeros(S, problem.m, dtype=torch.bool)

@@ -11,9 +11,13 @@ a point :math:`(x, \\mu, \\nu)` is certified when
 :math:`\\|Px + q + A^\\top\\mu + G^\\top\\nu\\|_\\infty \\le t_d`,
 :math:`(-\\nu_i)_+\\|g_i\\|_\\infty \\le t_d` and the complementarity natural residual
 :math:`\\min((h_i - g_i^\\top x)_+/t_p,\\ (\\nu_i)_+\\|g_i\\|_\\infty/t_d) \\le 1` for every row
-(each row has its slack or its multiplier within tolerance: an interior-point point with both
-of order :math:`\\sqrt\\mu` does not pass until polished). The certificate is the authority:
-a point that passes is a solution within tolerance whatever the backend reported.
+(each row has its slack or its multiplier within tolerance: the point is *settled*), or, failing
+that, the duality-gap form :math:`\\sum_i (h_i - g_i^\\top x)_+\\nu_i \\le \\varepsilon_{abs} +
+r\\max(|x^\\top Px|, |q^\\top x|, |h^\\top\\nu|)` that the backends themselves use. A point
+certified only by the gap (an interior-point point on a degenerate problem whose polish failed:
+some rows have slack and multiplier both of order :math:`\\sqrt\\mu`) is *unsettled*: its
+active set is a guess, which the backward flags (``QPDegenerateWarning``). The certificate is the
+authority: a point that passes is a solution within tolerance whatever the backend reported.
 
 **Zero rows** are handled explicitly: an all-zero row of ``G`` is never active (multiplier 0);
 it is feasible iff :math:`h_i \\ge -\\varepsilon_{abs}`, otherwise the sample is infeasible. An
@@ -76,10 +80,16 @@ class Certificate:
     complementarity: float
     zero_row_infeasible: bool
     ambiguous: bool = False
+    gap: float = float("inf")
+
+    @property
+    def settled(self) -> bool:
+        """Complementarity holds row by row (natural residual): the active set is known."""
+        return bool(self.complementarity <= 1.0)
 
     @property
     def ok(self) -> bool:
-        worst = max(self.primal, self.dual, self.sign, self.complementarity)
+        worst = max(self.primal, self.dual, self.sign, min(self.complementarity, self.gap))
         return bool(np.isfinite(worst) and worst <= 1.0) and not self.zero_row_infeasible
 
 
@@ -174,15 +184,18 @@ def _check(
     tol_d = d.eps_abs + d.rel * dual_scale
     dual_ratio = _inf(dual) / tol_d
     ambiguous = False
+    gap = 0.0
     if d.G is not None and d.G.shape[0]:
         sign = max(-float(nu_g.min()), 0.0) / tol_d
         # natural residual: each row has its slack or its multiplier within tolerance
         s_ratio, nu_ratio = np.maximum(s, 0.0) / tol_p, np.maximum(nu_g, 0.0) / tol_d
         comp = float(np.minimum(s_ratio, nu_ratio).max())
+        objective = max(abs(float(x @ px)), abs(float(d.q @ x)), abs(float(d.h @ nu)), 1e-300)
+        gap = float(np.maximum(s, 0.0) @ np.maximum(nu, 0.0)) / (d.eps_abs + d.rel * objective)
         # a row whose slack and multiplier are both below AMBIGUITY tolerances: its side is
         # not settled by this point (zero rows are never active, so never ambiguous)
         ambiguous = bool((np.maximum(s_ratio, nu_ratio)[d.g_inf > 0] < AMBIGUITY).any())
-    cert = Certificate(primal, dual_ratio, sign, comp, zero_bad, ambiguous)
+    cert = Certificate(primal, dual_ratio, sign, comp, zero_bad, ambiguous, gap)
     return cert, violated, negative
 
 
@@ -264,7 +277,8 @@ def polish(
 ) -> PolishResult:
     """Certify, and (``enabled``) polish, one sample's solution (module docstring).
 
-    The point is polished when it does not certify, when a row is violated or a multiplier of
+    The point is polished when it does not certify or is not settled (module docstring), when
+    a row is violated or a multiplier of
     :math:`J` is negative beyond round-off, or when some row is *ambiguous* (its slack and its
     multiplier are both below ``AMBIGUITY`` tolerances, as at an interior-point solution);
     ``force=True`` always polishes. ``exact_working_set=True`` (daqp) takes the rows with a
@@ -283,7 +297,7 @@ def polish(
         return PolishResult(x, mu, nu, J, False, raw)
     inexact = bool(m) and bool(violated.any() or negative.any())  # type: ignore[union-attr]
     unsettled = raw.ambiguous and not exact_working_set
-    if enabled and (force or not raw.ok or inexact or unsettled):
+    if enabled and (force or not raw.ok or not raw.settled or inexact or unsettled):
         seen: set[bytes] = set()
         for _ in range(max_rounds):
             key = J.tobytes()

@@ -89,6 +89,8 @@ class BackwardDiagnostics:
             Moore-Penrose adjoint was returned (``degenerate="min_norm"``).
         weak_kept: True if the weakly active rows had to be kept as equalities because P is
             singular on the null space of the strongly active rows.
+        unsettled: per sample, True if the forward point was certified only by its duality gap
+            (the active set is a guess; a ``QPDegenerateWarning`` is issued).
     """
 
     method: str = ""
@@ -103,6 +105,7 @@ class BackwardDiagnostics:
     licq: bool = True
     pseudo_inverse: tuple[bool, ...] = ()
     weak_kept: bool = False
+    unsettled: tuple[bool, ...] = ()
 
 
 @dataclass(frozen=True)
