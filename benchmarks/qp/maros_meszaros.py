@@ -502,7 +502,8 @@ def section(payloads: dict[str, dict]) -> str:
         info = pl["machine"]
         parts += [
             f"**{lab}**: `{pl['command']}` ({pl.get('code', '')}). {machine_line(info)} "
-            f"Load average at start / end: {pl['load_start']} / {pl['load_end']}.",
+            f"Load average at start / end: {pl['load_start']} / {pl['load_end']}."
+            + (f" {pl['note']}" if pl.get("note") else ""),
             "",
         ]
     parts += ["### Summary", "", summary_table({k: v["summary"] for k, v in payloads.items()})]
@@ -563,6 +564,7 @@ def main(argv: list[str] | None = None) -> None:
     )  # fmt: skip
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--no-md", action="store_true", help="do not update BENCHMARKS.md")
+    parser.add_argument("--note", default="", help="a sentence added to this run's report")
     parser.add_argument(
         "--evidence-only", action="store_true",
         help="only fill the finite-difference cache (it does not depend on dxopt)",
@@ -603,6 +605,14 @@ def main(argv: list[str] | None = None) -> None:
                        f"({time.perf_counter() - t0:.1f} s)", file=sys.stderr)  # fmt: skip
         return
     load_start = round(os.getloadavg()[0], 2)
+    info_start = machine_info()  # the commit and date the run started from
+    import dxopt
+
+    src = Path(dxopt.__file__).parent
+    dirty = subprocess.run(
+        ["git", "status", "--short", "."], cwd=src, capture_output=True, text=True, check=False
+    ).stdout.split("\n")
+    dirty = [line for line in dirty if line.strip()]
     records = []
     partial = out / f"maros_meszaros_{args.label}.partial.json"
     bar = tqdm(names, desc="maros-meszaros", unit="problem", file=sys.stderr)
@@ -614,23 +624,17 @@ def main(argv: list[str] | None = None) -> None:
         records.append(_jsonable(rec))
         tqdm.write(f"{name}: {rec['verdict']} ({rec['total_s']:.1f} s)", file=sys.stderr)
         write_json(partial, {"records": records})
-    import dxopt
-
-    src = Path(dxopt.__file__).parent
-    dirty = subprocess.run(
-        ["git", "status", "--short", "."], cwd=src, capture_output=True, text=True, check=False
-    ).stdout.split("\n")
-    dirty = [line for line in dirty if line.strip()]
     given = list(argv if argv is not None else sys.argv[1:])
     payload = {
         "command": " ".join([COMMAND, *given]).strip(),
         "label": args.label,
         "code": f"dxopt from {src}"
         + (f", {len(dirty)} files with uncommitted changes" if dirty else ""),
-        "machine": machine_info(),
+        "machine": info_start,
         "load_start": load_start,
         "load_end": round(os.getloadavg()[0], 2),
         "accept_tol": args.accept_tol,
+        "note": args.note,
         "summary": summarize(records, args.timeout),
         "records": records,
     }
