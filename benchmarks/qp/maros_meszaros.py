@@ -415,11 +415,23 @@ def backend_table(summary: dict) -> str:
     return markdown_table(rows, ["solver", "success (%)", "time ratio (shifted geomean)"])
 
 
+def solved_by(rec: dict) -> str:
+    """The backend (and tolerance, where not the default) that produced dxopt's solution:
+    the per-sample record of the fallback chain where dxopt has one, else its ``info.solver``."""
+    info = rec["dxopt"].get("info") or {}
+    if not isinstance(info, dict):
+        return "-"
+    solvers, tols = info.get("sample_solvers") or [], info.get("sample_tolerances") or []
+    if not solvers:
+        return str(info.get("solver", "-"))
+    tol = tols[0] if tols else None
+    return str(solvers[0]) + (f" @{tol:g}" if tol is not None and tol != 1e-9 else "")
+
+
 def problem_table(records: list[dict]) -> str:
     rows = []
     for r in records:
         dx = r["dxopt"]
-        info = dx.get("info") or {}
         ratio = None
         if dx.get("forward_s") and r.get("fastest_raw_s"):
             ratio = dx["forward_s"] / r["fastest_raw_s"]
@@ -428,7 +440,7 @@ def problem_table(records: list[dict]) -> str:
             "problem": r["problem"], "n": r["n"], "m": r["m"], "p": r["p"],
             "dxopt": dx.get("status", "-") + ("" if r["forward_success"] or dx.get("status")
                                               != "ok" else " (not accepted)"),
-            "solver": info.get("solver", "-") if isinstance(info, dict) else "-",
+            "solver": solved_by(r),
             "fwd s": _fmt(dx.get("forward_s")),
             "fastest raw": f"{r.get('fastest_raw') or '-'} {_fmt(r.get('fastest_raw_s'))}",
             "ratio": _fmt(ratio),
@@ -513,6 +525,10 @@ def section(payloads: dict[str, dict]) -> str:
         s = pl["summary"]
         parts += [
             "", f"### {lab}: backends", "", backend_table(s), "",
+            "dxopt's solutions came from: "
+            + ", ".join(f"{k} {v}" for k, v in Counter(
+                solved_by(r) for r in pl["records"] if r["dxopt"].get("info")
+            ).most_common()) + ". "
             f"Wrong: {', '.join(s['wrong_names']) or 'none'}. "
             f"Refused: {', '.join(s['refused_names']) or 'none'}. "
             f"Forward failed: {', '.join(s['failed_names']) or 'none'}.",
