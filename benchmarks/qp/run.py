@@ -8,6 +8,8 @@ the loss is ``L = w . x*`` with a fixed ``w ~ N(0, I)``, and the gradient error
 ``||g - g_ref|| / ||g_ref||`` is taken over ``(q, h, b)`` (plus ``G, A`` on the dense families)
 against the exact reduced-KKT reference (:mod:`benchmarks.qp.reference`) or the simplex
 closed form. Run ``dxopt bench qp`` (full, about 25 minutes) or ``dxopt bench qp --quick``.
+``dxopt bench qp --suite maros-meszaros [--max-n N]`` runs the Maros-Meszaros benchmark instead
+(:mod:`benchmarks.qp.maros_meszaros`).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from benchmarks.qp.worker import Case, preimport, run_case
 FAMILIES = ("dense", "batched", "sparse", "simplex", "chains")
 DX = ["dxopt_penalty", "dxopt_kkt"]
 COMMAND = "dxopt bench qp"
+SUITES = ("families", "maros-meszaros")
 
 
 def plan(quick: bool) -> list[Case]:
@@ -172,10 +175,28 @@ def _complete(records: list[dict], cases: list[Case]) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> None:
+    given = list(argv if argv is not None else sys.argv[1:])
+    if "--suite" in given or any(a.startswith("--suite=") for a in given):
+        suite = argparse.ArgumentParser(add_help=False)
+        suite.add_argument("--suite", choices=SUITES, default="families")
+        ns, rest = suite.parse_known_args(given)
+        if ns.suite == "maros-meszaros":  # its own options: see benchmarks/qp/maros_meszaros.py
+            from benchmarks.qp import maros_meszaros
+
+            maros_meszaros.main(rest)
+            return
+        argv = rest
     parser = argparse.ArgumentParser(
         prog="dxopt bench qp",
         description="QP benchmark: dxopt (penalty and KKT backward) against qpth, cvxpylayers, "
         "raw qpsolvers solves and one dense Cholesky, on the dQP problem families.",
+    )
+    parser.add_argument(
+        "--suite",
+        choices=SUITES,
+        default="families",
+        help="'families' (this benchmark) or 'maros-meszaros' (benchmarks/qp/maros_meszaros.py; "
+        "its options: --max-n N, --quick, --label ...)",
     )
     parser.add_argument("--quick", action="store_true", help="smoke run into a temporary folder")
     parser.add_argument(

@@ -5,11 +5,30 @@
 - :func:`conjugate_gradient`: preconditioned CG on a matrix-free operator, returning its
   status, iteration and product counts and residual norm; :mod:`dxopt.bilevel` and the
   implicit layer use it (with ``check_residual=False`` so no uncounted product is made).
+- :func:`saddle_solve`: (possibly singular) saddle-point systems :math:`[[P, C^\\top], [C, 0]]`
+  by a quasi-definite regularised factorization plus refinement, dense or scipy sparse, with the
+  residual reported; :func:`lstsq_saddle` the Moore-Penrose fallback; :func:`splu` the one
+  SuperLU wrapper (errors mapped to :class:`FactorizationError`).
 """
 
 from dxopt.linalg.dense import SPDSolveInfo as SPDSolveInfo
 from dxopt.linalg.dense import spd_solve as spd_solve
 from dxopt.linalg.krylov import KrylovResult as KrylovResult
 from dxopt.linalg.krylov import conjugate_gradient as conjugate_gradient
+from dxopt.linalg.sparse import FactorizationError as FactorizationError
+from dxopt.linalg.sparse import SaddleSolveInfo as SaddleSolveInfo
+from dxopt.linalg.sparse import lstsq_saddle as lstsq_saddle
+from dxopt.linalg.sparse import saddle_solve as saddle_solve
+from dxopt.linalg.sparse import splu as splu
 
-__all__ = ["KrylovResult", "SPDSolveInfo", "conjugate_gradient", "spd_solve"]
+__all__ = [
+    "FactorizationError",
+    "KrylovResult",
+    "SPDSolveInfo",
+    "SaddleSolveInfo",
+    "conjugate_gradient",
+    "lstsq_saddle",
+    "saddle_solve",
+    "spd_solve",
+    "splu",
+]

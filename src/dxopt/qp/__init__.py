@@ -19,8 +19,10 @@ same minimum-norm multiplier adjoint (exact :math:`\\partial L/\\partial q`,
 
 from dxopt.qp._api import QPLayer as QPLayer
 from dxopt.qp._api import solve as solve
+from dxopt.qp._backward_base import BackwardBase as BackwardBase
 from dxopt.qp._backward_kkt import KKTBackward as KKTBackward
 from dxopt.qp._backward_penalty import PenaltyBackward as PenaltyBackward
+from dxopt.qp._function import BackwardMethod as BackwardMethod
 from dxopt.qp._types import BackwardDiagnostics as BackwardDiagnostics
 from dxopt.qp._types import QPBackwardError as QPBackwardError
 from dxopt.qp._types import QPDegenerateWarning as QPDegenerateWarning
@@ -30,7 +32,9 @@ from dxopt.qp._types import QPSolveError as QPSolveError
 from dxopt.qp._types import QPStatus as QPStatus
 
 __all__ = [
+    "BackwardBase",
     "BackwardDiagnostics",
+    "BackwardMethod",
     "KKTBackward",
     "PenaltyBackward",
     "QPBackwardError",

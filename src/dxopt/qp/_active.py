@@ -1,28 +1,34 @@
-"""Active-set identification from the accuracy the solver actually reached.
+"""Active-set identification for the backward.
 
-Rows are compared in a row-scaled form: normalised slack :math:`\\hat s_i = (h_i - g_i^\\top x)
-/\\|g_i\\|` and normalised multiplier :math:`\\hat\\nu_i = \\nu_i\\|g_i\\|` (both invariant to
-rescaling a row). With the achieved accuracy
+**From the forward (the default).** The forward polishes and certifies every sample
+(:mod:`dxopt.qp._polish`) and hands over its active set :math:`J`. A row of :math:`J` is
+*strongly active* when its multiplier is above round-off, :math:`\\nu_i\\|g_i\\|_\\infty >
+10^{-10}\\sigma^d` (:math:`\\sigma^d = \\max(\\||P||x| + |q|\\|_\\infty,
+\\max_i \\nu_i\\|g_i\\|_\\infty)`, a dual scale with no absolute "1 +", so data at any scale is
+treated alike); rows of :math:`J` with a round-off multiplier, and rows outside :math:`J` with a
+relative slack below :math:`\\tau = \\max(10^3\\varepsilon, 10^{-9})` and a multiplier below
+:math:`\\tau\\sigma^d`, are *weakly active* (zero slack and zero multiplier). The relative slack
+is :math:`(h_i - g_i^\\top x)/(|h_i| + (|G||x|)_i + \\|g_i\\|_\\infty(1 + \\|x\\|_\\infty))`
+(componentwise; no row normalisation). All-zero rows of ``G`` are never active.
 
-.. math::
-    \\varepsilon = \\max\\big(\\max_i(-\\hat s_i)_+,\\ \\max_j |a_j^\\top x - b_j|/\\|a_j\\|,
-    \\ \\max_i |\\hat s_i \\hat\\nu_i| / (1 + \\max_i \\hat\\nu_i)\\big),
+**From the point** (``forward_active=None``, or a user ``active_tol``): candidates are the rows
+with relative slack at most :math:`\\tau` (or normalised slack :math:`(h_i - g_i^\\top x)/
+\\|g_i\\|_2 \\le` ``active_tol``), strongly active when their multiplier exceeds
+:math:`\\tau\\sigma^d`. :math:`\\varepsilon` is the achieved accuracy (relative primal violation,
+equality residual and complementarity).
 
-a row is a candidate when :math:`\\hat s_i \\le \\tau_s = \\max(10^3\\varepsilon, 10^{-9})
-(1 + \\|x\\|_\\infty)` and it is *strongly active* when also :math:`\\hat\\nu_i > \\tau_\\nu =
-\\max(10^3\\varepsilon, 10^{-9})(1 + \\max_i\\hat\\nu_i)`. Candidates with
-:math:`\\hat\\nu_i \\le \\tau_\\nu` are *weakly active* (zero slack and zero multiplier); the map
-:math:`\\theta \\mapsto x^\\star` is not differentiable there and ``weak_policy`` decides:
-``"inactive"`` (default, as the reduced-KKT reference of qp.md section 4: the one-sided
-derivative in which the row may leave), ``"active"`` (the row is kept as an equality: the
-derivative on the face) or ``"raise"``. ``active_tol`` overrides :math:`\\tau_s` (in normalised
-slack units).
+The map :math:`\\theta \\mapsto x^\\star` is not differentiable at weakly active rows and
+``weak_policy`` decides: ``"inactive"`` (default: the one-sided derivative in which the row may
+leave), ``"active"`` (the row is kept as an equality: the derivative on the face) or ``"raise"``.
+The backward methods add two rules on top (:mod:`dxopt.qp._backward_base`): weak rows in the span
+of the active rows join them, and weak rows are kept when :math:`x` is otherwise undetermined.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -83,6 +89,26 @@ class ActiveSet:
         return tuple(int(v) for v in self.weak.sum(-1))
 
 
+def row_inf(M: Tensor) -> Tensor:
+    """Row max-norms, (k,) or (S, k) (zero for zero rows)."""
+    if M.layout == torch.sparse_coo:
+        out = torch.zeros(M.shape[0], dtype=M.dtype)
+        out.index_reduce_(0, M.indices()[0], M.values().abs(), "amax")
+        return out
+    return M.abs().amax(-1) if M.shape[-1] else torch.zeros(M.shape[:-1], dtype=M.dtype)
+
+
+def _abs_mv(problem: QPProblem, name: str, v: Tensor) -> Tensor:
+    """:math:`|M||v|` per sample (componentwise scale)."""
+    M = getattr(problem, name)
+    if M.layout == torch.sparse_coo:
+        out = abs(problem.csr[name][0]) @ v.abs().numpy().T
+        return torch.from_numpy(np.ascontiguousarray(out.T))
+    if M.ndim == 2:
+        return v.abs() @ M.abs().T
+    return torch.bmm(M.abs(), v.abs().unsqueeze(-1)).squeeze(-1)
+
+
 def identify_active(
     problem: QPProblem,
     x: Tensor,
@@ -91,11 +117,17 @@ def identify_active(
     *,
     active_tol: float | None,
     weak_policy: str,
+    forward_active: Tensor | None = None,
 ) -> ActiveSet:
     """Classify the inequality rows of every sample (see the module docstring)."""
+    if weak_policy not in WEAK_POLICIES:
+        raise ValueError(
+            f"weak_policy: expected one of {WEAK_POLICIES}, got {weak_policy!r}. "
+            "Use 'inactive' (default), 'active' or 'raise'."
+        )
     S, m = x.shape[0], problem.m
-    eps = torch.zeros(S, dtype=torch.float64)
     a_norm = g_norm = eq_residual = None
+    eps = torch.zeros(S, dtype=torch.float64)
     if problem.A is not None:
         a_norm = row_norms(problem.A)
         eq_residual = (problem.mv("A", x) - problem.dense_vec("b")) / a_norm
@@ -105,23 +137,46 @@ def identify_active(
         empty = torch.zeros(S, 0, dtype=torch.bool)
         return ActiveSet(empty, empty, empty, eps, None, a_norm, None, eq_residual)
     g_norm = row_norms(problem.G)
-    slack = (problem.dense_vec("h") - problem.mv("G", x)) / g_norm
-    nu_hat = ineq_duals * g_norm
-    nu_max = nu_hat.amax(-1) if m else torch.zeros(S, dtype=torch.float64)
-    comp = (slack * nu_hat).abs().amax(-1) / (1.0 + nu_max) if m else eps
-    viol = (-slack).clamp_min(0.0).amax(-1) if m else eps
+    nonzero = g_norm > torch.finfo(torch.float64).tiny  # zero rows are never active
+    gx = problem.mv("G", x)
+    h = problem.dense_vec("h")
+    raw_slack = h - gx
+    # componentwise scale (no row normalisation), kept away from zero on nonzero rows
+    g_inf = row_inf(problem.G)
+    x_inf = x.abs().amax(-1, keepdim=True) if x.shape[-1] else torch.zeros(S, 1)
+    sigma_p = h.abs() + _abs_mv(problem, "G", x) + g_inf * (1.0 + x_inf)
+    rel_slack = raw_slack / sigma_p.clamp_min(torch.finfo(torch.float64).tiny)
+    slack = torch.where(nonzero, raw_slack / g_norm, torch.zeros_like(raw_slack))
+    # dual scale (componentwise, no absolute "1 +"): multipliers are compared with it
+    nu_inf = ineq_duals.clamp_min(0.0) * g_inf * nonzero
+    dual_scale = (_abs_mv(problem, "P", x) + problem.dense_vec("q").abs()).amax(-1)
+    dual_scale = torch.maximum(dual_scale, nu_inf.amax(-1) if m else dual_scale)
+    dual_scale = dual_scale.clamp_min(torch.finfo(torch.float64).tiny)
+    comp = (rel_slack.clamp_min(0.0) * nu_inf).amax(-1) / dual_scale if m else eps
+    viol = torch.where(nonzero, (-rel_slack).clamp_min(0.0), 0.0).amax(-1) if m else eps
     eps = torch.maximum(eps, torch.maximum(viol, comp))
     base = torch.clamp(1e3 * eps, min=1e-9)
-    x_scale = 1.0 + x.abs().amax(-1)
-    tau_s = base * x_scale if active_tol is None else torch.full_like(base, active_tol)
-    tau_nu = base * (1.0 + nu_max)
-    candidate = slack <= tau_s[:, None]
-    active = candidate & (nu_hat > tau_nu[:, None])
-    weak = candidate & ~active
-    if weak_policy not in WEAK_POLICIES:
-        raise ValueError(
-            f"weak_policy: expected one of {WEAK_POLICIES}, got {weak_policy!r}. "
-            "Use 'inactive' (default), 'active' or 'raise'."
+    tau_nu = base * dual_scale
+    if active_tol is not None:
+        candidate = (slack <= active_tol) & nonzero
+    else:
+        candidate = (rel_slack <= base[:, None]) & nonzero
+    if forward_active is not None and active_tol is None:
+        # the forward's certified (polished) active set decides; rows outside it are only
+        # candidates for the weak class (zero slack, zero multiplier)
+        active = forward_active & nonzero & (nu_inf > 1e-10 * dual_scale[:, None])
+        weak = ((forward_active & nonzero) | candidate) & ~active
+        weak = weak & (nu_inf <= tau_nu[:, None])
+    else:
+        active = candidate & (nu_inf > tau_nu[:, None])
+        weak = candidate & ~active
+    if forward_active is not None:
+        used_slack = torch.where(active | weak, slack.abs(), torch.zeros_like(slack))
+        eps = torch.maximum(
+            used_slack.amax(-1) if m else eps,
+            eq_residual.abs().amax(-1)
+            if eq_residual is not None and eq_residual.shape[-1]
+            else torch.zeros_like(eps),
         )
     if weak_policy == "raise" and bool(weak.any()):
         rows = [tuple(int(j) for j in torch.nonzero(w).flatten()) for w in weak]

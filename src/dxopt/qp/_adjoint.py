@@ -28,7 +28,9 @@ __all__ = ["AdjointInput", "AdjointSolution", "kkt_apply", "kkt_residual"]
 class AdjointInput:
     """Everything a backward method needs, float64 CPU, one row per sample.
 
-    Failed samples (``ok`` False) carry zero cotangents and a zero ``x``.
+    Failed samples (``ok`` False) carry zero cotangents and a zero ``x``. ``active`` (S, m)
+    is the forward's certified active set (``None``: identify it from the point); ``settled``
+    (S,) is False where that set is only a guess (see :mod:`dxopt.qp._polish`).
     """
 
     problem: QPProblem
@@ -39,6 +41,8 @@ class AdjointInput:
     grad_eq: Tensor
     grad_ineq: Tensor
     ok: Tensor
+    active: Tensor | None = None
+    settled: Tensor | None = None
 
 
 @dataclass(frozen=True)

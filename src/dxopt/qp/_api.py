@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -10,7 +11,7 @@ from torch import Tensor, nn
 from dxopt.qp._backward_kkt import KKTBackward
 from dxopt.qp._backward_penalty import PenaltyBackward
 from dxopt.qp._bounds import append_bounds
-from dxopt.qp._forward import ForwardResult, default_solver, solve_forward
+from dxopt.qp._forward import ForwardResult, default_solver, solve_forward, trivial_forward
 from dxopt.qp._function import BackwardMethod, QPFunction, QPState
 from dxopt.qp._problem import QPProblem, canonical_problem
 from dxopt.qp._types import BackwardDiagnostics, QPInfo, QPSolution, QPSolveError
@@ -22,16 +23,22 @@ __all__ = ["QPLayer", "solve"]
 
 
 def _backward_method(backward: object) -> BackwardMethod:
-    if backward == "penalty":
-        return PenaltyBackward()
-    if backward == "kkt":
-        return KKTBackward()
-    if isinstance(backward, (PenaltyBackward, KKTBackward)):
+    if isinstance(backward, str):
+        if backward == "penalty":
+            return PenaltyBackward()
+        if backward == "kkt":
+            return KKTBackward()
+    elif isinstance(backward, BackwardMethod):  # the protocol: any object with the methods
         return backward
     raise ValueError(
-        f"backward: expected 'penalty', 'kkt', a PenaltyBackward or a KKTBackward, got "
-        f"{backward!r}."
+        f"backward: expected 'penalty', 'kkt' or a backward method (an object with a `name` and "
+        f"a `solve_adjoint(data, diagnostics)` method, e.g. PenaltyBackward(), KKTBackward() "
+        f"or a subclass of dxopt.qp.BackwardBase), got {backward!r}."
     )
+
+
+def _trivial(problem: QPProblem, *, solver: str, eps_abs: float, **_: Any) -> ForwardResult:
+    return trivial_forward(problem, eps_abs, solver)
 
 
 def _residuals(problem: QPProblem, r: ForwardResult) -> tuple[tuple[float, ...], ...]:
@@ -46,13 +53,15 @@ def _residuals(problem: QPProblem, r: ForwardResult) -> tuple[tuple[float, ...],
         viol = (problem.mv("G", x) - problem.dense_vec("h")).clamp_min(0.0).amax(-1)
         primal = torch.maximum(primal, viol)
         dual = dual + problem.rmv("G", torch.nan_to_num(r.ineq_duals))
-    ok = torch.tensor([s.ok for s in r.status])
+    ok = torch.tensor([s.ok for s in r.status], dtype=torch.bool)
     nan = torch.full_like(primal, float("nan"))
     primal = torch.where(ok, primal, nan)
-    dual_inf = torch.where(ok, dual.abs().amax(-1), nan)
+    dual_max = dual.abs().amax(-1) if problem.n else torch.zeros_like(primal)
+    dual_inf = torch.where(ok, dual_max, nan)
     return tuple(float(v) for v in primal), tuple(float(v) for v in dual_inf)
 
 
+@torch.compiler.disable  # a graph break: the solver runs eagerly (numpy/C backends)
 def solve(
     P: Tensor,
     q: Tensor,
@@ -63,7 +72,7 @@ def solve(
     *,
     lb: Tensor | None = None,
     ub: Tensor | None = None,
-    backward: str | PenaltyBackward | KKTBackward = "penalty",
+    backward: str | BackwardMethod = "penalty",
     solver: str = "auto",
     eps_abs: float = 1e-9,
     eps_rel: float = 0.0,
@@ -73,6 +82,8 @@ def solve(
     solver_options: dict[str, Any] | None = None,
     check_psd: bool = True,
     executor: QPExecutor | None = None,
+    fallback: bool = True,
+    polish: bool = True,
 ) -> QPSolution:
     """Solve :math:`\\min_x \\tfrac12 x^\\top Px + q^\\top x` s.t. :math:`Ax = b`, :math:`Gx \\le h`
     and make the solution and the multipliers differentiable.
@@ -112,11 +123,22 @@ def solve(
         executor: ``None`` (default) solves in this process; an executor such as
             :class:`dxopt.distributed.RayExecutor` spreads the batch over workers in chunks and
             returns the same solution, status and gradients.
+        fallback: walk the documented fallback chain (other backends, then a looser stopping
+            tolerance followed by polishing; :func:`dxopt.qp._forward.fallback_chain`) when
+            the requested backend fails or its point does not certify. ``False``: only the
+            requested backend runs.
+        polish: polish every backend's point on its active set (an equality-constrained QP
+            solve, repeated until the multiplier signs and the feasibility are right). The
+            certificate of :mod:`dxopt.qp._polish` runs either way: a sample is ``SOLVED`` only
+            if its point meets ``eps_abs``/``eps_rel`` componentwise.
 
     Returns:
         :class:`QPSolution` with ``x``, ``eq_duals``, ``ineq_duals`` (differentiable),
         per-sample ``status`` and ``info``. Outputs are batched if any input is; gradients of
         unbatched inputs are summed over the batch.
+
+    Under :func:`torch.compile` the call is a graph break (``torch.compiler.disable``): the
+    backends are numpy/C code that Dynamo cannot trace; the rest of the model compiles.
 
     Raises:
         ValueError: bad shapes, dtypes, devices, NaN/Inf, non-symmetric or non-PSD ``P``,
@@ -135,6 +157,20 @@ def solve(
     if on_failure not in ("raise", "nan"):
         raise ValueError(f"on_failure: expected 'raise' or 'nan', got {on_failure!r}.")
     method = _backward_method(backward)
+    for tol_name, tol in (("eps_abs", eps_abs), ("eps_rel", eps_rel)):
+        if not isinstance(tol, (int, float)) or not math.isfinite(tol) or tol < 0:
+            raise ValueError(
+                f"{tol_name}: expected a finite float >= 0, got {tol!r}. Use e.g. eps_abs=1e-9, "
+                "eps_rel=0.0."
+            )
+    for mat_name, mat in (("A", A), ("G", G)):
+        if isinstance(mat, Tensor) and mat.ndim < 2:
+            shape = "(p, n)" if mat_name == "A" else "(m, n)"
+            raise ValueError(
+                f"{mat_name}: expected a matrix of shape {shape} or (B, *{shape}), got a "
+                f"{mat.ndim}-D tensor of shape {tuple(mat.shape)}. For a single row use "
+                f"{mat_name}.reshape(1, -1)."
+            )
     if max_workers is not None and (not isinstance(max_workers, int) or max_workers < 1):
         raise ValueError(f"max_workers: expected a positive int or None, got {max_workers!r}.")
     if executor is not None:
@@ -152,6 +188,8 @@ def solve(
             "max_workers": max_workers,
             "solver_options": solver_options,
             "check_psd": check_psd,
+            "fallback": fallback,
+            "polish": polish,
         }
         return executor.solve(
             P, q, A, b, G, h, lb=lb, ub=ub, warm_start=warm_start, options=options
@@ -170,7 +208,8 @@ def solve(
         got = tuple(warm_start.shape) if isinstance(warm_start, Tensor) else type(warm_start)
         raise ValueError(f"warm_start: expected a tensor (n,) or (B, n), got {got}.")
     name = default_solver(problem) if solver == "auto" else solver
-    result = solve_forward(
+    solve_fn = solve_forward if problem.size and problem.n else _trivial
+    result = solve_fn(
         problem,
         solver=name,
         eps_abs=eps_abs,
@@ -178,6 +217,8 @@ def solve(
         warm_start=warm_start,
         max_workers=max_workers,
         solver_options=solver_options,
+        fallback=fallback,
+        polish=polish,
     )
     failed = tuple(i for i, s in enumerate(result.status) if not s.ok)
     if failed and on_failure == "raise":
@@ -198,6 +239,9 @@ def solve(
         primal_residual=primal,
         dual_residual=dual,
         backward=diagnostics,
+        sample_solvers=result.sample_solvers,
+        sample_tolerances=result.sample_eps,
+        polished=result.polished,
     )
     lb_duals = ub_duals = None
     if lb is not None or ub is not None:
@@ -226,7 +270,7 @@ class QPLayer(nn.Module):
     def __init__(
         self,
         *,
-        backward: str | PenaltyBackward | KKTBackward = "penalty",
+        backward: str | BackwardMethod = "penalty",
         solver: str = "auto",
         eps_abs: float = 1e-9,
         eps_rel: float = 0.0,
@@ -235,6 +279,8 @@ class QPLayer(nn.Module):
         solver_options: dict[str, Any] | None = None,
         check_psd: bool = True,
         executor: QPExecutor | None = None,
+        fallback: bool = True,
+        polish: bool = True,
     ) -> None:
         super().__init__()
         _backward_method(backward)
@@ -250,6 +296,8 @@ class QPLayer(nn.Module):
             "solver_options": solver_options,
             "check_psd": check_psd,
             "executor": executor,
+            "fallback": fallback,
+            "polish": polish,
         }
 
     def forward(

@@ -17,12 +17,13 @@ from dataclasses import dataclass
 
 import numpy as np
 import scipy.sparse as sp
-import scipy.sparse.linalg as spla
 import torch
 from torch import Tensor
 
-from dxopt.qp._active import WEAK_POLICIES, compress_rows, gather_rows, identify_active
+from dxopt.linalg.sparse import FactorizationError, splu
+from dxopt.qp._active import ActiveSet, compress_rows, gather_rows
 from dxopt.qp._adjoint import AdjointInput, AdjointSolution, kkt_residual
+from dxopt.qp._backward_base import BackwardBase
 from dxopt.qp._degenerate import (
     count_dependent_dense,
     count_dependent_sparse,
@@ -67,56 +68,32 @@ def check_residual(residual: Tensor, limit: float, what: str) -> None:
         )
 
 
-@dataclass(frozen=True)
-class KKTBackward:
+@dataclass(frozen=True, kw_only=True)
+class KKTBackward(BackwardBase):
     """Exact reduced-KKT backward (the accuracy reference).
 
     Args:
         linear_solver: ``"auto"`` (batched dense LU for dense problems, SuperLU for sparse
             ones), ``"dense"`` or ``"sparse"``.
-        active_tol: normalised-slack threshold of the active set; ``None`` derives it from the
-            achieved accuracy (see :mod:`dxopt.qp._active`).
+        active_tol: normalised-slack threshold of the active set; ``None`` uses the forward's
+            certified active set (see :mod:`dxopt.qp._active`).
         weak_policy: treatment of weakly active rows: ``"inactive"``, ``"active"``, ``"raise"``.
-        max_residual: largest accepted relative residual of the adjoint system; beyond it a
-            :class:`~dxopt.qp.QPBackwardError` is raised instead of returning a wrong gradient.
+        max_residual: largest accepted relative residual of the adjoint system; beyond it the
+            ``degenerate`` policy applies.
+        degenerate: ``"min_norm"`` (default: a singular reduced KKT matrix gets the
+            pseudo-inverse adjoint, flagged and warned; see :mod:`dxopt.qp._backward_base`)
+            or ``"raise"`` (:class:`~dxopt.qp.QPBackwardError`).
     """
-
-    linear_solver: str = "auto"
-    active_tol: float | None = None
-    weak_policy: str = "inactive"
-    max_residual: float = 1e-8
-
-    def __post_init__(self) -> None:
-        if self.linear_solver not in ("auto", "dense", "sparse"):
-            raise ValueError(
-                f"linear_solver: expected 'auto', 'dense' or 'sparse', got {self.linear_solver!r}."
-            )
-        if self.weak_policy not in WEAK_POLICIES:
-            raise ValueError(
-                f"weak_policy: expected one of {WEAK_POLICIES}, got {self.weak_policy!r}."
-            )
 
     @property
     def name(self) -> str:
         return "kkt"
 
-    def solve_adjoint(
-        self, data: AdjointInput, diagnostics: BackwardDiagnostics
+    def _adjoint(
+        self, data: AdjointInput, active: ActiveSet, diagnostics: BackwardDiagnostics
     ) -> AdjointSolution:
         """Solve the adjoint system for every sample (see module docstring)."""
-        problem = data.problem
-        active = identify_active(
-            problem,
-            data.x,
-            data.eq_duals,
-            data.ineq_duals,
-            active_tol=self.active_tol,
-            weak_policy=self.weak_policy,
-        )
-        sparse = self.linear_solver == "sparse" or (
-            self.linear_solver == "auto" and problem.any_sparse
-        )
-        if sparse:
+        if self.use_sparse(data.problem):
             u, w_ineq, w_eq, dependent = solve_sparse(data, active.used)
             diagnostics.linear_solver = "splu"
         else:
@@ -231,10 +208,10 @@ def solve_sparse(data: AdjointInput, used: Tensor) -> tuple[Tensor, Tensor, Tens
             if C is not None and int(dependent[i]):
                 z = min_norm_sparse(P, C, rhs)
             elif C is not None:
-                z = spla.splu(sp.bmat([[P, C.T], [C, None]], format="csc")).solve(rhs)
+                z = splu(sp.bmat([[P, C.T], [C, None]], format="csc"), what="KKT").solve(rhs)
             else:
-                z = spla.splu(sp.csc_matrix(P)).solve(rhs)
-        except RuntimeError as err:  # SuperLU: "Factor is exactly singular"
+                z = splu(P, what="KKT").solve(rhs)
+        except (FactorizationError, QPBackwardError) as err:
             raise QPBackwardError(
                 f"kkt backward: sparse LU of the reduced KKT matrix failed at batch index {i} "
                 f"({err}); P is singular on the null space of the active rows, so the "

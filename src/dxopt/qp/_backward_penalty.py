@@ -51,14 +51,9 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
-from dxopt.qp._active import (
-    WEAK_POLICIES,
-    ActiveSet,
-    compress_rows,
-    gather_rows,
-    identify_active,
-)
+from dxopt.qp._active import ActiveSet, compress_rows, gather_rows
 from dxopt.qp._adjoint import AdjointInput, AdjointSolution, kkt_residual
+from dxopt.qp._backward_base import BackwardBase
 from dxopt.qp._backward_kkt import check_residual, dependent_rows_sparse, solve_sparse
 from dxopt.qp._degenerate import (
     count_dependent_dense,
@@ -72,16 +67,16 @@ from dxopt.qp._types import BackwardDiagnostics, QPBackwardError
 __all__ = ["PenaltyBackward"]
 
 
-@dataclass(frozen=True)
-class PenaltyBackward:
+@dataclass(frozen=True, kw_only=True)
+class PenaltyBackward(BackwardBase):
     """dXPP penalty backward with per-row weights, accuracy-derived β and refinement.
 
     Args:
         beta: smoothing :math:`\\beta`; ``None`` derives it per sample from the accuracy the
             solver reached, :math:`\\max(10\\varepsilon, \\beta_{min})`.
         beta_min: lower bound of the derived β.
-        active_tol: normalised-slack threshold of the active set; ``None`` derives it from the
-            achieved accuracy.
+        active_tol: normalised-slack threshold of the active set; ``None`` uses the forward's
+            certified active set.
         weak_policy: ``"inactive"`` (default), ``"active"`` or ``"raise"`` for rows with zero
             slack and zero multiplier.
         weight_floor: floor of the relative per-row weight
@@ -91,30 +86,22 @@ class PenaltyBackward:
             ``"dense"`` or ``"sparse"``.
         max_refinement: most refinement steps against the exact reduced KKT (0: plain dXPP).
         refine_tol: refinement stops once the relative adjoint residual is below this.
-        max_residual: the gradient is refused (:class:`~dxopt.qp.QPBackwardError`) if the final
-            relative residual of the exact adjoint system exceeds this. With
-            ``max_refinement=0`` the check is skipped (plain dXPP has an O(β) residual by design).
+        max_residual: if the final relative residual of the exact adjoint system exceeds this,
+            the ``degenerate`` policy applies. With ``max_refinement=0`` the check is skipped
+            (plain dXPP has an O(β) residual by design).
+        degenerate: ``"min_norm"`` (default: a singular reduced KKT matrix gets the
+            pseudo-inverse adjoint, flagged and warned; see :mod:`dxopt.qp._backward_base`)
+            or ``"raise"`` (:class:`~dxopt.qp.QPBackwardError`).
     """
 
     beta: float | None = None
     beta_min: float = 1e-8
-    active_tol: float | None = None
-    weak_policy: str = "inactive"
     weight_floor: float = 1e-2
-    linear_solver: str = "auto"
     max_refinement: int = 25
     refine_tol: float = 1e-13
-    max_residual: float = 1e-8
 
     def __post_init__(self) -> None:
-        if self.linear_solver not in ("auto", "dense", "sparse"):
-            raise ValueError(
-                f"linear_solver: expected 'auto', 'dense' or 'sparse', got {self.linear_solver!r}."
-            )
-        if self.weak_policy not in WEAK_POLICIES:
-            raise ValueError(
-                f"weak_policy: expected one of {WEAK_POLICIES}, got {self.weak_policy!r}."
-            )
+        super().__post_init__()
         if self.beta is not None and not self.beta > 0:
             raise ValueError(f"beta: expected a positive float or None, got {self.beta!r}.")
         if self.max_refinement < 0:
@@ -153,7 +140,8 @@ class PenaltyBackward:
             rho = c_P[:, None] * torch.clamp(nu_hat / ref[:, None], min=self.weight_floor)
             s = -active.slack if active.slack is not None else torch.zeros_like(W)
             sig = torch.sigmoid(s / beta[:, None])
-            W = rho * sig * (1 - sig) / beta[:, None] / active.g_norm**2 * used
+            W = rho * sig * (1 - sig) / beta[:, None] / active.g_norm**2
+            W = torch.where(active.used, W, torch.zeros_like(W))  # zero rows: 0 * inf
         if mu_hat is not None and problem.A is not None and active.a_norm is not None:
             rho_e = c_P[:, None] * torch.clamp(mu_hat / ref[:, None], min=self.weight_floor)
             r = active.eq_residual if active.eq_residual is not None else torch.zeros_like(W_E)
@@ -161,24 +149,13 @@ class PenaltyBackward:
             W_E = rho_e * (sp_ * (1 - sp_) + sm * (1 - sm)) / beta[:, None] / active.a_norm**2
         return beta, W, W_E
 
-    def solve_adjoint(
-        self, data: AdjointInput, diagnostics: BackwardDiagnostics
+    def _adjoint(
+        self, data: AdjointInput, active: ActiveSet, diagnostics: BackwardDiagnostics
     ) -> AdjointSolution:
         """Factor the penalty system once, then refine against the exact reduced KKT."""
         problem = data.problem
-        active = identify_active(
-            problem,
-            data.x,
-            data.eq_duals,
-            data.ineq_duals,
-            active_tol=self.active_tol,
-            weak_policy=self.weak_policy,
-        )
         beta, W, W_E = self.weights(data, active)
-        sparse = self.linear_solver == "sparse" or (
-            self.linear_solver == "auto" and problem.any_sparse
-        )
-        if not sparse:
+        if not self.use_sparse(problem):
             dense = _DenseSolve(data, active, W, W_E)
             diagnostics.linear_solver, diagnostics.jitter = dense.name, dense.jitter
             k = dense.index.shape[1]

@@ -3,10 +3,17 @@
 Finite entries of ``lb`` become rows :math:`-e_i^\\top x \\le -lb_i` and finite entries of
 ``ub`` rows :math:`e_i^\\top x \\le ub_i`, appended to :math:`(G, h)` with differentiable torch
 operations, so gradients reach ``lb`` and ``ub`` through autograd and the bound multipliers
-come back as slices of the inequality multipliers. Infinite entries add no row.
+come back as slices of the inequality multipliers. Infinite entries of the right sign
+(``lb_i = -inf``, ``ub_i = +inf``) add no row; ``lb_i = +inf`` or ``ub_i = -inf`` makes the
+sample infeasible (no ``x`` satisfies it): one zero row :math:`0^\\top x \\le -1` is appended
+for those samples (``0 <= 1`` for the others), which the forward's certificate reports as
+``INFEASIBLE``. A sparse ``G`` is concatenated by :class:`SparseRowCat`, whose backward hands
+``G`` its own rows of the gradient (torch's ``cat`` has no sparse backward).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -29,7 +36,8 @@ def _finite_mask(name: str, bound: object, q: Tensor) -> tuple[Tensor, Tensor]:
         )
     if bool(torch.isnan(bound).any()):
         raise ValueError(f"{name}: expected numbers or +-inf, got NaN. Use +-inf for no bound.")
-    finite = torch.isfinite(bound)
+    wrong = float("inf") if name == "lb" else float("-inf")
+    finite = torch.isfinite(bound) | (bound == wrong)  # a wrong-signed inf keeps its row slot
     mask = finite if finite.ndim == 1 else finite[0]
     if finite.ndim == 2 and not bool((finite == mask).all()):
         raise ValueError(
@@ -37,6 +45,37 @@ def _finite_mask(name: str, bound: object, q: Tensor) -> tuple[Tensor, Tensor]:
             "patterns. Use a large finite bound instead of inf where needed."
         )
     return mask, torch.nonzero(mask).flatten()
+
+
+def impossible(name: str, bound: Tensor) -> Tensor:
+    """Per-sample flag (``()`` or ``(B,)``): some entry is ``+inf`` in ``lb`` / ``-inf`` in
+    ``ub`` (no ``x`` satisfies it)."""
+    wrong = float("inf") if name == "lb" else float("-inf")
+    return (bound == wrong).any(-1)
+
+
+class SparseRowCat(torch.autograd.Function):
+    """``cat([G, R], 0)`` for a sparse COO ``G`` with a constant sparse ``R``; the gradient of
+    ``G`` is the rows ``< m`` of the incoming gradient (in ``G``'s shape)."""
+
+    @staticmethod
+    def forward(G: Tensor, R: Tensor) -> Tensor:
+        return torch.cat([G.detach().coalesce(), R], 0).coalesce()
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        ctx.shape = inputs[0].shape
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None]:
+        m = ctx.shape[0]
+        if grad.layout != torch.sparse_coo:
+            grad = grad.to_sparse_coo() if grad.layout != torch.strided else grad.to_sparse()
+        grad = grad.coalesce()
+        idx, val = grad.indices(), grad.values()
+        keep = idx[0] < m
+        out = torch.sparse_coo_tensor(idx[:, keep], val[keep], ctx.shape)
+        return out.coalesce(), None
 
 
 def append_bounds(
@@ -53,11 +92,14 @@ def append_bounds(
     rhs: list[Tensor] = []
     counts = []
     n = q.shape[-1]
+    bad: Tensor | None = None
     for name, bound, sign in (("lb", lb, -1.0), ("ub", ub, 1.0)):
         if bound is None:
             counts.append(0)
             continue
         _, idx = _finite_mask(name, bound, q)
+        flag = impossible(name, bound.detach())
+        bad = flag if bad is None else bad | flag
         k = int(idx.numel())
         counts.append(k)
         if k == 0:
@@ -68,11 +110,29 @@ def append_bounds(
             rows.append(torch.sparse_coo_tensor(ind, vals, (k, n)).coalesce())
         else:
             rows.append(sign * torch.eye(n, dtype=q.dtype, device=q.device)[idx])
-        rhs.append(sign * bound[..., idx])
+        value = bound[..., idx]
+        value = torch.where(torch.isfinite(value), value, torch.zeros_like(value))  # infeasible
+        rhs.append(sign * value)
+    if bad is not None and bool(bad.any()):  # the infeasibility row 0'x <= -1 (else <= 1)
+        if sparse:
+            empty = torch.zeros(2, 0, dtype=torch.int64, device=q.device)
+            rows.append(torch.sparse_coo_tensor(empty, torch.zeros(0, dtype=q.dtype), (1, n)))
+        else:
+            rows.append(torch.zeros(1, n, dtype=q.dtype, device=q.device))
+        one = torch.ones((), dtype=q.dtype, device=q.device)
+        rhs.append(torch.where(bad, -one, one).unsqueeze(-1))
     if not rows:
         return G, h, 0, 0
     if G is not None and G.layout == torch.sparse_csr:
         G = G.to_sparse_coo()
+    if G is not None and G.layout == torch.sparse_coo and G.requires_grad:
+        tail = torch.cat(rows, 0).coalesce() if len(rows) > 1 else rows[0].coalesce()
+        G_new = SparseRowCat.apply(G, tail)
+        vectors = [h, *rhs] if h is not None else rhs
+        batch = max(v.shape[0] if v.ndim == 2 else 0 for v in vectors)
+        if batch:
+            vectors = [v if v.ndim == 2 else v.expand(batch, -1) for v in vectors]
+        return G_new, torch.cat(vectors, -1), counts[0], counts[1]
     blocks = ([G] if G is not None else []) + rows
     if G is not None and G.layout == torch.strided and G.ndim == 3:
         blocks = [G] + [r.expand(G.shape[0], *r.shape) for r in rows]

@@ -28,6 +28,7 @@ are the squared distances of each row to the span of the previous ones; a pivot 
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -35,12 +36,15 @@ import scipy.sparse.linalg as spla
 import torch
 from torch import Tensor
 
+from dxopt.linalg.sparse import FactorizationError, splu
+from dxopt.qp._problem import QPProblem
 from dxopt.qp._types import BackwardDiagnostics, QPBackwardError, QPDegenerateWarning
 
 __all__ = [
     "DEPENDENT_TOL",
     "count_dependent_dense",
     "count_dependent_sparse",
+    "dependent_weak_rows",
     "min_norm_dense",
     "min_norm_sparse",
     "record_degenerate",
@@ -184,8 +188,8 @@ def min_norm_sparse(P: sp.spmatrix, C: sp.csr_matrix, rhs: np.ndarray) -> np.nda
     K = sp.bmat([[P, C.T], [C, None]], format="csc")
     M = sp.bmat([[P, C.T], [C, -delta * sp.eye(k)]], format="csc")
     try:
-        lu = spla.splu(M)
-    except RuntimeError as err:
+        lu = splu(M, what="regularised KKT matrix")
+    except FactorizationError as err:
         raise QPBackwardError(
             f"backward: the active rows are linearly dependent and the regularised KKT matrix "
             f"is singular ({err}): P is singular on the null space of the active rows."
@@ -217,3 +221,53 @@ def record_degenerate(diagnostics: BackwardDiagnostics, counts: Tensor, method: 
             QPDegenerateWarning,
             stacklevel=3,
         )
+
+
+MAX_WEAK_TESTED = 64  # weak rows tested per sample for dependence on the active rows
+
+
+def dependent_weak_rows(problem: QPProblem, active: Tensor, weak: Tensor) -> Tensor:
+    """Weakly active rows (zero slack, zero multiplier) that lie in the span of the strongly
+    active rows and the equality rows, ``(S, m)``.
+
+    Such a row is part of the same face (e.g. a duplicated row, whose multiplier an active-set
+    backend such as daqp puts entirely on one copy, while an interior-point backend splits it),
+    so it is treated as active and counted as a dependent row: LICQ detection and the
+    minimum-norm multiplier adjoint then do not depend on the backend. A row counts as
+    dependent when its least-squares distance to that span is below ``DEPENDENT_TOL`` (relative,
+    squared). At most ``MAX_WEAK_TESTED`` weak rows per sample are tested (the rest keep the
+    weak policy).
+    """
+    out = torch.zeros_like(weak)
+    for i in range(weak.shape[0]):
+        rows = torch.nonzero(weak[i]).flatten()[:MAX_WEAK_TESTED]
+        if rows.numel() == 0:
+            continue
+        blocks = []
+        G_i = _matrix(problem, "G", i)
+        act = torch.nonzero(active[i]).flatten().numpy()
+        if act.size:
+            blocks.append(G_i[act])
+        if problem.A is not None and problem.p:
+            blocks.append(_matrix(problem, "A", i))
+        if not blocks:
+            continue
+        C = sp.vstack(blocks, format="csr") if sp.issparse(blocks[0]) else np.vstack(blocks)
+        W = G_i[rows.numpy()]
+        Cd = C.toarray() if sp.issparse(C) else C  # type: ignore[union-attr]
+        Wd = W.toarray() if sp.issparse(W) else W
+        if Cd.shape[0] * Cd.shape[1] > 4e6:  # too big for a dense least-squares test
+            continue
+        coef = np.linalg.lstsq(Cd.T, Wd.T, rcond=None)[0]
+        resid = np.linalg.norm(Cd.T @ coef - Wd.T, axis=0) ** 2
+        norm = np.linalg.norm(Wd, axis=1) ** 2
+        dep = resid <= DEPENDENT_TOL * np.maximum(norm, 1e-300)
+        out[i, rows[torch.from_numpy(dep)]] = True
+    return out
+
+
+def _matrix(problem: QPProblem, name: str, i: int) -> Any:
+    t = getattr(problem, name)
+    if t.layout == torch.sparse_coo:
+        return problem.csr[name][0]
+    return (t[i] if t.ndim == 3 else t).numpy()

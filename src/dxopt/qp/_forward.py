@@ -1,11 +1,31 @@
-"""Forward solve of a batch of QPs through :func:`qpsolvers.solve_problem`.
+"""Forward solve of a batch of QPs: backend, polish, certificate, fallback chain.
 
-Each sample is solved by the chosen backend; sparse matrices are handed over as scipy CSC.
-Missing multipliers are recovered by least squares on the active rows,
-:math:`[G_J^\\top\\ A^\\top][\\nu_J; \\mu] = -(Px^\\star + q)`, with :math:`\\nu_J` clipped at 0.
-A sample the backend does not solve is classified by two cheap re-solves: the projection of
-the origin onto the feasible set (fails: ``INFEASIBLE``) and the problem inside the box
-:math:`\\|x\\|_\\infty \\le 10^6` (solution on that box: ``UNBOUNDED``, otherwise ``FAILED``).
+Each sample is solved by the chosen :mod:`qpsolvers` backend; sparse matrices are handed over
+as scipy CSC, and the requested tolerance is passed to every backend in its own setting names
+(daqp included: ``primal_tol``). Missing multipliers are recovered by least squares on the
+active rows, :math:`[G_J^\\top\\ A^\\top][\\nu_J; \\mu] = -(Px^\\star + q)`.
+
+Every backend's output is then polished on its active set and certified against the requested
+tolerances (componentwise scales, zero rows handled explicitly; :mod:`dxopt.qp._polish`).
+A point is polished when it does not certify, is off by more than round-off, or leaves a row's
+side unsettled (slack and multiplier both small, as at an interior-point solution); a looser-
+tolerance attempt is always polished. A sample is ``SOLVED`` only if the certificate passes.
+
+**Fallback chain** (``fallback=True``, the default; :func:`fallback_chain`): when an attempt
+fails, reports infeasible/unbounded, or its polished point does not certify, the next attempt
+runs (also when the point certifies only by its duality gap, i.e. its active set is not
+settled; such a point is used only if no attempt gives a settled one): the requested backend,
+then ``piqp``, ``clarabel``, ``daqp`` (dense, or n <= 3000),
+then the requested backend at the looser stopping tolerance :math:`\\max(10^3\\varepsilon_{abs},
+10^{-7})` (the polish restores the accuracy; the certificate is still the requested one).
+Why: on the Maros-Meszaros set piqp reports ``failed``/``infeasible`` on some feasible
+problems that clarabel solves, and the reverse; an early stop at a looser tolerance followed
+by an exact polish rescues problems where the backend stalls near the optimum. Which backend
+and stopping tolerance produced each sample is recorded (``QPInfo.sample_solvers``,
+``QPInfo.sample_tolerances``). A sample that no attempt certifies is classified by two cheap
+re-solves with the requested backend: the projection of the origin onto the feasible set
+(fails: ``INFEASIBLE``) and the problem inside the box :math:`\\|x\\|_\\infty \\le 10^6`
+(solution on that box: ``UNBOUNDED``, otherwise ``FAILED``).
 
 Parallelism: ``max_workers > 1`` solves samples on a thread pool. Measured on the shared
 2-core machine (load average about 10 from other jobs; batch 128, n = 50, m = 50, p = 25, daqp
@@ -28,12 +48,25 @@ import scipy.sparse as sp
 import torch
 from torch import Tensor
 
+from dxopt.qp._active import row_inf as row_inf_torch
+from dxopt.qp._polish import _row_inf, batch_accept_exact
+from dxopt.qp._polish import polish as polish_solution
 from dxopt.qp._problem import QPProblem
 from dxopt.qp._types import QPStatus
 
-__all__ = ["ForwardResult", "default_solver", "solve_forward"]
+__all__ = [
+    "Attempt",
+    "ForwardResult",
+    "default_solver",
+    "fallback_chain",
+    "solve_forward",
+    "trivial_forward",
+]
+
+_EXACT_WORKING_SET = ("daqp",)  # active-set backends: polish only if the point fails
 
 _TOLERANCE_KEYS: dict[str, Callable[[float, float], dict[str, float]]] = {
+    "daqp": lambda a, r: {"primal_tol": a},
     "piqp": lambda a, r: {"eps_abs": a, "eps_rel": r},
     "osqp": lambda a, r: {"eps_abs": a, "eps_rel": r},
     "proxqp": lambda a, r: {"eps_abs": a, "eps_rel": r},
@@ -64,7 +97,13 @@ def default_solver(problem: QPProblem) -> str:
 
 @dataclass(frozen=True)
 class ForwardResult:
-    """Float64 CPU solution of every sample (NaN rows for failed samples)."""
+    """Float64 CPU solution of every sample (NaN rows for failed samples).
+
+    ``active`` (S, m) is the certified active set of each sample (the polished one), and
+    ``sample_solvers``/``sample_eps``/``polished`` record which attempt of the fallback chain
+    produced each sample (``""``/NaN for failed samples); ``settled`` is False where the point
+    was certified only by the duality gap (its active set is a guess).
+    """
 
     x: Tensor
     eq_duals: Tensor
@@ -72,9 +111,16 @@ class ForwardResult:
     status: tuple[QPStatus, ...]
     solver: str
     solve_time: float
+    active: Tensor | None = None
+    sample_solvers: tuple[str, ...] = ()
+    sample_eps: tuple[float, ...] = ()
+    polished: tuple[bool, ...] = ()
+    settled: tuple[bool, ...] = ()
 
 
 _SPARSE_ONLY = ("clarabel", "osqp", "scs")
+_DENSE_ONLY = ("daqp",)
+DENSE_FALLBACK_MAX_N = 3000  # daqp joins the chain of sparse problems up to this size
 
 
 def _numpy_views(problem: QPProblem, solver: str) -> dict[str, Any]:
@@ -84,6 +130,8 @@ def _numpy_views(problem: QPProblem, solver: str) -> dict[str, Any]:
         t = getattr(problem, name)
         if t is None:
             views[name] = None
+        elif t.layout == torch.sparse_coo and solver in _DENSE_ONLY:
+            views[name] = problem.csr[name][0].toarray()  # daqp takes dense arrays only
         elif t.layout == torch.sparse_coo:
             views[name] = problem.csr[name][0].tocsc()
         elif solver in _SPARSE_ONLY and name in ("P", "A", "G") and t.ndim == 2:
@@ -148,6 +196,104 @@ def _classify_failure(problem_kwargs: dict[str, Any], n: int, solver: str, **kw:
     return QPStatus.FAILED
 
 
+def _finite_or_zero(v: np.ndarray) -> np.ndarray:
+    return v if np.isfinite(v).all() else np.nan_to_num(v)
+
+
+def fallback_chain(problem: QPProblem, solver: str, eps_abs: float) -> tuple[Attempt, ...]:
+    """The documented fallback chain for ``solver`` at ``eps_abs`` (see the module docstring).
+
+    1. the requested backend at the requested tolerance;
+    2. the other backends that suit the problem: ``piqp`` and ``clarabel`` (interior point,
+       robust on badly scaled data), and ``daqp`` (an exact working set, which settles the
+       degenerate LP-like problems where an interior point's active set is ambiguous) when the
+       problem is dense or has at most ``DENSE_FALLBACK_MAX_N`` variables (it is densified);
+    3. the requested backend at a looser stopping tolerance ``max(1e3 eps_abs, 1e-7)``: the
+       polish then restores the requested accuracy, and the certificate is still checked at
+       the requested tolerance.
+    """
+    chain = [Attempt(solver, eps_abs)]
+    dense_ok = not problem.any_sparse or problem.n <= DENSE_FALLBACK_MAX_N
+    others = ["piqp", "clarabel"] + (["daqp"] if dense_ok else [])
+    chain += [Attempt(s, eps_abs) for s in others if s != solver and s in _available()]
+    loose = max(1e3 * eps_abs, 1e-7)
+    if loose > eps_abs:
+        chain.append(Attempt(solver, loose))
+    return tuple(chain)
+
+
+def _available() -> tuple[str, ...]:
+    return tuple(qpsolvers.available_solvers)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One step of the fallback chain: a backend and the stopping tolerance passed to it."""
+
+    solver: str
+    eps_abs: float
+
+
+def _backend_kwargs(
+    solver: str, eps_abs: float, eps_rel: float, options: dict[str, Any] | None
+) -> dict[str, Any]:
+    kw: dict[str, Any] = dict(_TOLERANCE_KEYS.get(solver, lambda a, r: {})(eps_abs, eps_rel))
+    kw.update(options or {})
+    return kw
+
+
+def trivial_forward(problem: QPProblem, eps_abs: float, solver: str) -> ForwardResult:
+    """An empty batch or ``n = 0``: nothing to solve. With no variables the only question is
+    feasibility: every ``h_i >= -eps_abs`` and ``|b_j| <= eps_abs`` (all multipliers 0)."""
+    S, n, m, p = problem.size, problem.n, problem.m, problem.p
+    feasible = torch.ones(S, dtype=torch.bool)
+    if m and S:
+        feasible &= (problem.dense_vec("h") >= -eps_abs).all(-1)
+    if p and S:
+        feasible &= (problem.dense_vec("b").abs() <= eps_abs).all(-1)
+    status = tuple(QPStatus.SOLVED if bool(f) else QPStatus.INFEASIBLE for f in feasible)
+    nan = torch.where(feasible, 0.0, float("nan"))[:, None].to(torch.float64)
+    return ForwardResult(
+        x=torch.zeros(S, n, dtype=torch.float64) + nan,
+        eq_duals=torch.zeros(S, p, dtype=torch.float64) + nan,
+        ineq_duals=torch.zeros(S, m, dtype=torch.float64) + nan,
+        status=status,
+        solver=solver,
+        solve_time=0.0,
+        active=torch.zeros(S, m, dtype=torch.bool),
+        sample_solvers=tuple(solver if s.ok else "" for s in status),
+        sample_eps=tuple(eps_abs if s.ok else float("nan") for s in status),
+        polished=(False,) * S,
+    )
+
+
+def _accept_exact_batch(
+    problem: QPProblem,
+    points: list[tuple[Any, ...] | None],
+    eps_abs: float,
+    eps_rel: float,
+    g_inf: np.ndarray | None,
+) -> list[int]:
+    """Certify a batch of exact-working-set points at once (clipping the multipliers and
+    zeroing those of zero rows in place); returns the samples that still need the per-sample
+    path (no point, or not certified as they are)."""
+    if any(pt is None for pt in points):  # rare: keep the per-sample path for everyone
+        return list(range(len(points)))
+    m = problem.m
+    X = torch.from_numpy(np.stack([pt[1] for pt in points]))  # type: ignore[index]
+    MU = torch.from_numpy(np.stack([pt[2] for pt in points]))  # type: ignore[index]
+    NU = torch.from_numpy(np.stack([pt[3] for pt in points]))  # type: ignore[index]
+    if m:
+        gi = torch.from_numpy(g_inf) if g_inf is not None else row_inf_torch(problem.G)  # type: ignore[arg-type]
+        NU = torch.where(gi > 0, NU.clamp_min(0.0), torch.zeros_like(NU))
+        for i, pt in enumerate(points):
+            points[i] = (pt[0], pt[1], pt[2], NU[i].numpy())  # type: ignore[index]
+    else:
+        gi = torch.zeros(0, dtype=torch.float64)
+    ok = batch_accept_exact(problem, X, MU, NU, gi, eps_abs=eps_abs, eps_rel=eps_rel)
+    return [i for i in range(len(points)) if not bool(ok[i])]
+
+
 def solve_forward(
     problem: QPProblem,
     *,
@@ -157,8 +303,11 @@ def solve_forward(
     warm_start: Tensor | None,
     max_workers: int | None,
     solver_options: dict[str, Any] | None,
+    fallback: bool = True,
+    polish: bool = True,
 ) -> ForwardResult:
-    """Solve every sample; failed samples get NaN rows and a non-``SOLVED`` status."""
+    """Solve, polish and certify every sample, walking the fallback chain where an attempt
+    fails; failed samples get NaN rows and a non-``SOLVED`` status."""
     if solver == "torch":  # the batched torch interior point (dxopt.qp._torch_solver)
         from dxopt.qp._torch_solver import solve_forward_torch
 
@@ -166,41 +315,155 @@ def solve_forward(
             problem, eps_abs=eps_abs, eps_rel=eps_rel, solver_options=solver_options
         )
     size, n, m, p = problem.size, problem.n, problem.m, problem.p
-    views = _numpy_views(problem, solver)
-    kw: dict[str, Any] = dict(_TOLERANCE_KEYS.get(solver, lambda a, r: {})(eps_abs, eps_rel))
-    kw.update(solver_options or {})
+    chain = fallback_chain(problem, solver, eps_abs) if fallback else (Attempt(solver, eps_abs),)
+    views_by_solver: dict[str, dict[str, Any]] = {}
+
+    def views(name: str) -> dict[str, Any]:
+        if name not in views_by_solver:
+            views_by_solver[name] = _numpy_views(problem, name)
+        return views_by_solver[name]
+
     x_out = np.full((size, n), np.nan)
     mu_out, nu_out = np.full((size, p), np.nan), np.full((size, m), np.nan)
+    active_out = np.zeros((size, m), dtype=bool)
     status: list[QPStatus] = [QPStatus.FAILED] * size
+    used_solver: list[str] = [""] * size
+    used_eps: list[float] = [float("nan")] * size
+    polished: list[bool] = [False] * size
+    settled: list[bool] = [True] * size
     warm = None if warm_start is None else warm_start.detach().to("cpu", torch.float64).numpy()
+    row_norms: dict[str, np.ndarray] = {}  # max-norms of the rows of shared G and A, once
+    for name in ("G", "A"):
+        M = getattr(problem, name)
+        if M is not None and M.ndim == 2:
+            row_norms[name] = _row_inf(problem.csr[name][0] if name in problem.csr else M.numpy())
 
-    def run(i: int) -> None:
-        args = {k: _sample(views, k, i) for k in ("P", "q", "A", "b", "G", "h")}
+    def backend(i: int, step: Attempt, first: bool) -> tuple[Any, ...] | None:
+        """The backend's point ``(args, x, y, z)`` of sample ``i`` (``None``: no point)."""
+        v = views(step.solver)
+        args = {k: _sample(v, k, i) for k in ("P", "q", "A", "b", "G", "h")}
         P, A, G = args["P"], args["A"], args["G"]
         init = None if warm is None else (warm[i] if warm.ndim == 2 else warm)
-        sol = qpsolvers.solve_problem(qpsolvers.Problem(**args), solver=solver, initvals=init, **kw)
-        if not sol.found or sol.x is None or not np.all(np.isfinite(sol.x)):
-            status[i] = _classify_failure(args, n, solver, **kw)
-            return
+        kw = _backend_kwargs(step.solver, step.eps_abs, eps_rel, solver_options if first else None)
+        try:
+            sol = qpsolvers.solve_problem(
+                qpsolvers.Problem(**args), solver=step.solver, initvals=init, **kw
+            )
+        except (TypeError, AttributeError) as err:
+            if first and solver_options:
+                raise ValueError(
+                    f"solver_options: the backend {step.solver!r} rejected the options "
+                    f"{sorted(solver_options)} ({type(err).__name__}: {err}). Use the setting "
+                    f"names of {step.solver}'s own documentation."
+                ) from err
+            return None
+        except Exception:  # a backend crash: try the next one in the chain
+            return None
+        # a point is judged by its certificate, not by the backend's status: some backends
+        # stop with "max iterations"/"failed" at a point that is a solution within tolerance
+        if sol.x is None or not np.all(np.isfinite(sol.x)):
+            return None
         x = np.asarray(sol.x, dtype=np.float64)
         y = None if sol.y is None else np.asarray(sol.y, dtype=np.float64).reshape(-1)
         z = None if sol.z is None else np.asarray(sol.z, dtype=np.float64).reshape(-1)
         if (p and (y is None or y.size != p)) or (m and (z is None or z.size != m)):
             y, z = _recover_duals(P, args["q"], A, G, args["h"], x, eps_abs)
-        x_out[i] = x
+        y = np.zeros(0) if not p else _finite_or_zero(y)  # type: ignore[arg-type]
+        z = np.zeros(0) if not m else _finite_or_zero(z)  # type: ignore[arg-type]
+        return args, x, y, z
+
+    candidates: dict[int, tuple[Attempt, Any]] = {}
+
+    def finish(
+        i: int, step: Attempt, point: tuple[Any, ...], last: bool
+    ) -> tuple[bool, QPStatus | None]:
+        """Polish and certify the point; store it if it certifies."""
+        args, x, y, z = point
+        P, A, G = args["P"], args["A"], args["G"]
+        pol = polish_solution(
+            P,
+            args["q"],
+            A,
+            args["b"],
+            G,
+            args["h"],
+            x,
+            y,
+            z,
+            eps_abs=eps_abs,
+            eps_rel=eps_rel,
+            enabled=polish,
+            force=step.eps_abs > eps_abs,
+            exact_working_set=step.solver in _EXACT_WORKING_SET,
+            g_inf=row_norms.get("G"),
+            a_inf=row_norms.get("A"),
+        )
+        if pol.certificate.zero_row_infeasible:
+            return False, QPStatus.INFEASIBLE
+        if not pol.certificate.ok:
+            return False, None
+        if not pol.certificate.settled and not last:
+            candidates.setdefault(i, (step, pol))  # certified by the gap only: look further
+            return False, None
+        store(i, step, pol)
+        return True, None
+
+    def store(i: int, step: Attempt, pol: Any) -> None:
+        x_out[i] = pol.x
         if p:
-            mu_out[i] = y
+            mu_out[i] = pol.mu
         if m:
-            nu_out[i] = np.maximum(z, 0.0)  # type: ignore[arg-type]
+            nu_out[i] = np.maximum(pol.nu, 0.0)
+            active_out[i] = pol.active
         status[i] = QPStatus.SOLVED
+        used_solver[i], used_eps[i], polished[i] = step.solver, step.eps_abs, pol.polished
+        settled[i] = pol.certificate.settled
+
+    def run(i: int) -> None:
+        for k, step in enumerate(chain):
+            point = first_points[i] if k == 0 else backend(i, step, False)
+            if point is None:
+                continue
+            done, verdict = finish(i, step, point, k == len(chain) - 1)
+            if done:
+                return
+            if verdict is not None:
+                status[i] = verdict
+                return
+        if i in candidates:  # no settled point anywhere: the first gap-certified one
+            store(i, *candidates[i])
+            return
+        v = views(solver)
+        args = {k: _sample(v, k, i) for k in ("P", "q", "A", "b", "G", "h")}
+        kw = _backend_kwargs(solver, eps_abs, eps_rel, solver_options)
+        status[i] = _classify_failure(args, n, solver, **kw)
 
     start = time.perf_counter()
-    if max_workers is not None and max_workers > 1 and size > 1:
-        with ThreadPoolExecutor(max_workers=max_workers) as pool:
-            list(pool.map(run, range(size)))
-    else:
-        for i in range(size):
-            run(i)
+    first_points: list[tuple[Any, ...] | None] = [None] * size
+
+    def first(i: int) -> None:
+        first_points[i] = backend(i, chain[0], True)
+
+    def each(fn: Callable[[int], None], indices: list[int]) -> None:
+        if max_workers is not None and max_workers > 1 and len(indices) > 1:
+            with ThreadPoolExecutor(max_workers=max_workers) as pool:
+                list(pool.map(fn, indices))
+        else:
+            for i in indices:
+                fn(i)
+
+    each(first, list(range(size)))
+    todo = list(range(size))
+    if chain[0].solver in _EXACT_WORKING_SET and size > 1 and problem.any_sparse is False:
+        todo = _accept_exact_batch(problem, first_points, eps_abs, eps_rel, row_norms.get("G"))
+        for i in set(range(size)) - set(todo):
+            _, x, y, z = first_points[i]  # type: ignore[misc]
+            x_out[i], mu_out[i], nu_out[i] = x, y, z
+            if m:
+                active_out[i] = z > 0
+            status[i] = QPStatus.SOLVED
+            used_solver[i], used_eps[i] = chain[0].solver, chain[0].eps_abs
+    each(run, todo)
     elapsed = time.perf_counter() - start
     return ForwardResult(
         x=torch.from_numpy(x_out),
@@ -209,4 +472,9 @@ def solve_forward(
         status=tuple(status),
         solver=solver,
         solve_time=elapsed,
+        active=torch.from_numpy(active_out),
+        sample_solvers=tuple(used_solver),
+        sample_eps=tuple(used_eps),
+        polished=tuple(polished),
+        settled=tuple(settled),
     )

@@ -21,6 +21,7 @@ import scipy.sparse.linalg as spla
 import torch
 from torch import Tensor
 
+from dxopt.linalg.sparse import FactorizationError, splu
 from dxopt.qp._active import ActiveSet
 from dxopt.qp._adjoint import AdjointInput, kkt_apply
 from dxopt.qp._backward_kkt import scipy_matrix
@@ -59,8 +60,8 @@ class SparsePenaltySolve:
             else:
                 K = sp.csc_matrix(H)
             try:
-                self.factors.append(spla.splu(K))
-            except RuntimeError as err:
+                self.factors.append(splu(K, what="penalty matrix"))
+            except FactorizationError as err:
                 raise QPBackwardError(
                     f"penalty backward: sparse LU failed at batch index {i} ({err}); P is "
                     "singular on the null space of the active rows, or the equality rows are "

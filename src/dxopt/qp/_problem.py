@@ -137,9 +137,23 @@ def _finite(name: str, t: Tensor) -> None:
     # one reduction: any NaN/Inf makes the sum non-finite; only then look closer (overflow)
     suspicious = values.numel() > 0 and not math.isfinite(float(values.sum()))
     if suspicious and not bool(torch.isfinite(values).all()):
-        raise _fail(
-            name, "finite entries", "NaN or Inf", "Replace infinite bounds by dropping the row."
-        )
+        if bool(torch.isnan(values).any()):
+            raise _fail(
+                name,
+                "finite entries",
+                "NaN",
+                f"Check the computation that produced {name} (a NaN is never a valid value).",
+            )
+        if name == "h":
+            fix = (
+                "An infinite h_i is not a constraint: drop row i of G and h (box bounds can "
+                "be passed as lb/ub, where +-inf means no bound)."
+            )
+        elif name == "b":
+            fix = "An equality with an infinite right-hand side is infeasible: fix b."
+        else:
+            fix = f"Replace the infinite entries of {name} (or rescale the problem)."
+        raise _fail(name, "finite entries", "Inf", fix)
 
 
 def _canonical_sparse(t: Tensor) -> Tensor:
@@ -239,6 +253,24 @@ def canonical_problem(
         _finite(k, v)
     if q_t.ndim not in (1, 2):
         raise _fail("q", "shape (n,) or (B, n)", str(tuple(q_t.shape)), "Reshape q.")
+    p_t = raw["P"]
+    if q_t.ndim == 2 and q_t.shape[-1] == 1 and p_t.shape[-1] != 1 and p_t.ndim >= 2:
+        raise _fail(
+            "q",
+            f"shape ({p_t.shape[-1]},) like P (or (B, {p_t.shape[-1]}) for a batch)",
+            f"a column vector {tuple(q_t.shape)}",
+            "Pass q.reshape(-1) (q is a vector, not an (n, 1) matrix).",
+        )
+    for mat in ("P", "A", "G"):
+        t = raw[mat]
+        if t is not None and t.ndim < 2:
+            shape = {"P": "(n, n)", "A": "(p, n)", "G": "(m, n)"}[mat]
+            raise _fail(
+                mat,
+                f"a matrix of shape {shape} or (B, *{shape})",
+                f"a {t.ndim}-D tensor of shape {tuple(t.shape)}",
+                f"For a single row use {mat}.reshape(1, -1).",
+            )
     n = q_t.shape[-1]
     batch_sizes: dict[str, int] = {}
     rows = {"A": 0, "G": 0}

@@ -84,6 +84,13 @@ class BackwardDiagnostics:
             (0 everywhere when LICQ holds); such samples use the minimum-norm multiplier
             adjoint, identical for both methods.
         licq: False if any sample had dependent active rows.
+        pseudo_inverse: per sample, True if the reduced KKT matrix was singular beyond
+            dependent rows (P singular on the null space of the active rows) and the
+            Moore-Penrose adjoint was returned (``degenerate="min_norm"``).
+        weak_kept: True if the weakly active rows had to be kept as equalities because P is
+            singular on the null space of the strongly active rows.
+        unsettled: per sample, True if the forward point was certified only by its duality gap
+            (the active set is a guess; a ``QPDegenerateWarning`` is issued).
     """
 
     method: str = ""
@@ -96,6 +103,9 @@ class BackwardDiagnostics:
     jitter: float = 0.0
     dependent_rows: tuple[int, ...] = ()
     licq: bool = True
+    pseudo_inverse: tuple[bool, ...] = ()
+    weak_kept: bool = False
+    unsettled: tuple[bool, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -109,6 +119,11 @@ class QPInfo:
         dual_residual: per-sample :math:`\\|Px + q + A^\\top\\mu + G^\\top\\nu\\|_\\infty`.
         backward: diagnostics of the last backward pass through this solution (empty until
             ``backward()`` has run).
+        sample_solvers: per sample, the backend of the fallback chain whose (polished) point
+            was certified (``""`` for an unsolved sample).
+        sample_tolerances: per sample, the stopping tolerance ``eps_abs`` passed to that
+            backend (the certificate always uses the requested one).
+        polished: per sample, whether the returned point is the polished one.
     """
 
     solver: str
@@ -116,6 +131,9 @@ class QPInfo:
     primal_residual: tuple[float, ...]
     dual_residual: tuple[float, ...]
     backward: BackwardDiagnostics = field(default_factory=BackwardDiagnostics)
+    sample_solvers: tuple[str, ...] = ()
+    sample_tolerances: tuple[float, ...] = ()
+    polished: tuple[bool, ...] = ()
 
 
 @dataclass(frozen=True)

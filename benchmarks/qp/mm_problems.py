@@ -1,0 +1,518 @@
+"""Maros-Meszaros problems: loading, acceptance check, raw solves and finite-difference data.
+
+Everything here is independent of dxopt (numpy, scipy and :mod:`qpsolvers` only), so the
+finite-difference evidence and the reference gradient of a problem can be cached and reused
+when the same problem is judged against several versions of dxopt.
+
+Data: ``NAME.npz`` files with keys ``Q, q, G, h, A, b`` (see the README next to them), found
+in ``$DXOPT_MAROS_MESZAROS``, ``<repo>/../shared/data/maros_meszaros`` or
+``/work/shared/data/maros_meszaros``. Nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from benchmarks.common import REPO_ROOT
+
+DATA_ENV = "DXOPT_MAROS_MESZAROS"
+ZERO_ROW = "+ZEROROW"  # suffix: the problem plus one all-zero row of G with h = -1e-17
+
+#: raw backends timed per problem, at the tolerance dxopt uses by default (``eps_abs=1e-9``)
+RAW_SOLVERS = ("daqp", "piqp", "clarabel", "proxqp", "osqp")
+RAW_OPTIONS: dict[str, dict[str, Any]] = {
+    "daqp": {"primal_tol": 1e-9, "dual_tol": 1e-9},
+    "piqp": {"eps_abs": 1e-9, "eps_rel": 0.0},
+    "clarabel": {"tol_gap_abs": 1e-9, "tol_gap_rel": 0.0, "tol_feas": 1e-9},
+    "proxqp": {"eps_abs": 1e-9, "eps_rel": 0.0},
+    "osqp": {"eps_abs": 1e-9, "eps_rel": 0.0, "max_iter": 20000, "polishing": True},
+}
+#: solvers of the finite-difference re-solves, tried in order (tight tolerances)
+FD_SOLVERS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("clarabel", {"tol_gap_abs": 1e-11, "tol_gap_rel": 1e-11, "tol_feas": 1e-11,
+                  "tol_ktratio": 1e-9, "max_iter": 500}),
+    ("piqp", {"eps_abs": 1e-11, "eps_rel": 0.0, "max_iter": 500}),
+    ("clarabel", {}),  # default tolerances: only where both tight solves fail (then polished)
+)  # fmt: skip
+STEPS = (1e-3, 1e-4, 1e-5, 1e-6, 1e-7)
+DIRECTION_KINDS = ("q", "hb", "shift")
+
+
+def data_dir() -> Path:
+    """The folder of the ``.npz`` files (see the module docstring)."""
+    env = os.environ.get(DATA_ENV)
+    candidates = [Path(env)] if env else []
+    candidates += [
+        REPO_ROOT.parent / "shared" / "data" / "maros_meszaros",
+        Path("/work/shared/data/maros_meszaros"),
+    ]
+    for c in candidates:
+        if c.is_dir() and any(c.glob("*.npz")):
+            return c
+    raise FileNotFoundError(
+        "Maros-Meszaros data not found: set $DXOPT_MAROS_MESZAROS to the folder of the "
+        f"NAME.npz files (looked in: {', '.join(str(c) for c in candidates)})"
+    )
+
+
+@dataclass(frozen=True)
+class MMProblem:
+    """``min 1/2 x'Px + q'x  s.t.  Gx <= h, Ax = b`` with CSC matrices (``None``: no block)."""
+
+    name: str
+    P: sp.csc_matrix
+    q: np.ndarray
+    G: sp.csc_matrix | None
+    h: np.ndarray | None
+    A: sp.csc_matrix | None
+    b: np.ndarray | None
+
+    @property
+    def n(self) -> int:
+        return int(self.q.size)
+
+    @property
+    def m(self) -> int:
+        return 0 if self.G is None else int(self.G.shape[0])
+
+    @property
+    def p(self) -> int:
+        return 0 if self.A is None else int(self.A.shape[0])
+
+
+def _block(d: Any, key: str) -> Any:
+    v = d[key]
+    return v.item() if v.dtype == object else v
+
+
+def load(name: str, folder: Path | None = None) -> MMProblem:
+    """Load ``NAME`` (or ``NAME+ZEROROW``: one all-zero row of ``G`` with ``h = -1e-17``
+    appended, the round-off case of the issue)."""
+    base, zero_row = (name[: -len(ZERO_ROW)], True) if name.endswith(ZERO_ROW) else (name, False)
+    with np.load((folder or data_dir()) / f"{base}.npz", allow_pickle=True) as d:
+        Q, q, G, h, A, b = (_block(d, k) for k in ("Q", "q", "G", "h", "A", "b"))
+    n = int(np.asarray(q).size)
+
+    def mat(M: Any) -> sp.csc_matrix | None:
+        if M is None or M.shape[0] == 0:
+            return None
+        return sp.csc_matrix(M, dtype=np.float64)
+
+    def vec(v: Any) -> np.ndarray | None:
+        return None if v is None or np.asarray(v).size == 0 else np.asarray(v, dtype=np.float64)
+
+    P = sp.csc_matrix(Q, dtype=np.float64) if Q is not None else sp.csc_matrix((n, n))
+    P = sp.csc_matrix(0.5 * (P + P.T))
+    Gm, hv = mat(G), vec(h)
+    if zero_row:
+        Gm = sp.vstack([sp.csc_matrix((1, n)), Gm] if Gm is not None else [sp.csc_matrix((1, n))])
+        Gm = sp.csc_matrix(Gm)
+        hv = np.concatenate([[-1e-17], hv if hv is not None else []])
+    Am, bv = mat(A), vec(b)
+    return MMProblem(name, P, np.asarray(q, dtype=np.float64).ravel(), Gm, hv, Am, bv)
+
+
+def problem_names(
+    *, max_n: int = 2000, min_n: int = 0, folder: Path | None = None
+) -> list[tuple[str, int]]:
+    """``(name, n)`` of the problems with ``min_n < n <= max_n``, smallest first."""
+    out = []
+    for f in sorted((folder or data_dir()).glob("*.npz")):
+        with np.load(f, allow_pickle=True) as d:
+            n = int(np.asarray(d["q"]).size)
+        if min_n < n <= max_n:
+            out.append((f.stem, n))
+    return sorted(out, key=lambda t: (t[1], t[0]))
+
+
+# --------------------------------------------------------------------------------- acceptance
+
+
+def residuals(
+    prob: MMProblem, x: np.ndarray, y: np.ndarray | None, z: np.ndarray | None
+) -> dict[str, float]:
+    """Relative primal, dual and duality-gap residuals of ``(x, y, z)`` (OSQP-style scaling:
+    each residual over the largest term it is made of, and at least 1)."""
+    Px = prob.P @ x
+    prim, pscale = 0.0, 1.0
+    dual_terms = [Px, prob.q]
+    gap_terms = [float(x @ Px), float(prob.q @ x)]
+    if prob.A is not None and prob.b is not None:
+        Ax = prob.A @ x
+        prim = max(prim, float(np.abs(Ax - prob.b).max()))
+        pscale = max(pscale, float(np.abs(Ax).max()), float(np.abs(prob.b).max()))
+        if y is not None:
+            dual_terms.append(prob.A.T @ y)
+            gap_terms.append(float(prob.b @ y))
+    if prob.G is not None and prob.h is not None:
+        Gx = prob.G @ x
+        prim = max(prim, float(np.maximum(Gx - prob.h, 0.0).max()))
+        pscale = max(pscale, float(np.abs(Gx).max()), float(np.abs(prob.h).max()))
+        if z is not None:
+            dual_terms.append(prob.G.T @ z)
+            gap_terms.append(float(prob.h @ z))
+    missing_duals = (prob.p and y is None) or (prob.m and z is None)
+    dual = math.inf if missing_duals else float(np.abs(sum(dual_terms)).max(initial=0.0))
+    dscale = max([1.0] + [float(np.abs(t).max(initial=0.0)) for t in dual_terms])
+    gap = math.inf if missing_duals else abs(sum(gap_terms))
+    gscale = max([1.0] + [abs(t) for t in gap_terms])
+    return {"primal": prim / pscale, "dual": dual / dscale, "gap": gap / gscale}
+
+
+def accepted(res: dict[str, float], tol: float) -> bool:
+    """All three relative residuals of :func:`residuals` at most ``tol``."""
+    return all(math.isfinite(v) and v <= tol for v in res.values())
+
+
+# --------------------------------------------------------------------------------- raw solves
+
+
+def _qp(prob: MMProblem, dq=None, dh=None, db=None, t: float = 0.0, *, dense: bool = False):
+    import qpsolvers
+
+    q = prob.q if dq is None else prob.q + t * dq
+    h = prob.h if dh is None or prob.h is None else prob.h + t * dh
+    b = prob.b if db is None or prob.b is None else prob.b + t * db
+
+    def conv(M: Any) -> Any:
+        return None if M is None else (M.toarray() if dense else M)
+
+    return qpsolvers.Problem(conv(prob.P), q, conv(prob.G), h, conv(prob.A), b)
+
+
+def raw_solve(prob: MMProblem, solver: str, *, accept_tol: float, repeats: int = 3) -> dict:
+    """Time one raw qpsolvers backend (best of up to ``repeats`` runs when a run is < 1 s)."""
+    import qpsolvers
+
+    if solver not in qpsolvers.available_solvers:
+        return {"status": "not installed"}
+    problem = _qp(prob, dense=solver == "daqp")  # daqp is a dense solver
+    times: list[float] = []
+    sol = None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        sol = qpsolvers.solve_problem(problem, solver=solver, **RAW_OPTIONS[solver])
+        times.append(time.perf_counter() - t0)
+        if times[-1] > 1.0:
+            break
+    assert sol is not None
+    found = bool(sol.found) and sol.x is not None and bool(np.isfinite(sol.x).all())
+    out: dict[str, Any] = {"status": "ok", "found": found, "time_s": min(times)}
+    if found:
+        res = residuals(prob, np.asarray(sol.x), sol.y, sol.z)
+        out.update(residuals=res, success=accepted(res, accept_tol))
+    else:
+        out["success"] = False
+    return out
+
+
+# ---------------------------------------------------------------------- finite-difference data
+
+
+def _seed(name: str, seed: int) -> int:
+    return zlib.crc32(name.encode()) + 7919 * seed
+
+
+def loss_weights(prob: MMProblem, seed: int) -> np.ndarray:
+    """The loss ``L = w . x*``: ``w ~ N(0, I)``, fixed by the problem name and ``seed``."""
+    return np.random.default_rng(_seed(prob.name, seed)).standard_normal(prob.n)
+
+
+def directions(prob: MMProblem, seed: int) -> list[dict[str, Any]]:
+    """Random directions in ``(q, h, b)``, each entry scaled by ``max(|theta_i|, 1)``.
+
+    ``"q"``: ``q`` only (the feasible set is unchanged); ``"hb"``: ``(h, b) + t (G delta +
+    rho, A delta)`` with a random ``rho`` that is zero on the rows of :func:`fixed_rows` (so the
+    equalities stay consistent and implicit equalities are moved, not broken);
+    ``"shift"``: ``(h, b) + t (G delta, A delta)``, a translation of the feasible set, feasible
+    on both sides of every step.
+    """
+    rng = np.random.default_rng(_seed(prob.name, seed) + 1)
+
+    def scaled(v: np.ndarray) -> np.ndarray:
+        return rng.standard_normal(v.size) * np.maximum(np.abs(v), 1.0)
+
+    def in_range(M: sp.csc_matrix, target: np.ndarray) -> np.ndarray:
+        v = M @ rng.standard_normal(prob.n)
+        top = float(np.abs(v).max(initial=0.0))
+        return v * (max(float(np.abs(target).max(initial=0.0)), 1.0) / top) if top else v
+
+    out: list[dict[str, Any]] = [{"kind": "q", "q": scaled(prob.q), "h": None, "b": None}]
+    delta2 = rng.standard_normal(prob.n)
+    dh = db = None
+    if prob.G is not None and prob.h is not None:
+        rho = scaled(prob.h)
+        rho[fixed_rows(prob.G, prob.h)] = 0.0
+        dh = prob.G @ delta2 + rho
+    if prob.A is not None:
+        db = prob.A @ delta2
+    out.append({"kind": "hb", "q": None, "h": dh, "b": db})
+    delta = rng.standard_normal(prob.n)
+    shift_h = None if prob.G is None else prob.G @ delta
+    shift_b = None if prob.A is None else prob.A @ delta
+    out.append({"kind": "shift", "q": None, "h": shift_h, "b": shift_b})
+    return out
+
+
+def fixed_pairs(G: sp.csc_matrix, h: np.ndarray | None) -> np.ndarray:
+    """``partner[i] = j`` for pairs of rows ``g'x <= c, -g'x <= -c`` (a variable or a row fixed
+    by two opposite inequalities, as bounds ``l = u`` become when folded into ``G``), else -1."""
+    R = sp.csr_matrix(G)
+    R.sort_indices()
+    partner = np.full(R.shape[0], -1)
+    if h is None:
+        return partner
+    keys: dict[tuple, int] = {}
+    for i in range(R.shape[0]):
+        lo, hi = R.indptr[i], R.indptr[i + 1]
+        if lo == hi:
+            continue
+        idx = tuple(R.indices[lo:hi].tolist())
+        val = R.data[lo:hi]
+        j = keys.get((idx, tuple(np.round(-val, 12).tolist())))
+        if j is not None and partner[j] < 0 and abs(h[i] + h[j]) <= 1e-12 * (1.0 + abs(h[i])):
+            partner[i], partner[j] = j, i
+        keys.setdefault((idx, tuple(np.round(val, 12).tolist())), i)
+    return partner
+
+
+def fixed_rows(G: sp.csc_matrix, h: np.ndarray) -> np.ndarray:
+    """Rows that must not be perturbed on their own: all-zero rows and :func:`fixed_pairs`."""
+    return (np.diff(sp.csr_matrix(G).indptr) == 0) | (fixed_pairs(G, h) >= 0)
+
+
+def polish(
+    prob: MMProblem, x: np.ndarray, z: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None] | None:
+    """Exact solution on the active set read off an interior-point solution (OSQP's polish).
+
+    Takes :math:`J = \\{i: z_i > \\tau \\max(1, \\|z\\|_\\infty)\\}` for a few thresholds
+    :math:`\\tau` (a pair of :func:`fixed_pairs` enters as one equality row), solves the
+    equality-constrained KKT system on ``J`` and the equalities (regularised and refined where
+    rows are dependent: :func:`benchmarks.qp.reference._solve`), and keeps the first result
+    that has multipliers :math:`z_J \\ge 0` and relative residuals below ``1e-11`` (so it is
+    feasible, stationary and complementary). ``None`` if none does. Interior-point solutions
+    are accurate to about the square root of their tolerance on degenerate problems; a
+    polished point is exact on its piece, so one-sided differences of polished points are
+    exact slopes of the piecewise-affine solution map.
+    """
+    from benchmarks.qp.generators import QPProblem
+    from benchmarks.qp.reference import _kkt_matrix, _solve
+
+    qp = QPProblem("maros-meszaros", prob.n, prob.P, prob.q, prob.A, prob.b, prob.G, prob.h)
+    zs = np.zeros(prob.m) if z is None else np.maximum(np.asarray(z, dtype=np.float64), 0.0)
+    zscale = max(1.0, float(zs.max(initial=0.0)))
+    partner = np.full(prob.m, -1) if prob.G is None else fixed_pairs(prob.G, prob.h)
+    paired = partner >= 0
+    first = paired & (np.arange(prob.m) < partner)  # the kept row of each fixed pair
+    seen: set[bytes] = set()
+    for tau in (1e-8, 1e-6, 1e-10, 1e-4):
+        mask = zs > tau * zscale
+        mask[first] |= mask[partner[first]]
+        mask[paired & ~first] = False
+        active = np.nonzero(mask)[0]
+        key = active.tobytes()
+        if key in seen:
+            continue
+        seen.add(key)
+        parts = [-prob.q]
+        if active.size:
+            assert prob.h is not None
+            parts.append(prob.h[active])
+        if prob.b is not None:
+            parts.append(prob.b)
+        try:
+            sol, _ = _solve(_kkt_matrix(qp, active), np.concatenate(parts), prob.n)
+        except Exception:  # singular beyond repair for this J
+            continue
+        if not np.isfinite(sol).all():
+            continue
+        xp = sol[: prob.n]
+        zp = None
+        yp = sol[prob.n + active.size :] if prob.p else None
+        if prob.m:
+            zp = np.zeros(prob.m)
+            zp[active] = sol[prob.n : prob.n + active.size]
+            kept = active[first[active]]  # a fixed pair's multiplier has either sign
+            zp[partner[kept]] = -np.minimum(zp[kept], 0.0)
+            zp[kept] = np.maximum(zp[kept], 0.0)
+            if zp.min(initial=0.0) < -1e-9 * max(1.0, float(np.abs(zp).max())):
+                continue
+        if accepted(residuals(prob, xp, yp, zp), 1e-11):
+            return xp, yp, zp
+    return None
+
+
+def solve_polished(
+    prob: MMProblem,
+) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None, str]:
+    """``(x, y, z, solver)`` by the first of :data:`FD_SOLVERS` that succeeds, polished
+    (:func:`polish`; the solver name then ends in ``+polish``) where possible; an unpolished
+    solution is kept only if its relative residuals are below ``1e-7``."""
+    import qpsolvers
+
+    problem = _qp(prob)
+    fallback: tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None, str] = (
+        None, None, None, "",
+    )  # fmt: skip
+    for solver, opts in FD_SOLVERS:
+        try:
+            sol = qpsolvers.solve_problem(problem, solver=solver, **opts)
+        except Exception:  # a backend crash is a failed re-solve
+            continue
+        if sol.found and sol.x is not None and np.isfinite(sol.x).all():
+            x = np.asarray(sol.x)
+            polished = polish(prob, x, sol.z)
+            if polished is not None:
+                return (*polished, solver + "+polish")
+            if fallback[0] is None and accepted(residuals(prob, x, sol.y, sol.z), 1e-7):
+                fallback = (x, sol.y, sol.z, solver)
+    return fallback
+
+
+def fd_solve(prob: MMProblem, d: dict[str, Any] | None, t: float) -> tuple[np.ndarray | None, str]:
+    """``x*(theta + t d)`` and the solver that produced it (:func:`solve_polished`)."""
+    x, _, _, solver = solve_polished(prob_at(prob, d, t))
+    return x, solver
+
+
+def prob_at(prob: MMProblem, d: dict[str, Any] | None, t: float) -> MMProblem:
+    """The problem at ``theta + t d``."""
+    if d is None or t == 0.0:
+        return prob
+
+    def add(v: np.ndarray | None, dv: np.ndarray | None) -> np.ndarray | None:
+        return v if v is None or dv is None else v + t * dv
+
+    q = add(prob.q, d["q"])
+    assert q is not None
+    return MMProblem(prob.name, prob.P, q, prob.G, add(prob.h, d["h"]), prob.A, add(prob.b, d["b"]))
+
+
+def solver_noise(prob: MMProblem, w: np.ndarray) -> float:
+    """``|w . (x_a - x_b)|`` between the (polished) solutions of the two FD solvers at
+    ``theta``: the evaluation error bound of the judge; ``inf`` unless both solve."""
+    import qpsolvers
+
+    xs: list[np.ndarray] = []
+    for solver, opts in FD_SOLVERS[:2]:
+        try:
+            sol = qpsolvers.solve_problem(_qp(prob), solver=solver, **opts)
+        except Exception:
+            continue
+        if sol.found and sol.x is not None and np.isfinite(sol.x).all():
+            polished = polish(prob, np.asarray(sol.x), sol.z)
+            xs.append(np.asarray(sol.x) if polished is None else polished[0])
+    return float(abs(w @ (xs[0] - xs[1]))) if len(xs) >= 2 else math.inf
+
+
+def fd_evidence(prob: MMProblem, seed: int, steps: tuple[float, ...] = STEPS) -> dict[str, Any]:
+    """Everything the judge needs that does not depend on dxopt: per direction ``f(0)``,
+    ``f(+-t)`` for ``L = w . x*``, the noise bound, and the exact reference directional
+    derivatives on a verified active set where one exists (:func:`reference_gradient`)."""
+    t0 = time.perf_counter()
+    w = loss_weights(prob, seed)
+    noise = solver_noise(prob, w)
+    x0, y0, z0, base_solver = solve_polished(prob)
+    out: dict[str, Any] = {"noise": noise, "base_solver": base_solver, "x0": x0, "directions": []}
+    if x0 is None:
+        out["f0"] = None
+    else:
+        out["f0"] = float(w @ x0)
+        if not math.isfinite(noise):  # one FD solver only: a conservative bound
+            out["noise"] = 1e-8 * float(np.abs(w) @ np.maximum(np.abs(x0), 1.0))
+    polished = base_solver.endswith("+polish")
+
+    def value(d: dict[str, Any], t: float) -> float | None:
+        # a polished f(0) is only compared with polished f(t): an unpolished value carries an
+        # error the noise bound (measured between polished points) does not cover
+        x, solver = fd_solve(prob, d, t)
+        if x is None or (polished and not solver.endswith("+polish")):
+            return None
+        return float(w @ x)
+
+    dirs = directions(prob, seed)
+    for d in dirs:
+        plus, minus = {}, {}
+        if x0 is not None:
+            for t in steps:
+                plus[t], minus[t] = value(d, t), value(d, -t)
+        out["directions"].append({"kind": d["kind"], "plus": plus, "minus": minus})
+    if x0 is None or not base_solver.endswith("+polish"):
+        out["reference"] = {"verified": False, "why": "no polished solution"}
+    else:
+        out["reference"] = reference_gradient(prob, w, x0, y0, z0, dirs)
+    out["fd_s"] = time.perf_counter() - t0
+    return out
+
+
+def reference_gradient(
+    prob: MMProblem,
+    w: np.ndarray,
+    x: np.ndarray,
+    y: np.ndarray | None,
+    z: np.ndarray | None,
+    dirs: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """The exact reduced-KKT derivative of ``w . x*`` along each of ``dirs`` at the polished
+    solution ``(x, y, z)``, kept only on a *verified* active set, where the solution map is
+    smooth along the directions: LICQ holds (the KKT matrix is nonsingular), strict
+    complementarity with a margin (active multipliers above ``1e-6 max(1, |z|)``, inactive
+    slacks above ``1e-6 (1 + |h_i|)``). A pair of :func:`fixed_pairs` is one equality row
+    (the directions move both of its rows together). Adjoint: :math:`K [u; v] = [w; 0]`,
+    :math:`\\partial_q L = -u`, :math:`\\partial_{h_J} L = v_J`, :math:`\\partial_b L = v_A`
+    (OptNet, arXiv 1703.00443)."""
+    from benchmarks.qp.generators import QPProblem
+    from benchmarks.qp.reference import _kkt_matrix, _solve
+
+    why = []
+    active = np.zeros(0, dtype=np.int64)
+    if prob.G is not None and prob.h is not None and z is not None:
+        partner = fixed_pairs(prob.G, prob.h)
+        paired = partner >= 0
+        first = paired & (np.arange(prob.m) < partner)
+        zscale = max(1.0, float(np.abs(z).max(initial=0.0)))
+        strong = z > 1e-6 * zscale
+        zero = z == 0.0
+        free = ~paired
+        act = strong & free
+        act[first] = True  # a fixed pair is always an active equality row
+        active = np.nonzero(act)[0]
+        slack = (prob.h - prob.G @ x) / (1.0 + np.abs(prob.h))
+        if (free & ~strong & ~zero).any():
+            why.append("weakly active row (0 < z_i <= 1e-6 max z)")
+        if (free & zero & (slack <= 1e-6)).any():
+            why.append("inactive row with (near-)zero slack")
+    qp = QPProblem("maros-meszaros", prob.n, prob.P, prob.q, prob.A, prob.b, prob.G, prob.h)
+    K = _kkt_matrix(qp, active)
+    rhs = np.zeros(K.shape[0])
+    rhs[: prob.n] = w
+    try:
+        sol, degenerate = _solve(K, rhs, prob.n)
+    except Exception as exc:
+        return {"verified": False, "why": f"{type(exc).__name__}: {str(exc)[:120]}"}
+    if degenerate:
+        why.append("active rows dependent (KKT matrix singular)")
+    if why:
+        return {"verified": False, "why": "; ".join(why)}
+    grads: dict[str, np.ndarray] = {"q": -sol[: prob.n]}
+    if prob.m:
+        gh = np.zeros(prob.m)
+        gh[active] = sol[prob.n : prob.n + active.size]
+        grads["h"] = gh
+    if prob.p:
+        grads["b"] = sol[prob.n + active.size :]
+    along = [
+        sum(float(grads[k] @ d[k]) for k in ("q", "h", "b") if d.get(k) is not None and k in grads)
+        for d in dirs
+    ]
+    return {"verified": True, "why": "", "directions": along}

@@ -1,0 +1,241 @@
+"""The shared base of the backward methods and the degenerate-problem fallback.
+
+A backward method turns the saved solution and the output cotangents into the adjoint
+:math:`(u, w_J, w_E)` of the reduced KKT system (:mod:`dxopt.qp._adjoint`). Anything with a
+``name`` and a ``solve_adjoint(data, diagnostics)`` method is one (the
+:class:`~dxopt.qp._function.BackwardMethod` protocol); :class:`BackwardBase` is the convenient
+way to write one: it validates the common options, identifies the active set and hands the
+problem to ``_adjoint``, and it owns the policy for degenerate problems. Weakly active rows that
+lie in the span of the active rows (a duplicated row whose multiplier the backend put on the
+other copy) join the active set first (:func:`dxopt.qp._degenerate.dependent_weak_rows`), so
+LICQ detection does not depend on the backend.
+
+**Degenerate problems** (``degenerate="min_norm"``, the default). Dependent active rows (LICQ
+fails) get the minimum-norm multiplier adjoint inside each method (:mod:`dxopt.qp._degenerate`).
+When the reduced KKT matrix :math:`K = [[P, C^\\top], [C, 0]]` is singular for another reason,
+i.e. :math:`P` is singular on :math:`\\ker C`, the method's exact solve fails its residual
+check. Two cases:
+
+1. With ``weak_policy="inactive"`` the weakly active rows (zero slack, zero multiplier) were
+   left out; on LP-like problems those rows are what pins :math:`x` (a degenerate vertex). They
+   are then kept as equalities (the derivative on the face, an element of the
+   B-subdifferential), ``BackwardDiagnostics.weak_kept`` is set and a warning is issued.
+2. Otherwise (or if that is still singular) the solution is not unique and no derivative of
+   "the" solution exists; the adjoint becomes the Moore-Penrose one,
+
+.. math:: [u; w] = K^+ [\\bar x; \\bar\\nu_J; \\bar\\mu]
+    = \\lim_{\\varepsilon\\to 0}(K^2 + \\varepsilon I)^{-1}K[\\bar x; \\bar\\nu_J; \\bar\\mu],
+
+the minimum-norm least-squares solution of the adjoint system (dense: SVD; sparse: LSMR), the
+same for the dense and the sparse path. On a nonsingular :math:`K` it is the exact adjoint.
+The samples are flagged in ``BackwardDiagnostics.pseudo_inverse`` and a
+:class:`~dxopt.qp.QPDegenerateWarning` is issued; ``degenerate="raise"`` keeps the strict
+behaviour (:class:`~dxopt.qp.QPBackwardError`).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import torch
+
+from dxopt.linalg.sparse import lstsq_saddle
+from dxopt.qp._active import WEAK_POLICIES, ActiveSet, identify_active
+from dxopt.qp._adjoint import AdjointInput, AdjointSolution, kkt_residual
+from dxopt.qp._degenerate import dependent_weak_rows
+from dxopt.qp._problem import QPProblem
+from dxopt.qp._types import BackwardDiagnostics, QPBackwardError, QPDegenerateWarning
+
+__all__ = ["DEGENERATE_POLICIES", "BackwardBase", "pseudo_inverse_adjoint"]
+
+DEGENERATE_POLICIES = ("min_norm", "raise")
+_NORMAL_LIMIT = 1e-9  # relative residual of the normal equations accepted for K^+ r
+
+
+@dataclass(frozen=True, kw_only=True)
+class BackwardBase:
+    """Options shared by every backward method.
+
+    Args:
+        linear_solver: ``"auto"`` (dense for dense problems, sparse when a matrix is sparse),
+            ``"dense"`` or ``"sparse"``.
+        active_tol: slack threshold (row-normalised) of the active set; ``None`` uses the
+            forward's certified (polished) active set.
+        weak_policy: ``"inactive"`` (default), ``"active"`` or ``"raise"`` for rows with zero
+            slack and zero multiplier (see :mod:`dxopt.qp._active`).
+        max_residual: largest accepted relative residual of the adjoint system; beyond it the
+            degenerate policy applies.
+        degenerate: ``"min_norm"`` (default; module docstring) or ``"raise"``.
+    """
+
+    linear_solver: str = "auto"
+    active_tol: float | None = None
+    weak_policy: str = "inactive"
+    max_residual: float = 1e-8
+    degenerate: str = "min_norm"
+
+    def __post_init__(self) -> None:
+        if self.linear_solver not in ("auto", "dense", "sparse"):
+            raise ValueError(
+                f"linear_solver: expected 'auto', 'dense' or 'sparse', got {self.linear_solver!r}."
+            )
+        if self.weak_policy not in WEAK_POLICIES:
+            raise ValueError(
+                f"weak_policy: expected one of {WEAK_POLICIES}, got {self.weak_policy!r}."
+            )
+        if self.degenerate not in DEGENERATE_POLICIES:
+            raise ValueError(
+                f"degenerate: expected one of {DEGENERATE_POLICIES}, got {self.degenerate!r}."
+            )
+        if self.active_tol is not None and not self.active_tol >= 0:
+            raise ValueError(f"active_tol: expected a float >= 0 or None, got {self.active_tol}.")
+        if not self.max_residual > 0:
+            raise ValueError(f"max_residual: expected > 0, got {self.max_residual!r}.")
+
+    @property
+    def name(self) -> str:
+        raise NotImplementedError
+
+    def use_sparse(self, problem: QPProblem) -> bool:
+        return self.linear_solver == "sparse" or (
+            self.linear_solver == "auto" and problem.any_sparse
+        )
+
+    def _adjoint(
+        self, data: AdjointInput, active: ActiveSet, diagnostics: BackwardDiagnostics
+    ) -> AdjointSolution:
+        raise NotImplementedError
+
+    def solve_adjoint(
+        self, data: AdjointInput, diagnostics: BackwardDiagnostics
+    ) -> AdjointSolution:
+        """Identify the active set, solve the adjoint, apply the degenerate policy."""
+        active = identify_active(
+            data.problem,
+            data.x,
+            data.eq_duals,
+            data.ineq_duals,
+            active_tol=self.active_tol,
+            weak_policy=self.weak_policy,
+            forward_active=data.active,
+        )
+        if self.weak_policy == "inactive" and bool((active.weak & ~active.used).any()):
+            adopt = dependent_weak_rows(data.problem, active.used, active.weak & ~active.used)
+            if bool(adopt.any()):  # duplicated/dependent weak rows join the active set
+                active = replace(active, used=active.used | adopt)
+        diagnostics.pseudo_inverse = (False,) * data.x.shape[0]
+        diagnostics.weak_kept = False
+        if data.settled is not None and bool((~data.settled & data.ok).any()):
+            bad = torch.nonzero(~data.settled & data.ok).flatten().tolist()
+            diagnostics.unsettled = tuple(bool(not v) for v in data.settled)
+            warnings.warn(
+                f"{self.name} backward: at batch indices {bad} the solution was certified only "
+                "by its duality gap (the polish failed; some rows have slack and multiplier "
+                "both small), so the active set is a guess and the gradient is one of the "
+                "one-sided derivatives at best. Tighten eps_abs or check the problem.",
+                QPDegenerateWarning,
+                stacklevel=3,
+            )
+        try:
+            return self._adjoint(data, active, diagnostics)
+        except QPBackwardError as err:
+            if self.degenerate == "raise":
+                raise
+            cause = err
+        if self.weak_policy == "inactive" and bool((active.weak & ~active.used).any()):
+            # dropping the weak rows left x undetermined: keep them (the face derivative)
+            kept = replace(active, used=active.used | active.weak)
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", QPDegenerateWarning)
+                    out = self._adjoint(data, kept, diagnostics)
+                diagnostics.weak_kept = True
+                warnings.warn(
+                    f"{self.name} backward: P is singular on the null space of the strongly "
+                    "active rows, so the weakly active rows (zero slack, zero multiplier) are "
+                    "kept as equalities to determine the derivative (see BackwardDiagnostics."
+                    "weak_kept).",
+                    QPDegenerateWarning,
+                    stacklevel=3,
+                )
+                return out
+            except QPBackwardError as err:
+                cause = err
+        return pseudo_inverse_adjoint(data, active, diagnostics, self.name, cause)
+
+
+def _sample_matrices(problem: QPProblem, used: torch.Tensor, i: int) -> tuple[Any, Any]:
+    from dxopt.qp._backward_kkt import active_rows_sparse, scipy_matrix
+
+    P = scipy_matrix(problem, "P", i)
+    C = active_rows_sparse(problem, used, i)
+    if not problem.any_sparse:
+        P = P.toarray()
+        C = np.zeros((0, problem.n)) if C is None else C.toarray()
+    elif C is None:
+        import scipy.sparse as sp
+
+        C = sp.csr_matrix((0, problem.n))
+    return P, C
+
+
+def pseudo_inverse_adjoint(
+    data: AdjointInput,
+    active: ActiveSet,
+    diagnostics: BackwardDiagnostics,
+    method: str,
+    cause: Exception | None = None,
+) -> AdjointSolution:
+    """The Moore-Penrose adjoint :math:`K^+ r` of every solved sample (module docstring)."""
+    problem = data.problem
+    S, n, m, p = data.x.shape[0], problem.n, problem.m, problem.p
+    u = torch.zeros(S, n, dtype=torch.float64)
+    w_ineq = torch.zeros(S, m, dtype=torch.float64)
+    w_eq = torch.zeros(S, p, dtype=torch.float64)
+    flagged = [False] * S
+    for i in range(S):
+        if not bool(data.ok[i]):
+            continue
+        rows = torch.nonzero(active.used[i]).flatten() if m else torch.zeros(0, dtype=torch.int64)
+        P, C = _sample_matrices(problem, active.used, i)
+        rhs = np.concatenate(
+            [
+                data.grad_x[i].numpy(),
+                data.grad_ineq[i, rows].numpy(),
+                data.grad_eq[i].numpy(),
+            ]
+        )
+        z, normal = lstsq_saddle(P, C, rhs)
+        if not normal <= _NORMAL_LIMIT:
+            raise QPBackwardError(
+                f"{method} backward: the reduced KKT matrix is singular at batch index {i} and "
+                f"even its least-squares (pseudo-inverse) adjoint is inaccurate (normal-equation "
+                f"residual {normal:.3g}). Regularise P or check the problem."
+            ) from cause
+        flagged[i] = True
+        u[i] = torch.from_numpy(z[:n])
+        k = int(rows.numel())
+        if k:
+            w_ineq[i, rows] = torch.from_numpy(z[n : n + k])
+        if p:
+            w_eq[i] = torch.from_numpy(z[n + k :])
+    *_, residual = kkt_residual(data, active, u, w_ineq, w_eq)
+    diagnostics.method = method
+    diagnostics.linear_solver = "pseudo-inverse"
+    diagnostics.residual = float(residual.max()) if residual.numel() else 0.0
+    diagnostics.n_active = active.n_active
+    diagnostics.n_weak = active.n_weak
+    diagnostics.pseudo_inverse = tuple(flagged)
+    bad = [i for i, f in enumerate(flagged) if f]
+    warnings.warn(
+        f"{method} backward: the reduced KKT matrix is singular at batch indices {bad} (P is "
+        "singular on the null space of the active rows, so the solution is not unique); the "
+        f"Moore-Penrose (minimum-norm least-squares) adjoint is used ({cause}). Pass "
+        "degenerate='raise' to refuse instead.",
+        QPDegenerateWarning,
+        stacklevel=4,
+    )
+    return AdjointSolution(u, w_ineq, w_eq, active, residual)

@@ -1,0 +1,180 @@
+"""The gradient judge on constructed cases with a known truth, and a few-second Maros-Meszaros
+subset: dxopt's gradients get no "wrong" verdict, and a corrupted gradient does."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from benchmarks.common import REPO_ROOT
+from benchmarks.qp import judge as J
+from benchmarks.qp import mm_problems as mmp
+
+STEPS = mmp.STEPS
+
+
+def _line(fun):
+    return J.evaluate_line(fun, STEPS)
+
+
+# ------------------------------------------------------------------ judge on known truths
+
+
+def test_smooth_case_passes_and_a_wrong_slope_fails():
+    f0, plus, minus = _line(lambda t: 1.5 + 3.0 * t + 0.7 * t**2)
+    assert J.judge_direction(3.0, f0, plus, minus).verdict == J.MATCH
+    assert J.judge_direction(3.0 * (1 + 1e-5), f0, plus, minus).verdict == J.MATCH
+    for wrong in (3.1, 2.94, -3.0, 0.0, 30.0):  # 2% errors and worse
+        v = J.judge_direction(wrong, f0, plus, minus)
+        assert v.verdict == J.WRONG, (wrong, v)
+        assert v.rel_error == pytest.approx(abs(wrong - 3.0) / max(abs(wrong), 3.0), rel=0.01)
+
+
+def test_a_kink_accepts_either_one_sided_slope_and_their_hull():
+    # f(t) = max(2t, -t): D+ = 2, D- = -1 (the solution map of a QP along a direction that
+    # changes the active set)
+    f0, plus, minus = _line(lambda t: max(2.0 * t, -t))
+    assert J.judge_direction(2.0, f0, plus, minus).verdict == J.MATCH
+    assert J.judge_direction(-1.0, f0, plus, minus).verdict == J.MATCH
+    assert J.judge_direction(0.5, f0, plus, minus).verdict == J.CLARKE
+    assert J.judge_direction(2.5, f0, plus, minus).verdict == J.WRONG
+    assert J.judge_direction(-1.5, f0, plus, minus).verdict == J.WRONG
+
+
+def test_a_kink_of_a_real_projection():
+    # x*(h) = argmin 1/2 x^2 - a x s.t. x <= h = min(a, h); at h = a the loss L = x* has
+    # one-sided derivatives 0 (h up) and 1 (h down) in h
+    a = 0.3
+    f0, plus, minus = _line(lambda t: min(a, a + t))
+    assert J.judge_direction(0.0, f0, plus, minus).verdict == J.MATCH
+    assert J.judge_direction(1.0, f0, plus, minus).verdict == J.MATCH
+    assert J.judge_direction(2.0, f0, plus, minus).verdict == J.WRONG
+
+
+def test_unstable_differences_give_no_verdict_not_a_pass():
+    rng = np.random.default_rng(0)
+    f0, plus, minus = _line(lambda t: 1.0 + 1e-4 * rng.standard_normal())  # pure noise
+    for claim in (0.0, 1.0, 1e3):
+        assert J.judge_direction(claim, f0, plus, minus).verdict == J.NO_VERDICT
+    # a step ladder that never settles: f(t) = t sin(log t)-like oscillation
+    f0, plus, minus = _line(lambda t: abs(t) * np.sin(1.0 / max(abs(t), 1e-300)))
+    assert J.judge_direction(0.3, f0, plus, minus).verdict in (J.NO_VERDICT, J.MATCH)
+    assert J.judge_direction(0.3, f0, plus, minus).verdict != J.WRONG
+
+
+def test_noise_bound_turns_small_differences_into_no_verdict():
+    rng = np.random.default_rng(1)
+    f0, plus, minus = _line(lambda t: 2.0 + 1e-9 * t + 1e-12 * rng.standard_normal())
+    # with the true evaluation error declared, a slope of 1e-9 is not resolvable at these steps
+    v = J.judge_direction(5.0, f0, plus, minus, noise=1e-12)
+    assert v.verdict in (J.NO_VERDICT, J.WRONG)
+    v = J.judge_direction(1e-9, f0, plus, minus, noise=1e-11)
+    assert v.verdict == J.NO_VERDICT
+
+
+def test_one_usable_side_that_disagrees_is_no_verdict():
+    f0, plus, minus = _line(lambda t: 2.0 * t if t >= 0 else None)  # infeasible for t < 0
+    assert J.judge_direction(2.0, f0, plus, minus).verdict == J.MATCH
+    assert J.judge_direction(-1.0, f0, plus, minus).verdict == J.NO_VERDICT
+    assert J.judge_direction(float("nan"), f0, plus, minus).verdict == J.WRONG
+
+
+def test_combine():
+    assert J.combine([J.MATCH, J.NO_VERDICT]) == J.MATCH
+    assert J.combine([J.MATCH, J.CLARKE]) == J.CLARKE
+    assert J.combine([J.MATCH, J.WRONG, J.CLARKE]) == J.WRONG
+    assert J.combine([J.NO_VERDICT]) == J.NO_VERDICT
+
+
+# ------------------------------------------------------------- Maros-Meszaros subset
+
+try:
+    mmp.data_dir()
+    HAVE_DATA = True
+except FileNotFoundError:
+    HAVE_DATA = False
+needs_data = pytest.mark.skipif(not HAVE_DATA, reason=f"no Maros-Meszaros data (${mmp.DATA_ENV})")
+
+SUBSET = ("HS21", "HS35", "HS76", "HS118", "DUALC1", "QAFIRO", "HS21" + mmp.ZERO_ROW)
+
+
+@needs_data
+@pytest.mark.parametrize("name", SUBSET)
+def test_subset_gets_no_wrong_gradient_and_a_corrupted_one_is_caught(name):
+    from benchmarks.qp.maros_meszaros import judge_problem
+    from benchmarks.qp.mm_dxopt import run_dxopt
+
+    prob = mmp.load(name)
+    dx = run_dxopt(prob, 0, accept_tol=1e-6, repeats=1)
+    assert dx["status"] in ("ok", "refused"), dx  # never a silent failure or a crash
+    if dx["status"] != "ok":
+        pytest.skip(f"{name}: dxopt refused the gradient ({dx.get('error', '')[:80]})")
+    assert dx["accepted"], dx["residuals"]
+    ev = mmp.fd_evidence(prob, 0)
+    result = judge_problem(prob, 0, ev, dx)
+    assert result["verdict"] != J.WRONG, result
+    if name in ("HS21", "HS35", "HS76"):  # smooth, verified active set: a full match
+        assert result["verdict"] == J.MATCH and result["source"] == "fd", result
+        assert result["ref_err"] < 1e-8
+    # the judge can fail: every directional derivative of a gradient scaled by 1.05 is 5% off
+    bad = {k: 1.05 * v for k, v in dx["grads"].items()}
+    corrupted = judge_problem(prob, 0, ev, {**dx, "grads": bad})
+    if result["verdict"] == J.MATCH:
+        # wrong where two sides or the verified reference can tell, never a pass
+        assert corrupted["verdict"] in (J.WRONG, J.NO_VERDICT), corrupted
+        if result["source"] == "ref" or J.MATCH in result["directions"].values():
+            assert corrupted["verdict"] == J.WRONG or not result.get("ref_consistent"), corrupted
+    if name in ("HS21", "HS35", "HS76"):
+        assert corrupted["verdict"] == J.WRONG
+
+
+@needs_data
+def test_reference_gradient_is_exact_on_a_smooth_problem():
+    prob = mmp.load("HS35")
+    ev = mmp.fd_evidence(prob, 0)
+    ref = ev["reference"]
+    assert ref["verified"], ref["why"]
+    assert ev["base_solver"].endswith("+polish") and ev["noise"] < 1e-12
+    for r, e in zip(ref["directions"], ev["directions"]):
+        v = J.judge_direction(r, ev["f0"], e["plus"], e["minus"], noise=ev["noise"])
+        assert v.verdict == J.MATCH and v.rel_error < 1e-8, (e["kind"], v)
+
+
+def test_fixed_pairs_and_polish_make_degenerate_differences_exact():
+    import scipy.sparse as sp
+
+    # x0 fixed by l = u folded into G (rows 0, 1), x1 <= 1 and x0 + x1 <= 2 (both active)
+    G = sp.csc_matrix(np.array([[1.0, 0], [-1.0, 0], [0, 1.0], [1.0, 1.0]]))
+    h = np.array([1.0, -1.0, 1.0, 2.0])
+    prob = mmp.MMProblem("toy", sp.csc_matrix(np.eye(2)), np.array([-3.0, -3.0]), G, h, None, None)
+    assert mmp.fixed_pairs(G, h).tolist() == [1, 0, -1, -1]
+    assert mmp.fixed_rows(G, h).tolist() == [True, True, False, False]
+    x, _, z, solver = mmp.solve_polished(prob)
+    assert solver.endswith("+polish")
+    np.testing.assert_allclose(x, [1.0, 1.0], atol=1e-14)
+    assert z is not None and z.min() >= 0.0
+    np.testing.assert_allclose(G.T @ z + x - 3.0, 0.0, atol=1e-12)  # stationary
+
+
+@needs_data
+def test_quick_cli_run_writes_json_and_table(tmp_path):
+    cmd = [sys.executable, "-m", "benchmarks.qp.run", "--suite", "maros-meszaros",
+           "--problems", "HS21,HS35", "--raw", "daqp,piqp", "--out", str(tmp_path),
+           "--label", "after"]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    payload = json.loads((tmp_path / "maros_meszaros_after.json").read_text())
+    summary = payload["summary"]
+    assert summary["problems"] == 2 and summary["verdicts"][J.WRONG] == 0
+    assert summary["verdicts"][J.MATCH] == 2
+    assert summary["success_rate"]["dxopt"] == 100.0
+    assert {r["problem"] for r in payload["records"]} == {"HS21", "HS35"}
+    text = (tmp_path / "maros_meszaros.md").read_text()
+    assert "| HS21 | 2 | 5 | 0 |" in text and "verdict: wrong" in text
+    assert (tmp_path / "maros_meszaros.png").stat().st_size > 0
+    rerender = subprocess.run([*cmd[:5], "--render-only", "--out", str(tmp_path)], cwd=REPO_ROOT,
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert rerender.returncode == 0, rerender.stderr[-2000:]
