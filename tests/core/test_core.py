@@ -116,13 +116,8 @@ def test_renamed_kwargs_function_and_dataclass():
         "dxopt.estimators",
         "dxopt.linalg",
         "dxopt.natgrad",
-        pytest.param(
-            "dxopt.qp",
-            marks=pytest.mark.xfail(
-                reason="QP errors move onto DxoptError with the QP rewrite (another branch)",
-                strict=False,
-            ),
-        ),
+        "dxopt.qp",
+        "dxopt.distributed",
     ],
 )
 def test_every_public_error_subclasses_dxopt_error(package: str) -> None:

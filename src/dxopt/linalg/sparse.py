@@ -32,6 +32,8 @@ import scipy.linalg as sla
 import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
+from dxopt._core import DxoptError
+
 __all__ = [
     "FactorizationError",
     "SaddleSolveInfo",
@@ -44,7 +46,7 @@ __all__ = [
 _DENSE_LIMIT = 3000  # lstsq_saddle: SVD-based dense solve up to this size, LSMR beyond
 
 
-class FactorizationError(RuntimeError):
+class FactorizationError(DxoptError):
     """A factorization failed (the matrix is numerically singular)."""
 
 

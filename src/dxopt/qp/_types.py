@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 
 from torch import Tensor
+
+from dxopt._core import DxoptError, DxoptWarning, Status
 
 __all__ = [
     "BackwardDiagnostics",
@@ -18,20 +19,12 @@ __all__ = [
 ]
 
 
-class QPStatus(enum.Enum):
-    """Outcome of the forward solve of one sample."""
-
-    SOLVED = "solved"
-    INFEASIBLE = "infeasible"
-    UNBOUNDED = "unbounded"
-    FAILED = "failed"
-
-    @property
-    def ok(self) -> bool:
-        return self is QPStatus.SOLVED
+QPStatus = Status
+"""Outcome of the forward solve of one sample: the library-wide :class:`dxopt.Status` (qp uses
+``SOLVED``, ``INFEASIBLE``, ``UNBOUNDED`` and ``FAILED``); the name is kept for 0.1 code."""
 
 
-class QPSolveError(RuntimeError):
+class QPSolveError(DxoptError):
     """Some samples of the batch were not solved (``on_failure="raise"``).
 
     Attributes:
@@ -40,15 +33,14 @@ class QPSolveError(RuntimeError):
     """
 
     def __init__(self, message: str, failed_indices: tuple[int, ...], status: tuple[QPStatus, ...]):
-        super().__init__(message)
+        super().__init__(message, status=status)
         self.failed_indices = failed_indices
-        self.status = status
 
     def __reduce__(self):  # picklable across processes (DDP, process pools)
         return (QPSolveError, (str(self), self.failed_indices, self.status))
 
 
-class QPBackwardError(RuntimeError):
+class QPBackwardError(DxoptError):
     """The backward linear system could not be solved to the required accuracy.
 
     Raised instead of returning a gradient that may be wrong; the message names the batch
@@ -56,7 +48,7 @@ class QPBackwardError(RuntimeError):
     """
 
 
-class QPDegenerateWarning(UserWarning):
+class QPDegenerateWarning(DxoptWarning, UserWarning):
     """The active constraint rows of some samples are linearly dependent (LICQ fails).
 
     The gradient is still returned: :math:`\\partial L/\\partial q` and
