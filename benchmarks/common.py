@@ -21,16 +21,6 @@ from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS_MD = REPO_ROOT / "BENCHMARKS.md"
-AREA_ORDER = (
-    "qp",
-    "natgrad",
-    "estimators",
-    "bilevel",
-    "multi_attempt",
-    "linearize",
-    "qp_torch",
-    "qp_ray",
-)
 
 
 def set_threads(n: int = 2) -> None:
