@@ -188,10 +188,13 @@ class BackwardBase:
         dual_cot = (data.grad_ineq != 0).any(-1) | (data.grad_eq != 0).any(-1)
         skip = (counts == 0) | dual_cot | ~data.ok
         used, dropped = vertex_rows(data.problem, active.used, data.ineq_duals, data.eq_duals, skip)
-        if bool((dropped > 0).any()):
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always", QPDegenerateWarning)
-                out = self._adjoint(data, replace(active, used=used), diagnostics)
+        if not bool((dropped > 0).any()):
+            for w in caught:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+            return out
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", QPDegenerateWarning)
+            out = self._adjoint(data, replace(active, used=used), diagnostics)
         left = torch.tensor(diagnostics.dependent_rows or (0,) * data.x.shape[0])
         diagnostics.dependent_rows = tuple(int(c) for c in counts)
         diagnostics.licq = False

@@ -20,6 +20,12 @@ round-off in :math:`\\ker C^\\top`. The multiplier cotangents must lie in
 :math:`\\operatorname{range} C` (the multipliers themselves are not unique otherwise); if the
 refined residual stays large the caller raises :class:`~dxopt.qp.QPBackwardError`.
 
+Caveat: on duplicated rows :math:`w^\\star` splits the adjoint equally (a convex combination
+of the one-sided derivatives), but for general dependent rows it need not be an element of
+Clarke's generalised gradient (e.g. active rows :math:`e_1, e_2, e_1 + e_2`; see
+``tests/qp/test_degenerate_vertex.py``). ``degenerate="vertex"`` (:func:`vertex_rows`) returns
+the derivative of one affine piece instead.
+
 Detection: the Cholesky pivots of the row-normalised Gram matrix :math:`\\hat C\\hat C^\\top`
 are the squared distances of each row to the span of the previous ones; a pivot below
 ``DEPENDENT_TOL`` marks a dependent row.
@@ -218,7 +224,9 @@ def record_degenerate(diagnostics: BackwardDiagnostics, counts: Tensor, method: 
             f"{method} backward: the active constraint rows are linearly dependent (LICQ fails) "
             f"at batch indices {bad} ({[int(counts[i]) for i in bad]} dependent rows); the "
             "multiplier adjoint is not unique and the minimum-norm one is used (dL/dq and "
-            "dL/dP are exact; the b/h/A/G gradients are the minimum-norm choice).",
+            "dL/dP are exact; the b/h/A/G gradients are the minimum-norm choice, which for general "
+            "dependent rows can lie outside the one-sided derivatives; degenerate='vertex' "
+            "returns a B-subdifferential element).",
             QPDegenerateWarning,
             stacklevel=3,
         )
