@@ -45,13 +45,13 @@ import torch
 from dxopt.linalg.sparse import lstsq_saddle
 from dxopt.qp._active import WEAK_POLICIES, ActiveSet, identify_active
 from dxopt.qp._adjoint import AdjointInput, AdjointSolution, kkt_residual
-from dxopt.qp._degenerate import dependent_weak_rows
+from dxopt.qp._degenerate import dependent_weak_rows, vertex_rows
 from dxopt.qp._problem import QPProblem
 from dxopt.qp._types import BackwardDiagnostics, QPBackwardError, QPDegenerateWarning
 
 __all__ = ["DEGENERATE_POLICIES", "BackwardBase", "pseudo_inverse_adjoint"]
 
-DEGENERATE_POLICIES = ("min_norm", "raise")
+DEGENERATE_POLICIES = ("min_norm", "vertex", "raise")
 _NORMAL_LIMIT = 1e-9  # relative residual of the normal equations accepted for K^+ r
 
 
@@ -68,7 +68,10 @@ class BackwardBase:
             slack and zero multiplier (see :mod:`dxopt.qp._active`).
         max_residual: largest accepted relative residual of the adjoint system; beyond it the
             degenerate policy applies.
-        degenerate: ``"min_norm"`` (default; module docstring) or ``"raise"``.
+        degenerate: ``"min_norm"`` (default; module docstring), ``"vertex"`` (dependent
+            active inequality rows are dropped down to a vertex of the multiplier set,
+            :func:`dxopt.qp._degenerate.vertex_rows`: an element of the B-subdifferential) or
+            ``"raise"``.
     """
 
     linear_solver: str = "auto"
@@ -140,6 +143,8 @@ class BackwardBase:
                 stacklevel=3,
             )
         try:
+            if self.degenerate == "vertex":
+                return self._vertex_adjoint(data, active, diagnostics)
             return self._adjoint(data, active, diagnostics)
         except QPBackwardError as err:
             if self.degenerate == "raise":
@@ -165,6 +170,48 @@ class BackwardBase:
             except QPBackwardError as err:
                 cause = err
         return pseudo_inverse_adjoint(data, active, diagnostics, self.name, cause)
+
+    def _vertex_adjoint(
+        self, data: AdjointInput, active: ActiveSet, diagnostics: BackwardDiagnostics
+    ) -> AdjointSolution:
+        """``degenerate="vertex"``: the adjoint of the QP restricted to a vertex of the
+        multiplier set where the active rows are dependent (samples whose multiplier outputs
+        have a nonzero cotangent keep the minimum-norm adjoint)."""
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", QPDegenerateWarning)
+            out = self._adjoint(data, active, diagnostics)
+        counts = torch.tensor(diagnostics.dependent_rows or (0,) * data.x.shape[0])
+        if not bool((counts > 0).any()):
+            for w in caught:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+            return out
+        dual_cot = (data.grad_ineq != 0).any(-1) | (data.grad_eq != 0).any(-1)
+        skip = (counts == 0) | dual_cot | ~data.ok
+        used, dropped = vertex_rows(data.problem, active.used, data.ineq_duals, data.eq_duals, skip)
+        if not bool((dropped > 0).any()):
+            for w in caught:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+            return out
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", QPDegenerateWarning)
+            out = self._adjoint(data, replace(active, used=used), diagnostics)
+        left = torch.tensor(diagnostics.dependent_rows or (0,) * data.x.shape[0])
+        diagnostics.dependent_rows = tuple(int(c) for c in counts)
+        diagnostics.licq = False
+        bad = torch.nonzero(dropped > 0).flatten().tolist()
+        warnings.warn(
+            f"{self.name} backward: the active constraint rows are linearly dependent (LICQ "
+            f"fails) at batch indices {torch.nonzero(counts > 0).flatten().tolist()}; at "
+            f"{bad} {[int(dropped[i]) for i in bad]} dependent inequality rows were dropped "
+            "to a vertex of the multiplier set (degenerate='vertex'), so the gradient is the "
+            "derivative of one affine piece (a B-subdifferential element).",
+            QPDegenerateWarning,
+            stacklevel=4,
+        )
+        if bool((left > 0).any()):  # min-norm left (dual cotangents, equality dependencies)
+            for w in caught:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        return out
 
 
 def _sample_matrices(problem: QPProblem, used: torch.Tensor, i: int) -> tuple[Any, Any]:

@@ -81,8 +81,10 @@ class KKTBackward(BackwardBase):
         max_residual: largest accepted relative residual of the adjoint system; beyond it the
             ``degenerate`` policy applies.
         degenerate: ``"min_norm"`` (default: a singular reduced KKT matrix gets the
-            pseudo-inverse adjoint, flagged and warned; see :mod:`dxopt.qp._backward_base`)
-            or ``"raise"`` (:class:`~dxopt.qp.QPBackwardError`).
+            pseudo-inverse adjoint, flagged and warned; see :mod:`dxopt.qp._backward_base`),
+            ``"vertex"`` (dependent active rows dropped to a vertex of the multiplier set, a
+            B-subdifferential element; :func:`dxopt.qp._degenerate.vertex_rows`) or
+            ``"raise"`` (:class:`~dxopt.qp.QPBackwardError`).
     """
 
     @property

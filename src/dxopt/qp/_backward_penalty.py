@@ -90,8 +90,10 @@ class PenaltyBackward(BackwardBase):
             the ``degenerate`` policy applies. With ``max_refinement=0`` the check is skipped
             (plain dXPP has an O(β) residual by design).
         degenerate: ``"min_norm"`` (default: a singular reduced KKT matrix gets the
-            pseudo-inverse adjoint, flagged and warned; see :mod:`dxopt.qp._backward_base`)
-            or ``"raise"`` (:class:`~dxopt.qp.QPBackwardError`).
+            pseudo-inverse adjoint, flagged and warned; see :mod:`dxopt.qp._backward_base`),
+            ``"vertex"`` (dependent active rows dropped to a vertex of the multiplier set, a
+            B-subdifferential element; :func:`dxopt.qp._degenerate.vertex_rows`) or
+            ``"raise"`` (:class:`~dxopt.qp.QPBackwardError`).
     """
 
     beta: float | None = None

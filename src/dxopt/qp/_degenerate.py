@@ -20,6 +20,12 @@ round-off in :math:`\\ker C^\\top`. The multiplier cotangents must lie in
 :math:`\\operatorname{range} C` (the multipliers themselves are not unique otherwise); if the
 refined residual stays large the caller raises :class:`~dxopt.qp.QPBackwardError`.
 
+Caveat: on duplicated rows :math:`w^\\star` splits the adjoint equally (a convex combination
+of the one-sided derivatives), but for general dependent rows it need not be an element of
+Clarke's generalised gradient (e.g. active rows :math:`e_1, e_2, e_1 + e_2`; see
+``tests/qp/test_degenerate_vertex.py``). ``degenerate="vertex"`` (:func:`vertex_rows`) returns
+the derivative of one affine piece instead.
+
 Detection: the Cholesky pivots of the row-normalised Gram matrix :math:`\\hat C\\hat C^\\top`
 are the squared distances of each row to the span of the previous ones; a pivot below
 ``DEPENDENT_TOL`` marks a dependent row.
@@ -49,6 +55,7 @@ __all__ = [
     "min_norm_sparse",
     "record_degenerate",
     "refine_schur",
+    "vertex_rows",
 ]
 
 DEPENDENT_TOL = 1e-10
@@ -217,7 +224,9 @@ def record_degenerate(diagnostics: BackwardDiagnostics, counts: Tensor, method: 
             f"{method} backward: the active constraint rows are linearly dependent (LICQ fails) "
             f"at batch indices {bad} ({[int(counts[i]) for i in bad]} dependent rows); the "
             "multiplier adjoint is not unique and the minimum-norm one is used (dL/dq and "
-            "dL/dP are exact; the b/h/A/G gradients are the minimum-norm choice).",
+            "dL/dP are exact; the b/h/A/G gradients are the minimum-norm choice, which for general "
+            "dependent rows can lie outside the one-sided derivatives; degenerate='vertex' "
+            "returns a B-subdifferential element).",
             QPDegenerateWarning,
             stacklevel=3,
         )
@@ -271,3 +280,87 @@ def _matrix(problem: QPProblem, name: str, i: int) -> Any:
     if t.layout == torch.sparse_coo:
         return problem.csr[name][0]
     return (t[i] if t.ndim == 3 else t).numpy()
+
+
+MAX_VERTEX_ENTRIES = 4e6  # dense entries of [G_J; A] above which ``vertex_rows`` skips a sample
+
+
+def vertex_rows(
+    problem: QPProblem, used: Tensor, ineq_duals: Tensor, eq_duals: Tensor, skip: Tensor
+) -> tuple[Tensor, Tensor]:
+    """Drop dependent active inequality rows until the rest are independent, keeping the
+    multipliers feasible: the ``degenerate="vertex"`` policy.
+
+    With :math:`C = [G_J; A]` dependent, the optimal multipliers form the polyhedron
+    :math:`\\Lambda = \\{(z_J, y): C^\\top (z_J, y) = -(Px + q),\\ z_J \\ge 0\\}`. Starting
+    from the solver's multipliers, each step moves along a null vector :math:`\\nu` of
+    :math:`C^\\top` with a positive inequality entry by the ratio test
+    :math:`t = \\min_{\\nu_i > 0} z_i/\\nu_i` and drops the row that reaches zero
+    (Carathéodory's reduction). The end point is a vertex of :math:`\\Lambda`; its support
+    :math:`B` has independent rows and nonnegative multipliers, so the derivative of the
+    QP restricted to :math:`B` (the other rows inactive) is the derivative of one of the
+    affine pieces of the solution map at this point, an element of its B-subdifferential
+    (Clarke's generalised gradient contains it). The minimum-norm multiplier adjoint
+    need not be one: with three active rows :math:`e_1, e_2, e_1 + e_2` it can lie outside
+    the hull of the one-sided derivatives.
+
+    Equality rows are never dropped (a dependency among the equality rows alone is left to
+    the minimum-norm adjoint). Samples in ``skip``, and samples too big for a dense null
+    space (``MAX_VERTEX_ENTRIES``), are left unchanged. Returns the new ``used`` mask (S, m)
+    and the per-sample number of dropped rows.
+    """
+    out = used.clone()
+    dropped = torch.zeros(used.shape[0], dtype=torch.int64)
+    for i in range(used.shape[0]):
+        if bool(skip[i]):
+            continue
+        act = torch.nonzero(used[i]).flatten().numpy()
+        if act.size == 0:
+            continue
+        blocks = [_matrix(problem, "G", i)[act]]
+        has_eq = problem.A is not None and bool(problem.p)
+        if has_eq:
+            blocks.append(_matrix(problem, "A", i))
+        rows = sum(b.shape[0] for b in blocks)
+        if rows * blocks[0].shape[1] > MAX_VERTEX_ENTRIES:
+            continue
+        C = np.vstack([b.toarray() if sp.issparse(b) else np.asarray(b) for b in blocks])
+        k = act.size
+        norms = np.linalg.norm(C, axis=1)
+        Cn = C / np.where(norms > 0, norms, 1.0)[:, None]
+        lam = (
+            np.concatenate(
+                [ineq_duals[i, act].numpy(), eq_duals[i].numpy() if has_eq else np.zeros(0)]
+            )
+            * norms
+        )  # multipliers of the normalised rows
+        lam[:k] = np.maximum(lam[:k], 0.0)
+        _, sigma, Vt = np.linalg.svd(Cn.T, full_matrices=True)
+        rank = int((sigma > 1e-8 * max(float(sigma.max(initial=0.0)), 1e-300)).sum())
+        N = Vt[rank:].T  # null space of Cn^T, (rows, d)
+        keep = np.ones(C.shape[0], dtype=bool)
+        while N.shape[1]:
+            ineq = np.abs(N[:k]) * keep[:k, None]
+            col = int(np.argmax(ineq.max(0)))
+            if ineq[:, col].max() <= 1e-9:
+                break  # what is left is a dependency among the equality rows
+            nu = N[:, col] * keep
+            if not (nu[:k] > 1e-9).any():
+                nu = -nu
+            pos = np.nonzero((nu[:k] > 1e-9) & keep[:k])[0]
+            j = int(pos[np.argmin(lam[pos] / nu[pos])])
+            lam = lam - (lam[j] / nu[j]) * nu
+            lam[j] = 0.0
+            lam[:k] = np.maximum(lam[:k], 0.0)
+            keep[j] = False
+            # the null space of the kept rows: vectors of N with a zero entry j
+            piv = N[j] / N[j, col]
+            N = N - np.outer(N[:, col], piv)
+            N = np.delete(N, col, axis=1)
+            if N.shape[1]:
+                q, _ = np.linalg.qr(N)
+                N = q
+        gone = act[~keep[:k]]
+        out[i, torch.from_numpy(gone)] = False
+        dropped[i] = gone.size
+    return out, dropped
