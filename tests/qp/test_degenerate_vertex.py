@@ -87,3 +87,28 @@ def test_vertex_leaves_nondegenerate_samples_and_dual_cotangents_alone() -> None
             ((W * sol.x).sum() + sol.ineq_duals.sum()).backward()
         out[policy] = hh.grad
     torch.testing.assert_close(out["vertex"], out["min_norm"])
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+@pytest.mark.parametrize("backward", ["penalty", "kkt"])
+def test_default_is_a_piece_for_general_dependencies(backward: str, sparse: bool) -> None:
+    h = torch.zeros(3, dtype=F64, requires_grad=True)
+    Pm, Gm = (P.to_sparse_csr(), G.to_sparse_csr()) if sparse else (P, G)
+    sol = dqp.solve(Pm, Q, G=Gm, h=h, backward=backward)  # default degenerate="auto"
+    with pytest.warns(dqp.QPDegenerateWarning, match="vertex"):
+        (W * sol.x).sum().backward()
+    assert h.grad is not None
+    assert any(torch.allclose(h.grad, p, atol=1e-7) for p in PIECES), h.grad
+
+
+@pytest.mark.parametrize("solver", ["daqp", "piqp", "clarabel"])
+def test_default_keeps_the_equal_split_on_duplicated_rows(solver: str) -> None:
+    # x1 <= h1 twice (and x2 <= h2): the minimum-norm rule splits dL/dh1 equally between the
+    # copies whatever multipliers the backend returned; "auto" keeps it there.
+    G2 = torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]], dtype=F64)
+    h = torch.zeros(3, dtype=F64, requires_grad=True)
+    sol = dqp.solve(P, Q, G=G2, h=h, solver=solver)
+    with pytest.warns(dqp.QPDegenerateWarning, match="minimum-norm"):
+        (W * sol.x).sum().backward()
+    assert h.grad is not None
+    torch.testing.assert_close(h.grad, torch.tensor([0.5, 0.5, 5.0], dtype=F64), atol=1e-7, rtol=0)

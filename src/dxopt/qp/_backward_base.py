@@ -10,8 +10,14 @@ lie in the span of the active rows (a duplicated row whose multiplier the backen
 other copy) join the active set first (:func:`dxopt.qp._degenerate.dependent_weak_rows`), so
 LICQ detection does not depend on the backend.
 
-**Degenerate problems** (``degenerate="min_norm"``, the default). Dependent active rows (LICQ
-fails) get the minimum-norm multiplier adjoint inside each method (:mod:`dxopt.qp._degenerate`).
+**Degenerate problems** (``degenerate="auto"``, the default). Dependent active rows (LICQ
+fails) are reduced to a vertex of the multiplier set (:func:`dxopt.qp._degenerate.vertex_rows`:
+the derivative of one affine piece, an element of the B-subdifferential), except where the only
+dependencies are parallel copies of rows (duplicated or opposite rows), which keep the
+minimum-norm multiplier adjoint (the equal split between the copies, inside Clarke's hull and
+independent of the backend). ``degenerate="min_norm"`` uses the minimum-norm adjoint for every
+dependency; for general dependent rows it can lie outside the hull of the one-sided
+derivatives (rows :math:`e_1, e_2, e_1 + e_2`), so it is no longer the default.
 When the reduced KKT matrix :math:`K = [[P, C^\\top], [C, 0]]` is singular for another reason,
 i.e. :math:`P` is singular on :math:`\\ker C`, the method's exact solve fails its residual
 check. Two cases:
@@ -51,7 +57,7 @@ from dxopt.qp._types import BackwardDiagnostics, QPBackwardError, QPDegenerateWa
 
 __all__ = ["DEGENERATE_POLICIES", "BackwardBase", "pseudo_inverse_adjoint"]
 
-DEGENERATE_POLICIES = ("min_norm", "vertex", "raise")
+DEGENERATE_POLICIES = ("auto", "min_norm", "vertex", "raise")
 _NORMAL_LIMIT = 1e-9  # relative residual of the normal equations accepted for K^+ r
 
 
@@ -68,17 +74,19 @@ class BackwardBase:
             slack and zero multiplier (see :mod:`dxopt.qp._active`).
         max_residual: largest accepted relative residual of the adjoint system; beyond it the
             degenerate policy applies.
-        degenerate: ``"min_norm"`` (default; module docstring), ``"vertex"`` (dependent
-            active inequality rows are dropped down to a vertex of the multiplier set,
-            :func:`dxopt.qp._degenerate.vertex_rows`: an element of the B-subdifferential) or
-            ``"raise"``.
+        degenerate: ``"auto"`` (default: ``"vertex"`` except where the only dependencies are
+            duplicated/opposite rows, which keep ``"min_norm"``; module docstring),
+            ``"vertex"`` (dependent active inequality rows are dropped down to a vertex of the
+            multiplier set, :func:`dxopt.qp._degenerate.vertex_rows`: an element of the
+            B-subdifferential), ``"min_norm"`` (the minimum-norm multiplier adjoint for every
+            dependency) or ``"raise"``.
     """
 
     linear_solver: str = "auto"
     active_tol: float | None = None
     weak_policy: str = "inactive"
     max_residual: float = 1e-8
-    degenerate: str = "min_norm"
+    degenerate: str = "auto"
 
     def __post_init__(self) -> None:
         if self.linear_solver not in ("auto", "dense", "sparse"):
@@ -143,7 +151,7 @@ class BackwardBase:
                 stacklevel=3,
             )
         try:
-            if self.degenerate == "vertex":
+            if self.degenerate in ("auto", "vertex"):
                 return self._vertex_adjoint(data, active, diagnostics)
             return self._adjoint(data, active, diagnostics)
         except QPBackwardError as err:
@@ -187,7 +195,14 @@ class BackwardBase:
             return out
         dual_cot = (data.grad_ineq != 0).any(-1) | (data.grad_eq != 0).any(-1)
         skip = (counts == 0) | dual_cot | ~data.ok
-        used, dropped = vertex_rows(data.problem, active.used, data.ineq_duals, data.eq_duals, skip)
+        used, dropped = vertex_rows(
+            data.problem,
+            active.used,
+            data.ineq_duals,
+            data.eq_duals,
+            skip,
+            keep_parallel=self.degenerate == "auto",
+        )
         if not bool((dropped > 0).any()):
             for w in caught:
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
@@ -203,8 +218,8 @@ class BackwardBase:
             f"{self.name} backward: the active constraint rows are linearly dependent (LICQ "
             f"fails) at batch indices {torch.nonzero(counts > 0).flatten().tolist()}; at "
             f"{bad} {[int(dropped[i]) for i in bad]} dependent inequality rows were dropped "
-            "to a vertex of the multiplier set (degenerate='vertex'), so the gradient is the "
-            "derivative of one affine piece (a B-subdifferential element).",
+            f"to a vertex of the multiplier set (degenerate={self.degenerate!r}), so the "
+            "gradient is the derivative of one affine piece (a B-subdifferential element).",
             QPDegenerateWarning,
             stacklevel=4,
         )

@@ -80,10 +80,13 @@ class KKTBackward(BackwardBase):
         weak_policy: treatment of weakly active rows: ``"inactive"``, ``"active"``, ``"raise"``.
         max_residual: largest accepted relative residual of the adjoint system; beyond it the
             ``degenerate`` policy applies.
-        degenerate: ``"min_norm"`` (default: a singular reduced KKT matrix gets the
-            pseudo-inverse adjoint, flagged and warned; see :mod:`dxopt.qp._backward_base`),
-            ``"vertex"`` (dependent active rows dropped to a vertex of the multiplier set, a
-            B-subdifferential element; :func:`dxopt.qp._degenerate.vertex_rows`) or
+        degenerate: ``"auto"`` (default: dependent active rows dropped to a vertex of the
+            multiplier set except for duplicated/opposite rows, which get the minimum-norm
+            split; a singular reduced KKT matrix gets the pseudo-inverse adjoint; flagged and
+            warned; see :mod:`dxopt.qp._backward_base`), ``"min_norm"`` (minimum-norm
+            multiplier adjoint for every dependency), ``"vertex"`` (dependent active rows
+            dropped to a vertex of the multiplier set, a B-subdifferential element;
+            :func:`dxopt.qp._degenerate.vertex_rows`) or
             ``"raise"`` (:class:`~dxopt.qp.QPBackwardError`).
     """
 

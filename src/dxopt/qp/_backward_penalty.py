@@ -89,10 +89,13 @@ class PenaltyBackward(BackwardBase):
         max_residual: if the final relative residual of the exact adjoint system exceeds this,
             the ``degenerate`` policy applies. With ``max_refinement=0`` the check is skipped
             (plain dXPP has an O(β) residual by design).
-        degenerate: ``"min_norm"`` (default: a singular reduced KKT matrix gets the
-            pseudo-inverse adjoint, flagged and warned; see :mod:`dxopt.qp._backward_base`),
-            ``"vertex"`` (dependent active rows dropped to a vertex of the multiplier set, a
-            B-subdifferential element; :func:`dxopt.qp._degenerate.vertex_rows`) or
+        degenerate: ``"auto"`` (default: dependent active rows dropped to a vertex of the
+            multiplier set except for duplicated/opposite rows, which get the minimum-norm
+            split; a singular reduced KKT matrix gets the pseudo-inverse adjoint; flagged and
+            warned; see :mod:`dxopt.qp._backward_base`), ``"min_norm"`` (minimum-norm
+            multiplier adjoint for every dependency), ``"vertex"`` (dependent active rows
+            dropped to a vertex of the multiplier set, a B-subdifferential element;
+            :func:`dxopt.qp._degenerate.vertex_rows`) or
             ``"raise"`` (:class:`~dxopt.qp.QPBackwardError`).
     """
 

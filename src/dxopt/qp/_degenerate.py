@@ -286,7 +286,13 @@ MAX_VERTEX_ENTRIES = 4e6  # dense entries of [G_J; A] above which ``vertex_rows`
 
 
 def vertex_rows(
-    problem: QPProblem, used: Tensor, ineq_duals: Tensor, eq_duals: Tensor, skip: Tensor
+    problem: QPProblem,
+    used: Tensor,
+    ineq_duals: Tensor,
+    eq_duals: Tensor,
+    skip: Tensor,
+    *,
+    keep_parallel: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """Drop dependent active inequality rows until the rest are independent, keeping the
     multipliers feasible: the ``degenerate="vertex"`` policy.
@@ -305,7 +311,11 @@ def vertex_rows(
     the hull of the one-sided derivatives.
 
     Equality rows are never dropped (a dependency among the equality rows alone is left to
-    the minimum-norm adjoint). Samples in ``skip``, and samples too big for a dense null
+    the minimum-norm adjoint). ``keep_parallel=True`` (``degenerate="auto"``) also leaves
+    unchanged the samples whose only dependencies are parallel copies of rows (duplicated or
+    opposite rows): there the minimum-norm adjoint splits the multiplier adjoint equally
+    between the copies, the symmetric element of Clarke's hull, and does not depend on which
+    multipliers the backend returned. Samples in ``skip``, and samples too big for a dense null
     space (``MAX_VERTEX_ENTRIES``), are left unchanged. Returns the new ``used`` mask (S, m)
     and the per-sample number of dropped rows.
     """
@@ -337,6 +347,8 @@ def vertex_rows(
         lam[:k] = np.maximum(lam[:k], 0.0)
         _, sigma, Vt = np.linalg.svd(Cn.T, full_matrices=True)
         rank = int((sigma > 1e-8 * max(float(sigma.max(initial=0.0)), 1e-300)).sum())
+        if keep_parallel and rank == _parallel_groups(Cn):
+            continue  # only duplicated/opposite rows: the minimum-norm split stays
         N = Vt[rank:].T  # null space of Cn^T, (rows, d)
         keep = np.ones(C.shape[0], dtype=bool)
         while N.shape[1]:
@@ -364,3 +376,12 @@ def vertex_rows(
         out[i, torch.from_numpy(gone)] = False
         dropped[i] = gone.size
     return out, dropped
+
+
+def _parallel_groups(Cn: np.ndarray) -> int:
+    """Number of distinct rows of the row-normalised ``Cn`` up to sign (parallel copies, such
+    as a duplicated row or ``a x <= h`` next to ``-a x <= -h``, count once)."""
+    lead = np.argmax(np.abs(Cn), axis=1)
+    signs = np.sign(Cn[np.arange(Cn.shape[0]), lead])
+    canon = np.round(Cn * np.where(signs == 0, 1.0, signs)[:, None], 9) + 0.0
+    return int(np.unique(canon, axis=0).shape[0])
