@@ -145,3 +145,27 @@ def test_fallback_chain_records_the_solver_and_can_be_turned_off():
     )
     assert sol.status == (dqp.QPStatus.FAILED,)
     assert sol.info.sample_solvers == ("",)
+
+
+@pytest.mark.parametrize("alpha", [1e-8, 1e8])
+@pytest.mark.parametrize("backward", ["penalty", "kkt"])
+def test_tiny_and_huge_norm_row_give_the_same_gradient(alpha: float, backward: str) -> None:
+    # scaling one active row (G_i, h_i) by alpha is the same problem: x and dL/dq are unchanged
+    # and dL/dh_i scales by 1/alpha (no threshold on the row norm may change the active set)
+    P = torch.eye(3, dtype=torch.float64)
+    q = torch.tensor([-1.0, -1.0, -1.0], dtype=torch.float64)
+    G = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 1.0]], dtype=torch.float64)
+    h = torch.tensor([0.5, 0.8], dtype=torch.float64)
+    w = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)
+    grads = []
+    for s in (1.0, alpha):
+        scale = torch.tensor([s, 1.0], dtype=torch.float64)
+        qq, hh = q.clone().requires_grad_(True), (h * scale).requires_grad_(True)
+        sol = dqp.solve(P, qq, G=G * scale[:, None], h=hh, backward=backward)
+        (w * sol.x).sum().backward()
+        assert qq.grad is not None and hh.grad is not None
+        grads.append((sol.x.detach(), qq.grad, hh.grad * scale))
+    torch.testing.assert_close(grads[1][0], grads[0][0], atol=1e-9, rtol=0)
+    torch.testing.assert_close(grads[1][1], grads[0][1], atol=1e-7, rtol=1e-7)
+    torch.testing.assert_close(grads[1][2], grads[0][2], atol=1e-7, rtol=1e-7)
+    assert grads[0][2].abs().min() > 0.1  # both rows active: a real check
