@@ -9,6 +9,8 @@
   by a quasi-definite regularised factorization plus refinement, dense or scipy sparse, with the
   residual reported; :func:`lstsq_saddle` the Moore-Penrose fallback; :func:`splu` the one
   SuperLU wrapper (errors mapped to :class:`FactorizationError`).
+- :func:`small_threads`: run a block of small-matrix work at one torch thread (waking a second
+  thread costs more than a small factorization).
 """
 
 from dxopt.linalg.dense import SPDSolveInfo as SPDSolveInfo
@@ -20,6 +22,7 @@ from dxopt.linalg.sparse import SaddleSolveInfo as SaddleSolveInfo
 from dxopt.linalg.sparse import lstsq_saddle as lstsq_saddle
 from dxopt.linalg.sparse import saddle_solve as saddle_solve
 from dxopt.linalg.sparse import splu as splu
+from dxopt.linalg.threads import small_threads as small_threads
 
 __all__ = [
     "FactorizationError",
@@ -29,6 +32,7 @@ __all__ = [
     "conjugate_gradient",
     "lstsq_saddle",
     "saddle_solve",
+    "small_threads",
     "spd_solve",
     "splu",
 ]

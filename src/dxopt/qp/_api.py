@@ -5,15 +5,23 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
 from dxopt.qp._backward_kkt import KKTBackward
 from dxopt.qp._backward_penalty import PenaltyBackward
 from dxopt.qp._bounds import append_bounds
-from dxopt.qp._forward import ForwardResult, default_solver, solve_forward, trivial_forward
+from dxopt.qp._forward import (
+    ForwardResult,
+    daqp_certifies_psd,
+    default_solver,
+    solve_forward,
+    trivial_forward,
+)
 from dxopt.qp._function import BackwardMethod, QPFunction, QPState
 from dxopt.qp._problem import QPProblem, canonical_problem
+from dxopt.qp._problem import check_psd as check_psd_of
 from dxopt.qp._types import BackwardDiagnostics, QPInfo, QPSolution, QPSolveError
 
 if TYPE_CHECKING:
@@ -37,28 +45,28 @@ def _backward_method(backward: object) -> BackwardMethod:
     )
 
 
-def _trivial(problem: QPProblem, *, solver: str, eps_abs: float, **_: Any) -> ForwardResult:
-    return trivial_forward(problem, eps_abs, solver)
-
-
 def _residuals(problem: QPProblem, r: ForwardResult) -> tuple[tuple[float, ...], ...]:
-    x = torch.nan_to_num(r.x)
-    primal = torch.zeros(problem.size, dtype=torch.float64)
-    dual = problem.mv("P", x) + problem.dense_vec("q")
-    if problem.A is not None and problem.p:
-        eq = (problem.mv("A", x) - problem.dense_vec("b")).abs().amax(-1)
-        primal = torch.maximum(primal, eq)
-        dual = dual + problem.rmv("A", torch.nan_to_num(r.eq_duals))
-    if problem.G is not None and problem.m:
-        viol = (problem.mv("G", x) - problem.dense_vec("h")).clamp_min(0.0).amax(-1)
-        primal = torch.maximum(primal, viol)
-        dual = dual + problem.rmv("G", torch.nan_to_num(r.ineq_duals))
-    ok = torch.tensor([s.ok for s in r.status], dtype=torch.bool)
-    nan = torch.full_like(primal, float("nan"))
-    primal = torch.where(ok, primal, nan)
-    dual_max = dual.abs().amax(-1) if problem.n else torch.zeros_like(primal)
-    dual_inf = torch.where(ok, dual_max, nan)
-    return tuple(float(v) for v in primal), tuple(float(v) for v in dual_inf)
+    """Per-sample primal and dual residuals of :class:`QPInfo` (NaN for unsolved samples):
+    the forward's own when its certificate computed them, else one numpy pass."""
+    ok = np.fromiter((s.ok for s in r.status), dtype=bool, count=len(r.status))
+    if r.residuals is not None:
+        primal, dual = r.residuals
+    else:
+        x = np.nan_to_num(r.x.numpy())
+        primal = np.zeros(problem.size)
+        dual = problem.np_mv("P", x) + problem.np_vec("q")
+        if problem.A is not None and problem.p:
+            eq = np.abs(problem.np_mv("A", x) - problem.np_vec("b")).max(-1)
+            primal = np.maximum(primal, eq)
+            dual = dual + problem.np_rmv("A", np.nan_to_num(r.eq_duals.numpy()))
+        if problem.G is not None and problem.m:
+            viol = np.maximum(problem.np_mv("G", x) - problem.np_vec("h"), 0.0).max(-1)
+            primal = np.maximum(primal, viol)
+            dual = dual + problem.np_rmv("G", np.nan_to_num(r.ineq_duals.numpy()))
+        dual = np.abs(dual).max(-1) if problem.n else np.zeros(problem.size)
+    primal = np.where(ok, primal, np.nan)
+    dual = np.where(ok, dual, np.nan)
+    return tuple(primal.tolist()), tuple(dual.tolist())
 
 
 @torch.compiler.disable  # a graph break: the solver runs eagerly (numpy/C backends)
@@ -201,25 +209,33 @@ def solve(
         others = (P, A) if G is None else (G,)  # match G's layout, else the problem's
         sparse = any(isinstance(t, Tensor) and t.layout != torch.strided for t in others)
         G, h, k_lb, k_ub = append_bounds(q, G, h, lb, ub, sparse=sparse)
-    problem = canonical_problem(P, q, A, b, G, h, check_psd=check_psd)
+    problem = canonical_problem(P, q, A, b, G, h, check_psd=check_psd, defer_psd=True)
     if warm_start is not None and (
         not isinstance(warm_start, Tensor) or warm_start.shape[-1] != problem.n
     ):
         got = tuple(warm_start.shape) if isinstance(warm_start, Tensor) else type(warm_start)
         raise ValueError(f"warm_start: expected a tensor (n,) or (B, n), got {got}.")
     name = default_solver(problem) if solver == "auto" else solver
-    solve_fn = solve_forward if problem.size and problem.n else _trivial
-    result = solve_fn(
-        problem,
-        solver=name,
-        eps_abs=eps_abs,
-        eps_rel=eps_rel,
-        warm_start=warm_start,
-        max_workers=max_workers,
-        solver_options=solver_options,
-        fallback=fallback,
-        polish=polish,
-    )
+    solvable = bool(problem.size and problem.n)
+    # the PSD check of P: daqp's own Cholesky certifies it for free, else one Cholesky here
+    psd_pending = check_psd and solvable and daqp_certifies_psd(problem, name, solver_options)
+    if check_psd and solvable and not psd_pending:
+        check_psd_of(problem)
+    if solvable:
+        result = solve_forward(
+            problem,
+            solver=name,
+            eps_abs=eps_abs,
+            eps_rel=eps_rel,
+            warm_start=warm_start,
+            max_workers=max_workers,
+            solver_options=solver_options,
+            fallback=fallback,
+            polish=polish,
+            psd_pending=psd_pending,
+        )
+    else:
+        result = trivial_forward(problem, eps_abs, name)
     failed = tuple(i for i, s in enumerate(result.status) if not s.ok)
     if failed and on_failure == "raise":
         kinds = {i: result.status[i].value for i in failed}

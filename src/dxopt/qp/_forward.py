@@ -49,14 +49,16 @@ import torch
 from torch import Tensor
 
 from dxopt.qp._active import row_inf as row_inf_torch
-from dxopt.qp._polish import _row_inf, batch_accept_exact
+from dxopt.qp._daqp import FACTORED_FLAGS, DaqpBatch, DaqpPoint
+from dxopt.qp._polish import BatchCertificate, _row_inf, batch_accept_exact
 from dxopt.qp._polish import polish as polish_solution
-from dxopt.qp._problem import QPProblem
+from dxopt.qp._problem import NotPSDError, QPProblem, check_psd
 from dxopt.qp._types import QPStatus
 
 __all__ = [
     "Attempt",
     "ForwardResult",
+    "daqp_certifies_psd",
     "default_solver",
     "fallback_chain",
     "solve_forward",
@@ -102,7 +104,9 @@ class ForwardResult:
     ``active`` (S, m) is the certified active set of each sample (the polished one), and
     ``sample_solvers``/``sample_eps``/``polished`` record which attempt of the fallback chain
     produced each sample (``""``/NaN for failed samples); ``settled`` is False where the point
-    was certified only by the duality gap (its active set is a guess).
+    was certified only by the duality gap (its active set is a guess). ``residuals`` are the
+    per-sample primal and dual residuals of :class:`~dxopt.qp.QPInfo` when the forward already
+    computed them (the batch certificate), else ``None``.
     """
 
     x: Tensor
@@ -116,6 +120,7 @@ class ForwardResult:
     sample_eps: tuple[float, ...] = ()
     polished: tuple[bool, ...] = ()
     settled: tuple[bool, ...] = ()
+    residuals: tuple[np.ndarray, np.ndarray] | None = None
 
 
 _SPARSE_ONLY = ("clarabel", "osqp", "scs")
@@ -267,31 +272,44 @@ def trivial_forward(problem: QPProblem, eps_abs: float, solver: str) -> ForwardR
     )
 
 
+def daqp_certifies_psd(
+    problem: QPProblem, solver: str, solver_options: dict[str, Any] | None
+) -> bool:
+    """Whether daqp's own Cholesky can stand in for the PSD check of ``P``: daqp is the
+    requested backend, ``P`` is dense, and the user did not set daqp's ``eps_prox``."""
+    return (
+        solver == "daqp"
+        and problem.P.layout == torch.strided
+        and "eps_prox" not in (solver_options or {})
+    )
+
+
 def _accept_exact_batch(
     problem: QPProblem,
     points: list[tuple[Any, ...] | None],
     eps_abs: float,
     eps_rel: float,
     g_inf: np.ndarray | None,
-) -> list[int]:
+) -> tuple[list[int], BatchCertificate | None]:
     """Certify a batch of exact-working-set points at once (clipping the multipliers and
     zeroing those of zero rows in place); returns the samples that still need the per-sample
-    path (no point, or not certified as they are)."""
+    path (no point, or not certified as they are) and the batch certificate (``None`` when
+    some sample has no point)."""
     if any(pt is None for pt in points):  # rare: keep the per-sample path for everyone
-        return list(range(len(points)))
+        return list(range(len(points))), None
     m = problem.m
-    X = torch.from_numpy(np.stack([pt[1] for pt in points]))  # type: ignore[index]
-    MU = torch.from_numpy(np.stack([pt[2] for pt in points]))  # type: ignore[index]
-    NU = torch.from_numpy(np.stack([pt[3] for pt in points]))  # type: ignore[index]
+    X = np.stack([pt[1] for pt in points])  # type: ignore[index]
+    MU = np.stack([pt[2] for pt in points])  # type: ignore[index]
+    NU = np.stack([pt[3] for pt in points])  # type: ignore[index]
     if m:
-        gi = torch.from_numpy(g_inf) if g_inf is not None else row_inf_torch(problem.G)  # type: ignore[arg-type]
-        NU = torch.where(gi > 0, NU.clamp_min(0.0), torch.zeros_like(NU))
+        gi = g_inf if g_inf is not None else row_inf_torch(problem.G).numpy()  # type: ignore[arg-type]
+        NU = np.where(gi > 0, np.maximum(NU, 0.0), 0.0)
         for i, pt in enumerate(points):
-            points[i] = (pt[0], pt[1], pt[2], NU[i].numpy())  # type: ignore[index]
+            points[i] = (pt[0], pt[1], pt[2], NU[i])  # type: ignore[index]
     else:
-        gi = torch.zeros(0, dtype=torch.float64)
-    ok = batch_accept_exact(problem, X, MU, NU, gi, eps_abs=eps_abs, eps_rel=eps_rel)
-    return [i for i in range(len(points)) if not bool(ok[i])]
+        gi = np.zeros(0)
+    cert = batch_accept_exact(problem, X, MU, NU, gi, eps_abs=eps_abs, eps_rel=eps_rel)
+    return np.flatnonzero(~cert.ok).tolist(), cert
 
 
 def solve_forward(
@@ -305,9 +323,15 @@ def solve_forward(
     solver_options: dict[str, Any] | None,
     fallback: bool = True,
     polish: bool = True,
+    psd_pending: bool = False,
 ) -> ForwardResult:
     """Solve, polish and certify every sample, walking the fallback chain where an attempt
-    fails; failed samples get NaN rows and a non-``SOLVED`` status."""
+    fails; failed samples get NaN rows and a non-``SOLVED`` status.
+
+    ``psd_pending=True``: ``P`` has not been checked for positive semidefiniteness yet (only
+    with ``solver="daqp"`` on a dense ``P``, see :func:`daqp_certifies_psd`); daqp's own
+    Cholesky certifies it (:mod:`dxopt.qp._daqp`), and a sample whose factorization fails is
+    checked by :func:`dxopt.qp._problem.check_psd` before anything else uses it."""
     if solver == "torch":  # the batched torch interior point (dxopt.qp._torch_solver)
         from dxopt.qp._torch_solver import solve_forward_torch
 
@@ -323,6 +347,18 @@ def solve_forward(
             views_by_solver[name] = _numpy_views(problem, name)
         return views_by_solver[name]
 
+    daqp_arrays: list[DaqpBatch] = []
+
+    def daqp_batch() -> DaqpBatch:
+        if not daqp_arrays:
+            v = views("daqp")
+            daqp_arrays.append(DaqpBatch(v["P"], v["q"], v["A"], v["b"], v["G"], v["h"]))
+        return daqp_arrays[0]
+
+    def sample_args(name: str, i: int) -> dict[str, Any]:
+        v = views(name)
+        return {k: _sample(v, k, i) for k in ("P", "q", "A", "b", "G", "h")}
+
     x_out = np.full((size, n), np.nan)
     mu_out, nu_out = np.full((size, p), np.nan), np.full((size, m), np.nan)
     active_out = np.zeros((size, m), dtype=bool)
@@ -337,18 +373,53 @@ def solve_forward(
         M = getattr(problem, name)
         if M is not None and M.ndim == 2:
             row_norms[name] = _row_inf(problem.csr[name][0] if name in problem.csr else M.numpy())
+    # samples whose P is certified PSD (P shared by the batch: one certificate for all)
+    psd_shared = problem.P.ndim == 2
+    psd_done: set[int] = set() if psd_pending else set(range(size))
+
+    def psd_certified(i: int) -> None:
+        psd_done.update(range(size) if psd_shared else (i,))
+
+    def ensure_psd(i: int) -> None:
+        if i not in psd_done:
+            check_psd(problem, None if psd_shared else i)  # raises ValueError if not PSD
+            psd_certified(i)
+
+    def call_daqp(i: int, kw: dict[str, Any], init: np.ndarray | None) -> DaqpPoint:
+        batch = daqp_batch()
+        if i in psd_done:
+            return batch.solve(i, kw, init)
+        # daqp's Cholesky of P (no proximal regularisation) is the PSD certificate
+        out = batch.solve(i, {**kw, "eps_prox": 0.0}, init)
+        if out.flag in FACTORED_FLAGS:
+            psd_certified(i)
+            return out
+        ensure_psd(i)  # PSD but singular (or an unexpected flag): as before, with daqp's prox
+        return batch.solve(i, kw, init)
 
     def backend(i: int, step: Attempt, first: bool) -> tuple[Any, ...] | None:
-        """The backend's point ``(args, x, y, z)`` of sample ``i`` (``None``: no point)."""
-        v = views(step.solver)
-        args = {k: _sample(v, k, i) for k in ("P", "q", "A", "b", "G", "h")}
-        P, A, G = args["P"], args["A"], args["G"]
+        """The backend's point ``(args, x, y, z)`` of sample ``i`` (``None``: no point;
+        ``args`` is ``None`` for daqp: :func:`sample_args` rebuilds it when needed)."""
         init = None if warm is None else (warm[i] if warm.ndim == 2 else warm)
         kw = _backend_kwargs(step.solver, step.eps_abs, eps_rel, solver_options if first else None)
+        args = None
         try:
-            sol = qpsolvers.solve_problem(
-                qpsolvers.Problem(**args), solver=step.solver, initvals=init, **kw
-            )
+            if step.solver == "daqp":
+                out = call_daqp(i, kw, init)
+                if out.x is None:
+                    return None
+                x, y, z = out.x, out.eq_duals, out.ineq_duals
+            else:
+                ensure_psd(i)
+                args = sample_args(step.solver, i)
+                sol = qpsolvers.solve_problem(
+                    qpsolvers.Problem(**args), solver=step.solver, initvals=init, **kw
+                )
+                if sol.x is None:
+                    return None
+                x = np.asarray(sol.x, dtype=np.float64)
+                y = None if sol.y is None else np.asarray(sol.y, dtype=np.float64).reshape(-1)
+                z = None if sol.z is None else np.asarray(sol.z, dtype=np.float64).reshape(-1)
         except (TypeError, AttributeError) as err:
             if first and solver_options:
                 raise ValueError(
@@ -357,17 +428,17 @@ def solve_forward(
                     f"names of {step.solver}'s own documentation."
                 ) from err
             return None
+        except NotPSDError:  # ensure_psd: P is not PSD, the user's error
+            raise
         except Exception:  # a backend crash: try the next one in the chain
             return None
         # a point is judged by its certificate, not by the backend's status: some backends
         # stop with "max iterations"/"failed" at a point that is a solution within tolerance
-        if sol.x is None or not np.all(np.isfinite(sol.x)):
+        if not np.all(np.isfinite(x)):
             return None
-        x = np.asarray(sol.x, dtype=np.float64)
-        y = None if sol.y is None else np.asarray(sol.y, dtype=np.float64).reshape(-1)
-        z = None if sol.z is None else np.asarray(sol.z, dtype=np.float64).reshape(-1)
         if (p and (y is None or y.size != p)) or (m and (z is None or z.size != m)):
-            y, z = _recover_duals(P, args["q"], A, G, args["h"], x, eps_abs)
+            a = sample_args(step.solver, i) if args is None else args
+            y, z = _recover_duals(a["P"], a["q"], a["A"], a["G"], a["h"], x, eps_abs)
         y = np.zeros(0) if not p else _finite_or_zero(y)  # type: ignore[arg-type]
         z = np.zeros(0) if not m else _finite_or_zero(z)  # type: ignore[arg-type]
         return args, x, y, z
@@ -379,13 +450,14 @@ def solve_forward(
     ) -> tuple[bool, QPStatus | None]:
         """Polish and certify the point; store it if it certifies."""
         args, x, y, z = point
-        P, A, G = args["P"], args["A"], args["G"]
+        if args is None:
+            args = sample_args(step.solver, i)
         pol = polish_solution(
-            P,
+            args["P"],
             args["q"],
-            A,
+            args["A"],
             args["b"],
-            G,
+            args["G"],
             args["h"],
             x,
             y,
@@ -433,10 +505,9 @@ def solve_forward(
         if i in candidates:  # no settled point anywhere: the first gap-certified one
             store(i, *candidates[i])
             return
-        v = views(solver)
-        args = {k: _sample(v, k, i) for k in ("P", "q", "A", "b", "G", "h")}
+        ensure_psd(i)
         kw = _backend_kwargs(solver, eps_abs, eps_rel, solver_options)
-        status[i] = _classify_failure(args, n, solver, **kw)
+        status[i] = _classify_failure(sample_args(solver, i), n, solver, **kw)
 
     start = time.perf_counter()
     first_points: list[tuple[Any, ...] | None] = [None] * size
@@ -454,17 +525,27 @@ def solve_forward(
 
     each(first, list(range(size)))
     todo = list(range(size))
-    if chain[0].solver in _EXACT_WORKING_SET and size > 1 and problem.any_sparse is False:
-        todo = _accept_exact_batch(problem, first_points, eps_abs, eps_rel, row_norms.get("G"))
-        for i in set(range(size)) - set(todo):
-            _, x, y, z = first_points[i]  # type: ignore[misc]
-            x_out[i], mu_out[i], nu_out[i] = x, y, z
+    cert = None
+    if chain[0].solver in _EXACT_WORKING_SET and problem.any_sparse is False:
+        todo, cert = _accept_exact_batch(
+            problem, first_points, eps_abs, eps_rel, row_norms.get("G")
+        )
+        accepted = np.flatnonzero(cert.ok) if cert is not None else np.zeros(0, dtype=int)
+        if accepted.size:
+            x_out[accepted] = np.stack([first_points[i][1] for i in accepted])  # type: ignore[index]
+            if p:
+                mu_out[accepted] = np.stack([first_points[i][2] for i in accepted])  # type: ignore[index]
             if m:
-                active_out[i] = z > 0
-            status[i] = QPStatus.SOLVED
-            used_solver[i], used_eps[i] = chain[0].solver, chain[0].eps_abs
+                nu_out[accepted] = np.stack([first_points[i][3] for i in accepted])  # type: ignore[index]
+                active_out[accepted] = nu_out[accepted] > 0
+            for i in accepted.tolist():
+                status[i] = QPStatus.SOLVED
+                used_solver[i], used_eps[i] = chain[0].solver, chain[0].eps_abs
     each(run, todo)
     elapsed = time.perf_counter() - start
+    residuals = None
+    if cert is not None and not todo:  # every sample accepted: the certificate's residuals
+        residuals = (cert.primal, cert.dual)
     return ForwardResult(
         x=torch.from_numpy(x_out),
         eq_duals=torch.from_numpy(mu_out),
@@ -477,4 +558,5 @@ def solve_forward(
         sample_eps=tuple(used_eps),
         polished=tuple(polished),
         settled=tuple(settled),
+        residuals=residuals,
     )

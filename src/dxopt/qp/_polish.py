@@ -50,13 +50,12 @@ from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
-import torch
-from torch import Tensor
 
 from dxopt.linalg.sparse import FactorizationError, saddle_solve
 from dxopt.qp._problem import QPProblem
 
 __all__ = [
+    "BatchCertificate",
     "Certificate",
     "PolishResult",
     "batch_accept_exact",
@@ -323,55 +322,73 @@ def polish(
     return PolishResult(x, mu, nu, J, False, raw)
 
 
+@dataclass(frozen=True)
+class BatchCertificate:
+    """:func:`batch_accept_exact` per sample: ``ok`` (S,) where the point certifies as it is
+    and needs no polish, and the residuals :class:`~dxopt.qp.QPInfo` reports, computed from
+    the same products: ``primal`` = :math:`\\max(\\|Ax - b\\|_\\infty, \\|(Gx - h)_+\\|_\\infty)`,
+    ``dual`` = :math:`\\|Px + q + A^\\top\\mu + G^\\top\\nu\\|_\\infty`."""
+
+    ok: np.ndarray
+    primal: np.ndarray
+    dual: np.ndarray
+
+
+def _rows_inf(v: np.ndarray) -> np.ndarray:
+    return np.abs(v).max(-1) if v.shape[-1] else np.zeros(v.shape[0])
+
+
 def batch_accept_exact(
     problem: QPProblem,
-    x: Tensor,
-    mu: Tensor,
-    nu: Tensor,
-    g_inf: Tensor,
+    x: np.ndarray,
+    mu: np.ndarray,
+    nu: np.ndarray,
+    g_inf: np.ndarray,
     *,
     eps_abs: float,
     eps_rel: float,
-) -> Tensor:
+) -> BatchCertificate:
     """The certificate of :func:`polish`, vectorised over a batch of exact-working-set points
-    (daqp): ``(S,)`` True where the point certifies as it is and no row is violated beyond
-    round-off (the point needs no polish). ``nu`` must be clipped at 0 and zero on zero rows.
+    (daqp), in numpy (one batched product per matrix): ``ok`` is True where the point
+    certifies as it is and no row is violated beyond round-off (the point needs no polish).
+    ``nu`` must be clipped at 0 and zero on zero rows; ``g_inf`` is ``(m,)`` or ``(S, m)``.
     Samples it rejects go through :func:`polish` one by one."""
     rel = max(eps_rel, RELATIVE_FLOOR)
-
-    def inf(t: Tensor) -> Tensor:
-        return t.abs().amax(-1) if t.shape[-1] else torch.zeros(t.shape[0], dtype=t.dtype)
-
-    px = problem.mv("P", x)
-    q = problem.dense_vec("q")
+    S = x.shape[0]
+    px = problem.np_mv("P", x)
+    q = problem.np_vec("q")
     dual = px + q
-    dual_scale = torch.maximum(inf(px), inf(q))
-    ok = torch.ones(x.shape[0], dtype=torch.bool)
+    dual_scale = np.maximum(_rows_inf(px), _rows_inf(q))
+    ok = np.ones(S, dtype=bool)
+    primal = np.zeros(S)
     if problem.A is not None and problem.p:
-        ax, b = problem.mv("A", x), problem.dense_vec("b")
-        tol_e = eps_abs + rel * torch.maximum(inf(ax), inf(b))
-        ok &= inf(ax - b) <= tol_e
-        at_mu = problem.rmv("A", mu)
-        dual = dual + at_mu
-        dual_scale = torch.maximum(dual_scale, inf(at_mu))
+        ax, b = problem.np_mv("A", x), problem.np_vec("b")
+        eq = _rows_inf(ax - b)
+        primal = eq
+        ok &= eq <= eps_abs + rel * np.maximum(_rows_inf(ax), _rows_inf(b))
+        at_mu = problem.np_rmv("A", mu)
+        dual += at_mu
+        dual_scale = np.maximum(dual_scale, _rows_inf(at_mu))
     if problem.G is not None and problem.m:
-        gt_nu = problem.rmv("G", nu)
-        dual = dual + gt_nu
-        dual_scale = torch.maximum(dual_scale, inf(gt_nu))
+        gt_nu = problem.np_rmv("G", nu)
+        dual += gt_nu
+        dual_scale = np.maximum(dual_scale, _rows_inf(gt_nu))
     tol_d = eps_abs + rel * dual_scale
-    ok &= inf(dual) <= tol_d
+    dual_inf = _rows_inf(dual)
+    ok &= dual_inf <= tol_d
     if problem.G is not None and problem.m:
-        gx, h = problem.mv("G", x), problem.dense_vec("h")
+        gx, h = problem.np_mv("G", x), problem.np_vec("h")
         s = h - gx
-        p_scale = torch.maximum(inf(gx), inf(h))
+        p_scale = np.maximum(_rows_inf(gx), _rows_inf(h))
         tol_p = eps_abs + rel * p_scale
-        ok &= (-s).clamp_min(0.0).amax(-1) <= tol_p
+        viol = np.maximum(-s, 0.0).max(-1)
+        primal = np.maximum(primal, viol)
+        ok &= viol <= tol_p
         zero = g_inf == 0
-        if bool(zero.any()):
+        if zero.any():
             ok &= ~((h < -eps_abs) & zero).any(-1)
         J = (nu > 0) & ~zero
-        ok &= ~((s < -ROUNDOFF * p_scale.clamp_min(1e-300)[:, None]) & ~J & ~zero).any(-1)
-        nu_g = nu * g_inf
-        both = torch.minimum(s.clamp_min(0.0) / tol_p[:, None], nu_g / tol_d[:, None])
-        ok &= both.amax(-1) <= 1.0
-    return ok
+        ok &= ~((s < -ROUNDOFF * np.maximum(p_scale, 1e-300)[:, None]) & ~J & ~zero).any(-1)
+        both = np.minimum(np.maximum(s, 0.0) / tol_p[:, None], nu * g_inf / tol_d[:, None])
+        ok &= both.max(-1) <= 1.0
+    return BatchCertificate(ok, primal, dual_inf)

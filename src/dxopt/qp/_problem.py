@@ -17,7 +17,9 @@ import scipy.sparse as sp
 import torch
 from torch import Tensor
 
-__all__ = ["QPProblem", "canonical_problem", "to_scipy_csr"]
+from dxopt.linalg.threads import small_threads
+
+__all__ = ["NotPSDError", "QPProblem", "canonical_problem", "check_psd", "to_scipy_csr"]
 
 _NAMES = ("P", "q", "A", "b", "G", "h")
 _SPARSE_LAYOUTS = (torch.sparse_coo, torch.sparse_csr)
@@ -67,6 +69,37 @@ class QPProblem:
         if M.ndim == 2:
             return w @ M
         return torch.bmm(w.unsqueeze(-2), M).squeeze(-2)
+
+    def array(self, name: str) -> np.ndarray:
+        """Dense parameter ``name`` as a numpy array sharing memory (no copy, no batch
+        expansion); sparse ones are not supported here (use :attr:`csr`)."""
+        return getattr(self, name).numpy()
+
+    def np_mv(self, name: str, v: np.ndarray) -> np.ndarray:
+        """:meth:`mv` in numpy: ``M @ v`` per sample, ``v`` (S, n) -> (S, k)."""
+        M = getattr(self, name)
+        if M.layout == torch.sparse_coo:
+            return np.ascontiguousarray((self.csr[name][0] @ v.T).T)
+        Mn = M.numpy()
+        if Mn.ndim == 2:
+            return v @ Mn.T
+        return np.matmul(Mn, v[:, :, None])[:, :, 0]
+
+    def np_rmv(self, name: str, w: np.ndarray) -> np.ndarray:
+        """:meth:`rmv` in numpy: ``M^T @ w`` per sample, ``w`` (S, k) -> (S, n)."""
+        M = getattr(self, name)
+        if M.layout == torch.sparse_coo:
+            return np.ascontiguousarray((self.csr[name][1] @ w.T).T)
+        Mn = M.numpy()
+        if Mn.ndim == 2:
+            return w @ Mn
+        return np.matmul(w[:, None, :], Mn)[:, 0, :]
+
+    def np_vec(self, name: str) -> np.ndarray:
+        """``q``, ``b`` or ``h`` as a read-only ``(size, k)`` numpy view (broadcast if
+        shared)."""
+        v = getattr(self, name).numpy()
+        return v if v.ndim == 2 else np.broadcast_to(v, (self.size, v.shape[-1]))
 
     @property
     def size(self) -> int:
@@ -162,8 +195,13 @@ def _canonical_sparse(t: Tensor) -> Tensor:
     return t.detach().to("cpu", torch.float64).to_sparse_coo().coalesce()
 
 
-def _check_symmetric_psd(P: Tensor, eps: float) -> None:
-    n = P.shape[-1]
+class NotPSDError(ValueError):
+    """``P`` is not positive semidefinite (a :class:`ValueError`; raised by :func:`check_psd`
+    also from inside the forward, where backend errors are otherwise caught)."""
+
+
+def _check_symmetric(P: Tensor, eps: float) -> None:
+    """Dense ``P`` symmetric up to ``100 eps`` relative (sparse: also its diagonal sign)."""
     if P.layout == torch.sparse_coo:
         diff = (P - P.t()).coalesce().values().abs()
         scale = max(1.0, float(P.values().abs().max())) if P._nnz() else 1.0
@@ -174,42 +212,67 @@ def _check_symmetric_psd(P: Tensor, eps: float) -> None:
                 f"max |P - P^T| = {float(diff.max()):.3g}",
                 "Pass (P + P.T) / 2.",
             )
+        n = P.shape[-1]
         diag = P.to_dense().diagonal() if n <= 2048 else _sparse_diag(P)
         if bool((diag < -100 * eps * scale).any()):
-            raise _fail(
-                "P",
-                "a positive semidefinite matrix",
-                "a negative diagonal entry",
-                "Check the sign of the quadratic term.",
+            raise NotPSDError(
+                "P: expected a positive semidefinite matrix, got a negative diagonal entry. "
+                "Check the sign of the quadratic term."
             )
         return
-
-    def dense_scale_of() -> Tensor:  # only needed off the common path (no extra pass over P)
-        return P.abs().amax(dim=(-2, -1)).clamp_min(1.0)
-
-    if not torch.equal(P, P.transpose(-1, -2)):  # exact symmetry is the common, cheap case
-        Pn = P.numpy()  # numpy's strided transpose is much faster than torch's here
-        asym = torch.as_tensor(np.abs(Pn - np.swapaxes(Pn, -1, -2)).max(axis=(-2, -1)))
-        if bool((asym > 100 * eps * dense_scale_of()).any()):
-            raise _fail(
-                "P",
-                "a symmetric matrix",
-                f"max |P - P^T| = {float(asym.max()):.3g}",
-                "Pass (P + P.mT) / 2.",
-            )
-    _, info = torch.linalg.cholesky_ex(P)  # positive definite: done
-    if bool((info != 0).any()):  # semidefinite P passes with a tiny relative shift
-        dense_scale = dense_scale_of()
-        shift = (max(1e-10, 10 * n * eps) * dense_scale)[..., None, None] * torch.eye(n)
-        _, info = torch.linalg.cholesky_ex(P + shift.to(P.dtype))
-    if bool((info != 0).any()):
-        evals = torch.linalg.eigvalsh(P)
+    Pn = P.numpy()
+    if Pn.ndim == 2 and Pn.shape[0] <= 64:  # small: numpy's calls are cheaper than torch's
+        if (Pn == Pn.T).all():
+            return
+    elif torch.equal(P, P.transpose(-1, -2)):  # exact symmetry is the common, cheap case
+        return
+    # numpy's strided transpose is much faster than torch's here
+    asym = np.abs(Pn - np.swapaxes(Pn, -1, -2)).max(axis=(-2, -1))
+    scale = np.maximum(np.abs(Pn).max(axis=(-2, -1)), 1.0)
+    if bool((asym > 100 * eps * scale).any()):
         raise _fail(
             "P",
-            "a positive semidefinite matrix (convex QP)",
-            f"smallest eigenvalue {float(evals.min()):.3g}",
-            "Use a convex objective, e.g. P = M @ M.T + eps * I.",
+            "a symmetric matrix",
+            f"max |P - P^T| = {float(asym.max()):.3g}",
+            "Pass (P + P.mT) / 2.",
         )
+
+
+def _check_psd_dense(P: Tensor, eps: float) -> None:
+    """Dense (batched) ``P`` positive semidefinite: one Cholesky, a shifted one for
+    semidefinite ``P``, the eigenvalues only to word the error."""
+    n = P.shape[-1]
+    with small_threads(P.shape[-1]):
+        _, info = torch.linalg.cholesky_ex(P)  # positive definite: done
+        if bool((info != 0).any()):  # semidefinite P passes with a tiny relative shift
+            dense_scale = P.abs().amax(dim=(-2, -1)).clamp_min(1.0)
+            shift = (max(1e-10, 10 * n * eps) * dense_scale)[..., None, None] * torch.eye(n)
+            _, info = torch.linalg.cholesky_ex(P + shift.to(P.dtype))
+        if bool((info != 0).any()):
+            evals = torch.linalg.eigvalsh(P)
+            raise NotPSDError(
+                "P: expected a positive semidefinite matrix (convex QP), got smallest "
+                f"eigenvalue {float(evals.min()):.3g}. Use a convex objective, e.g. "
+                "P = M @ M.T + eps * I."
+            )
+
+
+def _check_symmetric_psd(P: Tensor, eps: float) -> None:
+    _check_symmetric(P, eps)
+    if P.layout != torch.sparse_coo:
+        _check_psd_dense(P, eps)
+
+
+def check_psd(problem: QPProblem, index: int | None = None) -> None:
+    """The PSD part of the validation, run late (:func:`canonical_problem` with
+    ``defer_psd=True`` checked only the symmetry): ``P`` of sample ``index`` (``None``: the
+    whole ``P``) is positive semidefinite, or :class:`NotPSDError` (a ``ValueError``)."""
+    P = problem.P
+    if P.layout == torch.sparse_coo:
+        return  # sparse P: symmetry and diagonal only, checked already
+    if index is not None and P.ndim == 3:
+        P = P[index]
+    _check_psd_dense(P, float(torch.finfo(problem.dtype).eps))
 
 
 def _sparse_diag(P: Tensor) -> Tensor:
@@ -229,8 +292,14 @@ def canonical_problem(
     h: object = None,
     *,
     check_psd: bool = True,
+    defer_psd: bool = False,
 ) -> QPProblem:
-    """Validate the inputs and return the canonical float64 CPU :class:`QPProblem`."""
+    """Validate the inputs and return the canonical float64 CPU :class:`QPProblem`.
+
+    ``check_psd``: check that ``P`` is symmetric and positive semidefinite (dense: one
+    Cholesky). ``defer_psd=True`` checks the symmetry only; the caller then runs
+    :func:`check_psd` itself, or lets daqp's own factorization certify ``P``
+    (:mod:`dxopt.qp._daqp`)."""
     raw = {k: _check_tensor(k, v) for k, v in zip(_NAMES, (P, q, A, b, G, h))}
     if raw["P"] is None or raw["q"] is None:
         raise TypeError("P and q are required: pass tensors of shape (n, n) and (n,).")
@@ -331,7 +400,9 @@ def canonical_problem(
         else:
             canon[k] = v.detach().to("cpu", torch.float64)
     eps = float(torch.finfo(dtype).eps)
-    if check_psd:
+    if check_psd and defer_psd:
+        _check_symmetric(canon["P"], eps)  # type: ignore[arg-type]
+    elif check_psd:
         _check_symmetric_psd(canon["P"], eps)  # type: ignore[arg-type]
     return QPProblem(
         P=canon["P"],  # type: ignore[arg-type]
