@@ -1,6 +1,5 @@
 """The fast forward path (issue 10): daqp through its own API, daqp's Cholesky as the PSD
-certificate, the batch certificate for every batch size, residuals from the certificate,
-and :func:`dxopt.linalg.small_threads`."""
+certificate, the batch certificate for every batch size, residuals from the certificate."""
 
 from __future__ import annotations
 
@@ -10,7 +9,6 @@ import qpsolvers
 import torch
 
 import dxopt.qp as dqp
-from dxopt.linalg import small_threads
 from dxopt.qp._daqp import EXIT_STATUS, DaqpBatch, status_of
 from dxopt.qp._types import QPStatus
 
@@ -191,19 +189,3 @@ def test_residuals_match_a_direct_computation(batch: int | None) -> None:
     np.testing.assert_allclose(
         sol.info.dual_residual, dual.abs().amax(-1).numpy(), rtol=0, atol=1e-12
     )
-
-
-def test_small_threads_sets_and_restores() -> None:
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        with small_threads(10):
-            assert torch.get_num_threads() == 1
-        assert torch.get_num_threads() == 2
-        with small_threads(1000):
-            assert torch.get_num_threads() == 2
-        with pytest.raises(RuntimeError), small_threads(10):
-            raise RuntimeError("inside")
-        assert torch.get_num_threads() == 2
-    finally:
-        torch.set_num_threads(before)

@@ -1,13 +1,10 @@
-"""Thread control for small dense linear algebra.
+"""Thread control for small linear algebra.
 
-Torch's LAPACK/BLAS calls run on its intra-op thread pool. For small matrices the work is a
-few microseconds, and waking a second thread costs more than it saves: on the shared 2-core
-machine under load, one 10 x 10 Cholesky took 0.84 ms at 2 threads against 6 us at 1 (issue 10).
-:func:`small_threads` runs a block at one thread when the matrices are small and restores the
-previous count afterwards.
-
-``torch.set_num_threads`` is process-wide: while the block runs, other Python threads that call
-torch also run at one thread (correct results, at most slower). Nested blocks are fine.
+Tiny matrices gain nothing from intra-op parallelism and lose to its synchronisation (a
+10 x 10 Cholesky takes about twice as long on 2 torch threads as on one on an idle 2-core
+machine, and far longer when the cores are contended). :func:`small_work` runs a block on one intra-op thread when its
+arithmetic is below a limit and restores the previous setting afterwards (a
+``torch.set_num_threads`` pair costs about a microsecond).
 """
 
 from __future__ import annotations
@@ -17,32 +14,25 @@ from contextlib import contextmanager
 
 import torch
 
-__all__ = ["SMALL_MATRIX", "small_threads"]
+__all__ = ["SMALL_WORK", "small_work"]
 
-SMALL_MATRIX = 64
-"""Largest matrix dimension treated as small by :func:`small_threads`."""
+SMALL_WORK = 4e6  # flops below which one thread is used
 
 
 @contextmanager
-def small_threads(size: int, *, limit: int = SMALL_MATRIX) -> Iterator[None]:
-    """Run the block at one torch thread if ``size`` (the matrix dimension) is at most
-    ``limit``; otherwise leave the thread count alone.
+def small_work(flops: float, *, limit: float = SMALL_WORK) -> Iterator[None]:
+    """Run the block with ``torch.set_num_threads(1)`` if ``flops < limit`` (restored after).
 
-    Example:
-        >>> import torch
-        >>> from dxopt.linalg import small_threads
-        >>> with small_threads(10):
-        ...     L = torch.linalg.cholesky(torch.eye(10, dtype=torch.float64))
+    Args:
+        flops: an estimate of the block's arithmetic (e.g. ``batch * n**3``).
+        limit: the threshold; ``0`` disables the switch.
     """
-    if size > limit:
-        yield
-        return
-    previous = torch.get_num_threads()
-    if previous == 1:
+    threads = torch.get_num_threads()
+    if threads <= 1 or not flops < limit:
         yield
         return
     torch.set_num_threads(1)
     try:
         yield
     finally:
-        torch.set_num_threads(previous)
+        torch.set_num_threads(threads)

@@ -17,7 +17,7 @@ import scipy.sparse as sp
 import torch
 from torch import Tensor
 
-from dxopt.linalg.threads import small_threads
+from dxopt.linalg.threads import small_work
 
 __all__ = ["NotPSDError", "QPProblem", "canonical_problem", "check_psd", "to_scipy_csr"]
 
@@ -242,7 +242,7 @@ def _check_psd_dense(P: Tensor, eps: float) -> None:
     """Dense (batched) ``P`` positive semidefinite: one Cholesky, a shifted one for
     semidefinite ``P``, the eigenvalues only to word the error."""
     n = P.shape[-1]
-    with small_threads(P.shape[-1]):
+    with small_work(P.numel() * n):  # batch * n^3: one thread for small factorizations
         _, info = torch.linalg.cholesky_ex(P)  # positive definite: done
         if bool((info != 0).any()):  # semidefinite P passes with a tiny relative shift
             dense_scale = P.abs().amax(dim=(-2, -1)).clamp_min(1.0)
