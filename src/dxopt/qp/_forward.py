@@ -290,17 +290,17 @@ def _accept_exact_batch(
     eps_abs: float,
     eps_rel: float,
     g_inf: np.ndarray | None,
-) -> tuple[list[int], BatchCertificate | None]:
+) -> tuple[list[int], BatchCertificate | None, tuple[np.ndarray, ...]]:
     """Certify a batch of exact-working-set points at once (clipping the multipliers and
     zeroing those of zero rows in place); returns the samples that still need the per-sample
-    path (no point, or not certified as they are) and the batch certificate (``None`` when
-    some sample has no point)."""
+    path (no point, or not certified as they are), the batch certificate (``None`` when some
+    sample has no point) and the stacked ``(x, mu, nu)``."""
     if any(pt is None for pt in points):  # rare: keep the per-sample path for everyone
-        return list(range(len(points))), None
+        return list(range(len(points))), None, ()
     m = problem.m
-    X = np.stack([pt[1] for pt in points])  # type: ignore[index]
-    MU = np.stack([pt[2] for pt in points])  # type: ignore[index]
-    NU = np.stack([pt[3] for pt in points])  # type: ignore[index]
+    X = np.array([pt[1] for pt in points])  # type: ignore[index]
+    MU = np.array([pt[2] for pt in points]).reshape(len(points), problem.p)  # type: ignore[index]
+    NU = np.array([pt[3] for pt in points]).reshape(len(points), m)  # type: ignore[index]
     if m:
         gi = g_inf if g_inf is not None else row_inf_torch(problem.G).numpy()  # type: ignore[arg-type]
         NU = np.where(gi > 0, np.maximum(NU, 0.0), 0.0)
@@ -309,7 +309,7 @@ def _accept_exact_batch(
     else:
         gi = np.zeros(0)
     cert = batch_accept_exact(problem, X, MU, NU, gi, eps_abs=eps_abs, eps_rel=eps_rel)
-    return np.flatnonzero(~cert.ok).tolist(), cert
+    return np.flatnonzero(~cert.ok).tolist(), cert, (X, MU, NU)
 
 
 def solve_forward(
@@ -527,17 +527,18 @@ def solve_forward(
     todo = list(range(size))
     cert = None
     if chain[0].solver in _EXACT_WORKING_SET and problem.any_sparse is False:
-        todo, cert = _accept_exact_batch(
+        todo, cert, stacked = _accept_exact_batch(
             problem, first_points, eps_abs, eps_rel, row_norms.get("G")
         )
         accepted = np.flatnonzero(cert.ok) if cert is not None else np.zeros(0, dtype=int)
         if accepted.size:
-            x_out[accepted] = np.stack([first_points[i][1] for i in accepted])  # type: ignore[index]
+            X, MU, NU = stacked
+            x_out[accepted] = X[accepted]
             if p:
-                mu_out[accepted] = np.stack([first_points[i][2] for i in accepted])  # type: ignore[index]
+                mu_out[accepted] = MU[accepted]
             if m:
-                nu_out[accepted] = np.stack([first_points[i][3] for i in accepted])  # type: ignore[index]
-                active_out[accepted] = nu_out[accepted] > 0
+                nu_out[accepted] = NU[accepted]
+                active_out[accepted] = NU[accepted] > 0
             for i in accepted.tolist():
                 status[i] = QPStatus.SOLVED
                 used_solver[i], used_eps[i] = chain[0].solver, chain[0].eps_abs

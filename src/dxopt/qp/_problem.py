@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 import scipy.sparse as sp
@@ -96,10 +97,10 @@ class QPProblem:
         return np.matmul(w[:, None, :], Mn)[:, 0, :]
 
     def np_vec(self, name: str) -> np.ndarray:
-        """``q``, ``b`` or ``h`` as a read-only ``(size, k)`` numpy view (broadcast if
-        shared)."""
+        """``q``, ``b`` or ``h`` as a numpy view, ``(size, k)``, or ``(1, k)`` if shared (it
+        broadcasts against the ``(size, k)`` products)."""
         v = getattr(self, name).numpy()
-        return v if v.ndim == 2 else np.broadcast_to(v, (self.size, v.shape[-1]))
+        return v if v.ndim == 2 else v[None]
 
     @property
     def size(self) -> int:
@@ -109,7 +110,7 @@ class QPProblem:
     def is_sparse(self, name: str) -> bool:
         return getattr(self, name) is not None and getattr(self, name).layout == torch.sparse_coo
 
-    @property
+    @cached_property
     def any_sparse(self) -> bool:
         return any(self.is_sparse(k) for k in ("P", "A", "G"))
 

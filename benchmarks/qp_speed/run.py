@@ -1,0 +1,430 @@
+"""Fixed per-call cost of :func:`dxopt.qp.solve` against the raw solvers (issue 10).
+
+Everything runs in one process, side by side, with ``torch.set_num_threads`` set explicitly for
+each thread count; within a case the methods are interleaved round by round (so machine load
+hits them alike) and the median of the rounds is reported. Problems are dQP's random dense QPs
+(:func:`benchmarks.qp.generators.random_dense`, ``m = n``, ``p = n/2`` unless given). Methods:
+
+- ``raw daqp (qpsolvers)``: a Python loop of ``qpsolvers.solve_problem(..., solver="daqp")``
+  (default settings), forward only: the unit of the ratios;
+- ``raw daqp (direct)``: a loop of ``daqp.solve`` calls on prebuilt arrays, forward only;
+- ``dxopt daqp``: :func:`dxopt.qp.solve` with ``solver="daqp"`` (validation, certificate,
+  polish where needed), forward, and forward plus the backward of ``L = sum(w * x)`` with
+  gradients for ``q, h, b`` (the inputs a decision-focused model learns);
+- ``dxopt torch``: the same with ``solver="torch"`` (the batched torch interior point);
+- ``qpth``: qpth's batched interior point (Amos & Kolter, arXiv 1703.00443), forward+backward,
+  when it is importable (``make bench-peers``).
+
+Cases: one tiny QP (n = 10, m = 5, no equalities), batch 128 x n=50 (m = 50, p = 25), and
+batches 1024 x n=20 and 1024 x n=100, each at every ``--threads`` count; plus the dense
+n = 1000/2000 rows of :mod:`benchmarks.qp_speed.dense` when that module exists. ``x_err`` is
+``max |x - x_raw|``; ``grad_err`` the relative error of dxopt's ``(q, h, b)`` gradient against the
+exact reduced-KKT reference (:mod:`benchmarks.qp.reference`) on the first samples.
+
+Run ``dxopt bench qp_speed`` (full: a few minutes) or ``--quick`` (tiny case and 16 x n=20 at the
+first thread count, < 30 s). Writes ``results/qp_speed{_quick}.json``, ``.md``, ``.png``; the full
+run replaces the ``qp_speed`` section of BENCHMARKS.md (``--no-md`` to skip).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from benchmarks.common import (
+    fmt,
+    machine_info,
+    machine_line,
+    markdown_table,
+    results_dir,
+    update_benchmarks_md,
+    write_json,
+)
+from benchmarks.qp.generators import QPProblem, random_dense
+
+COMMAND = "dxopt bench qp_speed"
+TINY_TARGET = 10.0  # tiny fwd+bwd over the raw qpsolvers daqp solve
+BATCH_TARGET = 1.25  # 128 x n=50 fwd+bwd (best solver) over the raw qpsolvers daqp loop
+COLUMNS = (
+    "case",
+    "threads",
+    "method",
+    "forward_ms",
+    "fwd_bwd_ms",
+    "x_raw",
+    "x_err",
+    "grad_err",
+    "note",
+)
+GRAD_KEYS = ("q", "h", "b")
+
+
+def _problems(batch: int, n: int, m: int, p: int) -> list[QPProblem]:
+    return [random_dense(n, seed=i, m=m, p=p) for i in range(batch)]
+
+
+def _stack(probs: list[QPProblem], key: str, batched: bool) -> Any:
+    import torch
+
+    vals = [getattr(pr, key) for pr in probs]
+    if vals[0] is None:
+        return None
+    arr = np.stack(vals) if batched else vals[0]
+    return torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float64))
+
+
+class Case:
+    """The callables of one case: each returns ``(x, grads)`` after one forward (and backward)."""
+
+    def __init__(self, probs: list[QPProblem], w: np.ndarray) -> None:
+        import torch
+
+        self.probs = probs
+        self.batched = len(probs) > 1
+        self.inputs = {k: _stack(probs, k, self.batched) for k in ("P", "q", "A", "b", "G", "h")}
+        self.w = torch.from_numpy(w if self.batched else w[0])
+
+    def raw_qpsolvers(self) -> Callable[[], Any]:
+        import qpsolvers
+
+        problems = [qpsolvers.Problem(p.P, p.q, p.G, p.h, p.A, p.b) for p in self.probs]
+
+        def run() -> Any:
+            return np.stack([qpsolvers.solve_problem(pr, solver="daqp").x for pr in problems])
+
+        return run
+
+    def raw_direct(self) -> Callable[[], Any]:
+        import daqp
+
+        calls = []
+        for pr in self.probs:
+            blocks = [M for M in (pr.G, pr.A) if M is not None]
+            C = np.concatenate(blocks) if blocks else np.zeros((0, pr.n))
+            upper = np.concatenate([v for v in (pr.h, pr.b) if v is not None])
+            lower = np.full(upper.size, -1e30)
+            sense = np.zeros(upper.size, dtype=np.intc)
+            sense[pr.m :] = 5
+            calls.append((pr.P, pr.q, C, upper, lower, sense))
+
+        def run() -> Any:
+            return np.stack([daqp.solve(*c)[0] for c in calls])
+
+        return run
+
+    def dxopt(self, solver: str, backward: bool) -> Callable[[], Any]:
+        import dxopt.qp as dqp
+
+        def run() -> Any:
+            ins = {
+                k: (v if v is None or k not in GRAD_KEYS else v.clone().requires_grad_(backward))
+                for k, v in self.inputs.items()
+            }
+            sol = dqp.solve(*(ins[k] for k in ("P", "q", "A", "b", "G", "h")), solver=solver)
+            if not backward:
+                return sol.x.numpy(), {}
+            (self.w * sol.x).sum().backward()
+            grads = {k: ins[k].grad.numpy() for k in GRAD_KEYS if ins[k] is not None}
+            return sol.x.detach().numpy(), grads
+
+        return run
+
+    def qpth(self) -> Callable[[], Any] | None:
+        try:
+            from qpth.qp import QPFunction
+        except ImportError:
+            return None
+        import torch
+
+        def run() -> Any:
+            ins = {
+                k: (v if v is None or k not in GRAD_KEYS else v.clone().requires_grad_())
+                for k, v in self.inputs.items()
+            }
+            empty = torch.empty(0, dtype=torch.float64)
+            args = [ins[k] if ins[k] is not None else empty for k in ("P", "q", "G", "h", "A", "b")]
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                x = QPFunction(verbose=-1)(*args)
+            x = x if self.batched else x.reshape(-1)
+            (self.w * x).sum().backward()
+            grads = {k: ins[k].grad.numpy() for k in GRAD_KEYS if ins[k] is not None}
+            return x.detach().numpy(), grads
+
+        return run
+
+
+def _rounds(fns: dict[str, Callable[[], Any]], rounds: int) -> tuple[dict[str, float], dict]:
+    """Median seconds per method over ``rounds`` interleaved rounds after one warm-up round;
+    also the last output of each method."""
+    outs = {name: fn() for name, fn in fns.items()}
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            outs[name] = fn()
+            times[name].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}, outs
+
+
+def _grad_error(grads: dict, probs: list[QPProblem], w: np.ndarray, k: int) -> float | None:
+    from benchmarks.qp.reference import reference_grads
+
+    if not grads:
+        return None
+    num = den = 0.0
+    for i, pr in enumerate(probs[:k]):
+        ref = reference_grads(pr, w[i], matrices=False)[0]
+        for key in GRAD_KEYS:
+            if key in grads and key in ref:
+                g = grads[key][i] if len(probs) > 1 else grads[key]
+                num += float(np.sum((g - ref[key]) ** 2))
+                den += float(np.sum(ref[key] ** 2))
+    return float(np.sqrt(num / den)) if den else None
+
+
+def run_case(
+    batch: int, n: int, m: int, p: int, threads: int, rounds: int, *, qpth: bool = True
+) -> list[dict[str, Any]]:
+    """Rows of one case at ``threads`` torch threads (see the module docstring)."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        probs = _problems(batch, n, m, p)
+        w = np.random.default_rng(1).standard_normal((batch, n))
+        case = Case(probs, w)
+        fns: dict[str, Callable[[], Any]] = {
+            "raw daqp (qpsolvers)": case.raw_qpsolvers(),
+            "raw daqp (direct)": case.raw_direct(),
+            "dxopt daqp fwd": case.dxopt("daqp", False),
+            "dxopt daqp fwd+bwd": case.dxopt("daqp", True),
+            "dxopt torch fwd+bwd": case.dxopt("torch", True),
+        }
+        peer = case.qpth() if qpth else None
+        if peer is not None:
+            fns["qpth fwd+bwd"] = peer
+        secs, outs = _rounds(fns, rounds)
+    finally:
+        torch.set_num_threads(previous)
+    raw_s = secs["raw daqp (qpsolvers)"]
+    x_raw = np.asarray(outs["raw daqp (qpsolvers)"]).reshape(batch, n)
+    name = f"{batch} x n={n}" if batch > 1 else f"tiny n={n}, m={m}"
+    rows: list[dict[str, Any]] = []
+    for method in (
+        "raw daqp (qpsolvers)",
+        "raw daqp (direct)",
+        "dxopt daqp",
+        "dxopt torch",
+        "qpth",
+    ):
+        row: dict[str, Any] = {"case": name, "threads": threads, "method": method}
+        if method.startswith("raw"):
+            row["forward_ms"] = 1e3 * secs[method]
+            x = np.asarray(outs[method]).reshape(batch, n)
+        elif method == "dxopt daqp":
+            row["forward_ms"] = 1e3 * secs["dxopt daqp fwd"]
+            row["fwd_bwd_ms"] = 1e3 * secs["dxopt daqp fwd+bwd"]
+            x, grads = outs["dxopt daqp fwd+bwd"]
+            row["grad_err"] = _grad_error(grads, probs, w, 4)
+        else:
+            key = f"{method} fwd+bwd"
+            if key not in secs:
+                rows.append({**row, "note": "not installed (make bench-peers)"})
+                continue
+            row["fwd_bwd_ms"] = 1e3 * secs[key]
+            x, grads = outs[key]
+            row["grad_err"] = _grad_error(grads, probs, w, 4)
+        total = row.get("fwd_bwd_ms", row.get("forward_ms"))
+        row["x_raw"] = total / (1e3 * raw_s)
+        row["x_err"] = float(np.abs(np.asarray(x).reshape(batch, n) - x_raw).max())
+        rows.append(row)
+    return rows
+
+
+def _dense_rows(threads: list[int], quick: bool) -> tuple[list[dict[str, Any]], str]:
+    try:
+        from benchmarks.qp_speed.dense import run_dense  # written with the backward work
+    except ImportError:
+        return [], "the dense n = 1000/2000 rows (benchmarks/qp_speed/dense.py) are not present"
+    rows = []
+    for t in threads:
+        rows += run_dense(threads=t, quick=quick)
+    return rows, ""
+
+
+def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The issue-10 targets this benchmark measures, MET or MISSED with the figure."""
+    out = []
+    for r in rows:
+        if r["threads"] != 1:
+            continue
+        if r["case"].startswith("tiny") and r["method"] == "dxopt daqp":
+            out.append(_target("tiny n=10: dxopt fwd+bwd / raw daqp", r["x_raw"], TINY_TARGET))
+    batch = [r for r in rows if r["threads"] == 1 and r["case"] == "128 x n=50"]
+    best = [r for r in batch if r["method"] in ("dxopt daqp", "dxopt torch") and "x_raw" in r]
+    if best:
+        r = min(best, key=lambda r: r["x_raw"])
+        label = f"128 x n=50: best dxopt fwd+bwd ({r['method']}) / raw daqp loop"
+        out.append(_target(label, r["x_raw"], BATCH_TARGET))
+        qpth = [q for q in batch if q["method"] == "qpth" and "fwd_bwd_ms" in q]
+        if qpth:
+            speedup = qpth[0]["fwd_bwd_ms"] / r["fwd_bwd_ms"]
+            out.append(
+                {
+                    "target": "128 x n=50: qpth / best dxopt (>= 20)",
+                    "figure": speedup,
+                    "verdict": "MET" if speedup >= 20 else "MISSED",
+                }
+            )
+    return out
+
+
+def _target(label: str, value: float, limit: float) -> dict[str, Any]:
+    return {
+        "target": f"{label} (<= {limit:g})",
+        "figure": value,
+        "verdict": "MET" if value <= limit else "MISSED",
+    }
+
+
+def _plot(rows: list[dict[str, Any]], path: os.PathLike) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = [(r["case"], r["threads"]) for r in rows if r["method"] == "raw daqp (qpsolvers)"]
+    methods = ("raw daqp (direct)", "dxopt daqp", "dxopt torch", "qpth")
+    fig, ax = plt.subplots(figsize=(9, 4))
+    width = 0.8 / len(methods)
+    for j, method in enumerate(methods):
+        vals = []
+        for case, threads in keys:
+            hit = [
+                r.get("x_raw")
+                for r in rows
+                if (r["case"], r["threads"], r["method"]) == (case, threads, method)
+            ]
+            vals.append(hit[0] if hit and hit[0] is not None else np.nan)
+        ax.bar(np.arange(len(keys)) + j * width, vals, width, label=method)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_yscale("log")
+    ax.set_xticks(np.arange(len(keys)) + 0.4 - width / 2)
+    ax.set_xticklabels([f"{c}\n{t} thr" for c, t in keys], fontsize=7)
+    ax.set_ylabel("time / raw daqp loop (qpsolvers)")
+    ax.set_title("dxopt.qp fixed cost: forward+backward over the raw forward (lower is better)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def section(
+    rows: list[dict[str, Any]],
+    dense: list[dict[str, Any]],
+    dense_note: str,
+    info: dict[str, Any],
+    load: tuple[float, float],
+    line: str,
+    rounds: str,
+) -> str:
+    tgt = targets(rows)
+    parts = [
+        "## QP call overhead (`dxopt bench qp_speed`)",
+        "",
+        f"Command: `{line}`. {machine_line(info)} Load average (1 min) at start {load[0]:.2f}, "
+        f"at end {load[1]:.2f} (a shared machine: absolute times move with the load; the ratios "
+        "within a case are measured interleaved, round by round). Median of "
+        f"{rounds} rounds after a warm-up round. `x_raw`: the method's time (forward+backward "
+        "where there is one) over the raw qpsolvers daqp loop's forward; `x_err`: max |x - "
+        "x_raw|; `grad_err`: relative error of the (q, h, b) gradient against the exact "
+        "reduced-KKT reference on the first 4 samples. GPU: none was used by this run.",
+        "",
+        "Targets (1 torch thread):",
+        "",
+        markdown_table(tgt, ("target", "figure", "verdict")) if tgt else "(none measured)",
+        "",
+        markdown_table(rows, COLUMNS),
+    ]
+    if dense:
+        cols = [c for c in dense[0] if not isinstance(dense[0][c], (list, dict))]
+        parts += ["", "Dense n = 1000/2000 (`benchmarks/qp_speed/dense.py`):", ""]
+        parts.append(markdown_table(dense, cols))
+    elif dense_note:
+        parts += ["", f"Not in this run: {dense_note}."]
+    parts += ["", "![qp_speed](benchmarks/qp_speed/results/qp_speed.png)"]
+    return "\n".join(parts) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small cases only (< 30 s)")
+    parser.add_argument(
+        "--threads", type=lambda s: [int(t) for t in s.split(",")], default=[1, 2],
+        help="comma-separated torch thread counts, e.g. 1,2",
+    )  # fmt: skip
+    parser.add_argument("--rounds", type=int, default=None, help="timed rounds per case")
+    parser.add_argument("--no-md", action="store_true", help="do not touch BENCHMARKS.md")
+    parser.add_argument("--no-dense", action="store_true", help="skip the dense n=1000/2000 rows")
+    args = parser.parse_args(argv)
+    threads = args.threads[:1] if args.quick else args.threads
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(threads)))
+    start, load0 = time.perf_counter(), os.getloadavg()[0]
+    rows: list[dict[str, Any]] = []
+    # (batch, n, m, p, rounds)
+    if args.quick:
+        plan = [(1, 10, 5, 0, args.rounds or 50), (16, 20, 20, 10, args.rounds or 5)]
+    else:
+        plan = [
+            (1, 10, 5, 0, args.rounds or 300),
+            (128, 50, 50, 25, args.rounds or 9),
+            (1024, 20, 20, 10, args.rounds or 3),
+            (1024, 100, 100, 50, args.rounds or 1),
+        ]
+    for t in threads:
+        for batch, n, m, p, rounds in plan:
+            rows += run_case(batch, n, m, p, t, rounds, qpth=not (args.quick and batch == 1))
+            print(f"done {batch} x n={n} at {t} threads", flush=True)
+    dense, dense_note = (
+        ([], "skipped (--no-dense)") if args.no_dense else _dense_rows(threads, args.quick)
+    )
+    load = (load0, os.getloadavg()[0])
+    info = machine_info()
+    duration = time.perf_counter() - start
+    line = COMMAND + (" --quick" if args.quick else "")
+    if not args.quick and args.threads != [1, 2]:
+        line += " --threads " + ",".join(str(t) for t in args.threads)
+    out = results_dir("qp_speed")
+    suffix = "_quick" if args.quick else ""
+    payload = {
+        "machine": info,
+        "load": list(load),
+        "duration_s": duration,
+        "rows": rows,
+        "targets": targets(rows),
+        "dense": dense,
+    }
+    write_json(out / f"qp_speed{suffix}.json", payload)
+    rounds = ", ".join(f"{r} ({b} x n={n})" for b, n, _, _, r in plan)
+    text = section(rows, dense, dense_note, info, load, line, rounds) + (
+        f"\nWhole run: {duration:.0f} s.\n"
+    )
+    (out / f"qp_speed{suffix}.md").write_text(text)
+    _plot(rows, out / f"qp_speed{suffix}.png")
+    if not args.quick and not args.no_md:
+        update_benchmarks_md("qp_speed", text)
+    print(text)
+    print("targets:", ", ".join(f"{t['verdict']} {fmt(t['figure'])}" for t in targets(rows)))
+
+
+if __name__ == "__main__":
+    main()
