@@ -37,7 +37,7 @@ def test_top_level_and_demo_and_bench_help(capsys: pytest.CaptureFixture[str]) -
     bench = _help(capsys, "bench", "--help")
     assert bench.startswith(
         "usage: dxopt bench "
-        "{bilevel,estimators,linearize,multi_attempt,natgrad,qp,qp_ray,qp_torch,all}"
+        "{bilevel,estimators,linearize,multi_attempt,natgrad,qp,qp_ray,qp_speed,qp_torch,all}"
     )
     for area in AREAS:
         assert re.search(rf"^\s+{area}\s+\S", bench, flags=re.M), area

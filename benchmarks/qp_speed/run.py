@@ -21,9 +21,10 @@ n = 1000/2000 rows of :mod:`benchmarks.qp_speed.dense` when that module exists. 
 ``max |x - x_raw|``; ``grad_err`` the relative error of dxopt's ``(q, h, b)`` gradient against the
 exact reduced-KKT reference (:mod:`benchmarks.qp.reference`) on the first samples.
 
-Run ``dxopt bench qp_speed`` (full: a few minutes) or ``--quick`` (tiny case and 16 x n=20 at the
-first thread count, < 30 s). Writes ``results/qp_speed{_quick}.json``, ``.md``, ``.png``; the full
-run replaces the ``qp_speed`` section of BENCHMARKS.md (``--no-md`` to skip).
+Run ``dxopt bench qp_speed [--threads 1 2]`` (full: a few minutes) or ``--quick`` (tiny case
+and 16 x n=20 at the first thread count, < 30 s). Writes ``results/qp_speed{_quick}.json``,
+``.md``, ``.png``; the full run replaces the ``qp_speed`` section of BENCHMARKS.md
+(``--no-md`` to skip).
 """
 
 from __future__ import annotations
@@ -369,20 +370,21 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small cases only (< 30 s)")
     parser.add_argument(
-        "--threads", type=lambda s: [int(t) for t in s.split(",")], default=[1, 2],
-        help="comma-separated torch thread counts, e.g. 1,2",
+        "--threads", nargs="+", default=["1", "2"],
+        help="torch thread counts, e.g. --threads 1 2 (1,2 is accepted too)",
     )  # fmt: skip
     parser.add_argument("--rounds", type=int, default=None, help="timed rounds per case")
     parser.add_argument("--no-md", action="store_true", help="do not touch BENCHMARKS.md")
     parser.add_argument("--no-dense", action="store_true", help="skip the dense n=1000/2000 rows")
     args = parser.parse_args(argv)
+    args.threads = [int(t) for item in args.threads for t in str(item).split(",") if t]
     threads = args.threads[:1] if args.quick else args.threads
     os.environ.setdefault("OMP_NUM_THREADS", str(max(threads)))
     start, load0 = time.perf_counter(), os.getloadavg()[0]
     rows: list[dict[str, Any]] = []
     # (batch, n, m, p, rounds)
     if args.quick:
-        plan = [(1, 10, 5, 0, args.rounds or 50), (16, 20, 20, 10, args.rounds or 5)]
+        plan = [(1, 10, 5, 0, args.rounds or 20), (16, 20, 20, 10, args.rounds or 3)]
     else:
         plan = [
             (1, 10, 5, 0, args.rounds or 300),
@@ -402,7 +404,7 @@ def main(argv: list[str] | None = None) -> None:
     duration = time.perf_counter() - start
     line = COMMAND + (" --quick" if args.quick else "")
     if not args.quick and args.threads != [1, 2]:
-        line += " --threads " + ",".join(str(t) for t in args.threads)
+        line += " --threads " + " ".join(str(t) for t in args.threads)
     out = results_dir("qp_speed")
     suffix = "_quick" if args.quick else ""
     payload = {

@@ -35,6 +35,7 @@ BENCH_AREAS = (
     "linearize",
     "qp_torch",
     "qp_ray",
+    "qp_speed",
 )
 _PACKAGE_DIR = Path(__file__).resolve().parent
 

@@ -189,3 +189,41 @@ def test_residuals_match_a_direct_computation(batch: int | None) -> None:
     np.testing.assert_allclose(
         sol.info.dual_residual, dual.abs().amax(-1).numpy(), rtol=0, atol=1e-12
     )
+
+
+def test_qp_speed_benchmark_quick(tmp_path, monkeypatch) -> None:
+    """``dxopt bench qp_speed --quick`` runs, writes JSON/Markdown/plot and states the target."""
+    from benchmarks.common import BENCHMARKS_MD
+    from benchmarks.qp_speed import run
+
+    before = BENCHMARKS_MD.read_text()
+    monkeypatch.setattr(run, "results_dir", lambda area: tmp_path)
+    run.main(["--quick", "--rounds", "3", "--no-dense"])
+    text = (tmp_path / "qp_speed_quick.md").read_text()
+    assert (
+        "| tiny n=10, m=5 | 1 | dxopt daqp |" in text and "| 16 x n=20 | 1 | dxopt torch |" in text
+    )
+    assert "tiny n=10: dxopt fwd+bwd / raw daqp (<= 10)" in text
+    assert (tmp_path / "qp_speed_quick.json").exists() and (
+        tmp_path / "qp_speed_quick.png"
+    ).exists()
+    import json
+
+    rows = json.loads((tmp_path / "qp_speed_quick.json").read_text())["rows"]
+    for r in rows:
+        if r["method"] in ("dxopt daqp", "dxopt torch"):  # same solution, exact gradients
+            assert r["x_err"] < 1e-7 and r["grad_err"] < 1e-6, r
+    assert BENCHMARKS_MD.read_text() == before
+
+
+@pytest.mark.skipif(
+    not __import__("pathlib").Path("/work/wt/baseline/src/dxopt/qp").is_dir(),
+    reason="the frozen 0.1 code is not on this machine",
+)
+def test_ab_baseline_quick(tmp_path, monkeypatch) -> None:
+    from benchmarks.qp_speed import ab_baseline
+
+    monkeypatch.setattr(ab_baseline, "results_dir", lambda area: tmp_path)
+    ab_baseline.main(["--quick", "--rounds", "1", "--families", "batched"])
+    text = (tmp_path / "ab_baseline_quick.md").read_text()
+    assert "| batched | 4 x n=8 | penalty |" in text and "| batched | 4 x n=8 | kkt |" in text
