@@ -397,11 +397,17 @@ def solve_forward(
         ensure_psd(i)  # PSD but singular (or an unexpected flag): as before, with daqp's prox
         return batch.solve(i, kw, init)
 
-    def backend(i: int, step: Attempt, first: bool) -> tuple[Any, ...] | None:
+    def backend(
+        i: int, step: Attempt, first: bool, kw: dict[str, Any] | None = None, clean: bool = True
+    ) -> tuple[Any, ...] | None:
         """The backend's point ``(args, x, y, z)`` of sample ``i`` (``None``: no point;
-        ``args`` is ``None`` for daqp: :func:`sample_args` rebuilds it when needed)."""
+        ``args`` is ``None`` for daqp: :func:`sample_args` rebuilds it when needed).
+        ``clean=False`` (daqp's first pass) leaves the finiteness checks of
+        :func:`clean_point` to the batch certificate, which refuses non-finite points."""
         init = None if warm is None else (warm[i] if warm.ndim == 2 else warm)
-        kw = _backend_kwargs(step.solver, step.eps_abs, eps_rel, solver_options if first else None)
+        if kw is None:
+            opts = solver_options if first else None
+            kw = _backend_kwargs(step.solver, step.eps_abs, eps_rel, opts)
         args = None
         try:
             if step.solver == "daqp":
@@ -434,13 +440,21 @@ def solve_forward(
             return None
         # a point is judged by its certificate, not by the backend's status: some backends
         # stop with "max iterations"/"failed" at a point that is a solution within tolerance
-        if not np.all(np.isfinite(x)):
-            return None
         if (p and (y is None or y.size != p)) or (m and (z is None or z.size != m)):
+            if not np.all(np.isfinite(x)):
+                return None
             a = sample_args(step.solver, i) if args is None else args
             y, z = _recover_duals(a["P"], a["q"], a["A"], a["G"], a["h"], x, eps_abs)
-        y = np.zeros(0) if not p else _finite_or_zero(y)  # type: ignore[arg-type]
-        z = np.zeros(0) if not m else _finite_or_zero(z)  # type: ignore[arg-type]
+        point = (args, x, y, z)
+        return clean_point(point) if clean else point
+
+    def clean_point(point: tuple[Any, ...] | None) -> tuple[Any, ...] | None:
+        """No point if ``x`` is not finite; non-finite multipliers become finite."""
+        if point is None or not np.all(np.isfinite(point[1])):
+            return None
+        args, x, y, z = point
+        y = np.zeros(0) if not p else _finite_or_zero(y)
+        z = np.zeros(0) if not m else _finite_or_zero(z)
         return args, x, y, z
 
     candidates: dict[int, tuple[Attempt, Any]] = {}
@@ -493,7 +507,7 @@ def solve_forward(
 
     def run(i: int) -> None:
         for k, step in enumerate(chain):
-            point = first_points[i] if k == 0 else backend(i, step, False)
+            point = clean_point(first_points[i]) if k == 0 else backend(i, step, False)
             if point is None:
                 continue
             done, verdict = finish(i, step, point, k == len(chain) - 1)
@@ -512,8 +526,11 @@ def solve_forward(
     start = time.perf_counter()
     first_points: list[tuple[Any, ...] | None] = [None] * size
 
+    kw_first = _backend_kwargs(chain[0].solver, chain[0].eps_abs, eps_rel, solver_options)
+    fast = chain[0].solver in _EXACT_WORKING_SET and problem.any_sparse is False
+
     def first(i: int) -> None:
-        first_points[i] = backend(i, chain[0], True)
+        first_points[i] = backend(i, chain[0], True, kw_first, clean=not fast)
 
     def each(fn: Callable[[int], None], indices: list[int]) -> None:
         if max_workers is not None and max_workers > 1 and len(indices) > 1:
@@ -526,7 +543,7 @@ def solve_forward(
     each(first, list(range(size)))
     todo = list(range(size))
     cert = None
-    if chain[0].solver in _EXACT_WORKING_SET and problem.any_sparse is False:
+    if fast:
         todo, cert, stacked = _accept_exact_batch(
             problem, first_points, eps_abs, eps_rel, row_norms.get("G")
         )
