@@ -345,8 +345,9 @@ def section(
         f"Command: `{line}`. {machine_line(info)} Load average (1 min) at start {load[0]:.2f}, "
         f"at end {load[1]:.2f} (a shared machine: absolute times move with the load; the ratios "
         "within a case are measured interleaved, round by round). Median of "
-        f"{rounds} rounds after a warm-up round (none for a single round). `x_raw`: the method's time (forward+backward "
-        "where there is one) over the raw qpsolvers daqp loop's forward; `x_err`: max |x - "
+        f"{rounds} rounds after a warm-up round (none for a single round). `x_raw`: the "
+        "method's time (forward+backward where there is one) over the raw qpsolvers daqp "
+        "loop's forward; `x_err`: max |x - "
         "x_raw|; `grad_err`: relative error of the (q, h, b) gradient against the exact "
         "reduced-KKT reference on the first 4 samples. GPU: none was used by this run.",
         "",
