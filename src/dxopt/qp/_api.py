@@ -97,7 +97,8 @@ def solve(
     and make the solution and the multipliers differentiable.
 
     The forward solve goes through :func:`qpsolvers.solve_problem` (CPU, float64, one solve per
-    sample). The derivative is the implicit one of the KKT conditions
+    sample; daqp through its own Python API, :mod:`dxopt.qp._daqp`). The derivative is the
+    implicit one of the KKT conditions
     :math:`Px + q + A^\\top\\mu + G^\\top\\nu = 0`, :math:`Ax = b`,
     :math:`\\nu \\circ (Gx - h) = 0` on the active set, computed either by the dXPP penalty
     system (:class:`PenaltyBackward`, Linghu et al., arXiv 2602.14154) or by the exact reduced
@@ -126,8 +127,9 @@ def solve(
         max_workers: threads over the batch (``None``: serial loop, the measured winner on
             small problems).
         solver_options: extra keyword arguments for the backend.
-        check_psd: check that dense ``P`` is PSD (one Cholesky); sparse ``P`` gets a symmetry
-            and diagonal check only.
+        check_psd: check that dense ``P`` is PSD (one Cholesky; with daqp, daqp's own
+            Cholesky of ``P`` is the certificate and only samples where it fails get the
+            check); sparse ``P`` gets a symmetry and diagonal check only.
         executor: ``None`` (default) solves in this process; an executor such as
             :class:`dxopt.distributed.RayExecutor` spreads the batch over workers in chunks and
             returns the same solution, status and gradients.

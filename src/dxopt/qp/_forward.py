@@ -2,8 +2,14 @@
 
 Each sample is solved by the chosen :mod:`qpsolvers` backend; sparse matrices are handed over
 as scipy CSC, and the requested tolerance is passed to every backend in its own setting names
-(daqp included: ``primal_tol``). Missing multipliers are recovered by least squares on the
-active rows, :math:`[G_J^\\top\\ A^\\top][\\nu_J; \\mu] = -(Px^\\star + q)`.
+(daqp included: ``primal_tol``). daqp is called through its own Python API on arrays built once
+per batch (:mod:`dxopt.qp._daqp`: same points as through qpsolvers, without its per-call
+``inspect.signature`` and problem checks), and its Cholesky of ``P`` stands in for the PSD
+check of the validation. daqp's points (an exact working set) are certified all at once by the
+vectorised certificate :func:`dxopt.qp._polish.batch_accept_exact`; only the samples it
+refuses take the per-sample polish and fallback path, and when it accepts every sample its
+residuals are the ones :class:`~dxopt.qp.QPInfo` reports. Missing multipliers are recovered
+by least squares on the active rows, :math:`[G_J^\\top\\ A^\\top][\\nu_J; \\mu] = -(Px^\\star + q)`.
 
 Every backend's output is then polished on its active set and certified against the requested
 tolerances (componentwise scales, zero rows handled explicitly; :mod:`dxopt.qp._polish`).
