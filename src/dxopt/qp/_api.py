@@ -30,12 +30,16 @@ if TYPE_CHECKING:
 __all__ = ["QPLayer", "solve"]
 
 
+_DEFAULT_METHODS: dict[str, BackwardMethod] = {}  # frozen, stateless: built once
+
+
 def _backward_method(backward: object) -> BackwardMethod:
     if isinstance(backward, str):
-        if backward == "penalty":
-            return PenaltyBackward()
-        if backward == "kkt":
-            return KKTBackward()
+        if backward in ("penalty", "kkt") and backward not in _DEFAULT_METHODS:
+            method = PenaltyBackward() if backward == "penalty" else KKTBackward()
+            _DEFAULT_METHODS[backward] = method
+        if backward in _DEFAULT_METHODS:
+            return _DEFAULT_METHODS[backward]
     elif isinstance(backward, BackwardMethod):  # the protocol: any object with the methods
         return backward
     raise ValueError(
