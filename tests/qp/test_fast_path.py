@@ -40,12 +40,16 @@ def test_direct_daqp_matches_qpsolvers(seed: int, p: int) -> None:
         G = np.vstack([G, G[:1]])
         h = np.concatenate([h, h[:1]])
     ref = _qpsolvers(P, q, A, b, G, h, primal_tol=1e-9)
-    out = DaqpBatch(P, q, A, b, G, h).solve(0, {"primal_tol": 1e-9})
-    assert ref.found and out.flag == 1
-    np.testing.assert_array_equal(out.x, ref.x)
-    np.testing.assert_array_equal(out.ineq_duals, ref.z)
-    if p:
-        np.testing.assert_array_equal(out.eq_duals, ref.y)
+    batch = DaqpBatch(P, q, A, b, G, h)
+    # eps_prox=0: the PSD-certifying first call of the forward gives the same point as daqp's
+    # default (automatic proximal) mode on a positive definite P
+    for opts in ({"primal_tol": 1e-9}, {"primal_tol": 1e-9, "eps_prox": 0.0}):
+        out = batch.solve(0, opts)
+        assert ref.found and out.flag == 1
+        np.testing.assert_array_equal(out.x, ref.x)
+        np.testing.assert_array_equal(out.ineq_duals, ref.z)
+        if p:
+            np.testing.assert_array_equal(out.eq_duals, ref.y)
 
 
 def test_direct_daqp_batched_arrays_match_per_sample() -> None:
