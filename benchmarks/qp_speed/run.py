@@ -81,6 +81,10 @@ def _stack(probs: list[QPProblem], key: str, batched: bool) -> Any:
     return torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float64))
 
 
+def _grad(t: Any) -> Any:
+    return None if t is None else t.grad
+
+
 class Case:
     """The callables of one case: each returns ``(x, grads)`` after one forward (and backward)."""
 
@@ -132,7 +136,7 @@ class Case:
             if not backward:
                 return sol.x.numpy(), {}
             (self.w * sol.x).sum().backward()
-            grads = {k: ins[k].grad.numpy() for k in GRAD_KEYS if ins[k] is not None}
+            grads = {k: g.numpy() for k in GRAD_KEYS if (g := _grad(ins[k])) is not None}
             return sol.x.detach().numpy(), grads
 
         return run
@@ -156,7 +160,7 @@ class Case:
                 x = QPFunction(verbose=-1)(*args)
             x = x if self.batched else x.reshape(-1)
             (self.w * x).sum().backward()
-            grads = {k: ins[k].grad.numpy() for k in GRAD_KEYS if ins[k] is not None}
+            grads = {k: g.numpy() for k in GRAD_KEYS if (g := _grad(ins[k])) is not None}
             return x.detach().numpy(), grads
 
         return run
