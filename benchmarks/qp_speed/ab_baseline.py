@@ -181,7 +181,9 @@ def main(argv: list[str] | None = None) -> None:
                "duration_s": time.perf_counter() - start}  # fmt: skip
     write_json(out / f"ab_baseline{suffix}.json", payload)
     slower = [f"{r['family']} {r['size']} {r['backward']}" for r in rows if r["ratio"] > LIMIT]
+    command = "python -m benchmarks.qp_speed.ab_baseline " + " ".join(argv or sys.argv[1:])
     text = (
+        f"Command: `{command.strip()}`.\n\n"
         f"A/B against the 0.1 code ({args.baseline}), {args.threads} torch thread(s), median of "
         f"{args.rounds} interleaved rounds; load average {load[0]:.2f} -> {load[1]:.2f}. "
         f"`ratio` = current / baseline forward+backward; > {LIMIT:.2f} is a slowdown.\n\n"

@@ -367,7 +367,15 @@ def section(
         parts.append(markdown_table(dense, cols))
     elif dense_note:
         parts += ["", f"Not in this run: {dense_note}."]
-    parts += ["", "![qp_speed](benchmarks/qp_speed/results/qp_speed.png)"]
+    parts += [
+        "",
+        "Issue 9's no-slowdown check against the 0.1 code (dense, batched and simplex cells of "
+        "`dxopt bench qp`, interleaved in two worker processes): `python -m "
+        "benchmarks.qp_speed.ab_baseline` (results in `benchmarks/qp_speed/results/"
+        "ab_baseline.md`).",
+        "",
+        "![qp_speed](benchmarks/qp_speed/results/qp_speed.png)",
+    ]
     return "\n".join(parts) + "\n"
 
 
