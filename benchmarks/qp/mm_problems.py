@@ -298,7 +298,7 @@ def polish(
     Takes :math:`J = \\{i: z_i > \\tau \\max(1, \\|z\\|_\\infty)\\}` for a few thresholds
     :math:`\\tau` (a pair of :func:`fixed_pairs` enters as one equality row), solves the
     equality-constrained KKT system on ``J`` and the equalities (regularised and refined where
-    rows are dependent: :func:`benchmarks.qp.reference._solve`), and keeps the first result
+    rows are dependent: :func:`kkt_solve`), and keeps the first result
     that has multipliers :math:`z_J \\ge 0` and relative residuals below ``1e-11`` (so it is
     feasible, stationary and complementary). ``None`` if none does. Interior-point solutions
     are accurate to about the square root of their tolerance on degenerate problems; a
@@ -306,7 +306,7 @@ def polish(
     exact slopes of the piecewise-affine solution map.
     """
     from benchmarks.qp.generators import QPProblem
-    from benchmarks.qp.reference import _kkt_matrix, _solve
+    from benchmarks.qp.reference import _kkt_matrix
 
     qp = QPProblem("maros-meszaros", prob.n, prob.P, prob.q, prob.A, prob.b, prob.G, prob.h)
     zs = np.zeros(prob.m) if z is None else np.maximum(np.asarray(z, dtype=np.float64), 0.0)
@@ -331,7 +331,7 @@ def polish(
         if prob.b is not None:
             parts.append(prob.b)
         try:
-            sol, _ = _solve(_kkt_matrix(qp, active), np.concatenate(parts), prob.n)
+            sol, _ = kkt_solve(_kkt_matrix(qp, active), np.concatenate(parts), prob.n)
         except Exception:  # singular beyond repair for this J
             continue
         if not np.isfinite(sol).all():
@@ -350,6 +350,61 @@ def polish(
         if accepted(residuals(prob, xp, yp, zp), 1e-11):
             return xp, yp, zp
     return None
+
+
+SINGULAR_CONTRACTION = 0.1  # refinement contraction above which K counts as singular
+
+
+def kkt_solve(
+    K: Any, rhs: np.ndarray, n: int, *, relative_delta: float = 1e-9, check_singular: bool = False
+) -> tuple[np.ndarray, bool]:
+    """Solve the KKT system ``K z = rhs`` (``K = [[P, C'], [C, 0]]``, ``P`` the leading
+    ``n x n`` block), singular or not; returns ``(z, singular)``.
+
+    SuperLU is never given the exact ``K``: on an exactly singular matrix it reads
+    uninitialised memory and crashes the process at random (seen on STADAT1/2, AUG3DQP,
+    QSHIP08L). It factors the quasi-definite :math:`K_\\delta = K + \\mathrm{diag}(\\delta
+    I_n, -\\delta I_k)`, which is nonsingular for every :math:`\\delta > 0` (Vanderbei, SIAM
+    J. Optim. 5(1), 1995), with :math:`\\delta` = ``relative_delta`` times the largest entry,
+    and refines against the exact ``K`` (:math:`z \\leftarrow z + K_\\delta^{-1}(r - Kz)`;
+    on a consistent singular system this converges to a solution). With ``check_singular``,
+    ``singular`` is the verdict of a power iteration on the refinement's iteration matrix
+    :math:`E = K_\\delta^{-1}\\mathrm{diag}(\\delta I, -\\delta I)`: its spectral radius is 1
+    if ``K`` is singular and about :math:`\\delta\\|K^{-1}\\|` otherwise, so ``singular``
+    means :math:`\\sigma_{min}(K) \\lesssim 10\\,\\delta`. Without it, ``singular`` is
+    ``False`` unless the refinement stalls above ``1e-10``.
+    """
+    import scipy.sparse.linalg as spla
+
+    N = K.shape[0]
+    Ks = sp.csc_matrix(K)
+    delta = relative_delta * max(float(abs(Ks).max()) if Ks.nnz else 0.0, 1e-300)
+    shift = np.concatenate([np.full(n, delta), np.full(N - n, -delta)])
+    lu = spla.splu(sp.csc_matrix(Ks + sp.diags(shift)))
+    z = lu.solve(rhs)
+    norm = max(1.0, float(np.linalg.norm(rhs)))
+    rel = np.inf
+    for _ in range(100):
+        r = rhs - Ks @ z
+        new = float(np.linalg.norm(r)) / norm
+        if new <= 1e-13 or new > 0.9 * rel:
+            rel = min(rel, new)
+            break
+        rel = new
+        z = z + lu.solve(r)
+    singular = rel > 1e-10
+    if check_singular and not singular:
+        v = np.random.default_rng(0).standard_normal(N)
+        v /= np.linalg.norm(v)
+        ratio = 0.0
+        for _ in range(12):
+            v = lu.solve(shift * v)
+            ratio = float(np.linalg.norm(v))
+            if not np.isfinite(ratio) or ratio == 0.0:
+                break
+            v /= ratio
+        singular = not np.isfinite(ratio) or ratio > SINGULAR_CONTRACTION
+    return z, bool(singular)
 
 
 def solve_polished(
@@ -472,7 +527,7 @@ def reference_gradient(
     :math:`\\partial_q L = -u`, :math:`\\partial_{h_J} L = v_J`, :math:`\\partial_b L = v_A`
     (OptNet, arXiv 1703.00443)."""
     from benchmarks.qp.generators import QPProblem
-    from benchmarks.qp.reference import _kkt_matrix, _solve
+    from benchmarks.qp.reference import _kkt_matrix
 
     why = []
     active = np.zeros(0, dtype=np.int64)
@@ -497,7 +552,7 @@ def reference_gradient(
     rhs = np.zeros(K.shape[0])
     rhs[: prob.n] = w
     try:
-        sol, degenerate = _solve(K, rhs, prob.n)
+        sol, degenerate = kkt_solve(K, rhs, prob.n, check_singular=True)
     except Exception as exc:
         return {"verified": False, "why": f"{type(exc).__name__}: {str(exc)[:120]}"}
     if degenerate:

@@ -185,11 +185,24 @@ class BackwardBase:
         """``degenerate="vertex"``: the adjoint of the QP restricted to a vertex of the
         multiplier set where the active rows are dependent (samples whose multiplier outputs
         have a nonzero cotangent keep the minimum-norm adjoint)."""
+        failed: QPBackwardError | None = None
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", QPDegenerateWarning)
-            out = self._adjoint(data, active, diagnostics)
-        counts = torch.tensor(diagnostics.dependent_rows or (0,) * data.x.shape[0])
+            try:
+                out = self._adjoint(data, active, diagnostics)
+            except QPBackwardError as err:
+                # the minimum-norm adjoint can fail its residual check where the dependent
+                # rows leave K badly conditioned; the vertex's independent rows may not
+                failed = err
+        if failed is None:
+            counts = torch.tensor(diagnostics.dependent_rows or (0,) * data.x.shape[0])
+        else:
+            from dxopt.qp._backward_kkt import dependent_rows_sparse
+
+            counts = dependent_rows_sparse(data, active.used)
         if not bool((counts > 0).any()):
+            if failed is not None:
+                raise failed
             for w in caught:
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
             return out
@@ -204,6 +217,8 @@ class BackwardBase:
             keep_parallel=self.degenerate == "auto",
         )
         if not bool((dropped > 0).any()):
+            if failed is not None:
+                raise failed
             for w in caught:
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
             return out
