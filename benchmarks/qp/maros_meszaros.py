@@ -63,17 +63,21 @@ COMMAND = "dxopt bench qp --suite maros-meszaros"
 QUICK = ("HS21", "HS35", "HS76", "QAFIRO", "DUALC1", "HS21" + mmp.ZERO_ROW)
 EVIDENCE_VERSION = 2
 REF_RTOL = 1e-3  # relative gradient error against a verified reference that counts as wrong
-VERDICTS = (J.MATCH, J.CLARKE, J.WRONG, J.NO_VERDICT, "refused", "forward failed", "error")
+VERDICTS = (J.MATCH, J.CLARKE, J.PIECE, J.WRONG, J.NO_VERDICT, "refused", "forward failed",
+            "error")  # fmt: skip
+PASSING = (J.MATCH, J.CLARKE, J.PIECE)
 SECTION = "qp-maros-meszaros"
 
 
 # ------------------------------------------------------------------------- isolated tasks
 
 
-def _task(kind: str, name: str, seed: int, accept_tol: float) -> Any:
+def _task(kind: str, name: str, seed: int, accept_tol: float, extra: Any = None) -> Any:
     prob = mmp.load(name)
     if kind == "fd":
         return mmp.fd_evidence(prob, seed)
+    if kind == "piece":
+        return mmp.piece_evidence(prob, seed, *extra)
     if kind == "dxopt":
         from benchmarks.qp.mm_dxopt import run_dxopt
 
@@ -99,13 +103,14 @@ def _child(args: tuple, path: str, mem_gb: float) -> None:
 
 
 def isolated(kind: str, name: str, seed: int, accept_tol: float, timeout_s: float,
-             mem_gb: float = 8.0) -> tuple[dict, float]:  # fmt: skip
-    """Run one task in a forked child with a time and an address-space limit."""
+             mem_gb: float = 8.0, extra: Any = None) -> tuple[dict, float]:  # fmt: skip
+    """Run one task in a forked child with a time and an address-space limit (``extra``: more
+    arguments of the task, inherited by the fork)."""
     fd, path = tempfile.mkstemp(prefix="dxopt-mm-", suffix=".pkl")
     os.close(fd)
     os.unlink(path)
     proc = mp.get_context("fork").Process(
-        target=_child, args=((kind, name, seed, accept_tol), path, mem_gb)
+        target=_child, args=((kind, name, seed, accept_tol, extra), path, mem_gb)
     )
     t0 = time.perf_counter()
     proc.start()
@@ -159,15 +164,31 @@ def _flagged(dx: dict) -> bool:
     )
 
 
+ROUNDOFF = 1e-13  # relative accuracy of a polished solution (its KKT solve's residual)
+
+
+def evaluation_noise(prob: mmp.MMProblem, seed: int, ev: dict) -> float:
+    """The error bound of one evaluation of ``f = w . x*``: the measured disagreement of the two
+    finite-difference solvers (``ev["noise"]``), at least the round-off of a polished solution,
+    ``ROUNDOFF * sum_i |w_i| max(|x_i|, 1)``. Two polished solutions on the same active set
+    are the same KKT solve and agree to the last bit, so the measured noise alone can be 0,
+    and a slope of round-off (1e-17 / 1e-3) would then read as a usable nonzero slope."""
+    x0 = ev.get("x0")
+    w = np.abs(mmp.loss_weights(prob, seed))
+    scale = float(w @ np.maximum(np.abs(x0), 1.0)) if x0 is not None else float(w.sum())
+    return max(float(ev["noise"]), ROUNDOFF * scale)
+
+
 def judge_problem(prob: mmp.MMProblem, seed: int, ev: dict, dx: dict) -> dict[str, Any]:
     """Verdict of dxopt's gradient (``dx["grads"]``) against the evidence ``ev``."""
     grads = dx["grads"]
+    noise = evaluation_noise(prob, seed, ev)
     dirs = mmp.directions(prob, seed)
     per = []
     for d, e in zip(dirs, ev["directions"]):
         plus = {float(t): v for t, v in e["plus"].items()}
         minus = {float(t): v for t, v in e["minus"].items()}
-        v = J.judge_direction(_claim(grads, d), ev["f0"], plus, minus, noise=ev["noise"])
+        v = J.judge_direction(_claim(grads, d), ev["f0"], plus, minus, noise=noise)
         per.append((d["kind"], v))
     fd = J.combine([v.verdict for _, v in per])
     out: dict[str, Any] = {
@@ -180,8 +201,7 @@ def judge_problem(prob: mmp.MMProblem, seed: int, ev: dict, dx: dict) -> dict[st
     if ref.get("verified"):
         # the reference must itself pass the judge wherever finite differences can tell
         ref_ok = all(
-            J.judge_direction(r, ev["f0"], e["plus"], e["minus"], noise=ev["noise"]).verdict
-            != J.WRONG
+            J.judge_direction(r, ev["f0"], e["plus"], e["minus"], noise=noise).verdict != J.WRONG
             for r, e in zip(ref["directions"], ev["directions"])
         )
         x0 = ev.get("x0")
@@ -203,6 +223,56 @@ def judge_problem(prob: mmp.MMProblem, seed: int, ev: dict, dx: dict) -> dict[st
                 verdict, source = J.MATCH, "ref"
     out.update(verdict=verdict, source=source)
     return out
+
+
+def judge_piece(prob: mmp.MMProblem, seed: int, piece_ev: dict, grads: dict) -> dict[str, Any]:
+    """The piece check of a flagged gradient judged ``wrong`` at a degenerate point.
+
+    At a point where the active rows are dependent the solution map has several affine pieces,
+    and along a random line the one-sided slopes see only the two pieces the line enters: the
+    derivative of a third piece (an element of the B-subdifferential, so of Clarke's
+    generalised gradient) can lie outside them, because ``w . x*`` is not convex and
+    :math:`\\partial_C f(0) \\subseteq \\partial_C F(\\theta) d` is only an inclusion. The
+    check (:func:`benchmarks.qp.mm_problems.piece_evidence`) moves to the point of the piece the
+    gradient names (the tight rows outside its support relaxed, :math:`x^\\star` unchanged)
+    and judges the same claim there along the same directions: ``piece`` if it matches (or
+    lies between the one-sided slopes) there, else the verdict stays ``wrong``. A gradient that
+    spreads over all dependent rows (the minimum-norm one) relaxes nothing and stays ``wrong``.
+    """
+    if "directions" not in piece_ev:
+        return {"piece_verdict": J.WRONG, "piece_why": piece_ev.get("why", "")}
+    per = []
+    noise = evaluation_noise(prob, seed, piece_ev)
+    for d, e in zip(mmp.directions(prob, seed), piece_ev["directions"]):
+        plus = {float(t): v for t, v in e["plus"].items()}
+        minus = {float(t): v for t, v in e["minus"].items()}
+        per.append(J.judge_direction(_claim(grads, d), piece_ev["f0"], plus, minus,
+                                     noise=noise).verdict)  # fmt: skip
+    fd = J.combine(per)
+    out = {"piece_verdict": fd, "piece_directions": dict(zip(mmp.DIRECTION_KINDS, per)),
+           "piece_relaxed_rows": piece_ev.get("relaxed_rows"), "piece_why": ""}  # fmt: skip
+    if fd in (J.MATCH, J.CLARKE):
+        out.update(verdict=J.PIECE, source="piece")
+    return out
+
+
+def _piece(prob: mmp.MMProblem, name: str, ev: dict, grads: dict, args: argparse.Namespace) -> dict:
+    """:func:`judge_piece` with its evidence computed in an isolated process (it depends on
+    dxopt's gradient, so it is cached with this label's results)."""
+    path = None if args.cache is None else args.cache / args.label / f"piece-{name}.pkl"
+    if args.reuse and path is not None and path.exists():
+        with open(path, "rb") as fh:
+            pev = pickle.load(fh)
+    else:
+        pev, _ = isolated("piece", name, args.seed, 0.0, args.fd_timeout,
+                          extra=(ev["x0"], grads))  # fmt: skip
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "wb") as fh:
+                pickle.dump(pev, fh)
+    if "directions" not in pev and "why" not in pev:  # timeout or crash of the check
+        return {"piece_verdict": J.WRONG, "piece_why": str(pev.get("status", ""))}
+    return judge_piece(prob, args.seed, pev, grads)
 
 
 # ----------------------------------------------------------------------------- one problem
@@ -286,6 +356,8 @@ def run_problem(name: str, args: argparse.Namespace) -> dict[str, Any]:
         else:
             assert grads is not None
             rec.update(judge_problem(prob, args.seed, ev, dx | {"grads": grads}))
+            if rec["verdict"] == J.WRONG and rec["source"] == "fd" and _flagged(dx):
+                rec.update(_piece(prob, name, ev, grads, args))
             ref = ev.get("reference") or {}
             rec["ref_verified"] = bool(ref.get("verified"))
             rec["ref_why"] = ref.get("why", "")
@@ -346,7 +418,7 @@ def summarize(records: list[dict], args_timeout: float) -> dict[str, Any]:
         "gradient_given": len(with_grad),
         "gradient_coverage": 100.0 * len(with_grad) / max(len(solved), 1),
         "verdictable": len(verdictable),
-        "verdictable_matching": sum(r["verdict"] in (J.MATCH, J.CLARKE) for r in verdictable),
+        "verdictable_matching": sum(r["verdict"] in PASSING for r in verdictable),
         "refused_names": [r["problem"] for r in records if r["verdict"] == "refused"],
         "wrong_names": [r["problem"] for r in records if r["verdict"] == J.WRONG],
         "failed_names": [r["problem"] for r in records if r["verdict"] == "forward failed"],
@@ -371,7 +443,7 @@ def summary_table(summaries: dict[str, dict]) -> str:
 
     row("problems", lambda s: s["problems"])
     for v in VERDICTS:
-        row(f"verdict: {v}", lambda s, v=v: s["verdicts"][v])
+        row(f"verdict: {v}", lambda s, v=v: s["verdicts"].get(v, 0))
     row("silently wrong (wrong, not flagged)", lambda s: s["silently_wrong"])
     row("flagged degenerate", lambda s: s["flagged"])
     row("SOLVED but residuals above tolerance", lambda s: s["silent_forward_errors"])
@@ -467,7 +539,7 @@ def plot(payloads: dict[str, dict], path: Path) -> None:
     for i, lab in enumerate(labels):
         counts = payloads[lab]["summary"]["verdicts"]
         xs = np.arange(len(VERDICTS)) + i * width
-        ax1.bar(xs, [counts[v] for v in VERDICTS], width, label=lab)
+        ax1.bar(xs, [counts.get(v, 0) for v in VERDICTS], width, label=lab)
         ratios = [
             r["dxopt"]["forward_s"] / r["fastest_raw_s"] for r in payloads[lab]["records"]
             if r["forward_success"] and r.get("fastest_raw_s") and r["dxopt"].get("forward_s")

@@ -470,10 +470,19 @@ def solver_noise(prob: MMProblem, w: np.ndarray) -> float:
     return float(abs(w @ (xs[0] - xs[1]))) if len(xs) >= 2 else math.inf
 
 
-def fd_evidence(prob: MMProblem, seed: int, steps: tuple[float, ...] = STEPS) -> dict[str, Any]:
+def fd_evidence(
+    prob: MMProblem,
+    seed: int,
+    steps: tuple[float, ...] = STEPS,
+    *,
+    dirs: list[dict[str, Any]] | None = None,
+    reference: bool = True,
+) -> dict[str, Any]:
     """Everything the judge needs that does not depend on dxopt: per direction ``f(0)``,
     ``f(+-t)`` for ``L = w . x*``, the noise bound, and the exact reference directional
-    derivatives on a verified active set where one exists (:func:`reference_gradient`)."""
+    derivatives on a verified active set where one exists (:func:`reference_gradient`).
+    ``dirs`` replaces :func:`directions` (the piece check of :func:`piece_problem` keeps the
+    directions of the original problem); ``reference=False`` skips the reference."""
     t0 = time.perf_counter()
     w = loss_weights(prob, seed)
     noise = solver_noise(prob, w)
@@ -495,14 +504,17 @@ def fd_evidence(prob: MMProblem, seed: int, steps: tuple[float, ...] = STEPS) ->
             return None
         return float(w @ x)
 
-    dirs = directions(prob, seed)
+    if dirs is None:
+        dirs = directions(prob, seed)
     for d in dirs:
         plus, minus = {}, {}
         if x0 is not None:
             for t in steps:
                 plus[t], minus[t] = value(d, t), value(d, -t)
         out["directions"].append({"kind": d["kind"], "plus": plus, "minus": minus})
-    if x0 is None or not base_solver.endswith("+polish"):
+    if not reference:
+        out["reference"] = {"verified": False, "why": "not computed"}
+    elif x0 is None or not base_solver.endswith("+polish"):
         out["reference"] = {"verified": False, "why": "no polished solution"}
     else:
         out["reference"] = reference_gradient(prob, w, x0, y0, z0, dirs)
@@ -571,3 +583,56 @@ def reference_gradient(
         for d in dirs
     ]
     return {"verified": True, "why": "", "directions": along}
+
+
+# ------------------------------------------------------------------------------ piece check
+
+PIECE_MARGIN = 1e-2  # relative relaxation of the rows outside a gradient's support
+TIGHT = 1e-8  # relative slack of a tight row at a polished solution
+
+
+def piece_problem(
+    prob: MMProblem, x0: np.ndarray, grad_h: np.ndarray | None
+) -> tuple[MMProblem | None, int, str]:
+    """The nearby problem on which a claimed gradient must be the plain derivative.
+
+    A gradient whose ``h`` part is supported on a subset :math:`B` of the tight rows :math:`J`
+    claims to be the derivative of the affine piece on which the rows :math:`J \\setminus B`
+    are inactive. Relaxing exactly those rows, :math:`h_i \\mathrel{+}= m(1 + |h_i|)` with
+    :math:`m` = ``PIECE_MARGIN``, moves :math:`\\theta` into that piece's region, along a
+    segment that stays in it; if :math:`x^\\star` does not move (there is an optimal multiplier
+    supported on :math:`B`), the solution map is the same affine piece there, and its
+    derivative at the relaxed point is a limit of derivatives at points of differentiability
+    arbitrarily close to :math:`\\theta`, i.e. an element of the B-subdifferential at
+    :math:`\\theta`. Returns ``(problem, relaxed rows, why)``; ``problem`` is ``None`` when
+    there is nothing to relax (``why`` says so). Whether ``x0`` stays optimal is checked by the
+    caller (:func:`piece_evidence`).
+    """
+    if prob.G is None or prob.h is None or grad_h is None:
+        return None, 0, "no inequality rows"
+    slack = prob.h - prob.G @ x0
+    tight = slack <= TIGHT * (1.0 + np.abs(prob.h))
+    relax = tight & (np.asarray(grad_h) == 0.0)
+    if not relax.any():
+        return None, 0, "no tight row outside the gradient's support"
+    h = prob.h + PIECE_MARGIN * (1.0 + np.abs(prob.h)) * relax
+    return MMProblem(prob.name, prob.P, prob.q, prob.G, h, prob.A, prob.b), int(relax.sum()), ""
+
+
+def piece_evidence(prob: MMProblem, seed: int, x0: np.ndarray, grads: dict) -> dict[str, Any]:
+    """Finite-difference evidence at the relaxed point of :func:`piece_problem`, along the
+    directions of the original problem; ``{"why": ...}`` without ``directions`` where the check
+    does not apply (nothing to relax, or :math:`x^\\star` moves: the support is not a piece)."""
+    relaxed, count, why = piece_problem(prob, x0, grads.get("h"))
+    if relaxed is None:
+        return {"why": why}
+    x1, *_ = solve_polished(relaxed)
+    if x1 is None:
+        return {"why": "the relaxed problem did not solve", "relaxed_rows": count}
+    move = float(np.abs(x1 - x0).max() / (1.0 + np.abs(x0).max()))
+    if move > 1e-7:
+        why = f"x* moves by {move:.2g} when the rows outside the gradient's support are relaxed"
+        return {"why": why + ": the support is not a piece at theta", "relaxed_rows": count}
+    ev = fd_evidence(relaxed, seed, dirs=directions(prob, seed), reference=False)
+    ev.update(relaxed_rows=count, move=move, why="")
+    return ev
