@@ -15,13 +15,16 @@ process with a time limit (a hang or a crash is recorded, never stops the run):
   only; ``h`` and ``b`` in the range of ``A``; a translation of the feasible set), from
   one-sided finite differences of tight-tolerance clarabel/piqp re-solves at five steps, plus
   the exact reduced-KKT reference gradient where the active set is verified
-  (:func:`benchmarks.qp.mm_problems.reference_gradient`).
+  (:func:`benchmarks.qp.mm_problems.reference_gradient`); a flagged gradient judged ``wrong``
+  there gets the piece check (:func:`judge_piece`: B-subdifferential membership at a nearby
+  point of its piece).
 
 The finite-difference evidence does not depend on dxopt and is cached per problem (``--cache``)
 so that the same problems can be judged against two versions of the code (``--label before``
 with ``PYTHONPATH`` pointing at the old sources, ``--label after`` at the new). Summaries follow
 qpbenchmark (success rate; shifted geometric mean, shift 10, of the time ratio to the fastest
-solve of the problem, a failure counting as the time limit).
+solve of the problem, a failure counting as the time limit). ``--render-only --merge
+RUN.json`` combines runs over different size ranges into one table (before/after per problem).
 """
 
 from __future__ import annotations
@@ -468,7 +471,7 @@ def targets_table(summary: dict) -> str:
          f"{rate['dxopt']:.1f}%", rate["dxopt"] >= rate[best] + 5.0),
         (">= 95% of forward-solved problems get a gradient",
          f"{summary['gradient_coverage']:.1f}%", summary["gradient_coverage"] >= 95.0),
-        ("every verdict-able gradient matches (match or clarke)",
+        ("every verdict-able gradient matches (match, clarke or piece)",
          f"{summary['verdictable_matching']} / {summary['verdictable']}",
          summary["verdictable_matching"] == summary["verdictable"]),
     ]  # fmt: skip
@@ -500,7 +503,10 @@ def solved_by(rec: dict) -> str:
     return str(solvers[0]) + (f" @{tol:g}" if tol is not None and tol != 1e-9 else "")
 
 
-def problem_table(records: list[dict]) -> str:
+def problem_table(records: list[dict], before: dict | None = None) -> str:
+    """One row per problem; with ``before`` (the baseline's payload) a ``before`` column holds
+    the baseline's verdict of the same problem (``not run`` where it has none)."""
+    old = {r["problem"]: r["verdict"] for r in (before or {}).get("records", [])}
     rows = []
     for r in records:
         dx = r["dxopt"]
@@ -516,6 +522,7 @@ def problem_table(records: list[dict]) -> str:
             "fwd s": _fmt(dx.get("forward_s")),
             "fastest raw": f"{r.get('fastest_raw') or '-'} {_fmt(r.get('fastest_raw_s'))}",
             "ratio": _fmt(ratio),
+            "before": old.get(r["problem"], "not run"),
             "verdict": r["verdict"] + (f" ({r['source']})" if r.get("source") == "ref" else ""),
             "q/hb/shift": "/".join(dirs.get(k, "-").replace("no verdict", "nv")
                                    for k in mmp.DIRECTION_KINDS) if dirs else "-",
@@ -523,7 +530,8 @@ def problem_table(records: list[dict]) -> str:
             "flagged": "yes" if r["flagged"] else "",
         })  # fmt: skip
     cols = ["problem", "n", "m", "p", "dxopt", "solver", "fwd s", "fastest raw", "ratio",
-            "verdict", "q/hb/shift", "ref err", "flagged"]  # fmt: skip
+            *(["before"] if before is not None else []), "verdict", "q/hb/shift", "ref err",
+            "flagged"]  # fmt: skip
     return markdown_table(rows, cols)
 
 
@@ -573,7 +581,15 @@ def section(payloads: dict[str, dict]) -> str:
         "finite differences of tight-tolerance clarabel/piqp re-solves along three random "
         "directions (q; h and b in range(A); a translation of the feasible set) at steps "
         "1e-3..1e-7 with a step-consistency check; a kink accepts either one-sided slope "
-        "(`clarke`: between the two), unstable differences give `no verdict`; where the active "
+        "(`clarke`: between the two), unstable differences give `no verdict` (each evaluation "
+        "carries the measured disagreement of the two solvers, at least the round-off "
+        f"{ROUNDOFF:g} sum|w_i| max(|x_i|, 1) of a polished solution). A flagged (degenerate) "
+        "gradient judged `wrong` on the lines gets the piece check: at dependent active rows "
+        "the solution map has more affine pieces than a line enters, so the derivative of "
+        "another piece (a B-subdifferential element) can lie outside the line's one-sided "
+        "slopes; the tight rows outside the gradient's support are relaxed by 1% (x* must not "
+        "move) and the same claim is judged there along the same directions: `piece` if it "
+        "matches there, else still `wrong`. Where the active "
         "set is verified (LICQ, strict complementarity), the exact reduced-KKT gradient is a "
         f"second judge (`wrong` above {REF_RTOL:g} relative error along a direction). "
         "Finite differences and the reference use polished solutions (the exact KKT solve on "
@@ -590,6 +606,15 @@ def section(payloads: dict[str, dict]) -> str:
             + (f" {pl['note']}" if pl.get("note") else ""),
             "",
         ]
+    sets = {lab: {r["problem"] for r in pl["records"]} for lab, pl in payloads.items()}
+    union = set().union(*sets.values())
+    for lab, names in sets.items():
+        if names != union:
+            parts += [
+                f"**{lab}** covers {len(names)} of the {len(union)} problems; the others are "
+                "`not run` in the per-problem table and absent from its summary column.",
+                "",
+            ]
     parts += ["### Summary", "", summary_table({k: v["summary"] for k, v in payloads.items()})]
     for lab, pl in payloads.items():
         parts += ["", f"### {lab}: targets", "", targets_table(pl["summary"])]
@@ -606,7 +631,8 @@ def section(payloads: dict[str, dict]) -> str:
             f"Forward failed: {', '.join(s['failed_names']) or 'none'}.",
         ]  # fmt: skip
     last_label, last = list(payloads.items())[-1]
-    parts += ["", f"### {last_label}: per problem", "", problem_table(last["records"])]
+    before = payloads.get("before") if last_label != "before" else None
+    parts += ["", f"### {last_label}: per problem", "", problem_table(last["records"], before)]
     parts += ["", "Plot: `benchmarks/qp/results/maros_meszaros.png`; raw results: "
               "`benchmarks/qp/results/maros_meszaros_<label>.json`."]  # fmt: skip
     return "\n".join(parts)
@@ -661,11 +687,17 @@ def main(argv: list[str] | None = None) -> None:
         "--render-only", action="store_true",
         help="rebuild the report and BENCHMARKS.md section from the saved before/after JSON",
     )  # fmt: skip
+    parser.add_argument(
+        "--merge", default="",
+        help="comma-separated payload JSONs of other runs (e.g. the 2000 < n <= 10000 run) "
+        "merged into the before/after payload of their label: one combined table",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     args.raw = [s.strip() for s in args.raw.split(",") if s.strip()]
+    merge = [Path(p) for p in args.merge.split(",") if p.strip()]
     if args.render_only:
         out = args.out or results_dir("qp")
-        payloads = load_payloads(out)
+        payloads = load_payloads(out, merge)
         render(payloads, out, update_md=args.out is None and not args.no_md)
         return
     set_threads(1)
@@ -722,25 +754,57 @@ def main(argv: list[str] | None = None) -> None:
         "load_start": load_start,
         "load_end": round(os.getloadavg()[0], 2),
         "accept_tol": args.accept_tol,
+        "timeout": args.timeout,
         "note": args.note,
         "summary": summarize(records, args.timeout),
         "records": records,
     }
     write_json(out / f"maros_meszaros_{args.label}.json", payload)
     partial.unlink(missing_ok=True)
-    payloads = {k: v for k, v in load_payloads(out).items() if k != args.label}
+    payloads = {k: v for k, v in load_payloads(out, merge).items() if k != args.label}
     payloads[args.label] = payload
     render(payloads, out, update_md=not args.quick and args.out is None and not args.no_md)
 
 
-def load_payloads(out: Path) -> dict[str, dict]:
-    """The saved ``before`` and ``after`` runs found in ``out``."""
+def load_payloads(out: Path, merge: list[Path] | None = None) -> dict[str, dict]:
+    """The saved ``before`` and ``after`` runs found in ``out``, each combined with the runs of
+    ``merge`` that have its label (:func:`merge_payloads`)."""
     payloads = {}
     for lab in ("before", "after"):
         f = out / f"maros_meszaros_{lab}.json"
         if f.exists():
             payloads[lab] = json.loads(f.read_text())
-    return payloads
+    for f in merge or []:
+        extra = json.loads(Path(f).read_text())
+        lab = extra.get("label", "after")
+        payloads[lab] = merge_payloads(payloads[lab], extra) if lab in payloads else extra
+    return {k: payloads[k] for k in sorted(payloads, key=lambda k: k != "before")}
+
+
+def merge_payloads(base: dict, extra: dict) -> dict:
+    """One payload from two runs of the same label over different problem ranges (e.g.
+    ``--max-n 2000`` and ``--min-n 2000 --max-n 10000``): the records of both (``extra``'s
+    record wins for a problem in both), the summary recomputed over all of them, the commands,
+    machine lines and notes of both kept."""
+    records = {r["problem"]: r for r in base["records"]}
+    records.update({r["problem"]: r for r in extra["records"]})
+    merged = sorted(records.values(), key=lambda r: (r["n"], r["problem"]))
+    timeout = max(float(base.get("timeout", 120.0)), float(extra.get("timeout", 120.0)))
+    notes = (base.get("note", ""), extra.get("note", ""),
+             f"Second run: {machine_line(extra['machine'])}")  # fmt: skip
+    note = " ".join(t for t in notes if t)
+    out = dict(base)
+    out.update(
+        command=f"{base['command']}` and `{extra['command']}",
+        code=base.get("code", "") + "; " + extra.get("code", ""),
+        load_start=f"{base['load_start']} and {extra['load_start']}",
+        load_end=f"{base['load_end']} and {extra['load_end']}",
+        note=note,
+        timeout=timeout,
+        records=merged,
+        summary=summarize(merged, timeout),
+    )
+    return out
 
 
 def render(payloads: dict[str, dict], out: Path, *, update_md: bool) -> None:
