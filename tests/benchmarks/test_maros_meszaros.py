@@ -178,7 +178,9 @@ except FileNotFoundError:
     HAVE_DATA = False
 needs_data = pytest.mark.skipif(not HAVE_DATA, reason=f"no Maros-Meszaros data (${mmp.DATA_ENV})")
 
-SUBSET = ("HS21", "HS35", "HS76", "HS118", "DUALC1", "QAFIRO", "HS21" + mmp.ZERO_ROW)
+# PRIMALC8 (n = 520, about 10 s): dependent active rows of very different norms, where the
+# minimum-norm adjoint fails and the default once fell back to the pseudo-inverse (wrong)
+SUBSET = ("HS21", "HS35", "HS76", "HS118", "DUALC1", "QAFIRO", "HS21" + mmp.ZERO_ROW, "PRIMALC8")
 
 
 @needs_data
@@ -196,6 +198,9 @@ def test_subset_gets_no_wrong_gradient_and_a_corrupted_one_is_caught(name):
     ev = mmp.fd_evidence(prob, 0)
     result = judge_problem(prob, 0, ev, dx)
     assert result["verdict"] != J.WRONG, result
+    if name == "PRIMALC8":  # a vertex piece that both one-sided slopes of every line accept
+        assert dx["backward_info"]["pseudo_inverse"] == [False], dx["backward_info"]
+        assert result["verdict"] == J.MATCH, result
     if name in ("HS21", "HS35", "HS76"):  # smooth, verified active set: a full match
         assert result["verdict"] == J.MATCH and result["source"] == "fd", result
         assert result["ref_err"] < 1e-8
