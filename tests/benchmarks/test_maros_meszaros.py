@@ -180,7 +180,8 @@ needs_data = pytest.mark.skipif(not HAVE_DATA, reason=f"no Maros-Meszaros data (
 
 # PRIMALC8 (n = 520, about 10 s): dependent active rows of very different norms, where the
 # minimum-norm adjoint fails and the default once fell back to the pseudo-inverse (wrong)
-SUBSET = ("HS21", "HS35", "HS76", "HS118", "DUALC1", "QAFIRO", "HS21" + mmp.ZERO_ROW, "PRIMALC8")
+SUBSET = ("HS21", "HS35", "HS76", "HS118", "DUALC1", "QAFIRO", "HS21" + mmp.ZERO_ROW,
+          pytest.param("PRIMALC8", marks=pytest.mark.slow))  # fmt: skip
 
 
 @needs_data
