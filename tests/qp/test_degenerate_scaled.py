@@ -76,3 +76,26 @@ def test_default_lies_between_the_one_sided_slopes() -> None:
         minus = (f0 - loss(-t * d)) / t
         claim = float(g @ d)
         assert min(plus, minus) - 1e-5 <= claim <= max(plus, minus) + 1e-5, (d, claim)
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+@pytest.mark.parametrize("method", [dqp.KKTBackward, dqp.PenaltyBackward])
+def test_lp_vertex_branch_is_the_minimum_l1_piece(monkeypatch, method, sparse: bool) -> None:
+    # samples too big for a dense null space get the vertex by linear programming; forced here
+    # on the unscaled problem of test_degenerate_vertex.py (rows e1, e2, e1 + e2, L = x1 + 5x2):
+    # with normalised rows the vertices {1,2} (z = (1, 2, 0)) and {2,3} (z = (0, 1, 1), i.e.
+    # normalised (0, 1, sqrt 2)) have l1 norms 3 and 1 + sqrt 2, so the piece {2,3}, whose
+    # gradient is (0, 4, 1), is the minimum-l1 vertex
+    import dxopt.qp._degenerate as deg
+
+    monkeypatch.setattr(deg, "MAX_VERTEX_ENTRIES", 0)
+    G1 = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]], dtype=F64)
+    h = torch.zeros(3, dtype=F64, requires_grad=True)
+    Pm, Gm = (P.to_sparse_csr(), G1.to_sparse_csr()) if sparse else (P, G1)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+        sol = dqp.solve(Pm, Q, G=Gm, h=h, backward=method(degenerate="vertex"))
+    with pytest.warns(dqp.QPDegenerateWarning, match="dropped"):
+        (W * sol.x).sum().backward()
+    assert h.grad is not None and sol.info.backward.pseudo_inverse == (False,)
+    torch.testing.assert_close(h.grad, torch.tensor([0.0, 4.0, 1.0], dtype=F64), atol=1e-9, rtol=0)

@@ -224,7 +224,12 @@ class BackwardBase:
             return out
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", QPDegenerateWarning)
-            out = self._adjoint(data, replace(active, used=used), diagnostics)
+            try:
+                out = self._adjoint(data, replace(active, used=used), diagnostics)
+            except QPBackwardError:  # the vertex leaves x undetermined: the caller's fallback
+                diagnostics.dependent_rows = tuple(int(c) for c in counts)
+                diagnostics.licq = False
+                raise
         left = torch.tensor(diagnostics.dependent_rows or (0,) * data.x.shape[0])
         diagnostics.dependent_rows = tuple(int(c) for c in counts)
         diagnostics.licq = False
