@@ -215,6 +215,7 @@ class BackwardBase:
             data.eq_duals,
             skip,
             keep_parallel=self.degenerate == "auto",
+            retry=failed is not None,
         )
         if not bool((dropped > 0).any()):
             if failed is not None:

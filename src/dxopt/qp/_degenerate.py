@@ -283,6 +283,10 @@ def _matrix(problem: QPProblem, name: str, i: int) -> Any:
     return (t[i] if t.ndim == 3 else t).numpy()
 
 
+#: dense entries of [G_J; A] above which a sample whose adjoint already failed is not retried
+#: at a vertex (``retry=True``): there the failure is usually P singular on the null space,
+#: which no vertex cures, and the retry would only add its cost to the pseudo-inverse's
+MAX_RETRY_ENTRIES = 1e6
 MAX_BASIS_TRIES = 50  # lp_vertex: candidate rows tested to complete a degenerate vertex
 MAX_VERTEX_ENTRIES = 4e6  # dense entries of [G_J; A] above which ``vertex_rows`` skips a sample
 
@@ -295,6 +299,7 @@ def vertex_rows(
     skip: Tensor,
     *,
     keep_parallel: bool = False,
+    retry: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """Drop dependent active inequality rows until the rest are independent, keeping the
     multipliers feasible: the ``degenerate="vertex"`` policy.
@@ -320,7 +325,9 @@ def vertex_rows(
     multipliers the backend returned. Samples in ``skip`` are left unchanged; samples too big
     for a dense null space (more than ``MAX_VERTEX_ENTRIES`` entries in :math:`[G_J; A]`) get
     the minimum-l1 multiplier vertex of :func:`lp_vertex` instead. Returns the new ``used``
-    mask (S, m) and the per-sample number of dropped rows.
+    mask (S, m) and the per-sample number of dropped rows. ``retry=True`` (the adjoint of the
+    full active set already failed its residual check) skips samples above
+    ``MAX_RETRY_ENTRIES``.
     """
     out = used.clone()
     dropped = torch.zeros(used.shape[0], dtype=torch.int64)
@@ -336,6 +343,8 @@ def vertex_rows(
             blocks.append(_matrix(problem, "A", i))
         rows = sum(b.shape[0] for b in blocks)
         k = act.size
+        if retry and rows * blocks[0].shape[1] > MAX_RETRY_ENTRIES:
+            continue
         if rows * blocks[0].shape[1] > MAX_VERTEX_ENTRIES:
             eq = eq_duals[i].numpy() if has_eq else np.zeros(0)
             keep_ineq = lp_vertex(blocks, ineq_duals[i, act].numpy(), eq, keep_parallel)
