@@ -17,7 +17,12 @@ dependencies are parallel copies of rows (duplicated or opposite rows), which ke
 minimum-norm multiplier adjoint (the equal split between the copies, inside Clarke's hull and
 independent of the backend). ``degenerate="min_norm"`` uses the minimum-norm adjoint for every
 dependency; for general dependent rows it can lie outside the hull of the one-sided
-derivatives (rows :math:`e_1, e_2, e_1 + e_2`), so it is no longer the default.
+derivatives (rows :math:`e_1, e_2, e_1 + e_2`), so it is no longer the default. If the adjoint
+on the full dependent active set fails its residual check (rows of very different norms make
+the minimum-norm refinement stall, as on Maros-Meszaros PRIMALC8), the vertex is still tried
+(samples up to ``MAX_RETRY_ENTRIES`` dense entries) before the pseudo-inverse below; samples
+too big for a dense null space get the minimum-l1 vertex by linear programming
+(:func:`dxopt.qp._degenerate.lp_vertex`).
 When the reduced KKT matrix :math:`K = [[P, C^\\top], [C, 0]]` is singular for another reason,
 i.e. :math:`P` is singular on :math:`\\ker C`, the method's exact solve fails its residual
 check. Two cases:
