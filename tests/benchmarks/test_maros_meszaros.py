@@ -264,3 +264,30 @@ def test_quick_cli_run_writes_json_and_table(tmp_path):
     rerender = subprocess.run([*cmd[:5], "--render-only", "--out", str(tmp_path)], cwd=REPO_ROOT,
                               capture_output=True, text=True, timeout=120)  # fmt: skip
     assert rerender.returncode == 0, rerender.stderr[-2000:]
+
+
+def test_render_only_merges_size_ranges_into_one_before_after_table(tmp_path):
+    from benchmarks.qp import maros_meszaros as mm
+
+    results = REPO_ROOT / "benchmarks" / "qp" / "results"
+    before = json.loads((results / "maros_meszaros_before.json").read_text())
+    small = json.loads((results / "maros_meszaros_after.json").read_text())
+    large = json.loads((results / "mm_large" / "maros_meszaros_after.json").read_text())
+    before["records"], small["records"] = before["records"][:3], small["records"][:3]
+    large["records"] = large["records"][:2]
+    for name, payload in (("before", before), ("after", small)):
+        (tmp_path / f"maros_meszaros_{name}.json").write_text(json.dumps(payload))
+    extra = tmp_path / "large.json"
+    extra.write_text(json.dumps(large))
+    payloads = mm.load_payloads(tmp_path, [extra])
+    assert list(payloads) == ["before", "after"]
+    merged = payloads["after"]
+    names = [r["problem"] for r in merged["records"]]
+    assert names == [r["problem"] for r in small["records"] + large["records"]]
+    assert merged["summary"]["problems"] == 5 and payloads["before"]["summary"]["problems"] == 81
+    text = mm.section(payloads)
+    assert "**before** covers 3 of the 5 problems" in text
+    for r in large["records"]:  # one row per problem, the baseline's verdict 'not run'
+        assert f"| {r['problem']} | {r['n']} |" in text
+    assert text.count("| not run |") == 2
+    assert "verdict: piece" in text
