@@ -49,6 +49,7 @@ __all__ = [
     "CLARKE",
     "MATCH",
     "NO_VERDICT",
+    "PIECE",
     "WRONG",
     "DirectionVerdict",
     "Slope",
@@ -60,6 +61,7 @@ __all__ = [
 
 MATCH = "match"
 CLARKE = "clarke"
+PIECE = "piece"  # wrong on the line, but the derivative of a nearby piece (maros_meszaros.py)
 WRONG = "wrong"
 NO_VERDICT = "no verdict"
 

@@ -15,13 +15,16 @@ process with a time limit (a hang or a crash is recorded, never stops the run):
   only; ``h`` and ``b`` in the range of ``A``; a translation of the feasible set), from
   one-sided finite differences of tight-tolerance clarabel/piqp re-solves at five steps, plus
   the exact reduced-KKT reference gradient where the active set is verified
-  (:func:`benchmarks.qp.mm_problems.reference_gradient`).
+  (:func:`benchmarks.qp.mm_problems.reference_gradient`); a flagged gradient judged ``wrong``
+  there gets the piece check (:func:`judge_piece`: B-subdifferential membership at a nearby
+  point of its piece).
 
 The finite-difference evidence does not depend on dxopt and is cached per problem (``--cache``)
 so that the same problems can be judged against two versions of the code (``--label before``
 with ``PYTHONPATH`` pointing at the old sources, ``--label after`` at the new). Summaries follow
 qpbenchmark (success rate; shifted geometric mean, shift 10, of the time ratio to the fastest
-solve of the problem, a failure counting as the time limit).
+solve of the problem, a failure counting as the time limit). ``--render-only --merge
+RUN.json`` combines runs over different size ranges into one table (before/after per problem).
 """
 
 from __future__ import annotations
@@ -63,17 +66,21 @@ COMMAND = "dxopt bench qp --suite maros-meszaros"
 QUICK = ("HS21", "HS35", "HS76", "QAFIRO", "DUALC1", "HS21" + mmp.ZERO_ROW)
 EVIDENCE_VERSION = 2
 REF_RTOL = 1e-3  # relative gradient error against a verified reference that counts as wrong
-VERDICTS = (J.MATCH, J.CLARKE, J.WRONG, J.NO_VERDICT, "refused", "forward failed", "error")
+VERDICTS = (J.MATCH, J.CLARKE, J.PIECE, J.WRONG, J.NO_VERDICT, "refused", "forward failed",
+            "error")  # fmt: skip
+PASSING = (J.MATCH, J.CLARKE, J.PIECE)
 SECTION = "qp-maros-meszaros"
 
 
 # ------------------------------------------------------------------------- isolated tasks
 
 
-def _task(kind: str, name: str, seed: int, accept_tol: float) -> Any:
+def _task(kind: str, name: str, seed: int, accept_tol: float, extra: Any = None) -> Any:
     prob = mmp.load(name)
     if kind == "fd":
         return mmp.fd_evidence(prob, seed)
+    if kind == "piece":
+        return mmp.piece_evidence(prob, seed, *extra)
     if kind == "dxopt":
         from benchmarks.qp.mm_dxopt import run_dxopt
 
@@ -99,13 +106,14 @@ def _child(args: tuple, path: str, mem_gb: float) -> None:
 
 
 def isolated(kind: str, name: str, seed: int, accept_tol: float, timeout_s: float,
-             mem_gb: float = 8.0) -> tuple[dict, float]:  # fmt: skip
-    """Run one task in a forked child with a time and an address-space limit."""
+             mem_gb: float = 8.0, extra: Any = None) -> tuple[dict, float]:  # fmt: skip
+    """Run one task in a forked child with a time and an address-space limit (``extra``: more
+    arguments of the task, inherited by the fork)."""
     fd, path = tempfile.mkstemp(prefix="dxopt-mm-", suffix=".pkl")
     os.close(fd)
     os.unlink(path)
     proc = mp.get_context("fork").Process(
-        target=_child, args=((kind, name, seed, accept_tol), path, mem_gb)
+        target=_child, args=((kind, name, seed, accept_tol, extra), path, mem_gb)
     )
     t0 = time.perf_counter()
     proc.start()
@@ -159,15 +167,31 @@ def _flagged(dx: dict) -> bool:
     )
 
 
+ROUNDOFF = 1e-13  # relative accuracy of a polished solution (its KKT solve's residual)
+
+
+def evaluation_noise(prob: mmp.MMProblem, seed: int, ev: dict) -> float:
+    """The error bound of one evaluation of ``f = w . x*``: the measured disagreement of the two
+    finite-difference solvers (``ev["noise"]``), at least the round-off of a polished solution,
+    ``ROUNDOFF * sum_i |w_i| max(|x_i|, 1)``. Two polished solutions on the same active set
+    are the same KKT solve and agree to the last bit, so the measured noise alone can be 0,
+    and a slope of round-off (1e-17 / 1e-3) would then read as a usable nonzero slope."""
+    x0 = ev.get("x0")
+    w = np.abs(mmp.loss_weights(prob, seed))
+    scale = float(w @ np.maximum(np.abs(x0), 1.0)) if x0 is not None else float(w.sum())
+    return max(float(ev["noise"]), ROUNDOFF * scale)
+
+
 def judge_problem(prob: mmp.MMProblem, seed: int, ev: dict, dx: dict) -> dict[str, Any]:
     """Verdict of dxopt's gradient (``dx["grads"]``) against the evidence ``ev``."""
     grads = dx["grads"]
+    noise = evaluation_noise(prob, seed, ev)
     dirs = mmp.directions(prob, seed)
     per = []
     for d, e in zip(dirs, ev["directions"]):
         plus = {float(t): v for t, v in e["plus"].items()}
         minus = {float(t): v for t, v in e["minus"].items()}
-        v = J.judge_direction(_claim(grads, d), ev["f0"], plus, minus, noise=ev["noise"])
+        v = J.judge_direction(_claim(grads, d), ev["f0"], plus, minus, noise=noise)
         per.append((d["kind"], v))
     fd = J.combine([v.verdict for _, v in per])
     out: dict[str, Any] = {
@@ -180,8 +204,7 @@ def judge_problem(prob: mmp.MMProblem, seed: int, ev: dict, dx: dict) -> dict[st
     if ref.get("verified"):
         # the reference must itself pass the judge wherever finite differences can tell
         ref_ok = all(
-            J.judge_direction(r, ev["f0"], e["plus"], e["minus"], noise=ev["noise"]).verdict
-            != J.WRONG
+            J.judge_direction(r, ev["f0"], e["plus"], e["minus"], noise=noise).verdict != J.WRONG
             for r, e in zip(ref["directions"], ev["directions"])
         )
         x0 = ev.get("x0")
@@ -203,6 +226,56 @@ def judge_problem(prob: mmp.MMProblem, seed: int, ev: dict, dx: dict) -> dict[st
                 verdict, source = J.MATCH, "ref"
     out.update(verdict=verdict, source=source)
     return out
+
+
+def judge_piece(prob: mmp.MMProblem, seed: int, piece_ev: dict, grads: dict) -> dict[str, Any]:
+    """The piece check of a flagged gradient judged ``wrong`` at a degenerate point.
+
+    At a point where the active rows are dependent the solution map has several affine pieces,
+    and along a random line the one-sided slopes see only the two pieces the line enters: the
+    derivative of a third piece (an element of the B-subdifferential, so of Clarke's
+    generalised gradient) can lie outside them, because ``w . x*`` is not convex and
+    :math:`\\partial_C f(0) \\subseteq \\partial_C F(\\theta) d` is only an inclusion. The
+    check (:func:`benchmarks.qp.mm_problems.piece_evidence`) moves to the point of the piece the
+    gradient names (the tight rows outside its support relaxed, :math:`x^\\star` unchanged)
+    and judges the same claim there along the same directions: ``piece`` if it matches (or
+    lies between the one-sided slopes) there, else the verdict stays ``wrong``. A gradient that
+    spreads over all dependent rows (the minimum-norm one) relaxes nothing and stays ``wrong``.
+    """
+    if "directions" not in piece_ev:
+        return {"piece_verdict": J.WRONG, "piece_why": piece_ev.get("why", "")}
+    per = []
+    noise = evaluation_noise(prob, seed, piece_ev)
+    for d, e in zip(mmp.directions(prob, seed), piece_ev["directions"]):
+        plus = {float(t): v for t, v in e["plus"].items()}
+        minus = {float(t): v for t, v in e["minus"].items()}
+        per.append(J.judge_direction(_claim(grads, d), piece_ev["f0"], plus, minus,
+                                     noise=noise).verdict)  # fmt: skip
+    fd = J.combine(per)
+    out = {"piece_verdict": fd, "piece_directions": dict(zip(mmp.DIRECTION_KINDS, per)),
+           "piece_relaxed_rows": piece_ev.get("relaxed_rows"), "piece_why": ""}  # fmt: skip
+    if fd in (J.MATCH, J.CLARKE):
+        out.update(verdict=J.PIECE, source="piece")
+    return out
+
+
+def _piece(prob: mmp.MMProblem, name: str, ev: dict, grads: dict, args: argparse.Namespace) -> dict:
+    """:func:`judge_piece` with its evidence computed in an isolated process (it depends on
+    dxopt's gradient, so it is cached with this label's results)."""
+    path = None if args.cache is None else args.cache / args.label / f"piece-{name}.pkl"
+    if args.reuse and path is not None and path.exists():
+        with open(path, "rb") as fh:
+            pev = pickle.load(fh)
+    else:
+        pev, _ = isolated("piece", name, args.seed, 0.0, args.fd_timeout,
+                          extra=(ev["x0"], grads))  # fmt: skip
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "wb") as fh:
+                pickle.dump(pev, fh)
+    if "directions" not in pev and "why" not in pev:  # timeout or crash of the check
+        return {"piece_verdict": J.WRONG, "piece_why": str(pev.get("status", ""))}
+    return judge_piece(prob, args.seed, pev, grads)
 
 
 # ----------------------------------------------------------------------------- one problem
@@ -286,6 +359,8 @@ def run_problem(name: str, args: argparse.Namespace) -> dict[str, Any]:
         else:
             assert grads is not None
             rec.update(judge_problem(prob, args.seed, ev, dx | {"grads": grads}))
+            if rec["verdict"] == J.WRONG and rec["source"] == "fd" and _flagged(dx):
+                rec.update(_piece(prob, name, ev, grads, args))
             ref = ev.get("reference") or {}
             rec["ref_verified"] = bool(ref.get("verified"))
             rec["ref_why"] = ref.get("why", "")
@@ -346,7 +421,7 @@ def summarize(records: list[dict], args_timeout: float) -> dict[str, Any]:
         "gradient_given": len(with_grad),
         "gradient_coverage": 100.0 * len(with_grad) / max(len(solved), 1),
         "verdictable": len(verdictable),
-        "verdictable_matching": sum(r["verdict"] in (J.MATCH, J.CLARKE) for r in verdictable),
+        "verdictable_matching": sum(r["verdict"] in PASSING for r in verdictable),
         "refused_names": [r["problem"] for r in records if r["verdict"] == "refused"],
         "wrong_names": [r["problem"] for r in records if r["verdict"] == J.WRONG],
         "failed_names": [r["problem"] for r in records if r["verdict"] == "forward failed"],
@@ -371,7 +446,7 @@ def summary_table(summaries: dict[str, dict]) -> str:
 
     row("problems", lambda s: s["problems"])
     for v in VERDICTS:
-        row(f"verdict: {v}", lambda s, v=v: s["verdicts"][v])
+        row(f"verdict: {v}", lambda s, v=v: s["verdicts"].get(v, 0))
     row("silently wrong (wrong, not flagged)", lambda s: s["silently_wrong"])
     row("flagged degenerate", lambda s: s["flagged"])
     row("SOLVED but residuals above tolerance", lambda s: s["silent_forward_errors"])
@@ -396,7 +471,7 @@ def targets_table(summary: dict) -> str:
          f"{rate['dxopt']:.1f}%", rate["dxopt"] >= rate[best] + 5.0),
         (">= 95% of forward-solved problems get a gradient",
          f"{summary['gradient_coverage']:.1f}%", summary["gradient_coverage"] >= 95.0),
-        ("every verdict-able gradient matches (match or clarke)",
+        ("every verdict-able gradient matches (match, clarke or piece)",
          f"{summary['verdictable_matching']} / {summary['verdictable']}",
          summary["verdictable_matching"] == summary["verdictable"]),
     ]  # fmt: skip
@@ -428,7 +503,10 @@ def solved_by(rec: dict) -> str:
     return str(solvers[0]) + (f" @{tol:g}" if tol is not None and tol != 1e-9 else "")
 
 
-def problem_table(records: list[dict]) -> str:
+def problem_table(records: list[dict], before: dict | None = None) -> str:
+    """One row per problem; with ``before`` (the baseline's payload) a ``before`` column holds
+    the baseline's verdict of the same problem (``not run`` where it has none)."""
+    old = {r["problem"]: r["verdict"] for r in (before or {}).get("records", [])}
     rows = []
     for r in records:
         dx = r["dxopt"]
@@ -444,6 +522,7 @@ def problem_table(records: list[dict]) -> str:
             "fwd s": _fmt(dx.get("forward_s")),
             "fastest raw": f"{r.get('fastest_raw') or '-'} {_fmt(r.get('fastest_raw_s'))}",
             "ratio": _fmt(ratio),
+            "before": old.get(r["problem"], "not run"),
             "verdict": r["verdict"] + (f" ({r['source']})" if r.get("source") == "ref" else ""),
             "q/hb/shift": "/".join(dirs.get(k, "-").replace("no verdict", "nv")
                                    for k in mmp.DIRECTION_KINDS) if dirs else "-",
@@ -451,7 +530,8 @@ def problem_table(records: list[dict]) -> str:
             "flagged": "yes" if r["flagged"] else "",
         })  # fmt: skip
     cols = ["problem", "n", "m", "p", "dxopt", "solver", "fwd s", "fastest raw", "ratio",
-            "verdict", "q/hb/shift", "ref err", "flagged"]  # fmt: skip
+            *(["before"] if before is not None else []), "verdict", "q/hb/shift", "ref err",
+            "flagged"]  # fmt: skip
     return markdown_table(rows, cols)
 
 
@@ -467,7 +547,7 @@ def plot(payloads: dict[str, dict], path: Path) -> None:
     for i, lab in enumerate(labels):
         counts = payloads[lab]["summary"]["verdicts"]
         xs = np.arange(len(VERDICTS)) + i * width
-        ax1.bar(xs, [counts[v] for v in VERDICTS], width, label=lab)
+        ax1.bar(xs, [counts.get(v, 0) for v in VERDICTS], width, label=lab)
         ratios = [
             r["dxopt"]["forward_s"] / r["fastest_raw_s"] for r in payloads[lab]["records"]
             if r["forward_success"] and r.get("fastest_raw_s") and r["dxopt"].get("forward_s")
@@ -501,7 +581,15 @@ def section(payloads: dict[str, dict]) -> str:
         "finite differences of tight-tolerance clarabel/piqp re-solves along three random "
         "directions (q; h and b in range(A); a translation of the feasible set) at steps "
         "1e-3..1e-7 with a step-consistency check; a kink accepts either one-sided slope "
-        "(`clarke`: between the two), unstable differences give `no verdict`; where the active "
+        "(`clarke`: between the two), unstable differences give `no verdict` (each evaluation "
+        "carries the measured disagreement of the two solvers, at least the round-off "
+        f"{ROUNDOFF:g} sum|w_i| max(|x_i|, 1) of a polished solution). A flagged (degenerate) "
+        "gradient judged `wrong` on the lines gets the piece check: at dependent active rows "
+        "the solution map has more affine pieces than a line enters, so the derivative of "
+        "another piece (a B-subdifferential element) can lie outside the line's one-sided "
+        "slopes; the tight rows outside the gradient's support are relaxed by 1% (x* must not "
+        "move) and the same claim is judged there along the same directions: `piece` if it "
+        "matches there, else still `wrong`. Where the active "
         "set is verified (LICQ, strict complementarity), the exact reduced-KKT gradient is a "
         f"second judge (`wrong` above {REF_RTOL:g} relative error along a direction). "
         "Finite differences and the reference use polished solutions (the exact KKT solve on "
@@ -518,6 +606,15 @@ def section(payloads: dict[str, dict]) -> str:
             + (f" {pl['note']}" if pl.get("note") else ""),
             "",
         ]
+    sets = {lab: {r["problem"] for r in pl["records"]} for lab, pl in payloads.items()}
+    union = set().union(*sets.values())
+    for lab, names in sets.items():
+        if names != union:
+            parts += [
+                f"**{lab}** covers {len(names)} of the {len(union)} problems; the others are "
+                "`not run` in the per-problem table and absent from its summary column.",
+                "",
+            ]
     parts += ["### Summary", "", summary_table({k: v["summary"] for k, v in payloads.items()})]
     for lab, pl in payloads.items():
         parts += ["", f"### {lab}: targets", "", targets_table(pl["summary"])]
@@ -534,7 +631,8 @@ def section(payloads: dict[str, dict]) -> str:
             f"Forward failed: {', '.join(s['failed_names']) or 'none'}.",
         ]  # fmt: skip
     last_label, last = list(payloads.items())[-1]
-    parts += ["", f"### {last_label}: per problem", "", problem_table(last["records"])]
+    before = payloads.get("before") if last_label != "before" else None
+    parts += ["", f"### {last_label}: per problem", "", problem_table(last["records"], before)]
     parts += ["", "Plot: `benchmarks/qp/results/maros_meszaros.png`; raw results: "
               "`benchmarks/qp/results/maros_meszaros_<label>.json`."]  # fmt: skip
     return "\n".join(parts)
@@ -589,11 +687,17 @@ def main(argv: list[str] | None = None) -> None:
         "--render-only", action="store_true",
         help="rebuild the report and BENCHMARKS.md section from the saved before/after JSON",
     )  # fmt: skip
+    parser.add_argument(
+        "--merge", default="",
+        help="comma-separated payload JSONs of other runs (e.g. the 2000 < n <= 10000 run) "
+        "merged into the before/after payload of their label: one combined table",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     args.raw = [s.strip() for s in args.raw.split(",") if s.strip()]
+    merge = [Path(p) for p in args.merge.split(",") if p.strip()]
     if args.render_only:
         out = args.out or results_dir("qp")
-        payloads = load_payloads(out)
+        payloads = load_payloads(out, merge)
         render(payloads, out, update_md=args.out is None and not args.no_md)
         return
     set_threads(1)
@@ -650,25 +754,57 @@ def main(argv: list[str] | None = None) -> None:
         "load_start": load_start,
         "load_end": round(os.getloadavg()[0], 2),
         "accept_tol": args.accept_tol,
+        "timeout": args.timeout,
         "note": args.note,
         "summary": summarize(records, args.timeout),
         "records": records,
     }
     write_json(out / f"maros_meszaros_{args.label}.json", payload)
     partial.unlink(missing_ok=True)
-    payloads = {k: v for k, v in load_payloads(out).items() if k != args.label}
+    payloads = {k: v for k, v in load_payloads(out, merge).items() if k != args.label}
     payloads[args.label] = payload
     render(payloads, out, update_md=not args.quick and args.out is None and not args.no_md)
 
 
-def load_payloads(out: Path) -> dict[str, dict]:
-    """The saved ``before`` and ``after`` runs found in ``out``."""
+def load_payloads(out: Path, merge: list[Path] | None = None) -> dict[str, dict]:
+    """The saved ``before`` and ``after`` runs found in ``out``, each combined with the runs of
+    ``merge`` that have its label (:func:`merge_payloads`)."""
     payloads = {}
     for lab in ("before", "after"):
         f = out / f"maros_meszaros_{lab}.json"
         if f.exists():
             payloads[lab] = json.loads(f.read_text())
-    return payloads
+    for f in merge or []:
+        extra = json.loads(Path(f).read_text())
+        lab = extra.get("label", "after")
+        payloads[lab] = merge_payloads(payloads[lab], extra) if lab in payloads else extra
+    return {k: payloads[k] for k in sorted(payloads, key=lambda k: k != "before")}
+
+
+def merge_payloads(base: dict, extra: dict) -> dict:
+    """One payload from two runs of the same label over different problem ranges (e.g.
+    ``--max-n 2000`` and ``--min-n 2000 --max-n 10000``): the records of both (``extra``'s
+    record wins for a problem in both), the summary recomputed over all of them, the commands,
+    machine lines and notes of both kept."""
+    records = {r["problem"]: r for r in base["records"]}
+    records.update({r["problem"]: r for r in extra["records"]})
+    merged = sorted(records.values(), key=lambda r: (r["n"], r["problem"]))
+    timeout = max(float(base.get("timeout", 120.0)), float(extra.get("timeout", 120.0)))
+    notes = (base.get("note", ""), extra.get("note", ""),
+             f"Second run: {machine_line(extra['machine'])}")  # fmt: skip
+    note = " ".join(t for t in notes if t)
+    out = dict(base)
+    out.update(
+        command=f"{base['command']}` and `{extra['command']}",
+        code=base.get("code", "") + "; " + extra.get("code", ""),
+        load_start=f"{base['load_start']} and {extra['load_start']}",
+        load_end=f"{base['load_end']} and {extra['load_end']}",
+        note=note,
+        timeout=timeout,
+        records=merged,
+        summary=summarize(merged, timeout),
+    )
+    return out
 
 
 def render(payloads: dict[str, dict], out: Path, *, update_md: bool) -> None:

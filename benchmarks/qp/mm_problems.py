@@ -298,7 +298,7 @@ def polish(
     Takes :math:`J = \\{i: z_i > \\tau \\max(1, \\|z\\|_\\infty)\\}` for a few thresholds
     :math:`\\tau` (a pair of :func:`fixed_pairs` enters as one equality row), solves the
     equality-constrained KKT system on ``J`` and the equalities (regularised and refined where
-    rows are dependent: :func:`benchmarks.qp.reference._solve`), and keeps the first result
+    rows are dependent: :func:`kkt_solve`), and keeps the first result
     that has multipliers :math:`z_J \\ge 0` and relative residuals below ``1e-11`` (so it is
     feasible, stationary and complementary). ``None`` if none does. Interior-point solutions
     are accurate to about the square root of their tolerance on degenerate problems; a
@@ -306,7 +306,7 @@ def polish(
     exact slopes of the piecewise-affine solution map.
     """
     from benchmarks.qp.generators import QPProblem
-    from benchmarks.qp.reference import _kkt_matrix, _solve
+    from benchmarks.qp.reference import _kkt_matrix
 
     qp = QPProblem("maros-meszaros", prob.n, prob.P, prob.q, prob.A, prob.b, prob.G, prob.h)
     zs = np.zeros(prob.m) if z is None else np.maximum(np.asarray(z, dtype=np.float64), 0.0)
@@ -331,7 +331,7 @@ def polish(
         if prob.b is not None:
             parts.append(prob.b)
         try:
-            sol, _ = _solve(_kkt_matrix(qp, active), np.concatenate(parts), prob.n)
+            sol, _ = kkt_solve(_kkt_matrix(qp, active), np.concatenate(parts), prob.n)
         except Exception:  # singular beyond repair for this J
             continue
         if not np.isfinite(sol).all():
@@ -350,6 +350,61 @@ def polish(
         if accepted(residuals(prob, xp, yp, zp), 1e-11):
             return xp, yp, zp
     return None
+
+
+SINGULAR_CONTRACTION = 0.1  # refinement contraction above which K counts as singular
+
+
+def kkt_solve(
+    K: Any, rhs: np.ndarray, n: int, *, relative_delta: float = 1e-9, check_singular: bool = False
+) -> tuple[np.ndarray, bool]:
+    """Solve the KKT system ``K z = rhs`` (``K = [[P, C'], [C, 0]]``, ``P`` the leading
+    ``n x n`` block), singular or not; returns ``(z, singular)``.
+
+    SuperLU is never given the exact ``K``: on an exactly singular matrix it reads
+    uninitialised memory and crashes the process at random (seen on STADAT1/2, AUG3DQP,
+    QSHIP08L). It factors the quasi-definite :math:`K_\\delta = K + \\mathrm{diag}(\\delta
+    I_n, -\\delta I_k)`, which is nonsingular for every :math:`\\delta > 0` (Vanderbei, SIAM
+    J. Optim. 5(1), 1995), with :math:`\\delta` = ``relative_delta`` times the largest entry,
+    and refines against the exact ``K`` (:math:`z \\leftarrow z + K_\\delta^{-1}(r - Kz)`;
+    on a consistent singular system this converges to a solution). With ``check_singular``,
+    ``singular`` is the verdict of a power iteration on the refinement's iteration matrix
+    :math:`E = K_\\delta^{-1}\\mathrm{diag}(\\delta I, -\\delta I)`: its spectral radius is 1
+    if ``K`` is singular and about :math:`\\delta\\|K^{-1}\\|` otherwise, so ``singular``
+    means :math:`\\sigma_{min}(K) \\lesssim 10\\,\\delta`. Without it, ``singular`` is
+    ``False`` unless the refinement stalls above ``1e-10``.
+    """
+    import scipy.sparse.linalg as spla
+
+    N = K.shape[0]
+    Ks = sp.csc_matrix(K)
+    delta = relative_delta * max(float(abs(Ks).max()) if Ks.nnz else 0.0, 1e-300)
+    shift = np.concatenate([np.full(n, delta), np.full(N - n, -delta)])
+    lu = spla.splu(sp.csc_matrix(Ks + sp.diags(shift)))
+    z = lu.solve(rhs)
+    norm = max(1.0, float(np.linalg.norm(rhs)))
+    rel = np.inf
+    for _ in range(100):
+        r = rhs - Ks @ z
+        new = float(np.linalg.norm(r)) / norm
+        if new <= 1e-13 or new > 0.9 * rel:
+            rel = min(rel, new)
+            break
+        rel = new
+        z = z + lu.solve(r)
+    singular = rel > 1e-10
+    if check_singular and not singular:
+        v = np.random.default_rng(0).standard_normal(N)
+        v /= np.linalg.norm(v)
+        ratio = 0.0
+        for _ in range(12):
+            v = lu.solve(shift * v)
+            ratio = float(np.linalg.norm(v))
+            if not np.isfinite(ratio) or ratio == 0.0:
+                break
+            v /= ratio
+        singular = not np.isfinite(ratio) or ratio > SINGULAR_CONTRACTION
+    return z, bool(singular)
 
 
 def solve_polished(
@@ -415,10 +470,19 @@ def solver_noise(prob: MMProblem, w: np.ndarray) -> float:
     return float(abs(w @ (xs[0] - xs[1]))) if len(xs) >= 2 else math.inf
 
 
-def fd_evidence(prob: MMProblem, seed: int, steps: tuple[float, ...] = STEPS) -> dict[str, Any]:
+def fd_evidence(
+    prob: MMProblem,
+    seed: int,
+    steps: tuple[float, ...] = STEPS,
+    *,
+    dirs: list[dict[str, Any]] | None = None,
+    reference: bool = True,
+) -> dict[str, Any]:
     """Everything the judge needs that does not depend on dxopt: per direction ``f(0)``,
     ``f(+-t)`` for ``L = w . x*``, the noise bound, and the exact reference directional
-    derivatives on a verified active set where one exists (:func:`reference_gradient`)."""
+    derivatives on a verified active set where one exists (:func:`reference_gradient`).
+    ``dirs`` replaces :func:`directions` (the piece check of :func:`piece_problem` keeps the
+    directions of the original problem); ``reference=False`` skips the reference."""
     t0 = time.perf_counter()
     w = loss_weights(prob, seed)
     noise = solver_noise(prob, w)
@@ -440,14 +504,17 @@ def fd_evidence(prob: MMProblem, seed: int, steps: tuple[float, ...] = STEPS) ->
             return None
         return float(w @ x)
 
-    dirs = directions(prob, seed)
+    if dirs is None:
+        dirs = directions(prob, seed)
     for d in dirs:
         plus, minus = {}, {}
         if x0 is not None:
             for t in steps:
                 plus[t], minus[t] = value(d, t), value(d, -t)
         out["directions"].append({"kind": d["kind"], "plus": plus, "minus": minus})
-    if x0 is None or not base_solver.endswith("+polish"):
+    if not reference:
+        out["reference"] = {"verified": False, "why": "not computed"}
+    elif x0 is None or not base_solver.endswith("+polish"):
         out["reference"] = {"verified": False, "why": "no polished solution"}
     else:
         out["reference"] = reference_gradient(prob, w, x0, y0, z0, dirs)
@@ -472,7 +539,7 @@ def reference_gradient(
     :math:`\\partial_q L = -u`, :math:`\\partial_{h_J} L = v_J`, :math:`\\partial_b L = v_A`
     (OptNet, arXiv 1703.00443)."""
     from benchmarks.qp.generators import QPProblem
-    from benchmarks.qp.reference import _kkt_matrix, _solve
+    from benchmarks.qp.reference import _kkt_matrix
 
     why = []
     active = np.zeros(0, dtype=np.int64)
@@ -497,7 +564,7 @@ def reference_gradient(
     rhs = np.zeros(K.shape[0])
     rhs[: prob.n] = w
     try:
-        sol, degenerate = _solve(K, rhs, prob.n)
+        sol, degenerate = kkt_solve(K, rhs, prob.n, check_singular=True)
     except Exception as exc:
         return {"verified": False, "why": f"{type(exc).__name__}: {str(exc)[:120]}"}
     if degenerate:
@@ -516,3 +583,56 @@ def reference_gradient(
         for d in dirs
     ]
     return {"verified": True, "why": "", "directions": along}
+
+
+# ------------------------------------------------------------------------------ piece check
+
+PIECE_MARGIN = 1e-2  # relative relaxation of the rows outside a gradient's support
+TIGHT = 1e-8  # relative slack of a tight row at a polished solution
+
+
+def piece_problem(
+    prob: MMProblem, x0: np.ndarray, grad_h: np.ndarray | None
+) -> tuple[MMProblem | None, int, str]:
+    """The nearby problem on which a claimed gradient must be the plain derivative.
+
+    A gradient whose ``h`` part is supported on a subset :math:`B` of the tight rows :math:`J`
+    claims to be the derivative of the affine piece on which the rows :math:`J \\setminus B`
+    are inactive. Relaxing exactly those rows, :math:`h_i \\mathrel{+}= m(1 + |h_i|)` with
+    :math:`m` = ``PIECE_MARGIN``, moves :math:`\\theta` into that piece's region, along a
+    segment that stays in it; if :math:`x^\\star` does not move (there is an optimal multiplier
+    supported on :math:`B`), the solution map is the same affine piece there, and its
+    derivative at the relaxed point is a limit of derivatives at points of differentiability
+    arbitrarily close to :math:`\\theta`, i.e. an element of the B-subdifferential at
+    :math:`\\theta`. Returns ``(problem, relaxed rows, why)``; ``problem`` is ``None`` when
+    there is nothing to relax (``why`` says so). Whether ``x0`` stays optimal is checked by the
+    caller (:func:`piece_evidence`).
+    """
+    if prob.G is None or prob.h is None or grad_h is None:
+        return None, 0, "no inequality rows"
+    slack = prob.h - prob.G @ x0
+    tight = slack <= TIGHT * (1.0 + np.abs(prob.h))
+    relax = tight & (np.asarray(grad_h) == 0.0)
+    if not relax.any():
+        return None, 0, "no tight row outside the gradient's support"
+    h = prob.h + PIECE_MARGIN * (1.0 + np.abs(prob.h)) * relax
+    return MMProblem(prob.name, prob.P, prob.q, prob.G, h, prob.A, prob.b), int(relax.sum()), ""
+
+
+def piece_evidence(prob: MMProblem, seed: int, x0: np.ndarray, grads: dict) -> dict[str, Any]:
+    """Finite-difference evidence at the relaxed point of :func:`piece_problem`, along the
+    directions of the original problem; ``{"why": ...}`` without ``directions`` where the check
+    does not apply (nothing to relax, or :math:`x^\\star` moves: the support is not a piece)."""
+    relaxed, count, why = piece_problem(prob, x0, grads.get("h"))
+    if relaxed is None:
+        return {"why": why}
+    x1, *_ = solve_polished(relaxed)
+    if x1 is None:
+        return {"why": "the relaxed problem did not solve", "relaxed_rows": count}
+    move = float(np.abs(x1 - x0).max() / (1.0 + np.abs(x0).max()))
+    if move > 1e-7:
+        why = f"x* moves by {move:.2g} when the rows outside the gradient's support are relaxed"
+        return {"why": why + ": the support is not a piece at theta", "relaxed_rows": count}
+    ev = fd_evidence(relaxed, seed, dirs=directions(prob, seed), reference=False)
+    ev.update(relaxed_rows=count, move=move, why="")
+    return ev

@@ -89,6 +89,86 @@ def test_combine():
     assert J.combine([J.NO_VERDICT]) == J.NO_VERDICT
 
 
+# ------------------------------------------------- degenerate points: the piece check
+
+
+def _pieces_problem():
+    import scipy.sparse as sp
+
+    # min 1/2 |x|^2 - x1 - x2 s.t. x1 <= h1, x2 <= h2, x1 + x2 <= h3 at h = 0: x* = 0, three
+    # dependent active rows. Near h = 0 the solution map has four affine pieces, by the rows
+    # that stay active: {1,2}: x = (h1, h2); {3}: x = -Pi q + (h3/2) 1 with Pi = I - 11'/2;
+    # {1,3}: x = (h1, h3 - h1); {2,3}: x = (h3 - h2, h2). Their gradients of L = w.x (in q
+    # and h) are the B-subdifferential at h = 0.
+    G = sp.csc_matrix(np.array([[1.0, 0], [0, 1.0], [1.0, 1.0]]))
+    prob = mmp.MMProblem("toy-pieces", sp.csc_matrix(np.eye(2)), np.array([-1.0, -1.0]), G,
+                         np.zeros(3), None, None)  # fmt: skip
+    w1, w2 = mmp.loss_weights(prob, 0)
+    Pi = np.eye(2) - 0.5
+    pieces = {
+        "12": {"q": np.zeros(2), "h": np.array([w1, w2, 0.0])},
+        "3": {"q": -Pi @ np.array([w1, w2]), "h": np.array([0.0, 0.0, (w1 + w2) / 2])},
+        "13": {"q": np.zeros(2), "h": np.array([w1 - w2, 0.0, w2])},
+        "23": {"q": np.zeros(2), "h": np.array([0.0, w2 - w1, w1])},
+    }
+    return prob, pieces
+
+
+def test_piece_check_certifies_every_piece_and_only_pieces():
+    from benchmarks.qp.maros_meszaros import PASSING, judge_piece, judge_problem
+
+    prob, pieces = _pieces_problem()
+    ev = mmp.fd_evidence(prob, 0)
+    assert ev["base_solver"].endswith("+polish")
+    line = {}
+    for name, grads in pieces.items():
+        line[name] = judge_problem(prob, 0, ev, {"grads": grads})["verdict"]
+        pev = mmp.piece_evidence(prob, 0, ev["x0"], grads)
+        assert pev["relaxed_rows"] == 3 - int((grads["h"] != 0).sum()), pev
+        assert pev["move"] <= 1e-12
+        out = judge_piece(prob, 0, pev, grads)
+        assert out["verdict"] == J.PIECE and out["piece_verdict"] in PASSING, (name, out)
+    # the line judge alone calls some true pieces wrong: w.x* is not convex in h, so a piece
+    # the random line does not enter can lie outside its one-sided slopes
+    assert J.WRONG in line.values(), line
+    # a claim with a piece's support but the wrong values stays wrong ...
+    bad = {"q": np.zeros(2), "h": -pieces["13"]["h"]}
+    assert judge_problem(prob, 0, ev, {"grads": bad})["verdict"] == J.WRONG
+    out = judge_piece(prob, 0, mmp.piece_evidence(prob, 0, ev["x0"], bad), bad)
+    assert out["piece_verdict"] == J.WRONG and "verdict" not in out, out
+    # ... and so does one spread over all dependent rows (nothing to relax)
+    spread = {"q": np.zeros(2), "h": np.full(3, pieces["3"]["h"][2] / 1.5)}
+    pev = mmp.piece_evidence(prob, 0, ev["x0"], spread)
+    assert "directions" not in pev and "support" in pev["why"]
+    assert judge_piece(prob, 0, pev, spread)["piece_verdict"] == J.WRONG
+
+
+def test_piece_check_refuses_a_support_that_is_not_a_piece():
+    # claim supported on row 1 only: relaxing rows 2 and 3 moves x* (x2 is then free)
+    prob, _ = _pieces_problem()
+    ev = mmp.fd_evidence(prob, 0)
+    grads = {"q": np.zeros(2), "h": np.array([1.0, 0.0, 0.0])}
+    pev = mmp.piece_evidence(prob, 0, ev["x0"], grads)
+    assert "directions" not in pev and "moves" in pev["why"], pev
+
+
+def test_round_off_slopes_are_not_read_as_a_nonzero_derivative():
+    from benchmarks.qp.maros_meszaros import evaluation_noise
+
+    # f(t) = 1e-19 + 1e-17 t: a polished x* = 0 computed to round-off; the two solvers agree
+    # bitwise, so the measured noise is 0. A claim of 0 must not be judged wrong.
+    f0, plus, minus = _line(lambda t: 1e-19 + 1e-17 * t)
+    assert J.judge_direction(0.0, f0, plus, minus, noise=0.0).verdict == J.WRONG  # raw
+    prob, _ = _pieces_problem()
+    noise = evaluation_noise(prob, 0, {"noise": 0.0, "x0": np.zeros(2)})
+    w = np.abs(mmp.loss_weights(prob, 0))
+    assert noise == pytest.approx(1e-13 * w.sum())
+    assert J.judge_direction(0.0, f0, plus, minus, noise=noise).verdict == J.NO_VERDICT
+    # a real slope of the size of w is still judged: 1% off is wrong
+    f0, plus, minus = _line(lambda t: 0.5 * t)
+    assert J.judge_direction(0.505, f0, plus, minus, noise=noise).verdict == J.WRONG
+
+
 # ------------------------------------------------------------- Maros-Meszaros subset
 
 try:
@@ -98,7 +178,10 @@ except FileNotFoundError:
     HAVE_DATA = False
 needs_data = pytest.mark.skipif(not HAVE_DATA, reason=f"no Maros-Meszaros data (${mmp.DATA_ENV})")
 
-SUBSET = ("HS21", "HS35", "HS76", "HS118", "DUALC1", "QAFIRO", "HS21" + mmp.ZERO_ROW)
+# PRIMALC8 (n = 520, about 10 s): dependent active rows of very different norms, where the
+# minimum-norm adjoint fails and the default once fell back to the pseudo-inverse (wrong)
+SUBSET = ("HS21", "HS35", "HS76", "HS118", "DUALC1", "QAFIRO", "HS21" + mmp.ZERO_ROW,
+          pytest.param("PRIMALC8", marks=pytest.mark.slow))  # fmt: skip
 
 
 @needs_data
@@ -116,6 +199,9 @@ def test_subset_gets_no_wrong_gradient_and_a_corrupted_one_is_caught(name):
     ev = mmp.fd_evidence(prob, 0)
     result = judge_problem(prob, 0, ev, dx)
     assert result["verdict"] != J.WRONG, result
+    if name == "PRIMALC8":  # a vertex piece that both one-sided slopes of every line accept
+        assert dx["backward_info"]["pseudo_inverse"] == [False], dx["backward_info"]
+        assert result["verdict"] == J.MATCH, result
     if name in ("HS21", "HS35", "HS76"):  # smooth, verified active set: a full match
         assert result["verdict"] == J.MATCH and result["source"] == "fd", result
         assert result["ref_err"] < 1e-8
@@ -178,3 +264,30 @@ def test_quick_cli_run_writes_json_and_table(tmp_path):
     rerender = subprocess.run([*cmd[:5], "--render-only", "--out", str(tmp_path)], cwd=REPO_ROOT,
                               capture_output=True, text=True, timeout=120)  # fmt: skip
     assert rerender.returncode == 0, rerender.stderr[-2000:]
+
+
+def test_render_only_merges_size_ranges_into_one_before_after_table(tmp_path):
+    from benchmarks.qp import maros_meszaros as mm
+
+    results = REPO_ROOT / "benchmarks" / "qp" / "results"
+    before = json.loads((results / "maros_meszaros_before.json").read_text())
+    small = json.loads((results / "maros_meszaros_after.json").read_text())
+    large = json.loads((results / "mm_large" / "maros_meszaros_after.json").read_text())
+    before["records"], small["records"] = before["records"][:3], small["records"][:3]
+    large["records"] = large["records"][:2]
+    for name, payload in (("before", before), ("after", small)):
+        (tmp_path / f"maros_meszaros_{name}.json").write_text(json.dumps(payload))
+    extra = tmp_path / "large.json"
+    extra.write_text(json.dumps(large))
+    payloads = mm.load_payloads(tmp_path, [extra])
+    assert list(payloads) == ["before", "after"]
+    merged = payloads["after"]
+    names = [r["problem"] for r in merged["records"]]
+    assert names == [r["problem"] for r in small["records"] + large["records"]]
+    assert merged["summary"]["problems"] == 5 and payloads["before"]["summary"]["problems"] == 81
+    text = mm.section(payloads)
+    assert "**before** covers 3 of the 5 problems" in text
+    for r in large["records"]:  # one row per problem, the baseline's verdict 'not run'
+        assert f"| {r['problem']} | {r['n']} |" in text
+    assert text.count("| not run |") == 2
+    assert "verdict: piece" in text

@@ -17,7 +17,12 @@ dependencies are parallel copies of rows (duplicated or opposite rows), which ke
 minimum-norm multiplier adjoint (the equal split between the copies, inside Clarke's hull and
 independent of the backend). ``degenerate="min_norm"`` uses the minimum-norm adjoint for every
 dependency; for general dependent rows it can lie outside the hull of the one-sided
-derivatives (rows :math:`e_1, e_2, e_1 + e_2`), so it is no longer the default.
+derivatives (rows :math:`e_1, e_2, e_1 + e_2`), so it is no longer the default. If the adjoint
+on the full dependent active set fails its residual check (rows of very different norms make
+the minimum-norm refinement stall, as on Maros-Meszaros PRIMALC8), the vertex is still tried
+(samples up to ``MAX_RETRY_ENTRIES`` dense entries) before the pseudo-inverse below; samples
+too big for a dense null space get the minimum-l1 vertex by linear programming
+(:func:`dxopt.qp._degenerate.lp_vertex`).
 When the reduced KKT matrix :math:`K = [[P, C^\\top], [C, 0]]` is singular for another reason,
 i.e. :math:`P` is singular on :math:`\\ker C`, the method's exact solve fails its residual
 check. Two cases:
@@ -185,11 +190,24 @@ class BackwardBase:
         """``degenerate="vertex"``: the adjoint of the QP restricted to a vertex of the
         multiplier set where the active rows are dependent (samples whose multiplier outputs
         have a nonzero cotangent keep the minimum-norm adjoint)."""
+        failed: QPBackwardError | None = None
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", QPDegenerateWarning)
-            out = self._adjoint(data, active, diagnostics)
-        counts = torch.tensor(diagnostics.dependent_rows or (0,) * data.x.shape[0])
+            try:
+                out = self._adjoint(data, active, diagnostics)
+            except QPBackwardError as err:
+                # the minimum-norm adjoint can fail its residual check where the dependent
+                # rows leave K badly conditioned; the vertex's independent rows may not
+                failed = err
+        if failed is None:
+            counts = torch.tensor(diagnostics.dependent_rows or (0,) * data.x.shape[0])
+        else:
+            from dxopt.qp._backward_kkt import dependent_rows_sparse
+
+            counts = dependent_rows_sparse(data, active.used)
         if not bool((counts > 0).any()):
+            if failed is not None:
+                raise failed
             for w in caught:
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
             return out
@@ -202,14 +220,22 @@ class BackwardBase:
             data.eq_duals,
             skip,
             keep_parallel=self.degenerate == "auto",
+            retry=failed is not None,
         )
         if not bool((dropped > 0).any()):
+            if failed is not None:
+                raise failed
             for w in caught:
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
             return out
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", QPDegenerateWarning)
-            out = self._adjoint(data, replace(active, used=used), diagnostics)
+            try:
+                out = self._adjoint(data, replace(active, used=used), diagnostics)
+            except QPBackwardError:  # the vertex leaves x undetermined: the caller's fallback
+                diagnostics.dependent_rows = tuple(int(c) for c in counts)
+                diagnostics.licq = False
+                raise
         left = torch.tensor(diagnostics.dependent_rows or (0,) * data.x.shape[0])
         diagnostics.dependent_rows = tuple(int(c) for c in counts)
         diagnostics.licq = False

@@ -51,6 +51,7 @@ __all__ = [
     "count_dependent_dense",
     "count_dependent_sparse",
     "dependent_weak_rows",
+    "lp_vertex",
     "min_norm_dense",
     "min_norm_sparse",
     "record_degenerate",
@@ -282,6 +283,11 @@ def _matrix(problem: QPProblem, name: str, i: int) -> Any:
     return (t[i] if t.ndim == 3 else t).numpy()
 
 
+#: dense entries of [G_J; A] above which a sample whose adjoint already failed is not retried
+#: at a vertex (``retry=True``): there the failure is usually P singular on the null space,
+#: which no vertex cures, and the retry would only add its cost to the pseudo-inverse's
+MAX_RETRY_ENTRIES = 1e6
+MAX_BASIS_TRIES = 50  # lp_vertex: candidate rows tested to complete a degenerate vertex
 MAX_VERTEX_ENTRIES = 4e6  # dense entries of [G_J; A] above which ``vertex_rows`` skips a sample
 
 
@@ -293,6 +299,7 @@ def vertex_rows(
     skip: Tensor,
     *,
     keep_parallel: bool = False,
+    retry: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """Drop dependent active inequality rows until the rest are independent, keeping the
     multipliers feasible: the ``degenerate="vertex"`` policy.
@@ -315,9 +322,12 @@ def vertex_rows(
     unchanged the samples whose only dependencies are parallel copies of rows (duplicated or
     opposite rows): there the minimum-norm adjoint splits the multiplier adjoint equally
     between the copies, the symmetric element of Clarke's hull, and does not depend on which
-    multipliers the backend returned. Samples in ``skip``, and samples too big for a dense null
-    space (``MAX_VERTEX_ENTRIES``), are left unchanged. Returns the new ``used`` mask (S, m)
-    and the per-sample number of dropped rows.
+    multipliers the backend returned. Samples in ``skip`` are left unchanged; samples too big
+    for a dense null space (more than ``MAX_VERTEX_ENTRIES`` entries in :math:`[G_J; A]`) get
+    the minimum-l1 multiplier vertex of :func:`lp_vertex` instead. Returns the new ``used``
+    mask (S, m) and the per-sample number of dropped rows. ``retry=True`` (the adjoint of the
+    full active set already failed its residual check) skips samples above
+    ``MAX_RETRY_ENTRIES``.
     """
     out = used.clone()
     dropped = torch.zeros(used.shape[0], dtype=torch.int64)
@@ -332,10 +342,18 @@ def vertex_rows(
         if has_eq:
             blocks.append(_matrix(problem, "A", i))
         rows = sum(b.shape[0] for b in blocks)
+        k = act.size
+        if retry and rows * blocks[0].shape[1] > MAX_RETRY_ENTRIES:
+            continue
         if rows * blocks[0].shape[1] > MAX_VERTEX_ENTRIES:
+            eq = eq_duals[i].numpy() if has_eq else np.zeros(0)
+            keep_ineq = lp_vertex(blocks, ineq_duals[i, act].numpy(), eq, keep_parallel)
+            if keep_ineq is not None:
+                gone = act[~keep_ineq]
+                out[i, torch.from_numpy(gone)] = False
+                dropped[i] = gone.size
             continue
         C = np.vstack([b.toarray() if sp.issparse(b) else np.asarray(b) for b in blocks])
-        k = act.size
         norms = np.linalg.norm(C, axis=1)
         Cn = C / np.where(norms > 0, norms, 1.0)[:, None]
         lam = (
@@ -376,6 +394,86 @@ def vertex_rows(
         out[i, torch.from_numpy(gone)] = False
         dropped[i] = gone.size
     return out, dropped
+
+
+def lp_vertex(
+    blocks: list[Any], z: np.ndarray, y: np.ndarray, keep_parallel: bool
+) -> np.ndarray | None:
+    """The sparse branch of :func:`vertex_rows` (samples too big for a dense null space):
+    a vertex of the multiplier set by linear programming.
+
+    With the rows normalised, :math:`\\hat c_i = c_i/\\|c_i\\|`, the multiplier set is
+    :math:`\\{(\\hat z, y): \\hat G_J^\\top \\hat z + A^\\top y = r,\\ \\hat z \\ge 0\\}` with
+    :math:`r` the stationarity residual the backend's multipliers give. A basic optimal
+    solution of :math:`\\min \\sum_i \\hat z_i` over it (HiGHS dual simplex through
+    :func:`scipy.optimize.linprog`) is a vertex, and its support has linearly independent rows:
+    the rows outside the support are dropped (the *minimum-l1 multiplier vertex*, a
+    deterministic choice that does not depend on the backend's multipliers). ``blocks`` are
+    ``[G_J]`` or ``[G_J, A]`` (scipy sparse or dense), ``z``/``y`` the backend's multipliers.
+    Returns the mask of kept inequality rows, or ``None`` (leave the sample unchanged: the LP
+    failed, its support is not independent to round-off, or with ``keep_parallel`` the only
+    dependencies are parallel copies).
+    """
+    from scipy.optimize import linprog
+
+    Cs = sp.vstack([sp.csr_matrix(b) for b in blocks], format="csr")
+    k = blocks[0].shape[0]
+    norms = np.sqrt(np.asarray(Cs.multiply(Cs).sum(1)).ravel())
+    if not (norms[:k] > 0).all():
+        return None
+    Cn = sp.diags(1.0 / np.where(norms > 0, norms, 1.0)) @ Cs
+    dependent = count_dependent_sparse(Cn)
+    if dependent == 0:
+        return None
+    if keep_parallel and dependent == Cn.shape[0] - _parallel_groups_sparse(Cn):
+        return None
+    lam = np.concatenate([np.maximum(z, 0.0), y]) * norms
+    r = Cn.T @ lam
+    cost = np.concatenate([np.ones(k), np.zeros(Cn.shape[0] - k)])
+    bounds = [(0.0, None)] * k + [(None, None)] * (Cn.shape[0] - k)
+    # HiGHS' presolve declares this feasible-by-construction system infeasible when the rows
+    # are dependent (its redundancy test has absolute tolerances); the simplex alone does not
+    res = linprog(cost, A_eq=sp.csc_matrix(Cn.T), b_eq=r / max(float(np.abs(lam).max()), 1e-300),
+                  bounds=bounds, method="highs-ds", options={"presolve": False})  # fmt: skip
+    if res.status != 0 or res.x is None:
+        return None
+    zv = res.x[:k]
+    keep = zv > 1e-9 * max(float(zv.max(initial=0.0)), 1e-300)
+    kept = sp.vstack([Cn[:k][keep], Cn[k:]], format="csr")
+    if count_dependent_sparse(kept) > 0:
+        return None  # not a clean vertex (round-off): keep the minimum-norm adjoint
+    # a degenerate vertex (a basic multiplier at 0) has a support of fewer rows than the rank:
+    # complete it to a basis with rows of largest multiplier first (each one kept if it is
+    # independent of the rows kept so far); the piece with that basis active is adjacent
+    # (its multipliers are those of the vertex, >= 0)
+    missing = Cn.shape[0] - dependent - kept.shape[0]
+    order = np.argsort(-lam[:k])
+    tries = 0
+    for j in order:
+        if missing <= 0 or tries >= MAX_BASIS_TRIES:
+            break
+        if keep[j]:
+            continue
+        tries += 1
+        trial = sp.vstack([kept, Cn[j]], format="csr")
+        if count_dependent_sparse(trial) == 0:
+            kept, keep[j], missing = trial, True, missing - 1
+    return keep
+
+
+def _parallel_groups_sparse(Cn: sp.csr_matrix) -> int:
+    """:func:`_parallel_groups` for a sparse row-normalised matrix."""
+    Cn = sp.csr_matrix(Cn)
+    Cn.sort_indices()
+    keys = set()
+    for i in range(Cn.shape[0]):
+        lo, hi = Cn.indptr[i], Cn.indptr[i + 1]
+        val = Cn.data[lo:hi]
+        nz = val != 0
+        idx, val = Cn.indices[lo:hi][nz], val[nz]
+        sign = np.sign(val[np.argmax(np.abs(val))]) if val.size else 1.0
+        keys.add((tuple(idx.tolist()), tuple((np.round(val * sign, 9) + 0.0).tolist())))
+    return len(keys)
 
 
 def _parallel_groups(Cn: np.ndarray) -> int:
