@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -12,8 +13,9 @@ from dxopt.qp._backward_kkt import KKTBackward
 from dxopt.qp._backward_penalty import PenaltyBackward
 from dxopt.qp._bounds import append_bounds
 from dxopt.qp._forward import ForwardResult, default_solver, solve_forward, trivial_forward
-from dxopt.qp._function import BackwardMethod, QPFunction, QPState
+from dxopt.qp._function import BackwardMethod, QPCall, QPFunction, QPState
 from dxopt.qp._problem import QPProblem, canonical_problem
+from dxopt.qp._tangent import functorch_active, wrapped
 from dxopt.qp._types import BackwardDiagnostics, QPInfo, QPSolution, QPSolveError
 
 if TYPE_CHECKING:
@@ -59,6 +61,33 @@ def _residuals(problem: QPProblem, r: ForwardResult) -> tuple[tuple[float, ...],
     dual_max = dual.abs().amax(-1) if problem.n else torch.zeros_like(primal)
     dual_inf = torch.where(ok, dual_max, nan)
     return tuple(float(v) for v in primal), tuple(float(v) for v in dual_inf)
+
+
+def _forward_state(
+    P: Tensor,
+    q: Tensor,
+    A: Tensor | None,
+    b: Tensor | None,
+    G: Tensor | None,
+    h: Tensor | None,
+    warm_start: Tensor | None,
+    *,
+    method: BackwardMethod,
+    solver: str,
+    check_psd: bool,
+    **options: Any,
+) -> QPState:
+    """Validate and solve (plain tensors; called by ``QPFunction.forward``)."""
+    problem = canonical_problem(P, q, A, b, G, h, check_psd=check_psd)
+    if warm_start is not None and (
+        not isinstance(warm_start, Tensor) or warm_start.shape[-1] != problem.n
+    ):
+        got = tuple(warm_start.shape) if isinstance(warm_start, Tensor) else type(warm_start)
+        raise ValueError(f"warm_start: expected a tensor (n,) or (B, n), got {got}.")
+    name = default_solver(problem) if solver == "auto" else solver
+    solve_fn = solve_forward if problem.size and problem.n else _trivial
+    result = solve_fn(problem, solver=name, warm_start=warm_start, **options)
+    return QPState(problem, result, method, BackwardDiagnostics(), name)
 
 
 @torch.compiler.disable  # a graph break: the solver runs eagerly (numpy/C backends)
@@ -201,25 +230,32 @@ def solve(
         others = (P, A) if G is None else (G,)  # match G's layout, else the problem's
         sparse = any(isinstance(t, Tensor) and t.layout != torch.strided for t in others)
         G, h, k_lb, k_ub = append_bounds(q, G, h, lb, ub, sparse=sparse)
-    problem = canonical_problem(P, q, A, b, G, h, check_psd=check_psd)
-    if warm_start is not None and (
-        not isinstance(warm_start, Tensor) or warm_start.shape[-1] != problem.n
-    ):
-        got = tuple(warm_start.shape) if isinstance(warm_start, Tensor) else type(warm_start)
-        raise ValueError(f"warm_start: expected a tensor (n,) or (B, n), got {got}.")
-    name = default_solver(problem) if solver == "auto" else solver
-    solve_fn = solve_forward if problem.size and problem.n else _trivial
-    result = solve_fn(
-        problem,
-        solver=name,
+    if functorch_active():
+        for mat_name, mat in (("P", P), ("A", A), ("G", G)):
+            if isinstance(mat, Tensor) and mat.layout != torch.strided and wrapped(mat):
+                raise TypeError(
+                    f"{mat_name}: expected a dense tensor under torch.func (grad, jvp, vmap, "
+                    f"...), got a {mat.layout} tensor that the transform differentiates or "
+                    f"batches. Pass {mat_name}.to_dense(), or differentiate a sparse "
+                    f"{mat_name} with plain autograd (.backward())."
+                )
+    run = functools.partial(
+        _forward_state,
+        method=method,
+        solver=solver,
         eps_abs=eps_abs,
         eps_rel=eps_rel,
-        warm_start=warm_start,
         max_workers=max_workers,
         solver_options=solver_options,
+        check_psd=check_psd,
         fallback=fallback,
         polish=polish,
     )
+    call = QPCall(run)
+    x, mu, nu, _ = QPFunction.apply(P, q, A, b, G, h, warm_start, call)
+    state = call.state
+    assert state is not None
+    problem, result, name = state.problem, state.result, state.solver
     failed = tuple(i for i, s in enumerate(result.status) if not s.ok)
     if failed and on_failure == "raise":
         kinds = {i: result.status[i].value for i in failed}
@@ -229,9 +265,7 @@ def solve(
             failed,
             result.status,
         )
-    diagnostics = BackwardDiagnostics()
-    state = QPState(problem=problem, result=result, method=method, diagnostics=diagnostics)
-    x, mu, nu = QPFunction.apply(P, q, A, b, G, h, state)
+    diagnostics = state.diagnostics
     primal, dual = _residuals(problem, result)
     info = QPInfo(
         solver=name,
