@@ -15,7 +15,7 @@ from dxopt.qp._bounds import append_bounds
 from dxopt.qp._forward import ForwardResult, default_solver, solve_forward, trivial_forward
 from dxopt.qp._function import BackwardMethod, QPCall, QPFunction, QPState
 from dxopt.qp._problem import QPProblem, canonical_problem
-from dxopt.qp._tangent import functorch_active, wrapped
+from dxopt.qp._tangent import functorch_active, sparse_under_func
 from dxopt.qp._types import BackwardDiagnostics, QPInfo, QPSolution, QPSolveError
 
 if TYPE_CHECKING:
@@ -87,7 +87,8 @@ def _forward_state(
     name = default_solver(problem) if solver == "auto" else solver
     solve_fn = solve_forward if problem.size and problem.n else _trivial
     result = solve_fn(problem, solver=name, warm_start=warm_start, **options)
-    return QPState(problem, result, method, BackwardDiagnostics(), name)
+    residuals = _residuals(problem, result)
+    return QPState(problem, result, method, BackwardDiagnostics(), name, residuals)
 
 
 @torch.compiler.disable  # a graph break: the solver runs eagerly (numpy/C backends)
@@ -232,13 +233,8 @@ def solve(
         G, h, k_lb, k_ub = append_bounds(q, G, h, lb, ub, sparse=sparse)
     if functorch_active():
         for mat_name, mat in (("P", P), ("A", A), ("G", G)):
-            if isinstance(mat, Tensor) and mat.layout != torch.strided and wrapped(mat):
-                raise TypeError(
-                    f"{mat_name}: expected a dense tensor under torch.func (grad, jvp, vmap, "
-                    f"...), got a {mat.layout} tensor that the transform differentiates or "
-                    f"batches. Pass {mat_name}.to_dense(), or differentiate a sparse "
-                    f"{mat_name} with plain autograd (.backward())."
-                )
+            if isinstance(mat, Tensor) and mat.layout != torch.strided and mat.requires_grad:
+                raise sparse_under_func(mat_name, mat.layout)
     run = functools.partial(
         _forward_state,
         method=method,
@@ -266,7 +262,7 @@ def solve(
             result.status,
         )
     diagnostics = state.diagnostics
-    primal, dual = _residuals(problem, result)
+    primal, dual = state.residuals
     info = QPInfo(
         solver=name,
         solve_time=result.solve_time,
@@ -292,6 +288,32 @@ def solve(
         lb_duals=lb_duals,
         ub_duals=ub_duals,
     )
+
+
+_SOLUTION_TENSORS = ("x", "eq_duals", "ineq_duals", "lb_duals", "ub_duals")
+
+
+def _flatten_solution(sol: QPSolution) -> tuple[list[Tensor], Any]:
+    present = tuple(getattr(sol, k) is not None for k in _SOLUTION_TENSORS)
+    leaves = [getattr(sol, k) for k, p in zip(_SOLUTION_TENSORS, present) if p]
+    return leaves, (present, sol.status, sol.info)
+
+
+def _unflatten_solution(values: Any, context: Any) -> QPSolution:
+    present, status, info = context
+    it = iter(values)
+    fields = {k: next(it) if p else None for k, p in zip(_SOLUTION_TENSORS, present)}
+    return QPSolution(status=status, info=info, **fields)
+
+
+# a pytree (tensors as leaves, status and info as context): torch.func.vmap, jacrev(has_aux)
+# and friends can return a whole QPSolution
+torch.utils._pytree.register_pytree_node(
+    QPSolution,
+    _flatten_solution,
+    _unflatten_solution,
+    serialized_type_name="dxopt.qp.QPSolution",
+)
 
 
 class QPLayer(nn.Module):

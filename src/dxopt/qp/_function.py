@@ -71,13 +71,16 @@ class BackwardMethod(Protocol):
 
 @dataclass(frozen=True)
 class QPState:
-    """Non-tensor context of one call: the canonical problem, its solution, the method."""
+    """Non-tensor context of one call: the canonical problem, its solution, the backward
+    method and its diagnostics, the backend's name and the per-sample (primal, dual)
+    residuals of the solution."""
 
     problem: QPProblem
     result: ForwardResult
     method: BackwardMethod
     diagnostics: BackwardDiagnostics
     solver: str = ""
+    residuals: tuple[tuple[float, ...], tuple[float, ...]] = ((), ())
 
 
 @dataclass

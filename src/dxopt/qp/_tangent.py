@@ -62,6 +62,7 @@ __all__ = [
     "functorch_active",
     "gradients_from_adjoint",
     "run_adjoint",
+    "sparse_under_func",
     "unfold",
     "wrapped",
 ]
@@ -84,6 +85,16 @@ def functorch_active() -> bool:
 def wrapped(t: object) -> bool:
     """True for a tensor that a :mod:`torch.func` transform is tracking or batching."""
     return isinstance(t, Tensor) and bool(torch._C._functorch.is_functorch_wrapped_tensor(t))
+
+
+def sparse_under_func(name: str, layout: torch.layout) -> TypeError:
+    """The refusal of a sparse matrix that a torch.func transform differentiates."""
+    return TypeError(
+        f"{name}: expected a dense tensor where torch.func (grad, jvp, jacrev, jacfwd, ...) "
+        f"differentiates it, got a {layout} tensor. Pass {name}.to_dense(), keep the sparse "
+        f"{name} a constant of the transformed function, or differentiate it with plain "
+        "autograd (.backward()), which returns sparse gradients."
+    )
 
 
 # ---------------------------------------------------------------------------------------------
