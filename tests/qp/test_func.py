@@ -19,6 +19,7 @@ from torch.func import grad, jacfwd, jacrev, jvp, vjp, vmap
 
 import dxopt.qp as dqp
 
+Tensor = torch.Tensor
 F64 = torch.float64
 METHODS = ["penalty", "kkt"]
 NAMES = ("P", "q", "A", "b", "G", "h", "lb", "ub")
@@ -38,9 +39,6 @@ def _bounded(problem: QPData, seed: int) -> tuple[Tensor, Tensor]:
     ub[..., 0] = x[..., 0] - 0.05  # cuts the old solution: this bound becomes active
     lb[..., n - 1] = x[..., n - 1] + 0.05
     return lb, ub
-
-
-Tensor = torch.Tensor
 
 
 def _problem(batched: bool, seed: int = 0) -> tuple[tuple[Tensor, ...], Tensor]:
@@ -105,8 +103,8 @@ def test_jvp_is_the_transpose_of_the_vjp(backward, batched):
     assert abs(float(lhs - rhs)) <= 1e-11 * scale, (float(lhs), float(rhs))
     # the torch.func vjp is the eager backward
     leaves = [a.detach().clone().requires_grad_() for a in args]
-    eager = torch.autograd.grad(_outputs(dqp.solve(*leaves[:6], lb=leaves[6], ub=leaves[7],
-                                                   backward=backward)), leaves, cotangents)  # fmt: skip
+    sol = dqp.solve(*leaves[:6], lb=leaves[6], ub=leaves[7], backward=backward)
+    eager = torch.autograd.grad(_outputs(sol), leaves, cotangents)
     for name, got, want in zip(NAMES, jtv, eager):
         torch.testing.assert_close(got, want, atol=1e-11, rtol=1e-10, msg=name)
 
@@ -229,7 +227,7 @@ def test_vmap_over_an_already_batched_input_and_of_grad(backward):
         torch.testing.assert_close(gq[v], ref[1], atol=1e-11, rtol=1e-10)
     J = vmap(jacrev(x_of, argnums=1))(Ps, qs)  # (V, B, n, B, n)
     for v in range(2):
-        ref = torch.autograd.functional.jacobian(lambda q: x_of(Ps[v], q), qs[v])
+        ref = torch.autograd.functional.jacobian(lambda q, v=v: x_of(Ps[v], q), qs[v])
         torch.testing.assert_close(J[v], ref, atol=1e-11, rtol=1e-10)
     Jf = vmap(jacfwd(x_of, argnums=1))(Ps, qs)
     torch.testing.assert_close(Jf, J, atol=1e-11, rtol=1e-10)
@@ -282,9 +280,9 @@ def test_sparse_inputs_under_torch_func():
     problem = complementary_qp(6, m=4, seed=9)
     P, q, _, _, G, h = problem.args()
     Ps = P.to_sparse()
-    with pytest.raises(TypeError, match="P: expected a dense tensor where torch.func"):
+    with pytest.raises(TypeError, match=r"P: expected a dense tensor where torch\.func"):
         jacrev(lambda P: dqp.solve(P, q, G=G, h=h).x)(Ps)
-    with pytest.raises(TypeError, match="G: expected a dense tensor where torch.func"):
+    with pytest.raises(TypeError, match=r"G: expected a dense tensor where torch\.func"):
         grad(lambda G: dqp.solve(P, q, G=G, h=h).x.sum())(G.to_sparse())
     # a sparse constant is fine: only dense inputs are transformed
     J = jacrev(lambda q: dqp.solve(Ps, q, G=G.to_sparse(), h=h).x)(q)

@@ -43,7 +43,7 @@ def _trivial(problem: QPProblem, *, solver: str, eps_abs: float, **_: Any) -> Fo
     return trivial_forward(problem, eps_abs, solver)
 
 
-def _residuals(problem: QPProblem, r: ForwardResult) -> tuple[tuple[float, ...], ...]:
+def _residuals(problem: QPProblem, r: ForwardResult) -> tuple[tuple[float, ...], tuple[float, ...]]:
     x = torch.nan_to_num(r.x)
     primal = torch.zeros(problem.size, dtype=torch.float64)
     dual = problem.mv("P", x) + problem.dense_vec("q")
@@ -302,8 +302,8 @@ def _flatten_solution(sol: QPSolution) -> tuple[list[Tensor], Any]:
 def _unflatten_solution(values: Any, context: Any) -> QPSolution:
     present, status, info = context
     it = iter(values)
-    fields = {k: next(it) if p else None for k, p in zip(_SOLUTION_TENSORS, present)}
-    return QPSolution(status=status, info=info, **fields)
+    x, mu, nu, lb_duals, ub_duals = (next(it) if p else None for p in present)
+    return QPSolution(x, mu, nu, status, info, lb_duals=lb_duals, ub_duals=ub_duals)  # type: ignore[arg-type]
 
 
 # a pytree (tensors as leaves, status and info as context): torch.func.vmap, jacrev(has_aux)

@@ -101,7 +101,9 @@ def sparse_under_func(name: str, layout: torch.layout) -> TypeError:
 # folding a vmapped dimension into the batch
 
 
-def logical_batch(tensors: tuple[Tensor | None, ...], in_dims: tuple[Any, ...], bases: tuple[int, ...]) -> int | None:
+def logical_batch(
+    tensors: tuple[Tensor | None, ...], in_dims: tuple[Any, ...], bases: tuple[int, ...]
+) -> int | None:
     """The batch size ``B`` of the call seen inside vmap (``None``: no input is batched)."""
     for t, d, base in zip(tensors, in_dims, bases):
         if t is None:
@@ -129,6 +131,12 @@ def fold(V: int, t: Tensor | None, d: int | None, base: int, B: int | None) -> T
     return t.unsqueeze(1).expand(V, B, *t.shape[1:]).reshape(V * B, *t.shape[1:])
 
 
+def _fold_index(V: int, idx: Tensor, d: int | None, B: int | None) -> Tensor:
+    out = fold(V, idx, d, 0, B)
+    assert out is not None
+    return out
+
+
 def unfold(V: int, t: Tensor, B: int | None) -> Tensor:
     """Inverse of :func:`fold` for an output row block: ``(V * B, ...)`` -> ``(V, B, ...)``."""
     return t if B is None else t.reshape(V, B, *t.shape[1:])
@@ -148,7 +156,9 @@ def _select(state: QPState, idx: Tensor) -> tuple[QPProblem, Tensor]:
     fields: dict[str, Any] = {}
     for name, base in zip(("P", "q", "A", "b", "G", "h"), BASES):
         t = getattr(problem, name)
-        fields[name] = t[idx] if t is not None and t.layout == torch.strided and t.ndim == base + 1 else t
+        fields[name] = (
+            t[idx] if t is not None and t.layout == torch.strided and t.ndim == base + 1 else t
+        )
     fields["q"] = problem.dense_vec("q")[idx]  # keeps the sub-problem batched
     from dataclasses import replace
 
@@ -156,7 +166,11 @@ def _select(state: QPState, idx: Tensor) -> tuple[QPProblem, Tensor]:
 
 
 def adjoint_input(
-    state: QPState, idx: Tensor, grad_x: Tensor | None, grad_eq: Tensor | None, grad_ineq: Tensor | None
+    state: QPState,
+    idx: Tensor,
+    grad_x: Tensor | None,
+    grad_eq: Tensor | None,
+    grad_ineq: Tensor | None,
 ) -> AdjointInput:
     """The :class:`AdjointInput` of the samples ``idx`` (1-D) with the right-hand side
     ``(grad_x, grad_ineq, grad_eq)`` (``(S, k)``, a shared ``(k,)`` or ``None`` for zero),
@@ -293,7 +307,7 @@ class AdjointSolve(torch.autograd.Function):
         V = info.batch_size
         B = logical_batch((idx,), in_dims[3:4], (0,))
         folded = [fold(V, t, d, 1, B) for t, d in zip((grad_x, grad_eq, grad_ineq), in_dims)]
-        idx_f = fold(V, idx, in_dims[3], 0, B)
+        idx_f = _fold_index(V, idx, in_dims[3], B)
         if idx_f.ndim == 0:  # an unbatched call vmapped only over its cotangents
             idx_f = idx_f.expand(V)
         outs = AdjointSolve.apply(*folded, idx_f, call, *anchors)
@@ -397,7 +411,7 @@ class TangentSolve(torch.autograd.Function):
         idx, call, anchors = args[6], args[7], args[8:]
         B = logical_batch((idx,), in_dims[6:7], (0,))
         folded = [fold(V, t, d, b, B) for t, d, b in zip(args[:6], in_dims[:6], BASES)]
-        idx_f = fold(V, idx, in_dims[6], 0, B)
+        idx_f = _fold_index(V, idx, in_dims[6], B)
         if idx_f.ndim == 0:
             idx_f = idx_f.expand(V)
         outs = TangentSolve.apply(*folded, idx_f, call, *anchors)
