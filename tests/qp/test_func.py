@@ -339,3 +339,21 @@ def test_duplicated_rows_split_equally_in_both_modes(backward):
     torch.testing.assert_close(both, torch.tensor([1.0, 0.0], dtype=F64), atol=1e-12, rtol=0)
     torch.testing.assert_close(one, torch.tensor([0.5, 0.0], dtype=F64), atol=1e-12, rtol=0)
     torch.testing.assert_close(gh, torch.tensor([0.5, 0.5], dtype=F64), atol=1e-12, rtol=0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_inputs_under_torch_func():
+    problem = complementary_qp(6, m=4, p=1, seed=15)
+    args = problem.args()
+    P, q, A, b, G, h = (t.cuda() for t in args)  # type: ignore[union-attr]
+
+    def f(q: Tensor) -> Tensor:
+        return dqp.solve(P, q, A, b, G, h).x
+
+    ref = torch.autograd.functional.jacobian(lambda q: dqp.solve(args[0], q, *args[2:]).x, args[1])
+    for transform in (jacrev, jacfwd):
+        J = transform(f)(q)
+        assert J.device.type == "cuda"
+        torch.testing.assert_close(J.cpu(), ref, atol=1e-10, rtol=1e-9)
+    qs = q + 0.05 * torch.ones(3, 1, dtype=F64, device="cuda")
+    torch.testing.assert_close(vmap(f)(qs).cpu(), torch.stack([f(r).cpu() for r in qs]))

@@ -170,6 +170,20 @@ def solve(
     Under :func:`torch.compile` the call is a graph break (``torch.compiler.disable``): the
     backends are numpy/C code that Dynamo cannot trace; the rest of the model compiles.
 
+    **torch.func.** ``grad``, ``vjp``, ``jvp``, ``jacrev``, ``jacfwd``, ``vmap`` and their
+    first-order compositions (``vmap(grad(f))``, ``vmap(jacrev(f))``, ...) work on dense inputs,
+    as does forward-mode AD (``torch.autograd.forward_ad``). The tangent solves the backward
+    method's own adjoint system (:mod:`dxopt.qp._tangent`), so the jvp is the transpose of the
+    vjp. ``vmap`` folds the vmapped dimension into the batch: one batched solve of ``V * B``
+    samples, never a loop. ``status`` and ``info`` then describe that folded solve, one entry
+    per sample, the vmapped index outermost (entry ``v * B + b``; nested vmaps: the outermost
+    one slowest), and the function may return the whole :class:`QPSolution` (a pytree whose
+    context is ``status`` and ``info``). Second derivatives (Hessians, ``jacrev(jacrev(f))``)
+    raise ``RuntimeError``; a sparse ``P``/``A``/``G`` may be a constant of the transformed
+    function but is not differentiated by torch.func (``TypeError``; plain ``backward()``
+    gives sparse gradients); ``lb``/``ub`` cannot be vmapped over (their finite pattern
+    decides the rows: pass such bounds as rows of ``G``, ``h``).
+
     Raises:
         ValueError: bad shapes, dtypes, devices, NaN/Inf, non-symmetric or non-PSD ``P``,
             inconsistent batch sizes, bad options.

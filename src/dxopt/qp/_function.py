@@ -155,7 +155,7 @@ class QPFunction(torch.autograd.Function):
                 problem.dtype, problem.device,
             )  # fmt: skip
             return (*grads, None, None)
-        data = adjoint_input(state, idx.reshape(-1), grad_x, grad_eq, grad_ineq)
+        data = adjoint_input(state, None, grad_x, grad_eq, grad_ineq)  # eager: every sample
         adjoint = run_adjoint(state, data)
         grads = parameter_gradients(data, adjoint, tuple(ctx.needs_input_grad[:6]))
         anchors = [g for g in (grad_x, grad_eq, grad_ineq) if g is not None and g.requires_grad]

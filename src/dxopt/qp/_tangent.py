@@ -146,12 +146,13 @@ def unfold(V: int, t: Tensor, B: int | None) -> Tensor:
 # the samples idx points to
 
 
-def _select(state: QPState, idx: Tensor) -> tuple[QPProblem, Tensor]:
-    """The problem restricted (and repeated) to the samples ``idx`` (1-D) and their ``ok``."""
+def _select(state: QPState, idx: Tensor | None) -> tuple[QPProblem, Tensor]:
+    """The problem restricted (and repeated) to the samples ``idx`` (1-D; ``None``: all of
+    them, in order) and their ``ok``."""
     problem, result = state.problem, state.result
     ok_all = torch.tensor([s.ok for s in result.status], dtype=torch.bool)
     S = problem.size
-    if idx.numel() == S and (S == 0 or bool((idx == torch.arange(S)).all())):
+    if idx is None or (idx.numel() == S and (S == 0 or bool((idx == torch.arange(S)).all()))):
         return problem, ok_all
     fields: dict[str, Any] = {}
     for name, base in zip(("P", "q", "A", "b", "G", "h"), BASES):
@@ -167,18 +168,21 @@ def _select(state: QPState, idx: Tensor) -> tuple[QPProblem, Tensor]:
 
 def adjoint_input(
     state: QPState,
-    idx: Tensor,
+    idx: Tensor | None,
     grad_x: Tensor | None,
     grad_eq: Tensor | None,
     grad_ineq: Tensor | None,
 ) -> AdjointInput:
-    """The :class:`AdjointInput` of the samples ``idx`` (1-D) with the right-hand side
-    ``(grad_x, grad_ineq, grad_eq)`` (``(S, k)``, a shared ``(k,)`` or ``None`` for zero),
-    float64 CPU, failed samples zeroed."""
+    """The :class:`AdjointInput` of the samples ``idx`` (1-D; ``None``: all, in order) with
+    the right-hand side ``(grad_x, grad_ineq, grad_eq)`` (``(S, k)``, a shared ``(k,)`` or
+    ``None`` for zero), float64 CPU, failed samples zeroed."""
     result = state.result
     problem, ok = _select(state, idx)
-    S = int(idx.numel())
+    S = problem.size
     okc = ok[:, None]
+
+    def pick(t: Tensor) -> Tensor:
+        return t if idx is None else t[idx]
 
     def clean(t: Tensor) -> Tensor:
         return torch.where(okc, t, torch.zeros_like(t))
@@ -189,13 +193,13 @@ def adjoint_input(
         g = g.detach().to("cpu", _F64)
         return clean(g.expand(S, width) if g.ndim == 1 else g.reshape(S, width))
 
-    active = None if result.active is None else result.active[idx] & okc
-    settled = torch.tensor(result.settled, dtype=torch.bool)[idx] if result.settled else None
+    active = None if result.active is None else pick(result.active) & okc
+    settled = pick(torch.tensor(result.settled, dtype=torch.bool)) if result.settled else None
     return AdjointInput(
         problem=problem,
-        x=clean(result.x[idx]),
-        eq_duals=clean(result.eq_duals[idx]),
-        ineq_duals=clean(result.ineq_duals[idx]),
+        x=clean(pick(result.x)),
+        eq_duals=clean(pick(result.eq_duals)),
+        ineq_duals=clean(pick(result.ineq_duals)),
         grad_x=rhs(grad_x, problem.n),
         grad_eq=rhs(grad_eq, problem.p),
         grad_ineq=rhs(grad_ineq, problem.m),
