@@ -41,8 +41,20 @@ def _bounded(problem: QPData, seed: int) -> tuple[Tensor, Tensor]:
     return lb, ub
 
 
-def _problem(batched: bool, seed: int = 0) -> tuple[tuple[Tensor, ...], Tensor]:
-    """``(P, q, A, b, G, h, lb, ub)`` and the solution; ``batched``: B = 3 stacked problems."""
+def _problem(batched: bool | str, seed: int = 0) -> tuple[tuple[Tensor, ...], Tensor]:
+    """``(P, q, A, b, G, h, lb, ub)`` and the solution; ``batched``: B = 3 stacked problems,
+    ``"mixed"``: ``P``, ``A``, ``G`` shared and ``q``, ``b``, ``h``, ``lb`` batched."""
+    if batched == "mixed":
+        problem = complementary_qp(7, m=5, p=2, seed=seed)
+        gen = torch.Generator().manual_seed(seed)
+        jitter = [0.01 * torch.randn(3, k, generator=gen, dtype=F64) for k in (7, 2, 5)]
+        problem = problem._replace(
+            q=problem.q + jitter[0],
+            b=problem.b + jitter[1],  # type: ignore[operator]
+            h=problem.h + jitter[2].abs(),  # type: ignore[operator]
+        )
+        lb, ub = _bounded(problem, seed)
+        return (*problem.args(), lb.expand(3, -1).clone(), ub), problem.x  # type: ignore[return-value]
     if batched:
         parts = [complementary_qp(7, m=5, p=2, seed=seed + k) for k in range(3)]
         problem = stack(parts)
@@ -88,7 +100,7 @@ def _dot(a: tuple[Tensor, ...], b: tuple[Tensor, ...]) -> Tensor:
 
 
 @pytest.mark.parametrize("backward", METHODS)
-@pytest.mark.parametrize("batched", [False, True])
+@pytest.mark.parametrize("batched", [False, True, "mixed"])
 def test_jvp_is_the_transpose_of_the_vjp(backward, batched):
     args, _ = _problem(batched)
     _strictly_complementary(args, backward)
@@ -110,7 +122,7 @@ def test_jvp_is_the_transpose_of_the_vjp(backward, batched):
 
 
 @pytest.mark.parametrize("backward", METHODS)
-@pytest.mark.parametrize("batched", [False, True])
+@pytest.mark.parametrize("batched", [False, True, "mixed"])
 def test_jacrev_and_jacfwd_match_the_eager_jacobian(backward, batched):
     args, _ = _problem(batched, seed=3)
     P, q, A, b, G, h, lb, ub = args
@@ -193,6 +205,8 @@ def test_vmap_is_one_batched_solve_of_every_sample(backward, monkeypatch):
     assert calls == [5]  # one batched solve, not a loop over the vmapped samples
     assert isinstance(sol, dqp.QPSolution) and len(sol.status) == 5
     assert all(s == dqp.QPStatus.SOLVED for s in sol.status)
+    moved = vmap(lambda q, h: dqp.solve(P, q, A, b, G, h).x, in_dims=(1, 0))(qs.T, hs)
+    torch.testing.assert_close(moved, sol.x, atol=1e-12, rtol=1e-12)  # in_dims=1 folds too
     for k in range(5):
         ref = dqp.solve(P, qs[k], A, b, G, hs[k], backward=backward)
         torch.testing.assert_close(sol.x[k], ref.x, atol=1e-12, rtol=1e-12)

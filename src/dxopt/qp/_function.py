@@ -131,8 +131,12 @@ class QPFunction(torch.autograd.Function):
         ctx.call = inputs[-1]
         ctx.mark_non_differentiable(output[3])
         ctx.ndims = tuple(None if t is None else t.ndim for t in inputs[:6])
-        ctx.save_for_backward(output[3], *inputs[:6])
-        ctx.save_for_forward(output[3], *inputs[:6])
+        # the inputs anchor torch.func's adjoint/tangent solves (second order refused); the
+        # eager path reads the canonical copies on ``call`` and saves none (in-place changes
+        # of the inputs after the solve stay allowed, as before)
+        anchors = inputs[:6] if functorch_active() else ()
+        ctx.save_for_backward(output[3], *anchors)
+        ctx.save_for_forward(output[3], *anchors)
 
     @staticmethod
     def backward(
