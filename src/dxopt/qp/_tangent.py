@@ -14,12 +14,14 @@ with :math:`\\dot\\nu = 0` off :math:`J` and :math:`\\operatorname{sym}(\\dot P)
 symmetric matrix of the adjoint system (:mod:`dxopt.qp._adjoint`), so the tangent is the
 backward method's own ``solve_adjoint`` applied to this right-hand side: the same active set,
 factorization, refinement and residual check, and (penalty: the symmetric regularised system;
-kkt: :math:`K` itself) the jvp is the transpose of the vjp. Degenerate samples follow the
-method's policy for a right-hand side with multiplier entries (the minimum-norm adjoint where
-the active rows are dependent), and a direction that moves only one of two dependent rows has
-no derivative on the active set: its residual check fails and the jvp raises
-:class:`~dxopt.qp.QPBackwardError`. Failed samples (``on_failure="nan"``) get zero tangents,
-as they give zero gradients.
+kkt: :math:`K` itself) the jvp is the transpose of the vjp. Degenerate samples (dependent
+active rows) follow the method's policy for this right-hand side: tangents of ``h, G, b, A``
+put multiplier entries in it, which selects the minimum-norm adjoint, so moving one of two
+duplicated rows moves :math:`x` by half (the mean of the one-sided derivatives, the transpose
+of the vjp's equal split); where ``degenerate="auto"``/``"vertex"`` reduces the vjp of
+:math:`x` to a vertex of the multiplier set (general dependent rows), jvp and vjp can differ
+in those directions. Failed samples (``on_failure="nan"``) get zero tangents, as they give
+zero gradients.
 
 **vmap.** The solve and the linear solves are CPU/SciPy code that torch.func cannot batch
 through, so every Function here has a ``vmap`` staticmethod that *folds* the vmapped dimension
@@ -41,6 +43,7 @@ QP's second-order term.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -161,8 +164,6 @@ def _select(state: QPState, idx: Tensor | None) -> tuple[QPProblem, Tensor]:
             t[idx] if t is not None and t.layout == torch.strided and t.ndim == base + 1 else t
         )
     fields["q"] = problem.dense_vec("q")[idx]  # keeps the sub-problem batched
-    from dataclasses import replace
-
     return replace(problem, batch=int(idx.numel()), **fields), ok_all[idx]
 
 
@@ -378,8 +379,6 @@ class TangentSolve(torch.autograd.Function):
         tangents = args[:6]
         idx, call = args[6], args[7]
         state = call.state
-        from dataclasses import replace
-
         base = adjoint_input(state, idx.reshape(-1), None, None, None)
         r1, r2, r3 = tangent_rhs(base, tangents, None)
         adj = run_adjoint(state, replace(base, grad_x=r1, grad_ineq=r2, grad_eq=r3))
