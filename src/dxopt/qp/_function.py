@@ -45,7 +45,6 @@ from dxopt.qp._tangent import (
     logical_batch,
     run_adjoint,
     unfold,
-    wrapped,
 )
 from dxopt.qp._types import BackwardDiagnostics
 
@@ -130,11 +129,11 @@ class QPFunction(torch.autograd.Function):
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         ctx.call = inputs[-1]
         ctx.mark_non_differentiable(output[3])
-        ctx.ndims = tuple(None if t is None else t.ndim for t in inputs[:6])
-        # the inputs anchor torch.func's adjoint/tangent solves (second order refused); the
-        # eager path reads the canonical copies on ``call`` and saves none (in-place changes
-        # of the inputs after the solve stay allowed, as before)
+        # under torch.func the inputs anchor the adjoint/tangent solves (second order refused);
+        # the eager path reads the canonical copies on ``call`` and saves none (in-place
+        # changes of the inputs after the solve stay allowed)
         anchors = inputs[:6] if functorch_active() else ()
+        ctx.ndims = tuple(None if t is None else t.ndim for t in inputs[:6])
         ctx.save_for_backward(output[3], *anchors)
         ctx.save_for_forward(output[3], *anchors)
 
@@ -148,7 +147,7 @@ class QPFunction(torch.autograd.Function):
     ) -> tuple[Tensor | None, ...]:
         idx, *inputs = ctx.saved_tensors
         state: QPState = ctx.call.state
-        if functorch_active() or any(wrapped(g) for g in (grad_x, grad_eq, grad_ineq, idx)):
+        if inputs or functorch_active():  # under torch.func: the vmappable path
             anchors = [t for t in inputs if t is not None]
             u, w_ineq, w_eq, x, nu_J, mu = AdjointSolve.apply(
                 grad_x, grad_eq, grad_ineq, idx, ctx.call, *anchors

@@ -67,7 +67,6 @@ __all__ = [
     "run_adjoint",
     "sparse_under_func",
     "unfold",
-    "wrapped",
 ]
 
 BASES = (2, 1, 2, 1, 2, 1)  # unbatched ndim of P, q, A, b, G, h
@@ -83,11 +82,6 @@ _TWICE = (
 def functorch_active() -> bool:
     """True inside a :mod:`torch.func` transform (grad, vjp, jvp, jacrev, jacfwd, vmap)."""
     return bool(torch._C._are_functorch_transforms_active())
-
-
-def wrapped(t: object) -> bool:
-    """True for a tensor that a :mod:`torch.func` transform is tracking or batching."""
-    return isinstance(t, Tensor) and bool(torch._C._functorch.is_functorch_wrapped_tensor(t))
 
 
 def sparse_under_func(name: str, layout: torch.layout) -> TypeError:
