@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -19,16 +20,16 @@ from dxopt.qp._forward import (
     solve_forward,
     trivial_forward,
 )
-from dxopt.qp._function import BackwardMethod, QPFunction, QPState
+from dxopt.qp._function import BackwardMethod, QPCall, QPFunction, QPState
 from dxopt.qp._problem import QPProblem, canonical_problem
 from dxopt.qp._problem import check_psd as check_psd_of
+from dxopt.qp._tangent import functorch_active, sparse_under_func
 from dxopt.qp._types import BackwardDiagnostics, QPInfo, QPSolution, QPSolveError
 
 if TYPE_CHECKING:
     from dxopt.distributed import QPExecutor
 
 __all__ = ["QPLayer", "solve"]
-
 
 _DEFAULT_METHODS: dict[str, BackwardMethod] = {}  # frozen, stateless: built once
 
@@ -49,7 +50,7 @@ def _backward_method(backward: object) -> BackwardMethod:
     )
 
 
-def _residuals(problem: QPProblem, r: ForwardResult) -> tuple[tuple[float, ...], ...]:
+def _residuals(problem: QPProblem, r: ForwardResult) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """Per-sample primal and dual residuals of :class:`QPInfo` (NaN for unsolved samples):
     the forward's own when its certificate computed them, else one numpy pass."""
     ok = np.fromiter((s.ok for s in r.status), dtype=bool, count=len(r.status))
@@ -71,6 +72,45 @@ def _residuals(problem: QPProblem, r: ForwardResult) -> tuple[tuple[float, ...],
     primal = np.where(ok, primal, np.nan)
     dual = np.where(ok, dual, np.nan)
     return tuple(primal.tolist()), tuple(dual.tolist())
+
+
+def _forward_state(
+    P: Tensor,
+    q: Tensor,
+    A: Tensor | None,
+    b: Tensor | None,
+    G: Tensor | None,
+    h: Tensor | None,
+    warm_start: Tensor | None,
+    *,
+    method: BackwardMethod,
+    solver: str,
+    check_psd: bool,
+    **options: Any,
+) -> QPState:
+    """Validate and solve (plain tensors; called by ``QPFunction.forward``)."""
+    problem = canonical_problem(P, q, A, b, G, h, check_psd=check_psd, defer_psd=True)
+    if warm_start is not None and (
+        not isinstance(warm_start, Tensor) or warm_start.shape[-1] != problem.n
+    ):
+        got = tuple(warm_start.shape) if isinstance(warm_start, Tensor) else type(warm_start)
+        raise ValueError(f"warm_start: expected a tensor (n,) or (B, n), got {got}.")
+    name = default_solver(problem) if solver == "auto" else solver
+    solvable = bool(problem.size and problem.n)
+    # the PSD check of P: daqp's own Cholesky certifies it for free, else one Cholesky here
+    psd_pending = (
+        check_psd and solvable and daqp_certifies_psd(problem, name, options.get("solver_options"))
+    )
+    if check_psd and solvable and not psd_pending:
+        check_psd_of(problem)
+    if solvable:
+        result = solve_forward(
+            problem, solver=name, warm_start=warm_start, psd_pending=psd_pending, **options
+        )
+    else:
+        result = trivial_forward(problem, options["eps_abs"], name)
+    residuals = _residuals(problem, result)
+    return QPState(problem, result, method, BackwardDiagnostics(), name, residuals)
 
 
 @torch.compiler.disable  # a graph break: the solver runs eagerly (numpy/C backends)
@@ -154,6 +194,20 @@ def solve(
     Under :func:`torch.compile` the call is a graph break (``torch.compiler.disable``): the
     backends are numpy/C code that Dynamo cannot trace; the rest of the model compiles.
 
+    **torch.func.** ``grad``, ``vjp``, ``jvp``, ``jacrev``, ``jacfwd``, ``vmap`` and their
+    first-order compositions (``vmap(grad(f))``, ``vmap(jacrev(f))``, ...) work on dense inputs,
+    as does forward-mode AD (``torch.autograd.forward_ad``). The tangent solves the backward
+    method's own adjoint system (:mod:`dxopt.qp._tangent`), so the jvp is the transpose of the
+    vjp. ``vmap`` folds the vmapped dimension into the batch: one batched solve of ``V * B``
+    samples, never a loop. ``status`` and ``info`` then describe that folded solve, one entry
+    per sample, the vmapped index outermost (entry ``v * B + b``; nested vmaps: the outermost
+    one slowest), and the function may return the whole :class:`QPSolution` (a pytree whose
+    context is ``status`` and ``info``). Second derivatives (Hessians, ``jacrev(jacrev(f))``)
+    raise ``RuntimeError``; a sparse ``P``/``A``/``G`` may be a constant of the transformed
+    function but is not differentiated by torch.func (``TypeError``; plain ``backward()``
+    gives sparse gradients); ``lb``/``ub`` cannot be vmapped over (their finite pattern
+    decides the rows: pass such bounds as rows of ``G``, ``h``).
+
     Raises:
         ValueError: bad shapes, dtypes, devices, NaN/Inf, non-symmetric or non-PSD ``P``,
             inconsistent batch sizes, bad options.
@@ -215,33 +269,27 @@ def solve(
         others = (P, A) if G is None else (G,)  # match G's layout, else the problem's
         sparse = any(isinstance(t, Tensor) and t.layout != torch.strided for t in others)
         G, h, k_lb, k_ub = append_bounds(q, G, h, lb, ub, sparse=sparse)
-    problem = canonical_problem(P, q, A, b, G, h, check_psd=check_psd, defer_psd=True)
-    if warm_start is not None and (
-        not isinstance(warm_start, Tensor) or warm_start.shape[-1] != problem.n
-    ):
-        got = tuple(warm_start.shape) if isinstance(warm_start, Tensor) else type(warm_start)
-        raise ValueError(f"warm_start: expected a tensor (n,) or (B, n), got {got}.")
-    name = default_solver(problem) if solver == "auto" else solver
-    solvable = bool(problem.size and problem.n)
-    # the PSD check of P: daqp's own Cholesky certifies it for free, else one Cholesky here
-    psd_pending = check_psd and solvable and daqp_certifies_psd(problem, name, solver_options)
-    if check_psd and solvable and not psd_pending:
-        check_psd_of(problem)
-    if solvable:
-        result = solve_forward(
-            problem,
-            solver=name,
-            eps_abs=eps_abs,
-            eps_rel=eps_rel,
-            warm_start=warm_start,
-            max_workers=max_workers,
-            solver_options=solver_options,
-            fallback=fallback,
-            polish=polish,
-            psd_pending=psd_pending,
-        )
-    else:
-        result = trivial_forward(problem, eps_abs, name)
+    if functorch_active():
+        for mat_name, mat in (("P", P), ("A", A), ("G", G)):
+            if isinstance(mat, Tensor) and mat.layout != torch.strided and mat.requires_grad:
+                raise sparse_under_func(mat_name, mat.layout)
+    run = functools.partial(
+        _forward_state,
+        method=method,
+        solver=solver,
+        eps_abs=eps_abs,
+        eps_rel=eps_rel,
+        max_workers=max_workers,
+        solver_options=solver_options,
+        check_psd=check_psd,
+        fallback=fallback,
+        polish=polish,
+    )
+    call = QPCall(run)
+    x, mu, nu, _ = QPFunction.apply(P, q, A, b, G, h, warm_start, call)
+    state = call.state
+    assert state is not None
+    problem, result, name = state.problem, state.result, state.solver
     failed = tuple(i for i, s in enumerate(result.status) if not s.ok)
     if failed and on_failure == "raise":
         kinds = {i: result.status[i].value for i in failed}
@@ -251,10 +299,8 @@ def solve(
             failed,
             result.status,
         )
-    diagnostics = BackwardDiagnostics()
-    state = QPState(problem=problem, result=result, method=method, diagnostics=diagnostics)
-    x, mu, nu = QPFunction.apply(P, q, A, b, G, h, state)
-    primal, dual = _residuals(problem, result)
+    diagnostics = state.diagnostics
+    primal, dual = state.residuals
     info = QPInfo(
         solver=name,
         solve_time=result.solve_time,
@@ -280,6 +326,32 @@ def solve(
         lb_duals=lb_duals,
         ub_duals=ub_duals,
     )
+
+
+_SOLUTION_TENSORS = ("x", "eq_duals", "ineq_duals", "lb_duals", "ub_duals")
+
+
+def _flatten_solution(sol: QPSolution) -> tuple[list[Tensor], Any]:
+    present = tuple(getattr(sol, k) is not None for k in _SOLUTION_TENSORS)
+    leaves = [getattr(sol, k) for k, p in zip(_SOLUTION_TENSORS, present) if p]
+    return leaves, (present, sol.status, sol.info)
+
+
+def _unflatten_solution(values: Any, context: Any) -> QPSolution:
+    present, status, info = context
+    it = iter(values)
+    x, mu, nu, lb_duals, ub_duals = (next(it) if p else None for p in present)
+    return QPSolution(x, mu, nu, status, info, lb_duals=lb_duals, ub_duals=ub_duals)  # type: ignore[arg-type]
+
+
+# a pytree (tensors as leaves, status and info as context): torch.func.vmap, jacrev(has_aux)
+# and friends can return a whole QPSolution
+torch.utils._pytree.register_pytree_node(
+    QPSolution,
+    _flatten_solution,
+    _unflatten_solution,
+    serialized_type_name="dxopt.qp.QPSolution",
+)
 
 
 class QPLayer(nn.Module):

@@ -1,34 +1,54 @@
-"""The module-level :class:`torch.autograd.Function` that attaches the QP derivative.
+"""The module-level :class:`torch.autograd.Function` that runs the QP solve and attaches its
+derivative.
 
-Solving and differentiating are kept apart: :func:`dxopt.qp.solve` runs the forward solve
-first; this Function only hands the solution out and, in ``backward``, asks the chosen backward
-method (:class:`~dxopt.qp.PenaltyBackward` or :class:`~dxopt.qp.KKTBackward`) for the adjoint
-:math:`(u, w_J, w_E)`, from which ``_grads.py`` forms every parameter gradient.
+Solving and differentiating are kept apart: the forward calls the solve that
+:func:`dxopt.qp.solve` prepared (a :class:`QPCall`: validation, backend, polish, certificate)
+and stores the :class:`QPState` on it; ``backward`` asks the chosen backward method
+(:class:`~dxopt.qp.PenaltyBackward` or :class:`~dxopt.qp.KKTBackward`) for the adjoint
+:math:`(u, w_J, w_E)`, from which ``_grads.py`` forms every parameter gradient; ``jvp`` solves
+the same system for the tangents (:mod:`dxopt.qp._tangent`). The solve runs *inside*
+``forward`` because :mod:`torch.func` calls it with plain tensors (its inputs cannot be copied
+to numpy before); ``vmap`` folds a vmapped dimension into the batch (one batched solve), and
+under torch.func the backward goes through :class:`~dxopt.qp._tangent.AdjointSolve`, whose own
+``vmap`` rule batches the cotangents of ``jacrev``.
 
 Double backward (``create_graph=True`` followed by a second differentiation through the QP) is
 not implemented: under ``create_graph=True`` the gradients are tied to the incoming cotangents by
 :class:`NoDoubleBackward`, whose backward raises ``RuntimeError`` ("cannot differentiate twice
 ...") instead of silently dropping the QP's second-order term. (``once_differentiable`` is not
 enough: its error node is not connected to the inputs, so autograd prunes it and the second
-derivative comes back without the QP's term.)
+derivative comes back without the QP's term.) Under torch.func the adjoint and tangent solves
+raise the same error when differentiated (:mod:`dxopt.qp._tangent`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
 
-from dxopt.qp._active import ActiveSet
 from dxopt.qp._adjoint import AdjointInput, AdjointSolution
 from dxopt.qp._forward import ForwardResult
 from dxopt.qp._grads import parameter_gradients
 from dxopt.qp._problem import QPProblem
+from dxopt.qp._tangent import (
+    BASES,
+    AdjointSolve,
+    TangentSolve,
+    adjoint_input,
+    fold,
+    functorch_active,
+    gradients_from_adjoint,
+    logical_batch,
+    run_adjoint,
+    unfold,
+)
 from dxopt.qp._types import BackwardDiagnostics
 
-__all__ = ["BackwardMethod", "NoDoubleBackward", "QPFunction", "QPState"]
+__all__ = ["BackwardMethod", "NoDoubleBackward", "QPCall", "QPFunction", "QPState"]
 
 
 @runtime_checkable
@@ -50,22 +70,35 @@ class BackwardMethod(Protocol):
 
 @dataclass(frozen=True)
 class QPState:
-    """Non-tensor context of one call: the canonical problem, its solution, the method."""
+    """Non-tensor context of one call: the canonical problem, its solution, the backward
+    method and its diagnostics, the backend's name and the per-sample (primal, dual)
+    residuals of the solution."""
 
     problem: QPProblem
     result: ForwardResult
     method: BackwardMethod
     diagnostics: BackwardDiagnostics
+    solver: str = ""
+    residuals: tuple[tuple[float, ...], tuple[float, ...]] = ((), ())
 
 
-def _cotangent(g: Tensor | None, size: int, width: int) -> Tensor:
-    if g is None:
-        return torch.zeros(size, width, dtype=torch.float64)
-    return g.detach().to("cpu", torch.float64).reshape(size, width)
+@dataclass
+class QPCall:
+    """One call of :func:`dxopt.qp.solve`: ``solve(P, q, A, b, G, h, warm_start)`` returns the
+    :class:`QPState` (validation and forward solve on plain tensors); ``QPFunction.forward``
+    stores it in ``state``, where the caller and the backward read it."""
+
+    solve: Callable[..., QPState]
+    state: QPState | None = None
 
 
 class QPFunction(torch.autograd.Function):
-    """``(P, q, A, b, G, h, state) -> (x, eq_duals, ineq_duals)`` with the implicit derivative."""
+    """``(P, q, A, b, G, h, warm_start, call) -> (x, eq_duals, ineq_duals, idx)`` with the
+    implicit derivative (``backward``), its tangent (``jvp``) and a ``vmap`` rule.
+
+    ``idx`` (int64, ``()`` or ``(B,)``) is the index of each output row in the solve stored
+    on ``call`` (``arange`` except under vmap, see :mod:`dxopt.qp._tangent`).
+    """
 
     @staticmethod
     def forward(
@@ -75,63 +108,82 @@ class QPFunction(torch.autograd.Function):
         b: Tensor | None,
         G: Tensor | None,
         h: Tensor | None,
-        state: QPState,
-    ) -> tuple[Tensor, Tensor, Tensor]:
+        warm_start: Tensor | None,
+        call: QPCall,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        state = call.solve(P, q, A, b, G, h, warm_start)
+        call.state = state
         problem, result = state.problem, state.result
         outs = []
         for t in (result.x, result.eq_duals, result.ineq_duals):
             if problem.batch is None:
                 t = t[0]
             outs.append(t.to(dtype=problem.dtype, device=problem.device, copy=True))
-        return outs[0], outs[1], outs[2]
+        if problem.batch is None:
+            idx = torch.zeros((), dtype=torch.int64)
+        else:
+            idx = torch.arange(problem.size)
+        return outs[0], outs[1], outs[2], idx
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-        ctx.state = inputs[-1]
+        ctx.call = inputs[-1]
+        ctx.mark_non_differentiable(output[3])
+        # under torch.func the inputs anchor the adjoint/tangent solves (second order refused);
+        # the eager path reads the canonical copies on ``call`` and saves none (in-place
+        # changes of the inputs after the solve stay allowed)
+        anchors = inputs[:6] if functorch_active() else ()
+        ctx.ndims = tuple(None if t is None else t.ndim for t in inputs[:6])
+        ctx.save_for_backward(output[3], *anchors)
+        ctx.save_for_forward(output[3], *anchors)
 
     @staticmethod
     def backward(
-        ctx: Any, grad_x: Tensor | None, grad_eq: Tensor | None, grad_ineq: Tensor | None
+        ctx: Any,
+        grad_x: Tensor | None,
+        grad_eq: Tensor | None,
+        grad_ineq: Tensor | None,
+        _grad_idx: Any = None,
     ) -> tuple[Tensor | None, ...]:
-        state: QPState = ctx.state
-        problem, result = state.problem, state.result
-        S = problem.size
-        ok = torch.tensor([s.ok for s in result.status], dtype=torch.bool)
-        okc = ok[:, None]
-
-        def clean(t: Tensor) -> Tensor:
-            return torch.where(okc, t, torch.zeros_like(t))
-
-        data = AdjointInput(
-            problem=problem,
-            x=clean(result.x),
-            eq_duals=clean(result.eq_duals),
-            ineq_duals=clean(result.ineq_duals),
-            grad_x=clean(_cotangent(grad_x, S, problem.n)),
-            grad_eq=clean(_cotangent(grad_eq, S, problem.p)),
-            grad_ineq=clean(_cotangent(grad_ineq, S, problem.m)),
-            ok=ok,
-            active=None if result.active is None else result.active & okc,
-            settled=torch.tensor(result.settled, dtype=torch.bool) if result.settled else None,
-        )
-        if S == 0 or problem.n == 0:  # nothing depends on the parameters
-            none = torch.zeros(S, problem.m, dtype=torch.bool)
-            active = ActiveSet(none, none, none, torch.zeros(S), None, None)
-            f64 = torch.float64
-            adjoint = AdjointSolution(
-                torch.zeros(S, problem.n, dtype=f64),
-                torch.zeros(S, problem.m, dtype=f64),
-                torch.zeros(S, problem.p, dtype=f64),
-                active,
-                torch.zeros(S, dtype=f64),
+        idx, *inputs = ctx.saved_tensors
+        state: QPState = ctx.call.state
+        if inputs or functorch_active():  # under torch.func: the vmappable path
+            anchors = [t for t in inputs if t is not None]
+            u, w_ineq, w_eq, x, nu_J, mu = AdjointSolve.apply(
+                grad_x, grad_eq, grad_ineq, idx, ctx.call, *anchors
             )
-        else:
-            adjoint = state.method.solve_adjoint(data, state.diagnostics)
+            problem = state.problem
+            grads = gradients_from_adjoint(
+                u, w_ineq, w_eq, x, nu_J, mu, ctx.ndims, tuple(ctx.needs_input_grad[:6]),
+                problem.dtype, problem.device,
+            )  # fmt: skip
+            return (*grads, None, None)
+        data = adjoint_input(state, None, grad_x, grad_eq, grad_ineq)  # eager: every sample
+        adjoint = run_adjoint(state, data)
         grads = parameter_gradients(data, adjoint, tuple(ctx.needs_input_grad[:6]))
         anchors = [g for g in (grad_x, grad_eq, grad_ineq) if g is not None and g.requires_grad]
         if torch.is_grad_enabled() and anchors:  # create_graph=True: refuse a second pass
             grads = tuple(None if g is None else NoDoubleBackward.apply(g, *anchors) for g in grads)
-        return (*grads, None)
+        return (*grads, None, None)
+
+    @staticmethod
+    def jvp(ctx: Any, *tangents: Any) -> tuple[Tensor | None, ...]:
+        idx, *inputs = ctx.saved_tensors
+        anchors = [t for t in inputs if t is not None]
+        dx, dmu, dnu = TangentSolve.apply(*tangents[:6], idx, ctx.call, *anchors)
+        return dx, dmu, dnu, None
+
+    @staticmethod
+    def vmap(info: Any, in_dims: tuple[Any, ...], *args: Any) -> tuple[Any, Any]:
+        """Fold the vmapped dimension into the batch: one solve of ``V * B`` samples."""
+        V = info.batch_size
+        bases = (*BASES, 1)
+        B = logical_batch(args[:6], in_dims[:6], BASES)
+        folded = [fold(V, t, d, k, B) for t, d, k in zip(args[:7], in_dims[:7], bases)]
+        if B is None and all(d is None for d in in_dims[:6]):  # only warm_start is vmapped
+            folded[1] = folded[1].expand(V, -1)  # type: ignore[union-attr]
+        outs = QPFunction.apply(*folded, args[7])
+        return tuple(unfold(V, t, B) for t in outs), (0, 0, 0, 0)
 
 
 class NoDoubleBackward(torch.autograd.Function):
