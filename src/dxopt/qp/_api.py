@@ -61,6 +61,16 @@ def _residuals(problem: QPProblem, r: ForwardResult) -> tuple[tuple[float, ...],
     return tuple(float(v) for v in primal), tuple(float(v) for v in dual_inf)
 
 
+def _torch_route(solver: str, backward: object, *inputs: object) -> bool:
+    """Whether ``solve`` may take the device path of :mod:`dxopt.qp._torch_layer`: the torch
+    solver requested (or ``"auto"`` with inputs off the CPU), dense tensors, a named backward."""
+    q = inputs[1]
+    if not isinstance(q, Tensor) or not isinstance(backward, str):
+        return False
+    dense = all(t is None or (isinstance(t, Tensor) and t.layout == torch.strided) for t in inputs)
+    return dense and (solver == "torch" or (solver == "auto" and q.device.type != "cpu"))
+
+
 @torch.compiler.disable  # a graph break: the solver runs eagerly (numpy/C backends)
 def solve(
     P: Tensor,
@@ -201,13 +211,25 @@ def solve(
         others = (P, A) if G is None else (G,)  # match G's layout, else the problem's
         sparse = any(isinstance(t, Tensor) and t.layout != torch.strided for t in others)
         G, h, k_lb, k_ub = append_bounds(q, G, h, lb, ub, sparse=sparse)
-    problem = canonical_problem(P, q, A, b, G, h, check_psd=check_psd)
+    # solver="torch" (and "auto" on a GPU) keeps dense inputs on their device and dtype
+    keep = _torch_route(solver, backward, P, q, A, G)
+    problem = canonical_problem(P, q, A, b, G, h, check_psd=check_psd, keep_device=keep)
     if warm_start is not None and (
         not isinstance(warm_start, Tensor) or warm_start.shape[-1] != problem.n
     ):
         got = tuple(warm_start.shape) if isinstance(warm_start, Tensor) else type(warm_start)
         raise ValueError(f"warm_start: expected a tensor (n,) or (B, n), got {got}.")
     name = default_solver(problem) if solver == "auto" else solver
+    if keep and name == "torch" and problem.size and problem.n:
+        from dxopt.qp._torch_layer import solve_torch  # the device path
+
+        bounds = None if lb is None and ub is None else (k_lb, k_ub, lb is not None, ub is not None)
+        return solve_torch(
+            problem, (P, q, A, b, G, h), eps_abs=eps_abs, eps_rel=eps_rel, on_failure=on_failure,
+            solver_options=solver_options, polish=polish, m_user=m_user, bounds=bounds,
+        )  # fmt: skip
+    if keep:  # not taken after all (an empty problem): the float64 CPU form
+        problem = canonical_problem(P, q, A, b, G, h, check_psd=False)
     solve_fn = solve_forward if problem.size and problem.n else _trivial
     result = solve_fn(
         problem,

@@ -188,8 +188,10 @@ def _check_symmetric_psd(P: Tensor, eps: float) -> None:
         return P.abs().amax(dim=(-2, -1)).clamp_min(1.0)
 
     if not torch.equal(P, P.transpose(-1, -2)):  # exact symmetry is the common, cheap case
-        Pn = P.numpy()  # numpy's strided transpose is much faster than torch's here
-        asym = torch.as_tensor(np.abs(Pn - np.swapaxes(Pn, -1, -2)).max(axis=(-2, -1)))
+        Pn = P.cpu().numpy()  # numpy's strided transpose is much faster than torch's here
+        asym = torch.as_tensor(
+            np.abs(Pn - np.swapaxes(Pn, -1, -2)).max(axis=(-2, -1)), device=P.device
+        )
         if bool((asym > 100 * eps * dense_scale_of()).any()):
             raise _fail(
                 "P",
@@ -200,7 +202,8 @@ def _check_symmetric_psd(P: Tensor, eps: float) -> None:
     _, info = torch.linalg.cholesky_ex(P)  # positive definite: done
     if bool((info != 0).any()):  # semidefinite P passes with a tiny relative shift
         dense_scale = dense_scale_of()
-        shift = (max(1e-10, 10 * n * eps) * dense_scale)[..., None, None] * torch.eye(n)
+        eye = torch.eye(n, device=P.device)
+        shift = (max(1e-10, 10 * n * eps) * dense_scale)[..., None, None] * eye
         _, info = torch.linalg.cholesky_ex(P + shift.to(P.dtype))
     if bool((info != 0).any()):
         evals = torch.linalg.eigvalsh(P)
@@ -229,8 +232,13 @@ def canonical_problem(
     h: object = None,
     *,
     check_psd: bool = True,
+    keep_device: bool = False,
 ) -> QPProblem:
-    """Validate the inputs and return the canonical float64 CPU :class:`QPProblem`."""
+    """Validate the inputs and return the canonical float64 CPU :class:`QPProblem`.
+
+    ``keep_device=True`` (used only by ``solver="torch"``, :mod:`dxopt.qp._torch_layer`):
+    dense tensors are validated the same way but stay on their device and dtype (detached).
+    """
     raw = {k: _check_tensor(k, v) for k, v in zip(_NAMES, (P, q, A, b, G, h))}
     if raw["P"] is None or raw["q"] is None:
         raise TypeError("P and q are required: pass tensors of shape (n, n) and (n,).")
@@ -329,7 +337,7 @@ def canonical_problem(
         if v.layout in _SPARSE_LAYOUTS:
             canon[k] = _canonical_sparse(v)
         else:
-            canon[k] = v.detach().to("cpu", torch.float64)
+            canon[k] = v.detach() if keep_device else v.detach().to("cpu", torch.float64)
     eps = float(torch.finfo(dtype).eps)
     if check_psd:
         _check_symmetric_psd(canon["P"], eps)  # type: ignore[arg-type]

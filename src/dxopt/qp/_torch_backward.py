@@ -80,7 +80,8 @@ class TorchQPFunction(torch.autograd.Function):
         options: dict[str, Any],
     ) -> tuple[Tensor, ...]:
         full = _check_inputs(P, q, A, b, G, h)
-        r = solve_detached(*(t.detach() for t in full), **options)
+        opts = {k: v for k, v in options.items() if k != "diagnostics"}
+        r = solve_detached(*(t.detach() for t in full), **opts)
         f = r.factor
         return (
             r.x,
@@ -106,6 +107,7 @@ class TorchQPFunction(torch.autograd.Function):
         L, w_ineq, w_eq, active = output[-4:]
         ctx.mark_non_differentiable(*output[3:])
         ctx.steps = options["refine_steps"]
+        ctx.diagnostics = options.get("diagnostics")
         ctx.present = tuple(t is not None for t in (A, G))
         ctx.shapes = tuple(None if t is None else (t.ndim, t.shape[0]) for t in inputs[:6])
         ctx.f64 = P.dtype == torch.float64
@@ -163,6 +165,12 @@ def _backward(
             + "give those samples a zero cotangent, or use dxopt.qp.solve with "
             "backward=KKTBackward() for a diagnosed fallback"
         )
+    diag = ctx.diagnostics
+    if diag is not None:  # dxopt.qp.solve's BackwardDiagnostics: what this backward did
+        diag.method, diag.linear_solver = "torch", "cholesky (the forward polish's factor)"
+        diag.residual = float(torch.where(used, res, 0.0).amax()) if res.numel() else 0.0
+        diag.refinement_steps = ctx.steps
+        diag.n_active = tuple(active.sum(-1).tolist())
     w = w * active
     need = ctx.needs_input_grad
     grads: list[Tensor | None] = [None] * 6
@@ -196,9 +204,8 @@ def torch_qp_differentiable(
     **options: Any,
 ) -> TorchQPResult:
     """:func:`dxopt.qp._torch_solver.torch_qp_solve` with gradients through ``x, y, z``."""
-    f64 = P.dtype == torch.float64
     steps = options.get("refine_steps")
-    options = dict(options, refine_steps=steps if steps is not None else (4 if f64 else 8))
+    options = dict(options, refine_steps=steps if steps is not None else 4)
     out: tuple[Tensor, ...] = TorchQPFunction.apply(P, q, A, b, G, h, options)
     x, y, z, slacks, status, iters, pres, dres, polished, L, w_ineq, w_eq, active = out
     factor = PenaltyFactor(

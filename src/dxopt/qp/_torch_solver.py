@@ -230,6 +230,8 @@ def penalty_factor(
     times the curvature scale of :math:`P`. Returns the factor and a ``(B,)`` mask of samples
     whose Cholesky failed.
     """
+    if P.dtype == torch.float32:  # mixed precision: float32 data, float64 factorization
+        P, A, G = P.double(), A.double(), G.double()
     scale = P.diagonal(dim1=-2, dim2=-1).abs().mean(-1)
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
     tiny = torch.finfo(P.dtype).tiny ** 0.5
@@ -269,19 +271,16 @@ def kkt_solve(
     inputs' dtype. Returns ``u, v, w`` and the per-sample relative residual
     :math:`\\|\\text{res}\\|_\\infty / (1 + \\|r\\|_\\infty)`.
     """
-    low = f.L.dtype
-    hi = torch.float64 if low == torch.float32 else low
+    low, hi = P.dtype, f.L.dtype
     P, A, G, r1, r2, r3 = (t.to(hi) for t in (P, A, G, r1, r2, r3))
-    Al, Gl = A.to(low), G.to(low)
     act = f.active.to(hi)
-    w_eq, w_ineq = f.w_eq.to(low), f.w_ineq.to(low)
+    w_eq, w_ineq = f.w_eq, f.w_ineq
 
     def reg_solve(s1: Tensor, s2: Tensor, s3: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        s1, s2, s3 = s1.to(low), s2.to(low), (s3 * act).to(low)
-        rhs = s1 + _rmv(Al, w_eq * s2) + _rmv(Gl, w_ineq * s3)
+        s3 = s3 * act
+        rhs = s1 + _rmv(A, w_eq * s2) + _rmv(G, w_ineq * s3)
         u = _cho_solve(f.L, rhs)
-        v, w = w_eq * (_mv(Al, u) - s2), w_ineq * (_mv(Gl, u) - s3)
-        return u.to(hi), v.to(hi), w.to(hi)
+        return u, w_eq * (_mv(A, u) - s2), w_ineq * (_mv(G, u) - s3)
 
     def residual(u: Tensor, v: Tensor, w: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         e1 = r1 - _mv(P, u) - _rmv(A, v) - _rmv(G, w)
@@ -313,9 +312,18 @@ class _Iterate:
 
 
 class _Newton:
-    """One factorization of the reduced Newton matrix, reused for several right-hand sides."""
+    """One factorization of the reduced Newton matrix, reused for several right-hand sides.
+
+    float32 problems form, factor and solve this system in float64 (mixed precision): near
+    the solution :math:`D = z/s` spans many orders of magnitude and a float32 Cholesky of
+    :math:`P + G^\top DG` breaks down (measured: condition number :math:`10^4` in
+    :math:`P` already stops the float32 iteration after 4 steps); the iterates stay float32.
+    """
 
     def __init__(self, P: Tensor, A: Tensor, G: Tensor, D: Tensor, delta: Tensor):
+        self.dtype = P.dtype
+        wide = torch.float64 if P.dtype == torch.float32 else P.dtype
+        P, A, G, D, delta = (t.to(wide) for t in (P, A, G, D, delta))
         p = A.shape[-2]
         H = P + _gram(G, D)
         H.diagonal(dim1=-2, dim2=-1).add_(delta[:, None])
@@ -331,12 +339,13 @@ class _Newton:
 
     def solve(self, r1: Tensor, r2: Tensor) -> tuple[Tensor, Tensor]:
         """Solve :math:`H\\,dx + A^\\top dy = r_1`, :math:`A\\,dx = r_2`."""
+        r1, r2 = r1.to(self.L.dtype), r2.to(self.L.dtype)
         u = _cho_solve(self.L, r1)
         if not self.p:
-            return u, r2
+            return u.to(self.dtype), r2.to(self.dtype)
         dy = _cho_solve(self.LS, _mv(self.A, u) - r2)
         dx = _cho_solve(self.L, r1 - _rmv(self.A, dy))
-        return dx, dy
+        return dx.to(self.dtype), dy.to(self.dtype)
 
 
 def _max_step(v: Tensor, dv: Tensor) -> Tensor:
@@ -520,7 +529,7 @@ def _ipm(
     scale = P.diagonal(dim1=-2, dim2=-1).abs().mean(-1)
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
     f64 = P.dtype == torch.float64
-    delta = scale * (1e-10 if f64 else 1e-6)
+    delta = scale * 1e-10  # the Newton systems are factored in float64 (see _Newton)
     mu_floor = 1e-15 if f64 else 1e-7  # relative: no progress is possible below this
     status = torch.full((B,), int(TorchQPStatus.MAX_ITER), dtype=torch.long, device=dev)
     if start is None:
@@ -690,13 +699,32 @@ def _certify(
     eps_abs: float,
     eps_rel: float,
 ) -> Tensor:
-    """Samples whose ``(x, y, z)`` meet the user's tolerance (:func:`_kkt_residuals` with the
-    slack :math:`s = (h - Gx)_+`), with :math:`z \\ge 0` and finite values."""
-    s = (h - _mv(G, x)).clamp_min(0.0)
-    ok = _kkt_residuals(P, q, A, b, G, h, x, y, z, s, eps_abs, eps_rel)[3]
+    """Samples whose ``(x, y, z)`` meet the user's tolerance, with :math:`z \\ge 0` and finite
+    values.
+
+    Primal and dual residuals are checked row by row against componentwise scales,
+    :math:`|r_i| \\le \\epsilon_{\\rm abs} + \\epsilon_{\\rm rel}\\,\\sigma_i` with
+    :math:`\\sigma^d = |P||x| + |q| + |A|^\\top|y| + |G|^\\top|z|`,
+    :math:`\\sigma^p = |G||x| + |h|` (and :math:`|A||x| + |b|`): the rounding error of
+    evaluating a residual is bounded by a multiple of :math:`\\sigma`, so a float32 point
+    accurate to float32 rounding certifies whatever the conditioning (a max-norm scale such as
+    :math:`\\|Px\\|_\\infty` can be far below the rounding noise of :math:`Px`). The
+    complementarity test is that of :func:`_kkt_residuals` at :math:`s = (h - Gx)_+`:
+    :math:`s^\\top z/m \\le \\epsilon_{\\rm abs} + \\epsilon_{\\rm rel}|f(x)|`.
+    """
+    Gx, Ax, Px = _mv(G, x), _mv(A, x), _mv(P, x)
+    s = (h - Gx).clamp_min(0.0)
+    obj = (0.5 * _dot(x, Px) + _dot(q, x)).abs()
+    gap_ok = _dot(s, z.abs()) / max(h.shape[-1], 1) <= eps_abs + eps_rel * obj
+    ax, Pa, Ga, Aa = x.abs(), P.abs(), G.abs(), A.abs()
+    rd = Px + q + _rmv(A, y) + _rmv(G, z)
+    sd = _mv(Pa, ax) + q.abs() + _rmv(Aa, y.abs()) + _rmv(Ga, z.abs())
+    ok = (rd.abs() <= eps_abs + eps_rel * sd).all(-1)
+    ok = ok & ((Gx - h).clamp_min(0.0) <= eps_abs + eps_rel * (_mv(Ga, ax) + h.abs())).all(-1)
+    ok = ok & ((Ax - b).abs() <= eps_abs + eps_rel * (_mv(Aa, ax) + b.abs())).all(-1)
     fin = torch.isfinite(torch.cat([x, y, z], -1)).all(-1)
     sign = (z >= 0).all(-1) if z.shape[-1] else fin
-    return ok & fin & sign
+    return ok & gap_ok & fin & sign
 
 
 def torch_qp_solve(
@@ -815,7 +843,7 @@ def solve_detached(
             return _ipm_null_space(P, q, A, G, h, null, {**ipm, **kw})
 
         it, status, iters, raw = run()
-        steps = refine_steps if refine_steps is not None else (4 if f64 else 8)
+        steps = refine_steps if refine_steps is not None else 4
         m, gap_abs = h.shape[-1], eps_abs
         for attempt in range(3):
             # polish on the active set read off the iterate; where a sample's polish fails
@@ -827,8 +855,8 @@ def solve_detached(
                 A,
                 G,
                 active,
-                omega=1e6 if f64 else 1e3,
-                sigma=1e-9 if f64 else 1e-6,
+                omega=1e6,
+                sigma=1e-9,
                 steps=steps,
             )
             if not (polish or m == 0):
