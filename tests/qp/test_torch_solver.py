@@ -337,3 +337,42 @@ def test_benchmark_quick_runs(tmp_path, monkeypatch):
     run.main(["--quick", "--no-md", "--render"])  # rebuilt from the JSON: same tables
     assert (tmp_path / "qp_torch_quick.md").read_text() == text
     assert BENCHMARKS_MD.read_text() == before
+
+
+def test_solve_torch_on_failure_nan_zero_gradient_and_raise():
+    """solve(solver="torch"): failed samples are NaN with on_failure="nan" and contribute no
+    gradient; with on_failure="raise" a QPSolveError names them."""
+    from dxopt.qp import QPSolveError
+
+    P, q, G, h = (t.requires_grad_() for t in _mixed_batch(torch.float64))
+    sol = solve(P, q, G=G, h=h, solver="torch", on_failure="nan")
+    assert sol.status == (QPStatus.SOLVED, QPStatus.INFEASIBLE, QPStatus.UNBOUNDED, QPStatus.SOLVED)
+    assert torch.isnan(sol.x[1:3]).all() and torch.isfinite(sol.x[[0, 3]]).all()
+    assert sol.info.solver == "torch" and sol.info.sample_solvers == ("torch", "", "", "torch")
+    torch.nansum(sol.x).backward()
+    torch.testing.assert_close(q.grad[0], -torch.ones(2, dtype=torch.float64), atol=1e-10, rtol=0)
+    assert (q.grad[1:3] == 0).all() and (h.grad[1:3] == 0).all()
+    assert sol.info.backward.method == "torch" and sol.info.backward.residual < 1e-10
+    with pytest.raises(QPSolveError, match=r"2 of 4 QPs not solved by 'torch'") as err:
+        solve(P, q, G=G, h=h, solver="torch")
+    assert err.value.failed_indices == (1, 2)
+
+
+def test_solve_torch_bounds_unbatched_and_options():
+    """lb/ub through the device path: x and the bound multipliers match daqp; an unbatched call
+    gives unbatched outputs; unknown solver_options are refused by name."""
+    pr = random_qp(8, 6, 2, seed=4)
+    P, q, A, b, G, h = (torch.tensor(pr[k]) for k in NAMES)
+    lb = torch.full((8,), 0.8, dtype=torch.float64)  # x = 1 is strictly feasible
+    ub = torch.full((8,), 1.1, dtype=torch.float64)
+    ours = solve(P, q, A, b, G, h, lb=lb, ub=ub, solver="torch")
+    ref = solve(P, q, A, b, G, h, lb=lb, ub=ub, solver="daqp")
+    assert ours.x.shape == (8,) and ours.ineq_duals.shape == (6,) and ours.lb_duals.shape == (8,)
+    torch.testing.assert_close(ours.x, ref.x, atol=1e-8, rtol=0)
+    assert (ours.lb_duals > 1e-6).any() or (ours.ub_duals > 1e-6).any()  # a bound is active
+    for name in ("eq_duals", "ineq_duals", "lb_duals", "ub_duals"):
+        torch.testing.assert_close(getattr(ours, name), getattr(ref, name), atol=1e-6, rtol=1e-6)
+    with pytest.raises(ValueError, match=r"solver_options: the torch solver takes .*'tol'"):
+        solve(P, q, A, b, G, h, solver="torch", solver_options={"tol": 1e-3})
+    ok = solve(P, q, A, b, G, h, solver="torch", solver_options={"max_iter": 80})
+    torch.testing.assert_close(ok.x, solve(P, q, A, b, G, h, solver="daqp").x, atol=1e-8, rtol=0)
