@@ -376,3 +376,33 @@ def test_solve_torch_bounds_unbatched_and_options():
         solve(P, q, A, b, G, h, solver="torch", solver_options={"tol": 1e-3})
     ok = solve(P, q, A, b, G, h, solver="torch", solver_options={"max_iter": 80})
     torch.testing.assert_close(ok.x, solve(P, q, A, b, G, h, solver="daqp").x, atol=1e-8, rtol=0)
+
+
+def test_auto_rule_daqp_on_cpu_torch_off_the_cpu():
+    """default_solver: dense CPU -> daqp, sparse -> piqp, dense off the CPU -> torch (the
+    problem's recorded device is set directly: no GPU needed, nothing runs on it)."""
+    from dataclasses import replace
+
+    from dxopt.qp._forward import default_solver
+    from dxopt.qp._problem import canonical_problem
+
+    pr = random_qp(5, 3, 1, seed=0)
+    dense = canonical_problem(*(torch.tensor(pr[k]) for k in NAMES))
+    assert default_solver(dense) == "daqp"
+    assert default_solver(replace(dense, device=torch.device("cuda", 0))) == "torch"
+    sparse_args = [torch.tensor(pr[k]) for k in NAMES]
+    sparse_args[0] = sparse_args[0].to_sparse()
+    sparse = canonical_problem(*sparse_args)
+    assert default_solver(sparse) == "piqp"
+    assert default_solver(replace(sparse, device=torch.device("cuda", 0))) == "piqp"
+
+
+def test_auto_rule_measurement_quick_runs(tmp_path, monkeypatch):
+    from benchmarks.qp_torch import auto_rule
+
+    monkeypatch.setattr(auto_rule, "results_dir", lambda area: tmp_path)
+    auto_rule.main(["--quick"])
+    import json
+
+    rows = json.loads((tmp_path / "auto_rule_quick.json").read_text())["rows"]
+    assert rows[0]["B"] == 8 and rows[0]["torch_s"] > 0 and rows[0]["daqp_s"] > 0

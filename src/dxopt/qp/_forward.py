@@ -82,16 +82,30 @@ _TOLERANCE_KEYS: dict[str, Callable[[float, float], dict[str, float]]] = {
 
 
 def default_solver(problem: QPProblem) -> str:
-    """``"daqp"`` for dense problems, ``"piqp"`` when any matrix is sparse.
+    """``"torch"`` for dense inputs off the CPU, else ``"daqp"`` for dense problems and
+    ``"piqp"`` when any matrix is sparse.
 
-    Measured through :func:`solve_forward` (eps_abs = 1e-9, 1 thread, the shared 2-core
-    machine under a load average of 5-9, medians): dense dQP problems (m = n, p = n/2) at
-    n = 100 / 500: daqp 3.4 / 219 ms, piqp 5.5 / 429 ms, proxqp 9.9 / 308 ms, clarabel
-    260 ms / 10.9 s; sparse simplex projection at n = 1e4 / 1e5: piqp 30 ms / 1.18 s, clarabel
-    177 ms / 4.86 s, osqp hit its iteration limit (FAILED) at 1e4. The same ranking as the quiet
-    anchor runs in shared/research/anchors.md (daqp 0.80 / 44 ms dense; piqp 16.5 / 258 ms
+    Inputs on a GPU (any non-CPU device) get the batched torch interior point
+    (:mod:`dxopt.qp._torch_solver`): it runs on the device, with no host round trip of the
+    data. On the CPU the torch solver does not win: ``dxopt.qp.solve`` forward+backward,
+    ``solver="daqp"`` against ``solver="torch"`` back to back in one process, 1 torch thread,
+    dQP's random dense QPs (m = n, p = n/2), medians of 3-5 on the shared 2-core machine under
+    a load average of about 5 (``python -m benchmarks.qp_torch.auto_rule``), torch/daqp time
+    ratio: n = 10: 3.4 (B = 1), 2.6 (B = 32),
+    1.27 (B = 128), 0.96 (B = 512); n = 20: 3.4 (B = 1), 1.96 (B = 128), 1.67 (B = 512);
+    n = 50: 5.8 (B = 1), 1.88 (B = 128); n = 100: 4.8 (B = 1), 2.3 (B = 32). Only the largest
+    batch of the smallest problems ties, so the CPU rule stays daqp.
+
+    Backends on the CPU, measured through :func:`solve_forward` (eps_abs = 1e-9, 1 thread,
+    the shared 2-core machine under a load average of 5-9, medians): dense dQP problems
+    (m = n, p = n/2) at n = 100 / 500: daqp 3.4 / 219 ms, piqp 5.5 / 429 ms, proxqp 9.9 /
+    308 ms, clarabel 260 ms / 10.9 s; sparse simplex projection at n = 1e4 / 1e5: piqp 30 ms /
+    1.18 s, clarabel 177 ms / 4.86 s, osqp hit its iteration limit (FAILED) at 1e4. The same
+    ranking as earlier runs on a quiet machine (daqp 0.80 / 44 ms dense; piqp 16.5 / 258 ms
     sparse, the fastest backend at every simplex size up to 1e6).
     """
+    if problem.device.type != "cpu" and not problem.any_sparse:
+        return "torch"
     return "piqp" if problem.any_sparse else "daqp"
 
 
