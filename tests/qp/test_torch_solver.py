@@ -406,3 +406,21 @@ def test_auto_rule_measurement_quick_runs(tmp_path, monkeypatch):
 
     rows = json.loads((tmp_path / "auto_rule_quick.json").read_text())["rows"]
     assert rows[0]["B"] == 8 and rows[0]["torch_s"] > 0 and rows[0]["daqp_s"] > 0
+
+
+def test_gpu_benchmark_refuses_without_cuda_and_smoke_runs_on_cpu(tmp_path, monkeypatch, capsys):
+    import json
+
+    from benchmarks.qp_torch import gpu
+
+    monkeypatch.setattr(gpu, "results_dir", lambda area: tmp_path)
+    if not torch.cuda.is_available():
+        assert gpu.main([]) == 2
+        assert "CUDA is not available" in capsys.readouterr().err
+        assert not list(tmp_path.iterdir())
+    assert gpu.main(["--device", "cpu", "--batch", "8", "--n", "10", "--n-ref", "4"]) == 0
+    rows = json.loads((tmp_path / "qp_torch_gpu_cpu.json").read_text())["rows"]
+    torch64 = next(r for r in rows if r["method"] == "torch float64")
+    assert torch64["x_err_vs_daqp"] < 1e-8 and torch64["grad_rel_err"] < 1e-8
+    torch32 = next(r for r in rows if r["method"] == "torch float32")
+    assert torch32["x_err_vs_daqp"] < 1e-5 and torch32["grad_rel_err"] < 1e-5
