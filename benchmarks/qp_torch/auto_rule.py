@@ -2,9 +2,9 @@
 
 ``dxopt.qp.solve`` forward+backward (``L = w . x``) with ``solver="daqp"`` and
 ``solver="torch"`` back to back in one process at 1 torch thread, on dQP's random dense QPs
-(:func:`benchmarks.qp.generators.batched_dense`, ``m = n``, ``p = n/2``), batch sizes 1 to 512
-and n = 10 to 100 (cells with ``B n^2`` above 16e4 skipped). Medians of 5 (3 for the larger
-cells) after a warm-up. Writes ``results/auto_rule.json`` and prints the torch/daqp ratios.
+(:func:`benchmarks.qp.generators.batched_dense`, ``m = n``, ``p = n/2``), batch sizes 1 to 2048
+and n = 10 to 100 (the cells of ``CELLS``). Medians of 5 (3 for the larger cells) after a
+warm-up. Writes ``results/auto_rule.json`` and prints the torch/daqp ratios.
 Run ``python -m benchmarks.qp_torch.auto_rule`` (about 2 minutes on 2 cores), ``--quick``
 for one cell.
 """
@@ -23,6 +23,12 @@ from benchmarks.common import results_dir, write_json
 from benchmarks.qp.generators import batched_dense
 
 NAMES = ("P", "q", "A", "b", "G", "h")
+CELLS = (
+    *((b, 10) for b in (1, 32, 128, 512, 2048)),
+    *((b, 20) for b in (1, 128, 1024)),
+    *((b, 50) for b in (1, 32, 128)),
+    *((b, 100) for b in (1, 32)),
+)
 
 
 def measure(batch: int, n: int, repeats: int) -> dict[str, float]:
@@ -54,9 +60,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="one cell (< 30 s)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    cells = [(8, 10)] if args.quick else [
-        (b, n) for n in (10, 20, 50, 100) for b in (1, 8, 32, 128, 512) if b * n * n <= 16e4
-    ]  # fmt: skip
+    cells = [(8, 10)] if args.quick else list(CELLS)
     load0, rows = os.getloadavg()[0], []
     for b, n in cells:
         rows.append(measure(b, n, 5 if b * n * n < 1e5 else 3))

@@ -291,7 +291,10 @@ def _section(rows: list[dict[str, Any]], info: dict[str, Any], load: tuple, args
             "note",
         ],
     )
+    suffix = "_quick" if args.quick else ("_cases" if args.cases else "")
     cmd = COMMAND + (" --quick" if args.quick else "")
+    if args.cases:
+        cmd += " --cases " + " ".join(args.cases)
     return (
         '### Torch solver (`solver="torch"`): batched dense QPs\n\n'
         f"Command: `{cmd}`. {machine_line(info)} Load average (1 min) at start "
@@ -303,10 +306,16 @@ def _section(rows: list[dict[str, Any]], info: dict[str, Any], load: tuple, args
         "(q, h, b, G, A) against the exact "
         f"reduced-KKT reference on the first {args.n_ref} samples of each batch. GPU: none "
         "was available to this run.\n\n"
+        + (
+            "A subset of the full set of cases (`--cases`); run the full command "
+            f"`{COMMAND}` for the others.\n\n"
+            if args.cases
+            else ""
+        )
         + _targets(rows)
         + "\n\n"
         + table
-        + "\n\n![torch solver](benchmarks/qp_torch/results/qp_torch.png)\n"
+        + f"\n\n![torch solver](benchmarks/qp_torch/results/qp_torch{suffix}.png)\n"
     )
 
 
@@ -318,6 +327,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--no-md", action="store_true", help="do not touch BENCHMARKS.md")
     parser.add_argument(
+        "--cases",
+        nargs="+",
+        default=None,
+        help="run only these cases of the full set, e.g. 128x50 (results in qp_torch_cases.*)",
+    )
+    parser.add_argument(
         "--render", action="store_true", help="rebuild the tables and plot from the saved JSON"
     )
     args = parser.parse_args(argv)
@@ -326,7 +341,15 @@ def main(argv: list[str] | None = None) -> None:
     if args.quick:
         args.threads = args.threads[:1]
     out = results_dir("qp_torch")
-    suffix = "_quick" if args.quick else ""
+    suffix = "_quick" if args.quick else ("_cases" if args.cases else "")
+    cases = QUICK if args.quick else FULL
+    if args.cases:
+        wanted = {tuple(int(v) for v in c.lower().split("x")) for c in args.cases}
+        cases = tuple(c for c in FULL if c in wanted)
+        if len(cases) != len(wanted):
+            raise ValueError(
+                f"--cases: expected some of {[f'{b}x{n}' for b, n in FULL]}, got {args.cases}"
+            )
     if args.render:
         saved = json.loads((out / f"qp_torch{suffix}.json").read_text())
         rows, info, load = saved["rows"], saved["machine"], tuple(saved["load"])
@@ -336,7 +359,7 @@ def main(argv: list[str] | None = None) -> None:
         start, load0 = time.perf_counter(), os.getloadavg()[0]
         rows = []
         for threads in args.threads:
-            for batch, n in QUICK if args.quick else FULL:
+            for batch, n in cases:
                 repeats = args.repeats if batch * n * n < 5e6 else 1
                 rows += run_case(batch, n, threads, repeats, min(args.n_ref, batch))
                 print(f"done {batch} x n={n} at {threads} threads", flush=True)

@@ -11,7 +11,13 @@ from torch import Tensor, nn
 from dxopt.qp._backward_kkt import KKTBackward
 from dxopt.qp._backward_penalty import PenaltyBackward
 from dxopt.qp._bounds import append_bounds
-from dxopt.qp._forward import ForwardResult, default_solver, solve_forward, trivial_forward
+from dxopt.qp._forward import (
+    ForwardResult,
+    default_solver,
+    solve_forward,
+    torch_fastest_on_cpu,
+    trivial_forward,
+)
 from dxopt.qp._function import BackwardMethod, QPFunction, QPState
 from dxopt.qp._problem import QPProblem, canonical_problem
 from dxopt.qp._types import BackwardDiagnostics, QPInfo, QPSolution, QPSolveError
@@ -62,13 +68,19 @@ def _residuals(problem: QPProblem, r: ForwardResult) -> tuple[tuple[float, ...],
 
 
 def _torch_route(solver: str, backward: object, *inputs: object) -> bool:
-    """Whether ``solve`` may take the device path of :mod:`dxopt.qp._torch_layer`: the torch
-    solver requested (or ``"auto"`` with inputs off the CPU), dense tensors, a named backward."""
+    """Whether ``solve`` may take the device path of :mod:`dxopt.qp._torch_layer`: dense
+    tensors, a named backward, and the torch solver requested or picked by ``"auto"`` (inputs
+    off the CPU, or :func:`dxopt.qp._forward.torch_fastest_on_cpu`)."""
     q = inputs[1]
     if not isinstance(q, Tensor) or not isinstance(backward, str):
         return False
-    dense = all(t is None or (isinstance(t, Tensor) and t.layout == torch.strided) for t in inputs)
-    return dense and (solver == "torch" or (solver == "auto" and q.device.type != "cpu"))
+    if not all(t is None or (isinstance(t, Tensor) and t.layout == torch.strided) for t in inputs):
+        return False
+    if solver != "auto":
+        return solver == "torch"
+    bases = zip(inputs, (2, 1, 2, 2))  # P, q, A, G
+    batch = [t.shape[0] for t, base in bases if isinstance(t, Tensor) and t.ndim > base]
+    return q.device.type != "cpu" or torch_fastest_on_cpu(max(batch, default=1), q.shape[-1])
 
 
 @torch.compiler.disable  # a graph break: the solver runs eagerly (numpy/C backends)

@@ -22,11 +22,11 @@ with :math:`D = \\mathrm{diag}(z/s)`, factored once per iteration by a batched C
 :math:`\\sigma = (\\mu_{\\rm aff}/\\mu)^3`, step :math:`0.99` of the way to the boundary). The
 iteration is fixed-shape with per-sample on-device masks: a converged, certified, stalled or
 broken sample takes zero-length steps, and off the CPU the host synchronises once per
-``check_every`` iterations (``done.all()``), never per iteration (on the CPU see below). Outside the loop a solve has a handful of
-further syncs (the rank test of :math:`A`, the polish retry test, the early exit of each
-refinement), none per sample. The small static shift :math:`\\delta` keeps the Cholesky alive
-for singular :math:`P` (LPs, unbounded samples); residuals are always evaluated on the exact
-problem, so it only makes the Newton step inexact.
+``check_every`` iterations (``done.all()``), never per iteration (on the CPU see below).
+Outside the loop a solve has a handful of further syncs (the rank test of :math:`A`, the
+polish retry test, the early exit of each refinement), none per sample. The small static
+shift :math:`\\delta` keeps the Cholesky alive for singular :math:`P` (LPs, unbounded samples);
+residuals are always evaluated on the exact problem, so it only makes the Newton step inexact.
 
 **Infeasibility.** At every check, a sample that has not converged is tested for the Farkas
 certificates its diverging iterates approach (as in OSQP, arXiv 1711.08013, section 3.4):
