@@ -103,7 +103,7 @@ def default_solver(problem: QPProblem) -> str:
     benchmarks.qp_torch.auto_rule``): ``dxopt.qp.solve`` forward+backward, ``solver="daqp"``
     against ``solver="torch"`` back to back in one process, 1 torch thread, dQP's random dense
     QPs (m = n, p = n/2), medians of 3-5 on the shared 2-core machine under a load average of
-    5-8; torch/daqp time ratio by batch size B:
+    8-10 (``benchmarks/qp_torch/results/auto_rule.json``); torch/daqp time ratio by batch size B:
 
     ======  =====================================================================
     n       torch / daqp
