@@ -128,7 +128,11 @@ def solve(
             their multipliers are returned as ``lb_duals``/``ub_duals`` (finite entries only).
         backward: ``"penalty"`` (default), ``"kkt"`` or a configured :class:`PenaltyBackward`
             / :class:`KKTBackward`.
-        solver: a qpsolvers backend name, or ``"auto"``: ``"daqp"`` for dense problems and
+        solver: a qpsolvers backend name, ``"torch"`` (the batched torch interior point of
+            :mod:`dxopt.qp._torch_solver`: dense inputs stay on their device and dtype, and
+            its own backward reuses the forward's factorization; :mod:`dxopt.qp._torch_layer`),
+            or ``"auto"``: ``"torch"`` for dense inputs off the CPU and for batches of at
+            least 512 dense problems with n <= 10, ``"daqp"`` for other dense problems,
             ``"piqp"`` when a matrix is sparse (fastest in our measurements; see
             :func:`dxopt.qp._forward.default_solver`).
         eps_abs, eps_rel: solver tolerances, mapped to each backend's own settings (daqp is an

