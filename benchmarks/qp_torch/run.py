@@ -305,7 +305,15 @@ def _section(rows: list[dict[str, Any]], info: dict[str, Any], load: tuple, args
         "qpth forward+backward over the torch solver's; `grad_rel_err`: relative error over "
         "(q, h, b, G, A) against the exact "
         f"reduced-KKT reference on the first {args.n_ref} samples of each batch. GPU: none "
-        "was available to this run.\n\n"
+        "was available to this run; the prepared GPU benchmark (batch 4096 x n=50, torch "
+        "float64/float32 on the GPU against the CPU daqp loop and qpth on the same GPU, "
+        "under 3 minutes) is `python -m benchmarks.qp_torch.gpu` and writes "
+        "`benchmarks/qp_torch/results/qp_torch_gpu.json`. The torch solver runs its small "
+        "batched matrices at one torch thread whatever the caller's setting "
+        "(`dxopt.linalg.limit_threads`), so the 2-thread rows differ from the 1-thread rows "
+        'only outside the solver. `solver="auto"` on the CPU picks torch only for batches '
+        "of at least 512 problems with n <= 10 (`python -m benchmarks.qp_torch.auto_rule`, "
+        "`benchmarks/qp_torch/results/auto_rule.json`).\n\n"
         + (
             "A subset of the full set of cases (`--cases`); run the full command "
             f"`{COMMAND}` for the others.\n\n"
