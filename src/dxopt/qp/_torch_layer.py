@@ -7,8 +7,10 @@ float32 stays float32) and differentiated by :class:`dxopt.qp._torch_backward.To
 whose backward reuses the forward polish's penalty factorization and refines against the exact
 reduced KKT system: the same exact active-set adjoint as ``backward="kkt"`` and the refined
 ``"penalty"`` backward, so both names select it (a custom :class:`dxopt.qp.BackwardBase`
-object takes the float64 CPU route instead). The host sees only the per-sample status and
-residuals (one transfer of ``B`` integers and ``2B`` floats), never the data.
+object takes the float64 CPU route instead). The host sees only scalars: the validation's
+few checks (finite values, the PSD test's Cholesky flags), the solver's convergence tests,
+and at the end the per-sample status, polish flags and residuals (``4B`` numbers), never
+the data.
 
 ``on_failure="nan"``: failed samples get NaN ``x`` and duals through a ``torch.where``, so
 their cotangents are zero and the backward skips them (it refuses only a sample that was not
