@@ -310,7 +310,8 @@ def _section(rows: list[dict[str, Any]], info: dict[str, Any], load: tuple, args
         "under 3 minutes) is `python -m benchmarks.qp_torch.gpu` and writes "
         "`benchmarks/qp_torch/results/qp_torch_gpu.json`. The torch solver runs its small "
         "batched matrices at one torch thread whatever the caller's setting "
-        "(`dxopt.linalg.limit_threads`), so the 2-thread rows differ from the 1-thread rows "
+        "(`dxopt.linalg.threads.small_work`), so the 2-thread rows differ from the 1-thread "
+        "rows "
         'only outside the solver. `solver="auto"` on the CPU picks torch only for batches '
         "of at least 512 problems with n <= 10 (`python -m benchmarks.qp_torch.auto_rule`, "
         "`benchmarks/qp_torch/results/auto_rule.json`).\n\n"

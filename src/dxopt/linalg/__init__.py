@@ -9,7 +9,6 @@
   by a quasi-definite regularised factorization plus refinement, dense or scipy sparse, with the
   residual reported; :func:`lstsq_saddle` the Moore-Penrose fallback; :func:`splu` the one
   SuperLU wrapper (errors mapped to :class:`FactorizationError`).
-- :func:`limit_threads`: a block at a capped torch thread count (small batched matrices).
 """
 
 from dxopt.linalg.dense import SPDSolveInfo as SPDSolveInfo
@@ -21,7 +20,6 @@ from dxopt.linalg.sparse import SaddleSolveInfo as SaddleSolveInfo
 from dxopt.linalg.sparse import lstsq_saddle as lstsq_saddle
 from dxopt.linalg.sparse import saddle_solve as saddle_solve
 from dxopt.linalg.sparse import splu as splu
-from dxopt.linalg.threads import limit_threads as limit_threads
 
 __all__ = [
     "FactorizationError",
@@ -29,7 +27,6 @@ __all__ = [
     "SPDSolveInfo",
     "SaddleSolveInfo",
     "conjugate_gradient",
-    "limit_threads",
     "lstsq_saddle",
     "saddle_solve",
     "spd_solve",

@@ -1,60 +1,38 @@
-"""Thread control for small batched linear algebra on the CPU.
+"""Thread control for small linear algebra.
 
-Batched factorizations and solves of many small matrices (say ``128 x 50x50``) do not gain
-from intra-op threads: each matrix is too small to split, and torch's thread pool then costs
-more in wake-ups and synchronisation than it saves, badly so when the cores are shared with
-other work (oversubscription). Measured by the torch QP solver's benchmark on the shared
-2-core machine (``dxopt bench qp_torch``, batch 128, n = 50): 0.62 s forward+backward at
-1 torch thread, 7.0 s at 2 threads (load average about 10). :func:`limit_threads` runs a block
-at a given thread count and restores the caller's setting afterwards, so a solver can keep its
-small-matrix work at one thread without changing the process-wide default for everything else.
+Tiny matrices gain nothing from intra-op parallelism and lose to its synchronisation (a
+10 x 10 Cholesky takes about twice as long on 2 torch threads as on one on an idle 2-core
+machine, and far longer when the cores are contended). :func:`small_work` runs a block on one
+intra-op thread when its arithmetic is below a limit and restores the previous setting afterwards (a
+``torch.set_num_threads`` pair costs about a microsecond).
 """
 
 from __future__ import annotations
 
-import contextlib
-import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
-__all__ = ["limit_threads"]
+__all__ = ["SMALL_WORK", "small_work"]
 
-_LOCK = threading.Lock()
+SMALL_WORK = 4e6  # flops below which one thread is used
 
 
-@contextlib.contextmanager
-def limit_threads(
-    num_threads: int = 1, *, device: torch.device | str | None = None
-) -> Iterator[int]:
-    """Run the block with at most ``num_threads`` torch intra-op threads.
+@contextmanager
+def small_work(flops: float, *, limit: float = SMALL_WORK) -> Iterator[None]:
+    """Run the block with ``torch.set_num_threads(1)`` if ``flops < limit`` (restored after).
 
     Args:
-        num_threads: the thread cap (a positive int). Nothing changes when the current
-            ``torch.get_num_threads()`` is already at or below it.
-        device: if given and not a CPU device, nothing changes (GPU kernels do not use the
-            CPU thread pool).
-
-    Yields the thread count in effect inside the block. The previous count is restored on
-    exit, also when the block raises. ``torch.set_num_threads`` is process-wide: two Python
-    threads entering the block at once both see the cap, and the last one to leave restores
-    the count it found; keep such blocks short (one solve), as dxopt does.
+        flops: an estimate of the block's arithmetic (e.g. ``batch * n**3``).
+        limit: the threshold; ``0`` disables the switch.
     """
-    if isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1:
-        raise ValueError(
-            f"limit_threads: num_threads must be a positive int, got {num_threads!r}; "
-            "pass 1 for small batched linear algebra"
-        )
-    if device is not None and torch.device(device).type != "cpu":
-        yield torch.get_num_threads()
+    threads = torch.get_num_threads()
+    if threads <= 1 or not flops < limit:
+        yield
         return
-    with _LOCK:
-        before = torch.get_num_threads()
-        if before > num_threads:
-            torch.set_num_threads(num_threads)
+    torch.set_num_threads(1)
     try:
-        yield min(before, num_threads)
+        yield
     finally:
-        if before > num_threads:
-            with _LOCK:
-                torch.set_num_threads(before)
+        torch.set_num_threads(threads)

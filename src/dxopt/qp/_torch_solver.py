@@ -81,7 +81,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from dxopt.linalg.threads import limit_threads
+from dxopt.linalg.threads import small_work
 
 if TYPE_CHECKING:
     from dxopt.qp._forward import ForwardResult
@@ -220,15 +220,17 @@ resumes with a 1000x tighter complementarity. Measured on dQP's random QPs (128 
 
 def small_threads(n: int, m: int, device: torch.device) -> contextlib.AbstractContextManager[Any]:
     """One torch thread for the solve when every matrix of the batch is small (``n`` and
-    ``m`` at most :data:`SMALL_THREADS_MAX_DIM`) and on the CPU; no change otherwise.
+    ``m`` at most :data:`SMALL_THREADS_MAX_DIM`) and on the CPU; no change otherwise
+    (:func:`dxopt.linalg.threads.small_work` with the per-matrix size as its measure: a batch
+    of small matrices gains nothing from intra-op threads whatever the batch size).
 
-    Batched work on many small matrices gains nothing from intra-op threads and loses badly
-    to oversubscription: batch 128, n = 50 (m = 50, p = 25), forward+backward, the same
-    process on the shared 2-core machine (load average 2.5-3.6): 0.25 s at 1 thread, 4.8 s at
-    2 threads without this cap (see :mod:`dxopt.linalg.threads`).
+    Measured: batch 128, n = 50 (m = 50, p = 25), forward+backward, the same process on the
+    shared 2-core machine (load average 2.5-3.6): 0.25 s at 1 thread, 4.8 s at 2 threads
+    without this cap.
     """
-    if max(n, m) <= SMALL_THREADS_MAX_DIM:
-        return limit_threads(1, device=device)
+    if device.type == "cpu":
+        size = float(max(n, m)) ** 3
+        return small_work(size, limit=float(SMALL_THREADS_MAX_DIM) ** 3 + 1.0)
     return contextlib.nullcontext()
 
 
