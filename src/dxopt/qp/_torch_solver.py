@@ -334,7 +334,7 @@ class _Newton:
 
     float32 problems form, factor and solve this system in float64 (mixed precision): near
     the solution :math:`D = z/s` spans many orders of magnitude and a float32 Cholesky of
-    :math:`P + G^\top DG` breaks down (measured: condition number :math:`10^4` in
+    :math:`P + G^\\top DG` breaks down (measured: condition number :math:`10^4` in
     :math:`P` already stops the float32 iteration after 4 steps); the iterates stay float32.
     """
 
