@@ -18,7 +18,8 @@ time is the median of ``--repeats`` calls after a warm-up, or one call for the
 1024 x n=100 case (so the full run stays under 5 minutes). Writes
 ``results/qp_torch.json``, ``results/qp_torch.md``, ``results/qp_torch.png`` and the
 ``qp_torch`` block of BENCHMARKS.md (a subsection of the QP section). Run
-``dxopt bench qp_torch`` (full, about 3-4 minutes on 2 cores) or ``--quick`` (< 1 minute).
+``dxopt bench qp_torch`` (full, about 3-4 minutes on 2 cores) or ``--quick`` (< 1 minute);
+``--cases 128x50`` runs a subset of the full set (``results/qp_torch_cases.*``).
 """
 
 from __future__ import annotations
