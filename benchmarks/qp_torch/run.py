@@ -18,7 +18,8 @@ time is the median of ``--repeats`` calls after a warm-up, or one call for the
 1024 x n=100 case (so the full run stays under 5 minutes). Writes
 ``results/qp_torch.json``, ``results/qp_torch.md``, ``results/qp_torch.png`` and the
 ``qp_torch`` block of BENCHMARKS.md (a subsection of the QP section). Run
-``dxopt bench qp_torch`` (full, about 3-4 minutes on 2 cores) or ``--quick`` (< 1 minute).
+``dxopt bench qp_torch`` (full, about 3-4 minutes on 2 cores) or ``--quick`` (< 1 minute);
+``--cases 128x50`` runs a subset of the full set (``results/qp_torch_cases.*``).
 """
 
 from __future__ import annotations
@@ -291,7 +292,10 @@ def _section(rows: list[dict[str, Any]], info: dict[str, Any], load: tuple, args
             "note",
         ],
     )
+    suffix = "_quick" if args.quick else ("_cases" if args.cases else "")
     cmd = COMMAND + (" --quick" if args.quick else "")
+    if args.cases:
+        cmd += " --cases " + " ".join(args.cases)
     return (
         '### Torch solver (`solver="torch"`): batched dense QPs\n\n'
         f"Command: `{cmd}`. {machine_line(info)} Load average (1 min) at start "
@@ -302,11 +306,26 @@ def _section(rows: list[dict[str, Any]], info: dict[str, Any], load: tuple, args
         "qpth forward+backward over the torch solver's; `grad_rel_err`: relative error over "
         "(q, h, b, G, A) against the exact "
         f"reduced-KKT reference on the first {args.n_ref} samples of each batch. GPU: none "
-        "was available to this run.\n\n"
+        "was available to this run; the prepared GPU benchmark (batch 4096 x n=50, torch "
+        "float64/float32 on the GPU against the CPU daqp loop and qpth on the same GPU, "
+        "under 3 minutes) is `python -m benchmarks.qp_torch.gpu` and writes "
+        "`benchmarks/qp_torch/results/qp_torch_gpu.json`. The torch solver runs its small "
+        "batched matrices at one torch thread whatever the caller's setting "
+        "(`dxopt.linalg.threads.small_work`), so the 2-thread rows differ from the 1-thread "
+        "rows "
+        'only outside the solver. `solver="auto"` on the CPU picks torch only for batches '
+        "of at least 512 problems with n <= 10 (`python -m benchmarks.qp_torch.auto_rule`, "
+        "`benchmarks/qp_torch/results/auto_rule.json`).\n\n"
+        + (
+            "A subset of the full set of cases (`--cases`); run the full command "
+            f"`{COMMAND}` for the others.\n\n"
+            if args.cases
+            else ""
+        )
         + _targets(rows)
         + "\n\n"
         + table
-        + "\n\n![torch solver](benchmarks/qp_torch/results/qp_torch.png)\n"
+        + f"\n\n![torch solver](benchmarks/qp_torch/results/qp_torch{suffix}.png)\n"
     )
 
 
@@ -318,6 +337,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--no-md", action="store_true", help="do not touch BENCHMARKS.md")
     parser.add_argument(
+        "--cases",
+        nargs="+",
+        default=None,
+        help="run only these cases of the full set, e.g. 128x50 (results in qp_torch_cases.*)",
+    )
+    parser.add_argument(
         "--render", action="store_true", help="rebuild the tables and plot from the saved JSON"
     )
     args = parser.parse_args(argv)
@@ -326,7 +351,15 @@ def main(argv: list[str] | None = None) -> None:
     if args.quick:
         args.threads = args.threads[:1]
     out = results_dir("qp_torch")
-    suffix = "_quick" if args.quick else ""
+    suffix = "_quick" if args.quick else ("_cases" if args.cases else "")
+    cases = QUICK if args.quick else FULL
+    if args.cases:
+        wanted = {tuple(int(v) for v in c.lower().split("x")) for c in args.cases}
+        cases = tuple(c for c in FULL if c in wanted)
+        if len(cases) != len(wanted):
+            raise ValueError(
+                f"--cases: expected some of {[f'{b}x{n}' for b, n in FULL]}, got {args.cases}"
+            )
     if args.render:
         saved = json.loads((out / f"qp_torch{suffix}.json").read_text())
         rows, info, load = saved["rows"], saved["machine"], tuple(saved["load"])
@@ -336,7 +369,7 @@ def main(argv: list[str] | None = None) -> None:
         start, load0 = time.perf_counter(), os.getloadavg()[0]
         rows = []
         for threads in args.threads:
-            for batch, n in QUICK if args.quick else FULL:
+            for batch, n in cases:
                 repeats = args.repeats if batch * n * n < 5e6 else 1
                 rows += run_case(batch, n, threads, repeats, min(args.n_ref, batch))
                 print(f"done {batch} x n={n} at {threads} threads", flush=True)

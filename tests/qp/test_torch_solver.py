@@ -337,3 +337,102 @@ def test_benchmark_quick_runs(tmp_path, monkeypatch):
     run.main(["--quick", "--no-md", "--render"])  # rebuilt from the JSON: same tables
     assert (tmp_path / "qp_torch_quick.md").read_text() == text
     assert BENCHMARKS_MD.read_text() == before
+
+
+def test_solve_torch_on_failure_nan_zero_gradient_and_raise():
+    """solve(solver="torch"): failed samples are NaN with on_failure="nan" and contribute no
+    gradient; with on_failure="raise" a QPSolveError names them."""
+    from dxopt.qp import QPSolveError
+
+    P, q, G, h = (t.requires_grad_() for t in _mixed_batch(torch.float64))
+    sol = solve(P, q, G=G, h=h, solver="torch", on_failure="nan")
+    assert sol.status == (QPStatus.SOLVED, QPStatus.INFEASIBLE, QPStatus.UNBOUNDED, QPStatus.SOLVED)
+    assert torch.isnan(sol.x[1:3]).all() and torch.isfinite(sol.x[[0, 3]]).all()
+    assert sol.info.solver == "torch" and sol.info.sample_solvers == ("torch", "", "", "torch")
+    torch.nansum(sol.x).backward()
+    torch.testing.assert_close(q.grad[0], -torch.ones(2, dtype=torch.float64), atol=1e-10, rtol=0)
+    assert (q.grad[1:3] == 0).all() and (h.grad[1:3] == 0).all()
+    assert sol.info.backward.method == "torch" and sol.info.backward.residual < 1e-10
+    with pytest.raises(QPSolveError, match=r"2 of 4 QPs not solved by 'torch'") as err:
+        solve(P, q, G=G, h=h, solver="torch")
+    assert err.value.failed_indices == (1, 2)
+
+
+def test_solve_torch_bounds_unbatched_and_options():
+    """lb/ub through the device path: x and the bound multipliers match daqp; an unbatched call
+    gives unbatched outputs; unknown solver_options are refused by name."""
+    pr = random_qp(8, 6, 2, seed=4)
+    P, q, A, b, G, h = (torch.tensor(pr[k]) for k in NAMES)
+    lb = torch.full((8,), 0.8, dtype=torch.float64)  # x = 1 is strictly feasible
+    ub = torch.full((8,), 1.1, dtype=torch.float64)
+    ours = solve(P, q, A, b, G, h, lb=lb, ub=ub, solver="torch")
+    ref = solve(P, q, A, b, G, h, lb=lb, ub=ub, solver="daqp")
+    assert ours.x.shape == (8,) and ours.ineq_duals.shape == (6,) and ours.lb_duals.shape == (8,)
+    torch.testing.assert_close(ours.x, ref.x, atol=1e-8, rtol=0)
+    assert (ours.lb_duals > 1e-6).any() or (ours.ub_duals > 1e-6).any()  # a bound is active
+    for name in ("eq_duals", "ineq_duals", "lb_duals", "ub_duals"):
+        torch.testing.assert_close(getattr(ours, name), getattr(ref, name), atol=1e-6, rtol=1e-6)
+    with pytest.raises(ValueError, match=r"solver_options: the torch solver takes .*'tol'"):
+        solve(P, q, A, b, G, h, solver="torch", solver_options={"tol": 1e-3})
+    ok = solve(P, q, A, b, G, h, solver="torch", solver_options={"max_iter": 80})
+    torch.testing.assert_close(ok.x, solve(P, q, A, b, G, h, solver="daqp").x, atol=1e-8, rtol=0)
+
+
+def test_auto_rule_daqp_on_cpu_torch_off_the_cpu():
+    """default_solver: dense CPU -> daqp (torch only for B >= 512 and n <= 10), sparse ->
+    piqp, dense off the CPU -> torch (the problem's recorded device is set directly: no GPU
+    needed, nothing runs on it)."""
+    from dataclasses import replace
+
+    from dxopt.qp._forward import default_solver
+    from dxopt.qp._problem import canonical_problem
+
+    pr = random_qp(5, 3, 1, seed=0)
+    dense = canonical_problem(*(torch.tensor(pr[k]) for k in NAMES))
+    assert default_solver(dense) == "daqp"
+    assert default_solver(replace(dense, device=torch.device("cuda", 0))) == "torch"
+    assert default_solver(replace(dense, batch=512)) == "torch"
+    assert default_solver(replace(dense, batch=511)) == "daqp"
+    assert default_solver(replace(dense, batch=512, n=11)) == "daqp"
+    sparse_args = [torch.tensor(pr[k]) for k in NAMES]
+    sparse_args[0] = sparse_args[0].to_sparse()
+    sparse = canonical_problem(*sparse_args)
+    assert default_solver(sparse) == "piqp"
+    assert default_solver(replace(sparse, device=torch.device("cuda", 0))) == "piqp"
+
+
+def test_auto_rule_measurement_quick_runs(tmp_path, monkeypatch):
+    from benchmarks.qp_torch import auto_rule
+
+    monkeypatch.setattr(auto_rule, "results_dir", lambda area: tmp_path)
+    auto_rule.main(["--quick"])
+    import json
+
+    rows = json.loads((tmp_path / "auto_rule_quick.json").read_text())["rows"]
+    assert rows[0]["B"] == 8 and rows[0]["torch_s"] > 0 and rows[0]["daqp_s"] > 0
+
+
+def test_gpu_benchmark_refuses_without_cuda_and_smoke_runs_on_cpu(tmp_path, monkeypatch, capsys):
+    import json
+
+    from benchmarks.qp_torch import gpu
+
+    monkeypatch.setattr(gpu, "results_dir", lambda area: tmp_path)
+    if not torch.cuda.is_available():
+        assert gpu.main([]) == 2
+        assert "CUDA is not available" in capsys.readouterr().err
+        assert not list(tmp_path.iterdir())
+    assert gpu.main(["--device", "cpu", "--batch", "8", "--n", "10", "--n-ref", "4"]) == 0
+    rows = json.loads((tmp_path / "qp_torch_gpu_cpu.json").read_text())["rows"]
+    torch64 = next(r for r in rows if r["method"] == "torch float64")
+    assert torch64["x_err_vs_daqp"] < 1e-8 and torch64["grad_rel_err"] < 1e-8
+    torch32 = next(r for r in rows if r["method"] == "torch float32")
+    assert torch32["x_err_vs_daqp"] < 1e-5 and torch32["grad_rel_err"] < 1e-5
+
+
+def test_auto_takes_the_torch_device_path_for_large_batches_of_tiny_problems():
+    probs = batch(4, 3, 1, 512, seed=30)
+    sol = solve(*tensors(probs))  # solver="auto"
+    assert sol.info.solver == "torch" and sol.info.sample_solvers[0] == "torch"
+    x_ref = np.stack([daqp(pr).x for pr in probs[:16]])
+    np.testing.assert_allclose(sol.x[:16].numpy(), x_ref, atol=1e-8, rtol=0)

@@ -18,6 +18,7 @@ from dxopt.qp._forward import (
     daqp_certifies_psd,
     default_solver,
     solve_forward,
+    torch_fastest_on_cpu,
     trivial_forward,
 )
 from dxopt.qp._function import BackwardMethod, QPCall, QPFunction, QPState
@@ -113,6 +114,22 @@ def _forward_state(
     return QPState(problem, result, method, BackwardDiagnostics(), name, residuals)
 
 
+def _torch_route(solver: str, backward: object, *inputs: object) -> bool:
+    """Whether ``solve`` may take the device path of :mod:`dxopt.qp._torch_layer`: dense
+    tensors, a named backward, and the torch solver requested or picked by ``"auto"`` (inputs
+    off the CPU, or :func:`dxopt.qp._forward.torch_fastest_on_cpu`)."""
+    q = inputs[1]
+    if not isinstance(q, Tensor) or not isinstance(backward, str):
+        return False
+    if not all(t is None or (isinstance(t, Tensor) and t.layout == torch.strided) for t in inputs):
+        return False
+    if solver != "auto":
+        return solver == "torch"
+    bases = zip(inputs, (2, 1, 2, 2))  # P, q, A, G
+    batch = [t.shape[0] for t, base in bases if isinstance(t, Tensor) and t.ndim > base]
+    return q.device.type != "cpu" or torch_fastest_on_cpu(max(batch, default=1), q.shape[-1])
+
+
 @torch.compiler.disable  # a graph break: the solver runs eagerly (numpy/C backends)
 def solve(
     P: Tensor,
@@ -159,7 +176,11 @@ def solve(
             their multipliers are returned as ``lb_duals``/``ub_duals`` (finite entries only).
         backward: ``"penalty"`` (default), ``"kkt"`` or a configured :class:`PenaltyBackward`
             / :class:`KKTBackward`.
-        solver: a qpsolvers backend name, or ``"auto"``: ``"daqp"`` for dense problems and
+        solver: a qpsolvers backend name, ``"torch"`` (the batched torch interior point of
+            :mod:`dxopt.qp._torch_solver`: dense inputs stay on their device and dtype, and
+            its own backward reuses the forward's factorization; :mod:`dxopt.qp._torch_layer`),
+            or ``"auto"``: ``"torch"`` for dense inputs off the CPU and for batches of at
+            least 512 dense problems with n <= 10, ``"daqp"`` for other dense problems,
             ``"piqp"`` when a matrix is sparse (fastest in our measurements; see
             :func:`dxopt.qp._forward.default_solver`).
         eps_abs, eps_rel: solver tolerances, mapped to each backend's own settings (daqp is an
@@ -269,6 +290,27 @@ def solve(
         others = (P, A) if G is None else (G,)  # match G's layout, else the problem's
         sparse = any(isinstance(t, Tensor) and t.layout != torch.strided for t in others)
         G, h, k_lb, k_ub = append_bounds(q, G, h, lb, ub, sparse=sparse)
+    # solver="torch" (and "auto" on a GPU or for large batches of tiny problems) keeps dense
+    # inputs on their device and dtype (dxopt.qp._torch_layer); torch.func takes QPFunction
+    if not functorch_active() and _torch_route(solver, backward, P, q, A, G):
+        problem = canonical_problem(P, q, A, b, G, h, check_psd=check_psd, keep_device=True)
+        if warm_start is not None and (
+            not isinstance(warm_start, Tensor) or warm_start.shape[-1] != problem.n
+        ):
+            got = tuple(warm_start.shape) if isinstance(warm_start, Tensor) else type(warm_start)
+            raise ValueError(f"warm_start: expected a tensor (n,) or (B, n), got {got}.")
+        name = default_solver(problem) if solver == "auto" else solver
+        if name == "torch" and problem.size and problem.n:
+            from dxopt.qp._torch_layer import solve_torch  # the device path
+
+            bounds = (
+                None if lb is None and ub is None else (k_lb, k_ub, lb is not None, ub is not None)
+            )
+            return solve_torch(
+                problem, (P, q, A, b, G, h), eps_abs=eps_abs, eps_rel=eps_rel,
+                on_failure=on_failure, solver_options=solver_options, polish=polish,
+                m_user=m_user, bounds=bounds,
+            )  # fmt: skip
     if functorch_active():
         for mat_name, mat in (("P", P), ("A", A), ("G", G)):
             if isinstance(mat, Tensor) and mat.layout != torch.strided and mat.requires_grad:

@@ -225,7 +225,7 @@ def _check_symmetric(
                 "Check the sign of the quadratic term."
             )
         return
-    Pn = P.numpy()
+    Pn = P.cpu().numpy()
     if Pn.ndim == 2 and Pn.shape[0] <= 64:  # small: numpy's calls are cheaper than torch's
         if (Pn == Pn.T).all():
             return
@@ -253,7 +253,8 @@ def _check_psd_dense(P: Tensor, eps: float) -> None:
         _, info = torch.linalg.cholesky_ex(P)  # positive definite: done
         if bool((info != 0).any()):  # semidefinite P passes with a tiny relative shift
             dense_scale = P.abs().amax(dim=(-2, -1)).clamp_min(1.0)
-            shift = (max(1e-10, 10 * n * eps) * dense_scale)[..., None, None] * torch.eye(n)
+            eye = torch.eye(n, device=P.device)
+            shift = (max(1e-10, 10 * n * eps) * dense_scale)[..., None, None] * eye
             _, info = torch.linalg.cholesky_ex(P + shift.to(P.dtype))
         if bool((info != 0).any()):
             evals = torch.linalg.eigvalsh(P)
@@ -286,13 +287,16 @@ def canonical_problem(
     *,
     check_psd: bool = True,
     defer_psd: bool = False,
+    keep_device: bool = False,
 ) -> QPProblem:
     """Validate the inputs and return the canonical float64 CPU :class:`QPProblem`.
 
     ``check_psd``: check that ``P`` is symmetric and positive semidefinite (dense: one
     Cholesky). ``defer_psd=True`` checks the symmetry only; the caller then runs
     :func:`check_psd` itself, or lets daqp's own factorization certify ``P``
-    (:mod:`dxopt.qp._daqp`)."""
+    (:mod:`dxopt.qp._daqp`). ``keep_device=True`` (used only by ``solver="torch"``,
+    :mod:`dxopt.qp._torch_layer`): dense tensors are validated the same way but stay on their
+    device and dtype (detached)."""
     raw = {k: _check_tensor(k, v) for k, v in zip(_NAMES, (P, q, A, b, G, h))}
     if raw["P"] is None or raw["q"] is None:
         raise TypeError("P and q are required: pass tensors of shape (n, n) and (n,).")
@@ -391,7 +395,7 @@ def canonical_problem(
         if v.layout in _SPARSE_LAYOUTS:
             canon[k] = _canonical_sparse(v)
         else:
-            canon[k] = v.detach().to("cpu", torch.float64)
+            canon[k] = v.detach() if keep_device else v.detach().to("cpu", torch.float64)
     eps = float(torch.finfo(dtype).eps)
     csr: dict[str, tuple[sp.csr_matrix, sp.csr_matrix]] = {}
     for k, t in canon.items():

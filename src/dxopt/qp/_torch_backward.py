@@ -40,6 +40,7 @@ from dxopt.qp._torch_solver import (
     TorchQPStatus,
     _check_inputs,
     kkt_solve,
+    small_threads,
     solve_detached,
 )
 from dxopt.qp._types import QPBackwardError
@@ -79,7 +80,8 @@ class TorchQPFunction(torch.autograd.Function):
         options: dict[str, Any],
     ) -> tuple[Tensor, ...]:
         full = _check_inputs(P, q, A, b, G, h)
-        r = solve_detached(*(t.detach() for t in full), **options)
+        opts = {k: v for k, v in options.items() if k != "diagnostics"}
+        r = solve_detached(*(t.detach() for t in full), **opts)
         f = r.factor
         return (
             r.x,
@@ -105,6 +107,7 @@ class TorchQPFunction(torch.autograd.Function):
         L, w_ineq, w_eq, active = output[-4:]
         ctx.mark_non_differentiable(*output[3:])
         ctx.steps = options["refine_steps"]
+        ctx.diagnostics = options.get("diagnostics")
         ctx.present = tuple(t is not None for t in (A, G))
         ctx.shapes = tuple(None if t is None else (t.ndim, t.shape[0]) for t in inputs[:6])
         ctx.f64 = P.dtype == torch.float64
@@ -115,65 +118,80 @@ class TorchQPFunction(torch.autograd.Function):
     def backward(
         ctx: Any, gx: Tensor | None, gy: Tensor | None, gz: Tensor | None, *_unused: Any
     ) -> tuple[Tensor | None, ...]:
-        saved = list(ctx.saved_tensors)
-        x, y, z, status, polished, L, w_ineq, w_eq, active = saved[-9:]
-        ins = iter(saved[:-9])
-        P, q = next(ins), next(ins)
-        A, b = (next(ins), next(ins)) if ctx.present[0] else (None, None)
-        G, h = (next(ins), next(ins)) if ctx.present[1] else (None, None)
-        Pf, _, Af, _, Gf, _ = _check_inputs(P, q, A, b, G, h)
-        gx = torch.zeros_like(x) if gx is None else gx
-        gy = torch.zeros_like(y) if gy is None else gy
-        gz = torch.zeros_like(z) if gz is None else gz
-        used = (gx != 0).any(-1) | (gy != 0).any(-1) | (gz != 0).any(-1)
-        # an unpolished sample's active set is not confirmed by an exact KKT solve: refuse it
-        failed = used & ((status != TorchQPStatus.SOLVED) | ~polished)
-        factor = PenaltyFactor(L=L, w_ineq=w_ineq, w_eq=w_eq, active=active, steps=ctx.steps)
-        u, v, w, res = kkt_solve(factor, Pf, Af, Gf, gx, gy, gz)
-        tol = 1e-10 if ctx.f64 else 1e-4
-        bad = used & ~failed & ~(res <= tol)
-        if bool((failed | bad).any()):
-            idx_f = failed.nonzero().flatten().tolist()
-            idx_b = bad.nonzero().flatten().tolist()
-            raise QPBackwardError(
-                "torch QP backward refused: "
-                + (
-                    f"samples {idx_f} were not solved or not polished onto a verified active "
-                    f"set (status codes {status[failed].tolist()}, see TorchQPStatus; "
-                    f"polished {polished[failed].tolist()}); "
-                    if idx_f
-                    else ""
-                )
-                + (
-                    f"samples {idx_b} have adjoint residual {res[bad].tolist()} > {tol} "
-                    "(degenerate or ill-conditioned KKT system); "
-                    if idx_b
-                    else ""
-                )
-                + "give those samples a zero cotangent, or use dxopt.qp.solve with "
-                "backward=KKTBackward() for a diagnosed fallback"
+        L, w_ineq = ctx.saved_tensors[-4:-2]
+        with small_threads(L.shape[-1], w_ineq.shape[-1], L.device):
+            return _backward(ctx, gx, gy, gz)
+
+
+def _backward(
+    ctx: Any, gx: Tensor | None, gy: Tensor | None, gz: Tensor | None
+) -> tuple[Tensor | None, ...]:
+    """The body of :meth:`TorchQPFunction.backward` (see the module docstring)."""
+    saved = list(ctx.saved_tensors)
+    x, y, z, status, polished, L, w_ineq, w_eq, active = saved[-9:]
+    ins = iter(saved[:-9])
+    P, q = next(ins), next(ins)
+    A, b = (next(ins), next(ins)) if ctx.present[0] else (None, None)
+    G, h = (next(ins), next(ins)) if ctx.present[1] else (None, None)
+    Pf, _, Af, _, Gf, _ = _check_inputs(P, q, A, b, G, h)
+    gx = torch.zeros_like(x) if gx is None else gx
+    gy = torch.zeros_like(y) if gy is None else gy
+    gz = torch.zeros_like(z) if gz is None else gz
+    used = (gx != 0).any(-1) | (gy != 0).any(-1) | (gz != 0).any(-1)
+    # an unpolished sample's active set is not confirmed by an exact KKT solve: refuse it
+    failed = used & ((status != TorchQPStatus.SOLVED) | ~polished)
+    factor = PenaltyFactor(L=L, w_ineq=w_ineq, w_eq=w_eq, active=active, steps=ctx.steps)
+    u, v, w, res = kkt_solve(factor, Pf, Af, Gf, gx, gy, gz)
+    tol = 1e-10 if ctx.f64 else 1e-4
+    bad = used & ~failed & ~(res <= tol)
+    if bool((failed | bad).any()):
+        idx_f = failed.nonzero().flatten().tolist()
+        idx_b = bad.nonzero().flatten().tolist()
+        raise QPBackwardError(
+            "torch QP backward refused: "
+            + (
+                f"samples {idx_f} were not solved or not polished onto a verified active "
+                f"set (status codes {status[failed].tolist()}, see TorchQPStatus; "
+                f"polished {polished[failed].tolist()}); "
+                if idx_f
+                else ""
             )
-        w = w * active
-        need = ctx.needs_input_grad
-        grads: list[Tensor | None] = [None] * 6
+            + (
+                f"samples {idx_b} have adjoint residual {res[bad].tolist()} > {tol} "
+                "(degenerate or ill-conditioned KKT system); "
+                if idx_b
+                else ""
+            )
+            + "give those samples a zero cotangent, or use dxopt.qp.solve with "
+            "backward=KKTBackward() for a diagnosed fallback"
+        )
+    diag = ctx.diagnostics
+    if diag is not None:  # dxopt.qp.solve's BackwardDiagnostics: what this backward did
+        diag.method, diag.linear_solver = "torch", "cholesky (the forward polish's factor)"
+        diag.residual = float(torch.where(used, res, 0.0).amax()) if res.numel() else 0.0
+        diag.refinement_steps = ctx.steps
+        diag.n_active = tuple(active.sum(-1).tolist())
+    w = w * active
+    need = ctx.needs_input_grad
+    grads: list[Tensor | None] = [None] * 6
 
-        def outer(left: Tensor, right: Tensor) -> Tensor:
-            return left.unsqueeze(-1) * right.unsqueeze(-2)
+    def outer(left: Tensor, right: Tensor) -> Tensor:
+        return left.unsqueeze(-1) * right.unsqueeze(-2)
 
-        if need[0]:
-            ux = outer(u, x)
-            grads[0] = -0.5 * (ux + ux.mT)
-        if need[1]:
-            grads[1] = -u
-        if A is not None:
-            grads[2] = -(outer(y, u) + outer(v, x)) if need[2] else None
-            grads[3] = v if need[3] else None
-        if G is not None:
-            grads[4] = -(outer(z, u) + outer(w, x)) if need[4] else None
-            grads[5] = w if need[5] else None
-        inputs = (P, q, A, b, G, h)
-        out = [None if g is None else _reduce(g, inputs[k], _BASE[k]) for k, g in enumerate(grads)]
-        return (*out, None)
+    if need[0]:
+        ux = outer(u, x)
+        grads[0] = -0.5 * (ux + ux.mT)
+    if need[1]:
+        grads[1] = -u
+    if A is not None:
+        grads[2] = -(outer(y, u) + outer(v, x)) if need[2] else None
+        grads[3] = v if need[3] else None
+    if G is not None:
+        grads[4] = -(outer(z, u) + outer(w, x)) if need[4] else None
+        grads[5] = w if need[5] else None
+    inputs = (P, q, A, b, G, h)
+    out = [None if g is None else _reduce(g, inputs[k], _BASE[k]) for k, g in enumerate(grads)]
+    return (*out, None)
 
 
 def torch_qp_differentiable(
@@ -186,9 +204,8 @@ def torch_qp_differentiable(
     **options: Any,
 ) -> TorchQPResult:
     """:func:`dxopt.qp._torch_solver.torch_qp_solve` with gradients through ``x, y, z``."""
-    f64 = P.dtype == torch.float64
     steps = options.get("refine_steps")
-    options = dict(options, refine_steps=steps if steps is not None else (4 if f64 else 8))
+    options = dict(options, refine_steps=steps if steps is not None else 4)
     out: tuple[Tensor, ...] = TorchQPFunction.apply(P, q, A, b, G, h, options)
     x, y, z, slacks, status, iters, pres, dres, polished, L, w_ineq, w_eq, active = out
     factor = PenaltyFactor(

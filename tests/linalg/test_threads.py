@@ -1,0 +1,56 @@
+"""dxopt.linalg.threads.small_work: one intra-op thread for small blocks, restored after."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dxopt.linalg.threads import small_work
+
+
+@pytest.fixture
+def two_threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_caps_small_work_and_restores(two_threads):
+    with small_work(1e3):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == 2
+
+
+def test_large_work_keeps_the_threads(two_threads):
+    with small_work(1e9):
+        assert torch.get_num_threads() == 2
+    with small_work(1e3, limit=0):
+        assert torch.get_num_threads() == 2
+
+
+def test_restores_when_the_block_raises(two_threads):
+    with pytest.raises(RuntimeError, match="boom"), small_work(1.0):
+        raise RuntimeError("boom")
+    assert torch.get_num_threads() == 2
+
+
+@pytest.mark.parametrize(("n", "expected"), [(50, {1}), (257, {2})])
+def test_torch_qp_solver_runs_small_matrices_at_one_thread(two_threads, monkeypatch, n, expected):
+    """The torch QP solver's factorizations see one thread for small batched matrices (n and
+    m at most 256) and the caller's threads for larger ones."""
+    import dxopt.qp._torch_solver as ts
+
+    seen = []
+    chol = ts._chol
+
+    def spy(H):
+        seen.append(torch.get_num_threads())
+        return chol(H)
+
+    monkeypatch.setattr(ts, "_chol", spy)
+    d = torch.float64
+    eye = torch.eye(n, dtype=d)
+    ts.torch_qp_solve(eye, torch.ones(n, dtype=d), G=-eye, h=torch.zeros(n, dtype=d))
+    assert seen and set(seen) == expected
+    assert torch.get_num_threads() == 2
