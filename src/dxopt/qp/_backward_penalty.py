@@ -54,8 +54,16 @@ from torch import Tensor
 from dxopt.qp._active import ActiveSet, compress_rows, gather_rows
 from dxopt.qp._adjoint import AdjointInput, AdjointSolution, kkt_residual
 from dxopt.qp._backward_base import BackwardBase
-from dxopt.qp._backward_kkt import check_residual, dependent_rows_sparse, solve_sparse
+from dxopt.linalg.schur import schur_factor
+from dxopt.qp._backward_kkt import (
+    check_residual,
+    dense_rows,
+    dependent_rows_sparse,
+    schur_refine,
+    solve_sparse,
+)
 from dxopt.qp._degenerate import (
+    DEPENDENT_TOL,
     count_dependent_dense,
     min_norm_dense,
     record_degenerate,
@@ -116,14 +124,16 @@ class PenaltyBackward(BackwardBase):
     def name(self) -> str:
         return "penalty"
 
+    def _beta(self, data: AdjointInput, active: ActiveSet) -> Tensor:
+        if self.beta is None:
+            return torch.clamp(10.0 * active.accuracy, min=self.beta_min)
+        return torch.full((data.x.shape[0],), self.beta, dtype=torch.float64)
+
     def weights(self, data: AdjointInput, active: ActiveSet) -> tuple[Tensor, Tensor, Tensor]:
         """Per-sample β (S,), inequality weights W (S, m) (zero off J) and W_E (S, p)."""
         problem = data.problem
         S = data.x.shape[0]
-        if self.beta is None:
-            beta = torch.clamp(10.0 * active.accuracy, min=self.beta_min)
-        else:
-            beta = torch.full((S,), self.beta, dtype=torch.float64)
+        beta = self._beta(data, active)
         if problem.is_sparse("P"):
             idx, val = problem.P.indices(), problem.P.values()
             c_P = (val[idx[0] == idx[1]].abs().sum() / problem.n).expand(S)
@@ -159,37 +169,12 @@ class PenaltyBackward(BackwardBase):
     ) -> AdjointSolution:
         """Factor the penalty system once, then refine against the exact reduced KKT."""
         problem = data.problem
-        beta, W, W_E = self.weights(data, active)
         if not self.use_sparse(problem):
-            dense = _DenseSolve(data, active, W, W_E)
-            diagnostics.linear_solver, diagnostics.jitter = dense.name, dense.jitter
-            k = dense.index.shape[1]
-            rhs2 = torch.cat([data.grad_ineq.gather(1, dense.index) * dense.mask, data.grad_eq], 1)
-            u, w, residual, steps = dense.refine(
-                data.grad_x, rhs2, data.ok, self.max_refinement, self.refine_tol
-            )
-            dependent = count_dependent_dense(dense.C) * data.ok
-            record_degenerate(diagnostics, dependent, "penalty")
-            degenerate = dependent > 0
-            if bool(degenerate.any()):
-                u_d, w_d, *_ = min_norm_dense(
-                    dense.P[degenerate],
-                    dense.C[degenerate],
-                    data.grad_x[degenerate],
-                    rhs2[degenerate],
-                )
-                u, w = u.clone(), w.clone()
-                u[degenerate], w[degenerate] = u_d, w_d
-            w_ineq = torch.zeros(data.x.shape[0], problem.m, dtype=torch.float64)
-            w_ineq.scatter_(1, dense.index, w[:, :k] * dense.mask)
-            if bool(degenerate.any()):
-                *_, residual = kkt_residual(data, active, u, w_ineq, w[:, k:])
-            return self._finish(
-                data, active, beta, u, w_ineq, w[:, k:], residual, steps, diagnostics
-            )
+            return self._dense_adjoint(data, active, diagnostics)
         dependent = dependent_rows_sparse(data, active.used)
         record_degenerate(diagnostics, dependent, "penalty")
         degenerate = dependent > 0
+        beta, W, W_E = self.weights(data, active)
         regular = replace(data, ok=data.ok & ~degenerate)
         solve = SparsePenaltySolve(regular, active, W, W_E)
         diagnostics.linear_solver, diagnostics.jitter = solve.name, 0.0
@@ -203,6 +188,58 @@ class PenaltyBackward(BackwardBase):
             w_eq = torch.where(col, we_d, w_eq)
         *_, residual = kkt_residual(data, active, u, w_ineq, w_eq)
         return self._finish(data, active, beta, u, w_ineq, w_eq, residual, steps, diagnostics)
+
+    def _dense_adjoint(
+        self, data: AdjointInput, active: ActiveSet, diagnostics: BackwardDiagnostics
+    ) -> AdjointSolution:
+        """Dense batch: block elimination of a positive definite :math:`P`
+        (:mod:`dxopt.linalg.schur`; the regularised Schur complement :math:`S + W^{-1}` for
+        plain dXPP, the exact one when refining, since refinement converges to the exact
+        adjoint either way), else the Cholesky of :math:`H`; dependent rows are read off the
+        factorization and get the minimum-norm adjoint."""
+        problem = data.problem
+        S = data.x.shape[0]
+        rows = dense_rows(data, active.used)
+        factor = schur_factor(rows.P, rows.C)
+        if factor is not None:
+            beta = self._beta(data, active)
+            LS = None
+            if self.max_refinement == 0:  # plain dXPP: the regularised system itself
+                _, W, W_E = self.weights(data, active)
+                D = torch.cat([W.gather(1, rows.index) * rows.mask, W_E], 1)
+                LS = factor.shifted(1.0 / D.clamp_min(1e-300))
+            u, w, residual, steps = schur_refine(
+                rows, factor, data.grad_x, data.ok, self.max_refinement, self.refine_tol, LS
+            )
+            dependent = factor.dependent(DEPENDENT_TOL) * data.ok
+            diagnostics.linear_solver, diagnostics.jitter = "schur", 0.0
+        else:
+            beta, W, W_E = self.weights(data, active)
+            dense = _DenseSolve(data, active, W, W_E)
+            diagnostics.linear_solver, diagnostics.jitter = dense.name, dense.jitter
+            u, w, residual, steps = dense.refine(
+                data.grad_x, rows.rhs2, data.ok, self.max_refinement, self.refine_tol
+            )
+            dependent = count_dependent_dense(dense.C) * data.ok
+        record_degenerate(diagnostics, dependent, "penalty")
+        degenerate = dependent > 0
+        k = rows.k
+        if bool(degenerate.any()):
+            P = rows.P if rows.P.ndim == 3 else rows.P.expand(S, -1, -1)
+            u_d, w_d, *_ = min_norm_dense(
+                P[degenerate],
+                rows.C[degenerate],
+                data.grad_x[degenerate],
+                rows.rhs2[degenerate],
+            )
+            u, w = u.clone(), w.clone()
+            u[degenerate], w[degenerate] = u_d, w_d
+        w_ineq = torch.zeros(S, problem.m, dtype=torch.float64)
+        if k:
+            w_ineq.scatter_(1, rows.index, w[:, :k] * rows.mask)
+        if bool(degenerate.any()):
+            *_, residual = kkt_residual(data, active, u, w_ineq, w[:, k:])
+        return self._finish(data, active, beta, u, w_ineq, w[:, k:], residual, steps, diagnostics)
 
     def _finish(
         self,

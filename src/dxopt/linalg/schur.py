@@ -1,0 +1,161 @@
+"""Batched Schur-complement solves of saddle-point systems with a positive definite block.
+
+The system is
+
+.. math:: \\begin{bmatrix} P & C^\\top \\\\ C & -E \\end{bmatrix}
+    \\begin{bmatrix} u \\\\ w \\end{bmatrix} = \\begin{bmatrix} r_1 \\\\ r_2 \\end{bmatrix},
+    \\qquad P \\succ 0\\ (n\\times n),\\ C\\ (k\\times n),\\ E = \\mathrm{diag}(e) \\succeq 0,
+
+with :math:`E = 0` the reduced KKT matrix and :math:`E = W^{-1}` the quasi-definite penalty
+regularisation. Eliminating :math:`P` first (block :math:`LDL^\\top`; Golub & Van Loan,
+*Matrix Computations*, 4th ed., section 4.4.4 on block elimination and 5.2 on the Cholesky
+factorization):
+
+.. math:: P = LL^\\top,\\quad Y = L^{-1}C^\\top,\\quad S = CP^{-1}C^\\top = Y^\\top Y,\\quad
+    t = L^{-1}r_1,\\quad (S + E)\\,w = Y^\\top t - r_2,\\quad u = L^{-\\top}(t - Yw).
+
+Cost :math:`n^3/3 + n^2k + nk^2 + k^3/3` flops for the factorization (only the lower
+triangle of :math:`S` is formed), :math:`2n^2 + 4nk + 2k^2` per solve, pivot-free and batched
+(``torch.linalg.cholesky_ex`` on ``(B, n, n)`` and ``(B, k, k)``).
+
+**Linear dependence of the rows of C, read off the same factorization.** With
+:math:`s_j = S_{jj} = c_j^\\top P^{-1}c_j` the Cholesky factor of the unit-diagonal
+:math:`\\hat S = D_s^{-1/2} S D_s^{-1/2}` has squared pivots :math:`\\pi_j` equal to the squared
+sine of the angle, in the :math:`P^{-1}` inner product, between row :math:`j` and the span of
+rows :math:`1..j-1`. It is scale-invariant (a row multiplied by any :math:`\\alpha \\ne 0`
+gives the same :math:`\\pi`), so a tiny or huge row norm cannot hide or fake a dependence;
+exactly zero rows (``row_norm == 0``: padding, or an all-zero constraint) are set aside
+explicitly (unit pivot in :math:`\\hat S`, never counted). :math:`\\pi_j <` ``tol`` marks row
+:math:`j` dependent; the :math:`P^{-1}` metric is the one in which the saddle-point solve is
+conditioned, so a row flagged here is one the exact solve cannot resolve to working accuracy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+__all__ = ["SchurFactor", "lower_gram", "schur_factor"]
+
+_BLOCK = 256  # lower_gram: column-block width above which only the lower blocks are formed
+
+
+def lower_gram(Y: Tensor) -> Tensor:
+    """:math:`Y^\\top Y` for ``Y`` of shape ``(B, n, k)``, exact on and below the diagonal.
+
+    For ``k > 256`` the blocks above the diagonal are skipped (about half the flops of a full
+    GEMM, as BLAS ``syrk``); their entries are then unspecified (zero), which is all a
+    lower-triangular Cholesky reads.
+    """
+    k = Y.shape[-1]
+    if k <= _BLOCK:
+        return torch.bmm(Y.mT, Y)
+    out = torch.zeros(*Y.shape[:-2], k, k, dtype=Y.dtype, device=Y.device)
+    for start in range(0, k, _BLOCK):
+        stop = min(start + _BLOCK, k)
+        out[..., start:stop, :stop] = torch.bmm(Y[..., start:stop].mT, Y[..., :stop])
+    return out
+
+
+@dataclass(frozen=True)
+class SchurFactor:
+    """The factorization of :func:`schur_factor` (all tensors batched over the first axis).
+
+    Attributes:
+        L: ``(B, n, n)`` Cholesky factor of ``P``.
+        Y: ``(B, n, k)`` :math:`L^{-1}C^\\top`.
+        S_lower: ``(B, k, k)`` :math:`S = Y^\\top Y`, valid on and below the diagonal.
+        scale: ``(B, k)`` :math:`\\sqrt{S_{jj}}` (1 on zero rows).
+        nonzero: ``(B, k)`` rows of ``C`` that are not exactly zero.
+        LS: ``(B, k, k)`` Cholesky factor of :math:`\\hat S` (with a :math:`10^{-14}` diagonal
+            shift; identity rows for zero rows), or of the scaled :math:`\\hat S + \\hat E`.
+        pivots: ``(B, k)`` squared pivots :math:`\\pi_j` of :math:`\\hat S` (1 on zero rows).
+        info: ``(B,)`` ``cholesky_ex`` status of :math:`\\hat S` (nonzero: the factorization
+            broke down, the rows are dependent to round-off).
+    """
+
+    L: Tensor
+    Y: Tensor
+    S_lower: Tensor
+    scale: Tensor
+    nonzero: Tensor
+    LS: Tensor
+    pivots: Tensor
+    info: Tensor
+
+    def dependent(self, tol: float) -> Tensor:
+        """Per-sample count of nonzero rows with :math:`\\pi_j <` ``tol`` (``(B,)``)."""
+        count = ((self.pivots < tol) & self.nonzero).sum(-1)
+        return torch.where(self.info != 0, count.clamp_min(1), count)
+
+    def shifted(self, e: Tensor) -> Tensor:
+        """Cholesky factor of the scaled :math:`\\hat S + D_s^{-1/2}ED_s^{-1/2}` for the
+        diagonal ``e`` (``(B, k)``, nonnegative; zero rows keep their identity row)."""
+        k = self.scale.shape[-1]
+        S_hat = self.S_lower / (self.scale[..., :, None] * self.scale[..., None, :])
+        diag = torch.where(self.nonzero, (e / self.scale**2).clamp_max(1e200), torch.zeros_like(e))
+        S_hat = S_hat + torch.diag_embed(diag + (~self.nonzero).to(S_hat.dtype))
+        S_hat = S_hat * _offdiag_mask(self.nonzero, k)
+        L, info = torch.linalg.cholesky_ex(S_hat)
+        if bool((info != 0).any()):
+            raise torch.linalg.LinAlgError(
+                "schur: the shifted Schur complement S + E is not positive definite."
+            )
+        return L
+
+    def solve(self, r1: Tensor, r2: Tensor, LS: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Solve the system for ``(B, n)`` and ``(B, k)`` right-hand sides with the factor
+        ``LS`` (default: :math:`E = 0`); rows of ``r2`` on zero rows of ``C`` give
+        :math:`w_j = -r_{2,j}` (identity rows)."""
+        LS = self.LS if LS is None else LS
+        t = torch.linalg.solve_triangular(self.L, r1.unsqueeze(-1), upper=False)
+        rhs = torch.bmm(self.Y.mT, t).squeeze(-1) - r2
+        rhs = torch.where(self.nonzero, rhs / self.scale, -r2)
+        w = torch.cholesky_solve(rhs.unsqueeze(-1), LS).squeeze(-1)
+        w = torch.where(self.nonzero, w / self.scale, w)
+        t = t - torch.bmm(self.Y, w.unsqueeze(-1))
+        u = torch.linalg.solve_triangular(self.L.mT, t, upper=True).squeeze(-1)
+        return u, w
+
+
+def _offdiag_mask(nonzero: Tensor, k: int) -> Tensor:
+    """1 where both rows are nonzero or on the diagonal, 0 elsewhere (``(B, k, k)``)."""
+    both = nonzero[..., :, None] & nonzero[..., None, :]
+    eye = torch.eye(k, dtype=torch.bool, device=nonzero.device)
+    return (both | eye).to(torch.float64)
+
+
+def schur_factor(P: Tensor, C: Tensor, *, shift: float = 1e-14) -> SchurFactor | None:
+    """Factor :math:`[[P, C^\\top], [C, 0]]` by block elimination (module docstring).
+
+    Args:
+        P: ``(B, n, n)``, or ``(n, n)`` shared by the batch (factored once); symmetric, only
+            its lower triangle is read.
+        C: ``(B, k, n)`` constraint rows; all-zero rows are allowed (padding).
+        shift: relative diagonal shift of :math:`\\hat S` (keeps the factorization alive on
+            exactly dependent rows, whose pivots then read about ``shift``).
+
+    Returns:
+        The :class:`SchurFactor`, or ``None`` when the Cholesky factorization of ``P`` fails
+        for some sample (``P`` not numerically positive definite: use a method that does not
+        eliminate ``P``).
+    """
+    L, info = torch.linalg.cholesky_ex(P)
+    if bool((info != 0).any()):
+        return None
+    k = C.shape[-2]
+    if L.ndim == 2:  # P shared by the batch: one factorization
+        L = L.expand(C.shape[0], -1, -1)
+    Y = torch.linalg.solve_triangular(L, C.mT, upper=False)
+    S_lower = lower_gram(Y)
+    s = Y.pow(2).sum(-2)
+    nonzero = (C != 0).any(-1) & (s > 0)
+    scale = torch.where(nonzero, s.sqrt(), torch.ones_like(s))
+    S_hat = S_lower / (scale[..., :, None] * scale[..., None, :])
+    S_hat = S_hat * _offdiag_mask(nonzero, k)
+    S_hat.diagonal(dim1=-2, dim2=-1).copy_(torch.ones_like(s) + shift * nonzero)
+    LS, info = torch.linalg.cholesky_ex(S_hat)
+    pivots = torch.where(nonzero, LS.diagonal(dim1=-2, dim2=-1).pow(2), torch.ones_like(s))
+    return SchurFactor(L, Y, S_lower, scale, nonzero, LS, pivots, info)
