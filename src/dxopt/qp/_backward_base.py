@@ -49,6 +49,7 @@ import numpy as np
 import torch
 
 from dxopt.linalg.sparse import lstsq_saddle
+from dxopt.linalg.threads import small_work
 from dxopt.qp._active import WEAK_POLICIES, ActiveSet, identify_active
 from dxopt.qp._adjoint import AdjointInput, AdjointSolution, kkt_residual
 from dxopt.qp._degenerate import dependent_weak_rows, vertex_rows
@@ -123,7 +124,16 @@ class BackwardBase:
     def solve_adjoint(
         self, data: AdjointInput, diagnostics: BackwardDiagnostics
     ) -> AdjointSolution:
-        """Identify the active set, solve the adjoint, apply the degenerate policy."""
+        """Identify the active set, solve the adjoint, apply the degenerate policy (on one
+        intra-op thread for small problems: :func:`dxopt.linalg.small_work`)."""
+        problem = data.problem
+        size = data.x.shape[0] * problem.n * problem.n * (problem.n + problem.m + problem.p)
+        with small_work(float(size)):
+            return self._solve_adjoint(data, diagnostics)
+
+    def _solve_adjoint(
+        self, data: AdjointInput, diagnostics: BackwardDiagnostics
+    ) -> AdjointSolution:
         active = identify_active(
             data.problem,
             data.x,
@@ -188,7 +198,11 @@ class BackwardBase:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", QPDegenerateWarning)
             out = self._adjoint(data, active, diagnostics)
-        counts = torch.tensor(diagnostics.dependent_rows or (0,) * data.x.shape[0])
+        if not any(diagnostics.dependent_rows or ()):
+            for w in caught:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+            return out
+        counts = torch.tensor(diagnostics.dependent_rows)
         if not bool((counts > 0).any()):
             for w in caught:
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)

@@ -256,7 +256,7 @@ class PenaltyBackward(BackwardBase):
         diagnostics.method = "penalty"
         diagnostics.residual = _max(residual)
         diagnostics.refinement_steps = steps
-        diagnostics.beta = tuple(float(v) for v in beta)
+        diagnostics.beta = tuple(beta.tolist())
         diagnostics.n_active = active.n_active
         diagnostics.n_weak = active.n_weak
         if self.max_refinement > 0:
