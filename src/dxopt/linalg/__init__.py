@@ -18,9 +18,9 @@
 from dxopt.linalg.dense import SPDSolveInfo as SPDSolveInfo
 from dxopt.linalg.dense import spd_solve as spd_solve
 from dxopt.linalg.krylov import KrylovResult as KrylovResult
+from dxopt.linalg.krylov import conjugate_gradient as conjugate_gradient
 from dxopt.linalg.schur import SchurFactor as SchurFactor
 from dxopt.linalg.schur import schur_factor as schur_factor
-from dxopt.linalg.krylov import conjugate_gradient as conjugate_gradient
 from dxopt.linalg.sparse import FactorizationError as FactorizationError
 from dxopt.linalg.sparse import SaddleSolveInfo as SaddleSolveInfo
 from dxopt.linalg.sparse import lstsq_saddle as lstsq_saddle

@@ -2,8 +2,8 @@
 
 Tiny matrices gain nothing from intra-op parallelism and lose to its synchronisation (a
 10 x 10 Cholesky takes about twice as long on 2 torch threads as on one on an idle 2-core
-machine, and far longer when the cores are contended). :func:`small_work` runs a block on one intra-op thread when its
-arithmetic is below a limit and restores the previous setting afterwards (a
+machine, and far longer when the cores are contended). :func:`small_work` runs a block on one
+intra-op thread when its arithmetic is below a limit and restores the previous setting afterwards (a
 ``torch.set_num_threads`` pair costs about a microsecond).
 """
 

@@ -51,10 +51,10 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
+from dxopt.linalg.schur import schur_factor
 from dxopt.qp._active import ActiveSet, compress_rows, gather_rows
 from dxopt.qp._adjoint import AdjointInput, AdjointSolution, kkt_residual
 from dxopt.qp._backward_base import BackwardBase
-from dxopt.linalg.schur import schur_factor
 from dxopt.qp._backward_kkt import (
     check_residual,
     dense_rows,
