@@ -24,10 +24,11 @@ triangle of :math:`S` is formed), :math:`2n^2 + 4nk + 2k^2` per solve, pivot-fre
 sine of the angle, in the :math:`P^{-1}` inner product, between row :math:`j` and the span of
 rows :math:`1..j-1`. It is scale-invariant (a row multiplied by any :math:`\\alpha \\ne 0`
 gives the same :math:`\\pi`), so a tiny or huge row norm cannot hide or fake a dependence;
-exactly zero rows (``row_norm == 0``: padding, or an all-zero constraint) are set aside
-explicitly (unit pivot in :math:`\\hat S`, never counted). :math:`\\pi_j <` ``tol`` marks row
-:math:`j` dependent; the :math:`P^{-1}` metric is the one in which the saddle-point solve is
-conditioned, so a row flagged here is one the exact solve cannot resolve to working accuracy.
+zero rows (padding, or an all-zero constraint: :math:`s_j = 0`, a zero row and column of
+:math:`S`) get a unit diagonal in :math:`\\hat S` and so a unit pivot, never counted.
+:math:`\\pi_j <` ``tol`` marks row :math:`j` dependent; the :math:`P^{-1}` metric is the one
+in which the saddle-point solve is conditioned, so a row flagged here is one the exact solve
+cannot resolve to working accuracy.
 """
 
 from __future__ import annotations
@@ -67,11 +68,12 @@ class SchurFactor:
         L: ``(B, n, n)`` Cholesky factor of ``P``.
         Y: ``(B, n, k)`` :math:`L^{-1}C^\\top`.
         S_lower: ``(B, k, k)`` :math:`S = Y^\\top Y`, valid on and below the diagonal.
-        scale: ``(B, k)`` :math:`\\sqrt{S_{jj}}` (1 on zero rows).
-        nonzero: ``(B, k)`` rows of ``C`` that are not exactly zero.
+        inv_scale: ``(B, k)`` :math:`1/\\sqrt{S_{jj}}` (1 on zero rows).
+        nonzero: ``(B, k)`` rows of ``C`` that are not zero (:math:`S_{jj} > 0`).
         LS: ``(B, k, k)`` Cholesky factor of :math:`\\hat S` (with a :math:`10^{-14}` diagonal
-            shift; identity rows for zero rows), or of the scaled :math:`\\hat S + \\hat E`.
-        pivots: ``(B, k)`` squared pivots :math:`\\pi_j` of :math:`\\hat S` (1 on zero rows).
+            shift; a zero row of ``C`` has a zero row in :math:`S` and gets a unit diagonal).
+        pivots: ``(B, k)`` squared pivots :math:`\\pi_j` of :math:`\\hat S` (about 1 on zero
+            rows).
         info: ``(B,)`` ``cholesky_ex`` status of :math:`\\hat S` (nonzero: the factorization
             broke down, the rows are dependent to round-off).
     """
@@ -79,25 +81,24 @@ class SchurFactor:
     L: Tensor
     Y: Tensor
     S_lower: Tensor
-    scale: Tensor
+    inv_scale: Tensor
     nonzero: Tensor
     LS: Tensor
     pivots: Tensor
     info: Tensor
 
     def dependent(self, tol: float) -> Tensor:
-        """Per-sample count of nonzero rows with :math:`\\pi_j <` ``tol`` (``(B,)``)."""
-        count = ((self.pivots < tol) & self.nonzero).sum(-1)
-        return torch.where(self.info != 0, count.clamp_min(1), count)
+        """Per-sample count of rows with :math:`\\pi_j <` ``tol`` (``(B,)``; at least 1 where
+        the factorization of :math:`\\hat S` broke down)."""
+        return (self.pivots < tol).sum(-1) + (self.info != 0).to(torch.int64)
 
     def shifted(self, e: Tensor) -> Tensor:
         """Cholesky factor of the scaled :math:`\\hat S + D_s^{-1/2}ED_s^{-1/2}` for the
-        diagonal ``e`` (``(B, k)``, nonnegative; zero rows keep their identity row)."""
-        k = self.scale.shape[-1]
-        S_hat = self.S_lower / (self.scale[..., :, None] * self.scale[..., None, :])
-        diag = torch.where(self.nonzero, (e / self.scale**2).clamp_max(1e200), torch.zeros_like(e))
-        S_hat = S_hat + torch.diag_embed(diag + (~self.nonzero).to(S_hat.dtype))
-        S_hat = S_hat * _offdiag_mask(self.nonzero, k)
+        diagonal ``e`` (``(B, k)``, nonnegative; zero rows keep their unit diagonal), the
+        ``LS`` argument of :meth:`solve`."""
+        S_hat = _scaled(self.S_lower, self.inv_scale)
+        diag = torch.where(self.nonzero, (e * self.inv_scale**2).clamp_max(1e200), 0.0)
+        S_hat.diagonal(dim1=-2, dim2=-1).add_(diag)
         L, info = torch.linalg.cholesky_ex(S_hat)
         if bool((info != 0).any()):
             raise torch.linalg.LinAlgError(
@@ -107,24 +108,24 @@ class SchurFactor:
 
     def solve(self, r1: Tensor, r2: Tensor, LS: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """Solve the system for ``(B, n)`` and ``(B, k)`` right-hand sides with the factor
-        ``LS`` (default: :math:`E = 0`); rows of ``r2`` on zero rows of ``C`` give
-        :math:`w_j = -r_{2,j}` (identity rows)."""
-        LS = self.LS if LS is None else LS
+        ``LS`` (default: :math:`E = 0`); a zero row :math:`j` of ``C`` gives
+        :math:`w_j = -r_{2,j}` (its equation :math:`0 = r_{2,j}` is left to the caller's
+        residual check)."""
         t = torch.linalg.solve_triangular(self.L, r1.unsqueeze(-1), upper=False)
-        rhs = torch.bmm(self.Y.mT, t).squeeze(-1) - r2
-        rhs = torch.where(self.nonzero, rhs / self.scale, -r2)
-        w = torch.cholesky_solve(rhs.unsqueeze(-1), LS).squeeze(-1)
-        w = torch.where(self.nonzero, w / self.scale, w)
-        t = t - torch.bmm(self.Y, w.unsqueeze(-1))
-        u = torch.linalg.solve_triangular(self.L.mT, t, upper=True).squeeze(-1)
-        return u, w
+        rhs = torch.baddbmm(r2.unsqueeze(-1), self.Y.mT, t, beta=-1.0)
+        rhs = rhs * self.inv_scale.unsqueeze(-1)
+        w = torch.cholesky_solve(rhs, self.LS if LS is None else LS)
+        w = w * self.inv_scale.unsqueeze(-1)
+        t = torch.baddbmm(t, self.Y, w, alpha=-1.0)
+        u = torch.linalg.solve_triangular(self.L.mT, t, upper=True)
+        return u.squeeze(-1), w.squeeze(-1)
 
 
-def _offdiag_mask(nonzero: Tensor, k: int) -> Tensor:
-    """1 where both rows are nonzero or on the diagonal, 0 elsewhere (``(B, k, k)``)."""
-    both = nonzero[..., :, None] & nonzero[..., None, :]
-    eye = torch.eye(k, dtype=torch.bool, device=nonzero.device)
-    return (both | eye).to(torch.float64)
+def _scaled(S_lower: Tensor, inv_scale: Tensor) -> Tensor:
+    """:math:`D_s^{-1/2}SD_s^{-1/2}` with a unit diagonal (zero rows of S stay zero)."""
+    S_hat = S_lower * inv_scale.unsqueeze(-1) * inv_scale.unsqueeze(-2)
+    S_hat.diagonal(dim1=-2, dim2=-1).fill_(1.0)
+    return S_hat
 
 
 def schur_factor(P: Tensor, C: Tensor, *, shift: float = 1e-14) -> SchurFactor | None:
@@ -143,19 +144,18 @@ def schur_factor(P: Tensor, C: Tensor, *, shift: float = 1e-14) -> SchurFactor |
         eliminate ``P``).
     """
     L, info = torch.linalg.cholesky_ex(P)
-    if bool((info != 0).any()):
+    if bool(info.any()):
         return None
-    k = C.shape[-2]
     if L.ndim == 2:  # P shared by the batch: one factorization
         L = L.expand(C.shape[0], -1, -1)
     Y = torch.linalg.solve_triangular(L, C.mT, upper=False)
     S_lower = lower_gram(Y)
-    s = Y.pow(2).sum(-2)
-    nonzero = (C != 0).any(-1) & (s > 0)
-    scale = torch.where(nonzero, s.sqrt(), torch.ones_like(s))
-    S_hat = S_lower / (scale[..., :, None] * scale[..., None, :])
-    S_hat = S_hat * _offdiag_mask(nonzero, k)
-    S_hat.diagonal(dim1=-2, dim2=-1).copy_(torch.ones_like(s) + shift * nonzero)
+    s = S_lower.diagonal(dim1=-2, dim2=-1)
+    nonzero = s > 0
+    inv_scale = torch.where(nonzero, s, 1.0).rsqrt()
+    S_hat = _scaled(S_lower, inv_scale)
+    if shift:
+        S_hat.diagonal(dim1=-2, dim2=-1).add_(shift)
     LS, info = torch.linalg.cholesky_ex(S_hat)
-    pivots = torch.where(nonzero, LS.diagonal(dim1=-2, dim2=-1).pow(2), torch.ones_like(s))
-    return SchurFactor(L, Y, S_lower, scale, nonzero, LS, pivots, info)
+    pivots = LS.diagonal(dim1=-2, dim2=-1).pow(2)
+    return SchurFactor(L, Y, S_lower, inv_scale, nonzero, LS, pivots, info)

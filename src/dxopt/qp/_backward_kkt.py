@@ -38,7 +38,7 @@ from dxopt.qp._types import BackwardDiagnostics, QPBackwardError
 
 _PIVOT_RATIO = 1e-10  # LU pivots below this (relative) trigger the dependent-row test
 _KKT_STEPS = 5  # refinement steps of the (exact) Schur solve against K
-_KKT_TOL = 1e-14
+_KKT_TOL = 1e-13
 
 __all__ = [
     "DenseRows",
@@ -105,6 +105,7 @@ class KKTBackward(BackwardBase):
         self, data: AdjointInput, active: ActiveSet, diagnostics: BackwardDiagnostics
     ) -> AdjointSolution:
         """Solve the adjoint system for every sample (see module docstring)."""
+        residual: Tensor | None = None
         if self.use_sparse(data.problem):
             u, w_ineq, w_eq, dependent = solve_sparse(data, active.used)
             diagnostics.linear_solver = "splu"
@@ -112,13 +113,14 @@ class KKTBackward(BackwardBase):
             rows = dense_rows(data, active.used)
             factor = schur_factor(rows.P, rows.C)
             if factor is not None:  # P positive definite: block elimination of P
-                u, w_ineq, w_eq, dependent = _solve_schur(data, rows, factor)
+                u, w_ineq, w_eq, dependent, residual = _solve_schur(data, rows, factor)
                 diagnostics.linear_solver = "schur"
             else:
                 u, w_ineq, w_eq, dependent = _solve_dense(data, active.used)
                 diagnostics.linear_solver = "lu"
         record_degenerate(diagnostics, dependent, "kkt")
-        *_, residual = kkt_residual(data, active, u, w_ineq, w_eq)
+        if residual is None:
+            *_, residual = kkt_residual(data, active, u, w_ineq, w_eq)
         diagnostics.method = "kkt"
         diagnostics.residual = float(residual.max()) if residual.numel() else 0.0
         diagnostics.n_active = active.n_active
@@ -185,36 +187,37 @@ def schur_refine(
     refinement against the exact matrix. Returns ``(u, w, relative residual, steps)``."""
     P, C, rhs2 = rows.P, rows.C, rows.rhs2
     norm = (grad_x.pow(2).sum(-1) + rhs2.pow(2).sum(-1)).sqrt().clamp_min(1e-300)
-    u = torch.zeros_like(grad_x)
-    w = torch.zeros_like(rhs2)
-    r1, r2 = grad_x, rhs2
+    u, w = factor.solve(grad_x, rhs2, LS)
     steps, best = 0, float("inf")
     while True:
-        du, dw = factor.solve(r1, r2, LS)
-        u, w = u + du, w + dw
         Pu = u @ P if P.ndim == 2 else torch.bmm(P, u.unsqueeze(-1)).squeeze(-1)
         r1 = grad_x - Pu - torch.bmm(w.unsqueeze(-2), C).squeeze(-2)
         r2 = rhs2 - torch.bmm(C, u.unsqueeze(-1)).squeeze(-1)
         rel = (r1.pow(2).sum(-1) + r2.pow(2).sum(-1)).sqrt() / norm
-        rel = torch.where(ok, rel, torch.zeros_like(rel))
+        rel = torch.where(ok, rel, 0.0)
         worst = float(rel.max()) if rel.numel() else 0.0
         # stop at the tolerance, at the step limit, or once round-off stalls the refinement
         if steps >= max_steps or worst <= tol or (worst > 0.5 * best and worst < 1e-12):
             return u, w, rel, steps
         best = min(best, worst)
+        du, dw = factor.solve(r1, r2, LS)
+        u, w = u + du, w + dw
         steps += 1
 
 
 def _solve_schur(
     data: AdjointInput, rows: DenseRows, factor: SchurFactor
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None]:
     """Exact adjoint by block elimination of :math:`P` (:mod:`dxopt.linalg.schur`); samples
-    whose rows the factorization reads as dependent get the minimum-norm adjoint."""
+    whose rows the factorization reads as dependent get the minimum-norm adjoint. Returns
+    ``(u, w_J, w_E, dependent row counts, relative residual or None if not final)``."""
     S, m = data.x.shape[0], data.problem.m
     dependent = factor.dependent(DEPENDENT_TOL) * data.ok
-    u, w, _, _ = schur_refine(rows, factor, data.grad_x, data.ok, _KKT_STEPS, _KKT_TOL)
+    u, w, residual, _ = schur_refine(rows, factor, data.grad_x, data.ok, _KKT_STEPS, _KKT_TOL)
     degenerate = dependent > 0
+    final: Tensor | None = residual
     if bool(degenerate.any()):
+        final = None
         P = rows.P if rows.P.ndim == 3 else rows.P.expand(S, -1, -1)
         u_d, w_d, *_ = min_norm_dense(
             P[degenerate], rows.C[degenerate], data.grad_x[degenerate], rows.rhs2[degenerate]
@@ -225,7 +228,7 @@ def _solve_schur(
     w_ineq = torch.zeros(S, m, dtype=torch.float64)
     if k:
         w_ineq.scatter_(1, rows.index, w[:, :k] * rows.mask)
-    return u, w_ineq, w[:, k:], dependent
+    return u, w_ineq, w[:, k:], dependent, final
 
 
 def _solve_dense(data: AdjointInput, used: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
