@@ -111,3 +111,31 @@ def test_duplicated_row_at_any_scale_is_dependent_and_exact(backward: str, alpha
     torch.testing.assert_close(
         got["h"][:-1][~base.active], torch.zeros(int((~base.active).sum()), dtype=F64)
     )
+
+
+@pytest.mark.parametrize(("eig", "seed"), [(1e-15, 4), (0.0, 4), (0.0, 5)])
+@pytest.mark.parametrize("backward", ["penalty", "kkt"])
+def test_nearly_singular_P_pinned_by_its_active_row_stays_exact(
+    backward: str, eig: float, seed: int
+) -> None:
+    """P with an eigenvalue 1e-15 or 0 whose eigenvector is an active row: K is well
+    conditioned but P is (numerically) singular, so its Cholesky fails (seed 4, eig 0: the
+    LU / penalty-H fallback) or succeeds with a round-off pivot (seed 5); either way the
+    gradient must be the exact one."""
+    gen = torch.Generator().manual_seed(seed)
+    n = 8
+    Q, _ = torch.linalg.qr(torch.randn(n, n, generator=gen, dtype=F64))
+    P = Q @ torch.diag(torch.cat([torch.linspace(1.0, 2.0, n - 1, dtype=F64),
+                                  torch.tensor([eig], dtype=F64)])) @ Q.T  # fmt: skip
+    P = 0.5 * (P + P.T)
+    G = torch.cat([Q[:, -1:].T, torch.randn(3, n, generator=gen, dtype=F64)])
+    x = torch.randn(n, generator=gen, dtype=F64)
+    nu = torch.tensor([2.0, 0.0, 0.0, 0.0], dtype=F64)
+    active = nu > 0
+    h = G @ x + torch.where(active, 0.0, 1.0)
+    data = QPData(P, -(P @ x) - G.T @ nu, None, None, G, h, x, None, nu, active)
+    grad_x = torch.randn(n, generator=gen, dtype=F64)
+    got, _ = _grads(data, backward, grad_x)
+    ref = kkt_gradients(data, grad_x)
+    for name in ("q", "G", "h"):
+        assert relative_error(got[name], ref[name]) <= 1e-6, name

@@ -92,29 +92,15 @@ class SchurFactor:
         the factorization of :math:`\\hat S` broke down)."""
         return (self.pivots < tol).sum(-1) + (self.info != 0).to(torch.int64)
 
-    def shifted(self, e: Tensor) -> Tensor:
-        """Cholesky factor of the scaled :math:`\\hat S + D_s^{-1/2}ED_s^{-1/2}` for the
-        diagonal ``e`` (``(B, k)``, nonnegative; zero rows keep their unit diagonal), the
-        ``LS`` argument of :meth:`solve`."""
-        S_hat = _scaled(self.S_lower, self.inv_scale)
-        diag = torch.where(self.nonzero, (e * self.inv_scale**2).clamp_max(1e200), 0.0)
-        S_hat.diagonal(dim1=-2, dim2=-1).add_(diag)
-        L, info = torch.linalg.cholesky_ex(S_hat)
-        if bool((info != 0).any()):
-            raise torch.linalg.LinAlgError(
-                "schur: the shifted Schur complement S + E is not positive definite."
-            )
-        return L
-
-    def solve(self, r1: Tensor, r2: Tensor, LS: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """Solve the system for ``(B, n)`` and ``(B, k)`` right-hand sides with the factor
-        ``LS`` (default: :math:`E = 0`); a zero row :math:`j` of ``C`` gives
+    def solve(self, r1: Tensor, r2: Tensor) -> tuple[Tensor, Tensor]:
+        """Solve the reduced KKT system (:math:`E = 0`) for ``(B, n)`` and ``(B, k)``
+        right-hand sides; a zero row :math:`j` of ``C`` gives
         :math:`w_j = -r_{2,j}` (its equation :math:`0 = r_{2,j}` is left to the caller's
         residual check)."""
         t = torch.linalg.solve_triangular(self.L, r1.unsqueeze(-1), upper=False)
         rhs = torch.baddbmm(r2.unsqueeze(-1), self.Y.mT, t, beta=-1.0)
         rhs = rhs * self.inv_scale.unsqueeze(-1)
-        w = torch.cholesky_solve(rhs, self.LS if LS is None else LS)
+        w = torch.cholesky_solve(rhs, self.LS)
         w = w * self.inv_scale.unsqueeze(-1)
         t = torch.baddbmm(t, self.Y, w, alpha=-1.0)
         u = torch.linalg.solve_triangular(self.L.mT, t, upper=True)

@@ -3,12 +3,24 @@
 Solves :math:`K[u; w_J; w_E] = [\\bar x; \\bar\\nu_J; \\bar\\mu]` with
 :math:`K = [[P, G_J^\\top, A^\\top], [G_J, 0, 0], [A, 0, 0]]` (Amos & Kolter, OptNet,
 arXiv 1703.00443; Magoon et al., dQP, arXiv 2410.06324). Dense problems are solved for the whole
-batch at once: the inactive rows of each sample are masked out by replacing them with identity
-rows, so one batched LU (``torch.linalg.solve_ex``) handles per-sample active sets. Sparse
-problems build the symmetric indefinite :math:`K` in scipy and factor it with SuperLU per sample.
-Samples whose active rows are linearly dependent (LICQ fails, :math:`K` singular) are detected
-first and get the minimum-norm multiplier adjoint of :mod:`dxopt.qp._degenerate`, the same
-choice as :class:`~dxopt.qp.PenaltyBackward` makes.
+batch at once, the active rows of each sample compressed to the front (padding rows zero):
+
+- :math:`P` positive definite (its batched Cholesky succeeds, and the refinement converges):
+  block elimination of :math:`P`
+  (:func:`dxopt.linalg.schur_factor`: Cholesky of :math:`P`, :math:`Y = L^{-1}C^\\top` and the
+  Cholesky of the :math:`k\\times k` Schur complement :math:`CP^{-1}C^\\top`, then iterative
+  refinement against :math:`K`), about :math:`n^3/3 + n^2k + nk^2 + k^3/3` flops instead of the
+  :math:`2(n + k)^3/3` of an LU of :math:`K`. Linear dependence of the active rows is read off
+  the Schur complement's Cholesky (scale-invariant squared pivots, :mod:`dxopt.linalg.schur`),
+  so no separate Gram test runs.
+- otherwise one batched LU of :math:`K` (``torch.linalg.lu_factor_ex``; inactive rows replaced by
+  identity rows), with the exact Gram test (:func:`~dxopt.qp._degenerate.count_dependent_dense`)
+  on the samples whose LU pivots look singular.
+
+Sparse problems build the symmetric indefinite :math:`K` in scipy and factor it with SuperLU per
+sample. Samples whose active rows are linearly dependent (LICQ fails, :math:`K` singular) get the
+minimum-norm multiplier adjoint of :mod:`dxopt.qp._degenerate`, the same choice as
+:class:`~dxopt.qp.PenaltyBackward` makes.
 """
 
 from __future__ import annotations
@@ -115,9 +127,14 @@ class KKTBackward(BackwardBase):
             if factor is not None:  # P positive definite: block elimination of P
                 u, w_ineq, w_eq, dependent, residual = _solve_schur(data, rows, factor)
                 diagnostics.linear_solver = "schur"
-            else:
+                # a Cholesky of a nearly singular P can be too inaccurate for the refinement
+                # to converge: then the LU of K decides
+                if residual is not None and bool((residual > self.max_residual).any()):
+                    factor = None
+            if factor is None:
                 u, w_ineq, w_eq, dependent = _solve_dense(data, active.used)
                 diagnostics.linear_solver = "lu"
+                residual = None
         record_degenerate(diagnostics, dependent, "kkt")
         if residual is None:
             *_, residual = kkt_residual(data, active, u, w_ineq, w_eq)
@@ -180,14 +197,12 @@ def schur_refine(
     ok: Tensor,
     max_steps: int,
     tol: float,
-    LS: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, int]:
-    """Solve :math:`[[P, C^\top], [C, 0]][u; w] = [\bar x; r_2]` with the Schur factor
-    (``LS``: the factor of a regularised :math:`S + E`, else the exact one) and iterative
-    refinement against the exact matrix. Returns ``(u, w, relative residual, steps)``."""
+    """Solve :math:`[[P, C^\\top], [C, 0]][u; w] = [\\bar x; r_2]` with the Schur factor and
+    iterative refinement against the exact matrix. Returns ``(u, w, relative residual, steps)``."""
     P, C, rhs2 = rows.P, rows.C, rows.rhs2
     norm = (grad_x.pow(2).sum(-1) + rhs2.pow(2).sum(-1)).sqrt().clamp_min(1e-300)
-    u, w = factor.solve(grad_x, rhs2, LS)
+    u, w = factor.solve(grad_x, rhs2)
     steps, best = 0, float("inf")
     while True:
         Pu = u @ P if P.ndim == 2 else torch.bmm(P, u.unsqueeze(-1)).squeeze(-1)
@@ -200,7 +215,7 @@ def schur_refine(
         if steps >= max_steps or worst <= tol or (worst > 0.5 * best and worst < 1e-12):
             return u, w, rel, steps
         best = min(best, worst)
-        du, dw = factor.solve(r1, r2, LS)
+        du, dw = factor.solve(r1, r2)
         u, w = u + du, w + dw
         steps += 1
 

@@ -36,8 +36,16 @@ reduced KKT. Beyond the reference:
   :math:`W^{-1}`-weighted multiplier adjoint; such samples instead get the minimum-norm one of
   :mod:`dxopt.qp._degenerate`, identical to :class:`~dxopt.qp.KKTBackward`'s.
 - **Weakly active rows** follow ``weak_policy`` (see :mod:`dxopt.qp._active`).
-- Dense problems: one batched Cholesky (``torch.linalg.cholesky_ex`` on (B, n, n)), with a
-  reported jitter if it fails. Sparse problems: the equality rows are kept *exactly* in the
+- Dense problems with a positive definite :math:`P`, refined (``max_refinement > 0``): the
+  refinement converges to the exact reduced-KKT adjoint whatever the preconditioner, so the
+  regularisation :math:`W^{-1}` is taken to 0 and the exact block elimination of :math:`P`
+  serves (:func:`dxopt.linalg.schur_factor`: Cholesky of :math:`P` and of the
+  :math:`k\\times k` Schur complement :math:`CP^{-1}C^\\top`); the refinement typically
+  stops after the first solve, and the linear dependence of the active rows is read off the
+  same factorization. Otherwise (``P`` singular or too ill-conditioned for the refinement to
+  converge, or plain dXPP with ``max_refinement=0``) one batched Cholesky of :math:`H`
+  (``torch.linalg.cholesky_ex`` on (B, n, n)), with a reported jitter if it fails, and the
+  Gram test for dependent rows. Sparse problems: the equality rows are kept *exactly* in the
   saddle-point matrix :math:`[[P + G_J^\\top W G_J, A^\\top], [A, 0]]` (the :math:`W_E \\to \\infty`
   limit), factored by SuperLU with partial pivoting: a dense row such as :math:`1^\\top x = 1`
   neither fills :math:`H` nor slows the refinement (its penalty curvature would be spread over
@@ -192,28 +200,27 @@ class PenaltyBackward(BackwardBase):
     def _dense_adjoint(
         self, data: AdjointInput, active: ActiveSet, diagnostics: BackwardDiagnostics
     ) -> AdjointSolution:
-        """Dense batch: block elimination of a positive definite :math:`P`
-        (:mod:`dxopt.linalg.schur`; the regularised Schur complement :math:`S + W^{-1}` for
-        plain dXPP, the exact one when refining, since refinement converges to the exact
-        adjoint either way), else the Cholesky of :math:`H`; dependent rows are read off the
-        factorization and get the minimum-norm adjoint."""
+        """Dense batch: block elimination of a positive definite :math:`P` with refinement
+        (:mod:`dxopt.linalg.schur`), else the Cholesky of :math:`H` (module docstring);
+        dependent rows get the minimum-norm adjoint."""
         problem = data.problem
         S = data.x.shape[0]
         rows = dense_rows(data, active.used)
-        factor = schur_factor(rows.P, rows.C)
+        # plain dXPP (no refinement) keeps the penalty matrix H itself
+        factor = schur_factor(rows.P, rows.C) if self.max_refinement > 0 else None
+        solved = None
         if factor is not None:
-            beta = self._beta(data, active)
-            LS = None
-            if self.max_refinement == 0:  # plain dXPP: the regularised system itself
-                _, W, W_E = self.weights(data, active)
-                D = torch.cat([W.gather(1, rows.index) * rows.mask, W_E], 1)
-                LS = factor.shifted(1.0 / D.clamp_min(1e-300))
             u, w, residual, steps = schur_refine(
-                rows, factor, data.grad_x, data.ok, self.max_refinement, self.refine_tol, LS
+                rows, factor, data.grad_x, data.ok, self.max_refinement, self.refine_tol
             )
             dependent = factor.dependent(DEPENDENT_TOL) * data.ok
-            diagnostics.linear_solver, diagnostics.jitter = "schur", 0.0
-        else:
+            # a Cholesky of a nearly singular P can be too inaccurate for the refinement to
+            # converge: then the penalty matrix H (better conditioned) is factored instead
+            if not bool((residual[dependent == 0] > self.max_residual).any()):
+                solved = (u, w, residual, steps, dependent)
+                beta = self._beta(data, active)
+                diagnostics.linear_solver, diagnostics.jitter = "schur", 0.0
+        if solved is None:
             beta, W, W_E = self.weights(data, active)
             dense = _DenseSolve(data, active, W, W_E)
             diagnostics.linear_solver, diagnostics.jitter = dense.name, dense.jitter
@@ -221,6 +228,8 @@ class PenaltyBackward(BackwardBase):
                 data.grad_x, rows.rhs2, data.ok, self.max_refinement, self.refine_tol
             )
             dependent = count_dependent_dense(dense.C) * data.ok
+        else:
+            u, w, residual, steps, dependent = solved
         record_degenerate(diagnostics, dependent, "penalty")
         degenerate = dependent > 0
         k = rows.k
