@@ -201,14 +201,14 @@ def schur_refine(
     """Solve :math:`[[P, C^\\top], [C, 0]][u; w] = [\\bar x; r_2]` with the Schur factor and
     iterative refinement against the exact matrix. Returns ``(u, w, relative residual, steps)``."""
     P, C, rhs2 = rows.P, rows.C, rows.rhs2
-    norm = (grad_x.pow(2).sum(-1) + rhs2.pow(2).sum(-1)).sqrt().clamp_min(1e-300)
+    norm = torch.linalg.vector_norm(torch.cat([grad_x, rhs2], -1), dim=-1).clamp_min(1e-300)
     u, w = factor.solve(grad_x, rhs2)
     steps, best = 0, float("inf")
     while True:
         Pu = u @ P if P.ndim == 2 else torch.bmm(P, u.unsqueeze(-1)).squeeze(-1)
         r1 = grad_x - Pu - torch.bmm(w.unsqueeze(-2), C).squeeze(-2)
         r2 = rhs2 - torch.bmm(C, u.unsqueeze(-1)).squeeze(-1)
-        rel = (r1.pow(2).sum(-1) + r2.pow(2).sum(-1)).sqrt() / norm
+        rel = torch.linalg.vector_norm(torch.cat([r1, r2], -1), dim=-1) / norm
         rel = torch.where(ok, rel, 0.0)
         worst = float(rel.max()) if rel.numel() else 0.0
         # stop at the tolerance, at the step limit, or once round-off stalls the refinement

@@ -216,7 +216,7 @@ class PenaltyBackward(BackwardBase):
             dependent = factor.dependent(DEPENDENT_TOL) * data.ok
             # a Cholesky of a nearly singular P can be too inaccurate for the refinement to
             # converge: then the penalty matrix H (better conditioned) is factored instead
-            if not bool((residual[dependent == 0] > self.max_residual).any()):
+            if not bool(((residual > self.max_residual) & (dependent == 0)).any()):
                 solved = (u, w, residual, steps, dependent)
                 beta = self._beta(data, active)
                 diagnostics.linear_solver, diagnostics.jitter = "schur", 0.0
