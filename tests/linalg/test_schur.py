@@ -111,3 +111,39 @@ def test_small_work_uses_one_thread_and_restores() -> None:
             assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("k", [30, 410])
+def test_large_single_system_lapack_path_equals_the_torch_path(
+    k: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One system with n >= 400 goes through scipy's LAPACK (dpotrf/dtrsm/dsyrk): same
+    factorization, solves and dependence read-out as the batched torch kernels."""
+    import dxopt.linalg.schur as schur
+
+    gen = torch.Generator().manual_seed(8)
+    n = 420
+    P = _pd(1, n, 9)[0]
+    C = torch.randn(1, k, n, generator=gen, dtype=F64)
+    C[0, -1] = 3.0 * C[0, 0]  # one dependent row
+    r1, r2 = (
+        torch.randn(1, n, generator=gen, dtype=F64),
+        torch.randn(1, k, generator=gen, dtype=F64),
+    )
+    assert schur._use_lapack(P, C)
+    big = schur_factor(P, C)
+    monkeypatch.setattr(schur, "_LAPACK_MIN", 10**9)
+    assert not schur._use_lapack(P, C)
+    ref = schur_factor(P, C)
+    assert big is not None and ref is not None
+    assert big.dependent(1e-10).tolist() == ref.dependent(1e-10).tolist() == [1]
+    torch.testing.assert_close(big.L.tril(), ref.L[0].tril()[None], rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(big.S_lower.tril(), ref.S_lower.tril(), rtol=1e-9, atol=1e-9)
+    C_ok = C[:, :-1]
+    monkeypatch.setattr(schur, "_LAPACK_MIN", 400)
+    big = schur_factor(P, C_ok)
+    assert big is not None and big.dependent(1e-10).tolist() == [0]
+    u, w = big.solve(r1, r2[:, :-1])
+    u_ref, w_ref = _dense_solve(P[None], C_ok, r1, r2[:, :-1])
+    scale = float(torch.cat([u_ref, w_ref], -1).norm())
+    assert float(torch.cat([u - u_ref, w - w_ref], -1).norm()) <= 1e-8 * scale

@@ -33,7 +33,10 @@ cannot resolve to working accuracy.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -41,6 +44,7 @@ from torch import Tensor
 __all__ = ["SchurFactor", "lower_gram", "schur_factor"]
 
 _BLOCK = 256  # lower_gram: column-block width above which only the lower blocks are formed
+_LAPACK_MIN = 400  # one system with n (and k) from this size: scipy's LAPACK (see _cholesky)
 
 
 def lower_gram(Y: Tensor) -> Tensor:
@@ -129,19 +133,76 @@ def schur_factor(P: Tensor, C: Tensor, *, shift: float = 1e-14) -> SchurFactor |
         for some sample (``P`` not numerically positive definite: use a method that does not
         eliminate ``P``).
     """
-    L, info = torch.linalg.cholesky_ex(P)
-    if bool(info.any()):
-        return None
-    if L.ndim == 2:  # P shared by the batch: one factorization
-        L = L.expand(C.shape[0], -1, -1)
-    Y = torch.linalg.solve_triangular(L, C.mT, upper=False)
-    S_lower = lower_gram(Y)
-    s = S_lower.diagonal(dim1=-2, dim2=-1)
-    nonzero = s > 0
-    inv_scale = torch.where(nonzero, s, 1.0).rsqrt()
-    S_hat = _scaled(S_lower, inv_scale)
-    if shift:
-        S_hat.diagonal(dim1=-2, dim2=-1).add_(shift)
-    LS, info = torch.linalg.cholesky_ex(S_hat)
+    big = _use_lapack(P, C)
+    with _blas_threads(big):
+        L, info = _cholesky(P[None] if big and P.ndim == 2 else P, big)
+        if bool(info.any()):
+            return None
+        if L.ndim == 2:  # P shared by the batch: one factorization
+            L = L.expand(C.shape[0], -1, -1)
+        if big:
+            Y = torch.from_numpy(_blas().dtrsm(1.0, L[0].numpy(), C[0].numpy().T, lower=1))[None]
+            S_lower = torch.from_numpy(_blas().dsyrk(1.0, Y[0].numpy(), trans=1, lower=1))[None]
+        else:
+            Y = torch.linalg.solve_triangular(L, C.mT, upper=False)
+            S_lower = lower_gram(Y)
+        s = S_lower.diagonal(dim1=-2, dim2=-1)
+        nonzero = s > 0
+        inv_scale = torch.where(nonzero, s, 1.0).rsqrt()
+        S_hat = _scaled(S_lower, inv_scale)
+        if shift:
+            S_hat.diagonal(dim1=-2, dim2=-1).add_(shift)
+        LS, info = _cholesky(S_hat, big and S_hat.shape[-1] >= _LAPACK_MIN)
     pivots = LS.diagonal(dim1=-2, dim2=-1).pow(2)
     return SchurFactor(L, Y, S_lower, inv_scale, nonzero, LS, pivots, info)
+
+
+def _use_lapack(P: Tensor, C: Tensor) -> bool:
+    """One large float64 CPU system, with thread control available (see :func:`_cholesky`)."""
+    return (
+        C.shape[0] == 1
+        and P.shape[-1] >= _LAPACK_MIN
+        and P.device.type == "cpu"
+        and P.dtype == C.dtype == torch.float64
+        and _threadpool_limits() is not None
+    )
+
+
+def _threadpool_limits() -> Any:
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # pragma: no cover - threadpoolctl ships with scipy's usual installs
+        return None
+    return threadpool_limits
+
+
+def _blas() -> Any:
+    from scipy.linalg import blas
+
+    return blas
+
+
+@contextmanager
+def _blas_threads(active: bool) -> Iterator[None]:
+    """scipy's BLAS limited to torch's intra-op thread count (no oversubscription)."""
+    if not active:
+        yield
+        return
+    with _threadpool_limits()(limits=torch.get_num_threads(), user_api="blas"):
+        yield
+
+
+def _cholesky(A: Tensor, lapack: bool) -> tuple[Tensor, Tensor]:
+    """Lower Cholesky factor and status of ``A`` (``(B, m, m)``), as ``cholesky_ex``.
+
+    ``lapack=True`` (one large matrix) calls scipy's LAPACK ``dpotrf`` (with ``dtrsm`` and
+    ``dsyrk`` for the rest of the factorization): scipy's bundled OpenBLAS measured about 1.7x
+    faster than torch's build for these kernels on the project's AMD EPYC machines (n = 1000,
+    one thread), and ``dsyrk`` forms only the lower triangle.
+    """
+    if not lapack:
+        return torch.linalg.cholesky_ex(A)
+    from scipy.linalg import lapack as lp
+
+    L, info = lp.dpotrf(A[0].numpy(), lower=1, clean=1)
+    return torch.from_numpy(L)[None], torch.tensor([int(info)], dtype=torch.int32)
