@@ -183,6 +183,8 @@ def section(rows: list[dict[str, Any]], info: dict[str, Any], load: tuple[float,
             "",
             markdown_table(rows, COLUMNS),
             "",
+            "![dense backward](benchmarks/qp_speed/results/dense.png)",
+            "",
         ]
     )
 
