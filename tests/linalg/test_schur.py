@@ -121,6 +121,7 @@ def test_large_single_system_lapack_path_equals_the_torch_path(
     factorization, solves and dependence read-out as the batched torch kernels."""
     import dxopt.linalg.schur as schur
 
+    pytest.importorskip("threadpoolctl")  # the thread control the LAPACK path needs
     gen = torch.Generator().manual_seed(8)
     n = 420
     P = _pd(1, n, 9)[0]

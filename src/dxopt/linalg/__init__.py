@@ -10,7 +10,7 @@
   residual reported; :func:`lstsq_saddle` the Moore-Penrose fallback; :func:`splu` the one
   SuperLU wrapper (errors mapped to :class:`FactorizationError`).
 - :func:`schur_factor`: batched block elimination of a positive definite :math:`P` in
-  :math:`[[P, C^\\top], [C, -E]]` (Cholesky of :math:`P` and of the Schur complement
+  :math:`[[P, C^\\top], [C, 0]]` (Cholesky of :math:`P` and of the Schur complement
   :math:`CP^{-1}C^\\top`), with the linear dependence of the rows of :math:`C` read off it.
 - :func:`small_work`: one intra-op thread for small arithmetic (no oversubscription).
 """

@@ -1,22 +1,22 @@
 """Batched Schur-complement solves of saddle-point systems with a positive definite block.
 
-The system is
+The system is the reduced KKT system
 
-.. math:: \\begin{bmatrix} P & C^\\top \\\\ C & -E \\end{bmatrix}
+.. math:: \\begin{bmatrix} P & C^\\top \\\\ C & 0 \\end{bmatrix}
     \\begin{bmatrix} u \\\\ w \\end{bmatrix} = \\begin{bmatrix} r_1 \\\\ r_2 \\end{bmatrix},
-    \\qquad P \\succ 0\\ (n\\times n),\\ C\\ (k\\times n),\\ E = \\mathrm{diag}(e) \\succeq 0,
+    \\qquad P \\succ 0\\ (n\\times n),\\ C\\ (k\\times n).
 
-with :math:`E = 0` the reduced KKT matrix and :math:`E = W^{-1}` the quasi-definite penalty
-regularisation. Eliminating :math:`P` first (block :math:`LDL^\\top`; Golub & Van Loan,
-*Matrix Computations*, 4th ed., section 4.4.4 on block elimination and 5.2 on the Cholesky
-factorization):
+Eliminating :math:`P` first (block elimination with Cholesky factors, a block
+:math:`LDL^\\top`; Golub & Van Loan, *Matrix Computations*, 4th ed., chapter 4):
 
 .. math:: P = LL^\\top,\\quad Y = L^{-1}C^\\top,\\quad S = CP^{-1}C^\\top = Y^\\top Y,\\quad
-    t = L^{-1}r_1,\\quad (S + E)\\,w = Y^\\top t - r_2,\\quad u = L^{-\\top}(t - Yw).
+    t = L^{-1}r_1,\\quad Sw = Y^\\top t - r_2,\\quad u = L^{-\\top}(t - Yw).
 
 Cost :math:`n^3/3 + n^2k + nk^2 + k^3/3` flops for the factorization (only the lower
 triangle of :math:`S` is formed), :math:`2n^2 + 4nk + 2k^2` per solve, pivot-free and batched
-(``torch.linalg.cholesky_ex`` on ``(B, n, n)`` and ``(B, k, k)``).
+(``torch.linalg.cholesky_ex`` on ``(B, n, n)`` and ``(B, k, k)``; one large float64 system on
+a machine where torch's MKL runs on an AMD CPU goes through scipy's LAPACK instead, see
+:func:`_cholesky`).
 
 **Linear dependence of the rows of C, read off the same factorization.** With
 :math:`s_j = S_{jj} = c_j^\\top P^{-1}c_j` the Cholesky factor of the unit-diagonal
