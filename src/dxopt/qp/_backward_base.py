@@ -60,6 +60,7 @@ __all__ = ["DEGENERATE_POLICIES", "BackwardBase", "pseudo_inverse_adjoint"]
 
 DEGENERATE_POLICIES = ("auto", "min_norm", "vertex", "raise")
 _NORMAL_LIMIT = 1e-9  # relative residual of the normal equations accepted for K^+ r
+_SMALL_SAMPLE = 2e7  # n^2 (n + m + p) per sample below which the backward runs on one thread
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -125,10 +126,12 @@ class BackwardBase:
         self, data: AdjointInput, diagnostics: BackwardDiagnostics
     ) -> AdjointSolution:
         """Identify the active set, solve the adjoint, apply the degenerate policy (on one
-        intra-op thread for small problems: :func:`dxopt.linalg.small_work`)."""
+        intra-op thread when each sample is small, :func:`dxopt.linalg.small_work`: batched
+        small factorizations gain nothing from intra-op threads and lose badly to
+        oversubscription on a loaded machine)."""
         problem = data.problem
-        size = data.x.shape[0] * problem.n * problem.n * (problem.n + problem.m + problem.p)
-        with small_work(float(size)):
+        per_sample = problem.n * problem.n * (problem.n + problem.m + problem.p)
+        with small_work(float(per_sample), limit=_SMALL_SAMPLE):
             return self._solve_adjoint(data, diagnostics)
 
     def _solve_adjoint(
