@@ -9,26 +9,36 @@
   by a quasi-definite regularised factorization plus refinement, dense or scipy sparse, with the
   residual reported; :func:`lstsq_saddle` the Moore-Penrose fallback; :func:`splu` the one
   SuperLU wrapper (errors mapped to :class:`FactorizationError`).
+- :func:`schur_factor`: batched block elimination of a positive definite :math:`P` in
+  :math:`[[P, C^\\top], [C, 0]]` (Cholesky of :math:`P` and of the Schur complement
+  :math:`CP^{-1}C^\\top`), with the linear dependence of the rows of :math:`C` read off it.
+- :func:`small_work`: one intra-op thread for small arithmetic (no oversubscription).
 """
 
 from dxopt.linalg.dense import SPDSolveInfo as SPDSolveInfo
 from dxopt.linalg.dense import spd_solve as spd_solve
 from dxopt.linalg.krylov import KrylovResult as KrylovResult
 from dxopt.linalg.krylov import conjugate_gradient as conjugate_gradient
+from dxopt.linalg.schur import SchurFactor as SchurFactor
+from dxopt.linalg.schur import schur_factor as schur_factor
 from dxopt.linalg.sparse import FactorizationError as FactorizationError
 from dxopt.linalg.sparse import SaddleSolveInfo as SaddleSolveInfo
 from dxopt.linalg.sparse import lstsq_saddle as lstsq_saddle
 from dxopt.linalg.sparse import saddle_solve as saddle_solve
 from dxopt.linalg.sparse import splu as splu
+from dxopt.linalg.threads import small_work as small_work
 
 __all__ = [
     "FactorizationError",
     "KrylovResult",
     "SPDSolveInfo",
     "SaddleSolveInfo",
+    "SchurFactor",
     "conjugate_gradient",
     "lstsq_saddle",
     "saddle_solve",
+    "schur_factor",
+    "small_work",
     "spd_solve",
     "splu",
 ]

@@ -54,6 +54,7 @@ import numpy as np
 import torch
 
 from dxopt.linalg.sparse import lstsq_saddle
+from dxopt.linalg.threads import small_work
 from dxopt.qp._active import WEAK_POLICIES, ActiveSet, identify_active
 from dxopt.qp._adjoint import AdjointInput, AdjointSolution, kkt_residual
 from dxopt.qp._degenerate import dependent_weak_rows, vertex_rows
@@ -64,6 +65,7 @@ __all__ = ["DEGENERATE_POLICIES", "BackwardBase", "pseudo_inverse_adjoint"]
 
 DEGENERATE_POLICIES = ("auto", "min_norm", "vertex", "raise")
 _NORMAL_LIMIT = 1e-9  # relative residual of the normal equations accepted for K^+ r
+_SMALL_SAMPLE = 2e7  # n^2 (n + m + p) per sample below which the backward runs on one thread
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -128,7 +130,18 @@ class BackwardBase:
     def solve_adjoint(
         self, data: AdjointInput, diagnostics: BackwardDiagnostics
     ) -> AdjointSolution:
-        """Identify the active set, solve the adjoint, apply the degenerate policy."""
+        """Identify the active set, solve the adjoint, apply the degenerate policy (on one
+        intra-op thread when each sample is small, :func:`dxopt.linalg.small_work`: batched
+        small factorizations gain nothing from intra-op threads and lose badly to
+        oversubscription on a loaded machine)."""
+        problem = data.problem
+        per_sample = problem.n * problem.n * (problem.n + problem.m + problem.p)
+        with small_work(float(per_sample), limit=_SMALL_SAMPLE):
+            return self._solve_adjoint(data, diagnostics)
+
+    def _solve_adjoint(
+        self, data: AdjointInput, diagnostics: BackwardDiagnostics
+    ) -> AdjointSolution:
         active = identify_active(
             data.problem,
             data.x,
@@ -199,8 +212,12 @@ class BackwardBase:
                 # the minimum-norm adjoint can fail its residual check where the dependent
                 # rows leave K badly conditioned; the vertex's independent rows may not
                 failed = err
+        if failed is None and not any(diagnostics.dependent_rows or ()):
+            for w in caught:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+            return out
         if failed is None:
-            counts = torch.tensor(diagnostics.dependent_rows or (0,) * data.x.shape[0])
+            counts = torch.tensor(diagnostics.dependent_rows)
         else:
             from dxopt.qp._backward_kkt import dependent_rows_sparse
 

@@ -3,12 +3,24 @@
 Solves :math:`K[u; w_J; w_E] = [\\bar x; \\bar\\nu_J; \\bar\\mu]` with
 :math:`K = [[P, G_J^\\top, A^\\top], [G_J, 0, 0], [A, 0, 0]]` (Amos & Kolter, OptNet,
 arXiv 1703.00443; Magoon et al., dQP, arXiv 2410.06324). Dense problems are solved for the whole
-batch at once: the inactive rows of each sample are masked out by replacing them with identity
-rows, so one batched LU (``torch.linalg.solve_ex``) handles per-sample active sets. Sparse
-problems build the symmetric indefinite :math:`K` in scipy and factor it with SuperLU per sample.
-Samples whose active rows are linearly dependent (LICQ fails, :math:`K` singular) are detected
-first and get the minimum-norm multiplier adjoint of :mod:`dxopt.qp._degenerate`, the same
-choice as :class:`~dxopt.qp.PenaltyBackward` makes.
+batch at once, the active rows of each sample compressed to the front (padding rows zero):
+
+- :math:`P` positive definite (its batched Cholesky succeeds, and the refinement converges):
+  block elimination of :math:`P`
+  (:func:`dxopt.linalg.schur_factor`: Cholesky of :math:`P`, :math:`Y = L^{-1}C^\\top` and the
+  Cholesky of the :math:`k\\times k` Schur complement :math:`CP^{-1}C^\\top`, then iterative
+  refinement against :math:`K`), about :math:`n^3/3 + n^2k + nk^2 + k^3/3` flops instead of the
+  :math:`2(n + k)^3/3` of an LU of :math:`K`. Linear dependence of the active rows is read off
+  the Schur complement's Cholesky (scale-invariant squared pivots, :mod:`dxopt.linalg.schur`),
+  so no separate Gram test runs.
+- otherwise one batched LU of :math:`K` (``torch.linalg.lu_factor_ex``; inactive rows replaced by
+  identity rows), with the exact Gram test (:func:`~dxopt.qp._degenerate.count_dependent_dense`)
+  on the samples whose LU pivots look singular.
+
+Sparse problems build the symmetric indefinite :math:`K` in scipy and factor it with SuperLU per
+sample. Samples whose active rows are linearly dependent (LICQ fails, :math:`K` singular) get the
+minimum-norm multiplier adjoint of :mod:`dxopt.qp._degenerate`, the same choice as
+:class:`~dxopt.qp.PenaltyBackward` makes.
 """
 
 from __future__ import annotations
@@ -20,11 +32,13 @@ import scipy.sparse as sp
 import torch
 from torch import Tensor
 
+from dxopt.linalg.schur import SchurFactor, schur_factor
 from dxopt.linalg.sparse import FactorizationError, splu
 from dxopt.qp._active import ActiveSet, compress_rows, gather_rows
 from dxopt.qp._adjoint import AdjointInput, AdjointSolution, kkt_residual
 from dxopt.qp._backward_base import BackwardBase
 from dxopt.qp._degenerate import (
+    DEPENDENT_TOL,
     count_dependent_dense,
     count_dependent_sparse,
     min_norm_dense,
@@ -35,12 +49,17 @@ from dxopt.qp._problem import QPProblem
 from dxopt.qp._types import BackwardDiagnostics, QPBackwardError
 
 _PIVOT_RATIO = 1e-10  # LU pivots below this (relative) trigger the dependent-row test
+_KKT_STEPS = 5  # refinement steps of the (exact) Schur solve against K
+_KKT_TOL = 1e-13
 
 __all__ = [
+    "DenseRows",
     "KKTBackward",
     "active_rows_sparse",
     "check_residual",
+    "dense_rows",
     "dependent_rows_sparse",
+    "schur_refine",
     "scipy_matrix",
     "solve_sparse",
 ]
@@ -98,20 +117,133 @@ class KKTBackward(BackwardBase):
         self, data: AdjointInput, active: ActiveSet, diagnostics: BackwardDiagnostics
     ) -> AdjointSolution:
         """Solve the adjoint system for every sample (see module docstring)."""
+        residual: Tensor | None = None
         if self.use_sparse(data.problem):
             u, w_ineq, w_eq, dependent = solve_sparse(data, active.used)
             diagnostics.linear_solver = "splu"
         else:
-            u, w_ineq, w_eq, dependent = _solve_dense(data, active.used)
-            diagnostics.linear_solver = "lu"
+            rows = dense_rows(data, active.used)
+            factor = schur_factor(rows.P, rows.C)
+            if factor is not None:  # P positive definite: block elimination of P
+                u, w_ineq, w_eq, dependent, residual = _solve_schur(data, rows, factor)
+                diagnostics.linear_solver = "schur"
+                # a Cholesky of a nearly singular P can be too inaccurate for the refinement
+                # to converge: then the LU of K decides
+                if residual is not None and bool((residual > self.max_residual).any()):
+                    factor = None
+            if factor is None:
+                u, w_ineq, w_eq, dependent = _solve_dense(data, active.used)
+                diagnostics.linear_solver = "lu"
+                residual = None
         record_degenerate(diagnostics, dependent, "kkt")
-        *_, residual = kkt_residual(data, active, u, w_ineq, w_eq)
+        if residual is None:
+            *_, residual = kkt_residual(data, active, u, w_ineq, w_eq)
         diagnostics.method = "kkt"
         diagnostics.residual = float(residual.max()) if residual.numel() else 0.0
         diagnostics.n_active = active.n_active
         diagnostics.n_weak = active.n_weak
         check_residual(residual, self.max_residual, "kkt backward")
         return AdjointSolution(u, w_ineq, w_eq, active, residual)
+
+
+@dataclass(frozen=True)
+class DenseRows:
+    """The dense adjoint system of a batch: ``C`` (S, k + p, n) stacks each sample's used
+    inequality rows (``index``/``mask`` from :func:`~dxopt.qp._active.compress_rows`, padding
+    rows zero) and the equality rows; ``P`` is (n, n) when shared by the batch and every
+    sample is solved, else (S, n, n) with the identity on failed samples; ``rhs2`` (S, k + p)
+    the matching multiplier cotangents."""
+
+    index: Tensor
+    mask: Tensor
+    C: Tensor
+    P: Tensor
+    rhs2: Tensor
+
+    @property
+    def k(self) -> int:
+        return self.index.shape[1]
+
+
+def dense_rows(data: AdjointInput, used: Tensor) -> DenseRows:
+    """Assemble :class:`DenseRows` (failed samples get zero rows and the identity ``P``)."""
+    problem = data.problem
+    S, n = data.x.shape[0], problem.n
+    index, mask = compress_rows(used)
+    rowmask = (mask & data.ok[:, None]).to(torch.float64)
+    blocks = []
+    rhs = []
+    if problem.G is not None:
+        blocks.append(gather_rows(problem.G, index) * rowmask[..., None])
+        rhs.append(data.grad_ineq.gather(1, index) * rowmask)
+    if problem.A is not None:
+        A = problem.A if problem.A.ndim == 3 else problem.A.expand(S, -1, -1)
+        if not bool(data.ok.all()):
+            A = A * data.ok[:, None, None].to(torch.float64)
+        blocks.append(A)
+        rhs.append(data.grad_eq)
+    C = torch.cat(blocks, 1) if blocks else torch.zeros(S, 0, n, dtype=torch.float64)
+    rhs2 = torch.cat(rhs, 1) if rhs else torch.zeros(S, 0, dtype=torch.float64)
+    P = problem.P
+    if P.ndim == 3 and not bool(data.ok.all()):
+        P = torch.where(data.ok[:, None, None], P, torch.eye(n, dtype=torch.float64))
+    return DenseRows(index, mask, C, P, rhs2)
+
+
+def schur_refine(
+    rows: DenseRows,
+    factor: SchurFactor,
+    grad_x: Tensor,
+    ok: Tensor,
+    max_steps: int,
+    tol: float,
+) -> tuple[Tensor, Tensor, Tensor, int]:
+    """Solve :math:`[[P, C^\\top], [C, 0]][u; w] = [\\bar x; r_2]` with the Schur factor and
+    iterative refinement against the exact matrix. Returns ``(u, w, relative residual, steps)``."""
+    P, C, rhs2 = rows.P, rows.C, rows.rhs2
+    norm = torch.linalg.vector_norm(torch.cat([grad_x, rhs2], -1), dim=-1).clamp_min(1e-300)
+    u, w = factor.solve(grad_x, rhs2)
+    steps, best = 0, float("inf")
+    while True:
+        Pu = u @ P if P.ndim == 2 else torch.bmm(P, u.unsqueeze(-1)).squeeze(-1)
+        r1 = grad_x - Pu - torch.bmm(w.unsqueeze(-2), C).squeeze(-2)
+        r2 = rhs2 - torch.bmm(C, u.unsqueeze(-1)).squeeze(-1)
+        rel = torch.linalg.vector_norm(torch.cat([r1, r2], -1), dim=-1) / norm
+        rel = torch.where(ok, rel, 0.0)
+        worst = float(rel.max()) if rel.numel() else 0.0
+        # stop at the tolerance, at the step limit, or once round-off stalls the refinement
+        if steps >= max_steps or worst <= tol or (worst > 0.5 * best and worst < 1e-12):
+            return u, w, rel, steps
+        best = min(best, worst)
+        du, dw = factor.solve(r1, r2)
+        u, w = u + du, w + dw
+        steps += 1
+
+
+def _solve_schur(
+    data: AdjointInput, rows: DenseRows, factor: SchurFactor
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None]:
+    """Exact adjoint by block elimination of :math:`P` (:mod:`dxopt.linalg.schur`); samples
+    whose rows the factorization reads as dependent get the minimum-norm adjoint. Returns
+    ``(u, w_J, w_E, dependent row counts, relative residual or None if not final)``."""
+    S, m = data.x.shape[0], data.problem.m
+    dependent = factor.dependent(DEPENDENT_TOL) * data.ok
+    u, w, residual, _ = schur_refine(rows, factor, data.grad_x, data.ok, _KKT_STEPS, _KKT_TOL)
+    degenerate = dependent > 0
+    final: Tensor | None = residual
+    if bool(degenerate.any()):
+        final = None
+        P = rows.P if rows.P.ndim == 3 else rows.P.expand(S, -1, -1)
+        u_d, w_d, *_ = min_norm_dense(
+            P[degenerate], rows.C[degenerate], data.grad_x[degenerate], rows.rhs2[degenerate]
+        )
+        u, w = u.clone(), w.clone()
+        u[degenerate], w[degenerate] = u_d, w_d
+    k = rows.k
+    w_ineq = torch.zeros(S, m, dtype=torch.float64)
+    if k:
+        w_ineq.scatter_(1, rows.index, w[:, :k] * rows.mask)
+    return u, w_ineq, w[:, k:], dependent, final
 
 
 def _solve_dense(data: AdjointInput, used: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:

@@ -36,8 +36,16 @@ reduced KKT. Beyond the reference:
   :math:`W^{-1}`-weighted multiplier adjoint; such samples instead get the minimum-norm one of
   :mod:`dxopt.qp._degenerate`, identical to :class:`~dxopt.qp.KKTBackward`'s.
 - **Weakly active rows** follow ``weak_policy`` (see :mod:`dxopt.qp._active`).
-- Dense problems: one batched Cholesky (``torch.linalg.cholesky_ex`` on (B, n, n)), with a
-  reported jitter if it fails. Sparse problems: the equality rows are kept *exactly* in the
+- Dense problems with a positive definite :math:`P`, refined (``max_refinement > 0``): the
+  refinement converges to the exact reduced-KKT adjoint whatever the preconditioner, so the
+  regularisation :math:`W^{-1}` is taken to 0 and the exact block elimination of :math:`P`
+  serves (:func:`dxopt.linalg.schur_factor`: Cholesky of :math:`P` and of the
+  :math:`k\\times k` Schur complement :math:`CP^{-1}C^\\top`); the refinement typically
+  stops after the first solve, and the linear dependence of the active rows is read off the
+  same factorization. Otherwise (``P`` singular or too ill-conditioned for the refinement to
+  converge, or plain dXPP with ``max_refinement=0``) one batched Cholesky of :math:`H`
+  (``torch.linalg.cholesky_ex`` on (B, n, n)), with a reported jitter if it fails, and the
+  Gram test for dependent rows. Sparse problems: the equality rows are kept *exactly* in the
   saddle-point matrix :math:`[[P + G_J^\\top W G_J, A^\\top], [A, 0]]` (the :math:`W_E \\to \\infty`
   limit), factored by SuperLU with partial pivoting: a dense row such as :math:`1^\\top x = 1`
   neither fills :math:`H` nor slows the refinement (its penalty curvature would be spread over
@@ -51,11 +59,19 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
+from dxopt.linalg.schur import schur_factor
 from dxopt.qp._active import ActiveSet, compress_rows, gather_rows
 from dxopt.qp._adjoint import AdjointInput, AdjointSolution, kkt_residual
 from dxopt.qp._backward_base import BackwardBase
-from dxopt.qp._backward_kkt import check_residual, dependent_rows_sparse, solve_sparse
+from dxopt.qp._backward_kkt import (
+    check_residual,
+    dense_rows,
+    dependent_rows_sparse,
+    schur_refine,
+    solve_sparse,
+)
 from dxopt.qp._degenerate import (
+    DEPENDENT_TOL,
     count_dependent_dense,
     min_norm_dense,
     record_degenerate,
@@ -116,14 +132,16 @@ class PenaltyBackward(BackwardBase):
     def name(self) -> str:
         return "penalty"
 
+    def _beta(self, data: AdjointInput, active: ActiveSet) -> Tensor:
+        if self.beta is None:
+            return torch.clamp(10.0 * active.accuracy, min=self.beta_min)
+        return torch.full((data.x.shape[0],), self.beta, dtype=torch.float64)
+
     def weights(self, data: AdjointInput, active: ActiveSet) -> tuple[Tensor, Tensor, Tensor]:
         """Per-sample β (S,), inequality weights W (S, m) (zero off J) and W_E (S, p)."""
         problem = data.problem
         S = data.x.shape[0]
-        if self.beta is None:
-            beta = torch.clamp(10.0 * active.accuracy, min=self.beta_min)
-        else:
-            beta = torch.full((S,), self.beta, dtype=torch.float64)
+        beta = self._beta(data, active)
         if problem.is_sparse("P"):
             idx, val = problem.P.indices(), problem.P.values()
             c_P = (val[idx[0] == idx[1]].abs().sum() / problem.n).expand(S)
@@ -159,37 +177,12 @@ class PenaltyBackward(BackwardBase):
     ) -> AdjointSolution:
         """Factor the penalty system once, then refine against the exact reduced KKT."""
         problem = data.problem
-        beta, W, W_E = self.weights(data, active)
         if not self.use_sparse(problem):
-            dense = _DenseSolve(data, active, W, W_E)
-            diagnostics.linear_solver, diagnostics.jitter = dense.name, dense.jitter
-            k = dense.index.shape[1]
-            rhs2 = torch.cat([data.grad_ineq.gather(1, dense.index) * dense.mask, data.grad_eq], 1)
-            u, w, residual, steps = dense.refine(
-                data.grad_x, rhs2, data.ok, self.max_refinement, self.refine_tol
-            )
-            dependent = count_dependent_dense(dense.C) * data.ok
-            record_degenerate(diagnostics, dependent, "penalty")
-            degenerate = dependent > 0
-            if bool(degenerate.any()):
-                u_d, w_d, *_ = min_norm_dense(
-                    dense.P[degenerate],
-                    dense.C[degenerate],
-                    data.grad_x[degenerate],
-                    rhs2[degenerate],
-                )
-                u, w = u.clone(), w.clone()
-                u[degenerate], w[degenerate] = u_d, w_d
-            w_ineq = torch.zeros(data.x.shape[0], problem.m, dtype=torch.float64)
-            w_ineq.scatter_(1, dense.index, w[:, :k] * dense.mask)
-            if bool(degenerate.any()):
-                *_, residual = kkt_residual(data, active, u, w_ineq, w[:, k:])
-            return self._finish(
-                data, active, beta, u, w_ineq, w[:, k:], residual, steps, diagnostics
-            )
+            return self._dense_adjoint(data, active, diagnostics)
         dependent = dependent_rows_sparse(data, active.used)
         record_degenerate(diagnostics, dependent, "penalty")
         degenerate = dependent > 0
+        beta, W, W_E = self.weights(data, active)
         regular = replace(data, ok=data.ok & ~degenerate)
         solve = SparsePenaltySolve(regular, active, W, W_E)
         diagnostics.linear_solver, diagnostics.jitter = solve.name, 0.0
@@ -203,6 +196,59 @@ class PenaltyBackward(BackwardBase):
             w_eq = torch.where(col, we_d, w_eq)
         *_, residual = kkt_residual(data, active, u, w_ineq, w_eq)
         return self._finish(data, active, beta, u, w_ineq, w_eq, residual, steps, diagnostics)
+
+    def _dense_adjoint(
+        self, data: AdjointInput, active: ActiveSet, diagnostics: BackwardDiagnostics
+    ) -> AdjointSolution:
+        """Dense batch: block elimination of a positive definite :math:`P` with refinement
+        (:mod:`dxopt.linalg.schur`), else the Cholesky of :math:`H` (module docstring);
+        dependent rows get the minimum-norm adjoint."""
+        problem = data.problem
+        S = data.x.shape[0]
+        rows = dense_rows(data, active.used)
+        # plain dXPP (no refinement) keeps the penalty matrix H itself
+        factor = schur_factor(rows.P, rows.C) if self.max_refinement > 0 else None
+        solved = None
+        if factor is not None:
+            u, w, residual, steps = schur_refine(
+                rows, factor, data.grad_x, data.ok, self.max_refinement, self.refine_tol
+            )
+            dependent = factor.dependent(DEPENDENT_TOL) * data.ok
+            # a Cholesky of a nearly singular P can be too inaccurate for the refinement to
+            # converge: then the penalty matrix H (better conditioned) is factored instead
+            if not bool(((residual > self.max_residual) & (dependent == 0)).any()):
+                solved = (u, w, residual, steps, dependent)
+                beta = self._beta(data, active)
+                diagnostics.linear_solver, diagnostics.jitter = "schur", 0.0
+        if solved is None:
+            beta, W, W_E = self.weights(data, active)
+            dense = _DenseSolve(data, active, W, W_E)
+            diagnostics.linear_solver, diagnostics.jitter = dense.name, dense.jitter
+            u, w, residual, steps = dense.refine(
+                data.grad_x, rows.rhs2, data.ok, self.max_refinement, self.refine_tol
+            )
+            dependent = count_dependent_dense(dense.C) * data.ok
+        else:
+            u, w, residual, steps, dependent = solved
+        record_degenerate(diagnostics, dependent, "penalty")
+        degenerate = dependent > 0
+        k = rows.k
+        if bool(degenerate.any()):
+            P = rows.P if rows.P.ndim == 3 else rows.P.expand(S, -1, -1)
+            u_d, w_d, *_ = min_norm_dense(
+                P[degenerate],
+                rows.C[degenerate],
+                data.grad_x[degenerate],
+                rows.rhs2[degenerate],
+            )
+            u, w = u.clone(), w.clone()
+            u[degenerate], w[degenerate] = u_d, w_d
+        w_ineq = torch.zeros(S, problem.m, dtype=torch.float64)
+        if k:
+            w_ineq.scatter_(1, rows.index, w[:, :k] * rows.mask)
+        if bool(degenerate.any()):
+            *_, residual = kkt_residual(data, active, u, w_ineq, w[:, k:])
+        return self._finish(data, active, beta, u, w_ineq, w[:, k:], residual, steps, diagnostics)
 
     def _finish(
         self,
@@ -219,7 +265,7 @@ class PenaltyBackward(BackwardBase):
         diagnostics.method = "penalty"
         diagnostics.residual = _max(residual)
         diagnostics.refinement_steps = steps
-        diagnostics.beta = tuple(float(v) for v in beta)
+        diagnostics.beta = tuple(beta.tolist())
         diagnostics.n_active = active.n_active
         diagnostics.n_weak = active.n_weak
         if self.max_refinement > 0:

@@ -217,8 +217,8 @@ def min_norm_sparse(P: sp.spmatrix, C: sp.csr_matrix, rhs: np.ndarray) -> np.nda
 
 def record_degenerate(diagnostics: BackwardDiagnostics, counts: Tensor, method: str) -> None:
     """Store the per-sample dependent-row counts and warn (:class:`QPDegenerateWarning`)."""
-    diagnostics.dependent_rows = tuple(int(c) for c in counts)
-    diagnostics.licq = not bool((counts > 0).any())
+    diagnostics.dependent_rows = tuple(counts.tolist())
+    diagnostics.licq = not any(diagnostics.dependent_rows)
     if not diagnostics.licq:
         bad = torch.nonzero(counts > 0).flatten().tolist()
         warnings.warn(

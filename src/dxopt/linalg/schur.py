@@ -1,0 +1,224 @@
+"""Batched Schur-complement solves of saddle-point systems with a positive definite block.
+
+The system is the reduced KKT system
+
+.. math:: \\begin{bmatrix} P & C^\\top \\\\ C & 0 \\end{bmatrix}
+    \\begin{bmatrix} u \\\\ w \\end{bmatrix} = \\begin{bmatrix} r_1 \\\\ r_2 \\end{bmatrix},
+    \\qquad P \\succ 0\\ (n\\times n),\\ C\\ (k\\times n).
+
+Eliminating :math:`P` first (block elimination with Cholesky factors, a block
+:math:`LDL^\\top`; Golub & Van Loan, *Matrix Computations*, 4th ed., chapter 4):
+
+.. math:: P = LL^\\top,\\quad Y = L^{-1}C^\\top,\\quad S = CP^{-1}C^\\top = Y^\\top Y,\\quad
+    t = L^{-1}r_1,\\quad Sw = Y^\\top t - r_2,\\quad u = L^{-\\top}(t - Yw).
+
+Cost :math:`n^3/3 + n^2k + nk^2 + k^3/3` flops for the factorization (only the lower
+triangle of :math:`S` is formed), :math:`2n^2 + 4nk + 2k^2` per solve, pivot-free and batched
+(``torch.linalg.cholesky_ex`` on ``(B, n, n)`` and ``(B, k, k)``; one large float64 system on
+a machine where torch's MKL runs on an AMD CPU goes through scipy's LAPACK instead, see
+:func:`_cholesky`).
+
+**Linear dependence of the rows of C, read off the same factorization.** With
+:math:`s_j = S_{jj} = c_j^\\top P^{-1}c_j` the Cholesky factor of the unit-diagonal
+:math:`\\hat S = D_s^{-1/2} S D_s^{-1/2}` has squared pivots :math:`\\pi_j` equal to the squared
+sine of the angle, in the :math:`P^{-1}` inner product, between row :math:`j` and the span of
+rows :math:`1..j-1`. It is scale-invariant (a row multiplied by any :math:`\\alpha \\ne 0`
+gives the same :math:`\\pi`), so a tiny or huge row norm cannot hide or fake a dependence;
+zero rows (padding, or an all-zero constraint: :math:`s_j = 0`, a zero row and column of
+:math:`S`) get a unit diagonal in :math:`\\hat S` and so a unit pivot, never counted.
+:math:`\\pi_j <` ``tol`` marks row :math:`j` dependent; the :math:`P^{-1}` metric is the one
+in which the saddle-point solve is conditioned, so a row flagged here is one the exact solve
+cannot resolve to working accuracy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = ["SchurFactor", "lower_gram", "schur_factor"]
+
+_BLOCK = 256  # lower_gram: column-block width above which only the lower blocks are formed
+_LAPACK_MIN = 400  # one system with n (and k) from this size: scipy's LAPACK (see _cholesky)
+
+
+def lower_gram(Y: Tensor) -> Tensor:
+    """:math:`Y^\\top Y` for ``Y`` of shape ``(B, n, k)``, exact on and below the diagonal.
+
+    For ``k > 256`` the blocks above the diagonal are skipped (about half the flops of a full
+    GEMM, as BLAS ``syrk``); their entries are then unspecified (zero), which is all a
+    lower-triangular Cholesky reads.
+    """
+    k = Y.shape[-1]
+    if k <= _BLOCK:
+        return torch.bmm(Y.mT, Y)
+    out = torch.zeros(*Y.shape[:-2], k, k, dtype=Y.dtype, device=Y.device)
+    for start in range(0, k, _BLOCK):
+        stop = min(start + _BLOCK, k)
+        out[..., start:stop, :stop] = torch.bmm(Y[..., start:stop].mT, Y[..., :stop])
+    return out
+
+
+@dataclass(frozen=True)
+class SchurFactor:
+    """The factorization of :func:`schur_factor` (all tensors batched over the first axis).
+
+    Attributes:
+        L: ``(B, n, n)`` Cholesky factor of ``P``.
+        Y: ``(B, n, k)`` :math:`L^{-1}C^\\top`.
+        S_lower: ``(B, k, k)`` :math:`S = Y^\\top Y`, valid on and below the diagonal.
+        inv_scale: ``(B, k)`` :math:`1/\\sqrt{S_{jj}}` (1 on zero rows).
+        nonzero: ``(B, k)`` rows of ``C`` that are not zero (:math:`S_{jj} > 0`).
+        LS: ``(B, k, k)`` Cholesky factor of :math:`\\hat S` (with a :math:`10^{-14}` diagonal
+            shift; a zero row of ``C`` has a zero row in :math:`S` and gets a unit diagonal).
+        pivots: ``(B, k)`` squared pivots :math:`\\pi_j` of :math:`\\hat S` (about 1 on zero
+            rows).
+        info: ``(B,)`` ``cholesky_ex`` status of :math:`\\hat S` (nonzero: the factorization
+            broke down, the rows are dependent to round-off).
+    """
+
+    L: Tensor
+    Y: Tensor
+    S_lower: Tensor
+    inv_scale: Tensor
+    nonzero: Tensor
+    LS: Tensor
+    pivots: Tensor
+    info: Tensor
+
+    def dependent(self, tol: float) -> Tensor:
+        """Per-sample count of rows with :math:`\\pi_j <` ``tol`` (``(B,)``; at least 1 where
+        the factorization of :math:`\\hat S` broke down)."""
+        return (self.pivots < tol).sum(-1) + (self.info != 0).to(torch.int64)
+
+    def solve(self, r1: Tensor, r2: Tensor) -> tuple[Tensor, Tensor]:
+        """Solve the reduced KKT system (:math:`E = 0`) for ``(B, n)`` and ``(B, k)``
+        right-hand sides; a zero row :math:`j` of ``C`` gives
+        :math:`w_j = -r_{2,j}` (its equation :math:`0 = r_{2,j}` is left to the caller's
+        residual check)."""
+        t = torch.linalg.solve_triangular(self.L, r1.unsqueeze(-1), upper=False)
+        rhs = torch.baddbmm(r2.unsqueeze(-1), self.Y.mT, t, beta=-1.0)
+        rhs = rhs * self.inv_scale.unsqueeze(-1)
+        w = torch.cholesky_solve(rhs, self.LS)
+        w = w * self.inv_scale.unsqueeze(-1)
+        t = torch.baddbmm(t, self.Y, w, alpha=-1.0)
+        u = torch.linalg.solve_triangular(self.L.mT, t, upper=True)
+        return u.squeeze(-1), w.squeeze(-1)
+
+
+def _scaled(S_lower: Tensor, inv_scale: Tensor) -> Tensor:
+    """:math:`D_s^{-1/2}SD_s^{-1/2}` with a unit diagonal (zero rows of S stay zero)."""
+    S_hat = S_lower * inv_scale.unsqueeze(-1) * inv_scale.unsqueeze(-2)
+    S_hat.diagonal(dim1=-2, dim2=-1).fill_(1.0)
+    return S_hat
+
+
+def schur_factor(P: Tensor, C: Tensor, *, shift: float = 1e-14) -> SchurFactor | None:
+    """Factor :math:`[[P, C^\\top], [C, 0]]` by block elimination (module docstring).
+
+    Args:
+        P: ``(B, n, n)``, or ``(n, n)`` shared by the batch (factored once); symmetric, only
+            its lower triangle is read.
+        C: ``(B, k, n)`` constraint rows; all-zero rows are allowed (padding).
+        shift: relative diagonal shift of :math:`\\hat S` (keeps the factorization alive on
+            exactly dependent rows, whose pivots then read about ``shift``).
+
+    Returns:
+        The :class:`SchurFactor`, or ``None`` when the Cholesky factorization of ``P`` fails
+        for some sample (``P`` not numerically positive definite: use a method that does not
+        eliminate ``P``).
+    """
+    big = _use_lapack(P, C)
+    with _blas_threads(big):
+        L, info = _cholesky(P[None] if big and P.ndim == 2 else P, big)
+        if bool(info.any()):
+            return None
+        if L.ndim == 2:  # P shared by the batch: one factorization
+            L = L.expand(C.shape[0], -1, -1)
+        if big:
+            Y = torch.from_numpy(_blas().dtrsm(1.0, L[0].numpy(), C[0].numpy().T, lower=1))[None]
+            S_lower = torch.from_numpy(_blas().dsyrk(1.0, Y[0].numpy(), trans=1, lower=1))[None]
+        else:
+            Y = torch.linalg.solve_triangular(L, C.mT, upper=False)
+            S_lower = lower_gram(Y)
+        s = S_lower.diagonal(dim1=-2, dim2=-1)
+        nonzero = s > 0
+        inv_scale = torch.where(nonzero, s, 1.0).rsqrt()
+        S_hat = _scaled(S_lower, inv_scale)
+        if shift:
+            S_hat.diagonal(dim1=-2, dim2=-1).add_(shift)
+        LS, info = _cholesky(S_hat, big and S_hat.shape[-1] >= _LAPACK_MIN)
+    pivots = LS.diagonal(dim1=-2, dim2=-1).pow(2)
+    return SchurFactor(L, Y, S_lower, inv_scale, nonzero, LS, pivots, info)
+
+
+def _use_lapack(P: Tensor, C: Tensor) -> bool:
+    """One large float64 CPU system on a machine where scipy's BLAS is the faster one, with
+    thread control available (see :func:`_cholesky`)."""
+    return (
+        C.shape[0] == 1
+        and P.shape[-1] >= _LAPACK_MIN
+        and P.device.type == "cpu"
+        and P.dtype == C.dtype == torch.float64
+        and _mkl_on_amd()
+        and _threadpool_limits() is not None
+    )
+
+
+@lru_cache(maxsize=1)
+def _mkl_on_amd() -> bool:
+    """torch runs on MKL and the CPU is an AMD one (MKL's non-Intel code path)."""
+    if not torch.backends.mkl.is_available():
+        return False
+    try:
+        with open("/proc/cpuinfo") as fh:
+            return any("AuthenticAMD" in line for line in fh if line.startswith("vendor_id"))
+    except OSError:
+        return False
+
+
+def _threadpool_limits() -> Any:
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # pragma: no cover - threadpoolctl ships with scipy's usual installs
+        return None
+    return threadpool_limits
+
+
+def _blas() -> Any:
+    from scipy.linalg import blas
+
+    return blas
+
+
+@contextmanager
+def _blas_threads(active: bool) -> Iterator[None]:
+    """scipy's BLAS limited to torch's intra-op thread count (no oversubscription)."""
+    if not active:
+        yield
+        return
+    with _threadpool_limits()(limits=torch.get_num_threads(), user_api="blas"):
+        yield
+
+
+def _cholesky(A: Tensor, lapack: bool) -> tuple[Tensor, Tensor]:
+    """Lower Cholesky factor and status of ``A`` (``(B, m, m)``), as ``cholesky_ex``.
+
+    ``lapack=True`` (one large matrix) calls scipy's LAPACK ``dpotrf`` (with ``dtrsm`` and
+    ``dsyrk`` for the rest of the factorization). It is chosen only where torch runs on MKL on
+    an AMD CPU: there scipy's bundled OpenBLAS measured about 1.7x faster than torch's MKL for
+    these kernels (AMD EPYC, n = 1000, k = 750, one thread: 82 ms against 131 ms for the whole
+    factorization); ``dsyrk`` also forms only the lower triangle.
+    """
+    if not lapack:
+        return torch.linalg.cholesky_ex(A)
+    from scipy.linalg import lapack as lp
+
+    L, info = lp.dpotrf(A[0].numpy(), lower=1, clean=1)
+    return torch.from_numpy(L)[None], torch.tensor([int(info)], dtype=torch.int32)
