@@ -384,7 +384,12 @@ def summarize(records: list[dict], args_timeout: float) -> dict[str, Any]:
     """Success rates, time ratios and verdict counts (qpbenchmark style)."""
     N = len(records)
     counts = Counter(r["verdict"] for r in records)
-    solvers = ["dxopt", *mmp.RAW_SOLVERS]
+    ran = [  # raw backends this run timed (``--raw``); the others are left out, not 0%
+        s
+        for s in mmp.RAW_SOLVERS
+        if any(not str(r["raw"][s].get("status", "")).startswith("not run") for r in records)
+    ]
+    solvers = ["dxopt", *ran]
 
     def success(r: dict, s: str) -> bool:
         return bool(r["forward_success"]) if s == "dxopt" else bool(r["raw"][s].get("success"))
@@ -407,7 +412,7 @@ def summarize(records: list[dict], args_timeout: float) -> dict[str, Any]:
     solved = [r for r in records if r["forward_success"]]
     with_grad = [r for r in solved if r["verdict"] not in ("refused", "error", "forward failed")]
     verdictable = [r for r in with_grad if r["verdict"] != J.NO_VERDICT]
-    best_raw = max(mmp.RAW_SOLVERS, key=lambda s: rates[s])
+    best_raw = max(ran or mmp.RAW_SOLVERS, key=lambda s: rates.get(s, 0.0))
     return {
         "problems": N,
         "verdicts": {v: counts.get(v, 0) for v in VERDICTS},
@@ -774,6 +779,8 @@ def load_payloads(out: Path, merge: list[Path] | None = None) -> dict[str, dict]
         f = out / f"maros_meszaros_{lab}.json"
         if f.exists():
             payloads[lab] = json.loads(f.read_text())
+            run = payloads[lab]  # the summary is recomputed: the rules may have changed since
+            run["summary"] = summarize(run["records"], float(run.get("timeout", 120.0)))
     for f in merge or []:
         extra = json.loads(Path(f).read_text())
         lab = extra.get("label", "after")
