@@ -75,6 +75,15 @@ def _residuals(problem: QPProblem, r: ForwardResult) -> tuple[tuple[float, ...],
     return tuple(primal.tolist()), tuple(dual.tolist())
 
 
+def _check_warm_start(warm_start: object, n: int) -> None:
+    if warm_start is not None and (not isinstance(warm_start, Tensor) or warm_start.shape[-1] != n):
+        got = tuple(warm_start.shape) if isinstance(warm_start, Tensor) else type(warm_start)
+        raise ValueError(
+            f"warm_start: expected a tensor (n,) or (B, n) with n = {n}, got {got}. Pass the "
+            "previous solution's x, or None."
+        )
+
+
 def _forward_state(
     P: Tensor,
     q: Tensor,
@@ -91,11 +100,7 @@ def _forward_state(
 ) -> QPState:
     """Validate and solve (plain tensors; called by ``QPFunction.forward``)."""
     problem = canonical_problem(P, q, A, b, G, h, check_psd=check_psd, defer_psd=True)
-    if warm_start is not None and (
-        not isinstance(warm_start, Tensor) or warm_start.shape[-1] != problem.n
-    ):
-        got = tuple(warm_start.shape) if isinstance(warm_start, Tensor) else type(warm_start)
-        raise ValueError(f"warm_start: expected a tensor (n,) or (B, n), got {got}.")
+    _check_warm_start(warm_start, problem.n)
     name = default_solver(problem) if solver == "auto" else solver
     solvable = bool(problem.size and problem.n)
     # the PSD check of P: daqp's own Cholesky certifies it for free, else one Cholesky here
@@ -294,11 +299,7 @@ def solve(
     # inputs on their device and dtype (dxopt.qp._torch_layer); torch.func takes QPFunction
     if not functorch_active() and _torch_route(solver, backward, P, q, A, G):
         problem = canonical_problem(P, q, A, b, G, h, check_psd=check_psd, keep_device=True)
-        if warm_start is not None and (
-            not isinstance(warm_start, Tensor) or warm_start.shape[-1] != problem.n
-        ):
-            got = tuple(warm_start.shape) if isinstance(warm_start, Tensor) else type(warm_start)
-            raise ValueError(f"warm_start: expected a tensor (n,) or (B, n), got {got}.")
+        _check_warm_start(warm_start, problem.n)
         name = default_solver(problem) if solver == "auto" else solver
         if name == "torch" and problem.size and problem.n:
             from dxopt.qp._torch_layer import solve_torch  # the device path
