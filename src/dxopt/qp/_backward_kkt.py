@@ -1,4 +1,5 @@
-"""Exact implicit differentiation of the reduced KKT system on the active set (qp.md section 4).
+"""Exact implicit differentiation of the reduced KKT system on the active set (OptNet;
+Amos & Kolter, arXiv 1703.00443).
 
 Solves :math:`K[u; w_J; w_E] = [\\bar x; \\bar\\nu_J; \\bar\\mu]` with
 :math:`K = [[P, G_J^\\top, A^\\top], [G_J, 0, 0], [A, 0, 0]]` (Amos & Kolter, OptNet,
