@@ -262,7 +262,20 @@ def gradients_from_adjoint(
     return tuple(grads)
 
 
-class AdjointSolve(torch.autograd.Function):
+class _FirstOrderOnly(torch.autograd.Function):
+    """Shared by the adjoint and tangent solves: differentiating them again (backward or
+    forward mode) raises, so no second-order term is ever silently dropped."""
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Any) -> Any:
+        raise RuntimeError(_TWICE)
+
+    @staticmethod
+    def jvp(ctx: Any, *tangents: Any) -> Any:
+        raise RuntimeError(_TWICE)
+
+
+class AdjointSolve(_FirstOrderOnly):
     """``(grad_x, grad_eq, grad_ineq, idx, call, *anchors) -> (u, w_J, w_E, x, nu_J, mu)``.
 
     The adjoint :math:`K[u; w_J; w_E] = [\\bar x; \\bar\\nu_J; \\bar\\mu]` of the samples
@@ -291,14 +304,6 @@ class AdjointSolve(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         ctx.mark_non_differentiable(*output[3:])
-
-    @staticmethod
-    def backward(ctx: Any, *grads: Any) -> Any:
-        raise RuntimeError(_TWICE)
-
-    @staticmethod
-    def jvp(ctx: Any, *tangents: Any) -> Any:
-        raise RuntimeError(_TWICE)
 
     @staticmethod
     def vmap(info: Any, in_dims: tuple[Any, ...], *args: Any) -> tuple[Any, Any]:
@@ -364,7 +369,7 @@ def tangent_rhs(
     return tuple(torch.where(ok, r, torch.zeros_like(r)) for r in (r1, r2, r3))  # type: ignore[return-value]
 
 
-class TangentSolve(torch.autograd.Function):
+class TangentSolve(_FirstOrderOnly):
     """``(dP, dq, dA, db, dG, dh, idx, call, *anchors) -> (dx, dmu, dnu)``: the jvp of the
     samples ``idx`` of the saved solve, in the inputs' dtype and device."""
 
@@ -393,14 +398,6 @@ class TangentSolve(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         pass
-
-    @staticmethod
-    def backward(ctx: Any, *grads: Any) -> Any:
-        raise RuntimeError(_TWICE)
-
-    @staticmethod
-    def jvp(ctx: Any, *tangents: Any) -> Any:
-        raise RuntimeError(_TWICE)
 
     @staticmethod
     def vmap(info: Any, in_dims: tuple[Any, ...], *args: Any) -> tuple[Any, Any]:
