@@ -105,13 +105,20 @@ def saddle_matrix(P: Any, C: Any, delta_p: float = 0.0, delta: float = 0.0) -> A
     return K
 
 
-def _scale(P: Any, C: Any) -> float:
-    def amax(M: Any) -> float:
-        if M.shape[0] == 0 or M.shape[1] == 0:
-            return 0.0
-        return float(abs(M).max()) if sp.issparse(M) else float(np.abs(M).max())
-
-    return max(amax(P), amax(C), 1e-300)
+def equilibrate(K: Any, *, rounds: int = 8) -> np.ndarray:
+    """Symmetric Ruiz equilibration of a symmetric matrix: ``d`` with every row of
+    :math:`DKD` (``D = diag(d)``) of largest entry close to 1 (Ruiz, "A scaling algorithm to
+    equilibrate both rows and columns norms in matrices", RAL-TR-2001-034; OSQP scales its
+    KKT matrix the same way). All-zero rows keep the factor 1."""
+    d = np.ones(K.shape[0])
+    for _ in range(rounds):
+        S = (sp.diags(d) @ K @ sp.diags(d)) if sp.issparse(K) else d[:, None] * K * d[None, :]
+        row = np.asarray(abs(S).max(axis=1).todense()).ravel() if sp.issparse(S) else np.abs(S).max(1)
+        row = np.where(row > 0, row, 1.0)
+        if np.all(np.abs(row - 1.0) < 0.1):
+            break
+        d = d / np.sqrt(row)
+    return d
 
 
 def saddle_solve(
@@ -120,57 +127,75 @@ def saddle_solve(
     rhs: np.ndarray,
     *,
     z0: np.ndarray | None = None,
-    relative_delta: float = 1e-9,
+    relative_delta: float = 1e-8,
     max_steps: int = 30,
     tol: float = 1e-13,
 ) -> tuple[np.ndarray, SaddleSolveInfo]:
     """Solve :math:`[[P, C^\\top], [C, 0]] z = r` by a regularised factorization plus refinement.
+
+    The system is first equilibrated, :math:`\\hat K = DKD` with :func:`equilibrate`, so that
+    blocks of very different size (``P`` of order 1e6 next to rows of ``C`` of order 1) neither
+    make the regularisation dominate one block nor let one block's residual hide the other's;
+    the regularised matrix :math:`\\hat K + \\mathrm{diag}(\\delta I, -\\delta I)` is factored
+    and refined against :math:`\\hat K` (the proximal-point iteration on the KKT operator: from a
+    point of a consistent singular system it converges to the nearest solution in the scaled
+    metric), and :math:`z = D\\hat z`.
 
     Args:
         P: ``(n, n)`` symmetric PSD (numpy or scipy sparse).
         C: ``(k, n)`` constraint rows (``k`` may be 0).
         rhs: ``(n + k,)``.
         z0: starting point of the refinement (default 0: the limit is the minimum-norm
-            solution of a consistent singular system).
-        relative_delta: :math:`\\delta = \\delta_P` = this times the largest entry of
-            ``P`` and ``C``.
+            solution of a consistent singular system, in the scaled metric).
+        relative_delta: :math:`\\delta` = this times the largest entry of the equilibrated
+            matrix (about 1). Round-off in the null-space part of the answer grows like
+            :math:`u/\\delta`, the refinement's rate on a nearly singular system like
+            :math:`\\delta/(\\delta + \\sigma)`: 1e-8 keeps the first below 1e-8 relative.
         max_steps: refinement steps at most.
-        tol: target relative residual; refinement also stops once it stalls.
+        tol: target relative residual of the equilibrated system; refinement also stops once
+            it stalls.
 
     Returns:
-        ``(z, info)``; check ``info.converged`` (or ``info.residual``) before using ``z``.
+        ``(z, info)``; check ``info.converged`` (or ``info.residual``, the relative residual
+        :math:`\\|D(r - Kz)\\| / \\|Dr\\|`) before using ``z``.
     """
     n, k = P.shape[0], C.shape[0]
-    delta = relative_delta * _scale(P, C)
     K = saddle_matrix(P, C)
-    M = saddle_matrix(P, C, delta, delta)
-    if sp.issparse(M):
-        solve = splu(M, what="regularised KKT matrix").solve
+    d = equilibrate(K)
+    if sp.issparse(K):
+        Dm = sp.diags(d)
+        Ks = sp.csc_matrix(Dm @ K @ Dm)
     else:
-        lu = sla.lu_factor(M, check_finite=False)
+        Ks = d[:, None] * K * d[None, :]
+    delta = relative_delta * max(float(abs(Ks).max()) if Ks.shape[0] else 0.0, 1e-300)
+    reg = np.concatenate([np.full(n, delta), np.full(k, -delta)])
+    if sp.issparse(Ks):
+        solve = splu(Ks + sp.diags(reg, format="csc"), what="regularised KKT matrix").solve
+    else:
+        lu = sla.lu_factor(Ks + np.diag(reg), check_finite=False)
 
         def solve(v: np.ndarray) -> np.ndarray:
             return sla.lu_solve(lu, v, check_finite=False)
 
-    z = np.zeros(n + k) if z0 is None else np.array(z0, dtype=np.float64)
-    norm = max(float(np.linalg.norm(rhs)), 1e-300)
-    best, steps = np.inf, 0
-    r = rhs - K @ z
+    rhs_s = d * rhs
+    y = np.zeros(n + k) if z0 is None else np.asarray(z0, dtype=np.float64) / d
+    norm = max(float(np.linalg.norm(rhs_s)), 1e-300)
+    steps = 0
+    r = rhs_s - Ks @ y
     rel = float(np.linalg.norm(r)) / norm
     while steps < max_steps and rel > tol:
-        z_new = z + solve(r)
-        r_new = rhs - K @ z_new
+        y_new = y + solve(r)
+        r_new = rhs_s - Ks @ y_new
         rel_new = float(np.linalg.norm(r_new)) / norm
         steps += 1
         if not np.isfinite(rel_new) or rel_new > rel:  # diverging or round-off level
             break
-        z, r = z_new, r_new
+        y, r = y_new, r_new
         stalled = rel_new > 0.9 * rel
         rel = rel_new
-        best = min(best, rel)
         if stalled and rel < 1e-10:
             break
-    return z, SaddleSolveInfo(residual=rel, steps=steps, delta=delta, converged=rel <= tol)
+    return d * y, SaddleSolveInfo(residual=rel, steps=steps, delta=delta, converged=rel <= tol)
 
 
 def lstsq_saddle(P: Any, C: Any, rhs: np.ndarray) -> tuple[np.ndarray, float]:

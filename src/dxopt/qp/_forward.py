@@ -2,7 +2,14 @@
 
 Each sample is solved by the chosen :mod:`qpsolvers` backend; sparse matrices are handed over
 as scipy CSC, and the requested tolerance is passed to every backend in its own setting names
-(daqp included: ``primal_tol``). daqp is called through its own Python API on arrays built once
+(daqp included: ``primal_tol``), with the relative part never below
+``BACKEND_RELATIVE_FLOOR = 1e-12``: asked for more than double precision can reach on badly
+scaled data, a backend stalls until its iteration limit (piqp on Maros-Meszaros CVXQP1_L,
+n = 10000: the dual residual stops at 1e-8 on data of size 1e8, and the absolute 1e-9 kept it
+iterating for 250 iterations of about 4 s; with the floor it stops after 14). The floor stays
+below the certificate's own (``RELATIVE_FLOOR = 1e-10`` in :mod:`dxopt.qp._polish`): at
+``eps_rel = 1e-10`` piqp stops at points whose polish fails on a QP scaled by 1e8, at
+``1e-12`` it does not. daqp is called through its own Python API on arrays built once
 per batch (:mod:`dxopt.qp._daqp`: same points as through qpsolvers, without its per-call
 ``inspect.signature`` and problem checks), and its Cholesky of ``P`` stands in for the PSD
 check of the validation. daqp's points (an exact working set) are certified all at once by the
@@ -23,7 +30,10 @@ runs (also when the point certifies only by its duality gap, i.e. its active set
 settled; such a point is used only if no attempt gives a settled one): the requested backend,
 then ``piqp``, ``clarabel``, ``daqp`` (dense, or n <= 3000),
 then the requested backend at the looser stopping tolerance :math:`\\max(10^3\\varepsilon_{abs},
-10^{-7})` (the polish restores the accuracy; the certificate is still the requested one).
+10^{-7})` (the polish restores the accuracy; the certificate is still the requested one;
+skipped when that backend's strict point already certified, by its duality gap only: the looser
+stop is for a backend that stalls short of the tolerance, and cannot settle a point that
+reached it).
 Why: on the Maros-Meszaros set piqp reports ``failed``/``infeasible`` on some feasible
 problems that clarabel solves, and the reverse; an early stop at a looser tolerance followed
 by an exact polish rescues problems where the backend stalls near the optimum. Which backend
@@ -74,15 +84,18 @@ __all__ = [
 
 _EXACT_WORKING_SET = ("daqp",)  # active-set backends: polish only if the point fails
 
+BACKEND_RELATIVE_FLOOR = 1e-12
+"""The least relative stopping tolerance passed to a backend (module docstring)."""
+
 _TOLERANCE_KEYS: dict[str, Callable[[float, float], dict[str, float]]] = {
     "daqp": lambda a, r: {"primal_tol": a},
-    "piqp": lambda a, r: {"eps_abs": a, "eps_rel": r},
-    "osqp": lambda a, r: {"eps_abs": a, "eps_rel": r},
-    "proxqp": lambda a, r: {"eps_abs": a, "eps_rel": r},
-    "scs": lambda a, r: {"eps_abs": a, "eps_rel": r},
+    "piqp": lambda a, r: {"eps_abs": a, "eps_rel": max(r, BACKEND_RELATIVE_FLOOR)},
+    "osqp": lambda a, r: {"eps_abs": a, "eps_rel": max(r, BACKEND_RELATIVE_FLOOR)},
+    "proxqp": lambda a, r: {"eps_abs": a, "eps_rel": max(r, BACKEND_RELATIVE_FLOOR)},
+    "scs": lambda a, r: {"eps_abs": a, "eps_rel": max(r, BACKEND_RELATIVE_FLOOR)},
     "clarabel": lambda a, r: {
         "tol_gap_abs": a,
-        "tol_gap_rel": max(r, 1e-12),
+        "tol_gap_rel": max(r, BACKEND_RELATIVE_FLOOR),
         "tol_feas": a,
         "tol_ktratio": 1e-8,
     },
@@ -501,6 +514,7 @@ def solve_forward(
         return args, x, y, z
 
     candidates: dict[int, tuple[Attempt, Any]] = {}
+    gap_certified: dict[int, set[str]] = {}  # backends whose point certified, unsettled
 
     def finish(
         i: int, step: Attempt, point: tuple[Any, ...], last: bool
@@ -533,6 +547,7 @@ def solve_forward(
             return False, None
         if not pol.certificate.settled and not last:
             candidates.setdefault(i, (step, pol))  # certified by the gap only: look further
+            gap_certified.setdefault(i, set()).add(step.solver)
             return False, None
         store(i, step, pol)
         return True, None
@@ -550,6 +565,10 @@ def solve_forward(
 
     def run(i: int) -> None:
         for k, step in enumerate(chain):
+            if step.eps_abs > eps_abs and step.solver in gap_certified.get(i, ()):
+                # the looser stop is for a backend that stalls short of the tolerance; this
+                # one reached it (its point certified), so a looser stop cannot settle it
+                continue
             point = clean_point(first_points[i]) if k == 0 else backend(i, step, False)
             if point is None:
                 continue
