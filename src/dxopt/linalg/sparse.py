@@ -113,7 +113,10 @@ def equilibrate(K: Any, *, rounds: int = 8) -> np.ndarray:
     d = np.ones(K.shape[0])
     for _ in range(rounds):
         S = (sp.diags(d) @ K @ sp.diags(d)) if sp.issparse(K) else d[:, None] * K * d[None, :]
-        row = np.asarray(abs(S).max(axis=1).todense()).ravel() if sp.issparse(S) else np.abs(S).max(1)
+        if sp.issparse(S):
+            row = np.asarray(abs(S).max(axis=1).todense()).ravel()
+        else:
+            row = np.abs(S).max(1)
         row = np.where(row > 0, row, 1.0)
         if np.all(np.abs(row - 1.0) < 0.1):
             break
