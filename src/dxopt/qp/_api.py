@@ -296,7 +296,21 @@ def solve(
         sparse = any(isinstance(t, Tensor) and t.layout != torch.strided for t in others)
         G, h, k_lb, k_ub = append_bounds(q, G, h, lb, ub, sparse=sparse)
     # solver="torch" (and "auto" on a GPU or for large batches of tiny problems) keeps dense
-    # inputs on their device and dtype (dxopt.qp._torch_layer); torch.func takes QPFunction
+    # inputs on their device and dtype (dxopt.qp._torch_layer)
+    bounds = None if lb is None and ub is None else (k_lb, k_ub, lb is not None, ub is not None)
+    if functorch_active() and _torch_route(solver, backward, P, q, A, G):  # [func] torch.func:
+        _check_warm_start(warm_start, q.shape[-1])  # the Function validates the plain inputs
+        shapes = [t.shape[0] for t, k in zip((P, q, A, b, G, h), (2, 1, 2, 1, 2, 1))
+                  if t is not None and t.ndim > k]  # fmt: skip
+        if q.shape[-1] and all(shapes):
+            from dxopt.qp._torch_layer import solve_torch
+
+            validate = functools.partial(canonical_problem, check_psd=check_psd, keep_device=True)
+            return solve_torch(
+                None, (P, q, A, b, G, h), eps_abs=eps_abs, eps_rel=eps_rel,
+                on_failure=on_failure, solver_options=solver_options, polish=polish,
+                m_user=m_user, bounds=bounds, validate=validate,
+            )  # fmt: skip
     if not functorch_active() and _torch_route(solver, backward, P, q, A, G):
         problem = canonical_problem(P, q, A, b, G, h, check_psd=check_psd, keep_device=True)
         _check_warm_start(warm_start, problem.n)
@@ -304,9 +318,6 @@ def solve(
         if name == "torch" and problem.size and problem.n:
             from dxopt.qp._torch_layer import solve_torch  # the device path
 
-            bounds = (
-                None if lb is None and ub is None else (k_lb, k_ub, lb is not None, ub is not None)
-            )
             return solve_torch(
                 problem, (P, q, A, b, G, h), eps_abs=eps_abs, eps_rel=eps_rel,
                 on_failure=on_failure, solver_options=solver_options, polish=polish,

@@ -14,10 +14,10 @@ for those samples (``0 <= 1`` for the others), which the forward's certificate r
 :func:`torch.func.vmap` may have a different pattern per vmapped sample, which no Python
 control flow may read. A vmapped ``lb``/``ub`` therefore gets one row per entry
 (:func:`append_every_bound`), built with ``torch.where`` only: a finite bound its row
-:math:`\mp e_i^\top x \le \mp b_i`, an infinite bound of the right sign the zero row
-:math:`0^\top x \le 1` (satisfied with slack exactly 1 by every ``x``: never active, its
+:math:`\\mp e_i^\\top x \\le \\mp b_i`, an infinite bound of the right sign the zero row
+:math:`0^\\top x \\le 1` (satisfied with slack exactly 1 by every ``x``: never active, its
 multiplier is zero, no large finite number stands in for the infinity), a wrong-signed one the
-zero row :math:`0^\top x \le -1` (infeasible), and a NaN stays NaN in ``h``, which the
+zero row :math:`0^\\top x \\le -1` (infeasible), and a NaN stays NaN in ``h``, which the
 validation inside the solve rejects. The bound multipliers then have ``n`` entries, zero where
 the bound is infinite.
 """
