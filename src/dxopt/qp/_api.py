@@ -24,7 +24,7 @@ from dxopt.qp._forward import (
 from dxopt.qp._function import BackwardMethod, QPCall, QPFunction, QPState
 from dxopt.qp._problem import QPProblem, canonical_problem
 from dxopt.qp._problem import check_psd as check_psd_of
-from dxopt.qp._tangent import functorch_active, sparse_under_func
+from dxopt.qp._tangent import forward_ad_dual, functorch_active, sparse_under_func
 from dxopt.qp._types import BackwardDiagnostics, QPInfo, QPSolution, QPSolveError
 
 if TYPE_CHECKING:
@@ -231,8 +231,12 @@ def solve(
     context is ``status`` and ``info``). Second derivatives (Hessians, ``jacrev(jacrev(f))``)
     raise ``RuntimeError``; a sparse ``P``/``A``/``G`` may be a constant of the transformed
     function but is not differentiated by torch.func (``TypeError``; plain ``backward()``
-    gives sparse gradients); ``lb``/``ub`` cannot be vmapped over (their finite pattern
-    decides the rows: pass such bounds as rows of ``G``, ``h``).
+    gives sparse gradients). A vmapped ``lb``/``ub`` gets one row per entry (an infinite bound
+    an exactly inactive zero row, :mod:`dxopt.qp._bounds`), so its ``lb_duals``/``ub_duals``
+    have ``n`` entries, zero where the bound is infinite. ``solver="torch"`` (and ``"auto"``
+    where it picks the torch solver, e.g. on a GPU) stays on the inputs' device and dtype
+    under the transforms (:mod:`dxopt.qp._torch_backward`). ``executor=`` raises
+    ``ValueError`` under a transform or forward-mode AD (reverse mode only).
 
     Raises:
         ValueError: bad shapes, dtypes, devices, NaN/Inf, non-symmetric or non-PSD ``P``,
@@ -272,6 +276,15 @@ def solve(
             raise TypeError(
                 f"executor: expected None or an executor such as "
                 f"dxopt.distributed.RayExecutor, got {type(executor).__name__}."
+            )
+        # [func] the chunks' graphs live on the workers: no torch.func, no forward mode
+        if functorch_active() or any(forward_ad_dual(t) for t in (P, q, A, b, G, h, lb, ub)):
+            raise ValueError(
+                f"executor: expected None inside torch.func transforms (grad, vjp, jvp, jacrev, "
+                f"jacfwd, vmap) and forward-mode AD, got {type(executor).__name__}: the "
+                "distributed path has reverse-mode autograd only. Call solve without executor= "
+                "there (one local batched solve), or differentiate the executor call with "
+                "plain autograd (loss.backward(), torch.autograd.grad)."
             )
         options = {
             "backward": backward,

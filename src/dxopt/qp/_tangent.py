@@ -62,6 +62,7 @@ __all__ = [
     "TangentSolve",
     "adjoint_input",
     "fold",
+    "forward_ad_dual",
     "functorch_active",
     "gradients_from_adjoint",
     "run_adjoint",
@@ -83,6 +84,11 @@ _TWICE = (
 def functorch_active() -> bool:
     """True inside a :mod:`torch.func` transform (grad, vjp, jvp, jacrev, jacfwd, vmap)."""
     return bool(torch._C._are_functorch_transforms_active())
+
+
+def forward_ad_dual(t: object) -> bool:
+    """True if ``t`` is a dual tensor of eager forward-mode AD (``torch.autograd.forward_ad``)."""
+    return isinstance(t, Tensor) and torch.autograd.forward_ad.unpack_dual(t).tangent is not None
 
 
 def vmapped(t: Tensor) -> bool:

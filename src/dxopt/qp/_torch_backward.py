@@ -300,7 +300,13 @@ class TorchKKTSolve(_FirstOrderOnly):
 
 
 def _refusal(
-    mode: str, failed: Tensor, bad: Tensor, status: Tensor, polished: Tensor, res: Tensor, tol: float
+    mode: str,
+    failed: Tensor,
+    bad: Tensor,
+    status: Tensor,
+    polished: Tensor,
+    res: Tensor,
+    tol: float,
 ) -> QPBackwardError:
     idx_f = failed.nonzero().flatten().tolist()
     idx_b = bad.nonzero().flatten().tolist()

@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 from dxopt.qp._problem import QPProblem
-from dxopt.qp._tangent import BASES
+from dxopt.qp._tangent import BASES, forward_ad_dual
 from dxopt.qp._torch_backward import TorchCall, torch_qp_differentiable
 from dxopt.qp._torch_solver import TorchQPStatus, _check_inputs, solve_detached
 from dxopt.qp._types import BackwardDiagnostics, QPInfo, QPSolution, QPSolveError, QPStatus
@@ -63,13 +63,6 @@ def _options(solver_options: dict[str, Any] | None) -> dict[str, Any]:
     full = {"eps_inf": 1e-7, "max_iter": 50, "check_every": 4, "refine_steps": None}
     full.update(opts)
     return full
-
-
-def _differentiated(t: Tensor | None) -> bool:
-    """``t`` carries a derivative: it requires grad or is a forward-mode dual tensor."""
-    if t is None:
-        return False
-    return t.requires_grad or torch.autograd.forward_ad.unpack_dual(t).tangent is not None
 
 
 def solve_torch(
@@ -105,7 +98,8 @@ def solve_torch(
     P, q, A, b, G, h = inputs
     diagnostics = BackwardDiagnostics()
     start = time.perf_counter()
-    if problem is None or any(_differentiated(t) for t in inputs):
+    carried = any(t is not None and (t.requires_grad or forward_ad_dual(t)) for t in inputs)
+    if problem is None or carried:  # derivatives (or torch.func) go through the Function
         call = TorchCall(validate=validate)
         r = torch_qp_differentiable(
             P, q, A, b, G, h, eps_abs=eps_abs, eps_rel=eps_rel, polish=polish,
