@@ -418,7 +418,8 @@ def test_vmap_over_bounds_with_differing_finite_patterns(backward, scale):
         ref = solve(lbs[k], ubs[k])
         torch.testing.assert_close(sol.x[k], ref.x, atol=1e-9 * scale, rtol=1e-9)
         torch.testing.assert_close(sol.ineq_duals[k], ref.ineq_duals, atol=1e-9, rtol=1e-9)
-        for bound, duals, want in ((lbs, sol.lb_duals, ref.lb_duals), (ubs, sol.ub_duals, ref.ub_duals)):  # fmt: skip
+        pairs = ((lbs, sol.lb_duals, ref.lb_duals), (ubs, sol.ub_duals, ref.ub_duals))
+        for bound, duals, want in pairs:
             finite = torch.isfinite(bound[k])
             torch.testing.assert_close(duals[k][finite], want, atol=1e-9, rtol=1e-9)
             assert bool((duals[k][~finite] == 0).all())  # exactly inactive
@@ -480,7 +481,8 @@ def test_vmapped_bounds_infeasible_samples_and_nan():
         return dqp.solve(P, q, G=G, h=h, lb=lb, ub=ub, on_failure="nan").x
 
     sol = vmap(lambda lb, ub: dqp.solve(P, q, G=G, h=h, lb=lb, ub=ub, on_failure="nan"))(lbs, ubs)
-    assert [s for s in sol.status] == [dqp.QPStatus.INFEASIBLE, dqp.QPStatus.SOLVED, dqp.QPStatus.INFEASIBLE]  # fmt: skip
+    S = dqp.QPStatus
+    assert sol.status == (S.INFEASIBLE, S.SOLVED, S.INFEASIBLE)
     torch.testing.assert_close(sol.x[1], x_of(lbs[1], ubs[1]), atol=1e-12, rtol=1e-12)
     assert bool(torch.isnan(sol.x[[0, 2]]).all())
     J = vmap(jacrev(x_of))(lbs, ubs)
@@ -663,7 +665,7 @@ def test_executor_under_torch_func_is_refused():
     for transform in (jacrev, jacfwd, grad, vmap):
         g = (lambda q: f(q).sum()) if transform is grad else f
         arg = q.expand(2, -1) if transform is vmap else q
-        with pytest.raises(ValueError, match="executor: expected None inside torch.func"):
+        with pytest.raises(ValueError, match=r"executor: expected None inside torch\.func"):
             transform(g)(arg)
     with fwAD.dual_level(), pytest.raises(ValueError, match="executor: expected None"):
         f(fwAD.make_dual(q, torch.ones_like(q)))

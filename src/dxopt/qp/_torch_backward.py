@@ -235,7 +235,10 @@ class TorchQPFunction(torch.autograd.Function):
         return tuple(unfold(V, t, B or 1) for t in outs), (0,) * _N_OUT
 
 
-def _unpack(ctx: Any) -> tuple[tuple[Tensor | None, ...], tuple[Tensor, ...], tuple[Tensor, ...]]:
+_Inputs = tuple[Tensor, Tensor, Tensor | None, Tensor | None, Tensor | None, Tensor | None]
+
+
+def _unpack(ctx: Any) -> tuple[_Inputs, tuple[Tensor, ...], tuple[Tensor, ...]]:
     """``(P, q, A, b, G, h)``, ``(x, y, z)`` and ``(status, polished, L, w_ineq, w_eq,
     active)`` from the saved tensors."""
     saved = list(ctx.saved_tensors)
