@@ -625,8 +625,9 @@ def test_torch_solver_second_derivatives_are_refused(second):
 
 
 def test_torch_solver_eager_forward_mode_ad_and_double_backward():
-    """Eager forward-mode AD on solver="torch" is the torch.func jvp (it used to take the
-    detached solve and drop the tangent); create_graph=True then a second backward raises."""
+    """Eager forward-mode AD on solver="torch" is the torch.func jvp (the implicit one, not
+    forward AD through the solver's iterations); create_graph=True then a second backward
+    raises."""
     import torch.autograd.forward_ad as fwAD
 
     problem = complementary_qp(6, m=4, p=1, seed=11)

@@ -52,7 +52,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from dxopt.qp._tangent import BASES, _FirstOrderOnly, fold, logical_batch, unfold
+from dxopt.qp._tangent import BASES, _FirstOrderOnly, fold, functorch_active, logical_batch, unfold
 from dxopt.qp._torch_solver import (
     PenaltyFactor,
     TorchQPResult,
@@ -181,7 +181,10 @@ class TorchQPFunction(torch.autograd.Function):
         gz = torch.zeros_like(z) if gz is None else gz
         how = _How("vjp", ctx.steps, ctx.f64, ctx.diagnostics)
         anchors = [t for t in inputs if t is not None]
-        u, v, w = TorchKKTSolve.apply(gx, gy, gz, Pf, Af, Gf, *rest, how, *anchors)
+        if torch.is_grad_enabled() or functorch_active():  # anchored: second order refused
+            u, v, w = TorchKKTSolve.apply(gx, gy, gz, Pf, Af, Gf, *rest, how, *anchors)
+        else:  # plain backward (no create_graph): nothing can differentiate the result
+            u, v, w = TorchKKTSolve.forward(gx, gy, gz, Pf, Af, Gf, *rest, how)
         need = ctx.needs_input_grad
         grads: list[Tensor | None] = [None] * 6
 
