@@ -670,3 +670,24 @@ def test_executor_under_torch_func_is_refused():
             transform(g)(arg)
     with fwAD.dual_level(), pytest.raises(ValueError, match="executor: expected None"):
         f(fwAD.make_dual(q, torch.ones_like(q)))
+
+
+def test_torch_solver_duplicated_rows():
+    """Two copies of an active row (LICQ fails) on solver="torch": moving both copies moves
+    x_1 by 1 (a consistent tangent system), the vjp splits equally; moving one copy has no
+    derivative (one-sided derivatives 0 and 1) and the torch jvp refuses it, its tangent
+    system being inconsistent (the CPU route returns the minimum-norm mean instead, above)."""
+    P = torch.eye(2, dtype=F64)
+    q = torch.tensor([-2.0, -2.0], dtype=F64)
+    G = torch.tensor([[1.0, 0.0], [1.0, 0.0]], dtype=F64)
+    h = torch.tensor([1.0, 1.0], dtype=F64)
+
+    def x_of(h: Tensor) -> Tensor:
+        return dqp.solve(P, q, G=G, h=h, solver="torch").x
+
+    _, both = jvp(x_of, (h,), (torch.ones(2, dtype=F64),))
+    (gh,) = vjp(x_of, h)[1](torch.tensor([1.0, 0.0], dtype=F64))
+    torch.testing.assert_close(both, torch.tensor([1.0, 0.0], dtype=F64), atol=1e-12, rtol=0)
+    torch.testing.assert_close(gh, torch.tensor([0.5, 0.5], dtype=F64), atol=1e-10, rtol=0)
+    with pytest.raises(dqp.QPBackwardError, match="tangent residual"):
+        jvp(x_of, (h,), (torch.tensor([1.0, 0.0], dtype=F64),))

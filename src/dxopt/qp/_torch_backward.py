@@ -328,7 +328,8 @@ def _refusal(
             else ""
         )
         + (
-            f"samples {idx_b} have adjoint residual {res[bad].tolist()} > {tol} "
+            f"samples {idx_b} have {'adjoint' if mode == 'vjp' else 'tangent'} residual "
+            f"{res[bad].tolist()} > {tol} "
             "(degenerate or ill-conditioned KKT system); "
             if idx_b
             else ""
