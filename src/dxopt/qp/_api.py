@@ -24,7 +24,7 @@ from dxopt.qp._forward import (
 from dxopt.qp._function import BackwardMethod, QPCall, QPFunction, QPState
 from dxopt.qp._problem import QPProblem, canonical_problem
 from dxopt.qp._problem import check_psd as check_psd_of
-from dxopt.qp._tangent import forward_ad_dual, functorch_active, sparse_under_func
+from dxopt.qp._tangent import BASES, forward_ad_dual, functorch_active, sparse_under_func
 from dxopt.qp._types import BackwardDiagnostics, QPInfo, QPSolution, QPSolveError
 
 if TYPE_CHECKING:
@@ -313,7 +313,7 @@ def solve(
     bounds = None if lb is None and ub is None else (k_lb, k_ub, lb is not None, ub is not None)
     if functorch_active() and _torch_route(solver, backward, P, q, A, G):  # [func] torch.func:
         _check_warm_start(warm_start, q.shape[-1])  # the Function validates the plain inputs
-        shapes = [t.shape[0] for t, k in zip((P, q, A, b, G, h), (2, 1, 2, 1, 2, 1))
+        shapes = [t.shape[0] for t, k in zip((P, q, A, b, G, h), BASES)
                   if t is not None and t.ndim > k]  # fmt: skip
         if q.shape[-1] and all(shapes):
             from dxopt.qp._torch_layer import solve_torch

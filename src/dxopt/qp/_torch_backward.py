@@ -67,7 +67,7 @@ from dxopt.qp._types import BackwardDiagnostics, QPBackwardError
 __all__ = ["TorchCall", "TorchKKTSolve", "TorchQPFunction", "torch_qp_differentiable"]
 
 _N_OUT = 13  # outputs of TorchQPFunction
-_NOT_SOLVER = ("diagnostics", "validate", "call")  # options that are not the solver's
+_NOT_SOLVER = ("diagnostics", "call")  # options that are not the solver's
 
 
 @dataclass
