@@ -691,3 +691,30 @@ def test_torch_solver_duplicated_rows():
     torch.testing.assert_close(gh, torch.tensor([0.5, 0.5], dtype=F64), atol=1e-10, rtol=0)
     with pytest.raises(dqp.QPBackwardError, match="tangent residual"):
         jvp(x_of, (h,), (torch.tensor([1.0, 0.0], dtype=F64),))
+
+
+def test_torch_solver_vmapped_kkt_solve_in_chunks(monkeypatch):
+    """jacrev/jacfwd repeat the saved factor once per (co)tangent; above the budget the
+    vmapped KKT solve runs in chunks of V, with the same Jacobian as one chunk."""
+    parts = [complementary_qp(6, m=4, p=1, seed=30 + k) for k in range(3)]
+    P, q, A, b, G, h = stack(parts).args()
+
+    def x_of(q: Tensor) -> Tensor:
+        return dqp.solve(P, q, A, b, G, h, solver="torch").x
+
+    whole = (jacrev(x_of)(q), jacfwd(x_of)(q))
+    import dxopt.qp._torch_backward as tb
+
+    sizes: list[int] = []
+    original = tb.kkt_solve
+
+    def counting(f, *rest):  # type: ignore[no-untyped-def]
+        sizes.append(f.L.shape[0])
+        return original(f, *rest)
+
+    monkeypatch.setattr(tb, "kkt_solve", counting)
+    monkeypatch.setattr(tb, "_REPEAT_BUDGET", 2 * 3 * 6 * 6)  # below one copy: chunks of 1
+    for transform, want in zip((jacrev, jacfwd), whole):
+        sizes.clear()
+        torch.testing.assert_close(transform(x_of)(q), want, atol=1e-13, rtol=1e-13)
+        assert len(sizes) > 1 and sum(sizes) == 18 * 3 and max(sizes) < 18 * 3  # V = 18

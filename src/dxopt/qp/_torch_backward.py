@@ -68,6 +68,8 @@ __all__ = ["TorchCall", "TorchKKTSolve", "TorchQPFunction", "torch_qp_differenti
 
 _N_OUT = 13  # outputs of TorchQPFunction
 _NOT_SOLVER = ("diagnostics", "call")  # options that are not the solver's
+_REPEAT_BUDGET = 1 << 25
+"""Entries (256 MiB in float64) of the factor and data a vmapped KKT solve may repeat at once."""
 
 
 @dataclass
@@ -294,15 +296,24 @@ class TorchKKTSolve(_FirstOrderOnly):
 
     @staticmethod
     def vmap(info: Any, in_dims: tuple[Any, ...], *args: Any) -> tuple[Any, Any]:
-        """Every tensor argument has the batch dimension ``B``: fold ``V`` into it."""
+        """Every tensor argument has the batch dimension ``B``: fold ``V`` into it. Arguments
+        not vmapped over (the factor, when only the (co)tangents are, as in ``jacrev`` and
+        ``jacfwd``) are repeated ``V`` times, so ``V`` is taken in chunks of at most
+        :data:`_REPEAT_BUDGET` repeated entries (one batched solve per chunk)."""
         V = info.batch_size
         status, d = args[6], in_dims[6]
         B = int(status.shape[0] if d is None else status.movedim(d, 0).shape[1])
-        folded = [
-            fold(V, t, d, t.ndim - 1 - (d is not None), B) for t, d in zip(args[:12], in_dims)
-        ]
-        outs = TorchKKTSolve.apply(*folded, *args[12:])
-        return tuple(unfold(V, t, B) for t in outs), (0, 0, 0)
+        tensors, dims = args[:12], in_dims[:12]
+        repeated = sum(t.numel() for t, d in zip(tensors, dims) if d is None)
+        step = V if repeated == 0 else max(1, min(V, _REPEAT_BUDGET // repeated))
+        parts = []
+        for lo in range(0, V, step):
+            c = min(step, V - lo)
+            part = [t if d is None else t.narrow(d, lo, c) for t, d in zip(tensors, dims)]
+            folded = [fold(c, t, d, t.ndim - 1 - (d is not None), B) for t, d in zip(part, dims)]
+            outs = TorchKKTSolve.apply(*folded, *args[12:])
+            parts.append([unfold(c, t, B) for t in outs])
+        return tuple(torch.cat(ts, 0) for ts in zip(*parts)), (0, 0, 0)
 
 
 def _refusal(
