@@ -66,3 +66,43 @@ def test_bounds_batched_and_nan_rejected() -> None:
         dqp.solve(P, q, lb=torch.full((3,), torch.nan, dtype=F64))
     with pytest.raises(ValueError, match="ub: expected the same finite entries"):
         dqp.solve(P, q, ub=torch.tensor([[1.0, torch.inf, 1.0], [1.0, 1.0, 1.0]], dtype=F64))
+
+
+@pytest.mark.parametrize("backward", ["penalty", "kkt"])
+def test_every_entry_rows_match_the_compact_rows(backward: str) -> None:
+    """The vmap encoding (one row per entry; an infinite bound the zero row 0'x <= 1, a
+    wrong-signed one 0'x <= -1) solved eagerly: the same x, the same duals at the finite
+    entries, exact zeros at the infinite ones, the same gradients; lb = +inf is infeasible."""
+    from dxopt.qp._bounds import append_every_bound
+
+    data = complementary_qp(8, m=4, p=2, seed=12)
+    gen = torch.Generator().manual_seed(1)
+    lb = data.x - 0.3 * torch.rand(8, generator=gen, dtype=F64)  # type: ignore[operator]
+    ub = data.x + 0.3 * torch.rand(8, generator=gen, dtype=F64)  # type: ignore[operator]
+    lb[[1, 5]], ub[[2]] = -torch.inf, torch.inf
+    q0 = data.q + 2.0 * torch.randn(8, generator=gen, dtype=F64)  # push against the box
+    w = torch.randn(8, generator=gen, dtype=F64)
+    lb_a, ub_a, q_a = (t.clone().requires_grad_() for t in (lb, ub, q0))
+    P, A, b = data.P, data.A, data.b
+    ref = dqp.solve(P, q_a, A, b, data.G, data.h, lb=lb_a, ub=ub_a, backward=backward)
+    (ref.x @ w).backward()
+    lb_b, ub_b, q_b = (t.clone().requires_grad_() for t in (lb, ub, q0))
+    G, h, k_lb, k_ub = append_every_bound(q_b, data.G, data.h, lb_b, ub_b)
+    assert (k_lb, k_ub) == (8, 8) and G is not None and G.shape == (20, 8)
+    sol = dqp.solve(data.P, q_b, data.A, data.b, G, h, backward=backward)
+    (sol.x @ w).backward()
+    torch.testing.assert_close(sol.x, ref.x, atol=1e-12, rtol=1e-12)
+    nu = sol.ineq_duals
+    assert nu is not None and ref.lb_duals is not None and ref.ub_duals is not None
+    lo, hi = torch.isfinite(lb), torch.isfinite(ub)
+    torch.testing.assert_close(nu[4:12][lo], ref.lb_duals, atol=1e-12, rtol=1e-10)
+    torch.testing.assert_close(nu[12:][hi], ref.ub_duals, atol=1e-12, rtol=1e-10)
+    assert bool((nu[4:12][~lo] == 0).all()) and bool((nu[12:][~hi] == 0).all())
+    assert float(torch.cat([ref.lb_duals, ref.ub_duals]).detach().max()) > 1e-3  # active
+    for got, want in ((q_b.grad, q_a.grad), (lb_b.grad, lb_a.grad), (ub_b.grad, ub_a.grad)):
+        torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-10)
+    bad = lb.clone()
+    bad[3] = torch.inf
+    G, h, _, _ = append_every_bound(q0, data.G, data.h, bad, ub)
+    out = dqp.solve(data.P, q0, data.A, data.b, G, h, on_failure="nan")
+    assert out.status == (dqp.QPStatus.INFEASIBLE,)

@@ -236,3 +236,38 @@ def test_auto_picks_the_torch_solver_for_cuda_inputs() -> None:
     problem = complementary_qp(6, m=4, p=1, seed=3)
     sol = dqp.solve(*(None if t is None else t.cuda() for t in problem.args()))
     assert sol.info.solver == "torch" and sol.x.is_cuda
+
+
+@CUDA
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_torch_solver_under_torch_func_stays_on_the_device(dtype: torch.dtype) -> None:
+    """torch.func on CUDA inputs: jacrev, jacfwd and vmap run the torch solver on the GPU in
+    the input dtype and agree with the CPU run of the same transforms."""
+    from torch.func import jacfwd, jacrev, vmap
+
+    problem = complementary_qp(6, m=4, p=1, seed=15)
+    args = tuple(None if t is None else t.to(dtype) for t in problem.args())
+    solvers: list[str] = []
+
+    def make(device: str):  # type: ignore[no-untyped-def]
+        P, q, A, b, G, h = (None if t is None else t.to(device) for t in args)
+
+        def f(q: Tensor) -> Tensor:
+            sol = dqp.solve(P, q, A, b, G, h, solver="torch")
+            solvers.append(sol.info.solver)
+            return sol.x
+
+        return f, q
+
+    f_gpu, q_gpu = make("cuda")
+    f_cpu, q_cpu = make("cpu")
+    tol = FLOAT32_RTOL if dtype == torch.float32 else 1e-10
+    for transform in (jacrev, jacfwd):
+        J = transform(f_gpu)(q_gpu)
+        assert J.device.type == "cuda" and J.dtype == dtype
+        assert relative_error(J.cpu(), transform(f_cpu)(q_cpu)) <= tol
+    qs = q_cpu + 0.05 * torch.ones(3, 1, dtype=dtype)
+    X = vmap(f_gpu)(qs.cuda())
+    assert X.device.type == "cuda"
+    assert relative_error(X.cpu(), vmap(f_cpu)(qs)) <= tol
+    assert set(solvers) == {"torch"}

@@ -371,3 +371,350 @@ def test_cuda_inputs_under_torch_func():
         torch.testing.assert_close(J.cpu(), ref, atol=1e-10, rtol=1e-9)
     qs = q + 0.05 * torch.ones(3, 1, dtype=F64, device="cuda")
     torch.testing.assert_close(vmap(f)(qs).cpu(), torch.stack([f(r).cpu() for r in qs]))
+
+
+# ---------------------------------------------------------------------------------------------
+# vmap over lb / ub (one row per entry, infinite bounds exact zero rows)
+
+
+def _bounds_per_sample(problem: QPData, scale: float) -> tuple[Tensor, Tensor]:
+    """V = 3 samples of bounds with different finite patterns, each with an active bound:
+    sample 0 an active ``ub``, sample 1 an active ``lb``, sample 2 both; the others inactive
+    or infinite (``-inf`` in ``lb``, ``+inf`` in ``ub``)."""
+    x = problem.x
+    assert x is not None
+    inf = float("inf")
+    lbs, ubs = torch.stack([x - scale] * 3), torch.stack([x + scale] * 3)
+    lbs[0, 1], lbs[1, 3], lbs[2, 0], lbs[2, 4] = -inf, -inf, -inf, -inf
+    ubs[1, 5], ubs[2, 2] = inf, inf
+    ubs[0, 0] = x[0] - 0.05 * scale
+    lbs[1, 2] = x[2] + 0.05 * scale
+    ubs[2, 1], lbs[2, 3] = x[1] - 0.05 * scale, x[3] + 0.05 * scale
+    return lbs, ubs
+
+
+@pytest.mark.parametrize("backward", METHODS)
+@pytest.mark.parametrize("scale", [1.0, 1e6], ids=["unit", "x~1e6"])
+def test_vmap_over_bounds_with_differing_finite_patterns(backward, scale):
+    """Per-sample finite patterns under vmap against the eager per-sample solves (compact
+    rows): the same x, the duals of the finite entries, exact zeros at the infinite ones, and
+    vmap(jacrev)/vmap(jacfwd) with respect to lb and ub against the eager jacobian. ``x~1e6``
+    scales the solution (and the bounds) by 1e6: the zero rows' slack 1 is then tiny next to
+    the data, which must not make them active."""
+    base = complementary_qp(6, m=3, p=1, seed=3)
+    P, q, A, b, G, h = base.args()
+    q, b, h = q * scale, b * scale, h * scale  # type: ignore[operator]
+    problem = base._replace(x=base.x * scale)  # type: ignore[operator]
+    lbs, ubs = _bounds_per_sample(problem, scale)
+
+    def solve(lb: Tensor, ub: Tensor) -> dqp.QPSolution:
+        return dqp.solve(P, q, A, b, G, h, lb=lb, ub=ub, backward=backward)
+
+    sol = vmap(solve)(lbs, ubs)
+    assert len(sol.status) == 3 and all(s.ok for s in sol.status)
+    assert sol.lb_duals.shape == (3, 6) and sol.ub_duals.shape == (3, 6)
+    active = 0
+    for k in range(3):
+        ref = solve(lbs[k], ubs[k])
+        torch.testing.assert_close(sol.x[k], ref.x, atol=1e-9 * scale, rtol=1e-9)
+        torch.testing.assert_close(sol.ineq_duals[k], ref.ineq_duals, atol=1e-9, rtol=1e-9)
+        pairs = ((lbs, sol.lb_duals, ref.lb_duals), (ubs, sol.ub_duals, ref.ub_duals))
+        for bound, duals, want in pairs:
+            finite = torch.isfinite(bound[k])
+            torch.testing.assert_close(duals[k][finite], want, atol=1e-9, rtol=1e-9)
+            assert bool((duals[k][~finite] == 0).all())  # exactly inactive
+            active += int((want > 1e-3).sum())
+    assert active >= 4  # the designed active bounds are active
+
+    def x_of(lb: Tensor, ub: Tensor) -> Tensor:
+        return solve(lb, ub).x
+
+    J = vmap(jacrev(x_of, argnums=(0, 1)))(lbs, ubs)
+    Jf = vmap(jacfwd(x_of, argnums=(0, 1)))(lbs, ubs)
+    for k in range(3):
+        ref = torch.autograd.functional.jacobian(x_of, (lbs[k], ubs[k]))
+        assert float(ref[0].abs().sum() + ref[1].abs().sum()) > 0.5  # an active bound moves x
+        for i in range(2):
+            torch.testing.assert_close(J[i][k], ref[i], atol=1e-10, rtol=1e-9)
+            torch.testing.assert_close(Jf[i][k], ref[i], atol=1e-10, rtol=1e-9)
+
+
+def test_jacobians_with_respect_to_bounds_batched_and_not_vmapped():
+    """jacrev/jacfwd w.r.t. lb and ub without vmap (compact rows) and vmap over a batched lb
+    (V = 2 over B = 3: one folded solve of 6 samples), against the eager jacobian."""
+    args, _ = _problem(True, seed=5)
+    P, q, A, b, G, h, lb, ub = args
+
+    def x_of(lb: Tensor, ub: Tensor) -> Tensor:
+        return dqp.solve(P, q, A, b, G, h, lb=lb, ub=ub, backward="kkt").x
+
+    ref = torch.autograd.functional.jacobian(x_of, (lb, ub))
+    assert float(ref[0].abs().sum()) > 0.5 and float(ref[1].abs().sum()) > 0.5
+    for transform in (jacrev, jacfwd):
+        got = transform(x_of, argnums=(0, 1))(lb, ub)
+        for i in range(2):
+            torch.testing.assert_close(got[i], ref[i], atol=1e-10, rtol=1e-9)
+    lbs = torch.stack([lb, lb.clone()])
+    lbs[1, :, 3] = -float("inf")  # a different finite pattern in the second vmapped sample
+    X = vmap(x_of, in_dims=(0, None))(lbs, ub)
+    J = vmap(jacrev(x_of), in_dims=(0, None))(lbs, ub)
+    for v in range(2):
+        torch.testing.assert_close(X[v], x_of(lbs[v], ub), atol=1e-12, rtol=1e-12)
+        want = torch.autograd.functional.jacobian(lambda lb, v=v: x_of(lb, ub), lbs[v])
+        torch.testing.assert_close(J[v], want, atol=1e-10, rtol=1e-9)
+
+
+def test_vmapped_bounds_infeasible_samples_and_nan():
+    """lb = +inf / ub = -inf in one vmapped sample: that sample is INFEASIBLE (zero row
+    0'x <= -1), the others solved, with a zero jacobian for the failed one; NaN is refused."""
+    problem = complementary_qp(5, m=3, seed=8)
+    P, q, _, _, G, h = problem.args()
+    x = problem.x
+    assert x is not None
+    lbs = torch.stack([x - 1.0] * 3)
+    ubs = torch.stack([x + 1.0] * 3)
+    lbs[0, 2] = float("inf")
+    ubs[2, 4] = -float("inf")
+    lbs[1, 0] = -float("inf")
+
+    def x_of(lb: Tensor, ub: Tensor) -> Tensor:
+        return dqp.solve(P, q, G=G, h=h, lb=lb, ub=ub, on_failure="nan").x
+
+    sol = vmap(lambda lb, ub: dqp.solve(P, q, G=G, h=h, lb=lb, ub=ub, on_failure="nan"))(lbs, ubs)
+    S = dqp.QPStatus
+    assert sol.status == (S.INFEASIBLE, S.SOLVED, S.INFEASIBLE)
+    torch.testing.assert_close(sol.x[1], x_of(lbs[1], ubs[1]), atol=1e-12, rtol=1e-12)
+    assert bool(torch.isnan(sol.x[[0, 2]]).all())
+    J = vmap(jacrev(x_of))(lbs, ubs)
+    Jf = vmap(jacfwd(x_of))(lbs, ubs)
+    assert bool((J[[0, 2]] == 0).all()) and bool((Jf[[0, 2]] == 0).all())
+    lbs[1, 1] = float("nan")
+    with pytest.raises(ValueError, match="h: expected finite entries, got NaN"):
+        vmap(x_of)(lbs, ubs)  # the NaN reaches h (the bound rows) and the solve's validation
+
+
+# ---------------------------------------------------------------------------------------------
+# solver="torch" under torch.func: the device path's own jvp and vmap rules
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+def test_torch_solver_jacobians_of_every_input(dtype):
+    """jacrev and jacfwd of (x, y, z) w.r.t. all six inputs on solver="torch" against
+    torch.autograd.functional.jacobian (the eager backward) and, in float64, against the
+    CPU route's exact KKT backward; the transforms stay on the torch solver."""
+    problem = complementary_qp(6, m=4, p=2, seed=14)
+    args = tuple(t.to(dtype) for t in problem.args())  # type: ignore[union-attr]
+    solvers: list[str] = []
+
+    def fn(*inputs: Tensor, solver: str = "torch") -> tuple[Tensor, ...]:
+        backward = "kkt" if solver != "torch" else "penalty"
+        sol = dqp.solve(*inputs, solver=solver, backward=backward)
+        solvers.append(sol.info.solver)
+        return sol.x, sol.eq_duals, sol.ineq_duals
+
+    ref = torch.autograd.functional.jacobian(fn, args)
+    kkt = torch.autograd.functional.jacobian(
+        lambda *a: fn(*a, solver="daqp"), tuple(t.double() for t in args)
+    )
+    tol = {"atol": 1e-10, "rtol": 1e-9} if dtype == F64 else {"atol": 2e-4, "rtol": 1e-3}
+    for i in range(3):
+        for j in range(6):
+            torch.testing.assert_close(ref[i][j].double(), kkt[i][j], **tol)
+    solvers.clear()
+    for transform in (jacrev, jacfwd):
+        got = transform(fn, argnums=tuple(range(6)))(*args)
+        for i in range(3):
+            for j in range(6):
+                assert got[i][j].dtype == dtype
+                torch.testing.assert_close(got[i][j], ref[i][j], **tol, msg=f"{i}/{NAMES[j]}")
+    assert solvers == ["torch", "torch"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+def test_torch_solver_vmap_is_one_folded_solve(dtype, monkeypatch):
+    """vmap over q and lb (per-sample finite patterns) is one call of the torch solver on the
+    folded batch; x, vmap(jacrev) and vmap(jacfwd) match the eager per-sample solves."""
+    problem = complementary_qp(6, m=4, p=1, seed=21)
+    P, q, A, b, G, h = (t.to(dtype) for t in problem.args())  # type: ignore[union-attr]
+    x = problem.x.to(dtype)  # type: ignore[union-attr]
+    gen = torch.Generator().manual_seed(3)
+    qs = q + 0.05 * torch.randn(3, 6, generator=gen, dtype=F64).to(dtype)
+    lbs = torch.stack([x - 1.0] * 3)
+    lbs[0, 1] = lbs[2, 4] = -float("inf")
+    lbs[1, 2] = x[2] + 0.05  # active
+
+    import dxopt.qp._torch_backward as tb
+
+    calls: list[int] = []
+    original = tb.solve_detached
+
+    def counting(P, *rest, **kw):  # type: ignore[no-untyped-def]
+        calls.append(P.shape[0])
+        return original(P, *rest, **kw)
+
+    monkeypatch.setattr(tb, "solve_detached", counting)
+
+    def x_of(q: Tensor, lb: Tensor) -> Tensor:
+        return dqp.solve(P, q, A, b, G, h, lb=lb, solver="torch").x
+
+    X = vmap(x_of)(qs, lbs)
+    assert calls == [3]
+    tol = {"atol": 1e-10, "rtol": 1e-9} if dtype == F64 else {"atol": 2e-4, "rtol": 1e-3}
+    J = vmap(jacrev(x_of, argnums=(0, 1)))(qs, lbs)
+    Jf = vmap(jacfwd(x_of, argnums=(0, 1)))(qs, lbs)
+    for k in range(3):
+        torch.testing.assert_close(X[k], x_of(qs[k], lbs[k]), **tol)
+        ref = torch.autograd.functional.jacobian(x_of, (qs[k], lbs[k]))
+        for i in range(2):
+            torch.testing.assert_close(J[i][k], ref[i], **tol)
+            torch.testing.assert_close(Jf[i][k], ref[i], **tol)
+    assert float(Jf[1][1].abs().sum()) > 0.5  # the active lb moves x
+
+
+def test_torch_solver_failed_and_unpolished_samples():
+    """on_failure="nan" under vmap: the failed sample has a zero jacobian, like the vjp;
+    polish=False leaves the active set unconfirmed: jvp and vjp refuse (QPBackwardError)."""
+    problem = complementary_qp(5, m=3, seed=4)
+    P, q, _, _, G, h = problem.args()
+    hs = torch.stack([h, h, h])
+    hs[1, 0] = -1e3
+    Gs = torch.stack([G, G, G]).clone()
+    Gs[1, 0] = 0.0  # 0 <= -1e3: infeasible
+
+    def x_of(h: Tensor, G: Tensor) -> Tensor:
+        return dqp.solve(P, q, G=G, h=h, solver="torch", on_failure="nan").x
+
+    sol = vmap(lambda G, h: dqp.solve(P, q, G=G, h=h, solver="torch", on_failure="nan"))(Gs, hs)
+    assert [s.ok for s in sol.status] == [True, False, True]
+    J = vmap(jacrev(x_of))(hs, Gs)
+    Jf = vmap(jacfwd(x_of))(hs, Gs)
+    assert bool((J[1] == 0).all()) and bool((Jf[1] == 0).all())
+    ref = torch.autograd.functional.jacobian(lambda h: x_of(h, G), h)
+    for k in (0, 2):
+        torch.testing.assert_close(J[k], ref, atol=1e-10, rtol=1e-9)
+        torch.testing.assert_close(Jf[k], ref, atol=1e-10, rtol=1e-9)
+
+    def unpolished(q: Tensor) -> Tensor:
+        return dqp.solve(P, q, G=G, h=h, solver="torch", polish=False, eps_abs=1e-6).x
+
+    for transform in (jacrev, jacfwd):
+        with pytest.raises(dqp.QPBackwardError, match="not solved or not polished"):
+            transform(unpolished)(q)
+
+
+@pytest.mark.parametrize(
+    "second",
+    [
+        lambda f: jacfwd(jacrev(f)),
+        lambda f: jacrev(jacrev(f)),
+        lambda f: jacrev(jacfwd(f)),
+        lambda f: jacfwd(jacfwd(f)),
+        lambda f: lambda q: vmap(jacrev(jacrev(f)))(q.expand(2, -1)),
+    ],
+    ids=["hessian", "jacrev2", "rev-fwd", "jacfwd2", "vmap-jacrev2"],
+)
+def test_torch_solver_second_derivatives_are_refused(second):
+    problem = complementary_qp(5, m=3, seed=6)
+    P, q, _, _, G, h = problem.args()
+
+    def f(q: Tensor) -> Tensor:
+        return dqp.solve(P, q, G=G, h=h, solver="torch").x
+
+    with pytest.raises(RuntimeError, match="cannot differentiate twice"):
+        second(f)(q)
+
+
+def test_torch_solver_eager_forward_mode_ad_and_double_backward():
+    """Eager forward-mode AD on solver="torch" is the torch.func jvp (the implicit one, not
+    forward AD through the solver's iterations); create_graph=True then a second backward
+    raises."""
+    import torch.autograd.forward_ad as fwAD
+
+    problem = complementary_qp(6, m=4, p=1, seed=11)
+    P, q, A, b, G, h = problem.args()
+    t = _random_like((q,), 12)[0]
+    _, ref = jvp(lambda q: dqp.solve(P, q, A, b, G, h, solver="torch").x, (q,), (t,))
+    J = torch.autograd.functional.jacobian(lambda q: dqp.solve(P, q, A, b, G, h).x, q)
+    torch.testing.assert_close(ref, J @ t, atol=1e-10, rtol=1e-9)
+    with fwAD.dual_level():
+        x = dqp.solve(P, fwAD.make_dual(q, t), A, b, G, h, solver="torch").x
+        tangent = fwAD.unpack_dual(x).tangent
+    assert tangent is not None
+    torch.testing.assert_close(tangent, ref, atol=1e-12, rtol=1e-12)
+    leaf = q.clone().requires_grad_()
+    x = dqp.solve(P, leaf, A, b, G, h, solver="torch").x
+    (g,) = torch.autograd.grad(x.pow(2).sum(), leaf, create_graph=True)
+    with pytest.raises(RuntimeError, match="cannot differentiate twice"):
+        g.sum().backward()
+
+
+def test_executor_under_torch_func_is_refused():
+    """executor= has reverse-mode autograd only: torch.func and forward-mode AD get a
+    ValueError naming the option before the executor is called."""
+    import torch.autograd.forward_ad as fwAD
+
+    class Executor:
+        def solve(self, *args: Any, **kwargs: Any) -> Any:
+            raise AssertionError("the executor must not be called")
+
+    problem = complementary_qp(4, m=2, seed=1)
+    P, q, _, _, G, h = problem.args()
+
+    def f(q: Tensor) -> Tensor:
+        return dqp.solve(P, q, G=G, h=h, executor=Executor()).x  # type: ignore[arg-type]
+
+    for transform in (jacrev, jacfwd, grad, vmap):
+        g = (lambda q: f(q).sum()) if transform is grad else f
+        arg = q.expand(2, -1) if transform is vmap else q
+        with pytest.raises(ValueError, match=r"executor: expected None inside torch\.func"):
+            transform(g)(arg)
+    with fwAD.dual_level(), pytest.raises(ValueError, match="executor: expected None"):
+        f(fwAD.make_dual(q, torch.ones_like(q)))
+
+
+def test_torch_solver_duplicated_rows():
+    """Two copies of an active row (LICQ fails) on solver="torch": moving both copies moves
+    x_1 by 1 (a consistent tangent system), the vjp splits equally; moving one copy has no
+    derivative (one-sided derivatives 0 and 1) and the torch jvp refuses it, its tangent
+    system being inconsistent (the CPU route returns the minimum-norm mean instead, above)."""
+    P = torch.eye(2, dtype=F64)
+    q = torch.tensor([-2.0, -2.0], dtype=F64)
+    G = torch.tensor([[1.0, 0.0], [1.0, 0.0]], dtype=F64)
+    h = torch.tensor([1.0, 1.0], dtype=F64)
+
+    def x_of(h: Tensor) -> Tensor:
+        return dqp.solve(P, q, G=G, h=h, solver="torch").x
+
+    _, both = jvp(x_of, (h,), (torch.ones(2, dtype=F64),))
+    (gh,) = vjp(x_of, h)[1](torch.tensor([1.0, 0.0], dtype=F64))
+    torch.testing.assert_close(both, torch.tensor([1.0, 0.0], dtype=F64), atol=1e-12, rtol=0)
+    torch.testing.assert_close(gh, torch.tensor([0.5, 0.5], dtype=F64), atol=1e-10, rtol=0)
+    with pytest.raises(dqp.QPBackwardError, match="tangent residual"):
+        jvp(x_of, (h,), (torch.tensor([1.0, 0.0], dtype=F64),))
+
+
+def test_torch_solver_vmapped_kkt_solve_in_chunks(monkeypatch):
+    """jacrev/jacfwd repeat the saved factor once per (co)tangent; above the budget the
+    vmapped KKT solve runs in chunks of V, with the same Jacobian as one chunk."""
+    parts = [complementary_qp(6, m=4, p=1, seed=30 + k) for k in range(3)]
+    P, q, A, b, G, h = stack(parts).args()
+
+    def x_of(q: Tensor) -> Tensor:
+        return dqp.solve(P, q, A, b, G, h, solver="torch").x
+
+    whole = (jacrev(x_of)(q), jacfwd(x_of)(q))
+    import dxopt.qp._torch_backward as tb
+
+    sizes: list[int] = []
+    original = tb.kkt_solve
+
+    def counting(f, *rest):  # type: ignore[no-untyped-def]
+        sizes.append(f.L.shape[0])
+        return original(f, *rest)
+
+    monkeypatch.setattr(tb, "kkt_solve", counting)
+    monkeypatch.setattr(tb, "_REPEAT_BUDGET", 2 * 3 * 6 * 6)  # below one copy: chunks of 1
+    for transform, want in zip((jacrev, jacfwd), whole):
+        sizes.clear()
+        torch.testing.assert_close(transform(x_of)(q), want, atol=1e-13, rtol=1e-13)
+        assert len(sizes) > 1 and sum(sizes) == 18 * 3 and max(sizes) < 18 * 3  # V = 18

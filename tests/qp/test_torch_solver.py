@@ -436,3 +436,22 @@ def test_auto_takes_the_torch_device_path_for_large_batches_of_tiny_problems():
     assert sol.info.solver == "torch" and sol.info.sample_solvers[0] == "torch"
     x_ref = np.stack([daqp(pr).x for pr in probs[:16]])
     np.testing.assert_allclose(sol.x[:16].numpy(), x_ref, atol=1e-8, rtol=0)
+
+
+def test_torch_qp_solve_under_torch_func():
+    """torch_qp_solve itself under vmap, jacfwd and jacrev: the projection onto x <= 1,
+    x = min(-q, 1), dx/dq = -diag(-q < 1) in closed form."""
+    from torch.func import jacfwd, jacrev, vmap
+
+    d = torch.float64
+    P, G, h = torch.eye(3, dtype=d), torch.eye(3, dtype=d), torch.ones(3, dtype=d)
+    qs = torch.tensor([[-2.0, 0.3, 1.0], [0.5, -3.0, -0.2]], dtype=d)
+
+    def x_of(q: torch.Tensor) -> torch.Tensor:
+        return torch_qp_solve(P, q, G=G, h=h).x[0]
+
+    torch.testing.assert_close(vmap(x_of)(qs), (-qs).clamp(max=1.0), atol=1e-10, rtol=0)
+    for q in qs:
+        want = -torch.diag((-q < 1.0).to(d))
+        for transform in (jacfwd, jacrev):
+            torch.testing.assert_close(transform(x_of)(q), want, atol=1e-10, rtol=0)

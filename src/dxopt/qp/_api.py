@@ -24,7 +24,7 @@ from dxopt.qp._forward import (
 from dxopt.qp._function import BackwardMethod, QPCall, QPFunction, QPState
 from dxopt.qp._problem import QPProblem, canonical_problem
 from dxopt.qp._problem import check_psd as check_psd_of
-from dxopt.qp._tangent import functorch_active, sparse_under_func
+from dxopt.qp._tangent import BASES, forward_ad_dual, functorch_active, sparse_under_func
 from dxopt.qp._types import BackwardDiagnostics, QPInfo, QPSolution, QPSolveError
 
 if TYPE_CHECKING:
@@ -231,8 +231,12 @@ def solve(
     context is ``status`` and ``info``). Second derivatives (Hessians, ``jacrev(jacrev(f))``)
     raise ``RuntimeError``; a sparse ``P``/``A``/``G`` may be a constant of the transformed
     function but is not differentiated by torch.func (``TypeError``; plain ``backward()``
-    gives sparse gradients); ``lb``/``ub`` cannot be vmapped over (their finite pattern
-    decides the rows: pass such bounds as rows of ``G``, ``h``).
+    gives sparse gradients). A vmapped ``lb``/``ub`` gets one row per entry (an infinite bound
+    an exactly inactive zero row, :mod:`dxopt.qp._bounds`), so its ``lb_duals``/``ub_duals``
+    have ``n`` entries, zero where the bound is infinite. ``solver="torch"`` (and ``"auto"``
+    where it picks the torch solver, e.g. on a GPU) stays on the inputs' device and dtype
+    under the transforms (:mod:`dxopt.qp._torch_backward`). ``executor=`` raises
+    ``ValueError`` under a transform or forward-mode AD (reverse mode only).
 
     Raises:
         ValueError: bad shapes, dtypes, devices, NaN/Inf, non-symmetric or non-PSD ``P``,
@@ -273,6 +277,15 @@ def solve(
                 f"executor: expected None or an executor such as "
                 f"dxopt.distributed.RayExecutor, got {type(executor).__name__}."
             )
+        # [func] the chunks' graphs live on the workers: no torch.func, no forward mode
+        if functorch_active() or any(forward_ad_dual(t) for t in (P, q, A, b, G, h, lb, ub)):
+            raise ValueError(
+                f"executor: expected None inside torch.func transforms (grad, vjp, jvp, jacrev, "
+                f"jacfwd, vmap) and forward-mode AD, got {type(executor).__name__}: the "
+                "distributed path has reverse-mode autograd only. Call solve without executor= "
+                "there (one local batched solve), or differentiate the executor call with "
+                "plain autograd (loss.backward(), torch.autograd.grad)."
+            )
         options = {
             "backward": backward,
             "solver": solver,
@@ -296,7 +309,21 @@ def solve(
         sparse = any(isinstance(t, Tensor) and t.layout != torch.strided for t in others)
         G, h, k_lb, k_ub = append_bounds(q, G, h, lb, ub, sparse=sparse)
     # solver="torch" (and "auto" on a GPU or for large batches of tiny problems) keeps dense
-    # inputs on their device and dtype (dxopt.qp._torch_layer); torch.func takes QPFunction
+    # inputs on their device and dtype (dxopt.qp._torch_layer)
+    bounds = None if lb is None and ub is None else (k_lb, k_ub, lb is not None, ub is not None)
+    if functorch_active() and _torch_route(solver, backward, P, q, A, G):  # [func] torch.func:
+        _check_warm_start(warm_start, q.shape[-1])  # the Function validates the plain inputs
+        shapes = [t.shape[0] for t, k in zip((P, q, A, b, G, h), BASES)
+                  if t is not None and t.ndim > k]  # fmt: skip
+        if q.shape[-1] and all(shapes):
+            from dxopt.qp._torch_layer import solve_torch
+
+            validate = functools.partial(canonical_problem, check_psd=check_psd, keep_device=True)
+            return solve_torch(
+                None, (P, q, A, b, G, h), eps_abs=eps_abs, eps_rel=eps_rel,
+                on_failure=on_failure, solver_options=solver_options, polish=polish,
+                m_user=m_user, bounds=bounds, validate=validate,
+            )  # fmt: skip
     if not functorch_active() and _torch_route(solver, backward, P, q, A, G):
         problem = canonical_problem(P, q, A, b, G, h, check_psd=check_psd, keep_device=True)
         _check_warm_start(warm_start, problem.n)
@@ -304,9 +331,6 @@ def solve(
         if name == "torch" and problem.size and problem.n:
             from dxopt.qp._torch_layer import solve_torch  # the device path
 
-            bounds = (
-                None if lb is None and ub is None else (k_lb, k_ub, lb is not None, ub is not None)
-            )
             return solve_torch(
                 problem, (P, q, A, b, G, h), eps_abs=eps_abs, eps_rel=eps_rel,
                 on_failure=on_failure, solver_options=solver_options, polish=polish,

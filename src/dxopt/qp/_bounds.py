@@ -9,6 +9,17 @@ sample infeasible (no ``x`` satisfies it): one zero row :math:`0^\\top x \\le -1
 for those samples (``0 <= 1`` for the others), which the forward's certificate reports as
 ``INFEASIBLE``. A sparse ``G`` is concatenated by :class:`SparseRowCat`, whose backward hands
 ``G`` its own rows of the gradient (torch's ``cat`` has no sparse backward).
+
+**Under vmap.** Which entries are finite decides which rows exist, and a bound batched by
+:func:`torch.func.vmap` may have a different pattern per vmapped sample, which no Python
+control flow may read. A vmapped ``lb``/``ub`` therefore gets one row per entry
+(:func:`append_every_bound`), built with ``torch.where`` only: a finite bound its row
+:math:`\\mp e_i^\\top x \\le \\mp b_i`, an infinite bound of the right sign the zero row
+:math:`0^\\top x \\le 1` (satisfied with slack exactly 1 by every ``x``: never active, its
+multiplier is zero, no large finite number stands in for the infinity), a wrong-signed one the
+zero row :math:`0^\\top x \\le -1` (infeasible), and a NaN stays NaN in ``h``, which the
+validation inside the solve rejects. The bound multipliers then have ``n`` entries, zero where
+the bound is infinite.
 """
 
 from __future__ import annotations
@@ -18,10 +29,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["append_bounds"]
+from dxopt.qp._tangent import vmapped
+
+__all__ = ["append_bounds", "append_every_bound"]
 
 
-def _finite_mask(name: str, bound: object, q: Tensor) -> tuple[Tensor, Tensor]:
+def _check_bound(name: str, bound: object, q: Tensor) -> Tensor:
+    """Type, dtype, device and shape of ``lb``/``ub`` (no look at the values)."""
     if not isinstance(bound, Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor or None, got {type(bound).__name__}.")
     if bound.dtype != q.dtype or bound.device != q.device:
@@ -34,6 +48,11 @@ def _finite_mask(name: str, bound: object, q: Tensor) -> tuple[Tensor, Tensor]:
         raise ValueError(
             f"{name}: expected shape ({n},) or (B, {n}), got {tuple(bound.shape)}. Reshape it."
         )
+    return bound
+
+
+def _finite_mask(name: str, bound: object, q: Tensor) -> tuple[Tensor, Tensor]:
+    bound = _check_bound(name, bound, q)
     if bool(torch.isnan(bound).any()):
         raise ValueError(f"{name}: expected numbers or +-inf, got NaN. Use +-inf for no bound.")
     wrong = float("inf") if name == "lb" else float("-inf")
@@ -87,7 +106,11 @@ def append_bounds(
     *,
     sparse: bool,
 ) -> tuple[Tensor | None, Tensor | None, int, int]:
-    """Return ``(G', h', k_lb, k_ub)``: ``G``/``h`` with the bound rows appended at the end."""
+    """Return ``(G', h', k_lb, k_ub)``: ``G``/``h`` with the bound rows appended at the end
+    (one row per finite entry; every entry when a bound is vmapped over, see
+    :func:`append_every_bound`)."""
+    if any(t is not None and vmapped(t) for t in (lb, ub)):
+        return append_every_bound(q, G, h, lb, ub)
     rows: list[Tensor] = []
     rhs: list[Tensor] = []
     counts = []
@@ -143,3 +166,39 @@ def append_bounds(
         vectors = [v if v.ndim == 2 else v.expand(batch, -1) for v in vectors]
     h_new = torch.cat(vectors, -1)
     return G_new, h_new, counts[0], counts[1]
+
+
+def append_every_bound(
+    q: Tensor, G: Tensor | None, h: Tensor | None, lb: Tensor | None, ub: Tensor | None
+) -> tuple[Tensor | None, Tensor | None, int, int]:
+    """:func:`append_bounds` without data-dependent control flow: ``n`` rows per given bound,
+    an infinite entry encoded as an exact zero row (module docstring). Dense ``G`` only."""
+    if G is not None and G.layout != torch.strided:
+        raise ValueError(
+            f"G: expected a dense tensor when lb/ub are vmapped over, got {G.layout}. Pass "
+            "G.to_dense(), or do not vmap over lb/ub."
+        )
+    n = q.shape[-1]
+    eye = torch.eye(n, dtype=q.dtype, device=q.device)
+    rows: list[Tensor] = [] if G is None else [G]
+    rhs: list[Tensor] = [] if h is None else [h]
+    counts = []
+    for name, bound, sign in (("lb", lb, -1.0), ("ub", ub, 1.0)):
+        if bound is None:
+            counts.append(0)
+            continue
+        bound = _check_bound(name, bound, q)
+        counts.append(n)
+        finite = torch.isfinite(bound)
+        wrong = bound == (float("inf") if name == "lb" else float("-inf"))
+        rows.append(sign * eye * finite.to(q.dtype).unsqueeze(-2))  # row i: sign * e_i or 0
+        inactive = torch.where(wrong, -1.0, 1.0).to(q.dtype)  # 0'x <= -1 / 0'x <= 1
+        inactive = torch.where(torch.isnan(bound), bound, inactive)  # NaN: the solve rejects it
+        rhs.append(torch.where(finite, sign * bound, inactive))
+    mats = max((t.shape[0] for t in rows if t.ndim == 3), default=0)
+    if mats:
+        rows = [t if t.ndim == 3 else t.expand(mats, *t.shape) for t in rows]
+    vecs = max((t.shape[0] for t in rhs if t.ndim == 2), default=0)
+    if vecs:
+        rhs = [t if t.ndim == 2 else t.expand(vecs, -1) for t in rhs]
+    return torch.cat(rows, -2), torch.cat(rhs, -1), counts[0], counts[1]

@@ -62,11 +62,13 @@ __all__ = [
     "TangentSolve",
     "adjoint_input",
     "fold",
+    "forward_ad_dual",
     "functorch_active",
     "gradients_from_adjoint",
     "run_adjoint",
     "sparse_under_func",
     "unfold",
+    "vmapped",
 ]
 
 BASES = (2, 1, 2, 1, 2, 1)  # unbatched ndim of P, q, A, b, G, h
@@ -82,6 +84,22 @@ _TWICE = (
 def functorch_active() -> bool:
     """True inside a :mod:`torch.func` transform (grad, vjp, jvp, jacrev, jacfwd, vmap)."""
     return bool(torch._C._are_functorch_transforms_active())
+
+
+def forward_ad_dual(t: object) -> bool:
+    """True if ``t`` is a dual tensor of eager forward-mode AD (``torch.autograd.forward_ad``)."""
+    return isinstance(t, Tensor) and torch.autograd.forward_ad.unpack_dual(t).tangent is not None
+
+
+def vmapped(t: Tensor) -> bool:
+    """True if an enclosing :func:`torch.func.vmap` batches ``t`` (at any level): its values
+    then differ per vmapped sample, so no Python control flow may depend on them."""
+    F = torch._C._functorch
+    while F.is_functorch_wrapped_tensor(t):
+        if F.is_batchedtensor(t):
+            return True
+        t = F.get_unwrapped(t)
+    return False
 
 
 def sparse_under_func(name: str, layout: torch.layout) -> TypeError:

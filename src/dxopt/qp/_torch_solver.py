@@ -791,8 +791,11 @@ def torch_qp_solve(
     for name, fval in (("eps_abs", eps_abs), ("eps_rel", eps_rel), ("eps_inf", eps_inf)):
         if not isinstance(fval, (int, float)) or not fval >= 0:
             raise ValueError(f"torch_qp_solve: {name} must be a float >= 0, got {fval!r}")
-    if isinstance(P, Tensor) and any(
-        t is not None and isinstance(t, Tensor) and t.requires_grad for t in (P, q, A, b, G, h)
+    from dxopt.qp._tangent import forward_ad_dual, functorch_active
+
+    if functorch_active() or any(  # derivatives (torch.func, forward mode) via the Function
+        isinstance(t, Tensor) and (t.requires_grad or forward_ad_dual(t))
+        for t in (P, q, A, b, G, h)
     ):
         from dxopt.qp._torch_backward import torch_qp_differentiable
 
