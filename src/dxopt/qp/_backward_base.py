@@ -46,6 +46,8 @@ behaviour (:class:`~dxopt.qp.QPBackwardError`).
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import warnings
 from dataclasses import dataclass, replace
 from typing import Any
@@ -127,6 +129,28 @@ class BackwardBase:
     ) -> AdjointSolution:
         raise NotImplementedError
 
+    def _adjoint_or_exact(
+        self, data: AdjointInput, active: ActiveSet, diagnostics: BackwardDiagnostics
+    ) -> AdjointSolution:
+        """:meth:`_adjoint`, or where it fails its residual check the exact reduced-KKT solve
+        of :class:`~dxopt.qp.KKTBackward` on the same rows (an iterative refinement can stall
+        on a nonsingular :math:`K`; ``diagnostics.method`` then says ``"kkt"``). The method's
+        own error is raised if both fail."""
+        try:
+            return self._adjoint(data, active, diagnostics)
+        except QPBackwardError as err:
+            if self.name == "kkt":
+                raise
+            from dxopt.qp._backward_kkt import KKTBackward
+
+            exact = KKTBackward(linear_solver=self.linear_solver, max_residual=self.max_residual)
+            try:
+                out = exact._adjoint(data, active, diagnostics)
+            except QPBackwardError:
+                raise err from None
+            diagnostics.refinement_steps = 0
+            return out
+
     def solve_adjoint(
         self, data: AdjointInput, diagnostics: BackwardDiagnostics
     ) -> AdjointSolution:
@@ -171,7 +195,7 @@ class BackwardBase:
         try:
             if self.degenerate in ("auto", "vertex"):
                 return self._vertex_adjoint(data, active, diagnostics)
-            return self._adjoint(data, active, diagnostics)
+            return self._adjoint_or_exact(data, active, diagnostics)
         except QPBackwardError as err:
             if self.degenerate == "raise":
                 raise
@@ -182,7 +206,7 @@ class BackwardBase:
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", QPDegenerateWarning)
-                    out = self._adjoint(data, kept, diagnostics)
+                    out = self._adjoint_or_exact(data, kept, diagnostics)
                 diagnostics.weak_kept = True
                 warnings.warn(
                     f"{self.name} backward: P is singular on the null space of the strongly "
@@ -207,11 +231,12 @@ class BackwardBase:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", QPDegenerateWarning)
             try:
-                out = self._adjoint(data, active, diagnostics)
+                out = self._adjoint_or_exact(data, active, diagnostics)
             except QPBackwardError as err:
                 # the minimum-norm adjoint can fail its residual check where the dependent
                 # rows leave K badly conditioned; the vertex's independent rows may not
                 failed = err
+        full = copy.copy(diagnostics)  # the state of the full active set's solve
         if failed is None and not any(diagnostics.dependent_rows or ()):
             for w in caught:
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
@@ -245,14 +270,22 @@ class BackwardBase:
             for w in caught:
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
             return out
+        full_caught = caught
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", QPDegenerateWarning)
             try:
-                out = self._adjoint(data, replace(active, used=used), diagnostics)
-            except QPBackwardError:  # the vertex leaves x undetermined: the caller's fallback
+                out_v = self._adjoint_or_exact(data, replace(active, used=used), diagnostics)
+            except QPBackwardError:  # the vertex leaves x undetermined
+                if failed is None:  # the full active set's minimum-norm adjoint stands
+                    for f in dataclasses.fields(diagnostics):
+                        setattr(diagnostics, f.name, getattr(full, f.name))
+                    for w in full_caught:
+                        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+                    return out
                 diagnostics.dependent_rows = tuple(int(c) for c in counts)
                 diagnostics.licq = False
                 raise
+        out = out_v
         left = torch.tensor(diagnostics.dependent_rows or (0,) * data.x.shape[0])
         diagnostics.dependent_rows = tuple(int(c) for c in counts)
         diagnostics.licq = False
