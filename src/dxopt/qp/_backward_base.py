@@ -18,11 +18,18 @@ minimum-norm multiplier adjoint (the equal split between the copies, inside Clar
 independent of the backend). ``degenerate="min_norm"`` uses the minimum-norm adjoint for every
 dependency; for general dependent rows it can lie outside the hull of the one-sided
 derivatives (rows :math:`e_1, e_2, e_1 + e_2`), so it is no longer the default. If the adjoint
-on the full dependent active set fails its residual check (rows of very different norms make
-the minimum-norm refinement stall, as on Maros-Meszaros PRIMALC8), the vertex is still tried
-(samples up to ``MAX_RETRY_ENTRIES`` dense entries) before the pseudo-inverse below; samples
-too big for a dense null space get the minimum-l1 vertex by linear programming
-(:func:`dxopt.qp._degenerate.lp_vertex`).
+on the full dependent active set fails its residual check, the vertex is still tried (samples
+up to ``MAX_RETRY_ENTRIES`` dense entries) before the pseudo-inverse below; samples too big for
+a dense null space get the minimum-l1 vertex by linear programming, completed to a basis of the
+active rows (:func:`dxopt.qp._degenerate.lp_vertex`). A vertex keeps the row space of the
+active rows, so it determines :math:`x` wherever the full active set does; should its solve
+fail nonetheless, the full set's minimum-norm adjoint is kept (never the pseudo-inverse, which
+on a consistent system is the same adjoint less accurately computed).
+A method whose own solve is an iterative refinement (the penalty backward) can stall on a
+nonsingular :math:`K` (dependent rows of very different norms, long ill-conditioned chains of
+rows as on Maros-Meszaros STADAT2/3); its failure is then arbitrated by the exact reduced-KKT
+solve of :class:`~dxopt.qp.KKTBackward` on the same rows before any fallback
+(``BackwardDiagnostics.method`` says ``"kkt"``).
 When the reduced KKT matrix :math:`K = [[P, C^\\top], [C, 0]]` is singular for another reason,
 i.e. :math:`P` is singular on :math:`\\ker C`, the method's exact solve fails its residual
 check. Two cases:

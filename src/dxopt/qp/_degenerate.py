@@ -16,9 +16,17 @@ method-of-multipliers step) and iterative refinement against the exact :math:`K`
 :math:`z_0 = 0`: every update :math:`\\Delta w = (C\\Delta u - r_2)/\\delta` lies in
 :math:`\\operatorname{range} C`, so the limit is the solution with :math:`w \\perp \\ker C^\\top`.
 Dense samples are finally projected onto :math:`\\operatorname{range} C` (SVD) to remove
-round-off in :math:`\\ker C^\\top`. The multiplier cotangents must lie in
-:math:`\\operatorname{range} C` (the multipliers themselves are not unique otherwise); if the
-refined residual stays large the caller raises :class:`~dxopt.qp.QPBackwardError`.
+round-off in :math:`\\ker C^\\top`. The refinement contracts a multiplier mode of singular
+value :math:`\\sigma` of :math:`C` by about :math:`\\delta p/(\\sigma^2 + \\delta p)` per step
+(:math:`p` the curvature of :math:`P` along it), so it stalls where :math:`C` has singular values
+far below its largest row norm (rows of very different norms; a long chain of difference rows,
+as on Maros-Meszaros STADAT2/3); :math:`\\delta` then steps down the ladder
+``_DELTA_LADDER`` (:math:`10^{-8}, 10^{-11}, 10^{-13}` times
+:math:`\\max_i\\|c_i\\|^2/\\bar P_{ii}`), each rung refining the previous point, whose
+multiplier part stays in :math:`\\operatorname{range} C`, so the limit is unchanged. The
+multiplier cotangents must lie in :math:`\\operatorname{range} C` (the multipliers themselves
+are not unique otherwise); if the refined residual stays large the caller raises
+:class:`~dxopt.qp.QPBackwardError`.
 
 Caveat: on duplicated rows :math:`w^\\star` splits the adjoint equally (a convex combination
 of the one-sided derivatives), but for general dependent rows it need not be an element of
@@ -49,8 +57,8 @@ from dxopt.qp._types import BackwardDiagnostics, QPBackwardError, QPDegenerateWa
 
 __all__ = [
     "DEPENDENT_TOL",
-    "count_dependent_dense",
     "complete_basis",
+    "count_dependent_dense",
     "count_dependent_sparse",
     "dependent_weak_rows",
     "lp_vertex",
@@ -482,7 +490,8 @@ def lp_vertex(
     # it is on ker C (an incomplete one can leave x undetermined: Maros-Meszaros STADAT2)
     missing = Cn.shape[0] - dependent - kept.shape[0]
     if missing > 0:
-        order = np.array([j for j in np.argsort(-lam[:k], kind="stable") if not keep[j]], dtype=np.int64)
+        order = np.argsort(-lam[:k], kind="stable")
+        order = order[~keep[order]].astype(np.int64)
         for j in complete_basis(kept, Cn[:k], order, missing):
             keep[j] = True
     return keep
