@@ -159,3 +159,84 @@ def test_complete_basis_takes_independent_rows_in_order(monkeypatch, chunk: int)
     assert deg.complete_basis(kept, sp.csr_matrix(rows), order, 2) == [2, 3]
     assert deg.complete_basis(kept, sp.csr_matrix(rows), order, 3) == [2, 3, 4]
     assert deg.complete_basis(kept, sp.csr_matrix(rows), np.array([1, 2]), 2) == [1]
+
+
+def _chain(n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """STADAT's own structure and scales at n points: rows of norm ~1e3, P = diag(0, 1e-3, ...),
+    slope bound 0.024; a target that falls steeply, then flattens (with noise)."""
+    scale, s, p = 1e3, 0.024, 1e-3
+    rng = np.random.default_rng(0)
+    i = np.arange(1, n)
+    target = 10.0 - 0.05 * np.minimum(i, n // 10) + 0.3 * rng.standard_normal(n - 1)
+    rows, h = [], []
+    for sign in (1.0, -1.0):  # sign (x_i - x_{i+1}) <= s
+        for k in range(n - 1):
+            r = np.zeros(n)
+            r[k], r[k + 1] = sign * scale, -sign * scale
+            rows.append(r)
+            h.append(scale * s)
+    for k in range(n - 2):
+        r = np.zeros(n)
+        r[k : k + 3] = (-scale, 2 * scale, -scale)
+        rows.append(r)
+        h.append(0.0)
+    P = torch.diag(torch.tensor([0.0] + [p] * (n - 1), dtype=F64))
+    q = torch.tensor(np.concatenate([[0.0], -p * target]), dtype=F64)
+    return P, q, torch.tensor(np.array(rows)), torch.tensor(h, dtype=F64)
+
+
+def _face_grad_q(P: torch.Tensor, G: torch.Tensor, h: torch.Tensor, x: torch.Tensor, w):
+    """The exact derivative on the face of the tight rows: the reduced KKT system on a basis
+    of them (a rank-revealing QR picks independent rows; the face is the same)."""
+    import scipy.linalg as sla
+
+    Gn, hn, xn = G.numpy(), h.numpy(), x.numpy()
+    tight = np.nonzero(hn - Gn @ xn <= 1e-9 * (1.0 + np.abs(hn)))[0]
+    C = Gn[tight] / np.linalg.norm(Gn[tight], axis=1, keepdims=True)
+    _, R, piv = sla.qr(C.T, pivoting=True, mode="economic")
+    rank = int((np.abs(np.diag(R)) > 1e-10 * abs(R[0, 0])).sum())
+    B = C[np.sort(piv[:rank])]
+    n = P.shape[0]
+    K = np.block([[P.numpy(), B.T], [B, np.zeros((rank, rank))]])
+    sol = np.linalg.solve(K, np.concatenate([w.numpy(), np.zeros(rank)]))
+    return torch.from_numpy(-sol[:n]), rank
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+@pytest.mark.parametrize("backward", ["kkt", "penalty"])
+def test_stadat_chain_gets_the_face_derivative(backward: str, sparse: bool) -> None:
+    # at n = 300 the penalty refinement stalls on the vertex rows of the dense path (as the
+    # sparse one does on STADAT2/3 itself): the exact KKT solve arbitrates, and before it
+    # the pseudo-inverse of the (nonsingular) reduced KKT matrix was returned, flagged
+    n = 300
+    P, q0, G, h = _chain(n)
+    q = q0.clone().requires_grad_()
+    Pm, Gm = (P.to_sparse_csr(), G.to_sparse_csr()) if sparse else (P, G)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+        sol = dqp.solve(Pm, q, G=Gm, h=h, backward=backward)
+    x = sol.x.detach()
+    assert abs(float(x[0] - x[1]) - 0.024) <= 1e-9  # x0 pinned at the slope bound
+    w = torch.from_numpy(np.random.default_rng(1).standard_normal(n))
+    with pytest.warns(dqp.QPDegenerateWarning):
+        (w * sol.x).sum().backward()
+    diag = sol.info.backward
+    assert diag.pseudo_inverse == (False,) and diag.licq is False, diag
+    assert q.grad is not None
+    ref, rank = _face_grad_q(P, G, h, x, w)
+    assert rank < int((h - G @ x <= 1e-9 * (1 + h.abs())).sum())  # the tight rows are dependent
+    torch.testing.assert_close(q.grad, ref, rtol=1e-7, atol=1e-7 * float(ref.abs().max()))
+
+    def loss(qv: torch.Tensor) -> float:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return float(w @ dqp.solve(P, qv, G=G, h=h).x)
+
+    f0, t = loss(q0), 1e-7
+    gen = torch.Generator().manual_seed(2)
+    for _ in range(2):  # the face persists along q: both one-sided slopes equal the claim
+        d = torch.randn(n, generator=gen, dtype=F64) * 1e-3
+        plus, minus = (loss(q0 + t * d) - f0) / t, (f0 - loss(q0 - t * d)) / t
+        claim = float(q.grad @ d)
+        assert abs(plus - minus) <= 1e-4 * abs(plus), (plus, minus)
+        assert abs(claim - plus) <= 1e-4 * abs(plus), (claim, plus)
