@@ -240,3 +240,23 @@ def test_stadat_chain_gets_the_face_derivative(backward: str, sparse: bool) -> N
         claim = float(q.grad @ d)
         assert abs(plus - minus) <= 1e-4 * abs(plus), (plus, minus)
         assert abs(claim - plus) <= 1e-4 * abs(plus), (claim, plus)
+
+
+@pytest.mark.parametrize("backward", ["kkt", "penalty"])
+def test_a_vertex_that_frees_x_keeps_the_full_sets_minimum_norm_adjoint(monkeypatch, backward):
+    # the safety net behind the basis completion: with the completion disabled, the
+    # minimum-l1 vertex drops both rows through x0 (the mechanism on STADAT2/3), its reduced
+    # KKT matrix is singular, and the full active set's minimum-norm adjoint (exact in q) is
+    # returned instead of the pseudo-inverse
+    monkeypatch.setattr(deg, "MAX_VERTEX_ENTRIES", 0)
+    monkeypatch.setattr(deg, "complete_basis", lambda *args: [])
+    _, q0, _, h0 = _problem()
+    q = q0.clone().requires_grad_()
+    sol = _solve(q, h0, True, backward)
+    with pytest.warns(dqp.QPDegenerateWarning, match="minimum-norm one is used"):
+        (W * sol.x).sum().backward()
+    diag = sol.info.backward
+    assert diag.pseudo_inverse == (False,) and diag.licq is False, diag
+    assert diag.n_active == (5,) and diag.residual <= 1e-10, diag
+    assert q.grad is not None
+    torch.testing.assert_close(q.grad, _exact_grad_q(), rtol=1e-8, atol=1e-9)

@@ -277,21 +277,23 @@ class BackwardBase:
             for w in caught:
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
             return out
-        full_caught = caught
+        full_caught, vertex_failed = caught, False
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", QPDegenerateWarning)
             try:
                 out_v = self._adjoint_or_exact(data, replace(active, used=used), diagnostics)
             except QPBackwardError:  # the vertex leaves x undetermined
-                if failed is None:  # the full active set's minimum-norm adjoint stands
-                    for f in dataclasses.fields(diagnostics):
-                        setattr(diagnostics, f.name, getattr(full, f.name))
-                    for w in full_caught:
-                        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-                    return out
-                diagnostics.dependent_rows = tuple(int(c) for c in counts)
-                diagnostics.licq = False
-                raise
+                if failed is not None:
+                    diagnostics.dependent_rows = tuple(int(c) for c in counts)
+                    diagnostics.licq = False
+                    raise
+                vertex_failed = True
+        if vertex_failed:  # the full active set's minimum-norm adjoint stands
+            for f in dataclasses.fields(diagnostics):
+                setattr(diagnostics, f.name, getattr(full, f.name))
+            for w in full_caught:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+            return out
         out = out_v
         left = torch.tensor(diagnostics.dependent_rows or (0,) * data.x.shape[0])
         diagnostics.dependent_rows = tuple(int(c) for c in counts)
