@@ -18,11 +18,18 @@ minimum-norm multiplier adjoint (the equal split between the copies, inside Clar
 independent of the backend). ``degenerate="min_norm"`` uses the minimum-norm adjoint for every
 dependency; for general dependent rows it can lie outside the hull of the one-sided
 derivatives (rows :math:`e_1, e_2, e_1 + e_2`), so it is no longer the default. If the adjoint
-on the full dependent active set fails its residual check (rows of very different norms make
-the minimum-norm refinement stall, as on Maros-Meszaros PRIMALC8), the vertex is still tried
-(samples up to ``MAX_RETRY_ENTRIES`` dense entries) before the pseudo-inverse below; samples
-too big for a dense null space get the minimum-l1 vertex by linear programming
-(:func:`dxopt.qp._degenerate.lp_vertex`).
+on the full dependent active set fails its residual check, the vertex is still tried (samples
+up to ``MAX_RETRY_ENTRIES`` dense entries) before the pseudo-inverse below; samples too big for
+a dense null space get the minimum-l1 vertex by linear programming, completed to a basis of the
+active rows (:func:`dxopt.qp._degenerate.lp_vertex`). A vertex keeps the row space of the
+active rows, so it determines :math:`x` wherever the full active set does; should its solve
+fail nonetheless, the full set's minimum-norm adjoint is kept (never the pseudo-inverse, which
+on a consistent system is the same adjoint less accurately computed).
+A method whose own solve is an iterative refinement (the penalty backward) can stall on a
+nonsingular :math:`K` (dependent rows of very different norms, long ill-conditioned chains of
+rows as on Maros-Meszaros STADAT2/3); its failure is then arbitrated by the exact reduced-KKT
+solve of :class:`~dxopt.qp.KKTBackward` on the same rows before any fallback
+(``BackwardDiagnostics.method`` says ``"kkt"``).
 When the reduced KKT matrix :math:`K = [[P, C^\\top], [C, 0]]` is singular for another reason,
 i.e. :math:`P` is singular on :math:`\\ker C`, the method's exact solve fails its residual
 check. Two cases:
@@ -46,6 +53,8 @@ behaviour (:class:`~dxopt.qp.QPBackwardError`).
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import warnings
 from dataclasses import dataclass, replace
 from typing import Any
@@ -127,6 +136,28 @@ class BackwardBase:
     ) -> AdjointSolution:
         raise NotImplementedError
 
+    def _adjoint_or_exact(
+        self, data: AdjointInput, active: ActiveSet, diagnostics: BackwardDiagnostics
+    ) -> AdjointSolution:
+        """:meth:`_adjoint`, or where it fails its residual check the exact reduced-KKT solve
+        of :class:`~dxopt.qp.KKTBackward` on the same rows (an iterative refinement can stall
+        on a nonsingular :math:`K`; ``diagnostics.method`` then says ``"kkt"``). The method's
+        own error is raised if both fail."""
+        try:
+            return self._adjoint(data, active, diagnostics)
+        except QPBackwardError as err:
+            if self.name == "kkt":
+                raise
+            from dxopt.qp._backward_kkt import KKTBackward
+
+            exact = KKTBackward(linear_solver=self.linear_solver, max_residual=self.max_residual)
+            try:
+                out = exact._adjoint(data, active, diagnostics)
+            except QPBackwardError:
+                raise err from None
+            diagnostics.refinement_steps = 0
+            return out
+
     def solve_adjoint(
         self, data: AdjointInput, diagnostics: BackwardDiagnostics
     ) -> AdjointSolution:
@@ -171,7 +202,7 @@ class BackwardBase:
         try:
             if self.degenerate in ("auto", "vertex"):
                 return self._vertex_adjoint(data, active, diagnostics)
-            return self._adjoint(data, active, diagnostics)
+            return self._adjoint_or_exact(data, active, diagnostics)
         except QPBackwardError as err:
             if self.degenerate == "raise":
                 raise
@@ -182,7 +213,7 @@ class BackwardBase:
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", QPDegenerateWarning)
-                    out = self._adjoint(data, kept, diagnostics)
+                    out = self._adjoint_or_exact(data, kept, diagnostics)
                 diagnostics.weak_kept = True
                 warnings.warn(
                     f"{self.name} backward: P is singular on the null space of the strongly "
@@ -207,11 +238,12 @@ class BackwardBase:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", QPDegenerateWarning)
             try:
-                out = self._adjoint(data, active, diagnostics)
+                out = self._adjoint_or_exact(data, active, diagnostics)
             except QPBackwardError as err:
                 # the minimum-norm adjoint can fail its residual check where the dependent
                 # rows leave K badly conditioned; the vertex's independent rows may not
                 failed = err
+        full = copy.copy(diagnostics)  # the state of the full active set's solve
         if failed is None and not any(diagnostics.dependent_rows or ()):
             for w in caught:
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
@@ -245,14 +277,24 @@ class BackwardBase:
             for w in caught:
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
             return out
+        full_caught, vertex_failed = caught, False
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", QPDegenerateWarning)
             try:
-                out = self._adjoint(data, replace(active, used=used), diagnostics)
-            except QPBackwardError:  # the vertex leaves x undetermined: the caller's fallback
-                diagnostics.dependent_rows = tuple(int(c) for c in counts)
-                diagnostics.licq = False
-                raise
+                out_v = self._adjoint_or_exact(data, replace(active, used=used), diagnostics)
+            except QPBackwardError:  # the vertex leaves x undetermined
+                if failed is not None:
+                    diagnostics.dependent_rows = tuple(int(c) for c in counts)
+                    diagnostics.licq = False
+                    raise
+                vertex_failed = True
+        if vertex_failed:  # the full active set's minimum-norm adjoint stands
+            for f in dataclasses.fields(diagnostics):
+                setattr(diagnostics, f.name, getattr(full, f.name))
+            for w in full_caught:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+            return out
+        out = out_v
         left = torch.tensor(diagnostics.dependent_rows or (0,) * data.x.shape[0])
         diagnostics.dependent_rows = tuple(int(c) for c in counts)
         diagnostics.licq = False

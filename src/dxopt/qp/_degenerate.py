@@ -16,9 +16,17 @@ method-of-multipliers step) and iterative refinement against the exact :math:`K`
 :math:`z_0 = 0`: every update :math:`\\Delta w = (C\\Delta u - r_2)/\\delta` lies in
 :math:`\\operatorname{range} C`, so the limit is the solution with :math:`w \\perp \\ker C^\\top`.
 Dense samples are finally projected onto :math:`\\operatorname{range} C` (SVD) to remove
-round-off in :math:`\\ker C^\\top`. The multiplier cotangents must lie in
-:math:`\\operatorname{range} C` (the multipliers themselves are not unique otherwise); if the
-refined residual stays large the caller raises :class:`~dxopt.qp.QPBackwardError`.
+round-off in :math:`\\ker C^\\top`. The refinement contracts a multiplier mode of singular
+value :math:`\\sigma` of :math:`C` by about :math:`\\delta p/(\\sigma^2 + \\delta p)` per step
+(:math:`p` the curvature of :math:`P` along it), so it stalls where :math:`C` has singular values
+far below its largest row norm (rows of very different norms; a long chain of difference rows,
+as on Maros-Meszaros STADAT2/3); :math:`\\delta` then steps down the ladder
+``_DELTA_LADDER`` (:math:`10^{-8}, 10^{-11}, 10^{-13}` times
+:math:`\\max_i\\|c_i\\|^2/\\bar P_{ii}`), each rung refining the previous point, whose
+multiplier part stays in :math:`\\operatorname{range} C`, so the limit is unchanged. The
+multiplier cotangents must lie in :math:`\\operatorname{range} C` (the multipliers themselves
+are not unique otherwise); if the refined residual stays large the caller raises
+:class:`~dxopt.qp.QPBackwardError`.
 
 Caveat: on duplicated rows :math:`w^\\star` splits the adjoint equally (a convex combination
 of the one-sided derivatives), but for general dependent rows it need not be an element of
@@ -37,6 +45,7 @@ import warnings
 from typing import Any
 
 import numpy as np
+import scipy.linalg as sla
 import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 import torch
@@ -48,6 +57,7 @@ from dxopt.qp._types import BackwardDiagnostics, QPBackwardError, QPDegenerateWa
 
 __all__ = [
     "DEPENDENT_TOL",
+    "complete_basis",
     "count_dependent_dense",
     "count_dependent_sparse",
     "dependent_weak_rows",
@@ -61,6 +71,9 @@ __all__ = [
 
 DEPENDENT_TOL = 1e-10
 _RELATIVE_DELTA = 1e-8
+#: the relative regularisations tried in turn while the refinement stalls (module docstring)
+_DELTA_LADDER = (_RELATIVE_DELTA, 1e-11, 1e-13)
+_STALL_FLOOR = 1e-12  # relative residual below which a stalled refinement is at round-off
 _MAX_STEPS = 60
 _TOL = 1e-14
 _DENSE_GRAM = 300  # sparse C with more rows: SuperLU of the Gram matrix
@@ -113,11 +126,6 @@ def count_dependent_sparse(C: sp.csr_matrix) -> int:
     return int(((pivots < DEPENDENT_TOL) & (norms > 0)).sum())
 
 
-def _delta(c_P: float, row_sq: float) -> float:
-    """:math:`\\delta = 10^{-8}\\max_i\\|c_i\\|^2 / \\bar P_{ii}` (commensurate with P)."""
-    return _RELATIVE_DELTA * row_sq / c_P
-
-
 def refine_schur(
     P: Tensor,
     C: Tensor,
@@ -161,22 +169,44 @@ def min_norm_dense(
     P: Tensor, C: Tensor, grad_x: Tensor, rhs2: Tensor
 ) -> tuple[Tensor, Tensor, Tensor, int]:
     """Minimum-norm multiplier adjoint of dense samples (module docstring): ``P`` (s, n, n),
-    ``C`` (s, k, n) (zero rows allowed), cotangents (s, n) and (s, k)."""
+    ``C`` (s, k, n) (zero rows allowed), cotangents (s, n) and (s, k). The regularisation
+    follows the ladder ``_DELTA_LADDER`` while the refinement stalls above round-off."""
     s = grad_x.shape[0]
     c_P = P.diagonal(dim1=-2, dim2=-1).abs().mean(-1)
     c_P = torch.where(c_P > 0, c_P, torch.ones_like(c_P))
     row_sq = C.pow(2).sum(-1).amax(-1).clamp_min(torch.finfo(C.dtype).tiny)
-    D = (c_P / (_RELATIVE_DELTA * row_sq))[:, None].expand(s, C.shape[1]).contiguous()
-    H = torch.baddbmm(P, C.mT, D[..., None] * C)
-    L, info = torch.linalg.cholesky_ex(H)
-    if bool((info != 0).any()):
-        raise QPBackwardError(
-            "backward: the active rows are linearly dependent and P is singular on their null "
-            "space, so the solution is not differentiable (the regularised KKT matrix is "
-            "singular). Regularise P or remove the redundant constraints."
-        )
     ok = torch.ones(s, dtype=torch.bool)
-    u, w, rel, steps = refine_schur(P, C, D, L, grad_x, rhs2, ok, _MAX_STEPS, _TOL)
+    u, w = torch.zeros_like(grad_x), torch.zeros_like(rhs2)
+    r1, r2 = grad_x, rhs2
+    rel = torch.full((s,), torch.inf, dtype=grad_x.dtype)
+    norm = (grad_x.pow(2).sum(-1) + rhs2.pow(2).sum(-1)).sqrt().clamp_min(1e-300)
+    steps = 0
+    for rung, relative_delta in enumerate(_DELTA_LADDER):
+        D = (c_P / (relative_delta * row_sq))[:, None].expand(s, C.shape[1]).contiguous()
+        H = torch.baddbmm(P, C.mT, D[..., None] * C)
+        L, info = torch.linalg.cholesky_ex(H)
+        if bool((info != 0).any()):
+            if rung:  # a smaller delta lost positive definiteness: keep the previous point
+                break
+            raise QPBackwardError(
+                "backward: the active rows are linearly dependent and P is singular on their "
+                "null space, so the solution is not differentiable (the regularised KKT matrix "
+                "is singular). Regularise P or remove the redundant constraints."
+            )
+        # the correction of the current point: its multiplier part stays in range C
+        du, dw, _, k = refine_schur(P, C, D, L, r1, r2, ok, _MAX_STEPS, _TOL)
+        steps += k
+        u_t, w_t = u + du, w + dw
+        r1_t = grad_x - torch.bmm(P, u_t.unsqueeze(-1)).squeeze(-1)
+        r1_t = r1_t - torch.bmm(w_t.unsqueeze(-2), C).squeeze(-2)
+        r2_t = rhs2 - torch.bmm(C, u_t.unsqueeze(-1)).squeeze(-1)
+        rel_t = (r1_t.pow(2).sum(-1) + r2_t.pow(2).sum(-1)).sqrt() / norm
+        better = rel_t < rel  # per sample: a rung that diverged keeps the previous point
+        u, w = torch.where(better[:, None], u_t, u), torch.where(better[:, None], w_t, w)
+        r1, r2 = torch.where(better[:, None], r1_t, r1), torch.where(better[:, None], r2_t, r2)
+        rel = torch.where(better, rel_t, rel)
+        if float(rel.max()) <= _STALL_FLOOR:
+            break
     U, sigma, _ = torch.linalg.svd(C, full_matrices=True)
     keep = torch.zeros(s, C.shape[1], dtype=C.dtype)
     r = sigma.shape[-1]
@@ -187,31 +217,42 @@ def min_norm_dense(
 
 def min_norm_sparse(P: sp.spmatrix, C: sp.csr_matrix, rhs: np.ndarray) -> np.ndarray:
     """Minimum-norm multiplier adjoint of one sparse sample: ``z = [u; w]`` for
-    :math:`K = [[P, C^\\top], [C, 0]]` (SuperLU of :math:`K_\\delta`, refinement against K)."""
+    :math:`K = [[P, C^\\top], [C, 0]]` (SuperLU of :math:`K_\\delta`, refinement against K,
+    :math:`\\delta` down the ladder ``_DELTA_LADDER`` while the refinement stalls)."""
     k = C.shape[0]
     diag = np.abs(P.diagonal())
     c_P = float(diag.mean()) if diag.size and diag.mean() > 0 else 1.0
     row_sq = float(np.asarray(C.multiply(C).sum(1)).max()) if k else 1.0
-    delta = _delta(c_P, max(row_sq, 1e-300))
     K = sp.bmat([[P, C.T], [C, None]], format="csc")
-    M = sp.bmat([[P, C.T], [C, -delta * sp.eye(k)]], format="csc")
-    try:
-        lu = splu(M, what="regularised KKT matrix")
-    except FactorizationError as err:
-        raise QPBackwardError(
-            f"backward: the active rows are linearly dependent and the regularised KKT matrix "
-            f"is singular ({err}): P is singular on the null space of the active rows."
-        ) from err
     z = np.zeros_like(rhs)
     norm = max(float(np.linalg.norm(rhs)), 1e-300)
-    best = np.inf
-    for _ in range(_MAX_STEPS + 1):
-        r = rhs - K @ z
-        rel = float(np.linalg.norm(r)) / norm
-        if rel <= _TOL or (rel > 0.5 * best and rel < 1e-12):
+    best = 1.0  # relative residual of z
+    for rung, relative_delta in enumerate(_DELTA_LADDER):
+        delta = relative_delta * max(row_sq, 1e-300) / c_P
+        M = sp.bmat([[P, C.T], [C, -delta * sp.eye(k)]], format="csc")
+        try:
+            lu = splu(M, what="regularised KKT matrix")
+        except FactorizationError as err:
+            if rung:  # a smaller delta is singular to working precision: keep z
+                break
+            raise QPBackwardError(
+                f"backward: the active rows are linearly dependent and the regularised KKT "
+                f"matrix is singular ({err}): P is singular on the null space of the active rows."
+            ) from err
+        last = rung == len(_DELTA_LADDER) - 1
+        trial, prev = z, best
+        for _ in range(_MAX_STEPS):
+            trial = trial + lu.solve(rhs - K @ trial)
+            rel = float(np.linalg.norm(rhs - K @ trial)) / norm
+            if rel < best:
+                z, best = trial, rel
+            if best <= _TOL or (rel > 0.5 * prev and best < _STALL_FLOOR):
+                break  # converged, or stalled at round-off
+            if rel > 0.9 * prev and not last:
+                break  # slow contraction (or divergence): the next rung of the ladder
+            prev = rel
+        if best <= _STALL_FLOOR:
             break
-        best = min(best, rel)
-        z = z + lu.solve(r)
     return z
 
 
@@ -287,7 +328,6 @@ def _matrix(problem: QPProblem, name: str, i: int) -> Any:
 #: at a vertex (``retry=True``): there the failure is usually P singular on the null space,
 #: which no vertex cures, and the retry would only add its cost to the pseudo-inverse's
 MAX_RETRY_ENTRIES = 1e6
-MAX_BASIS_TRIES = 50  # lp_vertex: candidate rows tested to complete a degenerate vertex
 MAX_VERTEX_ENTRIES = 4e6  # dense entries of [G_J; A] above which ``vertex_rows`` skips a sample
 
 
@@ -445,20 +485,67 @@ def lp_vertex(
     # a degenerate vertex (a basic multiplier at 0) has a support of fewer rows than the rank:
     # complete it to a basis with rows of largest multiplier first (each one kept if it is
     # independent of the rows kept so far); the piece with that basis active is adjacent
-    # (its multipliers are those of the vertex, >= 0)
+    # (its multipliers are those of the vertex, >= 0). Only a complete basis spans the row
+    # space of C, so that P is positive definite on the null space of the kept rows whenever
+    # it is on ker C (an incomplete one can leave x undetermined: Maros-Meszaros STADAT2)
     missing = Cn.shape[0] - dependent - kept.shape[0]
-    order = np.argsort(-lam[:k])
-    tries = 0
-    for j in order:
-        if missing <= 0 or tries >= MAX_BASIS_TRIES:
-            break
-        if keep[j]:
-            continue
-        tries += 1
-        trial = sp.vstack([kept, Cn[j]], format="csr")
-        if count_dependent_sparse(trial) == 0:
-            kept, keep[j], missing = trial, True, missing - 1
+    if missing > 0:
+        order = np.argsort(-lam[:k], kind="stable")
+        order = order[~keep[order]].astype(np.int64)
+        for j in complete_basis(kept, Cn[:k], order, missing):
+            keep[j] = True
     return keep
+
+
+BASIS_CHUNK = 256  # complete_basis: candidate rows tested per block
+
+
+def complete_basis(
+    kept: sp.csr_matrix, rows: sp.csr_matrix, order: np.ndarray, missing: int
+) -> list[int]:
+    """Up to ``missing`` rows of ``rows``, taken greedily in ``order``, each linearly
+    independent of ``kept`` and of those taken before it (rows normalised to unit norm).
+
+    Per block of ``BASIS_CHUNK`` candidates :math:`R`: the Schur complement
+    :math:`S = RR^\\top - RB^\\top (BB^\\top)^{-1} BR^\\top` of the Gram matrix of
+    :math:`[B; R]` (:math:`B` the rows kept so far) is the Gram matrix of the candidates
+    projected off :math:`\\operatorname{span} B`; a Cholesky of :math:`S` in ``order``
+    that skips each candidate whose pivot (its squared distance to the span of ``kept`` and
+    of the candidates taken) is below ``DEPENDENT_TOL`` takes exactly the independent ones, by
+    the criterion of :func:`count_dependent_sparse`.
+    """
+    taken: list[int] = []
+    base = sp.csr_matrix(kept)
+    for start in range(0, order.size, BASIS_CHUNK):
+        if missing <= 0:
+            break
+        idx = order[start : start + BASIS_CHUNK]
+        R = sp.csr_matrix(rows[idx])
+        S = (R @ R.T).toarray()
+        if base.shape[0]:
+            BR = (base @ R.T).toarray()
+            try:
+                gram = splu((base @ base.T).tocsc(), what="Gram matrix of the kept rows")
+            except FactorizationError:
+                break  # the kept rows are dependent to round-off: no completion
+            S = S - BR.T @ gram.solve(BR)
+        chosen: list[int] = []
+        L = np.zeros((idx.size, idx.size))
+        for a in range(idx.size):
+            s_ = len(chosen)
+            col = S[chosen, a]
+            ell = sla.solve_triangular(L[:s_, :s_], col, lower=True) if s_ else col
+            pivot = S[a, a] - float(ell @ ell)
+            if pivot > DEPENDENT_TOL:
+                L[s_, :s_], L[s_, s_] = ell, np.sqrt(pivot)
+                chosen.append(a)
+                if len(chosen) == missing:
+                    break
+        taken += [int(j) for j in idx[chosen]]
+        missing -= len(chosen)
+        if chosen:
+            base = sp.vstack([base, R[chosen]], format="csr")
+    return taken
 
 
 def _parallel_groups_sparse(Cn: sp.csr_matrix) -> int:
