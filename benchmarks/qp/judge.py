@@ -55,6 +55,7 @@ __all__ = [
     "Slope",
     "combine",
     "evaluate_line",
+    "flat_offset",
     "judge_direction",
     "stable_slopes",
 ]
@@ -133,6 +134,42 @@ def stable_slopes(
         if spread <= rtol * max(abs(s1), abs(s2)) + 2 * eps / t2 + 2 * eps / t1:
             out.append(Slope(side, s2, spread + 2 * eps / t2, t2))
     return out
+
+
+def flat_offset(
+    f0: float, sides: Sequence[Mapping[float, float | None]], *, min_points: int = 3
+) -> float:
+    """Evidence that ``f(0)`` itself is off: the largest gap between ``f0`` and a *flat* side.
+
+    A side is flat when at least ``min_points`` of its evaluations are equal to round-off
+    (:math:`x^\\star` did not move over those steps). The loss is continuous in ``t``, so on a
+    flat stretch :math:`[t_a, t_b]` the values equal :math:`f(0) + s\\,t_k` for a kink at
+    :math:`t_k < t_a` and the slope :math:`s` of the piece below it. When the steps below the
+    flat stretch do not show that slope (on Maros-Meszaros S268 ``f(0)`` was 2.4e-9 above a
+    flat side whose two smallest steps then read as a stable slope of -0.066, of the wrong
+    sign for any kink), the gap is an error of ``f0`` that the measured solver disagreement
+    missed. Counting it as evaluation noise can only make the judge more cautious about the
+    steps that the gap can swamp (``2 gap / t``); a genuine kink close to 0 is then judged from
+    steps that are large enough, or gets no verdict.
+    """
+    gap = 0.0
+    for values in sides:
+        vals = sorted(float(v) for v in values.values() if _finite(v))  # type: ignore[arg-type]
+        if len(vals) < min_points:
+            continue
+        mag = max(abs(f0), max(abs(v) for v in vals))
+        eps = 8 * _EPS * mag
+        # the largest group of values equal to round-off (a sliding window over the sorted list)
+        best = (0, 0.0)
+        lo = 0
+        for hi, v in enumerate(vals):
+            while v - vals[lo] > eps:
+                lo += 1
+            if hi - lo + 1 > best[0]:
+                best = (hi - lo + 1, vals[(lo + hi) // 2])
+        if best[0] >= min_points:
+            gap = max(gap, abs(best[1] - f0))
+    return gap
 
 
 def judge_direction(

@@ -173,13 +173,20 @@ ROUNDOFF = 1e-13  # relative accuracy of a polished solution (its KKT solve's re
 def evaluation_noise(prob: mmp.MMProblem, seed: int, ev: dict) -> float:
     """The error bound of one evaluation of ``f = w . x*``: the measured disagreement of the two
     finite-difference solvers (``ev["noise"]``), at least the round-off of a polished solution,
-    ``ROUNDOFF * sum_i |w_i| max(|x_i|, 1)``. Two polished solutions on the same active set
-    are the same KKT solve and agree to the last bit, so the measured noise alone can be 0,
-    and a slope of round-off (1e-17 / 1e-3) would then read as a usable nonzero slope."""
+    ``ROUNDOFF * sum_i |w_i| max(|x_i|, 1)``, and at least the gap between ``f(0)`` and a flat
+    side of any direction (:func:`benchmarks.qp.judge.flat_offset`). Two polished solutions
+    on the same active set are the same KKT solve and agree to the last bit, so the measured
+    noise alone can be 0, and a slope of round-off (1e-17 / 1e-3) would then read as a usable
+    nonzero slope."""
     x0 = ev.get("x0")
     w = np.abs(mmp.loss_weights(prob, seed))
     scale = float(w @ np.maximum(np.abs(x0), 1.0)) if x0 is not None else float(w.sum())
-    return max(float(ev["noise"]), ROUNDOFF * scale)
+    noise = max(float(ev["noise"]), ROUNDOFF * scale)
+    f0 = ev.get("f0")
+    if f0 is not None and np.isfinite(f0):  # an error of f(0) that a flat side shows
+        sides = [e[k] for e in ev.get("directions", []) for k in ("plus", "minus") if k in e]
+        noise = max(noise, J.flat_offset(float(f0), sides))
+    return noise
 
 
 def judge_problem(prob: mmp.MMProblem, seed: int, ev: dict, dx: dict) -> dict[str, Any]:

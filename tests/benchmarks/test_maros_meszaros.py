@@ -169,6 +169,35 @@ def test_round_off_slopes_are_not_read_as_a_nonzero_derivative():
     assert J.judge_direction(0.505, f0, plus, minus, noise=noise).verdict == J.WRONG
 
 
+def _s268_evidence(f0_error: float) -> tuple[float, dict, dict]:
+    """The S268 line (Maros-Meszaros, shift direction): a weakly active row at x*, so f has a
+    kink at 0 with slope -0.066 on the + side and 0 on the - side; f(0) carries an error
+    ``f0_error`` (the polished base point), and the two smallest - steps land on the active
+    piece as the base point did (the values of the cached evidence)."""
+    true0 = 5.2142441557296575
+    plus = {t: true0 - 0.066 * t for t in STEPS}
+    minus = {t: true0 for t in STEPS}
+    minus[1e-6], minus[1e-7] = true0 + 0.066e-6 + f0_error, true0 + 0.066e-7 + f0_error
+    return true0 + f0_error, plus, minus
+
+
+def test_an_error_of_f0_shown_by_a_flat_side_is_noise_not_a_slope():
+    f0, plus, minus = _s268_evidence(2.4e-9)
+    # raw, the two smallest - steps read as a stable slope equal to the + side: a false "wrong"
+    assert J.judge_direction(0.0, f0, plus, minus, noise=0.0).verdict == J.WRONG
+    noise = J.flat_offset(f0, [plus, minus])
+    assert noise == pytest.approx(2.4e-9, rel=1e-3)
+    assert J.judge_direction(0.0, f0, plus, minus, noise=noise).verdict == J.MATCH  # - side
+    assert J.judge_direction(-0.066, f0, plus, minus, noise=noise).verdict == J.MATCH  # + side
+    # the judge can still fail: a claim far from both sides is wrong
+    for wrong in (0.5, -0.5, 0.066):
+        assert J.judge_direction(wrong, f0, plus, minus, noise=noise).verdict == J.WRONG
+    # an exact f(0) shows no gap; a side that moves is never flat
+    f0, plus, minus = _s268_evidence(0.0)
+    assert J.flat_offset(f0, [plus]) == 0.0
+    assert J.flat_offset(f0, [minus]) == 0.0
+
+
 # ------------------------------------------------------------- Maros-Meszaros subset
 
 try:
