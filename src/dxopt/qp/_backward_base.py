@@ -127,6 +127,13 @@ class BackwardBase:
     ) -> AdjointSolution:
         raise NotImplementedError
 
+    def _regular_adjoint(
+        self, data: AdjointInput, active: ActiveSet, diagnostics: BackwardDiagnostics
+    ) -> AdjointSolution | None:
+        """The adjoint of a dense batch in which every solved sample is regular (independent
+        active rows, positive definite ``P``), or ``None`` (then the general path runs)."""
+        return None
+
     def solve_adjoint(
         self, data: AdjointInput, diagnostics: BackwardDiagnostics
     ) -> AdjointSolution:
@@ -168,6 +175,12 @@ class BackwardBase:
                 QPDegenerateWarning,
                 stacklevel=3,
             )
+        # [bwd] the common dense case (LICQ holds, P positive definite, the refined solve
+        # converges): one batched Schur solve; anything else takes the general path below
+        if not self.use_sparse(data.problem):
+            regular = self._regular_adjoint(data, active, diagnostics)
+            if regular is not None:
+                return regular
         try:
             if self.degenerate in ("auto", "vertex"):
                 return self._vertex_adjoint(data, active, diagnostics)

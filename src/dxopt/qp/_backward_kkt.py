@@ -60,6 +60,7 @@ __all__ = [
     "check_residual",
     "dense_rows",
     "dependent_rows_sparse",
+    "regular_dense_adjoint",
     "schur_refine",
     "scipy_matrix",
     "solve_sparse",
@@ -72,6 +73,19 @@ def scipy_matrix(problem: QPProblem, name: str, i: int) -> sp.csr_matrix:
     if t.layout == torch.sparse_coo:
         return problem.csr[name][0]
     return sp.csr_matrix((t[i] if t.ndim == 3 else t).numpy())
+
+
+def _regular_diagnostics(
+    diagnostics: BackwardDiagnostics, method: str, residual: Tensor, active: ActiveSet
+) -> None:
+    """The diagnostics of a batch solved by :func:`regular_dense_adjoint`."""
+    diagnostics.method = method
+    diagnostics.linear_solver = "schur"
+    diagnostics.dependent_rows = (0,) * residual.shape[0]
+    diagnostics.licq = True
+    diagnostics.residual = float(residual.max()) if residual.numel() else 0.0
+    diagnostics.n_active = active.n_active
+    diagnostics.n_weak = active.n_weak
 
 
 def check_residual(residual: Tensor, limit: float, what: str) -> None:
@@ -114,6 +128,18 @@ class KKTBackward(BackwardBase):
     def name(self) -> str:
         return "kkt"
 
+    def _regular_adjoint(
+        self, data: AdjointInput, active: ActiveSet, diagnostics: BackwardDiagnostics
+    ) -> AdjointSolution | None:
+        solved = regular_dense_adjoint(
+            data, active, max_steps=_KKT_STEPS, tol=_KKT_TOL, max_residual=self.max_residual
+        )
+        if solved is None:
+            return None
+        u, w_ineq, w_eq, residual, _ = solved
+        _regular_diagnostics(diagnostics, "kkt", residual, active)
+        return AdjointSolution(u, w_ineq, w_eq, active, residual)
+
     def _adjoint(
         self, data: AdjointInput, active: ActiveSet, diagnostics: BackwardDiagnostics
     ) -> AdjointSolution:
@@ -145,6 +171,29 @@ class KKTBackward(BackwardBase):
         diagnostics.n_weak = active.n_weak
         check_residual(residual, self.max_residual, "kkt backward")
         return AdjointSolution(u, w_ineq, w_eq, active, residual)
+
+
+def regular_dense_adjoint(
+    data: AdjointInput, active: ActiveSet, *, max_steps: int, tol: float, max_residual: float
+) -> tuple[Tensor, Tensor, Tensor, Tensor, int] | None:
+    """The exact adjoint of a dense batch by one batched block elimination of :math:`P`
+    (:func:`dxopt.linalg.schur_factor`) and refinement against :math:`K`, when every solved
+    sample is regular: :math:`P` positive definite, no dependent active row (read off the
+    Schur complement's pivots) and the refined relative residual within ``max_residual``.
+    Returns ``(u, w_J, w_E, relative residual, refinement steps)``, or ``None`` when some
+    sample is not regular (the caller's general path, with its degenerate policy, decides)."""
+    rows = dense_rows(data, active.used)
+    factor = schur_factor(rows.P, rows.C)
+    if factor is None or bool((factor.dependent(DEPENDENT_TOL) * data.ok).any()):
+        return None
+    u, w, residual, steps = schur_refine(rows, factor, data.grad_x, data.ok, max_steps, tol)
+    if not bool((residual <= max_residual).all()):
+        return None
+    k = rows.k
+    w_ineq = torch.zeros(data.x.shape[0], data.problem.m, dtype=torch.float64)
+    if k:
+        w_ineq.scatter_(1, rows.index, w[:, :k] * rows.mask)
+    return u, w_ineq, w[:, k:], residual, steps
 
 
 @dataclass(frozen=True)

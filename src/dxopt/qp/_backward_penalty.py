@@ -64,9 +64,11 @@ from dxopt.qp._active import ActiveSet, compress_rows, gather_rows
 from dxopt.qp._adjoint import AdjointInput, AdjointSolution, kkt_residual
 from dxopt.qp._backward_base import BackwardBase
 from dxopt.qp._backward_kkt import (
+    _regular_diagnostics,
     check_residual,
     dense_rows,
     dependent_rows_sparse,
+    regular_dense_adjoint,
     schur_refine,
     solve_sparse,
 )
@@ -171,6 +173,27 @@ class PenaltyBackward(BackwardBase):
             sp_, sm = torch.sigmoid(r / beta[:, None]), torch.sigmoid(-r / beta[:, None])
             W_E = rho_e * (sp_ * (1 - sp_) + sm * (1 - sm)) / beta[:, None] / active.a_norm**2
         return beta, W, W_E
+
+    def _regular_adjoint(
+        self, data: AdjointInput, active: ActiveSet, diagnostics: BackwardDiagnostics
+    ) -> AdjointSolution | None:
+        if self.max_refinement == 0:  # plain dXPP keeps the penalty matrix
+            return None
+        solved = regular_dense_adjoint(
+            data,
+            active,
+            max_steps=self.max_refinement,
+            tol=self.refine_tol,
+            max_residual=self.max_residual,
+        )
+        if solved is None:
+            return None
+        u, w_ineq, w_eq, residual, steps = solved
+        _regular_diagnostics(diagnostics, "penalty", residual, active)
+        diagnostics.jitter = 0.0
+        diagnostics.refinement_steps = steps
+        diagnostics.beta = tuple(self._beta(data, active).tolist())
+        return AdjointSolution(u, w_ineq, w_eq, active, residual)
 
     def _adjoint(
         self, data: AdjointInput, active: ActiveSet, diagnostics: BackwardDiagnostics
