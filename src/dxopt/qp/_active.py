@@ -101,20 +101,25 @@ def row_inf(M: Tensor) -> Tensor:
     return M.abs().amax(-1) if M.shape[-1] else torch.zeros(M.shape[:-1], dtype=M.dtype)
 
 
-def _row_stats(problem: QPProblem, name: str) -> tuple[np.ndarray, np.ndarray, Any]:
-    """Euclidean row norms (clamped away from zero), row max-norms and :math:`|M|` (dense
-    ``(k, n)``/``(S, k, n)`` array or scipy CSR) of parameter ``name``, in numpy."""
+def _row_stats(problem: QPProblem, name: str, *, absolute: bool = True) -> tuple[Any, ...]:
+    """Euclidean row norms (clamped away from zero), and with ``absolute`` the row
+    max-norms and :math:`|M|` (dense ``(k, n)``/``(S, k, n)`` array or scipy CSR) of parameter
+    ``name``, in numpy."""
     if problem.is_sparse(name):
         csr = problem.csr[name][0]
+        norm = np.sqrt(np.asarray(csr.multiply(csr).sum(axis=1)).ravel())
+        if not absolute:
+            return (np.maximum(norm, _TINY),)
         absM = abs(csr)
-        sq = np.asarray(csr.multiply(csr).sum(axis=1)).ravel()
         inf = np.asarray(absM.max(axis=1).todense()).ravel() if csr.shape[0] else np.zeros(0)
     else:
         M = problem.array(name)
+        norm = np.sqrt(np.einsum("...ij,...ij->...i", M, M))
+        if not absolute:
+            return (np.maximum(norm, _TINY),)
         absM = np.abs(M)
-        sq = np.einsum("...ij,...ij->...i", M, M)
         inf = absM.max(-1) if M.shape[-1] else np.zeros(M.shape[:-1])
-    return np.maximum(np.sqrt(sq), _TINY), inf, absM
+    return np.maximum(norm, _TINY), inf, absM
 
 
 def _abs_mv_np(problem: QPProblem, absM: Any, v: np.ndarray) -> np.ndarray:
@@ -157,7 +162,7 @@ def identify_active(
     a_norm = g_norm = eq_residual = None
     eps = np.zeros(S)
     if problem.A is not None:
-        a_norm, _, _ = _row_stats(problem, "A")
+        (a_norm,) = _row_stats(problem, "A", absolute=False)
         eq_residual = (problem.np_mv("A", xn) - problem.np_vec("b")) / a_norm
         eps = np.maximum(eps, _amax(np.abs(eq_residual), eps))
     if problem.G is None:

@@ -184,16 +184,16 @@ def regular_dense_adjoint(
     sample is not regular (the caller's general path, with its degenerate policy, decides)."""
     rows = dense_rows(data, active.used)
     factor = schur_factor(rows.P, rows.C)
-    if factor is None or bool((factor.dependent(DEPENDENT_TOL) * data.ok).any()):
+    if factor is None:
+        return None
+    ok = data.ok.numpy()
+    pivots, info = factor.pivots.numpy(), factor.info.numpy()
+    if bool((((pivots < DEPENDENT_TOL).sum(-1) + (info != 0)) * ok).any()):
         return None
     u, w, residual, steps = schur_refine(rows, factor, data.grad_x, data.ok, max_steps, tol)
-    if not bool((residual <= max_residual).all()):
+    if not bool((residual.numpy() <= max_residual).all()):
         return None
-    k = rows.k
-    w_ineq = torch.zeros(data.x.shape[0], data.problem.m, dtype=torch.float64)
-    if k:
-        w_ineq.scatter_(1, rows.index, w[:, :k] * rows.mask)
-    return u, w_ineq, w[:, k:], residual, steps
+    return u, rows.scatter(w, data.problem.m), w[:, rows.k :], residual, steps
 
 
 @dataclass(frozen=True)
@@ -214,30 +214,51 @@ class DenseRows:
     def k(self) -> int:
         return self.index.shape[1]
 
+    def scatter(self, w: Tensor, m: int) -> Tensor:
+        """The inequality part of ``w`` (S, k + p) back on the ``m`` rows (zero off them)."""
+        out = np.zeros((w.shape[0], m))
+        if self.k:
+            np.put_along_axis(out, self.index.numpy(), w.numpy()[:, : self.k], 1)
+        return torch.from_numpy(out)
+
 
 def dense_rows(data: AdjointInput, used: Tensor) -> DenseRows:
-    """Assemble :class:`DenseRows` (failed samples get zero rows and the identity ``P``)."""
+    """Assemble :class:`DenseRows` (failed samples get zero rows and the identity ``P``);
+    numpy on the float64 data (few, cheap operations for small problems)."""
     problem = data.problem
     S, n = data.x.shape[0], problem.n
-    index, mask = compress_rows(used)
-    rowmask = (mask & data.ok[:, None]).to(torch.float64)
-    blocks = []
-    rhs = []
+    ok = data.ok.numpy()
+    all_ok = bool(ok.all())
+    used_np = used.numpy()
+    k = int(used_np.sum(-1).max()) if used_np.size else 0
+    index = np.argsort(~used_np, axis=-1, kind="stable")[:, :k]
+    mask = np.take_along_axis(used_np, index, 1)
+    if not all_ok:
+        mask = mask & ok[:, None]
+    blocks: list[np.ndarray] = []
+    rhs: list[np.ndarray] = []
     if problem.G is not None:
-        blocks.append(gather_rows(problem.G, index) * rowmask[..., None])
-        rhs.append(data.grad_ineq.gather(1, index) * rowmask)
+        G = problem.array("G")
+        GJ = G[index] if G.ndim == 2 else np.take_along_axis(G, index[:, :, None], 1)
+        blocks.append(GJ * mask[:, :, None])
+        rhs.append(np.take_along_axis(data.grad_ineq.numpy(), index, 1) * mask)
     if problem.A is not None:
-        A = problem.A if problem.A.ndim == 3 else problem.A.expand(S, -1, -1)
-        if not bool(data.ok.all()):
-            A = A * data.ok[:, None, None].to(torch.float64)
+        A = problem.array("A")
+        A = np.broadcast_to(A, (S, *A.shape)) if A.ndim == 2 else A
+        if not all_ok:
+            A = A * ok[:, None, None]
         blocks.append(A)
-        rhs.append(data.grad_eq)
-    C = torch.cat(blocks, 1) if blocks else torch.zeros(S, 0, n, dtype=torch.float64)
-    rhs2 = torch.cat(rhs, 1) if rhs else torch.zeros(S, 0, dtype=torch.float64)
-    P = problem.P
-    if P.ndim == 3 and not bool(data.ok.all()):
-        P = torch.where(data.ok[:, None, None], P, torch.eye(n, dtype=torch.float64))
-    return DenseRows(index, mask, C, P, rhs2)
+        rhs.append(data.grad_eq.numpy())
+    C = np.concatenate(blocks, 1) if len(blocks) > 1 else blocks[0] if blocks else None
+    C = np.zeros((S, 0, n)) if C is None else np.ascontiguousarray(C)
+    rhs2 = np.concatenate(rhs, 1) if rhs else np.zeros((S, 0))
+    P = problem.array("P")
+    if P.ndim == 3 and not all_ok:
+        P = np.where(ok[:, None, None], P, np.eye(n))
+    return DenseRows(
+        torch.from_numpy(index), torch.from_numpy(mask), torch.from_numpy(C),
+        torch.from_numpy(P), torch.from_numpy(rhs2),
+    )  # fmt: skip
 
 
 def schur_refine(
@@ -249,24 +270,28 @@ def schur_refine(
     tol: float,
 ) -> tuple[Tensor, Tensor, Tensor, int]:
     """Solve :math:`[[P, C^\\top], [C, 0]][u; w] = [\\bar x; r_2]` with the Schur factor and
-    iterative refinement against the exact matrix. Returns ``(u, w, relative residual, steps)``."""
-    P, C, rhs2 = rows.P, rows.C, rows.rhs2
-    norm = torch.linalg.vector_norm(torch.cat([grad_x, rhs2], -1), dim=-1).clamp_min(1e-300)
-    u, w = factor.solve(grad_x, rhs2)
+    iterative refinement against the exact matrix. Returns ``(u, w, relative residual, steps)``
+    (the residuals in numpy: a handful of small products per step)."""
+    P, C, rhs2 = rows.P.numpy(), rows.C.numpy(), rows.rhs2.numpy()
+    g, okn = grad_x.numpy(), ok.numpy()
+    norm = np.sqrt(np.einsum("ij,ij->i", g, g) + np.einsum("ij,ij->i", rhs2, rhs2))
+    norm = np.maximum(norm, 1e-300)
+    u_t, w_t = factor.solve(grad_x, rows.rhs2)
+    u, w = u_t.numpy(), w_t.numpy()
     steps, best = 0, float("inf")
     while True:
-        Pu = u @ P if P.ndim == 2 else torch.bmm(P, u.unsqueeze(-1)).squeeze(-1)
-        r1 = grad_x - Pu - torch.bmm(w.unsqueeze(-2), C).squeeze(-2)
-        r2 = rhs2 - torch.bmm(C, u.unsqueeze(-1)).squeeze(-1)
-        rel = torch.linalg.vector_norm(torch.cat([r1, r2], -1), dim=-1) / norm
-        rel = torch.where(ok, rel, 0.0)
-        worst = float(rel.max()) if rel.numel() else 0.0
+        Pu = u @ P if P.ndim == 2 else np.matmul(P, u[:, :, None])[:, :, 0]
+        r1 = g - Pu - np.matmul(w[:, None, :], C)[:, 0]
+        r2 = rhs2 - np.matmul(C, u[:, :, None])[:, :, 0]
+        rel = np.sqrt(np.einsum("ij,ij->i", r1, r1) + np.einsum("ij,ij->i", r2, r2)) / norm
+        rel = np.where(okn, rel, 0.0)
+        worst = float(rel.max()) if rel.size else 0.0
         # stop at the tolerance, at the step limit, or once round-off stalls the refinement
         if steps >= max_steps or worst <= tol or (worst > 0.5 * best and worst < 1e-12):
-            return u, w, rel, steps
+            return torch.from_numpy(u), torch.from_numpy(w), torch.from_numpy(rel), steps
         best = min(best, worst)
-        du, dw = factor.solve(r1, r2)
-        u, w = u + du, w + dw
+        du, dw = factor.solve(torch.from_numpy(r1), torch.from_numpy(r2))
+        u, w = u + du.numpy(), w + dw.numpy()
         steps += 1
 
 
