@@ -85,11 +85,11 @@ class ActiveSet:
 
     @property
     def n_active(self) -> tuple[int, ...]:
-        return tuple(self.used.sum(-1).tolist())
+        return tuple(self.used.numpy().sum(-1).tolist())
 
     @property
     def n_weak(self) -> tuple[int, ...]:
-        return tuple(self.weak.sum(-1).tolist())
+        return tuple(self.weak.numpy().sum(-1).tolist())
 
 
 def row_inf(M: Tensor) -> Tensor:

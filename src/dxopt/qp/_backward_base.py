@@ -158,13 +158,13 @@ class BackwardBase:
             weak_policy=self.weak_policy,
             forward_active=data.active,
         )
-        if self.weak_policy == "inactive" and bool((active.weak & ~active.used).any()):
+        if self.weak_policy == "inactive" and (active.weak.numpy() & ~active.used.numpy()).any():
             adopt = dependent_weak_rows(data.problem, active.used, active.weak & ~active.used)
             if bool(adopt.any()):  # duplicated/dependent weak rows join the active set
                 active = replace(active, used=active.used | adopt)
         diagnostics.pseudo_inverse = (False,) * data.x.shape[0]
         diagnostics.weak_kept = False
-        if data.settled is not None and bool((~data.settled & data.ok).any()):
+        if data.settled is not None and (~data.settled.numpy() & data.ok.numpy()).any():
             bad = torch.nonzero(~data.settled & data.ok).flatten().tolist()
             diagnostics.unsettled = tuple(bool(not v) for v in data.settled)
             warnings.warn(

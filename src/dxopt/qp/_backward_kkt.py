@@ -83,7 +83,7 @@ def _regular_diagnostics(
     diagnostics.linear_solver = "schur"
     diagnostics.dependent_rows = (0,) * residual.shape[0]
     diagnostics.licq = True
-    diagnostics.residual = float(residual.max()) if residual.numel() else 0.0
+    diagnostics.residual = float(residual.numpy().max()) if residual.numel() else 0.0
     diagnostics.n_active = active.n_active
     diagnostics.n_weak = active.n_weak
 
@@ -274,8 +274,7 @@ def schur_refine(
     (the residuals in numpy: a handful of small products per step)."""
     P, C, rhs2 = rows.P.numpy(), rows.C.numpy(), rows.rhs2.numpy()
     g, okn = grad_x.numpy(), ok.numpy()
-    norm = np.sqrt(np.einsum("ij,ij->i", g, g) + np.einsum("ij,ij->i", rhs2, rhs2))
-    norm = np.maximum(norm, 1e-300)
+    norm = np.maximum(np.sqrt((g * g).sum(-1) + (rhs2 * rhs2).sum(-1)), 1e-300)
     u_t, w_t = factor.solve(grad_x, rows.rhs2)
     u, w = u_t.numpy(), w_t.numpy()
     steps, best = 0, float("inf")
@@ -283,7 +282,7 @@ def schur_refine(
         Pu = u @ P if P.ndim == 2 else np.matmul(P, u[:, :, None])[:, :, 0]
         r1 = g - Pu - np.matmul(w[:, None, :], C)[:, 0]
         r2 = rhs2 - np.matmul(C, u[:, :, None])[:, :, 0]
-        rel = np.sqrt(np.einsum("ij,ij->i", r1, r1) + np.einsum("ij,ij->i", r2, r2)) / norm
+        rel = np.sqrt((r1 * r1).sum(-1) + (r2 * r2).sum(-1)) / norm
         rel = np.where(okn, rel, 0.0)
         worst = float(rel.max()) if rel.size else 0.0
         # stop at the tolerance, at the step limit, or once round-off stalls the refinement
