@@ -212,8 +212,7 @@ def _factor_single(P: Tensor, C: Tensor, shift: float) -> SchurFactor | None:
     LS, info_s = lp.dpotrf(S_hat, lower=1, clean=1) if k else (np.zeros((0, 0)), 0)
     pivots = np.diagonal(LS) ** 2
     L_t, Y_t, S_t, inv_t, nz_t, LS_t, piv_t = (
-        torch.from_numpy(np.ascontiguousarray(a))[None]
-        for a in (L, Y, S_lower, inv_scale, nonzero, LS, pivots)
+        torch.from_numpy(a)[None] for a in (L, Y, S_lower, inv_scale, nonzero, LS, pivots)
     )
     info_t = torch.tensor([int(info_s)], dtype=torch.int32)
     return SchurFactor(L_t, Y_t, S_t, inv_t, nz_t, LS_t, piv_t, info_t, single=True)

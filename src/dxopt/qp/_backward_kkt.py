@@ -218,7 +218,7 @@ class DenseRows:
         """The inequality part of ``w`` (S, k + p) back on the ``m`` rows (zero off them)."""
         out = np.zeros((w.shape[0], m))
         if self.k:
-            np.put_along_axis(out, self.index.numpy(), w.numpy()[:, : self.k], 1)
+            out[np.arange(out.shape[0])[:, None], self.index.numpy()] = w.numpy()[:, : self.k]
         return torch.from_numpy(out)
 
 
@@ -232,16 +232,17 @@ def dense_rows(data: AdjointInput, used: Tensor) -> DenseRows:
     used_np = used.numpy()
     k = int(used_np.sum(-1).max()) if used_np.size else 0
     index = np.argsort(~used_np, axis=-1, kind="stable")[:, :k]
-    mask = np.take_along_axis(used_np, index, 1)
+    sample = np.arange(S)[:, None]
+    mask = used_np[sample, index]
     if not all_ok:
         mask = mask & ok[:, None]
     blocks: list[np.ndarray] = []
     rhs: list[np.ndarray] = []
     if problem.G is not None:
         G = problem.array("G")
-        GJ = G[index] if G.ndim == 2 else np.take_along_axis(G, index[:, :, None], 1)
+        GJ = G[index] if G.ndim == 2 else G[sample, index]
         blocks.append(GJ * mask[:, :, None])
-        rhs.append(np.take_along_axis(data.grad_ineq.numpy(), index, 1) * mask)
+        rhs.append(data.grad_ineq.numpy()[sample, index] * mask)
     if problem.A is not None:
         A = problem.array("A")
         A = np.broadcast_to(A, (S, *A.shape)) if A.ndim == 2 else A
