@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 from _ref_problems import kkt_gradients, relative_error
-from qp_zoo import QPData, complementary_qp, stack, weakly_active_qp
+from qp_zoo import QPData, complementary_qp, sparse_complementary_qp, stack, weakly_active_qp
 
 import dxopt.qp as dqp
 from dxopt.linalg.schur import schur_factor
@@ -215,3 +215,20 @@ def test_single_system_reads_dependent_rows_off_its_pivots() -> None:
 def test_single_system_with_indefinite_P_is_refused() -> None:
     P = torch.diag(torch.tensor([1.0, -1.0, 2.0], dtype=F64))
     assert schur_factor(P, torch.zeros(1, 1, 3, dtype=F64)) is None
+
+
+@pytest.mark.parametrize("backward", ["penalty", "kkt"])
+def test_sparse_problem_with_the_dense_solver_equals_the_sparse_one(backward: str) -> None:
+    """``linear_solver="dense"`` on sparse matrices densifies them (regular path)."""
+    data = sparse_complementary_qp(12, m=8, p=2, seed=1)
+    cls = dqp.KKTBackward if backward == "kkt" else dqp.PenaltyBackward
+    grad_x = torch.randn(12, generator=torch.Generator().manual_seed(8), dtype=F64)
+    dense, sol = _grads(data, cls(linear_solver="dense"), grad_x)
+    assert sol.info.backward.linear_solver == "schur"
+    sparse, _ = _grads(data, cls(linear_solver="sparse"), grad_x)
+    for name in ("q", "b", "h"):
+        assert relative_error(dense[name], sparse[name]) <= 1e-10, name
+    for name in ("P", "A", "G"):
+        assert dense[name].layout == sparse[name].layout
+        diff = (dense[name] - sparse[name]).coalesce().values().abs().max()
+        assert float(diff) <= 1e-10 * float(sparse[name].coalesce().values().abs().max())

@@ -239,12 +239,12 @@ def dense_rows(data: AdjointInput, used: Tensor) -> DenseRows:
     blocks: list[np.ndarray] = []
     rhs: list[np.ndarray] = []
     if problem.G is not None:
-        G = problem.array("G")
+        G = _dense_array(problem, "G")
         GJ = G[index] if G.ndim == 2 else G[sample, index]
         blocks.append(GJ * mask[:, :, None])
         rhs.append(data.grad_ineq.numpy()[sample, index] * mask)
     if problem.A is not None:
-        A = problem.array("A")
+        A = _dense_array(problem, "A")
         A = np.broadcast_to(A, (S, *A.shape)) if A.ndim == 2 else A
         if not all_ok:
             A = A * ok[:, None, None]
@@ -253,13 +253,21 @@ def dense_rows(data: AdjointInput, used: Tensor) -> DenseRows:
     C = np.concatenate(blocks, 1) if len(blocks) > 1 else blocks[0] if blocks else None
     C = np.zeros((S, 0, n)) if C is None else np.ascontiguousarray(C)
     rhs2 = np.concatenate(rhs, 1) if rhs else np.zeros((S, 0))
-    P = problem.array("P")
+    P = _dense_array(problem, "P")
     if P.ndim == 3 and not all_ok:
         P = np.where(ok[:, None, None], P, np.eye(n))
     return DenseRows(
         torch.from_numpy(index), torch.from_numpy(mask), torch.from_numpy(C),
         torch.from_numpy(P), torch.from_numpy(rhs2),
     )  # fmt: skip
+
+
+def _dense_array(problem: QPProblem, name: str) -> np.ndarray:
+    """Parameter ``name`` as a dense numpy array (a sparse one densified, for
+    ``linear_solver="dense"``)."""
+    if problem.is_sparse(name):
+        return problem.csr[name][0].toarray()
+    return problem.array(name)
 
 
 def schur_refine(
