@@ -8,7 +8,11 @@ way to write one: it validates the common options, identifies the active set and
 problem to ``_adjoint``, and it owns the policy for degenerate problems. Weakly active rows that
 lie in the span of the active rows (a duplicated row whose multiplier the backend put on the
 other copy) join the active set first (:func:`dxopt.qp._degenerate.dependent_weak_rows`), so
-LICQ detection does not depend on the backend.
+LICQ detection does not depend on the backend. A dense batch in which every solved sample is
+regular (independent active rows, positive definite :math:`P`, refined residual within
+``max_residual``) is solved by the method's ``_regular_adjoint`` (one batched block
+elimination) before any of the policy below applies; the result is the one the general path
+gives on such a batch.
 
 **Degenerate problems** (``degenerate="auto"``, the default). Dependent active rows (LICQ
 fails) are reduced to a vertex of the multiplier set (:func:`dxopt.qp._degenerate.vertex_rows`:

@@ -13,7 +13,11 @@ batch at once, the active rows of each sample compressed to the front (padding r
   refinement against :math:`K`), about :math:`n^3/3 + n^2k + nk^2 + k^3/3` flops instead of the
   :math:`2(n + k)^3/3` of an LU of :math:`K`. Linear dependence of the active rows is read off
   the Schur complement's Cholesky (scale-invariant squared pivots, :mod:`dxopt.linalg.schur`),
-  so no separate Gram test runs.
+  so no separate Gram test runs. When every solved sample is regular this way (no dependent
+  row, refined residual within ``max_residual``), :func:`regular_dense_adjoint` returns the
+  adjoint straight away, before any degenerate policy (the common case: one batched
+  factorization, no per-sample work; the system is assembled and refined in numpy, and a
+  single small system is factored by LAPACK directly).
 - otherwise one batched LU of :math:`K` (``torch.linalg.lu_factor_ex``; inactive rows replaced by
   identity rows), with the exact Gram test (:func:`~dxopt.qp._degenerate.count_dependent_dense`)
   on the samples whose LU pivots look singular.

@@ -42,8 +42,10 @@ reduced KKT. Beyond the reference:
   serves (:func:`dxopt.linalg.schur_factor`: Cholesky of :math:`P` and of the
   :math:`k\\times k` Schur complement :math:`CP^{-1}C^\\top`); the refinement typically
   stops after the first solve, and the linear dependence of the active rows is read off the
-  same factorization. Otherwise (``P`` singular or too ill-conditioned for the refinement to
-  converge, or plain dXPP with ``max_refinement=0``) one batched Cholesky of :math:`H`
+  same factorization (a batch in which every sample is regular this way returns at once:
+  :func:`dxopt.qp._backward_kkt.regular_dense_adjoint`, shared with the KKT method).
+  Otherwise (``P`` singular or too ill-conditioned for the refinement to converge, or plain
+  dXPP with ``max_refinement=0``) one batched Cholesky of :math:`H`
   (``torch.linalg.cholesky_ex`` on (B, n, n)), with a reported jitter if it fails, and the
   Gram test for dependent rows. Sparse problems: the equality rows are kept *exactly* in the
   saddle-point matrix :math:`[[P + G_J^\\top W G_J, A^\\top], [A, 0]]` (the :math:`W_E \\to \\infty`
