@@ -122,9 +122,8 @@ def _row_stats(problem: QPProblem, name: str, *, absolute: bool = True) -> tuple
     return np.maximum(norm, _TINY), inf, absM
 
 
-def _abs_mv_np(problem: QPProblem, absM: Any, v: np.ndarray) -> np.ndarray:
-    """:math:`|M||v|` per sample, ``|M|`` from :func:`_row_stats` (``v`` is (S, n))."""
-    av = np.abs(v)
+def _abs_mv_np(absM: Any, av: np.ndarray) -> np.ndarray:
+    """:math:`|M||v|` per sample from ``|M|`` (:func:`_row_stats`) and ``|v|`` (S, n)."""
     if sp.issparse(absM):
         return np.ascontiguousarray((absM @ av.T).T)
     if absM.ndim == 2:
@@ -176,14 +175,15 @@ def identify_active(
     h = problem.np_vec("h")
     raw_slack = h - problem.np_mv("G", xn)
     # componentwise scale (no row normalisation), kept away from zero on nonzero rows
-    x_inf = np.abs(xn).max(-1, keepdims=True) if xn.shape[-1] else np.zeros((S, 1))
-    sigma_p = np.abs(h) + _abs_mv_np(problem, absG, xn) + g_inf * (1.0 + x_inf)
+    ax = np.abs(xn)
+    x_inf = ax.max(-1, keepdims=True) if xn.shape[-1] else np.zeros((S, 1))
+    sigma_p = np.abs(h) + _abs_mv_np(absG, ax) + g_inf * (1.0 + x_inf)
     rel_slack = raw_slack / np.maximum(sigma_p, _TINY)
     slack = np.where(nonzero, raw_slack / g_norm, 0.0)
     # dual scale (componentwise, no absolute "1 +"): multipliers are compared with it
     nu_inf = np.maximum(ineq_duals.numpy(), 0.0) * g_inf * nonzero
     absP = abs(problem.csr["P"][0]) if problem.is_sparse("P") else np.abs(problem.array("P"))
-    dual_scale = (_abs_mv_np(problem, absP, xn) + np.abs(problem.np_vec("q"))).max(-1)
+    dual_scale = (_abs_mv_np(absP, ax) + np.abs(problem.np_vec("q"))).max(-1)
     dual_scale = np.maximum(np.maximum(dual_scale, _amax(nu_inf, dual_scale)), _TINY)
     if m:
         comp = (np.maximum(rel_slack, 0.0) * nu_inf).max(-1) / dual_scale
