@@ -204,7 +204,7 @@ def _factor_single(P: Tensor, C: Tensor, shift: float) -> SchurFactor | None:
         return None
     Cn = C[0].numpy()
     k = Cn.shape[0]
-    Y = lp.dtrtrs(L, np.ascontiguousarray(Cn.T), lower=1)[0] if k else np.zeros((L.shape[0], 0))
+    Y = lp.dtrtrs(L, Cn.T, lower=1)[0] if k else np.zeros((L.shape[0], 0))
     S_lower = Y.T @ Y
     s = np.diagonal(S_lower)
     nonzero = s > 0
