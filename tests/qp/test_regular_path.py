@@ -232,3 +232,46 @@ def test_sparse_problem_with_the_dense_solver_equals_the_sparse_one(backward: st
         assert dense[name].layout == sparse[name].layout
         diff = (dense[name] - sparse[name]).coalesce().values().abs().max()
         assert float(diff) <= 1e-10 * float(sparse[name].coalesce().values().abs().max())
+
+
+def test_refinement_never_returns_a_worse_iterate_than_the_first_solve() -> None:
+    """``schur_refine`` keeps each sample's best iterate: more steps never raise a sample's
+    residual (rows scaled by 1e8 put the residual at the round-off floor, where the last
+    iterate alone would wander)."""
+    from dxopt.qp._active import identify_active
+    from dxopt.qp._adjoint import AdjointInput
+    from dxopt.qp._backward_kkt import dense_rows, schur_refine
+    from dxopt.qp._problem import canonical_problem
+
+    problems = [
+        _scaled_rows(complementary_qp(14, m=11, p=3, n_active=a, seed=s), 1e8)
+        for s, a in ((50, 3), (51, 6), (52, 8))
+    ]
+    data = stack(problems)
+    problem = canonical_problem(*data.args())
+    S = 3
+    grad_x = torch.randn(S, 14, generator=torch.Generator().manual_seed(9), dtype=F64)
+    adj_in = AdjointInput(
+        problem=problem,
+        x=data.x,  # type: ignore[arg-type]
+        eq_duals=data.eq_duals,  # type: ignore[arg-type]
+        ineq_duals=data.ineq_duals,  # type: ignore[arg-type]
+        grad_x=grad_x,
+        grad_eq=torch.zeros(S, 3, dtype=F64),
+        grad_ineq=torch.zeros(S, 11, dtype=F64),
+        ok=torch.ones(S, dtype=torch.bool),
+        active=data.active,
+    )
+    active = identify_active(
+        problem, adj_in.x, adj_in.eq_duals, adj_in.ineq_duals, active_tol=None,
+        weak_policy="inactive", forward_active=adj_in.active,
+    )  # fmt: skip
+    rows = dense_rows(adj_in, active.used)
+    factor = schur_factor(rows.P, rows.C)
+    assert factor is not None
+    previous = None
+    for steps in range(6):
+        *_, residual, _ = schur_refine(rows, factor, grad_x, adj_in.ok, steps, 0.0)
+        if previous is not None:
+            assert bool((residual <= previous).all()), (steps, residual, previous)
+        previous = residual
