@@ -289,34 +289,36 @@ def schur_refine(
     P, C, rhs2 = rows.P.numpy(), rows.C.numpy(), rows.rhs2.numpy()
     g, okn = grad_x.numpy(), ok.numpy()
     norm = np.maximum(np.sqrt((g * g).sum(-1) + (rhs2 * rhs2).sum(-1)), 1e-300)
-    u_t, w_t = factor.solve(grad_x, rows.rhs2)
-    u, w = u_t.numpy(), w_t.numpy()
-    steps, best = 0, float("inf")
-    keep_u = keep_w = keep_rel = None
-    while True:
+
+    def residual(u: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         Pu = u @ P if P.ndim == 2 else np.matmul(P, u[:, :, None])[:, :, 0]
         r1 = g - Pu - np.matmul(w[:, None, :], C)[:, 0]
         r2 = rhs2 - np.matmul(C, u[:, :, None])[:, :, 0]
         rel = np.sqrt((r1 * r1).sum(-1) + (r2 * r2).sum(-1)) / norm
-        rel = np.where(okn, rel, 0.0)
-        if keep_rel is not None:  # per sample, the best iterate so far (round-off can stall)
-            better = rel < keep_rel
-            u = np.where(better[:, None], u, keep_u)  # type: ignore[arg-type]
-            w = np.where(better[:, None], w, keep_w)  # type: ignore[arg-type]
-            rel = np.minimum(rel, keep_rel)
-            if not better.all():  # the residual of the kept iterates is recomputed
-                Pu = u @ P if P.ndim == 2 else np.matmul(P, u[:, :, None])[:, :, 0]
-                r1 = g - Pu - np.matmul(w[:, None, :], C)[:, 0]
-                r2 = rhs2 - np.matmul(C, u[:, :, None])[:, :, 0]
+        return r1, r2, np.where(okn, rel, 0.0)
+
+    u_t, w_t = factor.solve(grad_x, rows.rhs2)
+    u, w = u_t.numpy(), w_t.numpy()
+    r1, r2, rel = residual(u, w)
+    steps, best = 0, float("inf")
+    while True:
         worst = float(rel.max()) if rel.size else 0.0
         # stop at the tolerance, at the step limit, or once round-off stalls the refinement
         if steps >= max_steps or worst <= tol or (worst > 0.5 * best and worst < 1e-12):
             return torch.from_numpy(u), torch.from_numpy(w), torch.from_numpy(rel), steps
         best = min(best, worst)
-        keep_u, keep_w, keep_rel = u, w, rel
         du, dw = factor.solve(torch.from_numpy(r1), torch.from_numpy(r2))
-        u, w = u + du.numpy(), w + dw.numpy()
+        new_u, new_w = u + du.numpy(), w + dw.numpy()
+        new_r1, new_r2, new_rel = residual(new_u, new_w)
         steps += 1
+        better = new_rel < rel  # per sample, the best iterate so far (round-off can stall)
+        if better.all():
+            u, w, r1, r2, rel = new_u, new_w, new_r1, new_r2, new_rel
+        else:
+            col = better[:, None]
+            u, w = np.where(col, new_u, u), np.where(col, new_w, w)
+            r1, r2 = np.where(col, new_r1, r1), np.where(col, new_r2, r2)
+            rel = np.minimum(new_rel, rel)
 
 
 def _solve_schur(
