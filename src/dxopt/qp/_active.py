@@ -27,8 +27,10 @@ of the active rows join them, and weak rows are kept when :math:`x` is otherwise
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+import scipy.sparse as sp
 import torch
 from torch import Tensor
 
@@ -38,6 +40,7 @@ from dxopt.qp._types import QPBackwardError
 __all__ = ["WEAK_POLICIES", "ActiveSet", "compress_rows", "identify_active", "row_norms"]
 
 WEAK_POLICIES = ("inactive", "active", "raise")
+_TINY = float(np.finfo(np.float64).tiny)
 
 
 def compress_rows(used: Tensor) -> tuple[Tensor, Tensor]:
@@ -82,11 +85,11 @@ class ActiveSet:
 
     @property
     def n_active(self) -> tuple[int, ...]:
-        return tuple(int(v) for v in self.used.sum(-1))
+        return tuple(self.used.numpy().sum(-1).tolist())
 
     @property
     def n_weak(self) -> tuple[int, ...]:
-        return tuple(int(v) for v in self.weak.sum(-1))
+        return tuple(self.weak.numpy().sum(-1).tolist())
 
 
 def row_inf(M: Tensor) -> Tensor:
@@ -98,15 +101,39 @@ def row_inf(M: Tensor) -> Tensor:
     return M.abs().amax(-1) if M.shape[-1] else torch.zeros(M.shape[:-1], dtype=M.dtype)
 
 
-def _abs_mv(problem: QPProblem, name: str, v: Tensor) -> Tensor:
-    """:math:`|M||v|` per sample (componentwise scale)."""
-    M = getattr(problem, name)
-    if M.layout == torch.sparse_coo:
-        out = abs(problem.csr[name][0]) @ v.abs().numpy().T
-        return torch.from_numpy(np.ascontiguousarray(out.T))
-    if M.ndim == 2:
-        return v.abs() @ M.abs().T
-    return torch.bmm(M.abs(), v.abs().unsqueeze(-1)).squeeze(-1)
+def _row_stats(problem: QPProblem, name: str, *, absolute: bool = True) -> tuple[Any, ...]:
+    """Euclidean row norms (clamped away from zero), and with ``absolute`` the row
+    max-norms and :math:`|M|` (dense ``(k, n)``/``(S, k, n)`` array or scipy CSR) of parameter
+    ``name``, in numpy."""
+    if problem.is_sparse(name):
+        csr = problem.csr[name][0]
+        norm = np.sqrt(np.asarray(csr.multiply(csr).sum(axis=1)).ravel())
+        if not absolute:
+            return (np.maximum(norm, _TINY),)
+        absM = abs(csr)
+        inf = np.asarray(absM.max(axis=1).todense()).ravel() if csr.shape[0] else np.zeros(0)
+    else:
+        M = problem.array(name)
+        norm = np.sqrt(np.einsum("...ij,...ij->...i", M, M))
+        if not absolute:
+            return (np.maximum(norm, _TINY),)
+        absM = np.abs(M)
+        inf = absM.max(-1) if M.shape[-1] else np.zeros(M.shape[:-1])
+    return np.maximum(norm, _TINY), inf, absM
+
+
+def _abs_mv_np(absM: Any, av: np.ndarray) -> np.ndarray:
+    """:math:`|M||v|` per sample from ``|M|`` (:func:`_row_stats`) and ``|v|`` (S, n)."""
+    if sp.issparse(absM):
+        return np.ascontiguousarray((absM @ av.T).T)
+    if absM.ndim == 2:
+        return av @ absM.T
+    return np.matmul(absM, av[:, :, None])[:, :, 0]
+
+
+def _amax(a: np.ndarray, fallback: np.ndarray) -> np.ndarray:
+    """Row maxima of ``a`` (S, k), ``fallback`` when ``k == 0``."""
+    return a.max(-1) if a.shape[-1] else fallback
 
 
 def identify_active(
@@ -119,43 +146,50 @@ def identify_active(
     weak_policy: str,
     forward_active: Tensor | None = None,
 ) -> ActiveSet:
-    """Classify the inequality rows of every sample (see the module docstring)."""
+    """Classify the inequality rows of every sample (see the module docstring).
+
+    The arithmetic runs in numpy on the float64 CPU data (a few dozen elementwise operations,
+    each far cheaper than a torch dispatch on the small arrays of a single QP); the masks and
+    scales come back as tensors sharing the arrays' memory."""
     if weak_policy not in WEAK_POLICIES:
         raise ValueError(
             f"weak_policy: expected one of {WEAK_POLICIES}, got {weak_policy!r}. "
             "Use 'inactive' (default), 'active' or 'raise'."
         )
     S, m = x.shape[0], problem.m
+    xn = x.numpy()
     a_norm = g_norm = eq_residual = None
-    eps = torch.zeros(S, dtype=torch.float64)
+    eps = np.zeros(S)
     if problem.A is not None:
-        a_norm = row_norms(problem.A)
-        eq_residual = (problem.mv("A", x) - problem.dense_vec("b")) / a_norm
-        r = eq_residual.abs()
-        eps = torch.maximum(eps, r.amax(-1) if r.shape[-1] else eps)
+        (a_norm,) = _row_stats(problem, "A", absolute=False)
+        eq_residual = (problem.np_mv("A", xn) - problem.np_vec("b")) / a_norm
+        eps = np.maximum(eps, _amax(np.abs(eq_residual), eps))
     if problem.G is None:
         empty = torch.zeros(S, 0, dtype=torch.bool)
-        return ActiveSet(empty, empty, empty, eps, None, a_norm, None, eq_residual)
-    g_norm = row_norms(problem.G)
-    nonzero = g_norm > torch.finfo(torch.float64).tiny  # zero rows are never active
-    gx = problem.mv("G", x)
-    h = problem.dense_vec("h")
-    raw_slack = h - gx
+        return ActiveSet(
+            empty, empty, empty, torch.from_numpy(eps), None, _tensor(a_norm), None,
+            _tensor(eq_residual),
+        )  # fmt: skip
+    g_norm, g_inf, absG = _row_stats(problem, "G")
+    nonzero = g_norm > _TINY  # zero rows are never active
+    h = problem.np_vec("h")
+    raw_slack = h - problem.np_mv("G", xn)
     # componentwise scale (no row normalisation), kept away from zero on nonzero rows
-    g_inf = row_inf(problem.G)
-    x_inf = x.abs().amax(-1, keepdim=True) if x.shape[-1] else torch.zeros(S, 1)
-    sigma_p = h.abs() + _abs_mv(problem, "G", x) + g_inf * (1.0 + x_inf)
-    rel_slack = raw_slack / sigma_p.clamp_min(torch.finfo(torch.float64).tiny)
-    slack = torch.where(nonzero, raw_slack / g_norm, torch.zeros_like(raw_slack))
+    ax = np.abs(xn)
+    x_inf = ax.max(-1, keepdims=True) if xn.shape[-1] else np.zeros((S, 1))
+    sigma_p = np.abs(h) + _abs_mv_np(absG, ax) + g_inf * (1.0 + x_inf)
+    rel_slack = raw_slack / np.maximum(sigma_p, _TINY)
+    slack = np.where(nonzero, raw_slack / g_norm, 0.0)
     # dual scale (componentwise, no absolute "1 +"): multipliers are compared with it
-    nu_inf = ineq_duals.clamp_min(0.0) * g_inf * nonzero
-    dual_scale = (_abs_mv(problem, "P", x) + problem.dense_vec("q").abs()).amax(-1)
-    dual_scale = torch.maximum(dual_scale, nu_inf.amax(-1) if m else dual_scale)
-    dual_scale = dual_scale.clamp_min(torch.finfo(torch.float64).tiny)
-    comp = (rel_slack.clamp_min(0.0) * nu_inf).amax(-1) / dual_scale if m else eps
-    viol = torch.where(nonzero, (-rel_slack).clamp_min(0.0), 0.0).amax(-1) if m else eps
-    eps = torch.maximum(eps, torch.maximum(viol, comp))
-    base = torch.clamp(1e3 * eps, min=1e-9)
+    nu_inf = np.maximum(ineq_duals.numpy(), 0.0) * g_inf * nonzero
+    absP = abs(problem.csr["P"][0]) if problem.is_sparse("P") else np.abs(problem.array("P"))
+    dual_scale = (_abs_mv_np(absP, ax) + np.abs(problem.np_vec("q"))).max(-1)
+    dual_scale = np.maximum(np.maximum(dual_scale, _amax(nu_inf, dual_scale)), _TINY)
+    if m:
+        comp = (np.maximum(rel_slack, 0.0) * nu_inf).max(-1) / dual_scale
+        viol = np.where(nonzero, np.maximum(-rel_slack, 0.0), 0.0).max(-1)
+        eps = np.maximum(eps, np.maximum(viol, comp))
+    base = np.maximum(1e3 * eps, 1e-9)
     tau_nu = base * dual_scale
     if active_tol is not None:
         candidate = (slack <= active_tol) & nonzero
@@ -164,26 +198,29 @@ def identify_active(
     if forward_active is not None and active_tol is None:
         # the forward's certified (polished) active set decides; rows outside it are only
         # candidates for the weak class (zero slack, zero multiplier)
-        active = forward_active & nonzero & (nu_inf > 1e-10 * dual_scale[:, None])
-        weak = ((forward_active & nonzero) | candidate) & ~active
-        weak = weak & (nu_inf <= tau_nu[:, None])
+        fwd = forward_active.numpy() & nonzero
+        active = fwd & (nu_inf > 1e-10 * dual_scale[:, None])
+        weak = (fwd | candidate) & ~active & (nu_inf <= tau_nu[:, None])
     else:
         active = candidate & (nu_inf > tau_nu[:, None])
         weak = candidate & ~active
     if forward_active is not None:
-        used_slack = torch.where(active | weak, slack.abs(), torch.zeros_like(slack))
-        eps = torch.maximum(
-            used_slack.amax(-1) if m else eps,
-            eq_residual.abs().amax(-1)
-            if eq_residual is not None and eq_residual.shape[-1]
-            else torch.zeros_like(eps),
-        )
-    if weak_policy == "raise" and bool(weak.any()):
-        rows = [tuple(int(j) for j in torch.nonzero(w).flatten()) for w in weak]
-        bad = {i: r for i, r in enumerate(rows) if r}
+        used_slack = np.where(active | weak, np.abs(slack), 0.0)
+        eq_eps = _amax(np.abs(eq_residual), np.zeros(S)) if eq_residual is not None else 0.0
+        eps = np.maximum(_amax(used_slack, eps), eq_eps)
+    if weak_policy == "raise" and weak.any():
+        bad = {i: tuple(int(j) for j in np.flatnonzero(w)) for i, w in enumerate(weak) if w.any()}
         raise QPBackwardError(
             f"weakly active rows (zero slack and zero multiplier) at (sample: rows) {bad}; the "
             "solution map is not differentiable there. Use weak_policy='inactive' or 'active'."
         )
     used = active | weak if weak_policy == "active" else active
-    return ActiveSet(active, weak, used, eps, g_norm, a_norm, slack, eq_residual)
+    return ActiveSet(
+        torch.from_numpy(active), torch.from_numpy(weak), torch.from_numpy(used),
+        torch.from_numpy(eps), _tensor(g_norm), _tensor(a_norm), torch.from_numpy(slack),
+        _tensor(eq_residual),
+    )  # fmt: skip
+
+
+def _tensor(a: np.ndarray | None) -> Tensor | None:
+    return None if a is None else torch.from_numpy(np.ascontiguousarray(a))

@@ -8,7 +8,11 @@ way to write one: it validates the common options, identifies the active set and
 problem to ``_adjoint``, and it owns the policy for degenerate problems. Weakly active rows that
 lie in the span of the active rows (a duplicated row whose multiplier the backend put on the
 other copy) join the active set first (:func:`dxopt.qp._degenerate.dependent_weak_rows`), so
-LICQ detection does not depend on the backend.
+LICQ detection does not depend on the backend. A dense batch in which every solved sample is
+regular (independent active rows, positive definite :math:`P`, refined residual within
+``max_residual``) is solved by the method's ``_regular_adjoint`` (one batched block
+elimination) before any of the policy below applies; the result is the one the general path
+gives on such a batch.
 
 **Degenerate problems** (``degenerate="auto"``, the default). Dependent active rows (LICQ
 fails) are reduced to a vertex of the multiplier set (:func:`dxopt.qp._degenerate.vertex_rows`:
@@ -158,6 +162,13 @@ class BackwardBase:
             diagnostics.refinement_steps = 0
             return out
 
+    def _regular_adjoint(
+        self, data: AdjointInput, active: ActiveSet, diagnostics: BackwardDiagnostics
+    ) -> AdjointSolution | None:
+        """The adjoint of a dense batch in which every solved sample is regular (independent
+        active rows, positive definite ``P``), or ``None`` (then the general path runs)."""
+        return None
+
     def solve_adjoint(
         self, data: AdjointInput, diagnostics: BackwardDiagnostics
     ) -> AdjointSolution:
@@ -182,13 +193,13 @@ class BackwardBase:
             weak_policy=self.weak_policy,
             forward_active=data.active,
         )
-        if self.weak_policy == "inactive" and bool((active.weak & ~active.used).any()):
+        if self.weak_policy == "inactive" and (active.weak.numpy() & ~active.used.numpy()).any():
             adopt = dependent_weak_rows(data.problem, active.used, active.weak & ~active.used)
             if bool(adopt.any()):  # duplicated/dependent weak rows join the active set
                 active = replace(active, used=active.used | adopt)
         diagnostics.pseudo_inverse = (False,) * data.x.shape[0]
         diagnostics.weak_kept = False
-        if data.settled is not None and bool((~data.settled & data.ok).any()):
+        if data.settled is not None and (~data.settled.numpy() & data.ok.numpy()).any():
             bad = torch.nonzero(~data.settled & data.ok).flatten().tolist()
             diagnostics.unsettled = tuple(bool(not v) for v in data.settled)
             warnings.warn(
@@ -199,6 +210,12 @@ class BackwardBase:
                 QPDegenerateWarning,
                 stacklevel=3,
             )
+        # [bwd] the common dense case (LICQ holds, P positive definite, the refined solve
+        # converges): one batched Schur solve; anything else takes the general path below
+        if not self.use_sparse(data.problem):
+            regular = self._regular_adjoint(data, active, diagnostics)
+            if regular is not None:
+                return regular
         try:
             if self.degenerate in ("auto", "vertex"):
                 return self._vertex_adjoint(data, active, diagnostics)

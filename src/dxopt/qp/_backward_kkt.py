@@ -13,7 +13,11 @@ batch at once, the active rows of each sample compressed to the front (padding r
   refinement against :math:`K`), about :math:`n^3/3 + n^2k + nk^2 + k^3/3` flops instead of the
   :math:`2(n + k)^3/3` of an LU of :math:`K`. Linear dependence of the active rows is read off
   the Schur complement's Cholesky (scale-invariant squared pivots, :mod:`dxopt.linalg.schur`),
-  so no separate Gram test runs.
+  so no separate Gram test runs. When every solved sample is regular this way (no dependent
+  row, refined residual within ``max_residual``), :func:`regular_dense_adjoint` returns the
+  adjoint straight away, before any degenerate policy (the common case: one batched
+  factorization, no per-sample work; the system is assembled and refined in numpy, and a
+  single small system is factored by LAPACK directly).
 - otherwise one batched LU of :math:`K` (``torch.linalg.lu_factor_ex``; inactive rows replaced by
   identity rows), with the exact Gram test (:func:`~dxopt.qp._degenerate.count_dependent_dense`)
   on the samples whose LU pivots look singular.
@@ -60,6 +64,7 @@ __all__ = [
     "check_residual",
     "dense_rows",
     "dependent_rows_sparse",
+    "regular_dense_adjoint",
     "schur_refine",
     "scipy_matrix",
     "solve_sparse",
@@ -72,6 +77,19 @@ def scipy_matrix(problem: QPProblem, name: str, i: int) -> sp.csr_matrix:
     if t.layout == torch.sparse_coo:
         return problem.csr[name][0]
     return sp.csr_matrix((t[i] if t.ndim == 3 else t).numpy())
+
+
+def _regular_diagnostics(
+    diagnostics: BackwardDiagnostics, method: str, residual: Tensor, active: ActiveSet
+) -> None:
+    """The diagnostics of a batch solved by :func:`regular_dense_adjoint`."""
+    diagnostics.method = method
+    diagnostics.linear_solver = "schur"
+    diagnostics.dependent_rows = (0,) * residual.shape[0]
+    diagnostics.licq = True
+    diagnostics.residual = float(residual.numpy().max()) if residual.numel() else 0.0
+    diagnostics.n_active = active.n_active
+    diagnostics.n_weak = active.n_weak
 
 
 def check_residual(residual: Tensor, limit: float, what: str) -> None:
@@ -114,6 +132,18 @@ class KKTBackward(BackwardBase):
     def name(self) -> str:
         return "kkt"
 
+    def _regular_adjoint(
+        self, data: AdjointInput, active: ActiveSet, diagnostics: BackwardDiagnostics
+    ) -> AdjointSolution | None:
+        solved = regular_dense_adjoint(
+            data, active, max_steps=_KKT_STEPS, tol=_KKT_TOL, max_residual=self.max_residual
+        )
+        if solved is None:
+            return None
+        u, w_ineq, w_eq, residual, _ = solved
+        _regular_diagnostics(diagnostics, "kkt", residual, active)
+        return AdjointSolution(u, w_ineq, w_eq, active, residual)
+
     def _adjoint(
         self, data: AdjointInput, active: ActiveSet, diagnostics: BackwardDiagnostics
     ) -> AdjointSolution:
@@ -147,6 +177,29 @@ class KKTBackward(BackwardBase):
         return AdjointSolution(u, w_ineq, w_eq, active, residual)
 
 
+def regular_dense_adjoint(
+    data: AdjointInput, active: ActiveSet, *, max_steps: int, tol: float, max_residual: float
+) -> tuple[Tensor, Tensor, Tensor, Tensor, int] | None:
+    """The exact adjoint of a dense batch by one batched block elimination of :math:`P`
+    (:func:`dxopt.linalg.schur_factor`) and refinement against :math:`K`, when every solved
+    sample is regular: :math:`P` positive definite, no dependent active row (read off the
+    Schur complement's pivots) and the refined relative residual within ``max_residual``.
+    Returns ``(u, w_J, w_E, relative residual, refinement steps)``, or ``None`` when some
+    sample is not regular (the caller's general path, with its degenerate policy, decides)."""
+    rows = dense_rows(data, active.used)
+    factor = schur_factor(rows.P, rows.C)
+    if factor is None:
+        return None
+    ok = data.ok.numpy()
+    pivots, info = factor.pivots.numpy(), factor.info.numpy()
+    if bool((((pivots < DEPENDENT_TOL).sum(-1) + (info != 0)) * ok).any()):
+        return None
+    u, w, residual, steps = schur_refine(rows, factor, data.grad_x, data.ok, max_steps, tol)
+    if not bool((residual.numpy() <= max_residual).all()):
+        return None
+    return u, rows.scatter(w, data.problem.m), w[:, rows.k :], residual, steps
+
+
 @dataclass(frozen=True)
 class DenseRows:
     """The dense adjoint system of a batch: ``C`` (S, k + p, n) stacks each sample's used
@@ -165,30 +218,60 @@ class DenseRows:
     def k(self) -> int:
         return self.index.shape[1]
 
+    def scatter(self, w: Tensor, m: int) -> Tensor:
+        """The inequality part of ``w`` (S, k + p) back on the ``m`` rows (zero off them)."""
+        out = np.zeros((w.shape[0], m))
+        if self.k:
+            out[np.arange(out.shape[0])[:, None], self.index.numpy()] = w.numpy()[:, : self.k]
+        return torch.from_numpy(out)
+
 
 def dense_rows(data: AdjointInput, used: Tensor) -> DenseRows:
-    """Assemble :class:`DenseRows` (failed samples get zero rows and the identity ``P``)."""
+    """Assemble :class:`DenseRows` (failed samples get zero rows and the identity ``P``);
+    numpy on the float64 data (few, cheap operations for small problems)."""
     problem = data.problem
     S, n = data.x.shape[0], problem.n
-    index, mask = compress_rows(used)
-    rowmask = (mask & data.ok[:, None]).to(torch.float64)
-    blocks = []
-    rhs = []
+    ok = data.ok.numpy()
+    all_ok = bool(ok.all())
+    used_np = used.numpy()
+    k = int(used_np.sum(-1).max()) if used_np.size else 0
+    index = np.argsort(~used_np, axis=-1, kind="stable")[:, :k]
+    sample = np.arange(S)[:, None]
+    mask = used_np[sample, index]
+    if not all_ok:
+        mask = mask & ok[:, None]
+    blocks: list[np.ndarray] = []
+    rhs: list[np.ndarray] = []
     if problem.G is not None:
-        blocks.append(gather_rows(problem.G, index) * rowmask[..., None])
-        rhs.append(data.grad_ineq.gather(1, index) * rowmask)
+        G = _dense_array(problem, "G")
+        GJ = G[index] if G.ndim == 2 else G[sample, index]
+        blocks.append(GJ * mask[:, :, None])
+        rhs.append(data.grad_ineq.numpy()[sample, index] * mask)
     if problem.A is not None:
-        A = problem.A if problem.A.ndim == 3 else problem.A.expand(S, -1, -1)
-        if not bool(data.ok.all()):
-            A = A * data.ok[:, None, None].to(torch.float64)
+        A = _dense_array(problem, "A")
+        A = np.broadcast_to(A, (S, *A.shape)) if A.ndim == 2 else A
+        if not all_ok:
+            A = A * ok[:, None, None]
         blocks.append(A)
-        rhs.append(data.grad_eq)
-    C = torch.cat(blocks, 1) if blocks else torch.zeros(S, 0, n, dtype=torch.float64)
-    rhs2 = torch.cat(rhs, 1) if rhs else torch.zeros(S, 0, dtype=torch.float64)
-    P = problem.P
-    if P.ndim == 3 and not bool(data.ok.all()):
-        P = torch.where(data.ok[:, None, None], P, torch.eye(n, dtype=torch.float64))
-    return DenseRows(index, mask, C, P, rhs2)
+        rhs.append(data.grad_eq.numpy())
+    C = np.concatenate(blocks, 1) if len(blocks) > 1 else blocks[0] if blocks else None
+    C = np.zeros((S, 0, n)) if C is None else np.ascontiguousarray(C)
+    rhs2 = np.concatenate(rhs, 1) if rhs else np.zeros((S, 0))
+    P = _dense_array(problem, "P")
+    if P.ndim == 3 and not all_ok:
+        P = np.where(ok[:, None, None], P, np.eye(n))
+    return DenseRows(
+        torch.from_numpy(index), torch.from_numpy(mask), torch.from_numpy(C),
+        torch.from_numpy(P), torch.from_numpy(rhs2),
+    )  # fmt: skip
+
+
+def _dense_array(problem: QPProblem, name: str) -> np.ndarray:
+    """Parameter ``name`` as a dense numpy array (a sparse one densified, for
+    ``linear_solver="dense"``)."""
+    if problem.is_sparse(name):
+        return problem.csr[name][0].toarray()
+    return problem.array(name)
 
 
 def schur_refine(
@@ -200,25 +283,42 @@ def schur_refine(
     tol: float,
 ) -> tuple[Tensor, Tensor, Tensor, int]:
     """Solve :math:`[[P, C^\\top], [C, 0]][u; w] = [\\bar x; r_2]` with the Schur factor and
-    iterative refinement against the exact matrix. Returns ``(u, w, relative residual, steps)``."""
-    P, C, rhs2 = rows.P, rows.C, rows.rhs2
-    norm = torch.linalg.vector_norm(torch.cat([grad_x, rhs2], -1), dim=-1).clamp_min(1e-300)
-    u, w = factor.solve(grad_x, rhs2)
+    iterative refinement against the exact matrix, keeping per sample the iterate with the
+    smallest residual (round-off makes the last one no better near the limit). Returns
+    ``(u, w, relative residual, steps)`` (the residuals in numpy: a few small products)."""
+    P, C, rhs2 = rows.P.numpy(), rows.C.numpy(), rows.rhs2.numpy()
+    g, okn = grad_x.numpy(), ok.numpy()
+    norm = np.maximum(np.sqrt((g * g).sum(-1) + (rhs2 * rhs2).sum(-1)), 1e-300)
+
+    def residual(u: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        Pu = u @ P if P.ndim == 2 else np.matmul(P, u[:, :, None])[:, :, 0]
+        r1 = g - Pu - np.matmul(w[:, None, :], C)[:, 0]
+        r2 = rhs2 - np.matmul(C, u[:, :, None])[:, :, 0]
+        rel = np.sqrt((r1 * r1).sum(-1) + (r2 * r2).sum(-1)) / norm
+        return r1, r2, np.where(okn, rel, 0.0)
+
+    u_t, w_t = factor.solve(grad_x, rows.rhs2)
+    u, w = u_t.numpy(), w_t.numpy()
+    r1, r2, rel = residual(u, w)
     steps, best = 0, float("inf")
     while True:
-        Pu = u @ P if P.ndim == 2 else torch.bmm(P, u.unsqueeze(-1)).squeeze(-1)
-        r1 = grad_x - Pu - torch.bmm(w.unsqueeze(-2), C).squeeze(-2)
-        r2 = rhs2 - torch.bmm(C, u.unsqueeze(-1)).squeeze(-1)
-        rel = torch.linalg.vector_norm(torch.cat([r1, r2], -1), dim=-1) / norm
-        rel = torch.where(ok, rel, 0.0)
-        worst = float(rel.max()) if rel.numel() else 0.0
+        worst = float(rel.max()) if rel.size else 0.0
         # stop at the tolerance, at the step limit, or once round-off stalls the refinement
         if steps >= max_steps or worst <= tol or (worst > 0.5 * best and worst < 1e-12):
-            return u, w, rel, steps
+            return torch.from_numpy(u), torch.from_numpy(w), torch.from_numpy(rel), steps
         best = min(best, worst)
-        du, dw = factor.solve(r1, r2)
-        u, w = u + du, w + dw
+        du, dw = factor.solve(torch.from_numpy(r1), torch.from_numpy(r2))
+        new_u, new_w = u + du.numpy(), w + dw.numpy()
+        new_r1, new_r2, new_rel = residual(new_u, new_w)
         steps += 1
+        better = new_rel < rel  # per sample, the best iterate so far (round-off can stall)
+        if better.all():
+            u, w, r1, r2, rel = new_u, new_w, new_r1, new_r2, new_rel
+        else:
+            col = better[:, None]
+            u, w = np.where(col, new_u, u), np.where(col, new_w, w)
+            r1, r2 = np.where(col, new_r1, r1), np.where(col, new_r2, r2)
+            rel = np.minimum(new_rel, rel)
 
 
 def _solve_schur(

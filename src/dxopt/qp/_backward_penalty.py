@@ -42,8 +42,10 @@ reduced KKT. Beyond the reference:
   serves (:func:`dxopt.linalg.schur_factor`: Cholesky of :math:`P` and of the
   :math:`k\\times k` Schur complement :math:`CP^{-1}C^\\top`); the refinement typically
   stops after the first solve, and the linear dependence of the active rows is read off the
-  same factorization. Otherwise (``P`` singular or too ill-conditioned for the refinement to
-  converge, or plain dXPP with ``max_refinement=0``) one batched Cholesky of :math:`H`
+  same factorization (a batch in which every sample is regular this way returns at once:
+  :func:`dxopt.qp._backward_kkt.regular_dense_adjoint`, shared with the KKT method).
+  Otherwise (``P`` singular or too ill-conditioned for the refinement to converge, or plain
+  dXPP with ``max_refinement=0``) one batched Cholesky of :math:`H`
   (``torch.linalg.cholesky_ex`` on (B, n, n)), with a reported jitter if it fails, and the
   Gram test for dependent rows. Sparse problems: the equality rows are kept *exactly* in the
   saddle-point matrix :math:`[[P + G_J^\\top W G_J, A^\\top], [A, 0]]` (the :math:`W_E \\to \\infty`
@@ -64,9 +66,11 @@ from dxopt.qp._active import ActiveSet, compress_rows, gather_rows
 from dxopt.qp._adjoint import AdjointInput, AdjointSolution, kkt_residual
 from dxopt.qp._backward_base import BackwardBase
 from dxopt.qp._backward_kkt import (
+    _regular_diagnostics,
     check_residual,
     dense_rows,
     dependent_rows_sparse,
+    regular_dense_adjoint,
     schur_refine,
     solve_sparse,
 )
@@ -171,6 +175,27 @@ class PenaltyBackward(BackwardBase):
             sp_, sm = torch.sigmoid(r / beta[:, None]), torch.sigmoid(-r / beta[:, None])
             W_E = rho_e * (sp_ * (1 - sp_) + sm * (1 - sm)) / beta[:, None] / active.a_norm**2
         return beta, W, W_E
+
+    def _regular_adjoint(
+        self, data: AdjointInput, active: ActiveSet, diagnostics: BackwardDiagnostics
+    ) -> AdjointSolution | None:
+        if self.max_refinement == 0:  # plain dXPP keeps the penalty matrix
+            return None
+        solved = regular_dense_adjoint(
+            data,
+            active,
+            max_steps=self.max_refinement,
+            tol=self.refine_tol,
+            max_residual=self.max_residual,
+        )
+        if solved is None:
+            return None
+        u, w_ineq, w_eq, residual, steps = solved
+        _regular_diagnostics(diagnostics, "penalty", residual, active)
+        diagnostics.jitter = 0.0
+        diagnostics.refinement_steps = steps
+        diagnostics.beta = tuple(self._beta(data, active).tolist())
+        return AdjointSolution(u, w_ineq, w_eq, active, residual)
 
     def _adjoint(
         self, data: AdjointInput, active: ActiveSet, diagnostics: BackwardDiagnostics

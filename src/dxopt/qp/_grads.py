@@ -75,8 +75,8 @@ def parameter_gradients(
     if problem.G is not None and problem.h is not None:
         used = adj.active.used.to(torch.float64)
         w_ineq = adj.w_ineq * used
-        nu_J = data.ineq_duals * used
         if needs[4]:
+            nu_J = data.ineq_duals * used
             grads[4] = _outer_sum([(nu_J, u), (w_ineq, x)], problem.G)
         if needs[5]:
             grads[5] = _vector(w_ineq, problem.h)

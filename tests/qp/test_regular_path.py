@@ -1,0 +1,277 @@
+"""The regular dense backward (one batched Schur solve, ``regular_dense_adjoint``) against the
+general path it short-cuts and against the exact reduced-KKT reference, in float64: mixed
+batches with degenerate samples inside, zero rows, rows scaled by 1e-8/1e8, weakly active
+rows, and the single-system LAPACK factorization against the batched torch one."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import pytest
+import torch
+from _ref_problems import kkt_gradients, relative_error
+from qp_zoo import QPData, complementary_qp, sparse_complementary_qp, stack, weakly_active_qp
+
+import dxopt.qp as dqp
+from dxopt.linalg.schur import schur_factor
+from dxopt.qp._backward_base import BackwardBase
+
+F64 = torch.float64
+NAMES = ("P", "q", "A", "b", "G", "h")
+
+
+def _grads(data: QPData, backward: Any, grad_x: torch.Tensor) -> tuple[dict, Any]:
+    leaves = [None if t is None else t.clone().requires_grad_() for t in data.args()]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", dqp.QPDegenerateWarning)
+        sol = dqp.solve(*leaves, backward=backward)
+        (sol.x * grad_x).sum().backward()
+    return {k: t.grad for k, t in zip(NAMES, leaves) if t is not None}, sol
+
+
+def _general(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Switch the regular path off (every batch takes the general path)."""
+    monkeypatch.setattr(BackwardBase, "_regular_adjoint", lambda self, *a: None)
+    for cls in (dqp.KKTBackward, dqp.PenaltyBackward):
+        monkeypatch.delattr(cls, "_regular_adjoint")
+
+
+def _reference(prob: QPData, sol: Any, i: int | None, grad_x: torch.Tensor) -> dict:
+    """The exact reduced-KKT gradients on the known active set, at the returned point and
+    multipliers (so the forward's round-off does not enter the comparison)."""
+    pick = (lambda t: t) if i is None else (lambda t: t[i])
+    at = prob._replace(
+        x=pick(sol.x).detach(),
+        eq_duals=None if sol.eq_duals is None else pick(sol.eq_duals).detach(),
+        ineq_duals=None if sol.ineq_duals is None else pick(sol.ineq_duals).detach(),
+    )
+    return kkt_gradients(at, grad_x)
+
+
+def _assert_same(a: dict, b: dict, tol: float) -> None:
+    assert a.keys() == b.keys()
+    for name in a:
+        assert relative_error(a[name], b[name]) <= tol, name
+
+
+def _duplicated(base: QPData, alpha: float) -> QPData:
+    """``base`` with its first active row appended again, scaled by ``alpha`` (LICQ fails)."""
+    assert base.G is not None and base.h is not None and base.active is not None
+    j = int(torch.nonzero(base.active)[0])
+    G = torch.cat([base.G, alpha * base.G[j : j + 1]])
+    h = torch.cat([base.h, alpha * base.h[j : j + 1]])
+    nu = torch.cat([base.ineq_duals, torch.zeros(1, dtype=F64)])  # type: ignore[list-item]
+    active = torch.cat([base.active, torch.ones(1, dtype=torch.bool)])
+    return base._replace(G=G, h=h, ineq_duals=nu, active=active)
+
+
+def _scaled_rows(base: QPData, scale: float) -> QPData:
+    """Every other inequality row (active ones included) multiplied by ``scale``."""
+    assert base.G is not None and base.h is not None and base.ineq_duals is not None
+    s = torch.ones(base.G.shape[0], dtype=F64)
+    s[::2] = scale
+    return base._replace(G=base.G * s[:, None], h=base.h * s, ineq_duals=base.ineq_duals / s)
+
+
+def _zero_row(base: QPData) -> QPData:
+    """An all-zero inequality row ``0'x <= 1`` appended (never active)."""
+    assert base.G is not None and base.h is not None and base.ineq_duals is not None
+    assert base.active is not None
+    G = torch.cat([base.G, torch.zeros(1, base.G.shape[1], dtype=F64)])
+    h = torch.cat([base.h, torch.ones(1, dtype=F64)])
+    nu = torch.cat([base.ineq_duals, torch.zeros(1, dtype=F64)])
+    active = torch.cat([base.active, torch.zeros(1, dtype=torch.bool)])
+    return base._replace(G=G, h=h, ineq_duals=nu, active=active)
+
+
+@pytest.mark.parametrize("backward", ["penalty", "kkt"])
+@pytest.mark.parametrize("variant", ["plain", "zero_row", "scaled_1e-8", "scaled_1e8"])
+def test_regular_batch_equals_the_reference_and_the_general_path(
+    backward: str, variant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    problems = [
+        complementary_qp(14, m=11, p=3, n_active=a, seed=s)
+        for s, a in ((20, 0), (21, 3), (22, 6), (23, 11 - 3))
+    ]
+    if variant == "zero_row":
+        problems = [_zero_row(p) for p in problems]
+    elif variant.startswith("scaled"):
+        problems = [_scaled_rows(p, float(variant.split("_")[1])) for p in problems]
+    data = stack(problems)
+    grad_x = torch.randn(4, 14, generator=torch.Generator().manual_seed(5), dtype=F64)
+    fast, sol = _grads(data, backward, grad_x)
+    diag = sol.info.backward
+    assert diag.licq and diag.dependent_rows == (0,) * 4
+    assert diag.n_active == tuple(int(p.active.sum()) for p in problems)  # type: ignore[union-attr]
+    # rows scaled by 1e8 put the attainable relative residual (eps times the row scale) at the
+    # 1e-8 limit of the residual check; every other variant is solved to round-off
+    big = variant == "scaled_1e8"
+    if not big:
+        assert diag.linear_solver == "schur" and diag.residual <= 1e-12
+    for i, prob in enumerate(problems):
+        ref = _reference(prob, sol, i, grad_x[i])
+        for name, expected in ref.items():
+            assert relative_error(fast[name][i], expected) <= (1e-6 if big else 1e-10), (i, name)
+    _general(monkeypatch)
+    general, _ = _grads(data, backward, grad_x)
+    _assert_same(fast, general, 1e-12)
+
+
+@pytest.mark.parametrize("backward", ["penalty", "kkt"])
+def test_mixed_batch_with_degenerate_samples_equals_per_sample_solves(backward: str) -> None:
+    """A batch with a dependent-row sample (x1 and x1e8 duplicate) and a weakly active one:
+    the batch (general path) and every sample alone (regular path where regular) agree."""
+    base = [complementary_qp(12, m=10, p=2, n_active=3, seed=s) for s in (30, 31, 32, 33)]
+    problems = [_zero_row(base[0]), _duplicated(base[1], 1.0)]
+    problems += [_zero_row(base[2]), _duplicated(base[3], 1e8)]
+    grad_x = torch.randn(4, 12, generator=torch.Generator().manual_seed(6), dtype=F64)
+    batched, sol = _grads(stack(problems), backward, grad_x)
+    assert sol.info.backward.dependent_rows == (0, 1, 0, 1)
+    for i, prob in enumerate(problems):
+        alone, sol_i = _grads(prob, backward, grad_x[i])
+        assert sol_i.info.backward.dependent_rows == ((1,) if i % 2 else (0,))
+        for name in alone:
+            assert relative_error(batched[name][i], alone[name]) <= 1e-10, (i, name)
+    for i in (0, 2):  # the regular samples: the exact reference
+        ref = _reference(problems[i], sol, i, grad_x[i])
+        for name, expected in ref.items():
+            assert relative_error(batched[name][i], expected) <= 1e-10, (i, name)
+
+
+@pytest.mark.parametrize("weak_policy", ["inactive", "active"])
+@pytest.mark.parametrize("backward", ["penalty", "kkt"])
+def test_weakly_active_rows_take_the_regular_path_exactly(
+    backward: str, weak_policy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    problems = [weakly_active_qp(seed=s) for s in (40, 41, 42)]
+    data = stack(problems)
+    method = (dqp.KKTBackward if backward == "kkt" else dqp.PenaltyBackward)(
+        weak_policy=weak_policy
+    )
+    grad_x = torch.randn(3, 12, generator=torch.Generator().manual_seed(7), dtype=F64)
+    fast, sol = _grads(data, method, grad_x)
+    assert sol.info.backward.n_weak == (3, 3, 3)
+    assert sol.info.backward.linear_solver == "schur"
+    expected_active = 3 if weak_policy == "inactive" else 6
+    assert sol.info.backward.n_active == (expected_active,) * 3
+    _general(monkeypatch)
+    general, _ = _grads(data, method, grad_x)
+    _assert_same(fast, general, 1e-12)
+    if weak_policy == "inactive":  # the one-sided derivative in which the weak rows leave
+        for i, prob in enumerate(problems):
+            ref = _reference(prob, sol, i, grad_x[i])
+            for name, expected in ref.items():
+                assert relative_error(fast[name][i], expected) <= 1e-10, (i, name)
+
+
+@pytest.mark.parametrize("k", [0, 1, 4, 9])
+def test_single_system_lapack_factor_equals_the_batched_one(k: int) -> None:
+    """One small system goes through scipy's LAPACK; the same system in a batch of two goes
+    through torch. Factors, pivots and solves agree, zero (padding) rows included."""
+    gen = torch.Generator().manual_seed(k)
+    n = 10
+    M = torch.randn(n, n, generator=gen, dtype=F64)
+    P = M @ M.T + 0.1 * torch.eye(n, dtype=F64)
+    C = torch.randn(1, k, n, generator=gen, dtype=F64)
+    if k > 1:
+        C[0, 1] = 0.0  # a padding row
+        C[0, -1] *= 1e-8
+    single = schur_factor(P, C)
+    batched = schur_factor(P.expand(2, n, n).contiguous(), C.expand(2, k, n).contiguous())
+    assert single is not None and batched is not None and single.single and not batched.single
+    torch.testing.assert_close(single.L[0], batched.L[0], rtol=1e-13, atol=1e-14)
+    torch.testing.assert_close(single.pivots[0], batched.pivots[0], rtol=1e-10, atol=1e-14)
+    assert int(single.dependent(1e-10)[0]) == int(batched.dependent(1e-10)[0]) == 0
+    r1 = torch.randn(1, n, generator=gen, dtype=F64)
+    r2 = torch.randn(1, k, generator=gen, dtype=F64)
+    if k > 1:
+        r2[0, 1] = 0.0
+        r2[0, -1] *= 1e-8  # the row scaled by 1e-8 keeps a matching right-hand side
+    u1, w1 = single.solve(r1, r2)
+    u2, w2 = batched.solve(r1.expand(2, n), r2.expand(2, k))
+    torch.testing.assert_close(u1[0], u2[0], rtol=1e-11, atol=1e-13)
+    torch.testing.assert_close(w1[0], w2[0], rtol=1e-11, atol=1e-13)
+    # and the solve is the exact one, K [u; w] = [r1; r2], to round-off of its terms
+    u, w = u1[0], w1[0]
+    scale1 = (P.abs() @ u.abs() + C[0].abs().T @ w.abs() + r1[0].abs()).max()
+    assert float((P @ u + C[0].T @ w - r1[0]).abs().max()) <= 1e-12 * float(scale1)
+    if k:
+        scale2 = (C[0].abs() @ u.abs() + r2[0].abs()).max()
+        assert float((C[0] @ u - r2[0]).abs().max()) <= 1e-12 * float(scale2)
+
+
+def test_single_system_reads_dependent_rows_off_its_pivots() -> None:
+    gen = torch.Generator().manual_seed(3)
+    n = 8
+    P = torch.eye(n, dtype=F64) * 2.0
+    C = torch.randn(1, 3, n, generator=gen, dtype=F64)
+    C[0, 2] = 1e8 * C[0, 0]  # a scaled duplicate: dependent at any scale
+    single = schur_factor(P, C)
+    assert single is not None and single.single
+    assert int(single.dependent(1e-10)[0]) == 1
+
+
+def test_single_system_with_indefinite_P_is_refused() -> None:
+    P = torch.diag(torch.tensor([1.0, -1.0, 2.0], dtype=F64))
+    assert schur_factor(P, torch.zeros(1, 1, 3, dtype=F64)) is None
+
+
+@pytest.mark.parametrize("backward", ["penalty", "kkt"])
+def test_sparse_problem_with_the_dense_solver_equals_the_sparse_one(backward: str) -> None:
+    """``linear_solver="dense"`` on sparse matrices densifies them (regular path)."""
+    data = sparse_complementary_qp(12, m=8, p=2, seed=1)
+    cls = dqp.KKTBackward if backward == "kkt" else dqp.PenaltyBackward
+    grad_x = torch.randn(12, generator=torch.Generator().manual_seed(8), dtype=F64)
+    dense, sol = _grads(data, cls(linear_solver="dense"), grad_x)
+    assert sol.info.backward.linear_solver == "schur"
+    sparse, _ = _grads(data, cls(linear_solver="sparse"), grad_x)
+    for name in ("q", "b", "h"):
+        assert relative_error(dense[name], sparse[name]) <= 1e-10, name
+    for name in ("P", "A", "G"):
+        assert dense[name].layout == sparse[name].layout
+        diff = (dense[name] - sparse[name]).coalesce().values().abs().max()
+        assert float(diff) <= 1e-10 * float(sparse[name].coalesce().values().abs().max())
+
+
+def test_refinement_never_returns_a_worse_iterate_than_the_first_solve() -> None:
+    """``schur_refine`` keeps each sample's best iterate: more steps never raise a sample's
+    residual (rows scaled by 1e8 put the residual at the round-off floor, where the last
+    iterate alone would wander)."""
+    from dxopt.qp._active import identify_active
+    from dxopt.qp._adjoint import AdjointInput
+    from dxopt.qp._backward_kkt import dense_rows, schur_refine
+    from dxopt.qp._problem import canonical_problem
+
+    problems = [
+        _scaled_rows(complementary_qp(14, m=11, p=3, n_active=a, seed=s), 1e8)
+        for s, a in ((50, 3), (51, 6), (52, 8))
+    ]
+    data = stack(problems)
+    problem = canonical_problem(*data.args())
+    S = 3
+    grad_x = torch.randn(S, 14, generator=torch.Generator().manual_seed(9), dtype=F64)
+    adj_in = AdjointInput(
+        problem=problem,
+        x=data.x,  # type: ignore[arg-type]
+        eq_duals=data.eq_duals,  # type: ignore[arg-type]
+        ineq_duals=data.ineq_duals,  # type: ignore[arg-type]
+        grad_x=grad_x,
+        grad_eq=torch.zeros(S, 3, dtype=F64),
+        grad_ineq=torch.zeros(S, 11, dtype=F64),
+        ok=torch.ones(S, dtype=torch.bool),
+        active=data.active,
+    )
+    active = identify_active(
+        problem, adj_in.x, adj_in.eq_duals, adj_in.ineq_duals, active_tol=None,
+        weak_policy="inactive", forward_active=adj_in.active,
+    )  # fmt: skip
+    rows = dense_rows(adj_in, active.used)
+    factor = schur_factor(rows.P, rows.C)
+    assert factor is not None
+    previous = None
+    for steps in range(6):
+        *_, residual, _ = schur_refine(rows, factor, grad_x, adj_in.ok, steps, 0.0)
+        if previous is not None:
+            assert bool((residual <= previous).all()), (steps, residual, previous)
+        previous = residual
