@@ -29,8 +29,7 @@ automatic proximal regularisation (``eps_prox=-1e-6``, its default), as before.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -61,9 +60,9 @@ def status_of(flag: int) -> QPStatus:
     return EXIT_STATUS.get(int(flag), QPStatus.FAILED)
 
 
-@dataclass(frozen=True)
-class DaqpPoint:
-    """One sample's DAQP output: ``x`` and multipliers ``None`` unless ``flag > 0``."""
+class DaqpPoint(NamedTuple):
+    """One sample's DAQP output: ``x`` and multipliers ``None`` unless ``flag > 0`` (a named
+    tuple: built once per sample, so it is kept cheap)."""
 
     x: np.ndarray | None
     eq_duals: np.ndarray | None
@@ -117,10 +116,8 @@ class DaqpBatch:
         self.lower = np.full(m + p, -1e30)  # as qpsolvers: a sense-5 row is held at its upper
         self.sense = np.zeros(m + p, dtype=np.intc)
         self.sense[m:] = 5
-
-    @staticmethod
-    def _pick(v: np.ndarray, i: int, base: int) -> np.ndarray:
-        return v[i] if v.ndim > base else v
+        # which arrays carry a sample dimension (picked per sample in solve)
+        self._batched = (P.ndim > 2, q.ndim > 1, self.C.ndim > 2, self.upper.ndim > 1)
 
     def solve(
         self, i: int, options: dict[str, Any], primal_start: np.ndarray | None = None
@@ -131,11 +128,12 @@ class DaqpBatch:
         ``ValueError`` naming ``solver_options``)."""
         import daqp
 
+        bP, bq, bC, bu = self._batched
         x, _, flag, info = daqp.solve(
-            self._pick(self.P, i, 2),
-            self._pick(self.q, i, 1),
-            self._pick(self.C, i, 2),
-            self._pick(self.upper, i, 1),
+            self.P[i] if bP else self.P,
+            self.q[i] if bq else self.q,
+            self.C[i] if bC else self.C,
+            self.upper[i] if bu else self.upper,
             self.lower,
             self.sense,
             primal_start=primal_start,

@@ -174,6 +174,11 @@ DENSE_FALLBACK_MAX_N = 3000  # daqp joins the chain of sparse problems up to thi
 def _numpy_views(problem: QPProblem, solver: str) -> dict[str, Any]:
     """Each parameter once as numpy (dense) or scipy CSC (sparse), shared by all samples."""
     views: dict[str, Any] = {"sparse_only": solver in _SPARSE_ONLY}
+    if not problem.csr and not views["sparse_only"]:  # all dense, kept dense: numpy views
+        for name in ("P", "q", "A", "b", "G", "h"):
+            t = getattr(problem, name)
+            views[name] = None if t is None else t.numpy()
+        return views
     for name in ("P", "q", "A", "b", "G", "h"):
         t = getattr(problem, name)
         if t is None:
@@ -417,8 +422,10 @@ def solve_forward(
             if M is None or M.ndim != 2:
                 row_norms[name] = None
             else:
-                row_norms[name] = _row_inf(problem.csr[name][0] if name in problem.csr else M.numpy())
+                pair = problem.csr.get(name)
+                row_norms[name] = _row_inf(pair[0] if pair is not None else M.numpy())
         return row_norms[name]
+
     # samples whose P is certified PSD (P shared by the batch: one certificate for all)
     psd_shared = problem.P.ndim == 2
     psd_done: set[int] = set() if psd_pending else set(range(size))

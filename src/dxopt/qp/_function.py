@@ -132,7 +132,8 @@ class QPFunction(torch.autograd.Function):
         # ops; the outputs never share memory with ``result`` (the backward reads it)
         in_numpy = problem.dtype == torch.float64 and problem.device.type == "cpu"
         for t in (result.x, result.eq_duals, result.ineq_duals):
-            if in_numpy and t.dtype == torch.float64 and t.device.type == "cpu" and not t.requires_grad:
+            numpy_ok = t.dtype == torch.float64 and t.device.type == "cpu" and not t.requires_grad
+            if in_numpy and numpy_ok:
                 a = t.numpy()
                 outs.append(torch.from_numpy((a[0] if problem.batch is None else a).copy()))
                 continue

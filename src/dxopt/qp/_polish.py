@@ -380,8 +380,8 @@ def batch_accept_exact(
     Samples it rejects go through :func:`polish` one by one.
 
     The tests are those of :func:`_check` row for row; the norms of the dual scale are taken
-    as one max-norm of the componentwise maximum :math:`\max(|Px|, |A^\top\mu|,
-    |G^\top\nu|)` (the same number, fewer passes over small arrays)."""
+    as one max-norm of the componentwise maximum :math:`\\max(|Px|, |A^\\top\\mu|,
+    |G^\\top\\nu|)` (the same number, fewer passes over small arrays)."""
     rel = max(eps_rel, RELATIVE_FLOOR)
     q = problem.q.numpy()
     px = _mv(_matrix(problem, "P"), x)
