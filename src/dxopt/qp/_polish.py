@@ -424,9 +424,7 @@ def batch_accept_exact(
         tol_p = tol_p[..., None]
         both = np.minimum(np.maximum(s, 0.0) / tol_p, nu * g_inf / tol_d[..., None])
         ok &= _max(both, -1) <= 1.0
-    S = x.shape[0]
-    return BatchCertificate(
-        np.broadcast_to(ok, (S,)).copy(),
-        np.broadcast_to(primal, (S,)).astype(np.float64),
-        np.broadcast_to(dual_inf, (S,)).copy(),
-    )
+    # ok and dual_inf are (S,) arrays of their own (px is (S, n)); primal is a scalar only
+    # when there are no constraint rows
+    primal = primal if isinstance(primal, np.ndarray) else np.zeros(x.shape[0])
+    return BatchCertificate(ok, primal, dual_inf)
