@@ -357,7 +357,7 @@ def _accept_exact_batch(
     else:
         gi = np.zeros(0)
     cert = batch_accept_exact(problem, X, MU, NU, gi, eps_abs=eps_abs, eps_rel=eps_rel)
-    refused = np.flatnonzero(~cert.ok).tolist()
+    refused = [] if cert.ok.all() else np.flatnonzero(~cert.ok).tolist()
     for i in refused:  # the per-sample path starts from the clipped multipliers
         pt = points[i]
         points[i] = (pt[0], pt[1], pt[2], NU[i])  # type: ignore[index]

@@ -420,7 +420,9 @@ def batch_accept_exact(
         if zero.any():
             ok &= ~((h < -eps_abs) & zero).any(-1)
             free &= ~zero
-        ok &= ~((s < -ROUNDOFF * np.maximum(p_scale, 1e-300)[..., None]) & free).any(-1)
+        roundoff = ROUNDOFF * np.maximum(p_scale, 1e-300)
+        if not (viol <= roundoff).all():  # some row violated beyond round-off: is it free?
+            ok &= ~((s < -roundoff[..., None]) & free).any(-1)
         tol_p = tol_p[..., None]
         both = np.minimum(np.maximum(s, 0.0) / tol_p, nu * g_inf / tol_d[..., None])
         ok &= _max(both, -1) <= 1.0
