@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import dxopt.qp as dqp
+from dxopt.qp._daqp import DaqpBatch
 from dxopt.qp._polish import ROUNDOFF, _check, _make, batch_accept_exact
 from dxopt.qp._problem import canonical_problem
 
@@ -135,3 +136,26 @@ def test_float32_inputs_keep_their_dtype(batched: bool) -> None:
     assert sol.x.dtype == torch.float32 and sol.ineq_duals.dtype == torch.float32
     assert sol.x.shape == ref.x.shape and sol.eq_duals.shape == ref.eq_duals.shape
     torch.testing.assert_close(sol.x.double(), ref.x, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("batched", ["G", "A", "GA"])
+def test_daqp_batch_stacks_constraints_per_sample(batched: str) -> None:
+    """With a batched ``G`` and/or ``A`` the rows [G_i; A_i] are stacked per sample: every
+    sample gives bit for bit the point of the same problem solved alone."""
+    rng = np.random.default_rng(5)
+    probs = [_case(rng, 5, 3, 2, zero_row=False) for _ in range(3)]
+
+    def arg(k: int, name: str) -> np.ndarray:
+        return np.stack([pr[k] for pr in probs]) if name in batched else probs[0][k]
+
+    P, q = probs[0][0], probs[0][1]
+    batch = DaqpBatch(P, q, arg(2, "A"), arg(3, "A"), arg(4, "G"), arg(5, "G"))
+    for i in range(3):
+        A = probs[i if "A" in batched else 0][2]
+        G, h = (probs[i if "G" in batched else 0][k] for k in (4, 5))
+        alone = DaqpBatch(P, q, A, np.zeros(2), G, h).solve(0, {"primal_tol": 1e-9})
+        out = batch.solve(i, {"primal_tol": 1e-9})
+        assert out.flag == alone.flag == 1
+        np.testing.assert_array_equal(out.x, alone.x)
+        np.testing.assert_array_equal(out.ineq_duals, alone.ineq_duals)
+        np.testing.assert_array_equal(out.eq_duals, alone.eq_duals)
