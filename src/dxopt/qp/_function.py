@@ -29,7 +29,6 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
-from torch._functorch.utils import unwrap_dead_wrappers
 
 from dxopt.qp._adjoint import AdjointInput, AdjointSolution
 from dxopt.qp._forward import ForwardResult
@@ -50,6 +49,11 @@ from dxopt.qp._tangent import (
 from dxopt.qp._types import BackwardDiagnostics
 
 __all__ = ["BackwardMethod", "NoDoubleBackward", "QPCall", "QPFunction", "QPState"]
+
+try:  # the private helper torch's own Function.apply calls; without it, no shortcut
+    from torch._functorch.utils import unwrap_dead_wrappers
+except ImportError:  # pragma: no cover - a torch without it
+    unwrap_dead_wrappers = None  # type: ignore[assignment]
 
 
 @runtime_checkable
@@ -108,7 +112,12 @@ class QPFunction(torch.autograd.Function):
         positional, no torch.func transform active (then the same two steps as torch's own
         ``apply``: unwrap dead functorch wrappers, then the C++ ``apply``). Every other call,
         torch.func included, goes through torch's ``apply`` unchanged."""
-        if len(args) == 8 and not kwargs and not torch._C._are_functorch_transforms_active():
+        if (
+            len(args) == 8
+            and not kwargs
+            and unwrap_dead_wrappers is not None
+            and not torch._C._are_functorch_transforms_active()
+        ):
             args = unwrap_dead_wrappers(args)
             return super(torch.autograd.Function, cls).apply(*args)  # type: ignore[misc]
         return super().apply(*args, **kwargs)
