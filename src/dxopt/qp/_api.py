@@ -54,7 +54,6 @@ def _backward_method(backward: object) -> BackwardMethod:
 def _residuals(problem: QPProblem, r: ForwardResult) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """Per-sample primal and dual residuals of :class:`QPInfo` (NaN for unsolved samples):
     the forward's own when its certificate computed them, else one numpy pass."""
-    ok = np.fromiter((s.ok for s in r.status), dtype=bool, count=len(r.status))
     if r.residuals is not None:
         primal, dual = r.residuals
     else:
@@ -70,8 +69,10 @@ def _residuals(problem: QPProblem, r: ForwardResult) -> tuple[tuple[float, ...],
             primal = np.maximum(primal, viol)
             dual = dual + problem.np_rmv("G", np.nan_to_num(r.ineq_duals.numpy()))
         dual = np.abs(dual).max(-1) if problem.n else np.zeros(problem.size)
-    primal = np.where(ok, primal, np.nan)
-    dual = np.where(ok, dual, np.nan)
+    if not all(s.ok for s in r.status):
+        ok = np.fromiter((s.ok for s in r.status), dtype=bool, count=len(r.status))
+        primal = np.where(ok, primal, np.nan)
+        dual = np.where(ok, dual, np.nan)
     return tuple(primal.tolist()), tuple(dual.tolist())
 
 
@@ -123,6 +124,8 @@ def _torch_route(solver: str, backward: object, *inputs: object) -> bool:
     """Whether ``solve`` may take the device path of :mod:`dxopt.qp._torch_layer`: dense
     tensors, a named backward, and the torch solver requested or picked by ``"auto"`` (inputs
     off the CPU, or :func:`dxopt.qp._forward.torch_fastest_on_cpu`)."""
+    if solver != "auto" and solver != "torch":  # a named CPU backend: the common case, decided
+        return False
     q = inputs[1]
     if not isinstance(q, Tensor) or not isinstance(backward, str):
         return False
@@ -311,7 +314,8 @@ def solve(
     # solver="torch" (and "auto" on a GPU or for large batches of tiny problems) keeps dense
     # inputs on their device and dtype (dxopt.qp._torch_layer)
     bounds = None if lb is None and ub is None else (k_lb, k_ub, lb is not None, ub is not None)
-    if functorch_active() and _torch_route(solver, backward, P, q, A, G):  # [func] torch.func:
+    under_func = functorch_active()
+    if under_func and _torch_route(solver, backward, P, q, A, G):  # [func] torch.func:
         _check_warm_start(warm_start, q.shape[-1])  # the Function validates the plain inputs
         shapes = [t.shape[0] for t, k in zip((P, q, A, b, G, h), BASES)
                   if t is not None and t.ndim > k]  # fmt: skip
@@ -324,7 +328,7 @@ def solve(
                 on_failure=on_failure, solver_options=solver_options, polish=polish,
                 m_user=m_user, bounds=bounds, validate=validate,
             )  # fmt: skip
-    if not functorch_active() and _torch_route(solver, backward, P, q, A, G):
+    if not under_func and _torch_route(solver, backward, P, q, A, G):
         problem = canonical_problem(P, q, A, b, G, h, check_psd=check_psd, keep_device=True)
         _check_warm_start(warm_start, problem.n)
         name = default_solver(problem) if solver == "auto" else solver
@@ -336,7 +340,7 @@ def solve(
                 on_failure=on_failure, solver_options=solver_options, polish=polish,
                 m_user=m_user, bounds=bounds,
             )  # fmt: skip
-    if functorch_active():
+    if under_func:
         for mat_name, mat in (("P", P), ("A", A), ("G", G)):
             if isinstance(mat, Tensor) and mat.layout != torch.strided and mat.requires_grad:
                 raise sparse_under_func(mat_name, mat.layout)
@@ -357,8 +361,8 @@ def solve(
     state = call.state
     assert state is not None
     problem, result, name = state.problem, state.result, state.solver
-    failed = tuple(i for i, s in enumerate(result.status) if not s.ok)
-    if failed and on_failure == "raise":
+    if on_failure == "raise" and not all(s.ok for s in result.status):
+        failed = tuple(i for i, s in enumerate(result.status) if not s.ok)
         kinds = {i: result.status[i].value for i in failed}
         raise QPSolveError(
             f"{len(failed)} of {problem.size} QPs not solved by {name!r} (batch index: status) "

@@ -50,6 +50,11 @@ from dxopt.qp._types import BackwardDiagnostics
 
 __all__ = ["BackwardMethod", "NoDoubleBackward", "QPCall", "QPFunction", "QPState"]
 
+try:  # the private helper torch's own Function.apply calls; without it, no shortcut
+    from torch._functorch.utils import unwrap_dead_wrappers
+except ImportError:  # pragma: no cover - a torch without it
+    unwrap_dead_wrappers = None  # type: ignore[assignment]
+
 
 @runtime_checkable
 class BackwardMethod(Protocol):
@@ -100,6 +105,23 @@ class QPFunction(torch.autograd.Function):
     on ``call`` (``arange`` except under vmap, see :mod:`dxopt.qp._tangent`).
     """
 
+    @classmethod
+    def apply(cls, *args: Any, **kwargs: Any) -> Any:
+        """``torch.autograd.Function.apply`` without its per-call ``inspect.signature`` binding
+        (about 30 us, as much as a small solve) when it is a no-op: all eight arguments
+        positional, no torch.func transform active (then the same two steps as torch's own
+        ``apply``: unwrap dead functorch wrappers, then the C++ ``apply``). Every other call,
+        torch.func included, goes through torch's ``apply`` unchanged."""
+        if (
+            len(args) == 8
+            and not kwargs
+            and unwrap_dead_wrappers is not None
+            and not torch._C._are_functorch_transforms_active()
+        ):
+            args = unwrap_dead_wrappers(args)
+            return super(torch.autograd.Function, cls).apply(*args)  # type: ignore[misc]
+        return super().apply(*args, **kwargs)
+
     @staticmethod
     def forward(
         P: Tensor,
@@ -115,7 +137,15 @@ class QPFunction(torch.autograd.Function):
         call.state = state
         problem, result = state.problem, state.result
         outs = []
+        # float64 on the CPU (the common case): one numpy copy per output instead of two torch
+        # ops; the outputs never share memory with ``result`` (the backward reads it)
+        in_numpy = problem.dtype == torch.float64 and problem.device.type == "cpu"
         for t in (result.x, result.eq_duals, result.ineq_duals):
+            numpy_ok = t.dtype == torch.float64 and t.device.type == "cpu" and not t.requires_grad
+            if in_numpy and numpy_ok:
+                a = t.numpy()
+                outs.append(torch.from_numpy((a[0] if problem.batch is None else a).copy()))
+                continue
             if problem.batch is None:
                 t = t[0]
             outs.append(t.to(dtype=problem.dtype, device=problem.device, copy=True))

@@ -334,11 +334,33 @@ class BatchCertificate:
     dual: np.ndarray
 
 
+_max = np.maximum.reduce  # the ufunc reductions themselves (ndarray.max adds two Python calls)
+_min = np.minimum.reduce
+
+
 def _rows_inf(v: np.ndarray) -> np.ndarray:
-    return _max(np.abs(v), -1) if v.shape[-1] else np.zeros(v.shape[0])
+    """Max-norm over the last axis (a vector's norm is a scalar; it broadcasts)."""
+    return _max(np.abs(v), -1) if v.shape[-1] else np.zeros(v.shape[:-1])
 
 
-_max = np.maximum.reduce  # the ufunc reduction itself (ndarray.max adds two Python calls)
+def _matrix(problem: QPProblem, name: str) -> Any:
+    """The dense numpy view of a matrix parameter, or its scipy CSR if it is sparse."""
+    pair = problem.csr.get(name)
+    return pair[0] if pair is not None else getattr(problem, name).numpy()
+
+
+def _mv(M: Any, v: np.ndarray) -> np.ndarray:
+    """``M @ v`` per sample: ``v`` (S, n) -> (S, k); ``M`` shared (k, n), batched, or CSR."""
+    if sp.issparse(M):
+        return np.ascontiguousarray((M @ v.T).T)
+    return v @ M.T if M.ndim == 2 else np.matmul(M, v[:, :, None])[:, :, 0]
+
+
+def _rmv(M: Any, w: np.ndarray) -> np.ndarray:
+    """``M^T @ w`` per sample: ``w`` (S, k) -> (S, n)."""
+    if sp.issparse(M):
+        return np.ascontiguousarray((M.T @ w.T).T)
+    return w @ M if M.ndim == 2 else np.matmul(w[:, None, :], M)[:, 0, :]
 
 
 def batch_accept_exact(
@@ -355,43 +377,56 @@ def batch_accept_exact(
     (daqp), in numpy (one batched product per matrix): ``ok`` is True where the point
     certifies as it is and no row is violated beyond round-off (the point needs no polish).
     ``nu`` must be clipped at 0 and zero on zero rows; ``g_inf`` is ``(m,)`` or ``(S, m)``.
-    Samples it rejects go through :func:`polish` one by one."""
+    Samples it rejects go through :func:`polish` one by one.
+
+    The tests are those of :func:`_check` row for row; the norms of the dual scale are taken
+    as one max-norm of the componentwise maximum :math:`\\max(|Px|, |A^\\top\\mu|,
+    |G^\\top\\nu|)` (the same number, fewer passes over small arrays)."""
     rel = max(eps_rel, RELATIVE_FLOOR)
-    S = x.shape[0]
-    px = problem.np_mv("P", x)
-    q = problem.np_vec("q")
+    q = problem.q.numpy()
+    px = _mv(_matrix(problem, "P"), x)
     dual = px + q
-    dual_scale = np.maximum(_rows_inf(px), _rows_inf(q))
-    ok = np.ones(S, dtype=bool)
-    primal = np.zeros(S)
+    big = np.abs(px)  # componentwise max of |Px|, |A^T mu|, |G^T nu|
+    ok: Any = True
+    primal: Any = 0.0
     if problem.A is not None and problem.p:
-        ax, b = problem.np_mv("A", x), problem.np_vec("b")
-        eq = _rows_inf(ax - b)
-        primal = eq
-        ok &= eq <= eps_abs + rel * np.maximum(_rows_inf(ax), _rows_inf(b))
-        at_mu = problem.np_rmv("A", mu)
+        A, b = _matrix(problem, "A"), problem.b.numpy()  # type: ignore[union-attr]
+        ax = _mv(A, x)
+        primal = _rows_inf(ax - b)
+        ok = primal <= eps_abs + rel * np.maximum(_rows_inf(ax), _rows_inf(b))
+        at_mu = _rmv(A, mu)
         dual += at_mu
-        dual_scale = np.maximum(dual_scale, _rows_inf(at_mu))
-    if problem.G is not None and problem.m:
-        gt_nu = problem.np_rmv("G", nu)
+        big = np.maximum(big, np.abs(at_mu))
+    has_g = problem.G is not None and problem.m > 0
+    if has_g:
+        G = _matrix(problem, "G")
+        gt_nu = _rmv(G, nu)
         dual += gt_nu
-        dual_scale = np.maximum(dual_scale, _rows_inf(gt_nu))
-    tol_d = eps_abs + rel * dual_scale
+        big = np.maximum(big, np.abs(gt_nu))
+    tol_d = eps_abs + rel * np.maximum(_max(big, -1), _rows_inf(q))
     dual_inf = _rows_inf(dual)
-    ok &= dual_inf <= tol_d
-    if problem.G is not None and problem.m:
-        gx, h = problem.np_mv("G", x), problem.np_vec("h")
+    ok = ok & (dual_inf <= tol_d)
+    if has_g:
+        h = problem.h.numpy()  # type: ignore[union-attr]
+        gx = _mv(G, x)
         s = h - gx
         p_scale = np.maximum(_rows_inf(gx), _rows_inf(h))
         tol_p = eps_abs + rel * p_scale
-        viol = _max(np.maximum(-s, 0.0), -1)
+        viol = np.maximum(-_min(s, -1), 0.0)  # max_i (g_i^T x - h_i)_+
         primal = np.maximum(primal, viol)
         ok &= viol <= tol_p
+        free = ~(nu > 0)  # rows outside daqp's working set (J = nu > 0 on nonzero rows)
         zero = g_inf == 0
         if zero.any():
             ok &= ~((h < -eps_abs) & zero).any(-1)
-        J = (nu > 0) & ~zero
-        ok &= ~((s < -ROUNDOFF * np.maximum(p_scale, 1e-300)[:, None]) & ~J & ~zero).any(-1)
-        both = np.minimum(np.maximum(s, 0.0) / tol_p[:, None], nu * g_inf / tol_d[:, None])
+            free &= ~zero
+        roundoff = ROUNDOFF * np.maximum(p_scale, 1e-300)
+        if not (viol <= roundoff).all():  # some row violated beyond round-off: is it free?
+            ok &= ~((s < -roundoff[..., None]) & free).any(-1)
+        tol_p = tol_p[..., None]
+        both = np.minimum(np.maximum(s, 0.0) / tol_p, nu * g_inf / tol_d[..., None])
         ok &= _max(both, -1) <= 1.0
+    # ok and dual_inf are (S,) arrays of their own (px is (S, n)); primal is a scalar only
+    # when there are no constraint rows
+    primal = primal if isinstance(primal, np.ndarray) else np.zeros(x.shape[0])
     return BatchCertificate(ok, primal, dual_inf)

@@ -226,10 +226,12 @@ def _check_symmetric(
             )
         return
     Pn = P.cpu().numpy()
-    if Pn.ndim == 2 and Pn.shape[0] <= 64:  # small: numpy's calls are cheaper than torch's
-        if (Pn == Pn.T).all():
+    # exact symmetry is the common, cheap case; numpy's comparison measured faster than
+    # torch.equal for small and for batched P (128 x 50 x 50: 139 vs 182 us), slower at n = 1000
+    if (Pn.ndim == 2 and Pn.shape[0] <= 64) or Pn.ndim == 3:
+        if (Pn == (Pn.T if Pn.ndim == 2 else Pn.swapaxes(-1, -2))).all():
             return
-    elif torch.equal(P, P.transpose(-1, -2)):  # exact symmetry is the common, cheap case
+    elif torch.equal(P, P.transpose(-1, -2)):
         return
     # numpy's strided transpose is much faster than torch's here
     asym = np.abs(Pn - np.swapaxes(Pn, -1, -2)).max(axis=(-2, -1))
