@@ -20,6 +20,23 @@ unconverged answer instead of using it.
 :func:`splu` is the one SuperLU wrapper: it maps SuperLU's ``RuntimeError`` ("Factor is
 exactly singular") to :class:`FactorizationError`. :func:`lstsq_saddle` is the rank-revealing
 fallback: the minimum-norm least-squares solution (Moore-Penrose) of ``K z = r``.
+
+:func:`unit_rows` and :func:`kkt_factor` serve constraint blocks made mostly of *unit rows*
+(one nonzero entry, such as the bound rows :math:`\\pm e_j^\\top x \\le h_j`). With the
+columns permuted so that the distinct unit rows :math:`s_j e_j^\\top` (columns :math:`U`) come
+first and :math:`F` the remaining columns, the other rows are :math:`[X, R]` and
+
+.. math:: C = \\begin{bmatrix} D & 0 \\\\ X & R \\end{bmatrix},\\quad
+    \\operatorname{rank} C = |U| + \\operatorname{rank} R
+
+(block elimination with the diagonal :math:`D = \\mathrm{diag}(s)`). So the rows of ``C`` are
+independent iff :math:`R` has full row rank, and the saddle-point system is solved exactly by
+eliminating the unit rows: :math:`u_U = D^{-1}r_{2,U}`, then the reduced system
+:math:`[[P_{FF}, R^\\top], [R, 0]][u_F; w_O] = [r_1 - Pu^0; r_{2,O} - Cu^0]_{F,O}`
+(:math:`u^0` is :math:`u_U` padded with zeros), then
+:math:`w_U = D^{-1}(r_1 - Pu - C_O^\\top w_O)_U`. The reduced matrix is
+:math:`(|F| + |O|)`-square instead of :math:`(n + k)`-square; it is singular iff ``K`` is
+(given the unit rows are distinct).
 """
 
 from __future__ import annotations
@@ -36,11 +53,15 @@ from dxopt._core import DxoptError
 
 __all__ = [
     "FactorizationError",
+    "KKTFactor",
     "SaddleSolveInfo",
+    "UnitRows",
+    "kkt_factor",
     "lstsq_saddle",
     "saddle_matrix",
     "saddle_solve",
     "splu",
+    "unit_rows",
 ]
 
 _DENSE_LIMIT = 3000  # lstsq_saddle: SVD-based dense solve up to this size, LSMR beyond
@@ -194,3 +215,114 @@ def lstsq_saddle(P: Any, C: Any, rhs: np.ndarray) -> tuple[np.ndarray, float]:
     normal = K @ (K @ z - rhs)
     rel = float(np.linalg.norm(normal)) / max(norm_k**2 * float(np.linalg.norm(rhs)), 1e-300)
     return z, rel
+
+
+@dataclass(frozen=True)
+class UnitRows:
+    """The split of :func:`unit_rows`: rows ``unit`` of ``C`` are :math:`s_j e_j^\\top` with
+    distinct columns ``cols`` (``vals`` = :math:`s_j`), ``other`` are the remaining rows (in
+    order; a second unit row on a taken column is one of them), ``free`` the columns not in
+    ``cols`` (ascending) and ``R`` the rows ``other`` restricted to ``free`` (CSR)."""
+
+    unit: np.ndarray
+    cols: np.ndarray
+    vals: np.ndarray
+    other: np.ndarray
+    free: np.ndarray
+    R: sp.csr_matrix
+
+
+def _restrict(M: sp.csr_matrix, rows: np.ndarray, keep: np.ndarray, where: np.ndarray) -> Any:
+    """``M[rows][:, keep]`` as CSR, ``where`` the new index of each column (-1: dropped);
+    one pass over the nonzeros, no scipy fancy indexing."""
+    counts = np.diff(M.indptr)[rows]
+    starts = M.indptr[rows]
+    take = np.repeat(starts - np.cumsum(counts) + counts, counts) + np.arange(counts.sum())
+    new_cols = where[M.indices[take]]
+    mask = new_cols >= 0
+    row_of = np.repeat(np.arange(rows.size), counts)[mask]
+    indptr = np.zeros(rows.size + 1, dtype=np.int64)
+    np.cumsum(np.bincount(row_of, minlength=rows.size), out=indptr[1:])
+    return sp.csr_matrix(
+        (M.data[take][mask], new_cols[mask], indptr), shape=(rows.size, keep.size)
+    )
+
+
+def unit_rows(C: Any) -> UnitRows:
+    """Split the rows of the scipy matrix ``C`` (``k x n``) into distinct unit rows and the
+    rest (module docstring); explicit zeros do not count as entries."""
+    C = sp.csr_matrix(C)
+    k, n = C.shape
+    nz = C.data != 0
+    row_of = np.repeat(np.arange(k), np.diff(C.indptr))
+    nnz = np.bincount(row_of[nz], minlength=k)
+    single = np.flatnonzero(nnz == 1)
+    entry = np.flatnonzero(nz)[np.isin(row_of[nz], single)]  # the one nonzero of each
+    cols_all = C.indices[entry]
+    _, first = np.unique(cols_all, return_index=True)  # first unit row of each column
+    first.sort()
+    unit, cols, vals = single[first], cols_all[first], C.data[entry][first]
+    is_unit = np.zeros(k, dtype=bool)
+    is_unit[unit] = True
+    other = np.flatnonzero(~is_unit)
+    where = np.full(n, -1, dtype=np.int64)
+    taken = np.zeros(n, dtype=bool)
+    taken[cols] = True
+    free = np.flatnonzero(~taken)
+    where[free] = np.arange(free.size)
+    return UnitRows(unit, cols, vals, other, free, _restrict(C, other, free, where))
+
+
+class KKTFactor:
+    """Exact factorization of :math:`K = [[P, C^\\top], [C, 0]]` (scipy sparse ``P`` and
+    ``C``) by eliminating the unit rows of ``C`` (module docstring) and SuperLU of the reduced
+    matrix. ``split`` is :func:`unit_rows` of ``C`` when the caller has it.
+
+    Raises:
+        FactorizationError: the reduced matrix (so ``K``) is exactly singular.
+    """
+
+    def __init__(self, P: Any, C: Any, split: UnitRows | None = None) -> None:
+        self.P = sp.csr_matrix(P)
+        self.C = sp.csr_matrix(C)
+        self.n, self.k = self.P.shape[0], self.C.shape[0]
+        s = unit_rows(self.C) if split is None else split
+        self.split = s
+        where = np.full(self.n, -1, dtype=np.int64)
+        where[s.free] = np.arange(s.free.size)
+        P_ff = _restrict(self.P, s.free, s.free, where).tocoo()
+        R = s.R.tocoo()
+        nf = s.free.size
+        rows = np.concatenate([P_ff.row, R.row + nf, R.col])
+        cols = np.concatenate([P_ff.col, R.col, R.row + nf])
+        data = np.concatenate([P_ff.data, R.data, R.data])
+        size = nf + s.other.size
+        self.lu: spla.SuperLU | None = None
+        if size:
+            M = sp.csc_matrix((data, (rows, cols)), shape=(size, size))
+            self.lu = splu(M, what="reduced KKT matrix")
+        self.C_other = self.C[s.other] if s.unit.size else self.C
+
+    def solve(self, rhs: np.ndarray) -> np.ndarray:
+        """:math:`z = K^{-1}r`, ``rhs`` of length ``n + k`` (``[u; w]`` in the row order of
+        ``C``)."""
+        n, s = self.n, self.split
+        r1, r2 = rhs[:n], rhs[n:]
+        u = np.zeros(n)
+        w = np.zeros(self.k)
+        u[s.cols] = r2[s.unit] / s.vals
+        b1 = r1 - self.P @ u
+        b2 = r2[s.other] - self.C_other @ u
+        if self.lu is not None:
+            z = self.lu.solve(np.concatenate([b1[s.free], b2]))
+            u[s.free] = z[: s.free.size]
+            w[s.other] = z[s.free.size :]
+        if s.unit.size:
+            t = r1 - self.P @ u - self.C_other.T @ w[s.other]
+            w[s.unit] = t[s.cols] / s.vals
+        return np.concatenate([u, w])
+
+
+def kkt_factor(P: Any, C: Any, split: UnitRows | None = None) -> KKTFactor:
+    """:class:`KKTFactor` of :math:`[[P, C^\\top], [C, 0]]`."""
+    return KKTFactor(P, C, split)

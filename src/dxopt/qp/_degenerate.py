@@ -42,7 +42,7 @@ import scipy.sparse.linalg as spla
 import torch
 from torch import Tensor
 
-from dxopt.linalg.sparse import FactorizationError, splu
+from dxopt.linalg.sparse import FactorizationError, UnitRows, splu, unit_rows
 from dxopt.qp._problem import QPProblem
 from dxopt.qp._types import BackwardDiagnostics, QPBackwardError, QPDegenerateWarning
 
@@ -87,20 +87,42 @@ def count_dependent_dense(C: Tensor) -> Tensor:
     return count
 
 
-def count_dependent_sparse(C: sp.csr_matrix) -> int:
-    """Number of rows of the scipy matrix ``C`` dependent on earlier ones."""
-    norms = np.sqrt(np.asarray(C.multiply(C).sum(1)).ravel())
-    C = sp.diags(1.0 / np.where(norms > 0, norms, 1.0)) @ C
+def count_dependent_sparse(C: sp.csr_matrix, split: UnitRows | None = None) -> int:
+    """Number of rows of the scipy matrix ``C`` dependent on earlier ones (zero rows are not
+    counted).
+
+    The pivots are those of the row-normalised Gram matrix with the distinct unit rows first
+    (the order does not change the count of an exactly dependent set; SuperLU's ordering
+    permutes it anyway): a unit row's pivot is 1, and the pivots of the other rows are those of
+    the Gram matrix of their normalised rows restricted to the columns no unit row covers
+    (the unit rows span exactly their columns; :mod:`dxopt.linalg.sparse`). So only that
+    restriction is factored; ``split`` is :func:`~dxopt.linalg.sparse.unit_rows` of ``C``
+    when the caller has it.
+    """
+    C = sp.csr_matrix(C)
     k = C.shape[0]
     if k == 0:
         return 0
-    gram = (C @ C.T).tocsc() + sp.diags(np.where(norms > 0, 1e-14, 1.0))
+    norms = np.sqrt(np.asarray(C.multiply(C).sum(1)).ravel())
+    s = unit_rows(C) if split is None else split
+    nonzero = norms[s.other] > 0
+    if s.other.size == 0:
+        return 0
+    R = sp.diags(1.0 / np.where(nonzero, norms[s.other], 1.0)) @ s.R
+    return _count_gram(sp.csr_matrix(R), nonzero)
+
+
+def _count_gram(Cn: sp.csr_matrix, nonzero: np.ndarray) -> int:
+    """Rows of the (already normalised, possibly restricted) ``Cn`` whose Gram pivot, the
+    squared distance to the span of the rows before them, is below ``DEPENDENT_TOL``."""
+    k = Cn.shape[0]
+    gram = (Cn @ Cn.T).tocsc() + sp.diags(np.where(nonzero, 1e-14, 1.0))
     if k <= _DENSE_GRAM:
         try:
             pivots = np.diag(np.linalg.cholesky(gram.toarray())) ** 2
         except np.linalg.LinAlgError:
-            dense = C.toarray()
-            return int((norms > 0).sum()) - int(np.linalg.matrix_rank(dense, rtol=1e-8))
+            rank = int(np.linalg.matrix_rank(Cn.toarray(), rtol=1e-8)) if Cn.shape[1] else 0
+            return int(nonzero.sum()) - rank
     else:
         # symmetric mode with diagonal pivots: the pivots are those of the Cholesky factor
         lu = spla.splu(
@@ -110,7 +132,7 @@ def count_dependent_sparse(C: sp.csr_matrix) -> int:
             options={"SymmetricMode": True},
         )
         pivots = np.abs(lu.U.diagonal())
-    return int(((pivots < DEPENDENT_TOL) & (norms > 0)).sum())
+    return int(((pivots < DEPENDENT_TOL) & nonzero).sum())
 
 
 def _delta(c_P: float, row_sq: float) -> float:
