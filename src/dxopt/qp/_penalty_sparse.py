@@ -9,6 +9,14 @@ at n = 1e5, 1/1.5 at n = 1e6). The error lives in a handful of directions, so th
 preconditioner inside right-preconditioned restarted GMRES (Saad & Schultz, 1986) removes it in
 a few iterations. The true residual is recomputed at the end of every cycle and reported; the
 caller refuses the gradient if it is above ``max_residual``.
+
+With refinement (``max_refinement > 0``) the refinement converges to the exact reduced-KKT
+adjoint whatever the preconditioner, so, as on the dense path, the regularisation
+:math:`W^{-1}` is taken to 0: :class:`SparseKKTSolve` factors the exact reduced KKT matrix
+(distinct unit rows such as bounds eliminated exactly, :class:`dxopt.linalg.sparse.KKTFactor`,
+SuperLU of the rest), and GMRES stops after the first solve unless its residual is above the
+tolerance. The same unit-row split gives the dependent-row count. Where that factorization
+fails, :class:`SparsePenaltySolve` (the penalty matrix above) is the preconditioner.
 """
 
 from __future__ import annotations
@@ -24,10 +32,11 @@ from torch import Tensor
 from dxopt.linalg.sparse import FactorizationError, splu
 from dxopt.qp._active import ActiveSet
 from dxopt.qp._adjoint import AdjointInput, kkt_apply
-from dxopt.qp._backward_kkt import scipy_matrix
+from dxopt.linalg.sparse import KKTFactor
+from dxopt.qp._backward_kkt import scipy_matrix, sparse_factor, sparse_rows
 from dxopt.qp._types import QPBackwardError
 
-__all__ = ["SparsePenaltySolve", "gmres_refine"]
+__all__ = ["SparseKKTSolve", "SparsePenaltySolve", "gmres_refine"]
 
 _RESTART = 20
 
@@ -83,6 +92,52 @@ class SparsePenaltySolve:
             if problem.p:
                 dwe[i] = torch.from_numpy(z[n:])
         dw = self.W * (problem.mv("G", du) - r2) if problem.G is not None else r2
+        return du, dw, dwe
+
+
+class SparseKKTSolve:
+    """:math:`K^{-1}` per sample for the exact reduced KKT matrix
+    :math:`K = [[P, G_J^\\top, A^\\top], [G_J, 0, 0], [A, 0, 0]]` (module docstring).
+
+    ``dependent`` (S,) counts the dependent active rows of every solved sample; samples with
+    dependent rows, failed samples and samples whose factorization failed (``failed``) get
+    no factor (their solve returns zeros)."""
+
+    name = "splu+gmres"
+
+    def __init__(self, data: AdjointInput, used: Tensor) -> None:
+        problem = data.problem
+        S = data.x.shape[0]
+        self.problem, self.used = problem, used
+        self.dependent = torch.zeros(S, dtype=torch.int64)
+        self.failed = torch.zeros(S, dtype=torch.bool)
+        self.factors: list[tuple[KKTFactor | spla.SuperLU, np.ndarray] | None] = []
+        for i in range(S):
+            self.factors.append(None)
+            if not bool(data.ok[i]):
+                continue
+            sample = sparse_rows(problem, used, i)
+            self.dependent[i] = sample.dependent
+            if sample.dependent:
+                continue
+            try:
+                self.factors[i] = (sparse_factor(sample, i, "penalty backward"), sample.rows)
+            except QPBackwardError:
+                self.failed[i] = True
+
+    def __call__(self, r1: Tensor, r2: Tensor, r3: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        n = self.problem.n
+        du, dw, dwe = torch.zeros_like(r1), torch.zeros_like(r2), torch.zeros_like(r3)
+        for i, entry in enumerate(self.factors):
+            if entry is None:
+                continue
+            factor, rows = entry
+            z = factor.solve(np.concatenate([r1[i].numpy(), r2[i].numpy()[rows], r3[i].numpy()]))
+            du[i] = torch.from_numpy(z[:n])
+            k = rows.size
+            if k:
+                dw[i, torch.from_numpy(rows)] = torch.from_numpy(z[n : n + k])
+            dwe[i] = torch.from_numpy(z[n + k :])
         return du, dw, dwe
 
 
