@@ -222,7 +222,8 @@ class UnitRows:
     """The split of :func:`unit_rows`: rows ``unit`` of ``C`` are :math:`s_j e_j^\\top` with
     distinct columns ``cols`` (``vals`` = :math:`s_j`), ``other`` are the remaining rows (in
     order; a second unit row on a taken column is one of them), ``free`` the columns not in
-    ``cols`` (ascending) and ``R`` the rows ``other`` restricted to ``free`` (CSR)."""
+    ``cols`` (ascending) and ``R`` the rows ``other`` restricted to ``free`` (CSR);
+    ``norms`` are the Euclidean norms of all rows of ``C``."""
 
     unit: np.ndarray
     cols: np.ndarray
@@ -230,6 +231,7 @@ class UnitRows:
     other: np.ndarray
     free: np.ndarray
     R: sp.csr_matrix
+    norms: np.ndarray
 
 
 def _restrict(M: sp.csr_matrix, rows: np.ndarray, keep: np.ndarray, where: np.ndarray) -> Any:
@@ -256,6 +258,7 @@ def unit_rows(C: Any) -> UnitRows:
     nz = C.data != 0
     row_of = np.repeat(np.arange(k), np.diff(C.indptr))
     nnz = np.bincount(row_of[nz], minlength=k)
+    norms = np.sqrt(np.bincount(row_of, weights=C.data * C.data, minlength=k))
     single = np.flatnonzero(nnz == 1)
     entry = np.flatnonzero(nz)[np.isin(row_of[nz], single)]  # the one nonzero of each
     cols_all = C.indices[entry]
@@ -270,7 +273,8 @@ def unit_rows(C: Any) -> UnitRows:
     taken[cols] = True
     free = np.flatnonzero(~taken)
     where[free] = np.arange(free.size)
-    return UnitRows(unit, cols, vals, other, free, _restrict(C, other, free, where))
+    R = _restrict(C, other, free, where)
+    return UnitRows(unit, cols, vals, other, free, R, norms)
 
 
 class KKTFactor:

@@ -377,13 +377,9 @@ def solve_sparse(data: AdjointInput, used: Tensor) -> tuple[Tensor, Tensor, Tens
     ``(u, w_J, w_E, dependent row counts)``."""
     problem = data.problem
     S, n, m, p = data.x.shape[0], problem.n, problem.m, problem.p
-    u = torch.zeros(S, n, dtype=torch.float64)
-    w_ineq = torch.zeros(S, m, dtype=torch.float64)
-    w_eq = torch.zeros(S, p, dtype=torch.float64)
+    u, w_ineq, w_eq = np.zeros((S, n)), np.zeros((S, m)), np.zeros((S, p))
     dependent = torch.zeros(S, dtype=torch.int64)
-    for i in range(S):
-        if not bool(data.ok[i]):
-            continue
+    for i in np.flatnonzero(data.ok.numpy()):
         sample = sparse_rows(problem, used, i)
         dependent[i] = sample.dependent
         rhs = sample.rhs(data, i)
@@ -398,10 +394,6 @@ def solve_sparse(data: AdjointInput, used: Tensor) -> tuple[Tensor, Tensor, Tens
                 ) from err
         else:
             z = sparse_factor(sample, i, "kkt backward").solve(rhs)
-        u[i] = torch.from_numpy(z[:n])
-        k = int(sample.rows.size)
-        if k:
-            w_ineq[i, torch.from_numpy(sample.rows)] = torch.from_numpy(z[n : n + k])
-        if p:
-            w_eq[i] = torch.from_numpy(z[n + k :])
-    return u, w_ineq, w_eq, dependent
+        k = sample.rows.size
+        u[i], w_ineq[i, sample.rows], w_eq[i] = z[:n], z[n : n + k], z[n + k :]
+    return torch.from_numpy(u), torch.from_numpy(w_ineq), torch.from_numpy(w_eq), dependent

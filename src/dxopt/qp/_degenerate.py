@@ -100,33 +100,35 @@ def count_dependent_sparse(C: sp.csr_matrix, split: UnitRows | None = None) -> i
     when the caller has it.
     """
     C = sp.csr_matrix(C)
-    k = C.shape[0]
-    if k == 0:
+    if C.shape[0] == 0:
         return 0
-    norms = np.sqrt(np.asarray(C.multiply(C).sum(1)).ravel())
     s = unit_rows(C) if split is None else split
-    nonzero = norms[s.other] > 0
     if s.other.size == 0:
         return 0
-    R = sp.diags(1.0 / np.where(nonzero, norms[s.other], 1.0)) @ s.R
-    return _count_gram(sp.csr_matrix(R), nonzero)
+    norms = s.norms[s.other]
+    nonzero = norms > 0
+    R = s.R.copy()
+    R.data /= np.repeat(np.where(nonzero, norms, 1.0), np.diff(R.indptr))
+    return _count_gram(R, nonzero)
 
 
 def _count_gram(Cn: sp.csr_matrix, nonzero: np.ndarray) -> int:
     """Rows of the (already normalised, possibly restricted) ``Cn`` whose Gram pivot, the
     squared distance to the span of the rows before them, is below ``DEPENDENT_TOL``."""
     k = Cn.shape[0]
-    gram = (Cn @ Cn.T).tocsc() + sp.diags(np.where(nonzero, 1e-14, 1.0))
+    shift = np.where(nonzero, 1e-14, 1.0)
     if k <= _DENSE_GRAM:
+        gram = (Cn @ Cn.T).toarray()
+        gram[np.diag_indices(k)] += shift
         try:
-            pivots = np.diag(np.linalg.cholesky(gram.toarray())) ** 2
+            pivots = np.diag(np.linalg.cholesky(gram)) ** 2
         except np.linalg.LinAlgError:
             rank = int(np.linalg.matrix_rank(Cn.toarray(), rtol=1e-8)) if Cn.shape[1] else 0
             return int(nonzero.sum()) - rank
     else:
         # symmetric mode with diagonal pivots: the pivots are those of the Cholesky factor
         lu = spla.splu(
-            gram,
+            (Cn @ Cn.T).tocsc() + sp.diags(shift, format="csc"),
             permc_spec="COLAMD",  # MMD orderings take seconds on arrow-shaped Grams (1ᵀx = b rows)
             diag_pivot_thresh=0.0,
             options={"SymmetricMode": True},

@@ -127,18 +127,15 @@ class SparseKKTSolve:
 
     def __call__(self, r1: Tensor, r2: Tensor, r3: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         n = self.problem.n
-        du, dw, dwe = torch.zeros_like(r1), torch.zeros_like(r2), torch.zeros_like(r3)
+        a, b, c = r1.numpy(), r2.numpy(), r3.numpy()
+        du, dw, dwe = np.zeros(a.shape), np.zeros(b.shape), np.zeros(c.shape)
         for i, entry in enumerate(self.factors):
             if entry is None:
                 continue
             factor, rows = entry
-            z = factor.solve(np.concatenate([r1[i].numpy(), r2[i].numpy()[rows], r3[i].numpy()]))
-            du[i] = torch.from_numpy(z[:n])
-            k = rows.size
-            if k:
-                dw[i, torch.from_numpy(rows)] = torch.from_numpy(z[n : n + k])
-            dwe[i] = torch.from_numpy(z[n + k :])
-        return du, dw, dwe
+            z = factor.solve(np.concatenate([a[i], b[i, rows], c[i]]))
+            du[i], dw[i, rows], dwe[i] = z[:n], z[n : n + rows.size], z[n + rows.size :]
+        return torch.from_numpy(du), torch.from_numpy(dw), torch.from_numpy(dwe)
 
 
 def gmres_refine(
