@@ -245,9 +245,7 @@ def _restrict(M: sp.csr_matrix, rows: np.ndarray, keep: np.ndarray, where: np.nd
     row_of = np.repeat(np.arange(rows.size), counts)[mask]
     indptr = np.zeros(rows.size + 1, dtype=np.int64)
     np.cumsum(np.bincount(row_of, minlength=rows.size), out=indptr[1:])
-    return sp.csr_matrix(
-        (M.data[take][mask], new_cols[mask], indptr), shape=(rows.size, keep.size)
-    )
+    return sp.csr_matrix((M.data[take][mask], new_cols[mask], indptr), shape=(rows.size, keep.size))
 
 
 def unit_rows(C: Any) -> UnitRows:

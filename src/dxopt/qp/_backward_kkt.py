@@ -379,7 +379,7 @@ def solve_sparse(data: AdjointInput, used: Tensor) -> tuple[Tensor, Tensor, Tens
     S, n, m, p = data.x.shape[0], problem.n, problem.m, problem.p
     u, w_ineq, w_eq = np.zeros((S, n)), np.zeros((S, m)), np.zeros((S, p))
     dependent = torch.zeros(S, dtype=torch.int64)
-    for i in np.flatnonzero(data.ok.numpy()):
+    for i in np.flatnonzero(data.ok.numpy()).tolist():
         sample = sparse_rows(problem, used, i)
         dependent[i] = sample.dependent
         rhs = sample.rhs(data, i)

@@ -29,10 +29,9 @@ import scipy.sparse.linalg as spla
 import torch
 from torch import Tensor
 
-from dxopt.linalg.sparse import FactorizationError, splu
+from dxopt.linalg.sparse import FactorizationError, KKTFactor, splu
 from dxopt.qp._active import ActiveSet
 from dxopt.qp._adjoint import AdjointInput, kkt_apply
-from dxopt.linalg.sparse import KKTFactor
 from dxopt.qp._backward_kkt import scipy_matrix, sparse_factor, sparse_rows
 from dxopt.qp._types import QPBackwardError
 
