@@ -61,6 +61,7 @@ __all__ = [
     "saddle_matrix",
     "saddle_solve",
     "splu",
+    "take_rows",
     "unit_rows",
 ]
 
@@ -234,44 +235,65 @@ class UnitRows:
     norms: np.ndarray
 
 
-def _restrict(M: sp.csr_matrix, rows: np.ndarray, keep: np.ndarray, where: np.ndarray) -> Any:
-    """``M[rows][:, keep]`` as CSR, ``where`` the new index of each column (-1: dropped);
-    one pass over the nonzeros, no scipy fancy indexing."""
+def _gather(
+    M: sp.csr_matrix, rows: np.ndarray, where: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """COO triplets (new row, new column, value) of ``M[rows]`` with the columns mapped by
+    ``where`` (-1: dropped; ``None``: kept as they are); one pass over the nonzeros."""
     counts = np.diff(M.indptr)[rows]
     starts = M.indptr[rows]
     take = np.repeat(starts - np.cumsum(counts) + counts, counts) + np.arange(counts.sum())
+    row_of = np.repeat(np.arange(rows.size), counts)
+    if where is None:
+        return row_of, M.indices[take], M.data[take]
     new_cols = where[M.indices[take]]
     mask = new_cols >= 0
-    row_of = np.repeat(np.arange(rows.size), counts)[mask]
-    indptr = np.zeros(rows.size + 1, dtype=np.int64)
-    np.cumsum(np.bincount(row_of, minlength=rows.size), out=indptr[1:])
-    return sp.csr_matrix((M.data[take][mask], new_cols[mask], indptr), shape=(rows.size, keep.size))
+    return row_of[mask], new_cols[mask], M.data[take][mask]
+
+
+def _csr(row: np.ndarray, col: np.ndarray, data: np.ndarray, shape: tuple[int, int]) -> Any:
+    """CSR from COO triplets whose rows are already sorted (no duplicates)."""
+    indptr = np.zeros(shape[0] + 1, dtype=np.int64)
+    np.cumsum(np.bincount(row, minlength=shape[0]), out=indptr[1:])
+    return sp.csr_matrix((data, col, indptr), shape=shape)
+
+
+def take_rows(M: Any, rows: np.ndarray, extra: Any = None) -> sp.csr_matrix:
+    """``M[rows]`` of a CSR matrix, with the rows of the CSR matrix ``extra`` appended, as
+    one CSR matrix (no scipy fancy indexing or stacking)."""
+    r, c, d = _gather(M, rows, None)
+    k = rows.size
+    if extra is not None and extra.shape[0]:
+        rows_e = np.repeat(np.arange(extra.shape[0]), np.diff(extra.indptr))
+        r, c = np.concatenate([r, rows_e + k]), np.concatenate([c, extra.indices])
+        d = np.concatenate([d, extra.data])
+        k += extra.shape[0]
+    return _csr(r, c, d, (k, M.shape[1]))
 
 
 def unit_rows(C: Any) -> UnitRows:
     """Split the rows of the scipy matrix ``C`` (``k x n``) into distinct unit rows and the
     rest (module docstring); explicit zeros do not count as entries."""
-    C = sp.csr_matrix(C)
+    C = C if isinstance(C, sp.csr_matrix) else sp.csr_matrix(C)
     k, n = C.shape
     nz = C.data != 0
     row_of = np.repeat(np.arange(k), np.diff(C.indptr))
     nnz = np.bincount(row_of[nz], minlength=k)
     norms = np.sqrt(np.bincount(row_of, weights=C.data * C.data, minlength=k))
-    single = np.flatnonzero(nnz == 1)
-    entry = np.flatnonzero(nz)[np.isin(row_of[nz], single)]  # the one nonzero of each
+    entry = np.flatnonzero(nz & (nnz == 1)[row_of])  # the one nonzero of each single row
     cols_all = C.indices[entry]
     _, first = np.unique(cols_all, return_index=True)  # first unit row of each column
     first.sort()
-    unit, cols, vals = single[first], cols_all[first], C.data[entry][first]
+    entry = entry[first]
+    unit, cols, vals = row_of[entry], C.indices[entry], C.data[entry]
     is_unit = np.zeros(k, dtype=bool)
     is_unit[unit] = True
     other = np.flatnonzero(~is_unit)
-    where = np.full(n, -1, dtype=np.int64)
-    taken = np.zeros(n, dtype=bool)
-    taken[cols] = True
-    free = np.flatnonzero(~taken)
+    where = np.zeros(n, dtype=np.int64)
+    where[cols] = -1
+    free = np.flatnonzero(where == 0)
     where[free] = np.arange(free.size)
-    R = _restrict(C, other, free, where)
+    R = _csr(*_gather(C, other, where), (other.size, free.size))
     return UnitRows(unit, cols, vals, other, free, R, norms)
 
 
@@ -285,25 +307,24 @@ class KKTFactor:
     """
 
     def __init__(self, P: Any, C: Any, split: UnitRows | None = None) -> None:
-        self.P = sp.csr_matrix(P)
-        self.C = sp.csr_matrix(C)
+        self.P = P if isinstance(P, sp.csr_matrix) else sp.csr_matrix(P)
+        self.C = C if isinstance(C, sp.csr_matrix) else sp.csr_matrix(C)
         self.n, self.k = self.P.shape[0], self.C.shape[0]
         s = unit_rows(self.C) if split is None else split
         self.split = s
         where = np.full(self.n, -1, dtype=np.int64)
         where[s.free] = np.arange(s.free.size)
-        P_ff = _restrict(self.P, s.free, s.free, where).tocoo()
-        R = s.R.tocoo()
+        p_row, p_col, p_data = _gather(self.P, s.free, where)
         nf = s.free.size
-        rows = np.concatenate([P_ff.row, R.row + nf, R.col])
-        cols = np.concatenate([P_ff.col, R.col, R.row + nf])
-        data = np.concatenate([P_ff.data, R.data, R.data])
+        r_row = np.repeat(np.arange(s.R.shape[0]), np.diff(s.R.indptr)) + nf
+        rows = np.concatenate([p_row, r_row, s.R.indices])
+        cols = np.concatenate([p_col, s.R.indices, r_row])
+        data = np.concatenate([p_data, s.R.data, s.R.data])
         size = nf + s.other.size
         self.lu: spla.SuperLU | None = None
         if size:
             M = sp.csc_matrix((data, (rows, cols)), shape=(size, size))
             self.lu = splu(M, what="reduced KKT matrix")
-        self.C_other = self.C[s.other] if s.unit.size else self.C
 
     def solve(self, rhs: np.ndarray) -> np.ndarray:
         """:math:`z = K^{-1}r`, ``rhs`` of length ``n + k`` (``[u; w]`` in the row order of
@@ -313,14 +334,14 @@ class KKTFactor:
         u = np.zeros(n)
         w = np.zeros(self.k)
         u[s.cols] = r2[s.unit] / s.vals
-        b1 = r1 - self.P @ u
-        b2 = r2[s.other] - self.C_other @ u
         if self.lu is not None:
+            b1 = r1 - self.P @ u
+            b2 = r2[s.other] - (self.C @ u)[s.other]
             z = self.lu.solve(np.concatenate([b1[s.free], b2]))
             u[s.free] = z[: s.free.size]
             w[s.other] = z[s.free.size :]
-        if s.unit.size:
-            t = r1 - self.P @ u - self.C_other.T @ w[s.other]
+        if s.unit.size:  # w is still zero on the unit rows: C^T w = C_O^T w_O
+            t = r1 - self.P @ u - self.C.T @ w
             w[s.unit] = t[s.cols] / s.vals
         return np.concatenate([u, w])
 

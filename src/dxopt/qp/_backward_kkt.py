@@ -35,7 +35,15 @@ import torch
 from torch import Tensor
 
 from dxopt.linalg.schur import SchurFactor, schur_factor
-from dxopt.linalg.sparse import FactorizationError, KKTFactor, UnitRows, kkt_factor, splu, unit_rows
+from dxopt.linalg.sparse import (
+    FactorizationError,
+    KKTFactor,
+    UnitRows,
+    kkt_factor,
+    splu,
+    take_rows,
+    unit_rows,
+)
 from dxopt.qp._active import ActiveSet, compress_rows, gather_rows
 from dxopt.qp._adjoint import AdjointInput, AdjointSolution, kkt_residual
 from dxopt.qp._backward_base import BackwardBase
@@ -308,14 +316,13 @@ def _solve_dense(data: AdjointInput, used: Tensor) -> tuple[Tensor, Tensor, Tens
 
 def active_rows_sparse(problem: QPProblem, used: Tensor, i: int) -> sp.csr_matrix | None:
     """The stacked active rows :math:`C = [G_J; A]` of sample ``i`` (``None`` if empty)."""
-    cons = []
-    if problem.m:
-        rows = torch.nonzero(used[i]).flatten().numpy()
-        if rows.size:
-            cons.append(scipy_matrix(problem, "G", i)[rows])
-    if problem.p:
-        cons.append(scipy_matrix(problem, "A", i))
-    return sp.vstack(cons, format="csr") if cons else None
+    rows = np.flatnonzero(used[i].numpy()) if problem.m else np.zeros(0, dtype=np.int64)
+    if not rows.size and not problem.p:
+        return None
+    A = scipy_matrix(problem, "A", i) if problem.p else None
+    if not rows.size:
+        return A
+    return take_rows(scipy_matrix(problem, "G", i), rows, A)
 
 
 @dataclass(frozen=True)
