@@ -48,12 +48,13 @@ reduced KKT. Beyond the reference:
   Gram test for dependent rows. Sparse problems, refined: likewise the exact reduced KKT
   matrix is the preconditioner of the GMRES refinement (bound-like unit rows eliminated
   exactly, SuperLU of the rest; :class:`~dxopt.qp._penalty_sparse.SparseKKTSolve`), and the
-  dependence of the active rows is read off the same unit-row split. Plain dXPP, or where that
-  factorization fails: the equality rows are kept *exactly* in the saddle-point matrix
-  :math:`[[P + G_J^\\top W G_J, A^\\top], [A, 0]]` (the :math:`W_E \\to \\infty`
-  limit), factored by SuperLU with partial pivoting: a dense row such as :math:`1^\\top x = 1`
-  neither fills :math:`H` nor slows the refinement (its penalty curvature would be spread over
-  all :math:`n` entries while only the support feels it).
+  dependence of the active rows is read off the same unit-row split. Plain dXPP, or where the
+  rest is larger than the penalty matrix or its factorization fails: the equality rows are
+  kept *exactly* in the saddle-point matrix :math:`[[P + G_J^\\top W G_J, A^\\top], [A, 0]]`
+  (the :math:`W_E \\to \\infty` limit), factored by SuperLU with partial pivoting: a dense
+  row such as :math:`1^\\top x = 1` neither fills :math:`H` nor slows the refinement (its
+  penalty curvature would be spread over all :math:`n` entries while only the support feels
+  it).
 """
 
 from __future__ import annotations
@@ -194,7 +195,7 @@ class PenaltyBackward(BackwardBase):
         degenerate = dependent > 0
         regular = replace(data, ok=data.ok & ~degenerate)
         solve: SparseKKTSolve | SparsePenaltySolve
-        if exact is not None and not bool(exact.failed.any()):
+        if exact is not None and exact.usable:
             beta, solve = self._beta(data, active), exact
         else:
             beta, W, W_E = self.weights(data, active)

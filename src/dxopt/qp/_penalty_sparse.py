@@ -15,8 +15,9 @@ adjoint whatever the preconditioner, so, as on the dense path, the regularisatio
 :math:`W^{-1}` is taken to 0: :class:`SparseKKTSolve` factors the exact reduced KKT matrix
 (distinct unit rows such as bounds eliminated exactly, :class:`dxopt.linalg.sparse.KKTFactor`,
 SuperLU of the rest), and GMRES stops after the first solve unless its residual is above the
-tolerance. The same unit-row split gives the dependent-row count. Where that factorization
-fails, :class:`SparsePenaltySolve` (the penalty matrix above) is the preconditioner.
+tolerance. The same unit-row split gives the dependent-row count. Where the reduced matrix is
+larger than the penalty matrix (few unit rows) or its factorization fails,
+:class:`SparsePenaltySolve` (the penalty matrix above) is the preconditioner.
 """
 
 from __future__ import annotations
@@ -99,30 +100,38 @@ class SparseKKTSolve:
     :math:`K = [[P, G_J^\\top, A^\\top], [G_J, 0, 0], [A, 0, 0]]` (module docstring).
 
     ``dependent`` (S,) counts the dependent active rows of every solved sample; samples with
-    dependent rows, failed samples and samples whose factorization failed (``failed``) get
-    no factor (their solve returns zeros)."""
+    dependent rows and failed samples get no factor (their solve returns zeros). ``usable``
+    is False (and nothing is factored) when for some sample the reduced matrix left after the
+    unit rows is larger than the penalty matrix (``n + p`` square: few unit rows, many other
+    active rows, as on chains of difference constraints) or its factorization fails; the
+    caller then uses :class:`SparsePenaltySolve`."""
 
     name = "splu+gmres"
 
     def __init__(self, data: AdjointInput, used: Tensor) -> None:
         problem = data.problem
         S = data.x.shape[0]
-        self.problem, self.used = problem, used
+        self.problem = problem
         self.dependent = torch.zeros(S, dtype=torch.int64)
-        self.failed = torch.zeros(S, dtype=torch.bool)
-        self.factors: list[tuple[KKTFactor | spla.SuperLU, np.ndarray] | None] = []
-        for i in range(S):
-            self.factors.append(None)
-            if not bool(data.ok[i]):
-                continue
+        self.factors: list[tuple[KKTFactor | spla.SuperLU, np.ndarray] | None] = [None] * S
+        samples = {}
+        for i in np.flatnonzero(data.ok.numpy()).tolist():
             sample = sparse_rows(problem, used, i)
             self.dependent[i] = sample.dependent
-            if sample.dependent:
-                continue
-            try:
+            if not sample.dependent:
+                samples[i] = sample
+        self.usable = all(
+            s.split is None or s.split.free.size + s.split.other.size <= problem.n + problem.p
+            for s in samples.values()
+        )
+        if not self.usable:
+            return
+        try:
+            for i, sample in samples.items():
                 self.factors[i] = (sparse_factor(sample, i, "penalty backward"), sample.rows)
-            except QPBackwardError:
-                self.failed[i] = True
+        except QPBackwardError:
+            self.usable = False
+            self.factors = [None] * S
 
     def __call__(self, r1: Tensor, r2: Tensor, r3: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         n = self.problem.n
