@@ -18,8 +18,12 @@ batch at once, the active rows of each sample compressed to the front (padding r
   identity rows), with the exact Gram test (:func:`~dxopt.qp._degenerate.count_dependent_dense`)
   on the samples whose LU pivots look singular.
 
-Sparse problems build the symmetric indefinite :math:`K` in scipy and factor it with SuperLU per
-sample. Samples whose active rows are linearly dependent (LICQ fails, :math:`K` singular) get the
+Sparse problems factor :math:`K` per sample (:class:`dxopt.linalg.sparse.KKTFactor`): the
+distinct unit rows of :math:`C = [G_J; A]` (bounds :math:`\\pm x_j \\le h_j`) are eliminated
+exactly and SuperLU factors the rest, :math:`[[P_{FF}, R^\\top], [R, 0]]` on the free
+coordinates :math:`F` and the other rows; the rows of :math:`C` are independent iff those of
+:math:`R` are, so the Gram test for dependent rows
+(:func:`~dxopt.qp._degenerate.count_dependent_sparse`) runs on :math:`R` only. Samples whose active rows are linearly dependent (LICQ fails, :math:`K` singular) get the
 minimum-norm multiplier adjoint of :mod:`dxopt.qp._degenerate`, the same choice as
 :class:`~dxopt.qp.PenaltyBackward` makes.
 """
