@@ -23,8 +23,9 @@ distinct unit rows of :math:`C = [G_J; A]` (bounds :math:`\\pm x_j \\le h_j`) ar
 exactly and SuperLU factors the rest, :math:`[[P_{FF}, R^\\top], [R, 0]]` on the free
 coordinates :math:`F` and the other rows; the rows of :math:`C` are independent iff those of
 :math:`R` are, so the Gram test for dependent rows
-(:func:`~dxopt.qp._degenerate.count_dependent_sparse`) runs on :math:`R` only. Samples whose active rows are linearly dependent (LICQ fails, :math:`K` singular) get the
-minimum-norm multiplier adjoint of :mod:`dxopt.qp._degenerate`, the same choice as
+(:func:`~dxopt.qp._degenerate.count_dependent_sparse`) runs on :math:`R` only. Samples whose
+active rows are linearly dependent (LICQ fails, :math:`K` singular) get the minimum-norm
+multiplier adjoint of :mod:`dxopt.qp._degenerate`, the same choice as
 :class:`~dxopt.qp.PenaltyBackward` makes.
 """
 
