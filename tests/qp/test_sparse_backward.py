@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 import torch
-from qp_zoo import simplex_qp, simplex_vjp
+from qp_zoo import simplex_qp, simplex_vjp, sparse_complementary_qp
 
 import dxopt.qp as dqp
-from dxopt.linalg.sparse import FactorizationError, kkt_factor, unit_rows
+from dxopt.linalg.sparse import FactorizationError, kkt_factor, take_rows, unit_rows
 from dxopt.qp import _degenerate
 
 F64 = torch.float64
@@ -222,3 +222,37 @@ def test_sparse_simplex_uses_the_exact_factor_and_matches_the_closed_form(backwa
     assert diag.licq and diag.residual <= 1e-12
     if backward == "penalty":
         assert diag.refinement_steps == 0  # the exact factor: no GMRES iteration needed
+
+
+def test_take_rows_equals_scipy_indexing_and_stacking() -> None:
+    M = sp.random(12, 9, density=0.3, random_state=1, format="csr")
+    extra = sp.random(3, 9, density=0.5, random_state=2, format="csr")
+    rows = np.array([0, 4, 5, 11])
+    got = take_rows(M, rows, extra)
+    np.testing.assert_array_equal(got.toarray(), sp.vstack([M[rows], extra]).toarray())
+    np.testing.assert_array_equal(take_rows(M, rows[:0]).toarray(), np.zeros((0, 9)))
+
+
+@pytest.mark.parametrize("backward", ["kkt", "penalty"])
+@pytest.mark.parametrize("bounds", [False, True])
+def test_sparse_and_dense_paths_agree_on_general_sparse_rows(backward: str, bounds: bool) -> None:
+    """Random sparse rows (few unit rows: the penalty backward keeps the penalty matrix) and
+    the same with 20 bounds that cut x* (many unit rows active: the exact factor)."""
+    data = sparse_complementary_qp(30, m=24, p=3, density=0.2, seed=5)
+    assert data.G is not None and data.h is not None and data.x is not None
+    G, h = data.G.to_dense(), data.h
+    if bounds:  # x_j >= x*_j + 0.5 on 20 coordinates: cuts x*, most bounds get active
+        G = torch.cat([G, -torch.eye(30, dtype=F64)[:20]])
+        h = torch.cat([h, -data.x[:20] - 0.5])
+    dense = data._replace(P=data.P.to_dense(), A=data.A.to_dense(), G=G, h=h)  # type: ignore[union-attr]
+    grad_x = torch.randn(30, generator=torch.Generator().manual_seed(9), dtype=F64)
+    cls = dqp.KKTBackward if backward == "kkt" else dqp.PenaltyBackward
+    (g_sp, d_sp), (g_de, d_de) = (
+        _grads(dense, cls(linear_solver=solver), grad_x) for solver in ("sparse", "dense")
+    )
+    assert d_sp.licq and d_de.licq and d_sp.residual <= 1e-10
+    assert d_sp.n_active == d_de.n_active
+    if backward == "penalty":  # few unit rows: the penalty matrix (refined); many: exact factor
+        assert (d_sp.refinement_steps == 0) == bounds
+    for a, b in zip(g_sp, g_de):
+        torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-10)
