@@ -274,3 +274,30 @@ def test_batched_sparse_simplex_matches_the_closed_form_per_sample(backward: str
         expected = simplex_vjp(simplex_projection(y[i]), grad_x[i])["q"]
         torch.testing.assert_close(grad_q[i], expected, rtol=1e-9, atol=1e-12)
     assert sol.info.backward.licq and sol.info.backward.residual <= 1e-12
+
+
+def _parallel_groups_reference(Cn: sp.csr_matrix) -> int:
+    """Distinct rows up to sign (largest entry made positive), rounded to 9 decimals."""
+    dense = Cn.toarray()
+    keys = set()
+    for row in dense:
+        nz = np.flatnonzero(row)
+        sign = np.sign(row[nz][np.argmax(np.abs(row[nz]))]) if nz.size else 1.0
+        keys.add((tuple(nz.tolist()), tuple((np.round(row[nz] * sign, 9) + 0.0).tolist())))
+    return len(keys)
+
+
+def test_parallel_groups_sparse_equals_a_row_by_row_reference() -> None:
+    rng = np.random.default_rng(0)
+    for trial in range(200):
+        k, n = int(rng.integers(1, 25)), int(rng.integers(1, 10))
+        B = sp.random(k, n, density=rng.uniform(0.05, 0.6), random_state=trial, format="csr")
+        B.data = rng.choice([-2.0, -1.0, 0.5, 1.0, 3.0, 0.0], size=B.data.size)  # ties, zeros
+        C = sp.vstack([B, -1.0 * B[:2], 1e-8 * B[1:3], 1e8 * B[:1]], format="csr")
+        norms = np.sqrt(np.asarray(C.multiply(C).sum(1)).ravel())
+        Cn = sp.csr_matrix(sp.diags(1.0 / np.where(norms > 0, norms, 1.0)) @ C)
+        groups = _degenerate._parallel_groups_sparse(Cn)
+        assert groups == _parallel_groups_reference(Cn), trial
+        if (norms > 0).all():
+            assert groups == _degenerate._parallel_groups(Cn.toarray())
+    assert _degenerate._parallel_groups_sparse(sp.csr_matrix((0, 4))) == 0

@@ -486,18 +486,45 @@ def lp_vertex(
 
 
 def _parallel_groups_sparse(Cn: sp.csr_matrix) -> int:
-    """:func:`_parallel_groups` for a sparse row-normalised matrix."""
-    Cn = sp.csr_matrix(Cn)
-    Cn.sort_indices()
-    keys = set()
-    for i in range(Cn.shape[0]):
-        lo, hi = Cn.indptr[i], Cn.indptr[i + 1]
-        val = Cn.data[lo:hi]
-        nz = val != 0
-        idx, val = Cn.indices[lo:hi][nz], val[nz]
-        sign = np.sign(val[np.argmax(np.abs(val))]) if val.size else 1.0
-        keys.add((tuple(idx.tolist()), tuple((np.round(val * sign, 9) + 0.0).tolist())))
-    return len(keys)
+    """:func:`_parallel_groups` for a sparse row-normalised matrix, without a loop over rows:
+    each row, signed so that its largest entry (the first on ties) is positive and rounded to
+    9 decimals, is hashed (two sums of mixed (column, value) pairs); rows with equal hashes are
+    then compared entry by entry with one row of their group, and only a hash collision (a
+    mismatch) falls back to an exact set of row tuples."""
+    C = sp.csr_matrix(Cn, copy=True)
+    C.eliminate_zeros()
+    C.sort_indices()
+    k = C.shape[0]
+    counts = np.diff(C.indptr)
+    row_of = np.repeat(np.arange(k), counts)
+    starts = C.indptr[:-1][counts > 0]
+    order = np.lexsort((-np.abs(C.data), row_of))  # stable: per row, largest |value| first
+    sign = np.ones(k)
+    sign[counts > 0] = np.sign(C.data[order[starts]])
+    vals = np.round(C.data * sign[row_of], 9) + 0.0  # + 0.0: no negative zeros
+    mix = C.indices.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15) ^ vals.view(np.uint64)
+    h1, h2 = np.zeros(k, dtype=np.uint64), np.zeros(k, dtype=np.uint64)
+    if starts.size:  # modular uint64 sums (wrap-around is intended)
+        h1[counts > 0] = np.add.reduceat(mix * np.uint64(0xBF58476D1CE4E5B9), starts)
+        h2[counts > 0] = np.add.reduceat((mix ^ (mix >> np.uint64(31))) * np.uint64(3), starts)
+    by_key = np.lexsort((h2, h1, counts))
+    new = np.ones(k, dtype=bool)
+    new[1:] = (np.diff(counts[by_key]) != 0) | (np.diff(h1[by_key]) != 0)
+    new[1:] |= np.diff(h2[by_key]) != 0
+    group = np.empty(k, dtype=np.int64)
+    group[by_key] = np.cumsum(new) - 1
+    first = by_key[new]  # one row of each group
+    rep = first[group][row_of]  # the group's row, per entry
+    pos = np.arange(row_of.size)
+    rpos = C.indptr[rep] + pos - C.indptr[row_of]
+    if bool(((C.indices != C.indices[rpos]) | (vals != vals[rpos])).any()):
+        return len(
+            {
+                (tuple(C.indices[lo:hi].tolist()), tuple(vals[lo:hi].tolist()))
+                for lo, hi in zip(C.indptr[:-1], C.indptr[1:])
+            }
+        )
+    return int(first.size)
 
 
 def _parallel_groups(Cn: np.ndarray) -> int:
