@@ -20,6 +20,23 @@ unconverged answer instead of using it.
 :func:`splu` is the one SuperLU wrapper: it maps SuperLU's ``RuntimeError`` ("Factor is
 exactly singular") to :class:`FactorizationError`. :func:`lstsq_saddle` is the rank-revealing
 fallback: the minimum-norm least-squares solution (Moore-Penrose) of ``K z = r``.
+
+:func:`unit_rows` and :func:`kkt_factor` serve constraint blocks made mostly of *unit rows*
+(one nonzero entry, such as the bound rows :math:`\\pm e_j^\\top x \\le h_j`). With the
+columns permuted so that the distinct unit rows :math:`s_j e_j^\\top` (columns :math:`U`) come
+first and :math:`F` the remaining columns, the other rows are :math:`[X, R]` and
+
+.. math:: C = \\begin{bmatrix} D & 0 \\\\ X & R \\end{bmatrix},\\quad
+    \\operatorname{rank} C = |U| + \\operatorname{rank} R
+
+(block elimination with the diagonal :math:`D = \\mathrm{diag}(s)`). So the rows of ``C`` are
+independent iff :math:`R` has full row rank, and the saddle-point system is solved exactly by
+eliminating the unit rows: :math:`u_U = D^{-1}r_{2,U}`, then the reduced system
+:math:`[[P_{FF}, R^\\top], [R, 0]][u_F; w_O] = [r_1 - Pu^0; r_{2,O} - Cu^0]_{F,O}`
+(:math:`u^0` is :math:`u_U` padded with zeros), then
+:math:`w_U = D^{-1}(r_1 - Pu - C_O^\\top w_O)_U`. The reduced matrix is
+:math:`(|F| + |O|)`-square instead of :math:`(n + k)`-square; it is singular iff ``K`` is
+(given the unit rows are distinct).
 """
 
 from __future__ import annotations
@@ -36,11 +53,16 @@ from dxopt._core import DxoptError
 
 __all__ = [
     "FactorizationError",
+    "KKTFactor",
     "SaddleSolveInfo",
+    "UnitRows",
+    "kkt_factor",
     "lstsq_saddle",
     "saddle_matrix",
     "saddle_solve",
     "splu",
+    "take_rows",
+    "unit_rows",
 ]
 
 _DENSE_LIMIT = 3000  # lstsq_saddle: SVD-based dense solve up to this size, LSMR beyond
@@ -222,3 +244,136 @@ def lstsq_saddle(P: Any, C: Any, rhs: np.ndarray) -> tuple[np.ndarray, float]:
     normal = K @ (K @ z - rhs)
     rel = float(np.linalg.norm(normal)) / max(norm_k**2 * float(np.linalg.norm(rhs)), 1e-300)
     return z, rel
+
+
+@dataclass(frozen=True)
+class UnitRows:
+    """The split of :func:`unit_rows`: rows ``unit`` of ``C`` are :math:`s_j e_j^\\top` with
+    distinct columns ``cols`` (``vals`` = :math:`s_j`), ``other`` are the remaining rows (in
+    order; a second unit row on a taken column is one of them), ``free`` the columns not in
+    ``cols`` (ascending) and ``R`` the rows ``other`` restricted to ``free`` (CSR);
+    ``norms`` are the Euclidean norms of all rows of ``C``."""
+
+    unit: np.ndarray
+    cols: np.ndarray
+    vals: np.ndarray
+    other: np.ndarray
+    free: np.ndarray
+    R: sp.csr_matrix
+    norms: np.ndarray
+
+
+def _gather(
+    M: sp.csr_matrix, rows: np.ndarray, where: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """COO triplets (new row, new column, value) of ``M[rows]`` with the columns mapped by
+    ``where`` (-1: dropped; ``None``: kept as they are); one pass over the nonzeros."""
+    counts = np.diff(M.indptr)[rows]
+    starts = M.indptr[rows]
+    take = np.repeat(starts - np.cumsum(counts) + counts, counts) + np.arange(counts.sum())
+    row_of = np.repeat(np.arange(rows.size), counts)
+    if where is None:
+        return row_of, M.indices[take], M.data[take]
+    new_cols = where[M.indices[take]]
+    mask = new_cols >= 0
+    return row_of[mask], new_cols[mask], M.data[take][mask]
+
+
+def _csr(row: np.ndarray, col: np.ndarray, data: np.ndarray, shape: tuple[int, int]) -> Any:
+    """CSR from COO triplets whose rows are already sorted (no duplicates)."""
+    indptr = np.zeros(shape[0] + 1, dtype=np.int64)
+    np.cumsum(np.bincount(row, minlength=shape[0]), out=indptr[1:])
+    return sp.csr_matrix((data, col, indptr), shape=shape)
+
+
+def take_rows(M: Any, rows: np.ndarray, extra: Any = None) -> sp.csr_matrix:
+    """``M[rows]`` of a CSR matrix, with the rows of the CSR matrix ``extra`` appended, as
+    one CSR matrix (no scipy fancy indexing or stacking)."""
+    r, c, d = _gather(M, rows, None)
+    k = rows.size
+    if extra is not None and extra.shape[0]:
+        rows_e = np.repeat(np.arange(extra.shape[0]), np.diff(extra.indptr))
+        r, c = np.concatenate([r, rows_e + k]), np.concatenate([c, extra.indices])
+        d = np.concatenate([d, extra.data])
+        k += extra.shape[0]
+    return _csr(r, c, d, (k, M.shape[1]))
+
+
+def unit_rows(C: Any) -> UnitRows:
+    """Split the rows of the scipy matrix ``C`` (``k x n``) into distinct unit rows and the
+    rest (module docstring); explicit zeros do not count as entries."""
+    C = C if isinstance(C, sp.csr_matrix) else sp.csr_matrix(C)
+    k, n = C.shape
+    nz = C.data != 0
+    row_of = np.repeat(np.arange(k), np.diff(C.indptr))
+    nnz = np.bincount(row_of[nz], minlength=k)
+    norms = np.sqrt(np.bincount(row_of, weights=C.data * C.data, minlength=k))
+    entry = np.flatnonzero(nz & (nnz == 1)[row_of])  # the one nonzero of each single row
+    cols_all = C.indices[entry]
+    _, first = np.unique(cols_all, return_index=True)  # first unit row of each column
+    first.sort()
+    entry = entry[first]
+    unit, cols, vals = row_of[entry], C.indices[entry], C.data[entry]
+    is_unit = np.zeros(k, dtype=bool)
+    is_unit[unit] = True
+    other = np.flatnonzero(~is_unit)
+    where = np.zeros(n, dtype=np.int64)
+    where[cols] = -1
+    free = np.flatnonzero(where == 0)
+    where[free] = np.arange(free.size)
+    R = _csr(*_gather(C, other, where), (other.size, free.size))
+    return UnitRows(unit, cols, vals, other, free, R, norms)
+
+
+class KKTFactor:
+    """Exact factorization of :math:`K = [[P, C^\\top], [C, 0]]` (scipy sparse ``P`` and
+    ``C``) by eliminating the unit rows of ``C`` (module docstring) and SuperLU of the reduced
+    matrix. ``split`` is :func:`unit_rows` of ``C`` when the caller has it.
+
+    Raises:
+        FactorizationError: the reduced matrix (so ``K``) is exactly singular.
+    """
+
+    def __init__(self, P: Any, C: Any, split: UnitRows | None = None) -> None:
+        self.P = P if isinstance(P, sp.csr_matrix) else sp.csr_matrix(P)
+        self.C = C if isinstance(C, sp.csr_matrix) else sp.csr_matrix(C)
+        self.n, self.k = self.P.shape[0], self.C.shape[0]
+        s = unit_rows(self.C) if split is None else split
+        self.split = s
+        where = np.full(self.n, -1, dtype=np.int64)
+        where[s.free] = np.arange(s.free.size)
+        p_row, p_col, p_data = _gather(self.P, s.free, where)
+        nf = s.free.size
+        r_row = np.repeat(np.arange(s.R.shape[0]), np.diff(s.R.indptr)) + nf
+        rows = np.concatenate([p_row, r_row, s.R.indices])
+        cols = np.concatenate([p_col, s.R.indices, r_row])
+        data = np.concatenate([p_data, s.R.data, s.R.data])
+        size = nf + s.other.size
+        self.lu: spla.SuperLU | None = None
+        if size:
+            M = sp.csc_matrix((data, (rows, cols)), shape=(size, size))
+            self.lu = splu(M, what="reduced KKT matrix")
+
+    def solve(self, rhs: np.ndarray) -> np.ndarray:
+        """:math:`z = K^{-1}r`, ``rhs`` of length ``n + k`` (``[u; w]`` in the row order of
+        ``C``)."""
+        n, s = self.n, self.split
+        r1, r2 = rhs[:n], rhs[n:]
+        u = np.zeros(n)
+        w = np.zeros(self.k)
+        u[s.cols] = r2[s.unit] / s.vals
+        if self.lu is not None:
+            b1 = r1 - self.P @ u
+            b2 = r2[s.other] - (self.C @ u)[s.other]
+            z = self.lu.solve(np.concatenate([b1[s.free], b2]))
+            u[s.free] = z[: s.free.size]
+            w[s.other] = z[s.free.size :]
+        if s.unit.size:  # w is still zero on the unit rows: C^T w = C_O^T w_O
+            t = r1 - self.P @ u - self.C.T @ w
+            w[s.unit] = t[s.cols] / s.vals
+        return np.concatenate([u, w])
+
+
+def kkt_factor(P: Any, C: Any, split: UnitRows | None = None) -> KKTFactor:
+    """:class:`KKTFactor` of :math:`[[P, C^\\top], [C, 0]]`."""
+    return KKTFactor(P, C, split)

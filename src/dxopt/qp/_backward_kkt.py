@@ -22,9 +22,14 @@ batch at once, the active rows of each sample compressed to the front (padding r
   identity rows), with the exact Gram test (:func:`~dxopt.qp._degenerate.count_dependent_dense`)
   on the samples whose LU pivots look singular.
 
-Sparse problems build the symmetric indefinite :math:`K` in scipy and factor it with SuperLU per
-sample. Samples whose active rows are linearly dependent (LICQ fails, :math:`K` singular) get the
-minimum-norm multiplier adjoint of :mod:`dxopt.qp._degenerate`, the same choice as
+Sparse problems factor :math:`K` per sample (:class:`dxopt.linalg.sparse.KKTFactor`): the
+distinct unit rows of :math:`C = [G_J; A]` (bounds :math:`\\pm x_j \\le h_j`) are eliminated
+exactly and SuperLU factors the rest, :math:`[[P_{FF}, R^\\top], [R, 0]]` on the free
+coordinates :math:`F` and the other rows; the rows of :math:`C` are independent iff those of
+:math:`R` are, so the Gram test for dependent rows
+(:func:`~dxopt.qp._degenerate.count_dependent_sparse`) runs on :math:`R` only. Samples whose
+active rows are linearly dependent (LICQ fails, :math:`K` singular) get the minimum-norm
+multiplier adjoint of :mod:`dxopt.qp._degenerate`, the same choice as
 :class:`~dxopt.qp.PenaltyBackward` makes.
 """
 
@@ -34,11 +39,20 @@ from dataclasses import dataclass
 
 import numpy as np
 import scipy.sparse as sp
+import scipy.sparse.linalg as spla
 import torch
 from torch import Tensor
 
 from dxopt.linalg.schur import SchurFactor, schur_factor
-from dxopt.linalg.sparse import FactorizationError, splu
+from dxopt.linalg.sparse import (
+    FactorizationError,
+    KKTFactor,
+    UnitRows,
+    kkt_factor,
+    splu,
+    take_rows,
+    unit_rows,
+)
 from dxopt.qp._active import ActiveSet, compress_rows, gather_rows
 from dxopt.qp._adjoint import AdjointInput, AdjointSolution, kkt_residual
 from dxopt.qp._backward_base import BackwardBase
@@ -60,6 +74,7 @@ _KKT_TOL = 1e-13
 __all__ = [
     "DenseRows",
     "KKTBackward",
+    "SparseRows",
     "active_rows_sparse",
     "check_residual",
     "dense_rows",
@@ -68,6 +83,8 @@ __all__ = [
     "schur_refine",
     "scipy_matrix",
     "solve_sparse",
+    "sparse_factor",
+    "sparse_rows",
 ]
 
 
@@ -404,61 +421,91 @@ def _solve_dense(data: AdjointInput, used: Tensor) -> tuple[Tensor, Tensor, Tens
 
 def active_rows_sparse(problem: QPProblem, used: Tensor, i: int) -> sp.csr_matrix | None:
     """The stacked active rows :math:`C = [G_J; A]` of sample ``i`` (``None`` if empty)."""
-    cons = []
-    if problem.m:
-        rows = torch.nonzero(used[i]).flatten().numpy()
-        if rows.size:
-            cons.append(scipy_matrix(problem, "G", i)[rows])
-    if problem.p:
-        cons.append(scipy_matrix(problem, "A", i))
-    return sp.vstack(cons, format="csr") if cons else None
+    rows = np.flatnonzero(used[i].numpy()) if problem.m else np.zeros(0, dtype=np.int64)
+    if not rows.size and not problem.p:
+        return None
+    A = scipy_matrix(problem, "A", i) if problem.p else None
+    if not rows.size:
+        return A
+    return take_rows(scipy_matrix(problem, "G", i), rows, A)
+
+
+@dataclass(frozen=True)
+class SparseRows:
+    """Sample ``i`` of a sparse adjoint system, built once per call: ``P`` (CSR), the used
+    inequality rows ``rows`` (ascending), :math:`C = [G_J; A]` (``None`` if empty), its
+    unit-row split (:func:`dxopt.linalg.sparse.unit_rows`) and the number of dependent rows
+    of ``C`` read off that split (:func:`~dxopt.qp._degenerate.count_dependent_sparse`)."""
+
+    P: sp.csr_matrix
+    rows: np.ndarray
+    C: sp.csr_matrix | None
+    split: UnitRows | None
+    dependent: int
+
+    def rhs(self, data: AdjointInput, i: int) -> np.ndarray:
+        """:math:`[\\bar x; \\bar\\nu_J; \\bar\\mu]` of sample ``i``."""
+        return np.concatenate(
+            [data.grad_x[i].numpy(), data.grad_ineq[i].numpy()[self.rows], data.grad_eq[i].numpy()]
+        )
+
+
+def sparse_rows(problem: QPProblem, used: Tensor, i: int) -> SparseRows:
+    """:class:`SparseRows` of sample ``i``."""
+    rows = np.flatnonzero(used[i].numpy()) if problem.m else np.zeros(0, dtype=np.int64)
+    C = active_rows_sparse(problem, used, i)
+    split = None if C is None else unit_rows(C)
+    dependent = 0 if C is None else count_dependent_sparse(C, split)
+    return SparseRows(scipy_matrix(problem, "P", i), rows, C, split, dependent)
+
+
+def sparse_factor(sample: SparseRows, i: int, what: str) -> KKTFactor | spla.SuperLU:
+    """Exact factor of the reduced KKT matrix of an independent sample (unit rows eliminated,
+    :class:`~dxopt.linalg.sparse.KKTFactor`), or :class:`QPBackwardError` naming ``what``."""
+    try:
+        if sample.C is None:
+            return splu(sample.P, what="KKT")
+        return kkt_factor(sample.P, sample.C, sample.split)
+    except (FactorizationError, QPBackwardError) as err:
+        raise QPBackwardError(
+            f"{what}: sparse LU of the reduced KKT matrix failed at batch index {i} ({err}); P "
+            "is singular on the null space of the active rows, so the solution is not "
+            "differentiable."
+        ) from err
 
 
 def dependent_rows_sparse(data: AdjointInput, used: Tensor) -> Tensor:
     """Per-sample number of dependent active rows of a sparse problem (0 for failed ones)."""
     out = torch.zeros(data.x.shape[0], dtype=torch.int64)
     for i in range(data.x.shape[0]):
-        C = active_rows_sparse(data.problem, used, i) if bool(data.ok[i]) else None
-        out[i] = 0 if C is None else count_dependent_sparse(C)
+        if bool(data.ok[i]):
+            out[i] = sparse_rows(data.problem, used, i).dependent
     return out
 
 
 def solve_sparse(data: AdjointInput, used: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Per-sample SuperLU of the reduced KKT matrix (minimum-norm multiplier adjoint where
-    the active rows are dependent); returns ``(u, w_J, w_E, dependent row counts)``."""
+    """Per-sample exact solve of the reduced KKT system (unit rows eliminated, SuperLU of the
+    rest; the minimum-norm multiplier adjoint where the active rows are dependent); returns
+    ``(u, w_J, w_E, dependent row counts)``."""
     problem = data.problem
     S, n, m, p = data.x.shape[0], problem.n, problem.m, problem.p
-    u = torch.zeros(S, n, dtype=torch.float64)
-    w_ineq = torch.zeros(S, m, dtype=torch.float64)
-    w_eq = torch.zeros(S, p, dtype=torch.float64)
+    u, w_ineq, w_eq = np.zeros((S, n)), np.zeros((S, m)), np.zeros((S, p))
     dependent = torch.zeros(S, dtype=torch.int64)
-    for i in range(S):
-        if not bool(data.ok[i]):
-            continue
-        rows = torch.nonzero(used[i]).flatten().numpy() if m else np.zeros(0, dtype=np.int64)
-        P = scipy_matrix(problem, "P", i)
-        rhs = np.concatenate(
-            [data.grad_x[i].numpy(), data.grad_ineq[i].numpy()[rows], data.grad_eq[i].numpy()]
-        )
-        C = active_rows_sparse(problem, used, i)
-        dependent[i] = 0 if C is None else count_dependent_sparse(C)
-        try:
-            if C is not None and int(dependent[i]):
-                z = min_norm_sparse(P, C, rhs)
-            elif C is not None:
-                z = splu(sp.bmat([[P, C.T], [C, None]], format="csc"), what="KKT").solve(rhs)
-            else:
-                z = splu(P, what="KKT").solve(rhs)
-        except (FactorizationError, QPBackwardError) as err:
-            raise QPBackwardError(
-                f"kkt backward: sparse LU of the reduced KKT matrix failed at batch index {i} "
-                f"({err}); P is singular on the null space of the active rows, so the "
-                "solution is not differentiable."
-            ) from err
-        u[i] = torch.from_numpy(z[:n])
-        k = int(rows.size)
-        if k:
-            w_ineq[i, torch.from_numpy(rows)] = torch.from_numpy(z[n : n + k])
-        if p:
-            w_eq[i] = torch.from_numpy(z[n + k :])
-    return u, w_ineq, w_eq, dependent
+    for i in np.flatnonzero(data.ok.numpy()).tolist():
+        sample = sparse_rows(problem, used, i)
+        dependent[i] = sample.dependent
+        rhs = sample.rhs(data, i)
+        if sample.C is not None and sample.dependent:
+            try:
+                z = min_norm_sparse(sample.P, sample.C, rhs)
+            except QPBackwardError as err:
+                raise QPBackwardError(
+                    f"kkt backward: sparse LU of the reduced KKT matrix failed at batch index "
+                    f"{i} ({err}); P is singular on the null space of the active rows, so the "
+                    "solution is not differentiable."
+                ) from err
+        else:
+            z = sparse_factor(sample, i, "kkt backward").solve(rhs)
+        k = sample.rows.size
+        u[i], w_ineq[i, sample.rows], w_eq[i] = z[:n], z[n : n + k], z[n + k :]
+    return torch.from_numpy(u), torch.from_numpy(w_ineq), torch.from_numpy(w_eq), dependent

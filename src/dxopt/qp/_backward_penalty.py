@@ -47,11 +47,16 @@ reduced KKT. Beyond the reference:
   Otherwise (``P`` singular or too ill-conditioned for the refinement to converge, or plain
   dXPP with ``max_refinement=0``) one batched Cholesky of :math:`H`
   (``torch.linalg.cholesky_ex`` on (B, n, n)), with a reported jitter if it fails, and the
-  Gram test for dependent rows. Sparse problems: the equality rows are kept *exactly* in the
-  saddle-point matrix :math:`[[P + G_J^\\top W G_J, A^\\top], [A, 0]]` (the :math:`W_E \\to \\infty`
-  limit), factored by SuperLU with partial pivoting: a dense row such as :math:`1^\\top x = 1`
-  neither fills :math:`H` nor slows the refinement (its penalty curvature would be spread over
-  all :math:`n` entries while only the support feels it).
+  Gram test for dependent rows. Sparse problems, refined: likewise the exact reduced KKT
+  matrix is the preconditioner of the GMRES refinement (bound-like unit rows eliminated
+  exactly, SuperLU of the rest; :class:`~dxopt.qp._penalty_sparse.SparseKKTSolve`), and the
+  dependence of the active rows is read off the same unit-row split. Plain dXPP, or where the
+  rest is larger than the penalty matrix or its factorization fails: the equality rows are
+  kept *exactly* in the saddle-point matrix :math:`[[P + G_J^\\top W G_J, A^\\top], [A, 0]]`
+  (the :math:`W_E \\to \\infty` limit), factored by SuperLU with partial pivoting: a dense
+  row such as :math:`1^\\top x = 1` neither fills :math:`H` nor slows the refinement (its
+  penalty curvature would be spread over all :math:`n` entries while only the support feels
+  it).
 """
 
 from __future__ import annotations
@@ -81,7 +86,7 @@ from dxopt.qp._degenerate import (
     record_degenerate,
     refine_schur,
 )
-from dxopt.qp._penalty_sparse import SparsePenaltySolve, gmres_refine
+from dxopt.qp._penalty_sparse import SparseKKTSolve, SparsePenaltySolve, gmres_refine
 from dxopt.qp._types import BackwardDiagnostics, QPBackwardError
 
 __all__ = ["PenaltyBackward"]
@@ -204,12 +209,22 @@ class PenaltyBackward(BackwardBase):
         problem = data.problem
         if not self.use_sparse(problem):
             return self._dense_adjoint(data, active, diagnostics)
-        dependent = dependent_rows_sparse(data, active.used)
+        # sparse branch (owner: task "sparse"): refined, the exact reduced KKT matrix is the
+        # preconditioner (the refinement's limit does not depend on it); else the penalty one
+        exact = SparseKKTSolve(data, active.used) if self.max_refinement > 0 else None
+        if exact is not None:
+            dependent = exact.dependent
+        else:
+            dependent = dependent_rows_sparse(data, active.used)
         record_degenerate(diagnostics, dependent, "penalty")
         degenerate = dependent > 0
-        beta, W, W_E = self.weights(data, active)
         regular = replace(data, ok=data.ok & ~degenerate)
-        solve = SparsePenaltySolve(regular, active, W, W_E)
+        solve: SparseKKTSolve | SparsePenaltySolve
+        if exact is not None and exact.usable:
+            beta, solve = self._beta(data, active), exact
+        else:
+            beta, W, W_E = self.weights(data, active)
+            solve = SparsePenaltySolve(regular, active, W, W_E)
         diagnostics.linear_solver, diagnostics.jitter = solve.name, 0.0
         u, w_ineq, w_eq, steps = gmres_refine(
             regular, active, solve, tol=self.refine_tol, max_iterations=self.max_refinement

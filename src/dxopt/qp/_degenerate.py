@@ -51,7 +51,7 @@ import scipy.sparse.linalg as spla
 import torch
 from torch import Tensor
 
-from dxopt.linalg.sparse import FactorizationError, splu
+from dxopt.linalg.sparse import FactorizationError, UnitRows, splu, unit_rows
 from dxopt.qp._problem import QPProblem
 from dxopt.qp._types import BackwardDiagnostics, QPBackwardError, QPDegenerateWarning
 
@@ -100,30 +100,54 @@ def count_dependent_dense(C: Tensor) -> Tensor:
     return count
 
 
-def count_dependent_sparse(C: sp.csr_matrix) -> int:
-    """Number of rows of the scipy matrix ``C`` dependent on earlier ones."""
-    norms = np.sqrt(np.asarray(C.multiply(C).sum(1)).ravel())
-    C = sp.diags(1.0 / np.where(norms > 0, norms, 1.0)) @ C
-    k = C.shape[0]
-    if k == 0:
+def count_dependent_sparse(C: sp.csr_matrix, split: UnitRows | None = None) -> int:
+    """Number of rows of the scipy matrix ``C`` dependent on earlier ones (zero rows are not
+    counted).
+
+    The pivots are those of the row-normalised Gram matrix with the distinct unit rows first
+    (the order does not change the count of an exactly dependent set; SuperLU's ordering
+    permutes it anyway): a unit row's pivot is 1, and the pivots of the other rows are those of
+    the Gram matrix of their normalised rows restricted to the columns no unit row covers
+    (the unit rows span exactly their columns; :mod:`dxopt.linalg.sparse`). So only that
+    restriction is factored; ``split`` is :func:`~dxopt.linalg.sparse.unit_rows` of ``C``
+    when the caller has it.
+    """
+    C = sp.csr_matrix(C)
+    if C.shape[0] == 0:
         return 0
-    gram = (C @ C.T).tocsc() + sp.diags(np.where(norms > 0, 1e-14, 1.0))
+    s = unit_rows(C) if split is None else split
+    if s.other.size == 0:
+        return 0
+    norms = s.norms[s.other]
+    nonzero = norms > 0
+    R = s.R.copy()
+    R.data /= np.repeat(np.where(nonzero, norms, 1.0), np.diff(R.indptr))
+    return _count_gram(R, nonzero)
+
+
+def _count_gram(Cn: sp.csr_matrix, nonzero: np.ndarray) -> int:
+    """Rows of the (already normalised, possibly restricted) ``Cn`` whose Gram pivot, the
+    squared distance to the span of the rows before them, is below ``DEPENDENT_TOL``."""
+    k = Cn.shape[0]
+    shift = np.where(nonzero, 1e-14, 1.0)
     if k <= _DENSE_GRAM:
+        gram = (Cn @ Cn.T).toarray()
+        gram[np.diag_indices(k)] += shift
         try:
-            pivots = np.diag(np.linalg.cholesky(gram.toarray())) ** 2
+            pivots = np.diag(np.linalg.cholesky(gram)) ** 2
         except np.linalg.LinAlgError:
-            dense = C.toarray()
-            return int((norms > 0).sum()) - int(np.linalg.matrix_rank(dense, rtol=1e-8))
+            rank = int(np.linalg.matrix_rank(Cn.toarray(), rtol=1e-8)) if Cn.shape[1] else 0
+            return int(nonzero.sum()) - rank
     else:
         # symmetric mode with diagonal pivots: the pivots are those of the Cholesky factor
         lu = spla.splu(
-            gram,
+            (Cn @ Cn.T).tocsc() + sp.diags(shift, format="csc"),
             permc_spec="COLAMD",  # MMD orderings take seconds on arrow-shaped Grams (1ᵀx = b rows)
             diag_pivot_thresh=0.0,
             options={"SymmetricMode": True},
         )
         pivots = np.abs(lu.U.diagonal())
-    return int(((pivots < DEPENDENT_TOL) & (norms > 0)).sum())
+    return int(((pivots < DEPENDENT_TOL) & nonzero).sum())
 
 
 def refine_schur(
@@ -549,18 +573,45 @@ def complete_basis(
 
 
 def _parallel_groups_sparse(Cn: sp.csr_matrix) -> int:
-    """:func:`_parallel_groups` for a sparse row-normalised matrix."""
-    Cn = sp.csr_matrix(Cn)
-    Cn.sort_indices()
-    keys = set()
-    for i in range(Cn.shape[0]):
-        lo, hi = Cn.indptr[i], Cn.indptr[i + 1]
-        val = Cn.data[lo:hi]
-        nz = val != 0
-        idx, val = Cn.indices[lo:hi][nz], val[nz]
-        sign = np.sign(val[np.argmax(np.abs(val))]) if val.size else 1.0
-        keys.add((tuple(idx.tolist()), tuple((np.round(val * sign, 9) + 0.0).tolist())))
-    return len(keys)
+    """:func:`_parallel_groups` for a sparse row-normalised matrix, without a loop over rows:
+    each row, signed so that its largest entry (the first on ties) is positive and rounded to
+    9 decimals, is hashed (two sums of mixed (column, value) pairs); rows with equal hashes are
+    then compared entry by entry with one row of their group, and only a hash collision (a
+    mismatch) falls back to an exact set of row tuples."""
+    C = sp.csr_matrix(Cn, copy=True)
+    C.eliminate_zeros()
+    C.sort_indices()
+    k = C.shape[0]
+    counts = np.diff(C.indptr)
+    row_of = np.repeat(np.arange(k), counts)
+    starts = C.indptr[:-1][counts > 0]
+    order = np.lexsort((-np.abs(C.data), row_of))  # stable: per row, largest |value| first
+    sign = np.ones(k)
+    sign[counts > 0] = np.sign(C.data[order[starts]])
+    vals = np.round(C.data * sign[row_of], 9) + 0.0  # + 0.0: no negative zeros
+    mix = C.indices.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15) ^ vals.view(np.uint64)
+    h1, h2 = np.zeros(k, dtype=np.uint64), np.zeros(k, dtype=np.uint64)
+    if starts.size:  # modular uint64 sums (wrap-around is intended)
+        h1[counts > 0] = np.add.reduceat(mix * np.uint64(0xBF58476D1CE4E5B9), starts)
+        h2[counts > 0] = np.add.reduceat((mix ^ (mix >> np.uint64(31))) * np.uint64(3), starts)
+    by_key = np.lexsort((h2, h1, counts))
+    new = np.ones(k, dtype=bool)
+    new[1:] = (np.diff(counts[by_key]) != 0) | (np.diff(h1[by_key]) != 0)
+    new[1:] |= np.diff(h2[by_key]) != 0
+    group = np.empty(k, dtype=np.int64)
+    group[by_key] = np.cumsum(new) - 1
+    first = by_key[new]  # one row of each group
+    rep = first[group][row_of]  # the group's row, per entry
+    pos = np.arange(row_of.size)
+    rpos = C.indptr[rep] + pos - C.indptr[row_of]
+    if bool(((C.indices != C.indices[rpos]) | (vals != vals[rpos])).any()):
+        return len(
+            {
+                (tuple(C.indices[lo:hi].tolist()), tuple(vals[lo:hi].tolist()))
+                for lo, hi in zip(C.indptr[:-1], C.indptr[1:])
+            }
+        )
+    return int(first.size)
 
 
 def _parallel_groups(Cn: np.ndarray) -> int:

@@ -9,6 +9,15 @@ at n = 1e5, 1/1.5 at n = 1e6). The error lives in a handful of directions, so th
 preconditioner inside right-preconditioned restarted GMRES (Saad & Schultz, 1986) removes it in
 a few iterations. The true residual is recomputed at the end of every cycle and reported; the
 caller refuses the gradient if it is above ``max_residual``.
+
+With refinement (``max_refinement > 0``) the refinement converges to the exact reduced-KKT
+adjoint whatever the preconditioner, so, as on the dense path, the regularisation
+:math:`W^{-1}` is taken to 0: :class:`SparseKKTSolve` factors the exact reduced KKT matrix
+(distinct unit rows such as bounds eliminated exactly, :class:`dxopt.linalg.sparse.KKTFactor`,
+SuperLU of the rest), and GMRES stops after the first solve unless its residual is above the
+tolerance. The same unit-row split gives the dependent-row count. Where the reduced matrix is
+larger than the penalty matrix (few unit rows) or its factorization fails,
+:class:`SparsePenaltySolve` (the penalty matrix above) is the preconditioner.
 """
 
 from __future__ import annotations
@@ -21,13 +30,13 @@ import scipy.sparse.linalg as spla
 import torch
 from torch import Tensor
 
-from dxopt.linalg.sparse import FactorizationError, splu
+from dxopt.linalg.sparse import FactorizationError, KKTFactor, splu
 from dxopt.qp._active import ActiveSet
 from dxopt.qp._adjoint import AdjointInput, kkt_apply
-from dxopt.qp._backward_kkt import scipy_matrix
+from dxopt.qp._backward_kkt import scipy_matrix, sparse_factor, sparse_rows
 from dxopt.qp._types import QPBackwardError
 
-__all__ = ["SparsePenaltySolve", "gmres_refine"]
+__all__ = ["SparseKKTSolve", "SparsePenaltySolve", "gmres_refine"]
 
 _RESTART = 20
 
@@ -84,6 +93,57 @@ class SparsePenaltySolve:
                 dwe[i] = torch.from_numpy(z[n:])
         dw = self.W * (problem.mv("G", du) - r2) if problem.G is not None else r2
         return du, dw, dwe
+
+
+class SparseKKTSolve:
+    """:math:`K^{-1}` per sample for the exact reduced KKT matrix
+    :math:`K = [[P, G_J^\\top, A^\\top], [G_J, 0, 0], [A, 0, 0]]` (module docstring).
+
+    ``dependent`` (S,) counts the dependent active rows of every solved sample; samples with
+    dependent rows and failed samples get no factor (their solve returns zeros). ``usable``
+    is False (and nothing is factored) when for some sample the reduced matrix left after the
+    unit rows is larger than the penalty matrix (``n + p`` square: few unit rows, many other
+    active rows, as on chains of difference constraints) or its factorization fails; the
+    caller then uses :class:`SparsePenaltySolve`."""
+
+    name = "splu+gmres"
+
+    def __init__(self, data: AdjointInput, used: Tensor) -> None:
+        problem = data.problem
+        S = data.x.shape[0]
+        self.problem = problem
+        self.dependent = torch.zeros(S, dtype=torch.int64)
+        self.factors: list[tuple[KKTFactor | spla.SuperLU, np.ndarray] | None] = [None] * S
+        samples = {}
+        for i in np.flatnonzero(data.ok.numpy()).tolist():
+            sample = sparse_rows(problem, used, i)
+            self.dependent[i] = sample.dependent
+            if not sample.dependent:
+                samples[i] = sample
+        self.usable = all(
+            s.split is None or s.split.free.size + s.split.other.size <= problem.n + problem.p
+            for s in samples.values()
+        )
+        if not self.usable:
+            return
+        try:
+            for i, sample in samples.items():
+                self.factors[i] = (sparse_factor(sample, i, "penalty backward"), sample.rows)
+        except QPBackwardError:
+            self.usable = False
+            self.factors = [None] * S
+
+    def __call__(self, r1: Tensor, r2: Tensor, r3: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        n = self.problem.n
+        a, b, c = r1.numpy(), r2.numpy(), r3.numpy()
+        du, dw, dwe = np.zeros(a.shape), np.zeros(b.shape), np.zeros(c.shape)
+        for i, entry in enumerate(self.factors):
+            if entry is None:
+                continue
+            factor, rows = entry
+            z = factor.solve(np.concatenate([a[i], b[i, rows], c[i]]))
+            du[i], dw[i, rows], dwe[i] = z[:n], z[n : n + rows.size], z[n + rows.size :]
+        return torch.from_numpy(du), torch.from_numpy(dw), torch.from_numpy(dwe)
 
 
 def gmres_refine(
