@@ -275,3 +275,74 @@ def test_refinement_never_returns_a_worse_iterate_than_the_first_solve() -> None
         if previous is not None:
             assert bool((residual <= previous).all()), (steps, residual, previous)
         previous = residual
+
+
+def _partition_cost(groups: list[list[int]], counts: list[int], n: int, p: int, fixed: float) -> float:
+    """The cost model of ``active_groups`` for an explicit partition (reference)."""
+    total = 0.0
+    for group in groups:
+        k = max(counts[i] for i in group) + p
+        total += len(group) * (n * n * k + 2.0 * n * k * k + k**3 / 3.0) + fixed
+    return total
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_active_groups_minimise_the_estimated_cost_over_every_split(seed: int) -> None:
+    """``active_groups`` against an exhaustive search over every split of the sorted samples
+    into one to three groups (the exact minimum of the documented cost model)."""
+    from dxopt.qp import _backward_kkt as bk
+
+    gen = torch.Generator().manual_seed(seed)
+    S, n, p = 40, 30, 7
+    counts = torch.randint(0, 25, (S,), generator=gen)
+    if seed % 3 == 0:
+        counts[: S // 2] = 3  # a big block of equal counts
+    c = counts.tolist()
+    order = sorted(range(S), key=lambda i: c[i])
+    best = _partition_cost([order], c, n, p, bk._GROUP_COST)
+    for a in range(1, S):
+        best = min(best, _partition_cost([order[:a], order[a:]], c, n, p, bk._GROUP_COST))
+        for b in range(a + 1, S):
+            split = [order[:a], order[a:b], order[b:]]
+            best = min(best, _partition_cost(split, c, n, p, bk._GROUP_COST))
+    groups = bk.active_groups(counts.numpy(), n, p)
+    if groups == [None]:
+        chosen = [list(range(S))]
+    else:
+        chosen = [g.tolist() for g in groups]  # type: ignore[union-attr]
+        assert sorted(i for g in chosen for i in g) == list(range(S))  # a partition
+        assert all(g == sorted(g) for g in chosen)
+    assert _partition_cost(chosen, c, n, p, bk._GROUP_COST) == pytest.approx(best, rel=1e-12)
+
+
+@pytest.mark.parametrize("backward", ["penalty", "kkt"])
+@pytest.mark.parametrize("variant", ["plain", "scaled_1e-8"])
+def test_grouped_batch_equals_one_group_and_the_reference(
+    backward: str, variant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch split by active count (forced: no fixed group cost) gives the gradients of
+    the unsplit batch and of the exact reduced-KKT reference, sample by sample."""
+    from dxopt.qp import _backward_kkt as bk
+
+    actives = (0, 9, 1, 10, 2, 8)
+    problems = [
+        complementary_qp(14, m=11, p=2, n_active=a, seed=60 + i) for i, a in enumerate(actives)
+    ]
+    if variant != "plain":
+        problems = [_scaled_rows(p, 1e-8) for p in problems]
+    data = stack(problems)
+    grad_x = torch.randn(6, 14, generator=torch.Generator().manual_seed(7), dtype=F64)
+    monkeypatch.setattr(bk, "_GROUP_COST", 0.0)
+    groups = bk.active_groups(torch.tensor(actives).numpy(), 14, 2)
+    assert len(groups) == 3 and sorted(int(i) for g in groups for i in g) == list(range(6))  # type: ignore[union-attr]
+    split, sol = _grads(data, backward, grad_x)
+    diag = sol.info.backward
+    assert diag.linear_solver == "schur" and diag.residual <= 1e-12
+    assert diag.n_active == actives
+    for i, prob in enumerate(problems):
+        ref = _reference(prob, sol, i, grad_x[i])
+        for name, expected in ref.items():
+            assert relative_error(split[name][i], expected) <= 1e-10, (i, name)
+    monkeypatch.setattr(bk, "active_groups", lambda counts, n, p: [None])
+    whole, _ = _grads(data, backward, grad_x)
+    _assert_same(split, whole, 1e-12)
