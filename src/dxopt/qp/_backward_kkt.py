@@ -231,11 +231,11 @@ def active_groups(counts: np.ndarray, n: int, p: int) -> list[np.ndarray | None]
     S = counts.shape[0]
     if S < 2:
         return [None]
-    order = np.argsort(counts, kind="stable")
-    values, ends = np.unique(counts[order], return_index=True)
-    ends = np.append(ends[1:], S)  # sorted position after the last sample of each value
+    hist = np.bincount(counts)
+    values = np.flatnonzero(hist)  # the distinct counts, ascending
     if values.size < 2:
         return [None]
+    ends = np.cumsum(hist)[values]  # sorted position after the last sample of each value
     k = values.astype(np.float64) + p
     f = n * n * k + 2.0 * n * k * k + k**3 / 3.0  # per sample, padded to each value
     e = ends.astype(np.float64)
@@ -258,6 +258,7 @@ def active_groups(counts: np.ndarray, n: int, p: int) -> list[np.ndarray | None]
     else:
         i, j = np.unravel_index(int(three.argmin()), three.shape)
         cuts = [int(ends[i]), int(ends[j])]
+    order = np.argsort(counts, kind="stable")
     return [np.sort(g) for g in np.split(order, cuts)]
 
 
