@@ -290,10 +290,11 @@ class DenseRows:
 
 def dense_rows(data: AdjointInput, used: Tensor, *, samples: np.ndarray | None = None) -> DenseRows:
     """Assemble :class:`DenseRows` for the batch, or for the batch indices ``samples`` only
-    (failed samples get zero rows and the identity ``P``); numpy on the float64 data (few,
-    cheap operations for small problems)."""
+    (failed samples get zero rows and the identity ``P``); numpy on the float64 data, rows
+    gathered by flat row indices and ``np.take`` (numpy's indexing with two index arrays
+    measured about 4x slower)."""
     problem = data.problem
-    n = problem.n
+    n, m, p = problem.n, problem.m, problem.p
     ok, used_np = data.ok.numpy(), used.numpy()
     grad_ineq, grad_eq = data.grad_ineq.numpy(), data.grad_eq.numpy()
     if samples is not None:
@@ -304,32 +305,35 @@ def dense_rows(data: AdjointInput, used: Tensor, *, samples: np.ndarray | None =
     k = int(used_np.sum(-1).max()) if used_np.size else 0
     index = np.argsort(~used_np, axis=-1, kind="stable")[:, :k]
     sample = np.arange(S)[:, None]
-    source = sample if samples is None else samples[:, None]  # rows of batched parameters
     mask = used_np[sample, index]
     if not all_ok:
         mask = mask & ok[:, None]
-    blocks: list[np.ndarray] = []
-    rhs: list[np.ndarray] = []
+    k_rows = k if problem.G is not None else 0
+    p_rows = p if problem.A is not None else 0
+    C = np.empty((S, k_rows + p_rows, n))
+    rhs2 = np.empty((S, k_rows + p_rows))
     if problem.G is not None:
         G = _dense_array(problem, "G")
-        GJ = G[index] if G.ndim == 2 else G[source, index]
-        blocks.append(GJ * mask[:, :, None])
-        rhs.append(grad_ineq[sample, index] * mask)
+        if G.ndim == 2:
+            flat = index.ravel()
+        else:
+            source = np.arange(S) if samples is None else samples
+            flat = (source[:, None] * m + index).ravel()
+        C[:, :k] = G.reshape(-1, n)[flat].reshape(S, k, n)
+        C[:, :k][~mask] = 0.0  # padding rows (and failed samples)
+        rhs2[:, :k] = np.where(mask, grad_ineq[sample, index], 0.0)
     if problem.A is not None:
         A = _dense_array(problem, "A")
         if A.ndim == 3 and samples is not None:
-            A = A[samples]
-        A = np.broadcast_to(A, (S, *A.shape)) if A.ndim == 2 else A
+            np.take(A, samples, axis=0, out=C[:, k_rows:])
+        else:
+            C[:, k_rows:] = A
         if not all_ok:
-            A = A * ok[:, None, None]
-        blocks.append(A)
-        rhs.append(grad_eq)
-    C = np.concatenate(blocks, 1) if len(blocks) > 1 else blocks[0] if blocks else None
-    C = np.zeros((S, 0, n)) if C is None else np.ascontiguousarray(C)
-    rhs2 = np.concatenate(rhs, 1) if rhs else np.zeros((S, 0))
+            C[~ok, k_rows:] = 0.0
+        rhs2[:, k_rows:] = grad_eq
     P = _dense_array(problem, "P")
     if P.ndim == 3 and samples is not None:
-        P = P[samples]
+        P = np.take(P, samples, axis=0)
     if P.ndim == 3 and not all_ok:
         P = np.where(ok[:, None, None], P, np.eye(n))
     return DenseRows(
