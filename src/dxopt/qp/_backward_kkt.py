@@ -193,8 +193,10 @@ def regular_dense_adjoint(
     groups = active_groups(counts, problem.n, problem.p) if counts is not None else [None]
     parts = []
     for samples in groups:
-        ok = data.ok if samples is None else data.ok[samples]
-        grad_x = data.grad_x if samples is None else data.grad_x[samples]
+        ok, grad_x = data.ok, data.grad_x
+        if samples is not None:
+            ok = torch.from_numpy(ok.numpy()[samples])
+            grad_x = torch.from_numpy(grad_x.numpy()[samples])
         rows = dense_rows(data, active.used, samples=samples)
         factor = schur_factor(rows.P, rows.C)
         if factor is None:
