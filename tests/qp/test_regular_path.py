@@ -277,7 +277,9 @@ def test_refinement_never_returns_a_worse_iterate_than_the_first_solve() -> None
         previous = residual
 
 
-def _partition_cost(groups: list[list[int]], counts: list[int], n: int, p: int, fixed: float) -> float:
+def _partition_cost(
+    groups: list[list[int]], counts: list[int], n: int, p: int, fixed: float
+) -> float:
     """The cost model of ``active_groups`` for an explicit partition (reference)."""
     total = 0.0
     for group in groups:

@@ -211,7 +211,12 @@ def regular_dense_adjoint(
     if len(parts) == 1:
         return parts[0][1:]
     S = data.x.shape[0]
-    out = [np.zeros((S, problem.n)), np.zeros((S, problem.m)), np.zeros((S, problem.p)), np.zeros(S)]
+    out = [
+        np.zeros((S, problem.n)),
+        np.zeros((S, problem.m)),
+        np.zeros((S, problem.p)),
+        np.zeros(S),
+    ]
     for samples, *arrays, _ in parts:
         for dest, a in zip(out, arrays):
             dest[samples] = a.numpy()
