@@ -348,3 +348,59 @@ def test_grouped_batch_equals_one_group_and_the_reference(
     monkeypatch.setattr(bk, "active_groups", lambda counts, n, p: [None])
     whole, _ = _grads(data, backward, grad_x)
     _assert_same(split, whole, 1e-12)
+
+
+def _shared_batch(actives: tuple[int, ...], n: int, m: int, p: int) -> tuple[QPData, list]:
+    """One ``P``, ``G``, ``A`` (2-D, shared) and per-sample ``q``, ``h``, ``b`` built from
+    chosen solutions, active sets and positive multipliers (so each sample's KKT point is
+    known and strictly complementary); returns the batch and the per-sample problems."""
+    gen = torch.Generator().manual_seed(31)
+    M = torch.randn(n, n, generator=gen, dtype=F64)
+    P = M @ M.T + n * torch.eye(n, dtype=F64)
+    G = torch.randn(m, n, generator=gen, dtype=F64)
+    A = torch.randn(p, n, generator=gen, dtype=F64)
+    samples = []
+    for count in actives:
+        x = torch.randn(n, generator=gen, dtype=F64)
+        active = torch.zeros(m, dtype=torch.bool)
+        active[torch.randperm(m, generator=gen)[:count]] = True
+        nu = torch.where(active, 0.5 + torch.rand(m, generator=gen, dtype=F64), 0.0)
+        mu = torch.randn(p, generator=gen, dtype=F64)
+        q = -(P @ x + G.T @ nu + A.T @ mu)
+        h = G @ x + torch.where(active, 0.0, 0.5 + torch.rand(m, generator=gen, dtype=F64))
+        samples.append(QPData(P, q, A, A @ x, G, h, x, mu, nu, active))
+    batch = QPData(
+        P, torch.stack([s.q for s in samples]), A, torch.stack([s.b for s in samples]),  # type: ignore[misc]
+        G, torch.stack([s.h for s in samples]),  # type: ignore[misc]
+    )  # fmt: skip
+    return batch, samples
+
+
+@pytest.mark.parametrize("backward", ["penalty", "kkt"])
+def test_grouped_batch_with_shared_matrices_equals_one_group_and_the_reference(
+    backward: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``P``, ``G``, ``A`` shared by the batch (2-D) and the batch split by active count:
+    the per-sample gradients of ``q``, ``h``, ``b`` and the batch-summed gradients of the
+    shared matrices equal the exact reduced-KKT reference and the unsplit batch."""
+    from dxopt.qp import _backward_kkt as bk
+
+    actives = (1, 7, 0, 8, 2, 6)
+    data, problems = _shared_batch(actives, 12, 10, 2)
+    grad_x = torch.randn(6, 12, generator=torch.Generator().manual_seed(8), dtype=F64)
+    monkeypatch.setattr(bk, "_GROUP_COST", 0.0)
+    assert len(bk.active_groups(torch.tensor(actives).numpy(), 12, 2)) == 3
+    split, sol = _grads(data, backward, grad_x)
+    diag = sol.info.backward
+    assert diag.linear_solver == "schur" and diag.residual <= 1e-12
+    assert diag.n_active == actives
+    refs = [_reference(prob, sol, i, grad_x[i]) for i, prob in enumerate(problems)]
+    for name in ("q", "h", "b"):
+        for i, ref in enumerate(refs):
+            assert relative_error(split[name][i], ref[name]) <= 1e-10, (i, name)
+    for name in ("P", "G", "A"):
+        total = torch.stack([ref[name] for ref in refs]).sum(0)
+        assert relative_error(split[name], total) <= 1e-10, name
+    monkeypatch.setattr(bk, "active_groups", lambda counts, n, p: [None])
+    whole, _ = _grads(data, backward, grad_x)
+    _assert_same(split, whole, 1e-12)
