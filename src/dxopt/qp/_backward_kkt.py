@@ -15,9 +15,10 @@ batch at once, the active rows of each sample compressed to the front (padding r
   the Schur complement's Cholesky (scale-invariant squared pivots, :mod:`dxopt.linalg.schur`),
   so no separate Gram test runs. When every solved sample is regular this way (no dependent
   row, refined residual within ``max_residual``), :func:`regular_dense_adjoint` returns the
-  adjoint straight away, before any degenerate policy (the common case: one batched
-  factorization, no per-sample work; the system is assembled and refined in numpy, and a
-  single small system is factored by LAPACK directly).
+  adjoint straight away, before any degenerate policy (the common case: batched
+  factorizations of up to three groups of samples with similar active counts, so little
+  padding is factored, :func:`active_groups`; no per-sample work; the system is assembled and
+  refined in numpy, and a single small system is factored by LAPACK directly).
 - otherwise one batched LU of :math:`K` (``torch.linalg.lu_factor_ex``; inactive rows replaced by
   identity rows), with the exact Gram test (:func:`~dxopt.qp._degenerate.count_dependent_dense`)
   on the samples whose LU pivots look singular.
@@ -60,6 +61,7 @@ _KKT_TOL = 1e-13
 __all__ = [
     "DenseRows",
     "KKTBackward",
+    "active_groups",
     "active_rows_sparse",
     "check_residual",
     "dense_rows",
