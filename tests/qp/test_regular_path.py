@@ -404,3 +404,52 @@ def test_grouped_batch_with_shared_matrices_equals_one_group_and_the_reference(
     monkeypatch.setattr(bk, "active_groups", lambda counts, n, p: [None])
     whole, _ = _grads(data, backward, grad_x)
     _assert_same(split, whole, 1e-12)
+
+
+def test_grouped_regular_adjoint_with_a_failed_sample_equals_one_group(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``regular_dense_adjoint`` split into groups (forced) with a failed sample inside (zero
+    cotangents, identity ``P`` and zero rows for it): the same adjoint as the unsplit batch,
+    zero on the failed sample, and the exact reduced-KKT solution on the others."""
+    from dxopt.qp import _backward_kkt as bk
+    from dxopt.qp._active import identify_active
+    from dxopt.qp._adjoint import AdjointInput, kkt_residual
+    from dxopt.qp._problem import canonical_problem
+
+    actives = (0, 9, 1, 10, 2, 8)
+    problems = [
+        complementary_qp(14, m=11, p=2, n_active=a, seed=80 + i) for i, a in enumerate(actives)
+    ]
+    data = stack(problems)
+    problem = canonical_problem(*data.args())
+    S = len(actives)
+    ok = torch.ones(S, dtype=torch.bool)
+    ok[3] = False
+    gen = torch.Generator().manual_seed(4)
+    grad_x = torch.randn(S, 14, generator=gen, dtype=F64) * ok[:, None]
+    grad_ineq = torch.randn(S, 11, generator=gen, dtype=F64) * ok[:, None]
+    grad_eq = torch.randn(S, 2, generator=gen, dtype=F64) * ok[:, None]
+    adj_in = AdjointInput(
+        problem=problem, x=data.x * ok[:, None], eq_duals=data.eq_duals,  # type: ignore[operator,arg-type]
+        ineq_duals=data.ineq_duals, grad_x=grad_x, grad_eq=grad_eq,  # type: ignore[arg-type]
+        grad_ineq=grad_ineq, ok=ok, active=data.active,
+    )  # fmt: skip
+    active = identify_active(
+        problem, adj_in.x, adj_in.eq_duals, adj_in.ineq_duals, active_tol=None,
+        weak_policy="inactive", forward_active=adj_in.active,
+    )  # fmt: skip
+    monkeypatch.setattr(bk, "_GROUP_COST", 0.0)
+    counts = (active.used.sum(-1) * ok).numpy()
+    assert len(bk.active_groups(counts, 14, 2)) >= 2
+    split = bk.regular_dense_adjoint(adj_in, active, max_steps=5, tol=1e-13, max_residual=1e-8)
+    monkeypatch.setattr(bk, "active_groups", lambda counts, n, p: [None])
+    whole = bk.regular_dense_adjoint(adj_in, active, max_steps=5, tol=1e-13, max_residual=1e-8)
+    assert split is not None and whole is not None
+    for a, b in zip(split[:3], whole[:3]):
+        assert relative_error(a, b) <= 1e-12
+        assert bool((a[3] == 0).all())
+    u, w_ineq, w_eq, residual, _ = split
+    assert float(residual.max()) <= 1e-13
+    *_, exact = kkt_residual(adj_in, active, u, w_ineq, w_eq)  # against K itself
+    assert float(exact.max()) <= 1e-13
