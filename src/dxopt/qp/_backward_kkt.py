@@ -240,13 +240,19 @@ def active_groups(counts: np.ndarray, n: int, p: int) -> list[np.ndarray | None]
     S = counts.shape[0]
     if S < 2:
         return [None]
+
+    def flops(k: np.ndarray) -> np.ndarray:
+        return n * n * k + 2.0 * n * k * k + k**3 / 3.0
+
+    low, high = flops(np.array([counts.min(), counts.max()], dtype=np.float64) + p)
+    if S * (high - low) <= _GROUP_COST:  # no split can save more than it costs
+        return [None]
     hist = np.bincount(counts)
     values = np.flatnonzero(hist)  # the distinct counts, ascending
     if values.size < 2:
         return [None]
     ends = np.cumsum(hist)[values]  # sorted position after the last sample of each value
-    k = values.astype(np.float64) + p
-    f = n * n * k + 2.0 * n * k * k + k**3 / 3.0  # per sample, padded to each value
+    f = flops(values.astype(np.float64) + p)  # per sample, padded to each value
     e = ends.astype(np.float64)
     whole = S * f[-1] + _GROUP_COST
     # two groups: the first ends after value i (i < d - 1)
