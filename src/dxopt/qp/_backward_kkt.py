@@ -61,7 +61,6 @@ _KKT_TOL = 1e-13
 __all__ = [
     "DenseRows",
     "KKTBackward",
-    "active_groups",
     "active_rows_sparse",
     "check_residual",
     "dense_rows",
