@@ -275,3 +275,181 @@ def test_refinement_never_returns_a_worse_iterate_than_the_first_solve() -> None
         if previous is not None:
             assert bool((residual <= previous).all()), (steps, residual, previous)
         previous = residual
+
+
+def _partition_cost(
+    groups: list[list[int]], counts: list[int], n: int, p: int, fixed: float
+) -> float:
+    """The cost model of ``active_groups`` for an explicit partition (reference)."""
+    total = 0.0
+    for group in groups:
+        k = max(counts[i] for i in group) + p
+        total += len(group) * (n * n * k + 2.0 * n * k * k + k**3 / 3.0) + fixed
+    return total
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_active_groups_minimise_the_estimated_cost_over_every_split(seed: int) -> None:
+    """``active_groups`` against an exhaustive search over every split of the sorted samples
+    into one to three groups (the exact minimum of the documented cost model)."""
+    from dxopt.qp import _backward_kkt as bk
+
+    gen = torch.Generator().manual_seed(seed)
+    S, n, p = 40, 30, 7
+    counts = torch.randint(0, 25, (S,), generator=gen)
+    if seed % 3 == 0:
+        counts[: S // 2] = 3  # a big block of equal counts
+    c = counts.tolist()
+    order = sorted(range(S), key=lambda i: c[i])
+    best = _partition_cost([order], c, n, p, bk._GROUP_COST)
+    for a in range(1, S):
+        best = min(best, _partition_cost([order[:a], order[a:]], c, n, p, bk._GROUP_COST))
+        for b in range(a + 1, S):
+            split = [order[:a], order[a:b], order[b:]]
+            best = min(best, _partition_cost(split, c, n, p, bk._GROUP_COST))
+    groups = bk.active_groups(counts.numpy(), n, p)
+    if groups == [None]:
+        chosen = [list(range(S))]
+    else:
+        chosen = [g.tolist() for g in groups]  # type: ignore[union-attr]
+        assert sorted(i for g in chosen for i in g) == list(range(S))  # a partition
+        assert all(g == sorted(g) for g in chosen)
+    assert _partition_cost(chosen, c, n, p, bk._GROUP_COST) == pytest.approx(best, rel=1e-12)
+
+
+@pytest.mark.parametrize("backward", ["penalty", "kkt"])
+@pytest.mark.parametrize("variant", ["plain", "scaled_1e-8"])
+def test_grouped_batch_equals_one_group_and_the_reference(
+    backward: str, variant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch split by active count (forced: no fixed group cost) gives the gradients of
+    the unsplit batch and of the exact reduced-KKT reference, sample by sample."""
+    from dxopt.qp import _backward_kkt as bk
+
+    actives = (0, 9, 1, 10, 2, 8)
+    problems = [
+        complementary_qp(14, m=11, p=2, n_active=a, seed=60 + i) for i, a in enumerate(actives)
+    ]
+    if variant != "plain":
+        problems = [_scaled_rows(p, 1e-8) for p in problems]
+    data = stack(problems)
+    grad_x = torch.randn(6, 14, generator=torch.Generator().manual_seed(7), dtype=F64)
+    monkeypatch.setattr(bk, "_GROUP_COST", 0.0)
+    groups = bk.active_groups(torch.tensor(actives).numpy(), 14, 2)
+    assert len(groups) == 3 and sorted(int(i) for g in groups for i in g) == list(range(6))  # type: ignore[union-attr]
+    split, sol = _grads(data, backward, grad_x)
+    diag = sol.info.backward
+    assert diag.linear_solver == "schur" and diag.residual <= 1e-12
+    assert diag.n_active == actives
+    for i, prob in enumerate(problems):
+        ref = _reference(prob, sol, i, grad_x[i])
+        for name, expected in ref.items():
+            assert relative_error(split[name][i], expected) <= 1e-10, (i, name)
+    monkeypatch.setattr(bk, "active_groups", lambda counts, n, p: [None])
+    whole, _ = _grads(data, backward, grad_x)
+    _assert_same(split, whole, 1e-12)
+
+
+def _shared_batch(actives: tuple[int, ...], n: int, m: int, p: int) -> tuple[QPData, list]:
+    """One ``P``, ``G``, ``A`` (2-D, shared) and per-sample ``q``, ``h``, ``b`` built from
+    chosen solutions, active sets and positive multipliers (so each sample's KKT point is
+    known and strictly complementary); returns the batch and the per-sample problems."""
+    gen = torch.Generator().manual_seed(31)
+    M = torch.randn(n, n, generator=gen, dtype=F64)
+    P = M @ M.T + n * torch.eye(n, dtype=F64)
+    G = torch.randn(m, n, generator=gen, dtype=F64)
+    A = torch.randn(p, n, generator=gen, dtype=F64)
+    samples = []
+    for count in actives:
+        x = torch.randn(n, generator=gen, dtype=F64)
+        active = torch.zeros(m, dtype=torch.bool)
+        active[torch.randperm(m, generator=gen)[:count]] = True
+        nu = torch.where(active, 0.5 + torch.rand(m, generator=gen, dtype=F64), 0.0)
+        mu = torch.randn(p, generator=gen, dtype=F64)
+        q = -(P @ x + G.T @ nu + A.T @ mu)
+        h = G @ x + torch.where(active, 0.0, 0.5 + torch.rand(m, generator=gen, dtype=F64))
+        samples.append(QPData(P, q, A, A @ x, G, h, x, mu, nu, active))
+    batch = QPData(
+        P, torch.stack([s.q for s in samples]), A, torch.stack([s.b for s in samples]),  # type: ignore[misc]
+        G, torch.stack([s.h for s in samples]),  # type: ignore[misc]
+    )  # fmt: skip
+    return batch, samples
+
+
+@pytest.mark.parametrize("backward", ["penalty", "kkt"])
+def test_grouped_batch_with_shared_matrices_equals_one_group_and_the_reference(
+    backward: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``P``, ``G``, ``A`` shared by the batch (2-D) and the batch split by active count:
+    the per-sample gradients of ``q``, ``h``, ``b`` and the batch-summed gradients of the
+    shared matrices equal the exact reduced-KKT reference and the unsplit batch."""
+    from dxopt.qp import _backward_kkt as bk
+
+    actives = (1, 7, 0, 8, 2, 6)
+    data, problems = _shared_batch(actives, 12, 10, 2)
+    grad_x = torch.randn(6, 12, generator=torch.Generator().manual_seed(8), dtype=F64)
+    monkeypatch.setattr(bk, "_GROUP_COST", 0.0)
+    assert len(bk.active_groups(torch.tensor(actives).numpy(), 12, 2)) == 3
+    split, sol = _grads(data, backward, grad_x)
+    diag = sol.info.backward
+    assert diag.linear_solver == "schur" and diag.residual <= 1e-12
+    assert diag.n_active == actives
+    refs = [_reference(prob, sol, i, grad_x[i]) for i, prob in enumerate(problems)]
+    for name in ("q", "h", "b"):
+        for i, ref in enumerate(refs):
+            assert relative_error(split[name][i], ref[name]) <= 1e-10, (i, name)
+    for name in ("P", "G", "A"):
+        total = torch.stack([ref[name] for ref in refs]).sum(0)
+        assert relative_error(split[name], total) <= 1e-10, name
+    monkeypatch.setattr(bk, "active_groups", lambda counts, n, p: [None])
+    whole, _ = _grads(data, backward, grad_x)
+    _assert_same(split, whole, 1e-12)
+
+
+def test_grouped_regular_adjoint_with_a_failed_sample_equals_one_group(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``regular_dense_adjoint`` split into groups (forced) with a failed sample inside (zero
+    cotangents, identity ``P`` and zero rows for it): the same adjoint as the unsplit batch,
+    zero on the failed sample, and the exact reduced-KKT solution on the others."""
+    from dxopt.qp import _backward_kkt as bk
+    from dxopt.qp._active import identify_active
+    from dxopt.qp._adjoint import AdjointInput, kkt_residual
+    from dxopt.qp._problem import canonical_problem
+
+    actives = (0, 9, 1, 10, 2, 8)
+    problems = [
+        complementary_qp(14, m=11, p=2, n_active=a, seed=80 + i) for i, a in enumerate(actives)
+    ]
+    data = stack(problems)
+    problem = canonical_problem(*data.args())
+    S = len(actives)
+    ok = torch.ones(S, dtype=torch.bool)
+    ok[3] = False
+    gen = torch.Generator().manual_seed(4)
+    grad_x = torch.randn(S, 14, generator=gen, dtype=F64) * ok[:, None]
+    grad_ineq = torch.randn(S, 11, generator=gen, dtype=F64) * ok[:, None]
+    grad_eq = torch.randn(S, 2, generator=gen, dtype=F64) * ok[:, None]
+    adj_in = AdjointInput(
+        problem=problem, x=data.x * ok[:, None], eq_duals=data.eq_duals,  # type: ignore[operator,arg-type]
+        ineq_duals=data.ineq_duals, grad_x=grad_x, grad_eq=grad_eq,  # type: ignore[arg-type]
+        grad_ineq=grad_ineq, ok=ok, active=data.active,
+    )  # fmt: skip
+    active = identify_active(
+        problem, adj_in.x, adj_in.eq_duals, adj_in.ineq_duals, active_tol=None,
+        weak_policy="inactive", forward_active=adj_in.active,
+    )  # fmt: skip
+    monkeypatch.setattr(bk, "_GROUP_COST", 0.0)
+    counts = (active.used.sum(-1) * ok).numpy()
+    assert len(bk.active_groups(counts, 14, 2)) >= 2
+    split = bk.regular_dense_adjoint(adj_in, active, max_steps=5, tol=1e-13, max_residual=1e-8)
+    monkeypatch.setattr(bk, "active_groups", lambda counts, n, p: [None])
+    whole = bk.regular_dense_adjoint(adj_in, active, max_steps=5, tol=1e-13, max_residual=1e-8)
+    assert split is not None and whole is not None
+    for a, b in zip(split[:3], whole[:3]):
+        assert relative_error(a, b) <= 1e-12
+        assert bool((a[3] == 0).all())
+    u, w_ineq, w_eq, residual, _ = split
+    assert float(residual.max()) <= 1e-13
+    *_, exact = kkt_residual(adj_in, active, u, w_ineq, w_eq)  # against K itself
+    assert float(exact.max()) <= 1e-13
