@@ -210,8 +210,9 @@ class BackwardBase:
                 QPDegenerateWarning,
                 stacklevel=3,
             )
-        # [bwd] the common dense case (LICQ holds, P positive definite, the refined solve
-        # converges): one batched Schur solve; anything else takes the general path below
+        # the common dense case (LICQ holds, P positive definite, the refined solve converges):
+        # batched Schur solves (up to three groups of similar active counts); anything else
+        # takes the general path below
         if not self.use_sparse(data.problem):
             regular = self._regular_adjoint(data, active, diagnostics)
             if regular is not None:
