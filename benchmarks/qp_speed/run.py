@@ -306,6 +306,16 @@ def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     "verdict": "MET" if speedup >= 20 else "MISSED",
                 }
             )
+        torch_rows = [q for q in batch if q["method"] == "dxopt torch" and "fwd_bwd_ms" in q]
+        if qpth and torch_rows:
+            speedup = qpth[0]["fwd_bwd_ms"] / torch_rows[0]["fwd_bwd_ms"]
+            out.append(
+                {
+                    "target": "128 x n=50: qpth / dxopt torch solver (>= 3)",
+                    "figure": speedup,
+                    "verdict": "MET" if speedup >= 3 else "MISSED",
+                }
+            )
     return out
 
 
@@ -436,6 +446,8 @@ def main(argv: list[str] | None = None) -> None:
     line = COMMAND + (" --quick" if args.quick else "")
     if not args.quick and args.threads != [1, 2]:
         line += " --threads " + " ".join(str(t) for t in args.threads)
+    if args.no_dense:
+        line += " --no-dense"
     out = results_dir("qp_speed")
     suffix = "_quick" if args.quick else ""
     payload = {
