@@ -149,6 +149,30 @@ def test_kkt_factor_refuses_a_singular_reduced_matrix() -> None:
         kkt_factor(P, C)
 
 
+def test_kkt_factor_never_hands_superlu_a_singular_matrix() -> None:
+    """SuperLU of an exactly singular matrix can crash the process (it did, at random, on
+    Maros-Meszaros QSHARE1B): the factor is of the regularised matrix, so every singular
+    case is a FactorizationError, every time, and the empty-C case (K = P) too."""
+    rng = np.random.default_rng(3)
+    for trial in range(40):
+        n = 30
+        B = rng.standard_normal((n, n - 5))
+        P = sp.csr_matrix(B @ B.T)  # rank n - 5
+        if trial % 2:
+            C = sp.csr_matrix((0, n))  # K = P, singular
+        else:
+            C = sp.csr_matrix(rng.standard_normal((2, n)) * (rng.random((2, n)) < 0.1))
+            C = sp.vstack([C, C[:1]]).tocsr()  # a duplicated row: singular K
+        with pytest.raises(FactorizationError):
+            kkt_factor(P, C)
+    # nonsingular: the refined regularised solve is the exact one
+    P = sp.csr_matrix(np.diag(np.arange(1.0, 7.0)) * 1e6)
+    C = sp.csr_matrix(np.array([[1.0, 1, 0, 0, 0, 0], [0, 0, 1e-6, 0, 0, 1.0]]))
+    K = np.block([[P.toarray(), C.T.toarray()], [C.toarray(), np.zeros((2, 2))]])
+    rhs = rng.standard_normal(8)
+    np.testing.assert_allclose(kkt_factor(P, C).solve(rhs), np.linalg.solve(K, rhs), rtol=1e-12)
+
+
 def _grads(data, method, grad_x):  # type: ignore[no-untyped-def]
     leaves = [t.clone().requires_grad_() for t in (data.q, data.b, data.h)]
     sol = dqp.solve(data.P, leaves[0], data.A, leaves[1], data.G, leaves[2], backward=method)

@@ -65,6 +65,9 @@ __all__ = [
     "unit_rows",
 ]
 
+_KKT_DELTA = 1e-10  # KKTFactor: regularisation relative to the equilibrated matrix
+_KKT_STEPS = 30  # KKTFactor: refinement steps at most
+_KKT_SINGULAR = 1e-10  # KKTFactor: a probe refined no further than this means singular
 _DENSE_LIMIT = 3000  # lstsq_saddle: SVD-based dense solve up to this size, LSMR beyond
 
 
@@ -326,9 +329,10 @@ def unit_rows(C: Any) -> UnitRows:
 
 
 class KKTFactor:
-    """Exact factorization of :math:`K = [[P, C^\\top], [C, 0]]` (scipy sparse ``P`` and
-    ``C``) by eliminating the unit rows of ``C`` (module docstring) and SuperLU of the reduced
-    matrix. ``split`` is :func:`unit_rows` of ``C`` when the caller has it.
+    """Factorization of :math:`K = [[P, C^\\top], [C, 0]]` (scipy sparse ``P`` and ``C``) by
+    eliminating the unit rows of ``C`` (module docstring) and SuperLU of the regularised
+    reduced matrix, refined to the exact solve (:meth:`_factor`). ``split`` is
+    :func:`unit_rows` of ``C`` when the caller has it.
 
     Raises:
         FactorizationError: the reduced matrix (so ``K``) is exactly singular.
@@ -352,7 +356,51 @@ class KKTFactor:
         self.lu: spla.SuperLU | None = None
         if size:
             M = sp.csc_matrix((data, (rows, cols)), shape=(size, size))
-            self.lu = splu(M, what="reduced KKT matrix")
+            self._factor(M, nf)
+
+    def _factor(self, M: sp.csc_matrix, nf: int) -> None:
+        """SuperLU of the equilibrated, quasi-definitely regularised reduced matrix
+        :math:`\\hat M + \\mathrm{diag}(\\delta I, -\\delta I)`, never of ``M`` itself: on an
+        exactly singular matrix SuperLU can read uninitialised memory and crash the process
+        (seen on Maros-Meszaros QSHARE1B and QSC205). The regularised matrix is nonsingular
+        for every :math:`\\delta > 0` (Vanderbei, SIAM J. Optim. 5(1), 1995); solves refine
+        against the exact ``M`` (:meth:`_solve_reduced`), and a random right-hand side whose
+        refinement stalls shows that ``M`` is singular (or too close to it to refine)."""
+        d = equilibrate(M)
+        Dm = sp.diags(d)
+        Ms = sp.csc_matrix(Dm @ M @ Dm)
+        delta = _KKT_DELTA * max(float(abs(Ms).max()) if Ms.nnz else 0.0, 1e-300)
+        reg = np.concatenate([np.full(nf, delta), np.full(M.shape[0] - nf, -delta)])
+        self.lu = splu(Ms + sp.diags(reg, format="csc"), what="regularised reduced KKT matrix")
+        self._Ms, self._d = Ms, d
+        probe = np.random.default_rng(0).standard_normal(M.shape[0])
+        if self._refine(probe)[1] > _KKT_SINGULAR:
+            raise FactorizationError(
+                "sparse LU of the reduced KKT matrix failed: it is singular (iterative "
+                "refinement of its regularised factor stalls)"
+            )
+
+    def _refine(self, b: np.ndarray) -> tuple[np.ndarray, float]:
+        """``(y, relative residual)`` for :math:`\\hat M y = b` (scaled space)."""
+        assert self.lu is not None
+        norm = max(float(np.linalg.norm(b)), 1e-300)
+        y = self.lu.solve(b)
+        rel = np.inf
+        for _ in range(_KKT_STEPS):
+            r = b - self._Ms @ y
+            new = float(np.linalg.norm(r)) / norm
+            if not np.isfinite(new) or new > 0.5 * rel:  # stalled, diverging or round-off
+                rel = min(rel, new) if np.isfinite(new) else rel
+                break
+            rel = new
+            if rel <= 1e-15:
+                break
+            y = y + self.lu.solve(r)
+        return y, rel
+
+    def _solve_reduced(self, b: np.ndarray) -> np.ndarray:
+        y, _ = self._refine(self._d * b)
+        return self._d * y
 
     def solve(self, rhs: np.ndarray) -> np.ndarray:
         """:math:`z = K^{-1}r`, ``rhs`` of length ``n + k`` (``[u; w]`` in the row order of
@@ -365,7 +413,7 @@ class KKTFactor:
         if self.lu is not None:
             b1 = r1 - self.P @ u
             b2 = r2[s.other] - (self.C @ u)[s.other]
-            z = self.lu.solve(np.concatenate([b1[s.free], b2]))
+            z = self._solve_reduced(np.concatenate([b1[s.free], b2]))
             u[s.free] = z[: s.free.size]
             w[s.other] = z[s.free.size :]
         if s.unit.size:  # w is still zero on the unit rows: C^T w = C_O^T w_O

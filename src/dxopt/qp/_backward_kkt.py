@@ -50,7 +50,6 @@ from dxopt.linalg.sparse import (
     KKTFactor,
     UnitRows,
     kkt_factor,
-    splu,
     take_rows,
     unit_rows,
 )
@@ -553,8 +552,8 @@ def sparse_factor(sample: SparseRows, i: int, what: str) -> KKTFactor | spla.Sup
     """Exact factor of the reduced KKT matrix of an independent sample (unit rows eliminated,
     :class:`~dxopt.linalg.sparse.KKTFactor`), or :class:`QPBackwardError` naming ``what``."""
     try:
-        if sample.C is None:
-            return splu(sample.P, what="KKT")
+        if sample.C is None:  # no active rows: K = P (never SuperLU of a singular matrix)
+            return kkt_factor(sample.P, sp.csr_matrix((0, sample.P.shape[0])))
         return kkt_factor(sample.P, sample.C, sample.split)
     except (FactorizationError, QPBackwardError) as err:
         raise QPBackwardError(
