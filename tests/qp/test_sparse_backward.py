@@ -276,8 +276,10 @@ def test_sparse_and_dense_paths_agree_on_general_sparse_rows(backward: str, boun
     )
     assert d_sp.licq and d_de.licq and d_sp.residual <= 1e-10
     assert d_sp.n_active == d_de.n_active
-    if backward == "penalty":  # few unit rows: the penalty matrix (refined); many: exact factor
-        assert (d_sp.refinement_steps == 0) == bounds
+    if backward == "penalty" and bounds:  # many unit rows: the exact factor, no GMRES step
+        assert d_sp.refinement_steps == 0
+    # (few unit rows: the penalty matrix; its factor is refined to the exact penalty solve, so
+    # GMRES may need no step there either)
     for a, b in zip(g_sp, g_de):
         torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-10)
 

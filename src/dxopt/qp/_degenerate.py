@@ -51,7 +51,7 @@ import scipy.sparse.linalg as spla
 import torch
 from torch import Tensor
 
-from dxopt.linalg.sparse import FactorizationError, UnitRows, splu, unit_rows
+from dxopt.linalg.sparse import FactorizationError, UnitRows, kkt_factor, splu, unit_rows
 from dxopt.qp._problem import QPProblem
 from dxopt.qp._types import BackwardDiagnostics, QPBackwardError, QPDegenerateWarning
 
@@ -548,11 +548,13 @@ def complete_basis(
         S = (R @ R.T).toarray()
         if base.shape[0]:
             BR = (base @ R.T).toarray()
-            try:
-                gram = splu((base @ base.T).tocsc(), what="Gram matrix of the kept rows")
+            k_base = base.shape[0]
+            try:  # regularised and refined: SuperLU never sees a singular Gram matrix
+                gram = kkt_factor(base @ base.T, sp.csr_matrix((0, k_base)))
             except FactorizationError:
                 break  # the kept rows are dependent to round-off: no completion
-            S = S - BR.T @ gram.solve(BR)
+            solved = np.column_stack([gram.solve(BR[:, j]) for j in range(BR.shape[1])])
+            S = S - BR.T @ solved
         chosen: list[int] = []
         L = np.zeros((idx.size, idx.size))
         for a in range(idx.size):

@@ -30,7 +30,7 @@ import scipy.sparse.linalg as spla
 import torch
 from torch import Tensor
 
-from dxopt.linalg.sparse import FactorizationError, KKTFactor, splu
+from dxopt.linalg.sparse import FactorizationError, KKTFactor, kkt_factor
 from dxopt.qp._active import ActiveSet
 from dxopt.qp._adjoint import AdjointInput, kkt_apply
 from dxopt.qp._backward_kkt import scipy_matrix, sparse_factor, sparse_rows
@@ -54,7 +54,8 @@ class SparsePenaltySolve:
     def __init__(self, data: AdjointInput, active: ActiveSet, W: Tensor, W_E: Tensor) -> None:
         problem = data.problem
         self.problem, self.W = problem, W
-        self.factors: list[spla.SuperLU | None] = []
+        self.factors: list[KKTFactor | None] = []
+        n = problem.n
         for i in range(data.x.shape[0]):
             if not bool(data.ok[i]):
                 self.factors.append(None)
@@ -63,13 +64,9 @@ class SparsePenaltySolve:
             if problem.G is not None:
                 G = scipy_matrix(problem, "G", i)
                 H = H + G.T @ sp.diags(W[i].numpy()) @ G
-            if problem.A is not None:
-                A = scipy_matrix(problem, "A", i)
-                K = sp.bmat([[H, A.T], [A, None]], format="csc")
-            else:
-                K = sp.csc_matrix(H)
-            try:
-                self.factors.append(splu(K, what="penalty matrix"))
+            A = scipy_matrix(problem, "A", i) if problem.A is not None else None
+            try:  # [[H, A'], [A, 0]] is a KKT matrix: regularised and refined, never a bare splu
+                self.factors.append(kkt_factor(H, sp.csr_matrix((0, n)) if A is None else A))
             except FactorizationError as err:
                 raise QPBackwardError(
                     f"penalty backward: sparse LU failed at batch index {i} ({err}); P is "
