@@ -28,7 +28,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import REPO_ROOT, markdown_table, results_dir, write_json
+from benchmarks.common import (
+    REPO_ROOT,
+    markdown_table,
+    results_dir,
+    update_benchmarks_md,
+    write_json,
+)
 
 FAMILIES = ("dense", "batched", "simplex")
 LIMIT = 1.10
@@ -175,7 +181,9 @@ def main(argv: list[str] | None = None) -> None:
     load0, start = os.getloadavg()[0], time.perf_counter()
     rows = run(specs, str(REPO_ROOT / "src"), args.baseline, args.threads, args.rounds)
     load = (load0, os.getloadavg()[0])
-    suffix = "_quick" if args.quick else ""
+    full = not args.quick and set(args.families) == set(FAMILIES) and args.max_n is None
+    # a partial run never overwrites the full table (nor BENCHMARKS.md)
+    suffix = "_quick" if args.quick else ("" if full else "_partial")
     out = results_dir("qp_speed")
     payload = {"load": list(load), "threads": args.threads, "rounds": args.rounds, "rows": rows,
                "duration_s": time.perf_counter() - start}  # fmt: skip
@@ -192,6 +200,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     (out / f"ab_baseline{suffix}.md").write_text(text)
     print(text)
+    if full:
+        heading = "## QP: no slowdown against 0.1 (issue 9)\n\n"
+        update_benchmarks_md("qp_ab_baseline", heading + text)
+        print("BENCHMARKS.md section 'qp_ab_baseline' updated")
 
 
 if __name__ == "__main__":

@@ -260,3 +260,22 @@ def test_a_vertex_that_frees_x_keeps_the_full_sets_minimum_norm_adjoint(monkeypa
     assert diag.n_active == (5,) and diag.residual <= 1e-10, diag
     assert q.grad is not None
     torch.testing.assert_close(q.grad, _exact_grad_q(), rtol=1e-8, atol=1e-9)
+
+
+def test_min_norm_sparse_survives_p_singular_on_the_null_space() -> None:
+    """Dependent rows and P singular on their null space (QFORPLAN's case): the regularised
+    matrix handed to SuperLU must be quasi-definite (SuperLU crashed the process at random on
+    the singular [[P, C'], [C, -delta I]]); on a consistent system the refined answer solves
+    K z = r."""
+    from dxopt.qp._degenerate import min_norm_sparse
+
+    P = sp.csr_matrix(np.diag([1.0, 2.0, 0.0, 0.0]))
+    C = sp.csr_matrix(np.array([[1.0, 0, 0, 0], [1.0, 0, 0, 0], [0, 1.0, 0, 0]]))
+    K = sp.bmat([[P, C.T], [C, None]]).toarray()
+    rng = np.random.default_rng(0)
+    for _ in range(40):
+        rhs = K @ rng.standard_normal(7)  # consistent
+        z = min_norm_sparse(P, C, rhs)
+        assert np.linalg.norm(K @ z - rhs) <= 1e-8 * np.linalg.norm(rhs)
+        # the duplicated rows split equally, up to round-off amplified by 1/delta
+        assert abs(z[4] - z[5]) <= 1e-6 * max(1.0, abs(z[4]))

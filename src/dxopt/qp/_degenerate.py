@@ -241,7 +241,8 @@ def min_norm_dense(
 
 def min_norm_sparse(P: sp.spmatrix, C: sp.csr_matrix, rhs: np.ndarray) -> np.ndarray:
     """Minimum-norm multiplier adjoint of one sparse sample: ``z = [u; w]`` for
-    :math:`K = [[P, C^\\top], [C, 0]]` (SuperLU of :math:`K_\\delta`, refinement against K,
+    :math:`K = [[P, C^\\top], [C, 0]]` (SuperLU of the quasi-definite :math:`K_\\delta`,
+    refinement against K,
     :math:`\\delta` down the ladder ``_DELTA_LADDER`` while the refinement stalls)."""
     k = C.shape[0]
     diag = np.abs(P.diagonal())
@@ -253,7 +254,14 @@ def min_norm_sparse(P: sp.spmatrix, C: sp.csr_matrix, rhs: np.ndarray) -> np.nda
     best = 1.0  # relative residual of z
     for rung, relative_delta in enumerate(_DELTA_LADDER):
         delta = relative_delta * max(row_sq, 1e-300) / c_P
-        M = sp.bmat([[P, C.T], [C, -delta * sp.eye(k)]], format="csc")
+        # quasi-definite (both blocks regularised): SuperLU never sees a singular matrix (with
+        # P singular on the null space of C, [[P, C'], [C, -delta I]] is, and SuperLU crashed
+        # the process on it at random: Maros-Meszaros QFORPLAN); the refinement against K
+        # still converges to the minimum-norm solution (module docstring of linalg.sparse)
+        n = P.shape[0]
+        M = sp.bmat(
+            [[P + relative_delta * c_P * sp.eye(n), C.T], [C, -delta * sp.eye(k)]], format="csc"
+        )
         try:
             lu = splu(M, what="regularised KKT matrix")
         except FactorizationError as err:
