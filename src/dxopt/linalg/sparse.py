@@ -78,6 +78,11 @@ class FactorizationError(DxoptError):
 def splu(M: Any, *, what: str = "matrix") -> spla.SuperLU:
     """SuperLU factor of a square scipy sparse matrix (converted to CSC).
 
+    Only for matrices nonsingular by construction (quasi-definite, or shifted): on an exactly
+    singular matrix SuperLU can read uninitialised memory and crash the process instead of
+    raising, so every caller in dxopt passes a regularised matrix and refines against the
+    exact one (:class:`KKTFactor`, :func:`saddle_solve`).
+
     Raises:
         FactorizationError: SuperLU found the matrix exactly singular; the message names
             ``what``.
