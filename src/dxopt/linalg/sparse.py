@@ -141,12 +141,19 @@ def equilibrate(K: Any, *, rounds: int = 8) -> np.ndarray:
     equilibrate both rows and columns norms in matrices", RAL-TR-2001-034; OSQP scales its
     KKT matrix the same way). All-zero rows keep the factor 1."""
     d = np.ones(K.shape[0])
+    if sp.issparse(K):  # row maxima of |d_i K_ij d_j| straight from the CSR arrays
+        Kc = sp.csr_matrix(K)
+        absdata, cols = np.abs(Kc.data), Kc.indices
+        row_of = np.repeat(np.arange(Kc.shape[0]), np.diff(Kc.indptr))
+        filled = np.flatnonzero(np.diff(Kc.indptr) > 0)  # reduceat needs nonempty segments
+        starts = Kc.indptr[filled]
     for _ in range(rounds):
-        S = (sp.diags(d) @ K @ sp.diags(d)) if sp.issparse(K) else d[:, None] * K * d[None, :]
-        if sp.issparse(S):
-            row = np.asarray(abs(S).max(axis=1).todense()).ravel()
+        if sp.issparse(K):
+            row = np.zeros(K.shape[0])
+            if filled.size:
+                row[filled] = np.maximum.reduceat(absdata * d[cols] * d[row_of], starts)
         else:
-            row = np.abs(S).max(1)
+            row = np.abs(d[:, None] * K * d[None, :]).max(1)
         row = np.where(row > 0, row, 1.0)
         if np.all(np.abs(row - 1.0) < 0.1):
             break
