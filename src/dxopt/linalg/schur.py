@@ -285,6 +285,15 @@ def _cholesky(A: Tensor, lapack: bool) -> tuple[Tensor, Tensor]:
     factorization); ``dsyrk`` also forms only the lower triangle.
     """
     if not lapack:
+        if A.ndim == 3 and A.shape[0] > 1 and A.device.type == "cpu" and A.dtype == torch.float64:
+            # numpy's batched LAPACK loop: 1.2-2.3x faster than torch's on one thread (128 x
+            # 50x50: 0.63 against 0.77 ms; 1024 x 100x100: 32 against 73 ms); it refuses the
+            # whole batch if one matrix is not positive definite, then torch gives the flags
+            try:
+                L = np.linalg.cholesky(A.numpy())
+            except (np.linalg.LinAlgError, RuntimeError):  # RuntimeError: no numpy view
+                return torch.linalg.cholesky_ex(A)
+            return torch.from_numpy(L), torch.zeros(A.shape[0], dtype=torch.int32)
         return torch.linalg.cholesky_ex(A)
     from scipy.linalg import lapack as lp
 
