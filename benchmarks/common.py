@@ -133,3 +133,21 @@ def update_benchmarks_md(area: str, section: str) -> None:
     else:
         text = text.rstrip() + "\n\n" + block + "\n"
     BENCHMARKS_MD.write_text(text)
+
+
+def publish(
+    out: Path,
+    stem: str,
+    text: str,
+    *,
+    area: str | None = None,
+    plot: Callable[[Path], None] | None = None,
+) -> None:
+    """Write a run's report: ``out/<stem>.md``, the plot ``out/<stem>.png`` (``plot(path)``),
+    the BENCHMARKS.md section ``area`` (``None``: leave BENCHMARKS.md alone), and print it."""
+    (out / f"{stem}.md").write_text(text)
+    if plot is not None:
+        plot(out / f"{stem}.png")
+    if area is not None:
+        update_benchmarks_md(area, text)
+    print(text)

@@ -37,8 +37,8 @@ from benchmarks.common import (
     machine_info,
     machine_line,
     markdown_table,
+    publish,
     results_dir,
-    update_benchmarks_md,
     write_json,
 )
 from benchmarks.qp.generators import random_dense
@@ -233,11 +233,8 @@ def main(argv: list[str] | None = None) -> None:
     out = results_dir("qp_speed")
     suffix = "_quick" if args.quick else ""
     write_json(out / f"dense{suffix}.json", {"machine": info, "load": list(load), "rows": rows})
-    (out / f"dense{suffix}.md").write_text(text)
-    _plot(rows, out / f"dense{suffix}.png")
-    if not args.quick and not args.no_md:
-        update_benchmarks_md("qp_speed_dense", text)
-    print(text)
+    area = None if args.quick or args.no_md else "qp_speed_dense"
+    publish(out, f"dense{suffix}", text, area=area, plot=lambda path: _plot(rows, path))
 
 
 if __name__ == "__main__":

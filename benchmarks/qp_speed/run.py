@@ -44,8 +44,8 @@ from benchmarks.common import (
     machine_info,
     machine_line,
     markdown_table,
+    publish,
     results_dir,
-    update_benchmarks_md,
     write_json,
 )
 from benchmarks.qp.generators import QPProblem, random_dense
@@ -463,11 +463,8 @@ def main(argv: list[str] | None = None) -> None:
     text = section(rows, dense, dense_note, info, load, line, rounds) + (
         f"\nWhole run: {duration:.0f} s.\n"
     )
-    (out / f"qp_speed{suffix}.md").write_text(text)
-    _plot(rows, out / f"qp_speed{suffix}.png")
-    if not args.quick and not args.no_md:
-        update_benchmarks_md("qp_speed", text)
-    print(text)
+    area = None if args.quick or args.no_md else "qp_speed"
+    publish(out, f"qp_speed{suffix}", text, area=area, plot=lambda path: _plot(rows, path))
     print("targets:", ", ".join(f"{t['verdict']} {fmt(t['figure'])}" for t in targets(rows)))
 
 

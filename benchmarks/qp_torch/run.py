@@ -40,8 +40,8 @@ from benchmarks.common import (
     machine_info,
     machine_line,
     markdown_table,
+    publish,
     results_dir,
-    update_benchmarks_md,
     write_json,
 )
 from benchmarks.qp.generators import QPProblem, batched_dense
@@ -380,11 +380,8 @@ def main(argv: list[str] | None = None) -> None:
     section = _section(rows, info, load, args)
     if duration is not None:
         section += f"\nWhole run: {duration:.0f} s.\n"
-    (out / f"qp_torch{suffix}.md").write_text(section)
-    _plot(rows, out / f"qp_torch{suffix}.png")
-    if not args.quick and not args.no_md:
-        update_benchmarks_md("qp_torch", section)
-    print(section)
+    area = None if args.quick or args.no_md else "qp_torch"
+    publish(out, f"qp_torch{suffix}", section, area=area, plot=lambda path: _plot(rows, path))
 
 
 if __name__ == "__main__":
