@@ -154,27 +154,35 @@ def run_ddp(
 
     ``while_waiting`` (e.g. the single-process reference) runs in this process while the ranks
     start up, and its result is returned alongside. The ranks are terminated if they have not
-    finished after ``timeout_s`` seconds.
+    finished after ``timeout_s`` seconds, and started once more on a fresh port (a rendezvous
+    hung in two full runs; alone the ranks finish in about 5 s).
     """
     import torch.multiprocessing as mp
 
-    context = mp.start_processes(
-        ddp_worker,
-        args=(world_size, free_port(), tuple(backwards), str(out_dir)),
-        nprocs=world_size,
-        join=False,
-        start_method="spawn",
-    )
-    deadline = time.monotonic() + timeout_s
-    try:
-        meanwhile = None if while_waiting is None else while_waiting()
-        while not context.join(timeout=1.0):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"DDP ranks did not finish within {timeout_s} s")
-    finally:
-        for process in context.processes:
-            if process.is_alive():
-                process.terminate()
-                process.join(5)
+    meanwhile: T | None = None
+    for attempt in range(2):  # a rendezvous can hang (seen in 2 full runs): start once more
+        context = mp.start_processes(
+            ddp_worker,
+            args=(world_size, free_port(), tuple(backwards), str(out_dir)),
+            nprocs=world_size,
+            join=False,
+            start_method="spawn",
+        )
+        deadline = time.monotonic() + timeout_s
+        try:
+            if attempt == 0 and while_waiting is not None:
+                meanwhile = while_waiting()
+            while not context.join(timeout=1.0):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"DDP ranks did not finish within {timeout_s} s")
+            break
+        except TimeoutError:
+            if attempt:
+                raise
+        finally:
+            for process in context.processes:
+                if process.is_alive():
+                    process.terminate()
+                    process.join(5)
     records = [torch.load(out_dir / f"rank{rank}.pt") for rank in range(world_size)]
     return records, meanwhile
