@@ -11,7 +11,8 @@
   SuperLU wrapper (errors mapped to :class:`FactorizationError`).
 - :func:`schur_factor`: batched block elimination of a positive definite :math:`P` in
   :math:`[[P, C^\\top], [C, 0]]` (Cholesky of :math:`P` and of the Schur complement
-  :math:`CP^{-1}C^\\top`), with the linear dependence of the rows of :math:`C` read off it.
+  :math:`CP^{-1}C^\\top`), with the linear dependence of the rows of :math:`C` read off it;
+  :func:`small_schur` the same for one small system in numpy (no torch dispatch).
 - :func:`small_work`: one intra-op thread for small arithmetic (no oversubscription).
 """
 
@@ -20,7 +21,9 @@ from dxopt.linalg.dense import spd_solve as spd_solve
 from dxopt.linalg.krylov import KrylovResult as KrylovResult
 from dxopt.linalg.krylov import conjugate_gradient as conjugate_gradient
 from dxopt.linalg.schur import SchurFactor as SchurFactor
+from dxopt.linalg.schur import SmallSchur as SmallSchur
 from dxopt.linalg.schur import schur_factor as schur_factor
+from dxopt.linalg.schur import small_schur as small_schur
 from dxopt.linalg.sparse import FactorizationError as FactorizationError
 from dxopt.linalg.sparse import SaddleSolveInfo as SaddleSolveInfo
 from dxopt.linalg.sparse import lstsq_saddle as lstsq_saddle
@@ -34,10 +37,12 @@ __all__ = [
     "SPDSolveInfo",
     "SaddleSolveInfo",
     "SchurFactor",
+    "SmallSchur",
     "conjugate_gradient",
     "lstsq_saddle",
     "saddle_solve",
     "schur_factor",
+    "small_schur",
     "small_work",
     "spd_solve",
     "splu",

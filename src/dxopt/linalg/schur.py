@@ -44,7 +44,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["SchurFactor", "lower_gram", "schur_factor"]
+__all__ = ["SchurFactor", "SmallSchur", "lower_gram", "schur_factor", "small_schur"]
 
 _BLOCK = 256  # lower_gram: column-block width above which only the lower blocks are formed
 _LAPACK_MIN = 400  # one system with n (and k) from this size: scipy's LAPACK (see _cholesky)
@@ -120,17 +120,13 @@ class SchurFactor:
         return u.squeeze(-1), w.squeeze(-1)
 
     def _solve_single(self, r1: Tensor, r2: Tensor) -> tuple[Tensor, Tensor]:
-        """:meth:`solve` for one small system, in LAPACK (``dtrtrs``/``dpotrs``)."""
-        lp = _lapack()
-        L, Y, LS = self.L[0].numpy(), self.Y[0].numpy(), self.LS[0].numpy()
-        t = lp.dtrtrs(L, r1[0].numpy(), lower=1)[0]
-        if Y.shape[1]:
-            inv = self.inv_scale[0].numpy()
-            w = lp.dpotrs(LS, (Y.T @ t - r2[0].numpy()) * inv, lower=1)[0] * inv
-            t = t - Y @ w
-        else:
-            w = np.zeros(0)
-        u = lp.dtrtrs(L, t, lower=1, trans=1)[0]
+        """:meth:`solve` for one small system (:meth:`SmallSchur.solve`)."""
+        small = SmallSchur(
+            self.L[0].numpy(), self.Y[0].numpy(), self.S_lower[0].numpy(),
+            self.inv_scale[0].numpy(), self.LS[0].numpy(), self.pivots[0].numpy(),
+            int(self.info[0]),
+        )  # fmt: skip
+        u, w = small.solve(r1[0].numpy(), r2[0].numpy())
         return torch.from_numpy(u)[None], torch.from_numpy(w)[None]
 
 
@@ -197,27 +193,68 @@ def _single(P: Tensor, C: Tensor) -> bool:
 
 
 def _factor_single(P: Tensor, C: Tensor, shift: float) -> SchurFactor | None:
-    """:func:`schur_factor` of one small system with LAPACK ``dpotrf``/``dtrtrs``."""
+    """:func:`schur_factor` of one small system (:func:`small_schur`, LAPACK)."""
+    small = small_schur((P if P.ndim == 2 else P[0]).numpy(), C[0].numpy(), shift=shift)
+    if small is None:
+        return None
+    L_t, Y_t, S_t, inv_t, LS_t, piv_t = (
+        torch.from_numpy(a)[None]
+        for a in (small.L, small.Y, small.S_lower, small.inv_scale, small.LS, small.pivots)
+    )
+    nz_t = torch.from_numpy(small.S_lower.diagonal() > 0)[None]
+    info_t = torch.tensor([small.info], dtype=torch.int32)
+    return SchurFactor(L_t, Y_t, S_t, inv_t, nz_t, LS_t, piv_t, info_t, single=True)
+
+
+@dataclass(frozen=True)
+class SmallSchur:
+    """The factorization of :func:`small_schur`: one unbatched system in numpy (the fields of
+    :class:`SchurFactor` without the batch axis; ``info`` is LAPACK's ``dpotrf`` status of
+    :math:`\\hat S`)."""
+
+    L: np.ndarray
+    Y: np.ndarray
+    S_lower: np.ndarray
+    inv_scale: np.ndarray
+    LS: np.ndarray
+    pivots: np.ndarray
+    info: int
+
+    def dependent(self, tol: float) -> int:
+        """Rows with :math:`\\pi_j <` ``tol`` (at least 1 if :math:`\\hat S`'s factorization
+        broke down)."""
+        return int((self.pivots < tol).sum()) + int(self.info != 0)
+
+    def solve(self, r1: np.ndarray, r2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`SchurFactor.solve` for one system (LAPACK ``dtrtrs``/``dpotrs``)."""
+        lp = _lapack()
+        t = lp.dtrtrs(self.L, r1, lower=1)[0]
+        if self.Y.shape[1]:
+            inv = self.inv_scale
+            w = lp.dpotrs(self.LS, (self.Y.T @ t - r2) * inv, lower=1)[0] * inv
+            t = t - self.Y @ w
+        else:
+            w = np.zeros(0)
+        return lp.dtrtrs(self.L, t, lower=1, trans=1)[0], w
+
+
+def small_schur(P: np.ndarray, C: np.ndarray, *, shift: float = 1e-14) -> SmallSchur | None:
+    """:func:`schur_factor` of one small float64 system ``P`` (n, n), ``C`` (k, n) in numpy
+    with LAPACK ``dpotrf``/``dtrtrs`` directly (no torch dispatch: for n = 10 the arithmetic
+    costs less than one); ``None`` when the Cholesky factorization of ``P`` fails."""
     lp = _lapack()
-    L, info = lp.dpotrf((P if P.ndim == 2 else P[0]).numpy(), lower=1, clean=1)
+    L, info = lp.dpotrf(P, lower=1, clean=1)
     if info != 0:
         return None
-    Cn = C[0].numpy()
-    k = Cn.shape[0]
-    Y = lp.dtrtrs(L, Cn.T, lower=1)[0] if k else np.zeros((L.shape[0], 0))
+    k = C.shape[0]
+    Y = lp.dtrtrs(L, C.T, lower=1)[0] if k else np.zeros((L.shape[0], 0))
     S_lower = Y.T @ Y
     s = np.diagonal(S_lower)
-    nonzero = s > 0
-    inv_scale = 1.0 / np.sqrt(np.where(nonzero, s, 1.0))
+    inv_scale = 1.0 / np.sqrt(np.where(s > 0, s, 1.0))
     S_hat = S_lower * inv_scale[:, None] * inv_scale[None, :]
     np.fill_diagonal(S_hat, 1.0 + shift)
     LS, info_s = lp.dpotrf(S_hat, lower=1, clean=1) if k else (np.zeros((0, 0)), 0)
-    pivots = np.diagonal(LS) ** 2
-    L_t, Y_t, S_t, inv_t, nz_t, LS_t, piv_t = (
-        torch.from_numpy(a)[None] for a in (L, Y, S_lower, inv_scale, nonzero, LS, pivots)
-    )
-    info_t = torch.tensor([int(info_s)], dtype=torch.int32)
-    return SchurFactor(L_t, Y_t, S_t, inv_t, nz_t, LS_t, piv_t, info_t, single=True)
+    return SmallSchur(L, Y, S_lower, inv_scale, LS, np.diagonal(LS) ** 2, int(info_s))
 
 
 def _lapack() -> Any:

@@ -24,8 +24,9 @@ from dxopt.qp._forward import (
 from dxopt.qp._function import BackwardMethod, QPCall, QPFunction, QPState
 from dxopt.qp._problem import QPProblem, canonical_problem
 from dxopt.qp._problem import check_psd as check_psd_of
+from dxopt.qp._small import SmallPoint, SmallQPFunction, small_forward, small_inputs
 from dxopt.qp._tangent import BASES, forward_ad_dual, functorch_active, sparse_under_func
-from dxopt.qp._types import BackwardDiagnostics, QPInfo, QPSolution, QPSolveError
+from dxopt.qp._types import BackwardDiagnostics, QPInfo, QPSolution, QPSolveError, QPStatus
 
 if TYPE_CHECKING:
     from dxopt.distributed import QPExecutor
@@ -118,6 +119,60 @@ def _forward_state(
         result = trivial_forward(problem, options["eps_abs"], name)
     residuals = _residuals(problem, result)
     return QPState(problem, result, method, BackwardDiagnostics(), name, residuals)
+
+
+def _small_solve(
+    P: Tensor,
+    q: Tensor,
+    A: Tensor | None,
+    b: Tensor | None,
+    G: Tensor | None,
+    h: Tensor | None,
+    *,
+    method: BackwardMethod,
+    eps_abs: float,
+    eps_rel: float,
+    fallback: bool,
+    polish: bool,
+) -> QPSolution | None:
+    """One small dense QP through :mod:`dxopt.qp._small` (daqp, certified point), or ``None``
+    when the general path must run."""
+
+    def general(point: SmallPoint) -> QPState:
+        def tensor(a: np.ndarray | None) -> Tensor | None:
+            return None if a is None else torch.from_numpy(a).to(point.dtype)
+
+        Pt, qt = (
+            torch.from_numpy(point.P).to(point.dtype),
+            torch.from_numpy(point.q).to(point.dtype),
+        )
+        return _forward_state(
+            Pt, qt, tensor(point.A), tensor(point.b), tensor(point.G), tensor(point.h), None,
+            method=method, solver="daqp", check_psd=True, eps_abs=eps_abs, eps_rel=eps_rel,
+            max_workers=None, solver_options=None, fallback=fallback, polish=polish,
+        )  # fmt: skip
+
+    point = small_forward(P, q, A, b, G, h, eps_abs=eps_abs, eps_rel=eps_rel, general=general)
+    if point is None:
+        return None
+    x, mu, nu = SmallQPFunction.apply(P, q, A, b, G, h, point, method)
+    info = QPInfo(
+        solver="daqp",
+        solve_time=point.solve_time,
+        primal_residual=(point.primal,),
+        dual_residual=(point.dual,),
+        backward=point.diagnostics,
+        sample_solvers=("daqp",),
+        sample_tolerances=(eps_abs,),
+        polished=(False,),
+    )
+    return QPSolution(
+        x=x,
+        eq_duals=mu if A is not None else None,
+        ineq_duals=nu if G is not None else None,
+        status=(QPStatus.SOLVED,),
+        info=info,
+    )
 
 
 def _torch_route(solver: str, backward: object, *inputs: object) -> bool:
@@ -304,6 +359,23 @@ def solve(
         return executor.solve(
             P, q, A, b, G, h, lb=lb, ub=ub, warm_start=warm_start, options=options
         )
+    if (  # one small dense problem with the default options: the lean path (dxopt.qp._small)
+        lb is None
+        and ub is None
+        and warm_start is None
+        and not solver_options
+        and check_psd
+        and (solver == "daqp" or solver == "auto")
+        and isinstance(backward, str)
+        and not functorch_active()
+        and small_inputs(P, q, A, b, G, h)
+    ):
+        small = _small_solve(
+            P, q, A, b, G, h, method=method, eps_abs=eps_abs, eps_rel=eps_rel,
+            fallback=fallback, polish=polish,
+        )  # fmt: skip
+        if small is not None:
+            return small
     m_user = None if G is None else G.shape[-2]
     if lb is not None or ub is not None:
         if not isinstance(q, Tensor):

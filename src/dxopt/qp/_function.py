@@ -48,7 +48,15 @@ from dxopt.qp._tangent import (
 )
 from dxopt.qp._types import BackwardDiagnostics
 
-__all__ = ["BackwardMethod", "NoDoubleBackward", "QPCall", "QPFunction", "QPState"]
+__all__ = [
+    "BackwardMethod",
+    "NoDoubleBackward",
+    "QPCall",
+    "QPFunction",
+    "QPState",
+    "eager_gradients",
+    "refuse_second_order",
+]
 
 try:  # the private helper torch's own Function.apply calls; without it, no shortcut
     from torch._functorch.utils import unwrap_dead_wrappers
@@ -188,13 +196,9 @@ class QPFunction(torch.autograd.Function):
                 problem.dtype, problem.device,
             )  # fmt: skip
             return (*grads, None, None)
-        data = adjoint_input(state, None, grad_x, grad_eq, grad_ineq)  # eager: every sample
-        adjoint = run_adjoint(state, data)
-        grads = parameter_gradients(data, adjoint, tuple(ctx.needs_input_grad[:6]))
-        anchors = [g for g in (grad_x, grad_eq, grad_ineq) if g is not None and g.requires_grad]
-        if torch.is_grad_enabled() and anchors:  # create_graph=True: refuse a second pass
-            grads = tuple(None if g is None else NoDoubleBackward.apply(g, *anchors) for g in grads)
-        return (*grads, None, None)
+        needs = tuple(ctx.needs_input_grad[:6])
+        grads = eager_gradients(state, grad_x, grad_eq, grad_ineq, needs)  # every sample
+        return (*refuse_second_order(grads, (grad_x, grad_eq, grad_ineq)), None, None)
 
     @staticmethod
     def jvp(ctx: Any, *tangents: Any) -> tuple[Tensor | None, ...]:
@@ -214,6 +218,30 @@ class QPFunction(torch.autograd.Function):
             folded[1] = folded[1].expand(V, -1)  # type: ignore[union-attr]
         outs = QPFunction.apply(*folded, args[7])
         return tuple(unfold(V, t, B) for t in outs), (0, 0, 0, 0)
+
+
+def eager_gradients(
+    state: QPState,
+    grad_x: Tensor | None,
+    grad_eq: Tensor | None,
+    grad_ineq: Tensor | None,
+    needs: tuple[bool, ...],
+) -> tuple[Tensor | None, ...]:
+    """The parameter gradients of every sample of ``state`` for the output cotangents, by the
+    state's backward method (plain autograd, outside torch.func)."""
+    data = adjoint_input(state, None, grad_x, grad_eq, grad_ineq)
+    return parameter_gradients(data, run_adjoint(state, data), needs)
+
+
+def refuse_second_order(
+    grads: tuple[Tensor | None, ...], cotangents: tuple[Tensor | None, ...]
+) -> tuple[Tensor | None, ...]:
+    """``grads`` unchanged, or under ``create_graph=True`` (cotangents that require grad)
+    tied to them by :class:`NoDoubleBackward`, so a second pass raises."""
+    anchors = [g for g in cotangents if g is not None and g.requires_grad]
+    if not (torch.is_grad_enabled() and anchors):
+        return grads
+    return tuple(None if g is None else NoDoubleBackward.apply(g, *anchors) for g in grads)
 
 
 class NoDoubleBackward(torch.autograd.Function):

@@ -1,0 +1,471 @@
+"""One small dense QP without the batch machinery: the lean path of :func:`dxopt.qp.solve`.
+
+A single (unbatched) dense CPU problem with ``n <= SMALL_MAX_N``, solved by daqp with the
+default options, is the call decision-focused models and controllers make thousands of times
+per epoch. Through the general path (canonical problem, fallback chain, batch certificate,
+batched active set and backward) it costs about 0.6 ms, some 60 raw solves. This module runs
+the same steps as straight-line numpy on the one sample:
+
+- **forward** (:func:`small_forward`): the cheap checks (shapes, dtype, finiteness by one sum
+  per input, symmetry of ``P``), one :func:`daqp.solve` with ``eps_prox = 0`` (its Cholesky
+  of ``P`` certifies it positive definite, :mod:`dxopt.qp._daqp`), and the certificate of
+  :func:`dxopt.qp._polish.batch_accept_exact` for the one point (same tests, same
+  tolerances);
+- **backward** (:func:`small_backward`): the active set is daqp's working set, taken only when
+  it is unambiguous with a margin that no tolerance in play can reach: every working-set row
+  has a multiplier above :math:`\\max(10^{-6}, 10\\,b)` times the dual scale and every other
+  row a relative slack above the same :math:`\\max(10^{-6}, 10\\,b)`, with :math:`b` the
+  classification threshold of :func:`dxopt.qp._active.identify_active` (so that function
+  would return the same set: no weak row, strict complementarity). Then the reduced KKT
+  system is solved by block elimination of ``P`` (:func:`dxopt.linalg.small_schur`; a row
+  dependent on the others, read off its pivots, leaves the lean path), refined against
+  :math:`K` as :func:`dxopt.qp._backward_kkt.schur_refine` does, with the requested method's
+  own step limit, tolerance and residual bound, and turned into the gradients of
+  :mod:`dxopt.qp._grads`.
+
+Anything else (another solver, an option the lean path does not take, batched or sparse or
+non-CPU inputs, a point daqp did not solve or that does not certify, an ambiguous or dependent
+active set, a refinement that does not reach the residual bound) leaves the lean path: the
+forward returns ``None`` and :func:`~dxopt.qp.solve` takes the general path, and the backward
+rebuilds the general state from its saved copy of the data (one more solve, same point) and
+runs the requested backward method with its degenerate policy. The results, diagnostics
+included, are those of the general path (``tests/qp/test_small.py`` compares them, and checks
+the gradients against finite differences).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from dxopt.linalg.schur import small_schur
+from dxopt.qp._degenerate import DEPENDENT_TOL
+from dxopt.qp._function import eager_gradients, refuse_second_order
+from dxopt.qp._polish import RELATIVE_FLOOR, ROUNDOFF
+from dxopt.qp._types import BackwardDiagnostics
+
+__all__ = ["SMALL_MAX_N", "SmallPoint", "SmallQPFunction", "small_forward", "small_inputs"]
+
+SMALL_MAX_N = 64
+"""Largest ``n`` of the lean path: up to here a problem's arithmetic is cheaper than the
+general path's dispatches."""
+
+_MARGIN = 1e-6  # the active set's margin (module docstring)
+_TINY = float(np.finfo(np.float64).tiny)
+_EPS64 = float(np.finfo(np.float64).eps)
+_DTYPES = (torch.float64, torch.float32)
+_BOUNDS: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}  # (m, p) -> (lower, sense)
+
+
+def small_inputs(P: object, q: object, A: object, b: object, G: object, h: object) -> bool:
+    """Whether ``(P, q, A, b, G, h)`` is one small dense CPU problem the lean path takes:
+    plain tensors (no subclass), strided, one float dtype (float64 or float32), unbatched,
+    consistent shapes with ``1 <= n <= SMALL_MAX_N``, ``A, b`` and ``G, h`` in pairs, and no
+    forward-mode AD level open (its dual tensors need the general path's ``jvp``). Anything
+    else, bad input included, is left to the general path and its error messages."""
+    if type(q) is not Tensor or type(P) is not Tensor or q.ndim != 1 or P.ndim != 2:
+        return False
+    n = q.shape[0]
+    dtype = q.dtype
+    if not 0 < n <= SMALL_MAX_N or P.shape != (n, n) or dtype not in _DTYPES:
+        return False
+    for M, v in ((A, b), (G, h)):
+        if M is None and v is None:
+            continue
+        if type(M) is not Tensor or type(v) is not Tensor or M.ndim != 2 or v.ndim != 1:
+            return False
+        if M.shape[1] != n or v.shape[0] != M.shape[0]:
+            return False
+    for t in (P, q, A, b, G, h):
+        if isinstance(t, Tensor) and (
+            t.dtype is not dtype or t.layout is not torch.strided or not t.is_cpu
+        ):
+            return False
+    level = getattr(torch.autograd.forward_ad, "_current_level", None)
+    return level is not None and level < 0  # an open dual level (or unknown): the general path
+
+
+@dataclass
+class SmallPoint:
+    """The certified solution of one small QP and what its backward needs: float64 copies of
+    the data (the inputs may change in place after the call), daqp's working set (``nu > 0``)
+    and the certificate's residuals; ``general(point)`` rebuilds the general path's state."""
+
+    P: np.ndarray
+    q: np.ndarray
+    A: Any  # the optional arrays: None when absent
+    b: Any
+    G: Any
+    h: Any
+    x: np.ndarray
+    mu: np.ndarray
+    nu: np.ndarray
+    g_inf: np.ndarray
+    dtype: torch.dtype
+    general: Callable[..., Any]
+    diagnostics: BackwardDiagnostics = field(default_factory=BackwardDiagnostics)
+    solve_time: float = 0.0
+    primal: float = 0.0
+    dual: float = 0.0
+    slack: Any = None  # h - Gx, nu * |g_i|_inf and Ax - b (set by the certificate)
+    nu_inf: Any = None
+    eq_residual: Any = None
+
+
+def _array(t: Tensor | None) -> Any:
+    """A float64 C-contiguous copy of ``t`` (``None`` stays ``None``)."""
+    if t is None:
+        return None
+    a = (t.detach() if t.requires_grad else t).numpy()
+    return np.array(a, dtype=np.float64, order="C")
+
+
+def _bounds(m: int, p: int) -> tuple[np.ndarray, np.ndarray]:
+    """daqp's lower bounds and senses for ``m`` inequality and ``p`` equality rows (as
+    :class:`dxopt.qp._daqp.DaqpBatch`; cached, daqp does not write them)."""
+    key = (m, p)
+    if key not in _BOUNDS:
+        sense = np.zeros(m + p, dtype=np.intc)
+        sense[m:] = 5
+        _BOUNDS[key] = (np.full(m + p, -1e30), sense)
+    return _BOUNDS[key]
+
+
+def small_forward(
+    P: Tensor,
+    q: Tensor,
+    A: Tensor | None,
+    b: Tensor | None,
+    G: Tensor | None,
+    h: Tensor | None,
+    *,
+    eps_abs: float,
+    eps_rel: float,
+    general: Callable[..., Any],
+) -> SmallPoint | None:
+    """Solve and certify one small QP (:func:`small_inputs` holds), or ``None`` for the
+    general path (module docstring)."""
+    import daqp
+
+    try:
+        Pn, qn, An, bn, Gn, hn = (_array(t) for t in (P, q, A, b, G, h))
+    except RuntimeError:  # no numpy view (e.g. a negative-bit view): the general path
+        return None
+    total = Pn.sum() + qn.sum()
+    for a in (An, bn, Gn, hn):
+        if a is not None:
+            total = total + a.sum()
+    if not math.isfinite(total):  # NaN/Inf (or an overflowing sum): the general path decides
+        return None
+    if not (Pn == Pn.T).all():
+        asym = float(np.abs(Pn - Pn.T).max())
+        if asym > 100 * float(torch.finfo(q.dtype).eps) * max(float(np.abs(Pn).max()), 1.0):
+            return None  # the general path raises the symmetry error
+    n = qn.shape[0]
+    m = 0 if Gn is None else Gn.shape[0]
+    p = 0 if An is None else An.shape[0]
+    if (Gn is not None and not m) or (An is not None and not p):
+        return None  # a present matrix without rows: the general path's empty outputs
+    C: np.ndarray = np.zeros((0, n))
+    upper: np.ndarray = np.zeros(0)
+    if m and p:
+        C, upper = np.concatenate((Gn, An)), np.concatenate((hn, bn))
+    elif m or p:
+        C, upper = (Gn, hn) if m else (An, bn)
+    lower, sense = _bounds(m, p)
+    start = time.perf_counter()
+    x, _, flag, info = daqp.solve(Pn, qn, C, upper, lower, sense, primal_tol=eps_abs, eps_prox=0.0)
+    if flag != 1 and flag != 2:  # not solved, or P not positive definite: the general path
+        return None
+    x = np.asarray(x, dtype=np.float64)
+    lam = info["lam"]
+    mu = np.array(lam[m:], dtype=np.float64)
+    nu = np.maximum(lam[:m], 0.0)
+    g_inf = _max(np.abs(Gn), 1) if m else np.zeros(0)
+    if m and not g_inf.all():  # a zero row of G: the general path's rules for it
+        return None
+    point = SmallPoint(Pn, qn, An, bn, Gn, hn, x, mu, nu, g_inf, q.dtype, general)
+    if not _certify(point, eps_abs, eps_rel):
+        return None
+    point.solve_time = time.perf_counter() - start
+    return point
+
+
+_max, _min = np.maximum.reduce, np.minimum.reduce  # the ufunc reductions (no method wrappers)
+
+
+def _certify(point: SmallPoint, eps_abs: float, eps_rel: float) -> bool:
+    """:func:`dxopt.qp._polish.batch_accept_exact` for one exact-working-set point (the same
+    tests and tolerances; the max-norms of the vectors are taken by one ``reduceat`` over
+    their concatenation): True if the point certifies as it is. Stores the residuals, the
+    slack :math:`h - Gx`, :math:`Ax - b` and :math:`\\nu_i\\|g_i\\|_\\infty` on ``point``."""
+    P, q, A, b, G, h = point.P, point.q, point.A, point.b, point.G, point.h
+    x, mu, nu = point.x, point.mu, point.nu
+    rel = max(eps_rel, RELATIVE_FLOOR)
+    px = P @ x
+    dual = px + q
+    vecs = [px, q]
+    if A is not None:
+        ax = A @ x
+        at_mu = mu @ A
+        dual += at_mu
+        point.eq_residual = ax - b
+        vecs += [at_mu, ax, b, point.eq_residual]
+    if G is not None:
+        gx = G @ x
+        gt_nu = nu @ G
+        dual += gt_nu
+        point.slack = h - gx
+        vecs += [gt_nu, gx, h]
+    vecs.append(dual)
+    starts, end = [], 0
+    for v in vecs:  # no vector is empty (n >= 1, present matrices have rows)
+        starts.append(end)
+        end += v.shape[0]
+    maxima = np.maximum.reduceat(np.abs(np.concatenate(vecs)), starts).tolist()
+    px_inf, q_inf, *rest = maxima
+    dual_inf = rest.pop()
+    big = px_inf
+    primal = 0.0
+    if A is not None:
+        at_inf, ax_inf, b_inf, primal, *rest = rest
+        if primal > eps_abs + rel * max(ax_inf, b_inf):
+            return False
+        big = max(big, at_inf)
+    tol_d = eps_abs + rel * max(big if G is None else max(big, rest[0]), q_inf)
+    if not dual_inf <= tol_d:
+        return False
+    if G is not None:
+        s = point.slack
+        p_scale = max(rest[1], rest[2])
+        tol_p = eps_abs + rel * p_scale
+        viol = max(-float(_min(s)), 0.0)
+        primal = max(primal, viol)
+        if viol > tol_p:
+            return False
+        roundoff = ROUNDOFF * max(p_scale, 1e-300)
+        if viol > roundoff and np.count_nonzero((s < -roundoff) & ~(nu > 0)):
+            return False
+        point.nu_inf = nu * point.g_inf
+        both = np.minimum(np.maximum(s, 0.0) * (1.0 / tol_p), point.nu_inf * (1.0 / tol_d))
+        if float(_max(both)) > 1.0:
+            return False
+    point.primal, point.dual = primal, dual_inf
+    return True
+
+
+def _active(point: SmallPoint) -> tuple[np.ndarray, float] | None:
+    """daqp's working set as the active set when it is unambiguous (module docstring), and the
+    accuracy :math:`\\varepsilon` of :func:`dxopt.qp._active.identify_active` with the
+    forward's set (the penalty method's :math:`\\beta = \\max(10\\varepsilon, \\beta_{min})`);
+    ``None`` otherwise."""
+    x, G, A = point.x, point.G, point.A
+    ax = np.abs(x)
+    eq_eps = 0.0
+    if A is not None and A.shape[0]:
+        a_norm = np.sqrt(np.einsum("ij,ij->i", A, A))
+        eq_eps = float(_max(np.abs(point.eq_residual) / np.maximum(a_norm, _TINY)))
+    if G is None or not G.shape[0]:
+        return np.zeros(0, dtype=bool), eq_eps
+    g_inf, nu, nu_inf, s = point.g_inf, point.nu, point.nu_inf, point.slack
+    dual_scale = max(float(_max(np.abs(point.P) @ ax + np.abs(point.q))), float(_max(nu_inf)))
+    dual_scale = max(dual_scale, _TINY)
+    sigma_p = np.abs(point.h) + np.abs(G) @ ax + g_inf * (1.0 + float(_max(ax)))
+    rel_slack = s / np.maximum(sigma_p, _TINY)
+    comp = float(_max(np.maximum(rel_slack, 0.0) * nu_inf)) / dual_scale
+    eps = max(eq_eps, -float(_min(rel_slack)), comp)
+    margin = max(_MARGIN, 1e4 * eps)  # >= 10 x identify_active's max(1e3 eps, 1e-9)
+    working = nu > 0
+    # a working-set row with a small multiplier (weak, or near it), or a row outside the set
+    # at (or near) zero slack: the general path decides
+    if np.count_nonzero(np.where(working, nu_inf - margin * dual_scale, rel_slack - margin) <= 0):
+        return None
+    g_norm = np.sqrt(np.einsum("ij,ij->i", G, G))
+    used = float(_max(np.where(working, np.abs(s) / g_norm, 0.0)))
+    return working, max(used, eq_eps)
+
+
+_REFINEMENT: dict[str, tuple[int, float, float, float | None]] = {}
+
+
+def _refinement(method: Any) -> tuple[int, float, float, float | None]:
+    """``(steps, tol, max_residual, beta_min)`` of a default backward method's regular path
+    (``beta_min`` only for the penalty method); cached by name (only the default instances of
+    ``backward="penalty"``/``"kkt"`` come here)."""
+    if method.name not in _REFINEMENT:
+        from dxopt.qp._backward_kkt import _KKT_STEPS, _KKT_TOL
+        from dxopt.qp._backward_penalty import PenaltyBackward
+
+        steps: tuple[int, float, float, float | None] = (
+            (method.max_refinement, method.refine_tol, method.max_residual, method.beta_min)
+            if isinstance(method, PenaltyBackward)
+            else (_KKT_STEPS, _KKT_TOL, method.max_residual, None)
+        )
+        _REFINEMENT[method.name] = steps
+    return _REFINEMENT[method.name]
+
+
+def _vector(t: Tensor | None, size: int, rows: np.ndarray | None = None) -> np.ndarray:
+    """A cotangent as float64 numpy (zero for ``None``), restricted to ``rows``."""
+    if t is None:
+        return np.zeros(size if rows is None else rows.size)
+    a = t.detach().numpy()
+    a = a if rows is None else a[rows]
+    return a if a.dtype == np.float64 else a.astype(np.float64)
+
+
+def small_backward(
+    point: SmallPoint,
+    method: Any,
+    grad_x: Tensor | None,
+    grad_eq: Tensor | None,
+    grad_ineq: Tensor | None,
+    needs: tuple[bool, ...],
+) -> tuple[Tensor | None, ...] | None:
+    """The gradients for ``(P, q, A, b, G, h)`` by the lean backward (module docstring), or
+    ``None`` where the general path must decide."""
+    picked = _active(point)
+    if picked is None:
+        return None
+    working, accuracy = picked
+    steps_max, tol, max_residual, beta_min = _refinement(method)
+    P, G, A = point.P, point.G, point.A
+    g = _vector(grad_x, P.shape[0])
+    if G is not None:
+        J = np.flatnonzero(working)
+        C, r2 = G[J], _vector(grad_ineq, 0, J)
+        if A is not None:
+            C, r2 = np.concatenate((C, A)), np.concatenate((r2, _vector(grad_eq, A.shape[0])))
+    elif A is not None:
+        C, r2 = A, _vector(grad_eq, A.shape[0])
+    else:
+        C, r2 = np.zeros((0, P.shape[0])), np.zeros(0)
+    factor = small_schur(P, C)
+    if factor is None or factor.dependent(DEPENDENT_TOL):
+        return None
+    norm = max(math.sqrt(float(g @ g + r2 @ r2)), 1e-300)
+
+    def residual(u: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+        r1 = g - P @ u - w @ C
+        rr = r2 - C @ u
+        return r1, rr, math.sqrt(float(r1 @ r1 + rr @ rr)) / norm
+
+    u, w = factor.solve(g, r2)
+    r1, rr, rel = residual(u, w)
+    steps, best = 0, math.inf  # the stopping rule and best-iterate rule of schur_refine
+    while not (steps >= steps_max or rel <= tol or (rel > 0.5 * best and rel < 1e-12)):
+        best = min(best, rel)
+        du, dw = factor.solve(r1, rr)
+        new_u, new_w = u + du, w + dw
+        new_r1, new_rr, new_rel = residual(new_u, new_w)
+        steps += 1
+        if new_rel < rel:
+            u, w, r1, rr, rel = new_u, new_w, new_r1, new_rr, new_rel
+    if not rel <= max_residual:
+        return None
+    k = C.shape[0] - (0 if A is None else A.shape[0])
+    _record(point.diagnostics, method, rel, steps, k, accuracy, beta_min)
+    return _gradients(point, u, w[:k], w[k:], working, needs)
+
+
+def _record(
+    diagnostics: BackwardDiagnostics,
+    method: Any,
+    residual: float,
+    steps: int,
+    k: int,
+    accuracy: float,
+    beta_min: float | None,
+) -> None:
+    """The diagnostics the general path's regular dense route records for one sample."""
+    diagnostics.method = method.name
+    diagnostics.linear_solver = "schur"
+    diagnostics.dependent_rows = (0,)
+    diagnostics.licq = True
+    diagnostics.residual = residual
+    diagnostics.n_active = (k,)
+    diagnostics.n_weak = (0,)
+    diagnostics.pseudo_inverse = (False,)
+    diagnostics.weak_kept = False
+    if beta_min is not None:  # the penalty method
+        diagnostics.jitter = 0.0
+        diagnostics.refinement_steps = steps
+        diagnostics.beta = (max(10.0 * accuracy, beta_min),)
+
+
+def _gradients(
+    point: SmallPoint,
+    u: np.ndarray,
+    w_J: np.ndarray,
+    w_E: np.ndarray,
+    working: np.ndarray,
+    needs: tuple[bool, ...],
+) -> tuple[Tensor | None, ...]:
+    """The formulas of :mod:`dxopt.qp._grads` for one sample, in the inputs' dtype."""
+    x = point.x
+    out: list[np.ndarray | None] = [None] * 6
+    if needs[0]:
+        out[0] = -0.5 * (np.outer(u, x) + np.outer(x, u))
+    if needs[1]:
+        out[1] = -u
+    if point.A is not None:
+        if needs[2]:
+            out[2] = -(np.outer(point.mu, u) + np.outer(w_E, x))
+        if needs[3]:
+            out[3] = w_E
+    if point.G is not None:
+        m = point.G.shape[0]
+        if needs[4] or needs[5]:
+            w = np.zeros(m)
+            w[working] = w_J
+            if needs[4]:
+                out[4] = -(np.outer(point.nu * working, u) + np.outer(w, x))
+            if needs[5]:
+                out[5] = w
+    dtype = point.dtype
+    return tuple(None if a is None else torch.from_numpy(a).to(dtype) for a in out)
+
+
+class SmallQPFunction(torch.autograd.Function):
+    """``(P, q, A, b, G, h, point, method) -> (x, eq_duals, ineq_duals)`` of a solved
+    :class:`SmallPoint`, with the lean backward (:func:`small_backward`) and the general
+    path's where that declines. (Plain autograd only: :func:`small_inputs` sends torch.func
+    and forward-mode AD to :class:`dxopt.qp._function.QPFunction`.)"""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        P: Tensor,
+        q: Tensor,
+        A: Tensor | None,
+        b: Tensor | None,
+        G: Tensor | None,
+        h: Tensor | None,
+        point: SmallPoint,
+        method: Any,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        ctx.point, ctx.method = point, method
+        ctx.set_materialize_grads(False)  # unused outputs: None, not zeros
+        dtype = point.dtype
+        return tuple(  # type: ignore[return-value]
+            torch.from_numpy(a.copy()).to(dtype) for a in (point.x, point.mu, point.nu)
+        )
+
+    @staticmethod
+    def backward(
+        ctx: Any, grad_x: Tensor | None, grad_eq: Tensor | None, grad_ineq: Tensor | None
+    ) -> Any:
+        point: SmallPoint = ctx.point
+        needs = tuple(ctx.needs_input_grad[:6])
+        grads = small_backward(point, ctx.method, grad_x, grad_eq, grad_ineq, needs)
+        if grads is None:  # the general path: its state from the saved data, same point
+            state = replace(point.general(point), diagnostics=point.diagnostics)
+            grads = eager_gradients(state, grad_x, grad_eq, grad_ineq, needs)
+        return (*refuse_second_order(grads, (grad_x, grad_eq, grad_ineq)), None, None)

@@ -1,0 +1,276 @@
+"""The lean path for one small dense QP (dxopt.qp._small) against the general path and finite
+differences: same solution, status, info, gradients and diagnostics; every case it must not
+decide (degenerate, weak, zero rows, bad input, failures) goes to the general path."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+import dxopt.qp as dqp
+import dxopt.qp._api as api
+from dxopt.qp import _small
+
+NAMES = ("P", "q", "A", "b", "G", "h")
+
+
+def _problem(n: int, m: int, p: int, seed: int, dtype=torch.float64) -> dict:
+    """A random strictly convex QP with a feasible interior (about half the rows active)."""
+    rng = np.random.default_rng(seed)
+    M = rng.standard_normal((n, n))
+    data = {"P": M @ M.T + 0.5 * np.eye(n), "q": rng.standard_normal(n)}
+    x0 = rng.standard_normal(n)
+    if p:
+        data["A"] = rng.standard_normal((p, n))
+        data["b"] = data["A"] @ x0
+    if m:
+        data["G"] = rng.standard_normal((m, n))
+        data["h"] = data["G"] @ x0 + rng.uniform(0.0, 1.0, m) * (rng.random(m) < 0.5)
+    return {k: torch.tensor(data[k], dtype=dtype) if k in data else None for k in NAMES}
+
+
+def _leaves(data: dict) -> dict:
+    return {k: None if v is None else v.clone().requires_grad_() for k, v in data.items()}
+
+
+def _run(data: dict, lean: bool, monkeypatch, *, backward="penalty", weights=None, **kw):
+    """Solve, backpropagate ``w.x + u.nu + v.mu`` and return the solution and gradients."""
+    with monkeypatch.context() as mp:
+        if not lean:
+            mp.setattr(api, "small_inputs", lambda *a: False)
+        ins = _leaves(data)
+        sol = dqp.solve(*(ins[k] for k in NAMES), backward=backward, **kw)
+        used = "SmallQPFunction" in type(sol.x.grad_fn).__name__
+        rng = np.random.default_rng(7)
+        loss = (torch.tensor(rng.standard_normal(sol.x.shape[0]), dtype=sol.x.dtype) * sol.x).sum()
+        if weights == "duals":
+            for d in (sol.eq_duals, sol.ineq_duals):
+                if d is not None:
+                    loss = (
+                        loss
+                        + (torch.tensor(rng.standard_normal(d.shape[0]), dtype=d.dtype) * d).sum()
+                    )
+        loss.backward()
+        grads = {k: None if v is None else v.grad for k, v in ins.items()}
+    return sol, grads, used
+
+
+SIZES = [(1, 1, 0), (3, 2, 1), (10, 5, 0), (10, 5, 3), (20, 30, 5), (40, 10, 0), (64, 64, 20),
+         (8, 0, 3), (8, 0, 0)]  # fmt: skip
+CASES = [(n, m, p, seed) for n, m, p in SIZES for seed in range(3)]
+
+
+@pytest.mark.parametrize("backward", ["penalty", "kkt"])
+@pytest.mark.parametrize(("n", "m", "p", "seed"), CASES)
+def test_lean_equals_general(n, m, p, seed, backward, monkeypatch):
+    data = _problem(n, m, p, seed)
+    lean, g_lean, used = _run(data, True, monkeypatch, backward=backward, weights="duals")
+    ref, g_ref, used_ref = _run(data, False, monkeypatch, backward=backward, weights="duals")
+    assert used and not used_ref
+    assert lean.status == ref.status
+    torch.testing.assert_close(lean.x, ref.x, rtol=0, atol=0)
+    for a, b in ((lean.eq_duals, ref.eq_duals), (lean.ineq_duals, ref.ineq_duals)):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+    for k in NAMES:
+        if g_ref[k] is None:
+            assert g_lean[k] is None
+            continue
+        torch.testing.assert_close(
+            g_lean[k], g_ref[k], rtol=1e-12, atol=1e-12 * (1 + g_ref[k].abs().max())
+        )
+    info, info_ref = lean.info, ref.info
+    for field in ("solver", "sample_solvers", "sample_tolerances", "polished"):
+        assert getattr(info, field) == getattr(info_ref, field)
+    np.testing.assert_allclose(
+        info.primal_residual, info_ref.primal_residual, rtol=1e-12, atol=1e-300
+    )
+    np.testing.assert_allclose(info.dual_residual, info_ref.dual_residual, rtol=1e-12, atol=1e-300)
+    d, d_ref = dataclasses.asdict(info.backward), dataclasses.asdict(info_ref.backward)
+    residual, residual_ref = d.pop("residual"), d_ref.pop("residual")
+    assert residual <= 1e-12 and residual_ref <= 1e-12
+    np.testing.assert_allclose(d.pop("beta"), d_ref.pop("beta"), rtol=1e-9)
+    assert d == d_ref
+
+
+def _one_sided(f, x0: np.ndarray, direction: np.ndarray) -> tuple[float, float] | None:
+    """Forward and backward difference quotients of ``f`` at ``x0`` along ``direction``, at
+    three step sizes; ``None`` (no verdict) when they are not stable across the steps."""
+    fwd, bwd = [], []
+    for t in (1e-5, 1e-6, 1e-7):
+        f0 = f(x0)
+        fwd.append((f(x0 + t * direction) - f0) / t)
+        bwd.append((f0 - f(x0 - t * direction)) / t)
+    for vals in (fwd, bwd):
+        if max(vals) - min(vals) > 1e-5 * (1 + max(abs(v) for v in vals)):
+            return None
+    return fwd[-1], bwd[-1]
+
+
+@pytest.mark.parametrize(("n", "m", "p", "seed"), [(5, 4, 1, 0), (10, 5, 3, 1), (12, 20, 4, 2)])
+def test_gradients_match_finite_differences(n, m, p, seed):
+    """Directional derivatives of L = w.x in every input against one-sided differences (at a
+    kink either side is a valid derivative; unstable quotients are no verdict)."""
+    data = _problem(n, m, p, seed)
+    w = torch.tensor(np.random.default_rng(3).standard_normal(n), dtype=torch.float64)
+    ins = _leaves(data)
+    sol = dqp.solve(*(ins[k] for k in NAMES))
+    assert "SmallQPFunction" in type(sol.x.grad_fn).__name__
+    (w * sol.x).sum().backward()
+    rng = np.random.default_rng(11)
+    verdicts = 0
+    for k in NAMES:
+        if data[k] is None:
+            continue
+        direction = rng.standard_normal(tuple(data[k].shape))
+        if k == "P":
+            direction = direction + direction.T
+        base = data[k].numpy()
+
+        def loss(value: np.ndarray, key: str = k) -> float:
+            args = {**data, key: torch.tensor(value)}
+            return float((w * dqp.solve(*(args[j] for j in NAMES)).x).sum())
+
+        quotients = _one_sided(loss, base, direction)
+        if quotients is None:
+            continue
+        analytic = float((ins[k].grad * torch.tensor(direction)).sum())
+        assert min(abs(analytic - qv) for qv in quotients) <= 1e-5 * (1 + abs(analytic)), k
+        verdicts += 1
+    assert verdicts >= 4
+
+
+def test_float32_inputs(monkeypatch):
+    data64 = _problem(10, 6, 2, 4)
+    data32 = {k: None if v is None else v.float() for k, v in data64.items()}
+    sol, grads, used = _run(data32, True, monkeypatch)
+    ref, grads_ref, _ = _run(data32, False, monkeypatch)
+    assert used and sol.x.dtype == torch.float32
+    torch.testing.assert_close(sol.x, ref.x, rtol=0, atol=0)
+    for k in NAMES:
+        if grads_ref[k] is not None:
+            assert grads[k].dtype == torch.float32
+            torch.testing.assert_close(grads[k], grads_ref[k])
+
+
+def test_degenerate_rows_take_the_general_backward(monkeypatch):
+    """Two copies of an active row (LICQ fails): the forward is lean, the backward declines and
+    the general path's degenerate policy decides; the result equals the general path's."""
+    data = _problem(6, 3, 0, 5)
+    G, h = data["G"], data["h"]
+    data["G"], data["h"] = torch.cat([G, G[:1]]), torch.cat([h, h[:1]])
+    data["h"][0] = data["h"][3] = float(G[0] @ torch.linalg.solve(data["P"], -data["q"])) - 1.0
+    with pytest.warns(dqp.QPDegenerateWarning):
+        lean, g_lean, used = _run(data, True, monkeypatch, weights="duals")
+    with pytest.warns(dqp.QPDegenerateWarning):
+        ref, g_ref, _ = _run(data, False, monkeypatch, weights="duals")
+    assert used
+    assert lean.info.backward.dependent_rows == ref.info.backward.dependent_rows != (0,)
+    for k in NAMES:
+        if g_ref[k] is not None:
+            torch.testing.assert_close(g_lean[k], g_ref[k])
+
+
+def test_weakly_active_row_takes_the_general_backward(monkeypatch):
+    """A row with zero slack and zero multiplier (h at the unconstrained minimiser)."""
+    data = _problem(5, 2, 0, 6)
+    x_free = torch.linalg.solve(data["P"], -data["q"])
+    data["h"] = data["G"] @ x_free + torch.tensor([0.0, 1.0], dtype=torch.float64)
+    lean, g_lean, used = _run(data, True, monkeypatch)
+    ref, g_ref, _ = _run(data, False, monkeypatch)
+    assert used and lean.info.backward.n_weak == ref.info.backward.n_weak == (1,)
+    for k in NAMES:
+        if g_ref[k] is not None:
+            torch.testing.assert_close(g_lean[k], g_ref[k])
+
+
+@pytest.mark.parametrize("case", ["zero_row", "psd_singular", "empty_G", "infeasible"])
+def test_cases_the_forward_leaves_to_the_general_path(case, monkeypatch):
+    data = _problem(6, 4, 1, 8)
+    if case == "zero_row":
+        data["G"][2] = 0.0
+        data["h"][2] = 1.0
+    elif case == "psd_singular":
+        v = torch.ones(6, dtype=torch.float64)
+        data["P"] = torch.outer(v, v)  # PSD, singular: daqp's Cholesky fails, the box bounds it
+        eye = torch.eye(6, dtype=torch.float64)
+        data["G"], data["h"] = torch.cat([eye, -eye]), torch.ones(12, dtype=torch.float64)
+    elif case == "empty_G":
+        data["G"], data["h"] = (
+            torch.zeros(0, 6, dtype=torch.float64),
+            torch.zeros(0, dtype=torch.float64),
+        )
+    elif case == "infeasible":
+        data["G"] = torch.cat([data["G"], -data["G"][:1]])
+        data["h"] = torch.cat([data["h"], -data["h"][:1] - 1.0])
+        with pytest.raises(dqp.QPSolveError):
+            _run(data, True, monkeypatch)
+        return
+    sol, grads, used = _run(data, True, monkeypatch)
+    ref, grads_ref, _ = _run(data, False, monkeypatch)
+    assert not used
+    torch.testing.assert_close(sol.x, ref.x, rtol=0, atol=0)
+    for k in NAMES:
+        if grads_ref[k] is not None:
+            torch.testing.assert_close(grads[k], grads_ref[k])
+
+
+@pytest.mark.parametrize(
+    ("change", "error"),
+    [("nan", "NaN"), ("inf_h", "Inf"), ("asymmetric", "symmetric"), ("indefinite", "positive")],
+)
+def test_bad_input_gets_the_general_error(change, error):
+    data = _problem(4, 2, 0, 9)
+    if change == "nan":
+        data["q"][1] = float("nan")
+    elif change == "inf_h":
+        data["h"][0] = float("inf")
+    elif change == "asymmetric":
+        data["P"][0, 1] += 1.0
+    else:
+        data["P"] = -data["P"]
+    with pytest.raises(ValueError, match=error):
+        dqp.solve(*(data[k] for k in NAMES))
+
+
+def test_in_place_change_after_the_solve_does_not_change_the_gradient():
+    data = _problem(8, 5, 2, 10)
+    ins = _leaves(data)
+    sol = dqp.solve(*(ins[k] for k in NAMES))
+    x = sol.x
+    with torch.no_grad():
+        ins["P"].mul_(3.0)
+        ins["G"].add_(1.0)
+    x.sum().backward()
+    ones = _leaves(data)
+    sol2 = dqp.solve(*(ones[k] for k in NAMES))
+    sol2.x.sum().backward()
+    torch.testing.assert_close(ins["q"].grad, ones["q"].grad, rtol=0, atol=0)
+    torch.testing.assert_close(ins["G"].grad, ones["G"].grad, rtol=0, atol=0)
+
+
+def test_second_order_is_refused():
+    data = _problem(6, 3, 1, 12)
+    ins = _leaves(data)
+    sol = dqp.solve(*(ins[k] for k in NAMES))
+    (g,) = torch.autograd.grad(sol.x.pow(2).sum(), ins["q"], create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        g.sum().backward()
+
+
+def test_inputs_outside_the_lean_path():
+    P = torch.eye(3, dtype=torch.float64)
+    q = torch.ones(3, dtype=torch.float64)
+    assert _small.small_inputs(P, q, None, None, None, None)
+    assert not _small.small_inputs(P[None], q[None], None, None, None, None)  # batched
+    assert not _small.small_inputs(P.to_sparse(), q, None, None, None, None)
+    assert not _small.small_inputs(P, q.float(), None, None, None, None)  # mixed dtypes
+    big = torch.eye(_small.SMALL_MAX_N + 1, dtype=torch.float64)
+    assert not _small.small_inputs(big, big[0], None, None, None, None)
+    with torch.autograd.forward_ad.dual_level():
+        assert not _small.small_inputs(P, q, None, None, None, None)
+    assert not _small.small_inputs(P, q, torch.ones(1, 3, dtype=torch.float64), None, None, None)
