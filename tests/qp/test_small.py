@@ -274,3 +274,32 @@ def test_inputs_outside_the_lean_path():
     with torch.autograd.forward_ad.dual_level():
         assert not _small.small_inputs(P, q, None, None, None, None)
     assert not _small.small_inputs(P, q, torch.ones(1, 3, dtype=torch.float64), None, None, None)
+
+
+def test_box_bounds_take_the_lean_path(monkeypatch):
+    """lb/ub become rows of G (dxopt.qp._bounds) before the lean path; their multipliers and
+    gradients equal the general path's."""
+    data = _problem(8, 3, 1, 13)
+    inside = torch.full((8,), 0.05, dtype=torch.float64)  # feasible for every row and bound
+    data["b"], data["h"] = data["A"] @ inside, data["G"] @ inside + 0.1
+    lb = torch.full((8,), -0.3, dtype=torch.float64)
+    ub = torch.full((8,), 0.2, dtype=torch.float64)
+    ub[3] = float("inf")
+    out = {}
+    for lean in (True, False):
+        with monkeypatch.context() as mp:
+            if not lean:
+                mp.setattr(api, "small_inputs", lambda *a: False)
+            ins = _leaves(data)
+            lo, hi = lb.clone().requires_grad_(), ub.clone().requires_grad_()
+            sol = dqp.solve(*(ins[k] for k in NAMES), lb=lo, ub=hi)
+            assert ("SmallQPFunction" in type(sol.x.grad_fn).__name__) == lean
+            weights = torch.linspace(-1.0, 1.0, 8, dtype=torch.float64)
+            ((weights * sol.x).sum() + sol.lb_duals.sum() - sol.ub_duals.sum()).backward()
+            out[lean] = (sol, ins["q"].grad, lo.grad, hi.grad)
+    (sol, gq, glb, gub), (ref, gq_ref, glb_ref, gub_ref) = out[True], out[False]
+    assert int((sol.lb_duals > 0).sum()) + int((sol.ub_duals > 0).sum()) > 0  # bounds bind
+    pairs = [(sol.x, ref.x), (sol.lb_duals, ref.lb_duals), (sol.ub_duals, ref.ub_duals)]
+    pairs += [(sol.ineq_duals, ref.ineq_duals), (gq, gq_ref), (glb, glb_ref), (gub, gub_ref)]
+    for a, b in pairs:
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)

@@ -134,9 +134,10 @@ def _small_solve(
     eps_rel: float,
     fallback: bool,
     polish: bool,
-) -> QPSolution | None:
-    """One small dense QP through :mod:`dxopt.qp._small` (daqp, certified point), or ``None``
-    when the general path must run."""
+) -> tuple[Tensor, Tensor, Tensor, tuple[QPStatus, ...], QPInfo] | None:
+    """``(x, eq_duals, ineq_duals, status, info)`` of one small dense QP through
+    :mod:`dxopt.qp._small` (daqp, certified point), or ``None`` when the general path must
+    run."""
 
     def general(point: SmallPoint) -> QPState:
         def tensor(a: np.ndarray | None) -> Tensor | None:
@@ -166,12 +167,38 @@ def _small_solve(
         sample_tolerances=(eps_abs,),
         polished=(False,),
     )
+    return x, mu, nu, (QPStatus.SOLVED,), info
+
+
+def _solution(
+    x: Tensor,
+    mu: Tensor,
+    nu: Tensor,
+    status: tuple[QPStatus, ...],
+    info: QPInfo,
+    has_eq: bool,
+    m_user: int | None,
+    lb: Tensor | None,
+    ub: Tensor | None,
+    k_lb: int,
+    k_ub: int,
+) -> QPSolution:
+    """The :class:`QPSolution`: the bound rows' multipliers split off the inequality ones
+    (``m_user`` rows of the user's ``G``, then ``k_lb`` and ``k_ub`` bound rows)."""
+    lb_duals = ub_duals = None
+    if lb is not None or ub is not None:
+        m0 = m_user or 0
+        lb_duals = nu[..., m0 : m0 + k_lb] if lb is not None else None
+        ub_duals = nu[..., m0 + k_lb : m0 + k_lb + k_ub] if ub is not None else None
+        nu = nu[..., :m0]
     return QPSolution(
         x=x,
-        eq_duals=mu if A is not None else None,
-        ineq_duals=nu if G is not None else None,
-        status=(QPStatus.SOLVED,),
+        eq_duals=mu if has_eq else None,
+        ineq_duals=nu if m_user is not None else None,
+        status=status,
         info=info,
+        lb_duals=lb_duals,
+        ub_duals=ub_duals,
     )
 
 
@@ -359,10 +386,16 @@ def solve(
         return executor.solve(
             P, q, A, b, G, h, lb=lb, ub=ub, warm_start=warm_start, options=options
         )
+    m_user = None if G is None else G.shape[-2]
+    k_lb = k_ub = 0
+    if lb is not None or ub is not None:
+        if not isinstance(q, Tensor):
+            raise TypeError("q: expected a torch.Tensor (needed to interpret lb/ub).")
+        others = (P, A) if G is None else (G,)  # match G's layout, else the problem's
+        sparse = any(isinstance(t, Tensor) and t.layout != torch.strided for t in others)
+        G, h, k_lb, k_ub = append_bounds(q, G, h, lb, ub, sparse=sparse)
     if (  # one small dense problem with the default options: the lean path (dxopt.qp._small)
-        lb is None
-        and ub is None
-        and warm_start is None
+        warm_start is None
         and not solver_options
         and check_psd
         and (solver == "daqp" or solver == "auto")
@@ -375,14 +408,7 @@ def solve(
             fallback=fallback, polish=polish,
         )  # fmt: skip
         if small is not None:
-            return small
-    m_user = None if G is None else G.shape[-2]
-    if lb is not None or ub is not None:
-        if not isinstance(q, Tensor):
-            raise TypeError("q: expected a torch.Tensor (needed to interpret lb/ub).")
-        others = (P, A) if G is None else (G,)  # match G's layout, else the problem's
-        sparse = any(isinstance(t, Tensor) and t.layout != torch.strided for t in others)
-        G, h, k_lb, k_ub = append_bounds(q, G, h, lb, ub, sparse=sparse)
+            return _solution(*small, A is not None, m_user, lb, ub, k_lb, k_ub)
     # solver="torch" (and "auto" on a GPU or for large batches of tiny problems) keeps dense
     # inputs on their device and dtype (dxopt.qp._torch_layer)
     bounds = None if lb is None and ub is None else (k_lb, k_ub, lb is not None, ub is not None)
@@ -454,21 +480,7 @@ def solve(
         sample_tolerances=result.sample_eps,
         polished=result.polished,
     )
-    lb_duals = ub_duals = None
-    if lb is not None or ub is not None:
-        m0 = m_user or 0
-        lb_duals = nu[..., m0 : m0 + k_lb] if lb is not None else None
-        ub_duals = nu[..., m0 + k_lb : m0 + k_lb + k_ub] if ub is not None else None
-        nu = nu[..., :m0]
-    return QPSolution(
-        x=x,
-        eq_duals=mu if A is not None else None,
-        ineq_duals=nu if m_user is not None else None,
-        status=result.status,
-        info=info,
-        lb_duals=lb_duals,
-        ub_duals=ub_duals,
-    )
+    return _solution(x, mu, nu, result.status, info, A is not None, m_user, lb, ub, k_lb, k_ub)
 
 
 _SOLUTION_TENSORS = ("x", "eq_duals", "ineq_duals", "lb_duals", "ub_duals")
