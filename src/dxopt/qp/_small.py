@@ -110,6 +110,7 @@ class SmallPoint:
     g_inf: np.ndarray
     dtype: torch.dtype
     general: Callable[..., Any]
+    empty: tuple[bool, bool] = (False, False)  # A, G given without rows (zero gradients)
     diagnostics: BackwardDiagnostics = field(default_factory=BackwardDiagnostics)
     solve_time: float = 0.0
     primal: float = 0.0
@@ -171,8 +172,11 @@ def small_forward(
     n = qn.shape[0]
     m = 0 if Gn is None else Gn.shape[0]
     p = 0 if An is None else An.shape[0]
-    if (Gn is not None and not m) or (An is not None and not p):
-        return None  # a present matrix without rows: the general path's empty outputs
+    empty = (An is not None and not p, Gn is not None and not m)  # given without rows
+    if empty[0]:
+        An = bn = None
+    if empty[1]:
+        Gn = hn = None
     C: np.ndarray = np.zeros((0, n))
     upper: np.ndarray = np.zeros(0)
     if m and p:
@@ -191,7 +195,7 @@ def small_forward(
     g_inf = _max(np.abs(Gn), 1) if m else np.zeros(0)
     if m and not g_inf.all():  # a zero row of G: the general path's rules for it
         return None
-    point = SmallPoint(Pn, qn, An, bn, Gn, hn, x, mu, nu, g_inf, q.dtype, general)
+    point = SmallPoint(Pn, qn, An, bn, Gn, hn, x, mu, nu, g_inf, q.dtype, general, empty)
     if not _certify(point, eps_abs, eps_rel):
         return None
     point.solve_time = time.perf_counter() - start
@@ -429,6 +433,10 @@ def _gradients(
                 out[4] = -(np.outer(point.nu * working, u) + np.outer(w, x))
             if needs[5]:
                 out[5] = w
+    n = x.shape[0]
+    for i, given in ((2, point.empty[0]), (4, point.empty[1])):
+        if given and needs[i]:
+            out[i], out[i + 1] = np.zeros((0, n)), np.zeros(0)
     dtype = point.dtype
     return tuple(None if a is None else torch.from_numpy(a).to(dtype) for a in out)
 
