@@ -327,3 +327,39 @@ def test_parallel_groups_sparse_equals_a_row_by_row_reference() -> None:
         if (norms > 0).all():
             assert groups == _degenerate._parallel_groups(Cn.toarray())
     assert _degenerate._parallel_groups_sparse(sp.csr_matrix((0, 4))) == 0
+
+
+def test_penalty_preconditioner_stays_factorable_on_chains() -> None:
+    """Chains of difference constraints (few unit rows, many other active rows: the penalty
+    matrix preconditions GMRES). Its weights are bounded (beta >= 1e-6) so the regularised
+    factor of P + G_J^T W G_J refines; with beta = 1e-8 it stalled and every call fell back to
+    the exact KKT factorization (a second, larger one). The gradient is the exact one."""
+    k, points = 2, 60
+    lap = sp.diags([-np.ones(points - 1), 2 * np.ones(points), -np.ones(points - 1)], [-1, 0, 1])
+    L1 = sp.kron(lap, sp.identity(k)).tocsr()
+    P = (0.5 * sp.identity(points * k) + L1.T @ L1).tocoo()
+    D = sp.lil_matrix((points, points))
+    for i in range(points):
+        D[i, i], D[i, (i + 1) % points] = 1.0, -1.0
+    G = sp.vstack([sp.kron(D.tocsr(), sp.identity(k)), -sp.kron(D.tocsr(), sp.identity(k))])
+    G = G.tocoo()
+
+    def coo(M: sp.coo_matrix) -> torch.Tensor:
+        idx = torch.from_numpy(np.vstack([M.row, M.col]).astype(np.int64))
+        return torch.sparse_coo_tensor(idx, torch.from_numpy(M.data), M.shape).coalesce()
+
+    rng = np.random.default_rng(0)
+    q0 = torch.tensor(-10.0 * rng.standard_normal(points * k), dtype=F64)
+    h = torch.ones(G.shape[0], dtype=F64)
+    grads = {}
+    for backward in ("penalty", "kkt"):
+        q = q0.clone().requires_grad_()
+        sol = dqp.solve(coo(P), q, G=coo(G), h=h, backward=backward)
+        (torch.linspace(-1, 1, points * k, dtype=F64) * sol.x).sum().backward()
+        grads[backward] = q.grad
+        if backward == "penalty":
+            assert int((sol.ineq_duals > 0).sum()) > 20  # many difference rows active
+            assert sol.info.backward.method == "penalty"
+            assert sol.info.backward.linear_solver == "splu+gmres"
+            assert sol.info.backward.residual <= 1e-12
+    torch.testing.assert_close(grads["penalty"], grads["kkt"], rtol=1e-10, atol=1e-12)

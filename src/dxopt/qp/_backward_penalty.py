@@ -91,6 +91,8 @@ from dxopt.qp._types import BackwardDiagnostics, QPBackwardError
 
 __all__ = ["PenaltyBackward"]
 
+_PRECONDITIONER_BETA = 1e-6  # least beta of a penalty matrix that preconditions the refinement
+
 
 @dataclass(frozen=True, kw_only=True)
 class PenaltyBackward(BackwardBase):
@@ -146,11 +148,15 @@ class PenaltyBackward(BackwardBase):
             return torch.clamp(10.0 * active.accuracy, min=self.beta_min)
         return torch.full((data.x.shape[0],), self.beta, dtype=torch.float64)
 
-    def weights(self, data: AdjointInput, active: ActiveSet) -> tuple[Tensor, Tensor, Tensor]:
-        """Per-sample β (S,), inequality weights W (S, m) (zero off J) and W_E (S, p)."""
+    def weights(
+        self, data: AdjointInput, active: ActiveSet, *, beta_floor: float = 0.0
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Per-sample β (S,), inequality weights W (S, m) (zero off J) and W_E (S, p);
+        ``beta_floor`` bounds β below (the weights above) when the penalty matrix is only the
+        refinement's preconditioner."""
         problem = data.problem
         S = data.x.shape[0]
-        beta = self._beta(data, active)
+        beta = self._beta(data, active).clamp_min(beta_floor)
         if problem.is_sparse("P"):
             idx, val = problem.P.indices(), problem.P.values()
             c_P = (val[idx[0] == idx[1]].abs().sum() / problem.n).expand(S)
@@ -223,7 +229,12 @@ class PenaltyBackward(BackwardBase):
         if exact is not None and exact.usable:
             beta, solve = self._beta(data, active), exact
         else:
-            beta, W, W_E = self.weights(data, active)
+            # refined, the penalty matrix only preconditions GMRES: weights up to about 2.5e5
+            # times P's scale keep it factorable (at beta = 1e-8 the regularised SuperLU
+            # factor's refinement stalled on chains at n = 1e5 and the exact KKT fallback
+            # factored a second, larger matrix: 0.48 s against 0.23 s)
+            floor = _PRECONDITIONER_BETA if self.max_refinement > 0 else 0.0
+            beta, W, W_E = self.weights(data, active, beta_floor=floor)
             solve = SparsePenaltySolve(regular, active, W, W_E)
         diagnostics.linear_solver, diagnostics.jitter = solve.name, 0.0
         u, w_ineq, w_eq, steps = gmres_refine(
