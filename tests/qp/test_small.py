@@ -66,7 +66,18 @@ CASES = [(n, m, p, seed) for n, m, p in SIZES for seed in range(3)]
 @pytest.mark.parametrize("backward", ["penalty", "kkt"])
 @pytest.mark.parametrize(("n", "m", "p", "seed"), CASES)
 def test_lean_equals_general(n, m, p, seed, backward, monkeypatch):
-    data = _problem(n, m, p, seed)
+    _compare(_problem(n, m, p, seed), backward, monkeypatch)
+
+
+@pytest.mark.parametrize("backward", ["penalty", "kkt"])
+def test_lean_equals_general_without_active_rows(backward, monkeypatch):
+    data = _problem(10, 5, 2, 15)
+    data["h"] = data["h"] + 100.0  # every inequality row slack: k = p rows in the adjoint
+    _compare(data, backward, monkeypatch)
+
+
+def _compare(data: dict, backward: str, monkeypatch) -> None:
+    """The lean path's solution, info, gradients and diagnostics equal the general path's."""
     lean, g_lean, used = _run(data, True, monkeypatch, backward=backward, weights="duals")
     ref, g_ref, used_ref = _run(data, False, monkeypatch, backward=backward, weights="duals")
     assert used and not used_ref

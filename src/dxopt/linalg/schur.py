@@ -228,13 +228,12 @@ class SmallSchur:
     def solve(self, r1: np.ndarray, r2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`SchurFactor.solve` for one system (LAPACK ``dtrtrs``/``dpotrs``)."""
         lp = _lapack()
+        if not self.Y.shape[1]:  # no constraint rows: u = P^{-1} r1
+            return lp.dpotrs(self.L, r1, lower=1)[0], np.zeros(0)
         t = lp.dtrtrs(self.L, r1, lower=1)[0]
-        if self.Y.shape[1]:
-            inv = self.inv_scale
-            w = lp.dpotrs(self.LS, (self.Y.T @ t - r2) * inv, lower=1)[0] * inv
-            t = t - self.Y @ w
-        else:
-            w = np.zeros(0)
+        inv = self.inv_scale
+        w = lp.dpotrs(self.LS, (self.Y.T @ t - r2) * inv, lower=1)[0] * inv
+        t = t - self.Y @ w
         return lp.dtrtrs(self.L, t, lower=1, trans=1)[0], w
 
 
@@ -247,7 +246,11 @@ def small_schur(P: np.ndarray, C: np.ndarray, *, shift: float = 1e-14) -> SmallS
     if info != 0:
         return None
     k = C.shape[0]
-    Y = lp.dtrtrs(L, C.T, lower=1)[0] if k else np.zeros((L.shape[0], 0))
+    if not k:  # no constraint rows: the Cholesky factor of P is all there is
+        empty = np.zeros(0)
+        return SmallSchur(L, np.zeros((L.shape[0], 0)), np.zeros((0, 0)), empty,
+                          np.zeros((0, 0)), empty, 0)  # fmt: skip
+    Y = lp.dtrtrs(L, C.T, lower=1)[0]
     S_lower = Y.T @ Y
     s = np.diagonal(S_lower)
     inv_scale = 1.0 / np.sqrt(np.where(s > 0, s, 1.0))

@@ -269,26 +269,35 @@ def _active(point: SmallPoint) -> tuple[np.ndarray, float] | None:
     """daqp's working set as the active set when it is unambiguous (module docstring), and the
     accuracy :math:`\\varepsilon` of :func:`dxopt.qp._active.identify_active` with the
     forward's set (the penalty method's :math:`\\beta = \\max(10\\varepsilon, \\beta_{min})`);
-    ``None`` otherwise."""
+    ``None`` otherwise. The scales are those of ``identify_active``; the dual scale is formed
+    only when some row is in the working set (it enters nothing else)."""
     x, G, A = point.x, point.G, point.A
-    ax = np.abs(x)
     eq_eps = 0.0
-    if A is not None and A.shape[0]:
+    if A is not None:
         a_norm = np.sqrt(np.einsum("ij,ij->i", A, A))
         eq_eps = float(_max(np.abs(point.eq_residual) / np.maximum(a_norm, _TINY)))
-    if G is None or not G.shape[0]:
+    if G is None:
         return np.zeros(0, dtype=bool), eq_eps
-    g_inf, nu, nu_inf, s = point.g_inf, point.nu, point.nu_inf, point.slack
-    dual_scale = max(float(_max(np.abs(point.P) @ ax + np.abs(point.q))), float(_max(nu_inf)))
-    dual_scale = max(dual_scale, _TINY)
-    sigma_p = np.abs(point.h) + np.abs(G) @ ax + g_inf * (1.0 + float(_max(ax)))
-    rel_slack = s / np.maximum(sigma_p, _TINY)
-    comp = float(_max(np.maximum(rel_slack, 0.0) * nu_inf)) / dual_scale
+    nu, nu_inf, s = point.nu, point.nu_inf, point.slack
+    ax = np.abs(x)
+    # g_inf > 0 on every row (zero rows never reach the lean path): sigma_p > 0
+    sigma_p = np.abs(point.h) + np.abs(G) @ ax + point.g_inf * (1.0 + float(_max(ax)))
+    rel_slack = s / sigma_p
+    working = nu > 0
+    k = np.count_nonzero(working)
+    dual_scale = comp = 0.0
+    if k:
+        dual_scale = float(_max(np.abs(point.P) @ ax + np.abs(point.q)))
+        dual_scale = max(dual_scale, float(_max(nu_inf)), _TINY)
+        comp = float(_max(np.maximum(rel_slack, 0.0) * nu_inf)) / dual_scale
     eps = max(eq_eps, -float(_min(rel_slack)), comp)
     margin = max(_MARGIN, 1e4 * eps)  # >= 10 x identify_active's max(1e3 eps, 1e-9)
-    working = nu > 0
     # a working-set row with a small multiplier (weak, or near it), or a row outside the set
     # at (or near) zero slack: the general path decides
+    if not k:
+        if float(_min(rel_slack)) <= margin:
+            return None
+        return working, eq_eps
     if np.count_nonzero(np.where(working, nu_inf - margin * dual_scale, rel_slack - margin) <= 0):
         return None
     g_norm = np.sqrt(np.einsum("ij,ij->i", G, G))
