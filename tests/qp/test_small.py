@@ -335,3 +335,20 @@ def test_constraints_without_rows(which, monkeypatch):
         assert (grads[k] is None) == (grads_ref[k] is None), k
         if grads_ref[k] is not None:
             torch.testing.assert_close(grads[k], grads_ref[k], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("lean", [True, False])
+def test_jacobian_of_the_lean_path_and_batched_cotangents(lean, monkeypatch):
+    """torch.autograd.functional.jacobian (one backward per output) equals torch.func.jacrev
+    (the vmappable general path); torch's legacy batched cotangents get a clear error."""
+    if not lean:
+        monkeypatch.setattr(api, "small_inputs", lambda *a: False)
+    data = _problem(6, 4, 1, 16)
+
+    def f(q: torch.Tensor) -> torch.Tensor:
+        return dqp.solve(data["P"], q, data["A"], data["b"], data["G"], data["h"]).x
+
+    jac = torch.autograd.functional.jacobian(f, data["q"])
+    torch.testing.assert_close(jac, torch.func.jacrev(f)(data["q"]), rtol=1e-10, atol=1e-12)
+    with pytest.raises(RuntimeError, match="batched cotangents"):
+        torch.autograd.functional.jacobian(f, data["q"], vectorize=True)

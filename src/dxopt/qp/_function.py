@@ -55,6 +55,7 @@ __all__ = [
     "QPFunction",
     "QPState",
     "eager_gradients",
+    "refuse_batched_cotangents",
     "refuse_second_order",
 ]
 
@@ -197,6 +198,7 @@ class QPFunction(torch.autograd.Function):
             )  # fmt: skip
             return (*grads, None, None)
         needs = tuple(ctx.needs_input_grad[:6])
+        refuse_batched_cotangents((grad_x, grad_eq, grad_ineq))
         grads = eager_gradients(state, grad_x, grad_eq, grad_ineq, needs)  # every sample
         return (*refuse_second_order(grads, (grad_x, grad_eq, grad_ineq)), None, None)
 
@@ -231,6 +233,26 @@ def eager_gradients(
     state's backward method (plain autograd, outside torch.func)."""
     data = adjoint_input(state, None, grad_x, grad_eq, grad_ineq)
     return parameter_gradients(data, run_adjoint(state, data), needs)
+
+
+def refuse_batched_cotangents(cotangents: tuple[Tensor | None, ...]) -> None:
+    """Raise a clear ``RuntimeError`` for the cotangents of torch's legacy batched gradients
+    (``torch.autograd.grad(..., is_grads_batched=True)``, ``torch.autograd.functional.jacobian``
+    with ``vectorize=True``): the eager backward runs numpy/LAPACK, which that vmap cannot
+    batch (``torch.func`` can: its transforms take the vmappable backward)."""
+    if any(g is not None and is_legacy_batched(g) for g in cotangents):
+        raise RuntimeError(
+            "dxopt.qp: batched cotangents (torch.autograd.grad(is_grads_batched=True), "
+            "torch.autograd.functional.jacobian/hessian(vectorize=True)) are not supported by "
+            "the eager backward. Use vectorize=False, or torch.func.jacrev / "
+            "torch.func.vmap(torch.func.vjp(...)), which dxopt.qp supports."
+        )
+
+
+def is_legacy_batched(t: Tensor) -> bool:
+    """``t`` is a batched tensor of torch's legacy vmap (``torch._vmap_internals``)."""
+    check = getattr(torch._C._functorch, "is_legacy_batchedtensor", None)
+    return bool(check(t)) if check is not None else False
 
 
 def refuse_second_order(

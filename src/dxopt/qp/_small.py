@@ -47,7 +47,7 @@ from torch import Tensor
 
 from dxopt.linalg.schur import small_schur
 from dxopt.qp._degenerate import DEPENDENT_TOL
-from dxopt.qp._function import eager_gradients, refuse_second_order
+from dxopt.qp._function import eager_gradients, refuse_batched_cotangents, refuse_second_order
 from dxopt.qp._polish import RELATIVE_FLOOR, ROUNDOFF
 from dxopt.qp._types import BackwardDiagnostics
 
@@ -481,6 +481,7 @@ class SmallQPFunction(torch.autograd.Function):
     ) -> Any:
         point: SmallPoint = ctx.point
         needs = tuple(ctx.needs_input_grad[:6])
+        refuse_batched_cotangents((grad_x, grad_eq, grad_ineq))
         grads = small_backward(point, ctx.method, grad_x, grad_eq, grad_ineq, needs)
         if grads is None:  # the general path: its state from the saved data, same point
             state = replace(point.general(point), diagnostics=point.diagnostics)
