@@ -352,3 +352,26 @@ def test_jacobian_of_the_lean_path_and_batched_cotangents(lean, monkeypatch):
     torch.testing.assert_close(jac, torch.func.jacrev(f)(data["q"]), rtol=1e-10, atol=1e-12)
     with pytest.raises(RuntimeError, match="batched cotangents"):
         torch.autograd.functional.jacobian(f, data["q"], vectorize=True)
+
+
+CONFIGURED = [
+    (dqp.PenaltyBackward(beta=1e-3), True),
+    (dqp.PenaltyBackward(max_refinement=3, refine_tol=1e-12, beta_min=1e-6), True),
+    (dqp.PenaltyBackward(weak_policy="raise", degenerate="vertex"), True),
+    (dqp.KKTBackward(max_residual=1e-10, degenerate="min_norm"), True),
+    (dqp.KKTBackward(linear_solver="dense"), True),
+    (dqp.PenaltyBackward(max_refinement=0), False),  # plain dXPP: the penalty matrix's answer
+    (dqp.KKTBackward(active_tol=1e-9), False),  # a slack threshold decides the active set
+    (dqp.KKTBackward(linear_solver="sparse"), False),
+]
+
+
+@pytest.mark.parametrize(("method", "lean"), CONFIGURED, ids=[repr(c[0]) for c in CONFIGURED])
+def test_configured_backward_methods(method, lean, monkeypatch):
+    """A configured PenaltyBackward/KKTBackward takes the lean path when its options cannot
+    change a regular problem's adjoint, and gives the general path's gradient and diagnostics."""
+    data = _problem(10, 6, 2, 17)
+    sol, *_ = _run(data, True, monkeypatch, backward=method)
+    assert ("SmallQPFunction" in type(sol.x.grad_fn).__name__) == lean
+    if lean:
+        _compare(data, method, monkeypatch)

@@ -24,7 +24,13 @@ from dxopt.qp._forward import (
 from dxopt.qp._function import BackwardMethod, QPCall, QPFunction, QPState
 from dxopt.qp._problem import QPProblem, canonical_problem
 from dxopt.qp._problem import check_psd as check_psd_of
-from dxopt.qp._small import SmallPoint, SmallQPFunction, small_forward, small_inputs
+from dxopt.qp._small import (
+    SmallPoint,
+    SmallQPFunction,
+    lean_method,
+    small_forward,
+    small_inputs,
+)
 from dxopt.qp._tangent import BASES, forward_ad_dual, functorch_active, sparse_under_func
 from dxopt.qp._types import BackwardDiagnostics, QPInfo, QPSolution, QPSolveError, QPStatus
 
@@ -249,7 +255,7 @@ def solve(
 
     The forward solve goes through :func:`qpsolvers.solve_problem` (CPU, float64, one solve per
     sample; daqp through its own Python API, :mod:`dxopt.qp._daqp`; one small unbatched dense
-    problem, ``n <= 64``, with daqp and the default options takes the lean path of
+    problem, ``n <= 64``, with daqp and the default solver options takes the lean path of
     :mod:`dxopt.qp._small`, same results at a fraction of the fixed cost). The derivative is the
     implicit one of the KKT conditions
     :math:`Px + q + A^\\top\\mu + G^\\top\\nu = 0`, :math:`Ax = b`,
@@ -401,7 +407,7 @@ def solve(
         and not solver_options
         and check_psd
         and (solver == "daqp" or solver == "auto")
-        and isinstance(backward, str)
+        and lean_method(method)
         and not functorch_active()
         and small_inputs(P, q, A, b, G, h)
     ):

@@ -39,7 +39,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -51,7 +51,14 @@ from dxopt.qp._function import eager_gradients, refuse_batched_cotangents, refus
 from dxopt.qp._polish import RELATIVE_FLOOR, ROUNDOFF
 from dxopt.qp._types import BackwardDiagnostics
 
-__all__ = ["SMALL_MAX_N", "SmallPoint", "SmallQPFunction", "small_forward", "small_inputs"]
+__all__ = [
+    "SMALL_MAX_N",
+    "SmallPoint",
+    "SmallQPFunction",
+    "lean_method",
+    "small_forward",
+    "small_inputs",
+]
 
 SMALL_MAX_N = 64
 """Largest ``n`` of the lean path: up to here a problem's arithmetic is cheaper than the
@@ -305,24 +312,53 @@ def _active(point: SmallPoint) -> tuple[np.ndarray, float] | None:
     return working, max(used, eq_eps)
 
 
-_REFINEMENT: dict[str, tuple[int, float, float, float | None]] = {}
+def lean_method(method: object) -> bool:
+    """Whether the lean backward computes what ``method`` would on a regular problem: a
+    :class:`~dxopt.qp.PenaltyBackward` (refined) or :class:`~dxopt.qp.KKTBackward` itself (no
+    subclass), dense linear algebra, the forward's active set (``active_tol=None``). The
+    degenerate and weak-row policies only act where the lean path declines (the general path
+    then runs this same method)."""
+    from dxopt.qp._backward_kkt import KKTBackward
+    from dxopt.qp._backward_penalty import PenaltyBackward
+
+    kind = type(method)
+    if kind is not PenaltyBackward and kind is not KKTBackward:
+        return False
+    if method.active_tol is not None or method.linear_solver == "sparse":  # type: ignore[attr-defined]
+        return False
+    return kind is KKTBackward or method.max_refinement > 0  # type: ignore[attr-defined]
 
 
-def _refinement(method: Any) -> tuple[int, float, float, float | None]:
-    """``(steps, tol, max_residual, beta_min)`` of a default backward method's regular path
-    (``beta_min`` only for the penalty method); cached by name (only the default instances of
-    ``backward="penalty"``/``"kkt"`` come here)."""
-    if method.name not in _REFINEMENT:
+class _Regular(NamedTuple):
+    """What a method's regular dense path uses: refinement limits, the residual bound, and for
+    the penalty method its fixed :math:`\\beta` (or ``None``) and :math:`\\beta_{min}`."""
+
+    steps: int
+    tol: float
+    max_residual: float
+    penalty: bool
+    beta: float | None
+    beta_min: float
+
+
+_REGULAR: dict[Any, _Regular] = {}
+
+
+def _regular(method: Any) -> _Regular:
+    """The :class:`_Regular` settings of a method :func:`lean_method` accepts (cached per method:
+    frozen dataclasses, hashable)."""
+    if method not in _REGULAR:
         from dxopt.qp._backward_kkt import _KKT_STEPS, _KKT_TOL
         from dxopt.qp._backward_penalty import PenaltyBackward
 
-        steps: tuple[int, float, float, float | None] = (
-            (method.max_refinement, method.refine_tol, method.max_residual, method.beta_min)
-            if isinstance(method, PenaltyBackward)
-            else (_KKT_STEPS, _KKT_TOL, method.max_residual, None)
-        )
-        _REFINEMENT[method.name] = steps
-    return _REFINEMENT[method.name]
+        if isinstance(method, PenaltyBackward):
+            _REGULAR[method] = _Regular(
+                method.max_refinement, method.refine_tol, method.max_residual, True,
+                method.beta, method.beta_min,
+            )  # fmt: skip
+        else:
+            _REGULAR[method] = _Regular(_KKT_STEPS, _KKT_TOL, method.max_residual, False, None, 0.0)
+    return _REGULAR[method]
 
 
 def _vector(t: Tensor | None, size: int, rows: np.ndarray | None = None) -> np.ndarray:
@@ -348,7 +384,8 @@ def small_backward(
     if picked is None:
         return None
     working, accuracy = picked
-    steps_max, tol, max_residual, beta_min = _refinement(method)
+    regular = _regular(method)
+    steps_max, tol, max_residual = regular.steps, regular.tol, regular.max_residual
     P, G, A = point.P, point.G, point.A
     g = _vector(grad_x, P.shape[0])
     if G is not None:
@@ -384,7 +421,7 @@ def small_backward(
     if not rel <= max_residual:
         return None
     k = C.shape[0] - (0 if A is None else A.shape[0])
-    _record(point.diagnostics, method, rel, steps, k, accuracy, beta_min)
+    _record(point.diagnostics, method, rel, steps, k, accuracy, regular)
     return _gradients(point, u, w[:k], w[k:], working, needs)
 
 
@@ -395,7 +432,7 @@ def _record(
     steps: int,
     k: int,
     accuracy: float,
-    beta_min: float | None,
+    regular: _Regular,
 ) -> None:
     """The diagnostics the general path's regular dense route records for one sample."""
     diagnostics.method = method.name
@@ -407,10 +444,11 @@ def _record(
     diagnostics.n_weak = (0,)
     diagnostics.pseudo_inverse = (False,)
     diagnostics.weak_kept = False
-    if beta_min is not None:  # the penalty method
+    if regular.penalty:  # its fixed beta, or max(10 eps, beta_min) (PenaltyBackward._beta)
         diagnostics.jitter = 0.0
         diagnostics.refinement_steps = steps
-        diagnostics.beta = (max(10.0 * accuracy, beta_min),)
+        beta = regular.beta
+        diagnostics.beta = (max(10.0 * accuracy, regular.beta_min) if beta is None else beta,)
 
 
 def _gradients(
