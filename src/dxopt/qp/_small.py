@@ -1,7 +1,7 @@
 """One small dense QP without the batch machinery: the lean path of :func:`dxopt.qp.solve`.
 
 A single (unbatched) dense CPU problem with ``n <= SMALL_MAX_N``, solved by daqp with the
-default options, is the call decision-focused models and controllers make thousands of times
+default solver options and differentiated by a method :func:`lean_method` accepts, is the call decision-focused models and controllers make thousands of times
 per epoch. Through the general path (canonical problem, fallback chain, batch certificate,
 batched active set and backward) it costs about 0.6 ms, some 60 raw solves. This module runs
 the same steps as straight-line numpy on the one sample:
