@@ -128,12 +128,7 @@ def _forward_state(
 
 
 def _small_solve(
-    P: Tensor,
-    q: Tensor,
-    A: Tensor | None,
-    b: Tensor | None,
-    G: Tensor | None,
-    h: Tensor | None,
+    data: tuple[Tensor | None, ...],
     *,
     method: BackwardMethod,
     eps_abs: float,
@@ -159,10 +154,10 @@ def _small_solve(
             max_workers=None, solver_options=None, fallback=fallback, polish=polish,
         )  # fmt: skip
 
-    point = small_forward(P, q, A, b, G, h, eps_abs=eps_abs, eps_rel=eps_rel, general=general)
+    point = small_forward(data, eps_abs=eps_abs, eps_rel=eps_rel, general=general)
     if point is None:
         return None
-    x, mu, nu = SmallQPFunction.apply(P, q, A, b, G, h, point, method)
+    x, mu, nu = SmallQPFunction.apply(*data, point, method)
     info = QPInfo(
         solver="daqp",
         solve_time=point.solve_time,
@@ -412,7 +407,7 @@ def solve(
         and small_inputs(P, q, A, b, G, h)
     ):
         small = _small_solve(
-            P, q, A, b, G, h, method=method, eps_abs=eps_abs, eps_rel=eps_rel,
+            (P, q, A, b, G, h), method=method, eps_abs=eps_abs, eps_rel=eps_rel,
             fallback=fallback, polish=polish,
         )  # fmt: skip
         if small is not None:

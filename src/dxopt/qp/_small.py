@@ -1,10 +1,11 @@
 """One small dense QP without the batch machinery: the lean path of :func:`dxopt.qp.solve`.
 
 A single (unbatched) dense CPU problem with ``n <= SMALL_MAX_N``, solved by daqp with the
-default solver options and differentiated by a method :func:`lean_method` accepts, is the call decision-focused models and controllers make thousands of times
-per epoch. Through the general path (canonical problem, fallback chain, batch certificate,
-batched active set and backward) it costs about 0.6 ms, some 60 raw solves. This module runs
-the same steps as straight-line numpy on the one sample:
+default solver options and differentiated by a method :func:`lean_method` accepts, is the call
+decision-focused models and controllers make thousands of times per epoch. Through the general
+path (canonical problem, fallback chain, batch certificate, batched active set and backward) it
+costs about 0.6 ms, some 60 raw solves. This module runs the same steps as straight-line numpy
+on the one sample:
 
 - **forward** (:func:`small_forward`): the cheap checks (shapes, dtype, finiteness by one sum
   per input, symmetry of ``P``), one :func:`daqp.solve` with ``eps_prox = 0`` (its Cholesky
@@ -147,23 +148,16 @@ def _bounds(m: int, p: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def small_forward(
-    P: Tensor,
-    q: Tensor,
-    A: Tensor | None,
-    b: Tensor | None,
-    G: Tensor | None,
-    h: Tensor | None,
-    *,
-    eps_abs: float,
-    eps_rel: float,
-    general: Callable[..., Any],
+    data: tuple[Tensor | None, ...], *, eps_abs: float, eps_rel: float, general: Callable[..., Any]
 ) -> SmallPoint | None:
-    """Solve and certify one small QP (:func:`small_inputs` holds), or ``None`` for the
-    general path (module docstring)."""
+    """Solve and certify one small QP ``data = (P, q, A, b, G, h)`` (:func:`small_inputs`
+    holds), or ``None`` for the general path (module docstring)."""
     import daqp
 
+    q = data[1]
+    assert q is not None
     try:
-        Pn, qn, An, bn, Gn, hn = (_array(t) for t in (P, q, A, b, G, h))
+        Pn, qn, An, bn, Gn, hn = (_array(t) for t in data)
     except RuntimeError:  # no numpy view (e.g. a negative-bit view): the general path
         return None
     total = Pn.sum() + qn.sum()
@@ -495,17 +489,8 @@ class SmallQPFunction(torch.autograd.Function):
     and forward-mode AD to :class:`dxopt.qp._function.QPFunction`.)"""
 
     @staticmethod
-    def forward(
-        ctx: Any,
-        P: Tensor,
-        q: Tensor,
-        A: Tensor | None,
-        b: Tensor | None,
-        G: Tensor | None,
-        h: Tensor | None,
-        point: SmallPoint,
-        method: Any,
-    ) -> tuple[Tensor, Tensor, Tensor]:
+    def forward(ctx: Any, *args: Any) -> tuple[Tensor, Tensor, Tensor]:
+        point, method = args[6], args[7]  # after the six data tensors (P, q, A, b, G, h)
         ctx.point, ctx.method = point, method
         ctx.set_materialize_grads(False)  # unused outputs: None, not zeros
         dtype = point.dtype
