@@ -1,0 +1,249 @@
+"""One large dense saddle-point system through its augmented matrix, in mixed precision.
+
+The system is the reduced KKT system of :mod:`dxopt.linalg.schur`,
+
+.. math:: K\\begin{bmatrix} u \\\\ w \\end{bmatrix} = \\begin{bmatrix} P & C^\\top \\\\ C & 0
+    \\end{bmatrix}\\begin{bmatrix} u \\\\ w \\end{bmatrix}
+    = \\begin{bmatrix} r_1 \\\\ r_2 \\end{bmatrix},
+    \\qquad P\\ (n\\times n)\\ \\text{symmetric},\\ C\\ (k\\times n),
+
+for one system with many rows (:math:`k` comparable to :math:`n`), where the block
+elimination of :math:`P` costs :math:`n^3/3 + n^2k + nk^2 + k^3/3` flops.
+
+**Augmented matrix** (the method of multipliers; Hestenes 1969, Powell 1969; as a
+preconditioner: Golub & Greif, SIAM J. Sci. Comput. 24, 2003). For weights
+:math:`W = \\operatorname{diag}(\\omega_j) \\succ 0`, :math:`M = P + C^\\top WC` and
+
+.. math:: \\delta u = M^{-1}(a + C^\\top Wb),\\qquad \\delta w = W(C\\delta u - b)
+
+solve the regularised system :math:`[[P, C^\\top], [C, -W^{-1}]][\\delta u; \\delta w] = [a; b]`
+exactly. Used as the right preconditioner :math:`B` of :math:`K`, the preconditioned matrix
+:math:`KB` has the eigenvalue 1 (:math:`n` times) and :math:`\\sigma_i/(1 + \\sigma_i)`,
+:math:`\\sigma_i` the eigenvalues of :math:`W^{1/2}CP^{-1}C^\\top W^{1/2}` (a short
+computation with :math:`(K_W^{-1})_{22} = -(W^{-1} + CP^{-1}C^\\top)^{-1}`), so a Krylov
+method converges in a few steps once :math:`W` is large against :math:`(CP^{-1}C^\\top)^{-1}`.
+Here :math:`\\omega_j = \\gamma\\, c_P / \\|c_j\\|^2` (:math:`c_P` the mean :math:`|P_{ii}|`,
+``gamma`` :math:`=\\gamma`): every row's curvature is commensurate with :math:`P`, whatever the
+row scaling. Forming :math:`M` is one SYRK (:math:`n^2k` flops) and its Cholesky
+:math:`n^3/3`.
+
+**Mixed precision.** :math:`M` is formed and factored in float32 (LAPACK ``ssyrk`` and
+``spotrf``, about twice the float64 flop rate), and flexible GMRES (Saad, SIAM J. Sci. Comput.
+14, 1993; flexible because a float32 solve is not exactly linear) runs in float64 on the exact
+:math:`K`. It converges to float64 accuracy while the float32 factor is a fair approximate
+inverse of :math:`M` (roughly :math:`\\kappa(M)\\,\\varepsilon_{32} < 1`); the true float64
+residual is computed at the end and returned, and :func:`augmented_solve` returns ``None`` when
+the factorization fails or the iteration does not reach ``tol``, so the caller falls back to
+the exact block elimination.
+
+**Linear independence of the rows, certified.** The augmented matrix is positive definite
+whether or not the rows of :math:`C` are independent, so it cannot tell.
+:func:`certify_independent_rows` certifies :math:`\\lambda_{\\min}(\\hat C\\hat C^\\top) \\ge`
+``floor`` for the row-normalised :math:`\\hat C` (every squared pivot of the Gram test of
+:func:`dxopt.qp._degenerate.count_dependent_dense` is at least :math:`\\lambda_{\\min}`) by a
+float64 Cholesky of :math:`\\hat G - \\tau I`, :math:`\\hat G = fl(\\hat C\\hat C^\\top)`, with
+:math:`\\tau` = ``floor`` plus rigorous bounds of the rounding errors (Higham, *Accuracy and
+Stability of Numerical Algorithms*, 2nd ed., eqs. (3.4) and Theorem 10.3): the inner products
+are off by at most :math:`\\gamma_n\\|\\hat c_i\\|\\|\\hat c_j\\|`, so
+:math:`\\|\\hat G - G\\|_2 \\le k\\gamma_n(1 + \\epsilon)`, and a Cholesky factorization that
+completes in floating point is the exact one of :math:`\\hat G - \\tau I + \\Delta` with
+:math:`\\|\\Delta\\|_2 \\le k\\gamma_{k+1}\\max_i \\hat g_{ii}`. Round-off can therefore not fake
+the certificate; where it cannot be given the caller uses the exact test of its general path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+import numpy as np
+import torch
+from scipy.linalg import blas, lapack, solve_triangular
+
+__all__ = ["AugmentedSolution", "augmented_solve", "blas_threads", "certify_independent_rows"]
+
+_U64 = float(np.finfo(np.float64).eps) / 2  # unit round-off of float64
+
+
+@lru_cache(maxsize=1)
+def _controller() -> Any:
+    """threadpoolctl's controller of the loaded BLAS libraries, created once (creating one
+    scans the loaded libraries, about 1 ms; limiting through it costs about 15 us)."""
+    try:
+        from threadpoolctl import ThreadpoolController
+    except ImportError:  # pragma: no cover - threadpoolctl ships with scipy's usual installs
+        return None
+    return ThreadpoolController()
+
+
+@contextmanager
+def blas_threads() -> Iterator[None]:
+    """numpy's and scipy's BLAS limited to torch's intra-op thread count (no
+    oversubscription; the unit of the benchmarks is one torch thread)."""
+    controller = _controller()
+    if controller is None:
+        yield
+        return
+    with controller.limit(limits=torch.get_num_threads(), user_api="blas"):
+        yield
+
+
+def _gamma(count: int) -> float:
+    """:math:`\\gamma_m = mu/(1 - mu)` (Higham, eq. (3.4)) in float64."""
+    return count * _U64 / (1.0 - count * _U64)
+
+
+def certify_independent_rows(C: np.ndarray, *, floor: float) -> bool:
+    """``True`` when :math:`\\lambda_{\\min}(\\hat C\\hat C^\\top) \\ge` ``floor`` is certified for
+    the rows of ``C`` (``(k, n)`` float64) scaled to unit norm (module docstring); ``False``
+    when it cannot be (dependent or nearly dependent rows, a zero or non-finite row, ``k > n``).
+    Costs one ``dsyrk`` (:math:`k^2n` flops) and one ``dpotrf`` (:math:`k^3/3`)."""
+    k, n = C.shape
+    if k == 0:
+        return True
+    if k > n:
+        return False
+    norms = np.sqrt(np.einsum("ij,ij->i", C, C))
+    if not bool(np.all(norms > 0)) or not bool(np.all(np.isfinite(norms))):
+        return False
+    unit = C / norms[:, None]
+    gram = blas.dsyrk(1.0, unit.T, trans=1, lower=1)  # unit.T is Fortran-ordered
+    # |fl(G) - G| <= gamma_n |c_i||c_j| entrywise (|c_i| <= 1 + (n + 2)u after scaling); the
+    # factorization's backward error is below k gamma_{k+1} max_i g_ii in norm; subtracting
+    # tau rounds each diagonal entry once more
+    row = 1.0 + (n + 2) * _U64
+    tau = floor + k * _gamma(n) * row * row
+    tau += k * _gamma(k + 1) * (row * row + tau) + 2 * _U64 * (row * row + tau)
+    gram[np.diag_indices(k)] -= tau
+    _, info = lapack.dpotrf(gram, lower=1, clean=0, overwrite_a=1)
+    return int(info) == 0
+
+
+@dataclass(frozen=True)
+class AugmentedSolution:
+    """The result of :func:`augmented_solve`.
+
+    Attributes:
+        u: ``(n,)`` primal part.
+        w: ``(k,)`` multiplier part.
+        residual: true relative residual
+            :math:`\\|[r_1; r_2] - K[u; w]\\| / \\|[r_1; r_2]\\|`, computed in float64.
+        iterations: GMRES iterations (each one float32 solve with :math:`M`).
+    """
+
+    u: np.ndarray
+    w: np.ndarray
+    residual: float
+    iterations: int
+
+
+def augmented_solve(
+    P: np.ndarray,
+    C: np.ndarray,
+    r1: np.ndarray,
+    r2: np.ndarray,
+    *,
+    tol: float,
+    gamma: float = 1e3,
+    max_iterations: int = 40,
+) -> AugmentedSolution | None:
+    """Solve :math:`[[P, C^\\top], [C, 0]][u; w] = [r_1; r_2]` by flexible GMRES preconditioned
+    with the float32 Cholesky factor of :math:`M = P + C^\\top WC` (module docstring).
+
+    Args:
+        P: ``(n, n)`` symmetric float64 (only its lower triangle enters :math:`M`; all of it
+            enters the float64 products, so it must be symmetric).
+        C: ``(k, n)`` float64 rows, none of them zero.
+        r1, r2: ``(n,)`` and ``(k,)`` float64 right-hand sides.
+        tol: the GMRES estimate of the relative residual at which it stops.
+        gamma: the weight :math:`\\gamma` of :math:`\\omega_j = \\gamma c_P/\\|c_j\\|^2`.
+        max_iterations: the most GMRES iterations (no restart).
+
+    Returns:
+        The :class:`AugmentedSolution` (its ``residual`` is the caller's to check), or
+        ``None`` when the float32 Cholesky factorization of :math:`M` fails or GMRES does not
+        reach ``tol``.
+    """
+    n, k = P.shape[0], C.shape[0]
+    c_p = float(np.abs(np.diagonal(P)).mean()) or 1.0
+    norms2 = np.einsum("ij,ij->i", C, C)
+    if not bool(np.all(norms2 > 0)):
+        raise ValueError("C: expected rows that are not zero; drop the zero rows first.")
+    weight = gamma * c_p / norms2
+    scaled = (C * np.sqrt(weight)[:, None]).astype(np.float32)
+    # M = P + scaled^T scaled (lower triangle) in one ssyrk; scaled.T and P32.T (= P32, P
+    # symmetric) are Fortran-ordered views, so nothing is copied
+    M = blas.ssyrk(1.0, scaled.T, beta=1.0, c=P.astype(np.float32).T, trans=0, lower=1,
+                   overwrite_c=1)  # fmt: skip
+    L, info = lapack.spotrf(M, lower=1, clean=0, overwrite_a=1)
+    if int(info) != 0:
+        return None
+    strsv = blas.strsv
+
+    def step(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``z = B v`` and ``K z`` (one float32 solve with M, four float64 products)."""
+        a, b = v[:n], v[n:]
+        t = (a + C.T @ (weight * b)).astype(np.float32)
+        t = strsv(L, t, lower=1, overwrite_x=1)
+        du = strsv(L, t, lower=1, trans=1, overwrite_x=1).astype(np.float64)
+        Cdu = C @ du
+        dw = weight * (Cdu - b)
+        return np.concatenate([du, dw]), np.concatenate([P @ du + C.T @ dw, Cdu])
+
+    rhs = np.concatenate([r1, r2])
+    solved = _fgmres(step, rhs, tol=tol, max_iterations=max_iterations)
+    if solved is None:
+        return None
+    z, iterations = solved
+    u, w = z[:n], z[n:]
+    res = rhs - np.concatenate([P @ u + C.T @ w, C @ u])
+    scale = float(np.linalg.norm(rhs)) or 1.0
+    return AugmentedSolution(u, w, float(np.linalg.norm(res)) / scale, iterations)
+
+
+def _fgmres(
+    step: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]],
+    b: np.ndarray,
+    *,
+    tol: float,
+    max_iterations: int,
+) -> tuple[np.ndarray, int] | None:
+    """Flexible GMRES from :math:`x_0 = 0` (Saad 1993): ``step(v)`` returns the preconditioned
+    vector :math:`z = B_jv` and :math:`Kz`; classical Gram-Schmidt applied twice, Givens
+    rotations. Returns ``(x, iterations)``, or ``None`` if the residual estimate stays above
+    ``tol * ||b||`` after ``max_iterations``."""
+    beta = float(np.linalg.norm(b))
+    if beta == 0.0:
+        return np.zeros_like(b), 0
+    N, m = b.shape[0], max_iterations
+    V = np.empty((m + 1, N))
+    Z = np.empty((m, N))
+    H = np.zeros((m + 1, m))
+    cs, sn = np.zeros(m), np.zeros(m)
+    g = np.zeros(m + 1)
+    V[0], g[0] = b / beta, beta
+    for j in range(m):
+        Z[j], w = step(V[j])
+        h = V[: j + 1] @ w
+        w -= h @ V[: j + 1]
+        h2 = V[: j + 1] @ w
+        w -= h2 @ V[: j + 1]
+        H[: j + 1, j] = h + h2
+        norm_w = float(np.linalg.norm(w))
+        H[j + 1, j] = norm_w
+        for i in range(j):  # the earlier rotations on the new column
+            a, c = H[i, j], H[i + 1, j]
+            H[i, j], H[i + 1, j] = cs[i] * a + sn[i] * c, -sn[i] * a + cs[i] * c
+        radius = float(np.hypot(H[j, j], H[j + 1, j]))
+        if radius == 0.0:
+            return None
+        cs[j], sn[j] = H[j, j] / radius, H[j + 1, j] / radius
+        H[j, j], H[j + 1, j] = radius, 0.0
+        g[j + 1], g[j] = -sn[j] * g[j], cs[j] * g[j]
+        if abs(g[j + 1]) <= tol * beta or norm_w == 0.0:  # converged, or an exact solution
+            y = solve_triangular(H[: j + 1, : j + 1], g[: j + 1], lower=False)
+            return y @ Z[: j + 1], j + 1
+        V[j + 1] = w / norm_w
+    return None
