@@ -152,13 +152,22 @@ class KKTBackward(BackwardBase):
     def _regular_adjoint(
         self, data: AdjointInput, active: ActiveSet, diagnostics: BackwardDiagnostics
     ) -> AdjointSolution | None:
-        solved = regular_dense_adjoint(
-            data, active, max_steps=_KKT_STEPS, tol=_KKT_TOL, max_residual=self.max_residual
-        )
+        from dxopt.qp._dense_large import large_dense_adjoint  # imports this module
+
+        # large n, one or a few samples: augmented matrix in float32 + GMRES (certified
+        # independent rows only; anything else takes the block elimination below)
+        solved = large_dense_adjoint(data, active, tol=_KKT_TOL, max_residual=self.max_residual)
+        solver = "augmented"
+        if solved is None:
+            solver = "schur"
+            solved = regular_dense_adjoint(
+                data, active, max_steps=_KKT_STEPS, tol=_KKT_TOL, max_residual=self.max_residual
+            )
         if solved is None:
             return None
         u, w_ineq, w_eq, residual, _ = solved
         _regular_diagnostics(diagnostics, "kkt", residual, active)
+        diagnostics.linear_solver = solver
         return AdjointSolution(u, w_ineq, w_eq, active, residual)
 
     def _adjoint(

@@ -79,6 +79,7 @@ from dxopt.qp._backward_kkt import (
     schur_refine,
     solve_sparse,
 )
+from dxopt.qp._dense_large import large_dense_adjoint
 from dxopt.qp._degenerate import (
     DEPENDENT_TOL,
     count_dependent_dense,
@@ -186,17 +187,25 @@ class PenaltyBackward(BackwardBase):
     ) -> AdjointSolution | None:
         if self.max_refinement == 0:  # plain dXPP keeps the penalty matrix
             return None
-        solved = regular_dense_adjoint(
-            data,
-            active,
-            max_steps=self.max_refinement,
-            tol=self.refine_tol,
-            max_residual=self.max_residual,
+        # large n, one or a few samples: augmented matrix in float32 + GMRES (_dense_large)
+        solved = large_dense_adjoint(
+            data, active, tol=self.refine_tol, max_residual=self.max_residual
         )
+        solver = "augmented"
+        if solved is None:
+            solver = "schur"
+            solved = regular_dense_adjoint(
+                data,
+                active,
+                max_steps=self.max_refinement,
+                tol=self.refine_tol,
+                max_residual=self.max_residual,
+            )
         if solved is None:
             return None
         u, w_ineq, w_eq, residual, steps = solved
         _regular_diagnostics(diagnostics, "penalty", residual, active)
+        diagnostics.linear_solver = solver
         diagnostics.jitter = 0.0
         diagnostics.refinement_steps = steps
         diagnostics.beta = tuple(self._beta(data, active).tolist())
