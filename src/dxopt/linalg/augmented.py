@@ -31,10 +31,11 @@ row scaling. Forming :math:`M` is one SYRK (:math:`n^2k` flops) and its Cholesky
 ``spotrf``, about twice the float64 flop rate), and flexible GMRES (Saad, SIAM J. Sci. Comput.
 14, 1993; flexible because a float32 solve is not exactly linear) runs in float64 on the exact
 :math:`K`. It converges to float64 accuracy while the float32 factor is a fair approximate
-inverse of :math:`M` (roughly :math:`\\kappa(M)\\,\\varepsilon_{32} < 1`); the true float64
-residual is computed at the end and returned, and :func:`augmented_solve` returns ``None`` when
-the factorization fails or the iteration does not reach ``tol``, so the caller falls back to
-the exact block elimination.
+inverse of :math:`M` (roughly :math:`\\kappa(M)\\,\\varepsilon_{32} < 1`). The true float64
+residual is computed after each GMRES cycle; a cycle that stops short of ``tol`` on it (the
+recurrence's estimate drifts from the truth near round-off) is followed by another on the
+true residual (iterative refinement), and the final true residual is returned for the caller
+to judge; :func:`augmented_solve` returns ``None`` when the float32 factorization fails.
 
 **Linear independence of the rows, certified.** The augmented matrix is positive definite
 whether or not the rows of :math:`C` are independent, so it cannot tell.
@@ -157,14 +158,16 @@ def augmented_solve(
             enters the float64 products, so it must be symmetric).
         C: ``(k, n)`` float64 rows, none of them zero.
         r1, r2: ``(n,)`` and ``(k,)`` float64 right-hand sides.
-        tol: the GMRES estimate of the relative residual at which it stops.
+        tol: the relative residual at which GMRES stops.
         gamma: the weight :math:`\\gamma` of :math:`\\omega_j = \\gamma c_P/\\|c_j\\|^2`.
-        max_iterations: the most GMRES iterations (no restart).
+        max_iterations: the most GMRES iterations, restarts included (each restart is a
+            step of iterative refinement: GMRES on the true float64 residual).
 
     Returns:
-        The :class:`AugmentedSolution` (its ``residual`` is the caller's to check), or
-        ``None`` when the float32 Cholesky factorization of :math:`M` fails or GMRES does not
-        reach ``tol``.
+        The :class:`AugmentedSolution` with its true residual, which the caller checks
+        (GMRES stops at ``tol``, after ``max_iterations`` in all, or once a restart no longer
+        halves the true residual), or ``None`` when the float32 Cholesky factorization of
+        :math:`M` fails.
     """
     n, k = P.shape[0], C.shape[0]
     c_p = float(np.abs(np.diagonal(P)).mean()) or 1.0
@@ -192,15 +195,28 @@ def augmented_solve(
         dw = weight * (Cdu - b)
         return np.concatenate([du, dw]), np.concatenate([P @ du + C.T @ dw, Cdu])
 
+    def residual(u: np.ndarray, w: np.ndarray) -> np.ndarray:
+        return rhs - np.concatenate([P @ u + C.T @ w, C @ u])
+
     rhs = np.concatenate([r1, r2])
-    solved = _fgmres(step, rhs, tol=tol, max_iterations=max_iterations)
-    if solved is None:
-        return None
-    z, iterations = solved
-    u, w = z[:n], z[n:]
-    res = rhs - np.concatenate([P @ u + C.T @ w, C @ u])
     scale = float(np.linalg.norm(rhs)) or 1.0
-    return AugmentedSolution(u, w, float(np.linalg.norm(res)) / scale, iterations)
+    z, res = np.zeros_like(rhs), rhs
+    rel, iterations = float(np.linalg.norm(rhs)) / scale, 0
+    while rel > tol and iterations < max_iterations:
+        # GMRES on the true float64 residual; a restart is iterative refinement, which takes
+        # the result to the round-off floor where the recurrence's estimate has drifted
+        inner_tol = max(tol / rel, 16 * _U64)
+        dz, used = _fgmres(step, res, tol=inner_tol, max_iterations=max_iterations - iterations)
+        iterations += used
+        new_z = z + dz
+        new_res = residual(new_z[:n], new_z[n:])
+        new_rel = float(np.linalg.norm(new_res)) / scale
+        if not new_rel < 0.5 * rel:  # no progress: round-off floor (or no convergence)
+            if new_rel < rel:
+                z, res, rel = new_z, new_res, new_rel
+            break
+        z, res, rel = new_z, new_res, new_rel
+    return AugmentedSolution(z[:n], z[n:], rel, iterations)
 
 
 def _fgmres(
@@ -209,21 +225,20 @@ def _fgmres(
     *,
     tol: float,
     max_iterations: int,
-) -> tuple[np.ndarray, int] | None:
+) -> tuple[np.ndarray, int]:
     """Flexible GMRES from :math:`x_0 = 0` (Saad 1993): ``step(v)`` returns the preconditioned
     vector :math:`z = B_jv` and :math:`Kz`; classical Gram-Schmidt applied twice, Givens
-    rotations. Returns ``(x, iterations)``, or ``None`` if the residual estimate stays above
-    ``tol * ||b||`` after ``max_iterations``."""
+    rotations. Stops once the residual estimate is below ``tol * ||b||``, at an exact solution
+    or after ``max_iterations``; returns ``(x, iterations)`` (the best iterate of the space)."""
+    N, m = b.shape[0], max(max_iterations, 1)
     beta = float(np.linalg.norm(b))
-    if beta == 0.0:
-        return np.zeros_like(b), 0
-    N, m = b.shape[0], max_iterations
     V = np.empty((m + 1, N))
     Z = np.empty((m, N))
     H = np.zeros((m + 1, m))
     cs, sn = np.zeros(m), np.zeros(m)
     g = np.zeros(m + 1)
     V[0], g[0] = b / beta, beta
+    j = 0
     for j in range(m):
         Z[j], w = step(V[j])
         h = V[: j + 1] @ w
@@ -237,13 +252,18 @@ def _fgmres(
             a, c = H[i, j], H[i + 1, j]
             H[i, j], H[i + 1, j] = cs[i] * a + sn[i] * c, -sn[i] * a + cs[i] * c
         radius = float(np.hypot(H[j, j], H[j + 1, j]))
-        if radius == 0.0:
-            return None
+        if radius == 0.0:  # K B singular on the Krylov space: keep the previous iterate
+            break
         cs[j], sn[j] = H[j, j] / radius, H[j + 1, j] / radius
         H[j, j], H[j + 1, j] = radius, 0.0
         g[j + 1], g[j] = -sn[j] * g[j], cs[j] * g[j]
         if abs(g[j + 1]) <= tol * beta or norm_w == 0.0:  # converged, or an exact solution
-            y = solve_triangular(H[: j + 1, : j + 1], g[: j + 1], lower=False)
-            return y @ Z[: j + 1], j + 1
+            j += 1
+            break
         V[j + 1] = w / norm_w
-    return None
+    else:
+        j = m
+    if j == 0:
+        return np.zeros_like(b), 1
+    y = solve_triangular(H[:j, :j], g[:j], lower=False)
+    return y @ Z[:j], j

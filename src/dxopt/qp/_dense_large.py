@@ -14,10 +14,10 @@ at :math:`k = 0.75n` active rows. This path instead, per sample,
    (:func:`dxopt.linalg.augmented.augmented_solve`; :math:`(n^2k + n^3/3)` float32 flops plus
    a few :math:`O(n^2)` iterations), and checks the true float64 residual.
 
-Anything it cannot certify or solve to the tolerance (rows dependent or nearly so, a zero
-row, no row at all, the float32 factorization failing, GMRES not converging, a residual
-above ``min(max_residual, max(10 tol, 1e-12))``) returns ``None`` and the caller's exact path
-(block elimination, with its own dependence test and degenerate policy) runs as before.
+Anything it cannot certify or solve (rows dependent or nearly so, a zero row, no row at all,
+the float32 factorization failing, a final relative residual above ``max_residual``, the
+block elimination's acceptance test too) returns ``None``, and the caller's exact path (block
+elimination, with its own dependence test and degenerate policy) runs as before.
 The dependence test here is the Euclidean Gram test of
 :func:`~dxopt.qp._degenerate.count_dependent_dense`, not the :math:`P^{-1}`-metric pivots of
 :mod:`dxopt.linalg.schur`: rows independent in one metric and nearly dependent (pivot below
@@ -59,7 +59,6 @@ def large_dense_adjoint(
     k, rows_total = rows.k, C.shape[1]
     if rows_total == 0:
         return None
-    accept = min(max_residual, max(10 * tol, 1e-12))
     u = np.zeros((S, problem.n))
     w = np.zeros((S, rows_total))
     residual = np.zeros(S)
@@ -72,7 +71,7 @@ def large_dense_adjoint(
             if not certify_independent_rows(C_i, floor=_FLOOR):
                 return None
             solved = augmented_solve(P if P.ndim == 2 else P[i], C_i, g[i], rhs2[i][keep], tol=tol)
-            if solved is None or not solved.residual <= accept:
+            if solved is None or not solved.residual <= max_residual:
                 return None
             u[i], w[i, keep], residual[i] = solved.u, solved.w, solved.residual
             steps = max(steps, solved.iterations)
