@@ -38,7 +38,9 @@ def _with_P(data: QPData, P: torch.Tensor) -> QPData:
 
 
 @pytest.mark.parametrize("backward", ["penalty", "kkt"])
-@pytest.mark.parametrize(("n", "m", "p", "seed"), [(260, 200, 60, 0), (320, 320, 100, 1), (400, 300, 0, 2)])
+@pytest.mark.parametrize(
+    ("n", "m", "p", "seed"), [(260, 200, 60, 0), (320, 320, 100, 1), (400, 300, 0, 2)]
+)
 def test_augmented_route_equals_the_reference_and_the_schur_route(
     backward: str, n: int, m: int, p: int, seed: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:

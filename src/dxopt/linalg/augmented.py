@@ -59,6 +59,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
+
 import numpy as np
 import torch
 from scipy.linalg import blas, lapack, solve_triangular
@@ -169,7 +170,7 @@ def augmented_solve(
         halves the true residual), or ``None`` when the float32 Cholesky factorization of
         :math:`M` fails.
     """
-    n, k = P.shape[0], C.shape[0]
+    n = P.shape[0]
     c_p = float(np.abs(np.diagonal(P)).mean()) or 1.0
     norms2 = np.einsum("ij,ij->i", C, C)
     if not bool(np.all(norms2 > 0)):

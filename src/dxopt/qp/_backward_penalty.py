@@ -79,7 +79,6 @@ from dxopt.qp._backward_kkt import (
     schur_refine,
     solve_sparse,
 )
-from dxopt.qp._dense_large import large_dense_adjoint
 from dxopt.qp._degenerate import (
     DEPENDENT_TOL,
     count_dependent_dense,
@@ -87,6 +86,7 @@ from dxopt.qp._degenerate import (
     record_degenerate,
     refine_schur,
 )
+from dxopt.qp._dense_large import large_dense_adjoint
 from dxopt.qp._penalty_sparse import SparseKKTSolve, SparsePenaltySolve, gmres_refine
 from dxopt.qp._types import BackwardDiagnostics, QPBackwardError
 
