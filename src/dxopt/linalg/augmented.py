@@ -176,7 +176,8 @@ def augmented_solve(
     if not bool(np.all(norms2 > 0)):
         raise ValueError("C: expected rows that are not zero; drop the zero rows first.")
     weight = gamma * c_p / norms2
-    scaled = (C * np.sqrt(weight)[:, None]).astype(np.float32)
+    scaled = np.empty(C.shape, dtype=np.float32)  # W^(1/2) C, scaled and rounded in one pass
+    np.multiply(C, np.sqrt(weight)[:, None], out=scaled, casting="same_kind")
     # M = P + scaled^T scaled (lower triangle) in one ssyrk; scaled.T and P32.T (= P32, P
     # symmetric) are Fortran-ordered views, so nothing is copied
     M = blas.ssyrk(1.0, scaled.T, beta=1.0, c=P.astype(np.float32).T, trans=0, lower=1,
