@@ -222,3 +222,21 @@ def test_augmented_solve_refuses_what_it_cannot_factor_or_converge_on() -> None:
     assert partial.residual == pytest.approx(true / np.linalg.norm(rhs), rel=1e-6)
     with pytest.raises(ValueError, match="C: expected rows that are not zero"):
         augmented_solve(P, np.zeros((1, n)), r1, r2[:1], tol=1e-13)
+
+
+@pytest.mark.parametrize("backward", ["penalty", "kkt"])
+def test_small_batches_are_solved_per_sample(backward: str) -> None:
+    """Two samples of different active counts (padding rows in the stacked rows), each solved
+    on its own by the augmented route and equal to its own reference."""
+    from qp_zoo import stack
+
+    problems = [
+        complementary_qp(270, m=200, p=40, seed=s, n_active=a) for s, a in ((9, 60), (10, 110))
+    ]
+    grad_x = torch.randn(2, 270, generator=torch.Generator().manual_seed(11), dtype=F64)
+    got, sol = _grads(stack(problems), backward, grad_x)
+    assert sol.info.backward.linear_solver == "augmented"
+    for i, prob in enumerate(problems):
+        ref = kkt_gradients(prob, grad_x[i])
+        for name, expected in ref.items():
+            assert relative_error(got[name][i], expected) <= 1e-9, (i, name)

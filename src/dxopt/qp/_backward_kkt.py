@@ -19,6 +19,11 @@ batch at once, the active rows of each sample compressed to the front (padding r
   factorizations of up to three groups of samples with similar active counts, so little
   padding is factored, :func:`active_groups`; no per-sample work; the system is assembled and
   refined in numpy, and a single small system is factored by LAPACK directly).
+- one large system (:math:`n \\ge 256`, at most four samples) whose active rows are certified
+  independent: the float32 augmented matrix :math:`P + C^\\top WC` as the preconditioner of
+  float64 GMRES on :math:`K` (:mod:`dxopt.qp._dense_large`; about :math:`n^2k + n^3/3`
+  float32 flops instead of the block elimination's float64 ones), tried first; anything it
+  cannot certify or solve goes to the block elimination above.
 - otherwise one batched LU of :math:`K` (``torch.linalg.lu_factor_ex``; inactive rows replaced by
   identity rows), with the exact Gram test (:func:`~dxopt.qp._degenerate.count_dependent_dense`)
   on the samples whose LU pivots look singular.

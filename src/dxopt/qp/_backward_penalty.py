@@ -43,7 +43,10 @@ reduced KKT. Beyond the reference:
   :math:`k\\times k` Schur complement :math:`CP^{-1}C^\\top`); the refinement typically
   stops after the first solve, and the linear dependence of the active rows is read off the
   same factorization (a batch in which every sample is regular this way returns at once:
-  :func:`dxopt.qp._backward_kkt.regular_dense_adjoint`, shared with the KKT method).
+  :func:`dxopt.qp._backward_kkt.regular_dense_adjoint`, shared with the KKT method). One
+  large system (:math:`n \\ge 256`, at most four samples) with certified independent active
+  rows is first solved exactly by float64 GMRES preconditioned with the float32 augmented
+  matrix :math:`P + C^\\top WC` (:mod:`dxopt.qp._dense_large`, also shared).
   Otherwise (``P`` singular or too ill-conditioned for the refinement to converge, or plain
   dXPP with ``max_refinement=0``) one batched Cholesky of :math:`H`
   (``torch.linalg.cholesky_ex`` on (B, n, n)), with a reported jitter if it fails, and the
