@@ -18,8 +18,9 @@ records the active row count ``k`` (inequality plus equality rows), the dense ba
 linear solver (``augmented``: :mod:`dxopt.qp._dense_large`; ``schur``: block elimination of
 ``P``), the largest relative error of its gradients of ``q, A, b, G, h`` against the exact
 reduced-KKT reference of :func:`benchmarks.qp.reference.reference_grads` (independent of
-dxopt) and the relative difference of the penalty and kkt gradients. ``python -m benchmarks.qp_speed.dense`` runs n = 1000, 2000
-(about 2 minutes on an idle 2-core machine), ``--quick`` n = 200 (seconds). Writes
+dxopt) and the relative difference of the penalty and kkt gradients.
+``python -m benchmarks.qp_speed.dense`` runs n = 1000, 2000 (about 2 minutes on an idle 2-core
+machine), ``--quick`` n = 200 (seconds). Writes
 ``results/dense{_quick}.json``, ``.md`` and ``.png``; the full run also replaces the
 ``qp_speed_dense`` block of BENCHMARKS.md (``--no-md`` to skip).
 """
