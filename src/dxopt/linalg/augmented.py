@@ -149,7 +149,7 @@ def augmented_solve(
     *,
     tol: float,
     gamma: float = 1e3,
-    max_iterations: int = 40,
+    max_iterations: int = 30,
 ) -> AugmentedSolution | None:
     """Solve :math:`[[P, C^\\top], [C, 0]][u; w] = [r_1; r_2]` by flexible GMRES preconditioned
     with the float32 Cholesky factor of :math:`M = P + C^\\top WC` (module docstring).

@@ -68,7 +68,7 @@ def large_dense_adjoint(
             keep = np.ones(rows_total, dtype=bool)
             keep[:k] = mask[i]
             C_i = C[i] if keep.all() else C[i][keep]
-            if not certify_independent_rows(C_i, floor=_FLOOR):
+            if C_i.shape[0] == 0 or not certify_independent_rows(C_i, floor=_FLOOR):
                 return None
             solved = augmented_solve(P if P.ndim == 2 else P[i], C_i, g[i], rhs2[i][keep], tol=tol)
             if solved is None or not solved.residual <= max_residual:
