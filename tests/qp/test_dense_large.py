@@ -196,8 +196,10 @@ def test_augmented_solve_equals_the_dense_lu_solve(seed: int) -> None:
     rhs = np.concatenate([r1, r2])
     exact = np.linalg.solve(_kkt(P, C), rhs)
     lu_residual = np.linalg.norm(rhs - _kkt(P, C) @ exact) / np.linalg.norm(rhs)
-    # rows scaled by up to 1e4 put the attainable residual near 1e-8 (the LU's is no better)
-    assert out is not None and out.residual <= max(1e-13, lu_residual)
+    # rows scaled by up to 1e4 put the attainable residual near 1e-8 (the LU's is no better);
+    # GMRES stops on the equilibrated residual, within a few times the LU's in this metric
+    assert out is not None and out.iterations <= 12
+    assert out.residual <= max(1e-13, 10 * lu_residual)
     assert np.linalg.norm(out.u - exact[:n]) <= 1e-10 * np.linalg.norm(exact[:n])
     assert np.linalg.norm(out.w - exact[n:]) <= 1e-10 * np.linalg.norm(exact[n:])
 
@@ -220,6 +222,8 @@ def test_augmented_solve_refuses_what_it_cannot_factor_or_converge_on() -> None:
     true = np.linalg.norm(rhs - _kkt(P, C) @ np.concatenate([partial.u, partial.w]))
     assert partial.residual > 1e-10  # reported honestly, for the caller to refuse
     assert partial.residual == pytest.approx(true / np.linalg.norm(rhs), rel=1e-6)
+    nan = augmented_solve(P, C, np.full(n, np.nan), r2, tol=1e-13)  # propagates, no raise
+    assert nan is not None and not nan.residual <= 1.0
     with pytest.raises(ValueError, match="C: expected rows that are not zero"):
         augmented_solve(P, np.zeros((1, n)), r1, r2[:1], tol=1e-13)
 

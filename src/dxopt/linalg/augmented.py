@@ -159,8 +159,10 @@ def augmented_solve(
             enters the float64 products, so it must be symmetric).
         C: ``(k, n)`` float64 rows, none of them zero.
         r1, r2: ``(n,)`` and ``(k,)`` float64 right-hand sides.
-        tol: the relative residual at which GMRES stops.
-        gamma: the weight :math:`\\gamma` of :math:`\\omega_j = \\gamma c_P/\\|c_j\\|^2`.
+        tol: the relative residual of the equilibrated system (``S K S``, unit diagonal of
+            ``P`` and unit rows) at which GMRES stops.
+        gamma: the weight :math:`\\gamma` of :math:`\\omega_j = \\gamma c_P/\\|c_j\\|^2`, in the
+            equilibrated coordinates (:math:`c_P` the mean diagonal of :math:`P` there).
         max_iterations: the most GMRES iterations, restarts included (each restart is a
             step of iterative refinement: GMRES on the true float64 residual).
 
@@ -171,11 +173,18 @@ def augmented_solve(
         :math:`M` fails.
     """
     n = P.shape[0]
-    c_p = float(np.abs(np.diagonal(P)).mean()) or 1.0
-    norms2 = np.einsum("ij,ij->i", C, C)
+    # symmetric diagonal equilibration S = diag(s_u, s_w): unit diagonal of P (where positive)
+    # and unit rows of C S_u; GMRES runs on S K S, so its iteration count and stopping test do
+    # not depend on the scaling of the variables or of the rows
+    diag = np.diagonal(P)
+    positive = diag > 1e-12 * max(float(diag.max(initial=0.0)), 0.0)
+    s_u = np.where(positive, 1.0 / np.sqrt(np.where(positive, diag, 1.0)), 1.0)
+    norms2 = np.einsum("ij,ij,j->i", C, C, s_u * s_u)
     if not bool(np.all(norms2 > 0)):
         raise ValueError("C: expected rows that are not zero; drop the zero rows first.")
-    weight = gamma * c_p / norms2
+    s = np.concatenate([s_u, 1.0 / np.sqrt(norms2)])
+    c_p = float(np.mean(np.abs(diag) * s_u * s_u)) or 1.0  # mean |diagonal| of S_u P S_u
+    weight = gamma * c_p / norms2  # omega_j: gamma c_P in the scaled coordinates
     scaled = np.empty(C.shape, dtype=np.float32)  # W^(1/2) C, scaled and rounded in one pass
     np.multiply(C, np.sqrt(weight)[:, None], out=scaled, casting="same_kind")
     # M = P + scaled^T scaled (lower triangle) in one ssyrk; scaled.T and P32.T (= P32, P
@@ -187,38 +196,43 @@ def augmented_solve(
         return None
     strsv = blas.strsv
 
-    def step(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``z = B v`` and ``K z`` (one float32 solve with M, four float64 products)."""
+    def step(v_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """In the scaled coordinates, ``z = S^-1 B S^-1 v`` and ``SKSz`` (one float32 solve
+        with M, four float64 products)."""
+        v = v_s / s
         a, b = v[:n], v[n:]
         t = (a + C.T @ (weight * b)).astype(np.float32)
         t = strsv(L, t, lower=1, overwrite_x=1)
         du = strsv(L, t, lower=1, trans=1, overwrite_x=1).astype(np.float64)
         Cdu = C @ du
         dw = weight * (Cdu - b)
-        return np.concatenate([du, dw]), np.concatenate([P @ du + C.T @ dw, Cdu])
+        z = np.concatenate([du, dw])
+        return z / s, np.concatenate([P @ du + C.T @ dw, Cdu]) * s
 
-    def residual(u: np.ndarray, w: np.ndarray) -> np.ndarray:
+    def residual(z: np.ndarray) -> np.ndarray:
+        u, w = z[:n], z[n:]
         return rhs - np.concatenate([P @ u + C.T @ w, C @ u])
 
     rhs = np.concatenate([r1, r2])
-    scale = float(np.linalg.norm(rhs)) or 1.0
-    z, res = np.zeros_like(rhs), rhs
-    rel, iterations = float(np.linalg.norm(rhs)) / scale, 0
+    scale = float(np.linalg.norm(rhs * s)) or 1.0
+    z, res_s = np.zeros_like(rhs), rhs * s  # z unscaled, res_s = S(rhs - Kz)
+    rel, iterations = float(np.linalg.norm(res_s)) / scale, 0
     while rel > tol and iterations < max_iterations:
         # GMRES on the true float64 residual; a restart is iterative refinement, which takes
         # the result to the round-off floor where the recurrence's estimate has drifted
         inner_tol = max(tol / rel, 16 * _U64)
-        dz, used = _fgmres(step, res, tol=inner_tol, max_iterations=max_iterations - iterations)
+        dz, used = _fgmres(step, res_s, tol=inner_tol, max_iterations=max_iterations - iterations)
         iterations += used
-        new_z = z + dz
-        new_res = residual(new_z[:n], new_z[n:])
-        new_rel = float(np.linalg.norm(new_res)) / scale
+        new_z = z + dz * s
+        new_res_s = residual(new_z) * s
+        new_rel = float(np.linalg.norm(new_res_s)) / scale
         if not new_rel < 0.5 * rel:  # no progress: round-off floor (or no convergence)
             if new_rel < rel:
-                z, res, rel = new_z, new_res, new_rel
+                z, res_s, rel = new_z, new_res_s, new_rel
             break
-        z, res, rel = new_z, new_res, new_rel
-    return AugmentedSolution(z[:n], z[n:], rel, iterations)
+        z, res_s, rel = new_z, new_res_s, new_rel
+    true = float(np.linalg.norm(residual(z))) / (float(np.linalg.norm(rhs)) or 1.0)
+    return AugmentedSolution(z[:n], z[n:], true, iterations)
 
 
 def _fgmres(
@@ -267,5 +281,5 @@ def _fgmres(
         j = m
     if j == 0:
         return np.zeros_like(b), 1
-    y = solve_triangular(H[:j, :j], g[:j], lower=False)
+    y = solve_triangular(H[:j, :j], g[:j], lower=False, check_finite=False)
     return y @ Z[:j], j
