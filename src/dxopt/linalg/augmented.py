@@ -22,9 +22,13 @@ exactly. Used as the right preconditioner :math:`B` of :math:`K`, the preconditi
 :math:`\\sigma_i` the eigenvalues of :math:`W^{1/2}CP^{-1}C^\\top W^{1/2}` (a short
 computation with :math:`(K_W^{-1})_{22} = -(W^{-1} + CP^{-1}C^\\top)^{-1}`), so a Krylov
 method converges in a few steps once :math:`W` is large against :math:`(CP^{-1}C^\\top)^{-1}`.
-Here :math:`\\omega_j = \\gamma\\, c_P / \\|c_j\\|^2` (:math:`c_P` the mean :math:`|P_{ii}|`,
-``gamma`` :math:`=\\gamma`): every row's curvature is commensurate with :math:`P`, whatever the
-row scaling. Forming :math:`M` is one SYRK (:math:`n^2k` flops) and its Cholesky
+Everything is read in equilibrated coordinates, :math:`SKS` with
+:math:`S = \\operatorname{diag}(S_u, S_w)`, :math:`S_u = \\operatorname{diag}(P_{ii})^{-1/2}`
+(1 where :math:`P_{ii}` is not positive) and :math:`S_w` giving the rows of :math:`CS_u` unit
+norm: there :math:`W = \\gamma c_P I` (:math:`c_P` the mean :math:`|P_{ii}|` after scaling,
+``gamma`` :math:`=\\gamma`), so every row's curvature is commensurate with :math:`P`, and
+GMRES, which runs on :math:`SKS`, takes the same steps whatever the scaling of the variables
+and of the rows. Forming :math:`M` is one SYRK (:math:`n^2k` flops) and its Cholesky
 :math:`n^3/3`.
 
 **Mixed precision.** :math:`M` is formed and factored in float32 (LAPACK ``ssyrk`` and
