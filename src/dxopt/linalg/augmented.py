@@ -116,11 +116,15 @@ def certify_independent_rows(C: np.ndarray, *, floor: float) -> bool:
         return False
     unit = C / norms[:, None]
     gram = blas.dsyrk(1.0, unit.T, trans=1, lower=1)  # unit.T is Fortran-ordered
-    # |fl(G) - G| <= gamma_n |c_i||c_j| entrywise (|c_i| <= 1 + (n + 2)u after scaling); the
-    # factorization's backward error is below k gamma_{k+1} max_i g_ii in norm; subtracting
-    # tau rounds each diagonal entry once more
+    # the margins (Higham, eq. (3.5) and Theorem 10.3; U = fl(C / norms)): (1) U differs from
+    # the exactly normalised rows by the norms' relative error (at most gamma_{n+2}) and one
+    # rounding per entry, which moves lambda_min by at most a factor (1 + gamma)^2 and 2.01 k u;
+    # (2) |fl(UU') - UU'| <= gamma_n |U||U|', in norm k gamma_n row^2 (row >= |u_i|); (3) a
+    # Cholesky factorization that completes is exact for a matrix within k gamma_{k+1}
+    # max_i a_ii in norm; (4) subtracting tau rounds each diagonal entry once more
     row = 1.0 + (n + 2) * _U64
-    tau = floor + k * _gamma(n) * row * row
+    tau = floor * (1.0 + _gamma(n + 2)) ** 2 + 2.01 * k * _U64
+    tau += k * _gamma(n) * row * row
     tau += k * _gamma(k + 1) * (row * row + tau) + 2 * _U64 * (row * row + tau)
     gram[np.diag_indices(k)] -= tau
     _, info = lapack.dpotrf(gram, lower=1, clean=0, overwrite_a=1)
@@ -189,8 +193,9 @@ def augmented_solve(
     s = np.concatenate([s_u, 1.0 / np.sqrt(norms2)])
     c_p = float(np.mean(np.abs(diag) * s_u * s_u)) or 1.0  # mean |diagonal| of S_u P S_u
     weight = gamma * c_p / norms2  # omega_j: gamma c_P in the scaled coordinates
+    root = np.sqrt(weight)
     scaled = np.empty(C.shape, dtype=np.float32)  # W^(1/2) C, scaled and rounded in one pass
-    np.multiply(C, np.sqrt(weight)[:, None], out=scaled, casting="same_kind")
+    np.multiply(C, root[:, None], out=scaled, casting="same_kind")
     # M = P + scaled^T scaled (lower triangle) in one ssyrk; scaled.T and P32.T (= P32, P
     # symmetric) are Fortran-ordered views, so nothing is copied
     M = blas.ssyrk(1.0, scaled.T, beta=1.0, c=P.astype(np.float32).T, trans=0, lower=1,
@@ -202,10 +207,10 @@ def augmented_solve(
 
     def step(v_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """In the scaled coordinates, ``z = S^-1 B S^-1 v`` and ``SKSz`` (one float32 solve
-        with M, four float64 products)."""
+        with M and one float32 product inside B, three float64 products for K)."""
         v = v_s / s
         a, b = v[:n], v[n:]
-        t = (a + C.T @ (weight * b)).astype(np.float32)
+        t = a.astype(np.float32) + scaled.T @ (root * b).astype(np.float32)  # a + C'Wb
         t = strsv(L, t, lower=1, overwrite_x=1)
         du = strsv(L, t, lower=1, trans=1, overwrite_x=1).astype(np.float64)
         Cdu = C @ du
