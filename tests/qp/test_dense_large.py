@@ -156,6 +156,38 @@ def test_certificate_refuses_dependent_and_nearly_dependent_rows(eps: float) -> 
     assert not certify_independent_rows(C, floor=1e-8)
 
 
+def test_certificate_on_a_column_subset_falls_back_to_all_columns(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With k >= 256 rows the columns of largest norm are tried first. Row 299 is row 0 plus
+    1e-2 e_499, and column 499 is zero elsewhere (the smallest column, left out of the
+    subset): on the subset rows 0 and 299 are parallel, so the subset cannot certify, and the
+    whole Gram matrix (smallest eigenvalue about 1e-7) must."""
+    from dxopt.linalg import augmented
+
+    calls: list[int] = []
+    original = augmented._gram_certifies
+
+    def spy(unit: np.ndarray, floor: float, n: int) -> bool:
+        calls.append(unit.shape[1])
+        return original(unit, floor, n)
+
+    monkeypatch.setattr(augmented, "_gram_certifies", spy)
+    C = _random_rows(300, 500, 8)
+    C[:, 499] = 0.0
+    C[299] = C[0]
+    C[299, 499] = 1e-2
+    assert certify_independent_rows(C, floor=1e-8)
+    assert calls == [332, 500]
+    calls.clear()
+    C[299, 499] = 1e-7  # now nearly dependent on all columns too: refused
+    assert not certify_independent_rows(C, floor=1e-8)
+    assert calls == [332, 500]
+    calls.clear()
+    assert certify_independent_rows(_random_rows(300, 500, 9), floor=1e-8)
+    assert calls == [332]  # the subset alone certifies
+
+
 def test_certificate_refuses_zero_rows_nonfinite_rows_and_too_many_rows() -> None:
     C = _random_rows(20, 30, 4)
     C[7] = 0.0
