@@ -96,6 +96,32 @@ def test_singular_P_with_a_nonsingular_kkt_matrix_is_solved_exactly() -> None:
         assert relative_error(got[name], expected) <= 1e-8, name
 
 
+def test_P_singular_on_the_null_space_of_the_active_rows_falls_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """P z = 0 for a z with C z = 0: K is singular (x is not unique), the augmented matrix is
+    singular too, so the route refuses and the general path gives its pseudo-inverse adjoint
+    with a warning, exactly as without the route."""
+    data = complementary_qp(280, m=150, p=30, seed=12)
+    assert data.G is not None and data.A is not None and data.active is not None
+    assert data.x is not None
+    z = torch.linalg.svd(torch.cat([data.G[data.active], data.A]))[2][-1]
+    flat = torch.eye(280, dtype=F64) - torch.outer(z, z)
+    gen = torch.Generator().manual_seed(3)
+    B = torch.randn(280, 280, generator=gen, dtype=F64)
+    data = _with_P(data, flat @ (B @ B.T / 280 + 0.5 * torch.eye(280, dtype=F64)) @ flat)
+    grad_x = torch.randn(280, generator=gen, dtype=F64)
+    with pytest.warns(dqp.QPDegenerateWarning, match="singular"):
+        got, sol = _grads(data, "kkt", grad_x)
+    assert sol.info.backward.linear_solver != "augmented"
+    assert sol.info.backward.pseudo_inverse == (True,)
+    _schur_route(monkeypatch)
+    with pytest.warns(dqp.QPDegenerateWarning, match="singular"):
+        schur, _ = _grads(data, "kkt", grad_x)
+    for name in got:
+        assert relative_error(got[name], schur[name]) <= 1e-12, name
+
+
 @pytest.mark.parametrize("backward", ["penalty", "kkt"])
 def test_dependent_active_rows_fall_back_to_the_exact_path(
     backward: str, monkeypatch: pytest.MonkeyPatch
