@@ -15,9 +15,12 @@ rounds, the cases interleaved within each round so machine load hits them alike)
 
 Targets: backward <= 3x one Cholesky of ``P``; fwd+bwd <= 1.1x the raw solve. Each row also
 records the active row count ``k`` (inequality plus equality rows), the dense backward's
-linear solver and the relative difference of the penalty and kkt gradients (both are the exact
-adjoint after refinement). ``python -m benchmarks.qp_speed.dense`` runs n = 1000, 2000
-(about 2 minutes on an idle 2-core machine), ``--quick`` n = 200 (seconds). Writes
+linear solver (``augmented``: :mod:`dxopt.qp._dense_large`; ``schur``: block elimination of
+``P``), the largest relative error of its gradients of ``q, A, b, G, h`` against the exact
+reduced-KKT reference of :func:`benchmarks.qp.reference.reference_grads` (independent of
+dxopt) and the relative difference of the penalty and kkt gradients.
+``python -m benchmarks.qp_speed.dense`` runs n = 1000, 2000 (about 2 minutes on an idle 2-core
+machine), ``--quick`` n = 200 (seconds). Writes
 ``results/dense{_quick}.json``, ``.md`` and ``.png``; the full run also replaces the
 ``qp_speed_dense`` block of BENCHMARKS.md (``--no-md`` to skip).
 """
@@ -42,6 +45,7 @@ from benchmarks.common import (
     write_json,
 )
 from benchmarks.qp.generators import random_dense
+from benchmarks.qp.reference import reference_grads
 
 __all__ = ["run_dense"]
 
@@ -111,6 +115,16 @@ def _one_size(n: int, repeats: int) -> list[dict[str, Any]]:
         float((a - b_).norm() / b_.norm().clamp_min(1e-300))
         for a, b_ in zip(grads["penalty"], grads["kkt"])
     )
+    # against the exact reduced-KKT reference (independent of dxopt; q, A, b, G, h)
+    ref, _ = reference_grads(prob, v.numpy(), matrices=True)
+    position = {"q": 1, "A": 2, "b": 3, "G": 4, "h": 5}
+    error = {
+        m: max(
+            float(np.linalg.norm(grads[m][i].numpy() - ref[name]) / np.linalg.norm(ref[name]))
+            for name, i in position.items()
+        )
+        for m in grads
+    }
     info = {m: sols[m].info.backward for m in sols}
     k = int(info["kkt"].n_active[0]) + prob.p  # type: ignore[union-attr]
     chol, raw_s = times["cholesky"], times["raw daqp"]
@@ -137,7 +151,8 @@ def _one_size(n: int, repeats: int) -> list[dict[str, Any]]:
     for method in ("penalty", "kkt"):
         bwd = times[f"{method} backward"]
         solver = info[method].linear_solver  # type: ignore[union-attr]
-        note = f"{solver}; grads vs kkt {diff:.1e}" if method == "penalty" else solver
+        note = f"{solver}; vs reference {error[method]:.1e}"
+        note += f"; grads vs kkt {diff:.1e}" if method == "penalty" else ""
         row(f"{method} backward", bwd, f"<= {BACKWARD_TARGET:g}x cholesky",
             bwd <= BACKWARD_TARGET * chol, note)  # fmt: skip
     for method in ("penalty", "kkt"):

@@ -13,9 +13,16 @@
   :math:`[[P, C^\\top], [C, 0]]` (Cholesky of :math:`P` and of the Schur complement
   :math:`CP^{-1}C^\\top`), with the linear dependence of the rows of :math:`C` read off it;
   :func:`small_schur` the same for one small system in numpy (no torch dispatch).
+- :func:`augmented_solve`: one large saddle-point system by float64 flexible GMRES
+  preconditioned with the float32 Cholesky factor of the augmented matrix
+  :math:`P + C^\\top WC`; :func:`certify_independent_rows` certifies the linear independence
+  of rows (a float64 Gram Cholesky with rigorous round-off margins).
 - :func:`small_work`: one intra-op thread for small arithmetic (no oversubscription).
 """
 
+from dxopt.linalg.augmented import AugmentedSolution as AugmentedSolution
+from dxopt.linalg.augmented import augmented_solve as augmented_solve
+from dxopt.linalg.augmented import certify_independent_rows as certify_independent_rows
 from dxopt.linalg.dense import SPDSolveInfo as SPDSolveInfo
 from dxopt.linalg.dense import spd_solve as spd_solve
 from dxopt.linalg.krylov import KrylovResult as KrylovResult
@@ -32,12 +39,15 @@ from dxopt.linalg.sparse import splu as splu
 from dxopt.linalg.threads import small_work as small_work
 
 __all__ = [
+    "AugmentedSolution",
     "FactorizationError",
     "KrylovResult",
     "SPDSolveInfo",
     "SaddleSolveInfo",
     "SchurFactor",
     "SmallSchur",
+    "augmented_solve",
+    "certify_independent_rows",
     "conjugate_gradient",
     "lstsq_saddle",
     "saddle_solve",

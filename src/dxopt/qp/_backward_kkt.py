@@ -19,6 +19,11 @@ batch at once, the active rows of each sample compressed to the front (padding r
   factorizations of up to three groups of samples with similar active counts, so little
   padding is factored, :func:`active_groups`; no per-sample work; the system is assembled and
   refined in numpy, and a single small system is factored by LAPACK directly).
+- one large system (:math:`n \\ge 256`, at most four samples) whose active rows are certified
+  independent: the float32 augmented matrix :math:`P + C^\\top WC` as the preconditioner of
+  float64 GMRES on :math:`K` (:mod:`dxopt.qp._dense_large`; about :math:`n^2k + n^3/3`
+  float32 flops instead of the block elimination's float64 ones), tried first; anything it
+  cannot certify or solve goes to the block elimination above.
 - otherwise one batched LU of :math:`K` (``torch.linalg.lu_factor_ex``; inactive rows replaced by
   identity rows), with the exact Gram test (:func:`~dxopt.qp._degenerate.count_dependent_dense`)
   on the samples whose LU pivots look singular.
@@ -152,13 +157,22 @@ class KKTBackward(BackwardBase):
     def _regular_adjoint(
         self, data: AdjointInput, active: ActiveSet, diagnostics: BackwardDiagnostics
     ) -> AdjointSolution | None:
-        solved = regular_dense_adjoint(
-            data, active, max_steps=_KKT_STEPS, tol=_KKT_TOL, max_residual=self.max_residual
-        )
+        from dxopt.qp._dense_large import large_dense_adjoint  # imports this module
+
+        # large n, one or a few samples: augmented matrix in float32 + GMRES (certified
+        # independent rows only; anything else takes the block elimination below)
+        solved = large_dense_adjoint(data, active, tol=_KKT_TOL, max_residual=self.max_residual)
+        solver = "augmented"
+        if solved is None:
+            solver = "schur"
+            solved = regular_dense_adjoint(
+                data, active, max_steps=_KKT_STEPS, tol=_KKT_TOL, max_residual=self.max_residual
+            )
         if solved is None:
             return None
         u, w_ineq, w_eq, residual, _ = solved
         _regular_diagnostics(diagnostics, "kkt", residual, active)
+        diagnostics.linear_solver = solver
         return AdjointSolution(u, w_ineq, w_eq, active, residual)
 
     def _adjoint(

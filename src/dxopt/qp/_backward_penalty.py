@@ -43,7 +43,10 @@ reduced KKT. Beyond the reference:
   :math:`k\\times k` Schur complement :math:`CP^{-1}C^\\top`); the refinement typically
   stops after the first solve, and the linear dependence of the active rows is read off the
   same factorization (a batch in which every sample is regular this way returns at once:
-  :func:`dxopt.qp._backward_kkt.regular_dense_adjoint`, shared with the KKT method).
+  :func:`dxopt.qp._backward_kkt.regular_dense_adjoint`, shared with the KKT method). One
+  large system (:math:`n \\ge 256`, at most four samples) with certified independent active
+  rows is first solved exactly by float64 GMRES preconditioned with the float32 augmented
+  matrix :math:`P + C^\\top WC` (:mod:`dxopt.qp._dense_large`, also shared).
   Otherwise (``P`` singular or too ill-conditioned for the refinement to converge, or plain
   dXPP with ``max_refinement=0``) one batched Cholesky of :math:`H`
   (``torch.linalg.cholesky_ex`` on (B, n, n)), with a reported jitter if it fails, and the
@@ -86,6 +89,7 @@ from dxopt.qp._degenerate import (
     record_degenerate,
     refine_schur,
 )
+from dxopt.qp._dense_large import large_dense_adjoint
 from dxopt.qp._penalty_sparse import SparseKKTSolve, SparsePenaltySolve, gmres_refine
 from dxopt.qp._types import BackwardDiagnostics, QPBackwardError
 
@@ -192,17 +196,25 @@ class PenaltyBackward(BackwardBase):
     ) -> AdjointSolution | None:
         if self.max_refinement == 0:  # plain dXPP keeps the penalty matrix
             return None
-        solved = regular_dense_adjoint(
-            data,
-            active,
-            max_steps=self.max_refinement,
-            tol=self.refine_tol,
-            max_residual=self.max_residual,
+        # large n, one or a few samples: augmented matrix in float32 + GMRES (_dense_large)
+        solved = large_dense_adjoint(
+            data, active, tol=self.refine_tol, max_residual=self.max_residual
         )
+        solver = "augmented"
+        if solved is None:
+            solver = "schur"
+            solved = regular_dense_adjoint(
+                data,
+                active,
+                max_steps=self.max_refinement,
+                tol=self.refine_tol,
+                max_residual=self.max_residual,
+            )
         if solved is None:
             return None
         u, w_ineq, w_eq, residual, steps = solved
         _regular_diagnostics(diagnostics, "penalty", residual, active)
+        diagnostics.linear_solver = solver
         diagnostics.jitter = 0.0
         diagnostics.refinement_steps = steps
         diagnostics.beta = tuple(self._beta(data, active).tolist())

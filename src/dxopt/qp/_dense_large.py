@@ -1,0 +1,85 @@
+"""The regular adjoint of a large dense QP (one or a few samples) near one factorization.
+
+For :math:`n \\ge` ``LARGE_N`` the block elimination of :math:`P`
+(:func:`dxopt.qp._backward_kkt.regular_dense_adjoint`) costs
+:math:`n^3/3 + n^2k + nk^2 + k^3/3` flops, about 5.4 Cholesky factorizations of :math:`P`
+at :math:`k = 0.75n` active rows. This path instead, per sample,
+
+1. certifies that the active rows :math:`C = [G_J; A]` are linearly independent
+   (:func:`dxopt.linalg.augmented.certify_independent_rows`: every squared pivot of the
+   row-normalised Gram test is at least ``100 * DEPENDENT_TOL``, with rigorous round-off
+   margins; :math:`k^2n + k^3/3` flops in float64);
+2. solves the exact reduced KKT system by flexible GMRES in float64, preconditioned with the
+   float32 Cholesky factor of the augmented matrix :math:`P + C^\\top WC`
+   (:func:`dxopt.linalg.augmented.augmented_solve`; :math:`(n^2k + n^3/3)` float32 flops plus
+   a few :math:`O(n^2)` iterations), and checks the true float64 residual.
+
+Anything it cannot certify or solve (rows dependent or nearly so, a zero row, no row at all,
+the float32 factorization failing, a final relative residual above ``max_residual``, the
+block elimination's acceptance test too) returns ``None``, and the caller's exact path (block
+elimination, with its own dependence test and degenerate policy) runs as before.
+The dependence test here is the Euclidean Gram test of
+:func:`~dxopt.qp._degenerate.count_dependent_dense`, not the :math:`P^{-1}`-metric pivots of
+:mod:`dxopt.linalg.schur`: rows independent in one metric and nearly dependent (pivot below
+``DEPENDENT_TOL``) in the other can only occur for a very ill-conditioned :math:`P`; this
+path then solves the nonsingular system exactly and reports its residual.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from dxopt.linalg.augmented import augmented_solve, blas_threads, certify_independent_rows
+from dxopt.qp._active import ActiveSet
+from dxopt.qp._adjoint import AdjointInput
+from dxopt.qp._backward_kkt import dense_rows
+from dxopt.qp._degenerate import DEPENDENT_TOL
+
+__all__ = ["LARGE_N", "MAX_BATCH", "large_dense_adjoint"]
+
+LARGE_N = 256  # from this n the augmented path is tried (smaller: the batched Schur path)
+MAX_BATCH = 4  # at most this many samples (each is factored on its own)
+_FLOOR = 100 * DEPENDENT_TOL  # certified smallest eigenvalue of the normalised Gram matrix
+
+
+def large_dense_adjoint(
+    data: AdjointInput, active: ActiveSet, *, tol: float, max_residual: float
+) -> tuple[Tensor, Tensor, Tensor, Tensor, int] | None:
+    """``(u, w_J, w_E, relative residual, GMRES iterations)`` of a large dense batch in which
+    every solved sample is certified regular (module docstring), else ``None``."""
+    problem = data.problem
+    S = data.x.shape[0]
+    if problem.n < LARGE_N or S > MAX_BATCH:
+        return None
+    rows = dense_rows(data, active.used)
+    P, C, rhs2 = rows.P.numpy(), rows.C.numpy(), rows.rhs2.numpy()
+    g, ok, mask = data.grad_x.numpy(), data.ok.numpy(), rows.mask.numpy()
+    k, rows_total = rows.k, C.shape[1]
+    if rows_total == 0:
+        return None
+    u = np.zeros((S, problem.n))
+    w = np.zeros((S, rows_total))
+    residual = np.zeros(S)
+    steps = 0
+    with blas_threads():
+        for i in np.flatnonzero(ok).tolist():
+            keep = np.ones(rows_total, dtype=bool)
+            keep[:k] = mask[i]
+            C_i = C[i] if keep.all() else C[i][keep]
+            if C_i.shape[0] == 0 or not certify_independent_rows(C_i, floor=_FLOOR):
+                return None
+            solved = augmented_solve(P if P.ndim == 2 else P[i], C_i, g[i], rhs2[i][keep], tol=tol)
+            if solved is None or not solved.residual <= max_residual:
+                return None
+            u[i], w[i, keep], residual[i] = solved.u, solved.w, solved.residual
+            steps = max(steps, solved.iterations)
+    w_t = torch.from_numpy(w)
+    return (
+        torch.from_numpy(u),
+        rows.scatter(w_t, problem.m),
+        w_t[:, k:],
+        torch.from_numpy(residual),
+        steps,
+    )
