@@ -27,7 +27,8 @@ rows :math:`1..j-1`. It is scale-invariant (a row multiplied by any :math:`\\alp
 gives the same :math:`\\pi`), so a tiny or huge row norm cannot hide or fake a dependence;
 zero rows (padding, or an all-zero constraint: :math:`s_j = 0`, a zero row and column of
 :math:`S`) get a unit diagonal in :math:`\\hat S` and so a unit pivot, never counted.
-:math:`\\pi_j <` ``tol`` marks row :math:`j` dependent; the :math:`P^{-1}` metric is the one
+The factorization is of :math:`S` itself, the pivots of :math:`\\hat S` read off it
+(:func:`_shifted`). :math:`\\pi_j <` ``tol`` marks row :math:`j` dependent; the :math:`P^{-1}` metric is the one
 in which the saddle-point solve is conditioned, so a row flagged here is one the exact solve
 cannot resolve to working accuracy.
 """
@@ -75,13 +76,15 @@ class SchurFactor:
     Attributes:
         L: ``(B, n, n)`` Cholesky factor of ``P``.
         Y: ``(B, n, k)`` :math:`L^{-1}C^\\top`.
-        S_lower: ``(B, k, k)`` :math:`S = Y^\\top Y`, valid on and below the diagonal.
+        S_lower: ``(B, k, k)`` the factored matrix :math:`S' = S + \\text{shift}\\,D_s` (zero
+            rows of ``C``: unit diagonal), :math:`S = Y^\\top Y`, valid on and below the
+            diagonal.
         inv_scale: ``(B, k)`` :math:`1/\\sqrt{S_{jj}}` (1 on zero rows).
         nonzero: ``(B, k)`` rows of ``C`` that are not zero (:math:`S_{jj} > 0`).
-        LS: ``(B, k, k)`` Cholesky factor of :math:`\\hat S` (with a :math:`10^{-14}` diagonal
-            shift; a zero row of ``C`` has a zero row in :math:`S` and gets a unit diagonal).
-        pivots: ``(B, k)`` squared pivots :math:`\\pi_j` of :math:`\\hat S` (about 1 on zero
-            rows).
+        LS: ``(B, k, k)`` Cholesky factor of :math:`S'`; :math:`D_s^{-1/2}L_S` is the factor
+            of :math:`\\hat S` (with the relative diagonal shift).
+        pivots: ``(B, k)`` squared pivots :math:`\\pi_j` of :math:`\\hat S`,
+            :math:`(L_S)_{jj}^2/S_{jj}` (about 1 on zero rows).
         info: ``(B,)`` ``cholesky_ex`` status of :math:`\\hat S` (nonzero: the factorization
             broke down, the rows are dependent to round-off).
         single: one small system factored by scipy's LAPACK (:func:`_factor_single`); its
@@ -112,10 +115,9 @@ class SchurFactor:
             return self._solve_single(r1, r2)
         t = torch.linalg.solve_triangular(self.L, r1.unsqueeze(-1), upper=False)
         rhs = torch.baddbmm(r2.unsqueeze(-1), self.Y.mT, t, beta=-1.0)
-        inv = self.inv_scale.unsqueeze(-1)
         # two triangular solves: about half the time of cholesky_solve on (128, 46, 46)
-        w = torch.linalg.solve_triangular(self.LS, rhs.mul_(inv), upper=False)
-        w = torch.linalg.solve_triangular(self.LS.mT, w, upper=True).mul_(inv)
+        w = torch.linalg.solve_triangular(self.LS, rhs, upper=False)
+        w = torch.linalg.solve_triangular(self.LS.mT, w, upper=True)
         t = torch.baddbmm(t, self.Y, w, alpha=-1.0)
         u = torch.linalg.solve_triangular(self.L.mT, t, upper=True)
         return u.squeeze(-1), w.squeeze(-1)
@@ -126,8 +128,7 @@ class SchurFactor:
         L, Y, LS = self.L[0].numpy(), self.Y[0].numpy(), self.LS[0].numpy()
         t = lp.dtrtrs(L, r1[0].numpy(), lower=1)[0]
         if Y.shape[1]:
-            inv = self.inv_scale[0].numpy()
-            w = lp.dpotrs(LS, (Y.T @ t - r2[0].numpy()) * inv, lower=1)[0] * inv
+            w = lp.dpotrs(LS, Y.T @ t - r2[0].numpy(), lower=1)[0]
             t = t - Y @ w
         else:
             w = np.zeros(0)
@@ -135,12 +136,21 @@ class SchurFactor:
         return torch.from_numpy(u)[None], torch.from_numpy(w)[None]
 
 
-def _scaled(S_lower: Tensor, inv_scale: Tensor) -> Tensor:
-    """:math:`D_s^{-1/2}SD_s^{-1/2}` with a unit diagonal (zero rows of S stay zero)."""
-    S_hat = S_lower * inv_scale.unsqueeze(-1)
-    S_hat.mul_(inv_scale.unsqueeze(-2))
-    S_hat.diagonal(dim1=-2, dim2=-1).fill_(1.0)
-    return S_hat
+def _shifted(S_lower: Tensor, shift: float) -> tuple[Tensor, Tensor, Tensor]:
+    """Turn ``S_lower`` in place into :math:`S' = S + \\text{shift}\\,D_s` with a unit
+    diagonal on zero rows; returns ``(inv_scale, nonzero, squared pivot scale)``.
+
+    The Cholesky factor of :math:`S'` is :math:`D_s^{1/2}` times that of
+    :math:`\\hat S + \\text{shift}\\,I`, and Cholesky's rounding errors are invariant under
+    this diagonal scaling (:math:`|\\Delta S| \\le \\gamma_{k+1}|L_S||L_S^\\top|`, Higham,
+    *Accuracy and Stability of Numerical Algorithms*, 2nd ed., theorem 10.3, scales with it),
+    so the pivots :math:`(L_S)_{jj}^2/S_{jj}` are those of :math:`\\hat S` to round-off without
+    forming :math:`\\hat S` (two fewer passes over a ``(B, k, k)`` array)."""
+    d = S_lower.diagonal(dim1=-2, dim2=-1)
+    nonzero = d > 0
+    scale = torch.where(nonzero, d, 1.0)
+    d.copy_(torch.where(nonzero, d * (1.0 + shift), 1.0))
+    return scale.rsqrt(), nonzero, scale.reciprocal()
 
 
 def schur_factor(P: Tensor, C: Tensor, *, shift: float = 1e-14) -> SchurFactor | None:
@@ -173,14 +183,9 @@ def schur_factor(P: Tensor, C: Tensor, *, shift: float = 1e-14) -> SchurFactor |
         else:
             Y = torch.linalg.solve_triangular(L, C.mT, upper=False)
             S_lower = lower_gram(Y)
-        s = S_lower.diagonal(dim1=-2, dim2=-1)
-        nonzero = s > 0
-        inv_scale = torch.where(nonzero, s, 1.0).rsqrt()
-        S_hat = _scaled(S_lower, inv_scale)
-        if shift:
-            S_hat.diagonal(dim1=-2, dim2=-1).add_(shift)
-        LS, info = _cholesky(S_hat, big and S_hat.shape[-1] >= _LAPACK_MIN)
-    pivots = LS.diagonal(dim1=-2, dim2=-1).pow(2)
+        inv_scale, nonzero, pivot_scale = _shifted(S_lower, shift)
+        LS, info = _cholesky(S_lower, big and S_lower.shape[-1] >= _LAPACK_MIN)
+    pivots = LS.diagonal(dim1=-2, dim2=-1).pow(2).mul_(pivot_scale)
     return SchurFactor(L, Y, S_lower, inv_scale, nonzero, LS, pivots, info)
 
 
@@ -209,11 +214,11 @@ def _factor_single(P: Tensor, C: Tensor, shift: float) -> SchurFactor | None:
     S_lower = Y.T @ Y
     s = np.diagonal(S_lower)
     nonzero = s > 0
-    inv_scale = 1.0 / np.sqrt(np.where(nonzero, s, 1.0))
-    S_hat = S_lower * inv_scale[:, None] * inv_scale[None, :]
-    np.fill_diagonal(S_hat, 1.0 + shift)
-    LS, info_s = lp.dpotrf(S_hat, lower=1, clean=1) if k else (np.zeros((0, 0)), 0)
-    pivots = np.diagonal(LS) ** 2
+    scale = np.where(nonzero, s, 1.0)
+    inv_scale = 1.0 / np.sqrt(scale)
+    np.fill_diagonal(S_lower, np.where(nonzero, s * (1.0 + shift), 1.0))  # S' (_shifted)
+    LS, info_s = lp.dpotrf(S_lower, lower=1, clean=1) if k else (np.zeros((0, 0)), 0)
+    pivots = np.diagonal(LS) ** 2 / scale
     L_t, Y_t, S_t, inv_t, nz_t, LS_t, piv_t = (
         torch.from_numpy(a)[None] for a in (L, Y, S_lower, inv_scale, nonzero, LS, pivots)
     )
