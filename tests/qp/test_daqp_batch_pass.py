@@ -29,9 +29,7 @@ def _batch(rng: np.random.Generator, S: int, n: int, m: int, p: int) -> list[np.
 
 
 def _solve(arrays: list[np.ndarray], **kw) -> dqp.QPSolution:
-    return dqp.solve(
-        *(torch.from_numpy(a) for a in arrays), solver="daqp", on_failure="nan", **kw
-    )
+    return dqp.solve(*(torch.from_numpy(a) for a in arrays), solver="daqp", on_failure="nan", **kw)
 
 
 def _same(a: dqp.QPSolution, b: dqp.QPSolution) -> None:

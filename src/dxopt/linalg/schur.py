@@ -28,9 +28,9 @@ gives the same :math:`\\pi`), so a tiny or huge row norm cannot hide or fake a d
 zero rows (padding, or an all-zero constraint: :math:`s_j = 0`, a zero row and column of
 :math:`S`) get a unit diagonal in :math:`\\hat S` and so a unit pivot, never counted.
 The factorization is of :math:`S` itself, the pivots of :math:`\\hat S` read off it
-(:func:`_shifted`). :math:`\\pi_j <` ``tol`` marks row :math:`j` dependent; the :math:`P^{-1}` metric is the one
-in which the saddle-point solve is conditioned, so a row flagged here is one the exact solve
-cannot resolve to working accuracy.
+(:func:`_shifted`). :math:`\\pi_j <` ``tol`` marks row :math:`j` dependent; the
+:math:`P^{-1}` metric is the one in which the saddle-point solve is conditioned, so a row
+flagged here is one the exact solve cannot resolve to working accuracy.
 """
 
 from __future__ import annotations

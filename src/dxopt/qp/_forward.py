@@ -677,9 +677,12 @@ def solve_forward(
         and not (max_workers is not None and max_workers > 1 and size > 1)
         and (not psd_pending or problem.P.ndim == 3)
     )
-    first_arrays = first_pass_daqp() if batched_pass else each(first, list(range(size)))
+    first_arrays = first_pass_daqp() if batched_pass else None
+    if not batched_pass:
+        each(first, list(range(size)))
     todo = list(range(size))
     cert = None
+    stacked: tuple[np.ndarray, ...] = ()
     if fast and first_arrays is not None:
         todo, cert, stacked = _accept_exact_arrays(
             problem, *first_arrays, eps_abs, eps_rel, row_norm("G")
