@@ -11,12 +11,14 @@ below the certificate's own (``RELATIVE_FLOOR = 1e-10`` in :mod:`dxopt.qp._polis
 ``eps_rel = 1e-10`` piqp stops at points whose polish fails on a QP scaled by 1e8, at
 ``1e-12`` it does not. daqp is called through its own Python API on arrays built once
 per batch (:mod:`dxopt.qp._daqp`: same points as through qpsolvers, without its per-call
-``inspect.signature`` and problem checks), and its Cholesky of ``P`` stands in for the PSD
-check of the validation. daqp's points (an exact working set) are certified all at once by the
-vectorised certificate :func:`dxopt.qp._polish.batch_accept_exact`; only the samples it
-refuses take the per-sample polish and fallback path, and when it accepts every sample its
-residuals are the ones :class:`~dxopt.qp.QPInfo` reports. Missing multipliers are recovered
-by least squares on the active rows, :math:`[G_J^\\top\\ A^\\top][\\nu_J; \\mu] = -(Px^\\star + q)`.
+``inspect.signature`` and problem checks; the first pass over a batch is one loop writing into
+stacked arrays, :meth:`~dxopt.qp._daqp.DaqpBatch.solve_all`), and its Cholesky of ``P`` stands
+in for the PSD check of the validation. daqp's points (an exact working set) are certified
+all at once by the vectorised certificate :func:`dxopt.qp._polish.batch_accept_exact`; only
+the samples it refuses take the per-sample polish and fallback path, and when it accepts every
+sample its residuals are the ones :class:`~dxopt.qp.QPInfo` reports. Missing multipliers are
+recovered by least squares on the active rows,
+:math:`[G_J^\\top\\ A^\\top][\\nu_J; \\mu] = -(Px^\\star + q)`.
 
 Every backend's output is then polished on its active set and certified against the requested
 tolerances (componentwise scales, zero rows handled explicitly; :mod:`dxopt.qp._polish`).
