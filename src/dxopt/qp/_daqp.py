@@ -129,53 +129,6 @@ class DaqpBatch:
         batched_c = self.C is not None and self.C.ndim > 2
         self._batched = (P.ndim > 2, q.ndim > 1, batched_c, self.upper.ndim > 1)
 
-    def solve_all(
-        self, size: int, options: dict[str, Any], primal_start: np.ndarray | None = None
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Solve samples ``0..size-1`` with the same settings, written straight into batch
-        arrays: ``x`` (size, n), the multipliers ``lam`` (size, m + p; inequality rows first,
-        as daqp orders them) and the exit flags (size,); rows of samples with a flag
-        ``<= 0`` are NaN. The per-sample work is the :func:`daqp.solve` call and two row
-        copies (no :class:`DaqpPoint` per sample). ``primal_start``: ``(n,)`` for every
-        sample or ``(size, n)``. Exceptions of :func:`daqp.solve` (an unknown setting:
-        ``TypeError``) propagate."""
-        import daqp
-
-        solve = daqp.solve
-        n, mp = self.n, self.m + self.p
-        X, LAM = np.empty((size, n)), np.empty((size, mp))
-        flags = np.empty(size, dtype=np.int64)
-        bP, bq, bC, bu = self._batched
-        lower, sense = self.lower, self.sense
-        P, q, C, upper = self.P, self.q, self.C, self.upper
-        parts = self._parts
-        starts = primal_start is not None and primal_start.ndim == 2
-        start = primal_start
-        for i in range(size):
-            if C is None:
-                Ci = np.concatenate([M[i] if batched else M for M, batched in parts])
-            else:
-                Ci = C[i] if bC else C
-            if starts:
-                start = primal_start[i]  # type: ignore[index]
-            x, _, flag, info = solve(
-                P[i] if bP else P,
-                q[i] if bq else q,
-                Ci,
-                upper[i] if bu else upper,
-                lower,
-                sense,
-                primal_start=start,
-                **options,
-            )
-            flags[i] = flag
-            if flag > 0:
-                X[i] = x
-                LAM[i] = info["lam"]
-            else:
-                X[i] = LAM[i] = np.nan
-        return X, LAM, flags
-
     def solve(
         self, i: int, options: dict[str, Any], primal_start: np.ndarray | None = None
     ) -> DaqpPoint:

@@ -11,14 +11,12 @@ below the certificate's own (``RELATIVE_FLOOR = 1e-10`` in :mod:`dxopt.qp._polis
 ``eps_rel = 1e-10`` piqp stops at points whose polish fails on a QP scaled by 1e8, at
 ``1e-12`` it does not. daqp is called through its own Python API on arrays built once
 per batch (:mod:`dxopt.qp._daqp`: same points as through qpsolvers, without its per-call
-``inspect.signature`` and problem checks; the first pass over a batch is one loop writing into
-stacked arrays, :meth:`~dxopt.qp._daqp.DaqpBatch.solve_all`), and its Cholesky of ``P`` stands
-in for the PSD check of the validation. daqp's points (an exact working set) are certified
-all at once by the vectorised certificate :func:`dxopt.qp._polish.batch_accept_exact`; only
-the samples it refuses take the per-sample polish and fallback path, and when it accepts every
-sample its residuals are the ones :class:`~dxopt.qp.QPInfo` reports. Missing multipliers are
-recovered by least squares on the active rows,
-:math:`[G_J^\\top\\ A^\\top][\\nu_J; \\mu] = -(Px^\\star + q)`.
+``inspect.signature`` and problem checks), and its Cholesky of ``P`` stands in for the PSD
+check of the validation. daqp's points (an exact working set) are certified all at once by the
+vectorised certificate :func:`dxopt.qp._polish.batch_accept_exact`; only the samples it
+refuses take the per-sample polish and fallback path, and when it accepts every sample its
+residuals are the ones :class:`~dxopt.qp.QPInfo` reports. Missing multipliers are recovered
+by least squares on the active rows, :math:`[G_J^\\top\\ A^\\top][\\nu_J; \\mu] = -(Px^\\star + q)`.
 
 Every backend's output is then polished on its active set and certified against the requested
 tolerances (componentwise scales, zero rows handled explicitly; :mod:`dxopt.qp._polish`).
@@ -366,29 +364,10 @@ def _accept_exact_batch(
     sample has no point) and the stacked ``(x, mu, nu)``."""
     if any(pt is None for pt in points):  # rare: keep the per-sample path for everyone
         return list(range(len(points))), None, ()
+    m = problem.m
     X = np.array([pt[1] for pt in points])  # type: ignore[index]
     MU = np.array([pt[2] for pt in points]).reshape(len(points), problem.p)  # type: ignore[index]
-    NU = np.array([pt[3] for pt in points]).reshape(len(points), problem.m)  # type: ignore[index]
-    refused, cert, stacked = _accept_exact_arrays(problem, X, MU, NU, eps_abs, eps_rel, g_inf)
-    for i in refused:  # the per-sample path starts from the clipped multipliers
-        pt = points[i]
-        points[i] = (pt[0], pt[1], pt[2], stacked[2][i])  # type: ignore[index]
-    return refused, cert, stacked
-
-
-def _accept_exact_arrays(
-    problem: QPProblem,
-    X: np.ndarray,
-    MU: np.ndarray,
-    NU: np.ndarray,
-    eps_abs: float,
-    eps_rel: float,
-    g_inf: np.ndarray | None,
-) -> tuple[list[int], BatchCertificate, tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """:func:`_accept_exact_batch` on stacked points ``X`` (S, n), ``MU`` (S, p), ``NU``
-    (S, m): the refused samples, the certificate and ``(X, MU, NU)`` with ``NU`` clipped
-    at 0 and zero on zero rows."""
-    m = problem.m
+    NU = np.array([pt[3] for pt in points]).reshape(len(points), m)  # type: ignore[index]
     if m:
         gi = g_inf if g_inf is not None else _batched_row_inf(problem.G)  # type: ignore[arg-type]
         NU = np.maximum(NU, 0.0)
@@ -398,6 +377,9 @@ def _accept_exact_arrays(
         gi = np.zeros(0)
     cert = batch_accept_exact(problem, X, MU, NU, gi, eps_abs=eps_abs, eps_rel=eps_rel)
     refused = [] if cert.ok.all() else np.flatnonzero(~cert.ok).tolist()
+    for i in refused:  # the per-sample path starts from the clipped multipliers
+        pt = points[i]
+        points[i] = (pt[0], pt[1], pt[2], NU[i])  # type: ignore[index]
     return refused, cert, (X, MU, NU)
 
 
@@ -636,62 +618,10 @@ def solve_forward(
             for i in indices:
                 fn(i)
 
-    def first_pass_daqp() -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-        """daqp's first pass over the whole batch in one loop (:meth:`DaqpBatch.solve_all`),
-        with daqp's Cholesky as the PSD certificate when it is pending: ``(x, mu, nu)``
-        stacked, or ``None`` with ``first_points`` filled when some sample has no point (the
-        per-sample path then runs for every sample, as after :func:`first`). Samples whose
-        factorization failed (``-5``) are solved again by :func:`first` (PSD check, then
-        daqp's proximal regularisation). An exception (an option daqp rejects) falls back
-        to :func:`first` for every sample, which reports it."""
-        kw = {**kw_first, "eps_prox": 0.0} if psd_pending else kw_first
-        try:
-            X, LAM, flags = daqp_batch().solve_all(size, kw, warm)
-        except Exception:
-            each(first, list(range(size)))
-            return None
-        redo: list[int] = []
-        if psd_pending:
-            factored = np.isin(flags, list(FACTORED_FLAGS))
-            psd_done.update(np.flatnonzero(factored).tolist())
-            redo = np.flatnonzero(~factored).tolist()
-        missing = redo + [i for i in np.flatnonzero(flags <= 0).tolist() if i not in redo]
-        if not missing:
-            return X, np.ascontiguousarray(LAM[:, m:]), LAM[:, :m]
-        for i in range(size):
-            if i in redo:
-                first(i)
-            elif flags[i] > 0:
-                first_points[i] = (None, X[i], LAM[i, m:], LAM[i, :m])
-        if all(pt is not None for pt in first_points):
-            return (
-                np.array([pt[1] for pt in first_points]),  # type: ignore[index]
-                np.array([pt[2] for pt in first_points]).reshape(size, p),  # type: ignore[index]
-                np.array([pt[3] for pt in first_points]).reshape(size, m),  # type: ignore[index]
-            )
-        return None
-
-    # one loop over the batch (no per-sample point tuples) where daqp runs serially and the
-    # PSD certificate is per sample (a shared P is certified by its first solve: per sample)
-    batched_pass = (
-        fast
-        and chain[0].solver == "daqp"
-        and not (max_workers is not None and max_workers > 1 and size > 1)
-        and (not psd_pending or problem.P.ndim == 3)
-    )
-    first_arrays = first_pass_daqp() if batched_pass else None
-    if not batched_pass:
-        each(first, list(range(size)))
+    each(first, list(range(size)))
     todo = list(range(size))
     cert = None
-    stacked: tuple[np.ndarray, ...] = ()
-    if fast and first_arrays is not None:
-        todo, cert, stacked = _accept_exact_arrays(
-            problem, *first_arrays, eps_abs, eps_rel, row_norm("G")
-        )
-        for i in todo:  # the per-sample path starts from daqp's point (multipliers clipped)
-            first_points[i] = (None, *(a[i] for a in stacked))
-    elif fast:
+    if fast:
         todo, cert, stacked = _accept_exact_batch(
             problem, first_points, eps_abs, eps_rel, row_norm("G")
         )
