@@ -217,6 +217,55 @@ def test_single_system_with_indefinite_P_is_refused() -> None:
     assert schur_factor(P, torch.zeros(1, 1, 3, dtype=F64)) is None
 
 
+@pytest.mark.parametrize("batch", [1, 5])
+def test_pivots_of_S_equal_those_of_the_scaled_S_hat(batch: int) -> None:
+    """``schur_factor`` factors :math:`S = CP^{-1}C^T` itself and reads the pivots of the
+    unit-diagonal :math:`\\hat S = D^{-1/2}SD^{-1/2}` off it: they equal the squared diagonal
+    of an independent Cholesky of :math:`\\hat S` (plus the shift) on rows scaled by 1e-8 and
+    1e8, a zero (padding) row gets pivot 1, an exactly dependent scaled copy reads below
+    ``DEPENDENT_TOL`` (in a batch: the numpy Cholesky and syrk path; alone: LAPACK), and the
+    solve is the exact saddle-point solve."""
+    from dxopt.qp._degenerate import DEPENDENT_TOL
+
+    gen = torch.Generator().manual_seed(21 + batch)
+    n, k = 12, 7
+    M = torch.randn(batch, n, n, generator=gen, dtype=F64)
+    P = M @ M.mT + 0.1 * torch.eye(n, dtype=F64)
+    C = torch.randn(batch, k, n, generator=gen, dtype=F64)
+    C[:, 1] *= 1e-8
+    C[:, 2] *= 1e8
+    C[:, 4] = 0.0  # padding
+    factor = schur_factor(P, C)
+    assert factor is not None
+    Y = torch.linalg.solve_triangular(torch.linalg.cholesky(P), C.mT, upper=False)
+    S = Y.mT @ Y
+    d = S.diagonal(dim1=-2, dim2=-1)
+    inv = torch.where(d > 0, d, 1.0).rsqrt()
+    S_hat = S * inv[:, :, None] * inv[:, None, :]
+    S_hat.diagonal(dim1=-2, dim2=-1).fill_(1.0 + 1e-14)
+    expected = torch.linalg.cholesky(S_hat).diagonal(dim1=-2, dim2=-1) ** 2
+    torch.testing.assert_close(factor.pivots, expected, rtol=1e-11, atol=1e-14)
+    assert bool((factor.pivots[:, 4] == 1.0).all())
+    assert bool((factor.dependent(DEPENDENT_TOL) == 0).all())
+    r1 = torch.randn(batch, n, generator=gen, dtype=F64)
+    r2 = torch.randn(batch, k, generator=gen, dtype=F64) * C.abs().amax(-1)  # matching scales
+    u, w = factor.solve(r1, r2)
+    K = torch.zeros(batch, n + k, n + k, dtype=F64)
+    K[:, :n, :n], K[:, :n, n:], K[:, n:, :n] = P, C.mT, C
+    K[:, n + 4, n + 4] = 1.0  # the padding row's equation: w_4 = -r2_4 (= the solve's choice)
+    z = torch.linalg.solve(K, torch.cat([r1, torch.where(C.abs().amax(-1) > 0, r2, -r2)], -1))
+    assert relative_error(u, z[:, :n]) <= 1e-10
+    nonzero = [j for j in range(k) if j != 4]
+    for j in nonzero:  # each multiplier to its own scale (rows 1 and 2 are scaled by 1e-8, 1e8)
+        assert relative_error(w[:, j], z[:, n + j]) <= 1e-8, j
+    dup = C.clone()
+    dup[:, 6] = -3e7 * dup[:, 0]  # a scaled copy of row 0
+    dependent = schur_factor(P, dup)
+    assert dependent is not None
+    assert bool((dependent.dependent(DEPENDENT_TOL) == 1).all())
+    assert bool((dependent.pivots[:, 6] < DEPENDENT_TOL).all())
+
+
 @pytest.mark.parametrize("backward", ["penalty", "kkt"])
 def test_sparse_problem_with_the_dense_solver_equals_the_sparse_one(backward: str) -> None:
     """``linear_solver="dense"`` on sparse matrices densifies them (regular path)."""
