@@ -171,7 +171,7 @@ _MIN_BLOCK_S = 0.005  # time blocks of calls of at least 5 ms
 
 def _rounds(fns: dict[str, Callable[[], Any]], rounds: int) -> tuple[dict[str, float], dict]:
     """Median seconds per call of each method over ``rounds`` interleaved rounds after one
-    warm-up round (none when ``rounds == 1``, the largest case); also the last output of each
+    warm-up round (none when ``rounds == 1``); also the last output of each
     method. A method whose warm-up call took under ``_MIN_BLOCK_S`` is timed as a block of
     back-to-back calls per round (divided by their number): a single 20 us call timed right
     after another method's work measures that work's aftermath (caches, allocator, threads),
@@ -431,7 +431,7 @@ def main(argv: list[str] | None = None) -> None:
             (1, 10, 5, 0, args.rounds or 100),
             (128, 50, 50, 25, args.rounds or 9),
             (1024, 20, 20, 10, args.rounds or 3),
-            (1024, 100, 100, 50, args.rounds or 1),
+            (1024, 100, 100, 50, args.rounds or 2),
         ]
     for t in threads:
         for batch, n, m, p, rounds in plan:
