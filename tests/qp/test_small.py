@@ -375,3 +375,24 @@ def test_configured_backward_methods(method, lean, monkeypatch):
     assert ("SmallQPFunction" in type(sol.x.grad_fn).__name__) == lean
     if lean:
         _compare(data, method, monkeypatch)
+
+
+@pytest.mark.parametrize("start", ["solution", "zeros", "float32", "bad_shape"])
+def test_warm_start(start, monkeypatch):
+    """A warm start (n,) takes the lean path (daqp's primal start) with the general path's
+    result; a malformed one goes to the general path and its error."""
+    data = _problem(12, 8, 3, 18)
+    x_star = dqp.solve(*(data[k] for k in NAMES)).x
+    zeros = torch.zeros(12, dtype=torch.float64)
+    warm = {"solution": x_star, "zeros": zeros, "float32": x_star.float(), "bad_shape": zeros[1:]}
+    warm = warm[start]
+    if start == "bad_shape":
+        with pytest.raises(ValueError, match="warm_start"):
+            dqp.solve(*(data[k] for k in NAMES), warm_start=warm)
+        return
+    sol, grads, used = _run(data, True, monkeypatch, warm_start=warm)
+    ref, grads_ref, _ = _run(data, False, monkeypatch, warm_start=warm)
+    assert used
+    torch.testing.assert_close(sol.x, ref.x, rtol=0, atol=1e-12)
+    for k in NAMES:
+        torch.testing.assert_close(grads[k], grads_ref[k], rtol=1e-10, atol=1e-12)

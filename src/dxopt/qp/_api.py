@@ -130,6 +130,7 @@ def _forward_state(
 def _small_solve(
     data: tuple[Tensor | None, ...],
     *,
+    warm_start: Tensor | None,
     method: BackwardMethod,
     eps_abs: float,
     eps_rel: float,
@@ -149,12 +150,15 @@ def _small_solve(
             torch.from_numpy(point.q).to(point.dtype),
         )
         return _forward_state(
-            Pt, qt, tensor(point.A), tensor(point.b), tensor(point.G), tensor(point.h), None,
-            method=method, solver="daqp", check_psd=True, eps_abs=eps_abs, eps_rel=eps_rel,
-            max_workers=None, solver_options=None, fallback=fallback, polish=polish,
+            Pt, qt, tensor(point.A), tensor(point.b), tensor(point.G), tensor(point.h),
+            tensor(point.warm_start), method=method, solver="daqp", check_psd=True,
+            eps_abs=eps_abs, eps_rel=eps_rel, max_workers=None, solver_options=None,
+            fallback=fallback, polish=polish,
         )  # fmt: skip
 
-    point = small_forward(data, eps_abs=eps_abs, eps_rel=eps_rel, general=general)
+    point = small_forward(
+        data, eps_abs=eps_abs, eps_rel=eps_rel, general=general, warm_start=warm_start
+    )
     if point is None:
         return None
     x, mu, nu = SmallQPFunction.apply(*data, point, method)
@@ -398,8 +402,7 @@ def solve(
         sparse = any(isinstance(t, Tensor) and t.layout != torch.strided for t in others)
         G, h, k_lb, k_ub = append_bounds(q, G, h, lb, ub, sparse=sparse)
     if (  # one small dense problem with the default options: the lean path (dxopt.qp._small)
-        warm_start is None
-        and not solver_options
+        not solver_options
         and check_psd
         and (solver == "daqp" or solver == "auto")
         and lean_method(method)
@@ -407,8 +410,8 @@ def solve(
         and small_inputs(P, q, A, b, G, h)
     ):
         small = _small_solve(
-            (P, q, A, b, G, h), method=method, eps_abs=eps_abs, eps_rel=eps_rel,
-            fallback=fallback, polish=polish,
+            (P, q, A, b, G, h), warm_start=warm_start, method=method, eps_abs=eps_abs,
+            eps_rel=eps_rel, fallback=fallback, polish=polish,
         )  # fmt: skip
         if small is not None:
             return _solution(*small, A is not None, m_user, lb, ub, k_lb, k_ub)

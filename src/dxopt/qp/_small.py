@@ -119,6 +119,7 @@ class SmallPoint:
     dtype: torch.dtype
     general: Callable[..., Any]
     empty: tuple[bool, bool] = (False, False)  # A, G given without rows (zero gradients)
+    warm_start: Any = None  # daqp's primal start (float64), for the general path's solve
     diagnostics: BackwardDiagnostics = field(default_factory=BackwardDiagnostics)
     solve_time: float = 0.0
     primal: float = 0.0
@@ -148,14 +149,27 @@ def _bounds(m: int, p: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def small_forward(
-    data: tuple[Tensor | None, ...], *, eps_abs: float, eps_rel: float, general: Callable[..., Any]
+    data: tuple[Tensor | None, ...],
+    *,
+    eps_abs: float,
+    eps_rel: float,
+    general: Callable[..., Any],
+    warm_start: Tensor | None = None,
 ) -> SmallPoint | None:
     """Solve and certify one small QP ``data = (P, q, A, b, G, h)`` (:func:`small_inputs`
-    holds), or ``None`` for the general path (module docstring)."""
+    holds), daqp started from ``warm_start`` (an ``(n,)`` CPU tensor; anything else: the
+    general path validates it), or ``None`` for the general path (module docstring)."""
     import daqp
 
     q = data[1]
     assert q is not None
+    start_x = None
+    if warm_start is not None:
+        if not (type(warm_start) is Tensor and warm_start.shape == q.shape and warm_start.is_cpu):
+            return None
+        if not warm_start.is_floating_point():
+            return None
+        start_x = _array(warm_start)
     try:
         Pn, qn, An, bn, Gn, hn = (_array(t) for t in data)
     except RuntimeError:  # no numpy view (e.g. a negative-bit view): the general path
@@ -186,7 +200,9 @@ def small_forward(
         C, upper = (Gn, hn) if m else (An, bn)
     lower, sense = _bounds(m, p)
     start = time.perf_counter()
-    x, _, flag, info = daqp.solve(Pn, qn, C, upper, lower, sense, primal_tol=eps_abs, eps_prox=0.0)
+    x, _, flag, info = daqp.solve(
+        Pn, qn, C, upper, lower, sense, primal_start=start_x, primal_tol=eps_abs, eps_prox=0.0
+    )
     if flag != 1 and flag != 2:  # not solved, or P not positive definite: the general path
         return None
     x = np.asarray(x, dtype=np.float64)
@@ -196,7 +212,7 @@ def small_forward(
     g_inf = _max(np.abs(Gn), 1) if m else np.zeros(0)
     if m and not g_inf.all():  # a zero row of G: the general path's rules for it
         return None
-    point = SmallPoint(Pn, qn, An, bn, Gn, hn, x, mu, nu, g_inf, q.dtype, general, empty)
+    point = SmallPoint(Pn, qn, An, bn, Gn, hn, x, mu, nu, g_inf, q.dtype, general, empty, start_x)
     if not _certify(point, eps_abs, eps_rel):
         return None
     point.solve_time = time.perf_counter() - start
