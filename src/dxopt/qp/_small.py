@@ -47,6 +47,8 @@ import torch
 from torch import Tensor
 
 from dxopt.linalg.schur import small_schur
+from dxopt.qp._backward_kkt import _KKT_STEPS, _KKT_TOL, KKTBackward
+from dxopt.qp._backward_penalty import PenaltyBackward
 from dxopt.qp._degenerate import DEPENDENT_TOL
 from dxopt.qp._function import eager_gradients, refuse_batched_cotangents, refuse_second_order
 from dxopt.qp._polish import RELATIVE_FLOOR, ROUNDOFF
@@ -67,7 +69,6 @@ general path's dispatches."""
 
 _MARGIN = 1e-6  # the active set's margin (module docstring)
 _TINY = float(np.finfo(np.float64).tiny)
-_EPS64 = float(np.finfo(np.float64).eps)
 _DTYPES = (torch.float64, torch.float32)
 _BOUNDS: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}  # (m, p) -> (lower, sense)
 
@@ -328,15 +329,15 @@ def lean_method(method: object) -> bool:
     subclass), dense linear algebra, the forward's active set (``active_tol=None``). The
     degenerate and weak-row policies only act where the lean path declines (the general path
     then runs this same method)."""
-    from dxopt.qp._backward_kkt import KKTBackward
-    from dxopt.qp._backward_penalty import PenaltyBackward
-
-    kind = type(method)
-    if kind is not PenaltyBackward and kind is not KKTBackward:
-        return False
-    if method.active_tol is not None or method.linear_solver == "sparse":  # type: ignore[attr-defined]
-        return False
-    return kind is KKTBackward or method.max_refinement > 0  # type: ignore[attr-defined]
+    if type(method) is KKTBackward:
+        return method.active_tol is None and method.linear_solver != "sparse"
+    if type(method) is PenaltyBackward:
+        return (
+            method.active_tol is None
+            and method.linear_solver != "sparse"
+            and method.max_refinement > 0
+        )
+    return False
 
 
 class _Regular(NamedTuple):
@@ -358,9 +359,6 @@ def _regular(method: Any) -> _Regular:
     """The :class:`_Regular` settings of a method :func:`lean_method` accepts (cached per method:
     frozen dataclasses, hashable)."""
     if method not in _REGULAR:
-        from dxopt.qp._backward_kkt import _KKT_STEPS, _KKT_TOL
-        from dxopt.qp._backward_penalty import PenaltyBackward
-
         if isinstance(method, PenaltyBackward):
             _REGULAR[method] = _Regular(
                 method.max_refinement, method.refine_tol, method.max_residual, True,
