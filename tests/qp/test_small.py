@@ -5,6 +5,7 @@ decide (degenerate, weak, zero rows, bad input, failures) goes to the general pa
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import numpy as np
 import pytest
@@ -396,3 +397,55 @@ def test_warm_start(start, monkeypatch):
     torch.testing.assert_close(sol.x, ref.x, rtol=0, atol=1e-12)
     for k in NAMES:
         torch.testing.assert_close(grads[k], grads_ref[k], rtol=1e-10, atol=1e-12)
+
+
+def _adversarial(seed: int) -> dict:
+    """A small QP with one of: rows scaled by 1e-8..1e8, a near-duplicate active row, a row
+    whose slack is 1e-10 (nearly weak), a multiplier near zero, an ill-conditioned P."""
+    rng = np.random.default_rng(seed)
+    data = _problem(int(rng.integers(2, 16)), int(rng.integers(1, 12)), int(rng.integers(0, 3)),
+                    seed)  # fmt: skip
+    G, h, P = data["G"], data["h"], data["P"]
+    kind = seed % 5
+    if kind == 0:
+        scale = torch.tensor(10.0 ** rng.uniform(-8, 8, G.shape[0]))
+        data["G"], data["h"] = G * scale[:, None], h * scale
+    elif kind == 1 and G.shape[0] > 1:
+        data["G"][1] = G[0] * (1 + 1e-9)
+        data["h"][1] = h[0] * (1 + 1e-9)
+    elif kind == 2:
+        x = dqp.solve(*(data[k] for k in NAMES)).x
+        data["h"][0] = float(G[0] @ x) + 1e-10
+    elif kind == 3:
+        data["q"] = data["q"] * 1e-9
+    else:
+        _, vecs = torch.linalg.eigh(P)
+        data["P"] = (vecs * torch.logspace(-6, 2, P.shape[0], dtype=torch.float64)) @ vecs.T
+        data["P"] = 0.5 * (data["P"] + data["P"].T)
+    return data
+
+
+def test_lean_agrees_with_general_on_adversarial_problems(monkeypatch):
+    """Wherever the lean path answers (forward and backward), it answers what the general path
+    does; where it cannot decide, the general path runs (never a different gradient)."""
+    lean_used = 0
+    for seed in range(60):
+        data = _adversarial(seed)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", dqp.QPDegenerateWarning)
+                ref, g_ref, _ = _run(data, False, monkeypatch, weights="duals")
+        except dqp.QPSolveError:
+            with pytest.raises(dqp.QPSolveError):
+                _run(data, True, monkeypatch, weights="duals")
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", dqp.QPDegenerateWarning)
+            sol, g, used = _run(data, True, monkeypatch, weights="duals")
+        lean_used += used and sol.info.backward.linear_solver == "schur"
+        torch.testing.assert_close(sol.x, ref.x, rtol=1e-12, atol=1e-12)
+        for k in NAMES:
+            if g_ref[k] is not None:
+                scale = 1 + float(g_ref[k].abs().max())
+                torch.testing.assert_close(g[k], g_ref[k], rtol=1e-8, atol=1e-8 * scale)
+    assert lean_used >= 20  # the lean path is not simply refusing everything
