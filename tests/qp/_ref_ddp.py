@@ -18,7 +18,6 @@ The worker lives in this module (not in the test file) so spawned children impor
 from __future__ import annotations
 
 import os
-import socket
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -106,10 +105,12 @@ def single_process(backward: str) -> dict[str, Tensor]:
 
 
 def ddp_worker(
-    rank: int, world_size: int, port: int, backwards: tuple[str, ...], out_dir: str
+    rank: int, world_size: int, store: str, backwards: tuple[str, ...], out_dir: str
 ) -> None:
-    """One DDP rank: gloo over 127.0.0.1; for each backward, train a fresh model on this
-    rank's shard and save the records (one spawn serves all backwards: start-up dominates)."""
+    """One DDP rank: gloo over the loopback interface, rendezvous through the file ``store``
+    (a FileStore: no TCP port to pick, so no port race with other processes); for each
+    backward, train a fresh model on this rank's shard and save the records (one spawn serves
+    all backwards: start-up dominates)."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
@@ -118,7 +119,7 @@ def ddp_worker(
     torch.set_num_threads(1)
     dist.init_process_group(
         "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
+        init_method=f"file://{store}",
         rank=rank,
         world_size=world_size,
         timeout=timedelta(seconds=30),
@@ -135,13 +136,6 @@ def ddp_worker(
         dist.destroy_process_group()
 
 
-def free_port() -> int:
-    """A currently free TCP port on 127.0.0.1."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def run_ddp(
     backwards: tuple[str, ...],
     out_dir: Path,
@@ -154,8 +148,9 @@ def run_ddp(
 
     ``while_waiting`` (e.g. the single-process reference) runs in this process while the ranks
     start up, and its result is returned alongside. The ranks are terminated if they have not
-    finished after ``timeout_s`` seconds, and started once more on a fresh port (a rendezvous
-    hung in two full runs; alone the ranks finish in about 5 s).
+    finished after ``timeout_s`` seconds, and started once more with a fresh rendezvous file (a
+    TCP rendezvous on a picked free port hung in two full runs; alone the ranks finish in about
+    5 s).
     """
     import torch.multiprocessing as mp
 
@@ -163,7 +158,12 @@ def run_ddp(
     for attempt in range(2):  # a rendezvous can hang (seen in 2 full runs): start once more
         context = mp.start_processes(
             ddp_worker,
-            args=(world_size, free_port(), tuple(backwards), str(out_dir)),
+            args=(
+                world_size,
+                str(out_dir / f"rendezvous{attempt}"),
+                tuple(backwards),
+                str(out_dir),
+            ),
             nprocs=world_size,
             join=False,
             start_method="spawn",
