@@ -492,8 +492,9 @@ def _gradients(
     for i, given in ((2, point.empty[0]), (4, point.empty[1])):
         if given and needs[i]:
             out[i], out[i + 1] = np.zeros((0, n)), np.zeros(0)
-    dtype = point.dtype
-    return tuple(None if a is None else torch.from_numpy(a).to(dtype) for a in out)
+    if point.dtype is torch.float64:
+        return tuple(None if a is None else torch.from_numpy(a) for a in out)
+    return tuple(None if a is None else torch.from_numpy(a).to(point.dtype) for a in out)
 
 
 class SmallQPFunction(torch.autograd.Function):
@@ -507,10 +508,10 @@ class SmallQPFunction(torch.autograd.Function):
         point, method = args[6], args[7]  # after the six data tensors (P, q, A, b, G, h)
         ctx.point, ctx.method = point, method
         ctx.set_materialize_grads(False)  # unused outputs: None, not zeros
-        dtype = point.dtype
-        return tuple(  # type: ignore[return-value]
-            torch.from_numpy(a.copy()).to(dtype) for a in (point.x, point.mu, point.nu)
-        )
+        outs = tuple(torch.from_numpy(a.copy()) for a in (point.x, point.mu, point.nu))
+        if point.dtype is not torch.float64:
+            outs = tuple(t.to(point.dtype) for t in outs)
+        return outs  # type: ignore[return-value]
 
     @staticmethod
     def backward(
