@@ -538,15 +538,12 @@ def test_identify_active_does_not_depend_on_the_abs_block_size(
     assert np.array_equal(inf, np.abs(G).max(-1))
     assert not np.signbit(inf).any()
     results = []
+    args = (data.x, data.eq_duals, data.ineq_duals)
     for chunk in (1, _active._CHUNK, 1 << 40):
         monkeypatch.setattr(_active, "_CHUNK", chunk)
         problem = canonical_problem(*data.args())
-        results.append(
-            _active.identify_active(
-                problem, data.x, data.eq_duals, data.ineq_duals, active_tol=None,  # type: ignore[arg-type]
-                weak_policy="inactive", forward_active=data.active,
-            )  # fmt: skip
-        )
+        kw = {"active_tol": None, "weak_policy": "inactive", "forward_active": data.active}
+        results.append(_active.identify_active(problem, *args, **kw))  # type: ignore[arg-type]
     for other in results[1:]:
         for f in dataclasses.fields(other):
             a, b = getattr(results[0], f.name), getattr(other, f.name)
@@ -580,7 +577,9 @@ def test_row_max_norms_are_computed_once_and_shared_by_forward_and_backward(
     grads, sol = _grads(data, "kkt", grad_x)
     assert calls == [(5, 9, 12)]
     for i in range(5):
-        ref = _reference(data.__class__(*(None if t is None else t[i] for t in data)), sol, i, grad_x[i])
+        ref = _reference(
+            data.__class__(*(None if t is None else t[i] for t in data)), sol, i, grad_x[i]
+        )
         _assert_same({k: v[i] for k, v in grads.items() if k in ref}, ref, 1e-10)
     problem = canonical_problem(*data.args())
     first = problem.derived("G_inf", "G", lambda: real(problem.G.numpy()))  # type: ignore[union-attr]

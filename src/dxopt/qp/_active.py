@@ -127,7 +127,11 @@ def _row_stats(problem: QPProblem, name: str, *, absolute: bool = True) -> tuple
     if not absolute:
         return (np.maximum(norm, _TINY),)
     if M.ndim == 3:
-        return np.maximum(norm, _TINY), problem.derived(f"{name}_inf", name, lambda: row_inf_np(M)), None
+        return (
+            np.maximum(norm, _TINY),
+            problem.derived(f"{name}_inf", name, lambda: row_inf_np(M)),
+            None,
+        )
     absM = np.abs(M)
     # torch's reduction over short rows is about 4x numpy's (same exact maxima)
     inf = torch.from_numpy(absM).amax(-1).numpy() if M.shape[-1] else np.zeros(M.shape[:-1])
