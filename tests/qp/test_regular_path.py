@@ -502,3 +502,141 @@ def test_grouped_regular_adjoint_with_a_failed_sample_equals_one_group(
     assert float(residual.max()) <= 1e-13
     *_, exact = kkt_residual(adj_in, active, u, w_ineq, w_eq)  # against K itself
     assert float(exact.max()) <= 1e-13
+
+
+def _mixed_batch() -> QPData:
+    """Seven complementary QPs (batched ``P``, ``G``, ``A``) with a zero row, rows scaled by
+    1e-8/1e8 and a weakly active sample: every branch of the row classification."""
+    problems = []
+    for i in range(7):
+        base = complementary_qp(14, m=10, p=2, n_active=4, seed=300 + i)
+        if i == 2:
+            base = weakly_active_qp(seed=300 + i, n=14)
+        base = _zero_row(base)
+        problems.append(_scaled_rows(base, (1e-8, 1.0, 1e8)[i % 3]))
+    return stack(problems)
+
+
+def test_identify_active_does_not_depend_on_the_abs_block_size(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """:math:`|G||x|` and :math:`|P||x|` are formed a few samples at a time (a cache-sized
+    :math:`|M|` block): the classification, slacks and accuracies are bit-identical with one
+    sample per block, the default block and one block for the whole batch (the batch-sized
+    :math:`|M|` of before), and the row max-norms equal :math:`\\max_j |g_{ij}|` exactly
+    (+0 on the zero row)."""
+    import dataclasses
+
+    import numpy as np
+
+    from dxopt.qp import _active
+    from dxopt.qp._problem import canonical_problem
+
+    data = _mixed_batch()
+    G = data.G.numpy()  # type: ignore[union-attr]
+    inf = _active.row_inf_np(G)
+    assert np.array_equal(inf, np.abs(G).max(-1))
+    assert not np.signbit(inf).any()
+    results = []
+    args = (data.x, data.eq_duals, data.ineq_duals)
+    for chunk in (1, _active._CHUNK, 1 << 40):
+        monkeypatch.setattr(_active, "_CHUNK", chunk)
+        problem = canonical_problem(*data.args())
+        kw = {"active_tol": None, "weak_policy": "inactive", "forward_active": data.active}
+        results.append(_active.identify_active(problem, *args, **kw))  # type: ignore[arg-type]
+    for other in results[1:]:
+        for f in dataclasses.fields(other):
+            a, b = getattr(results[0], f.name), getattr(other, f.name)
+            assert (a is None and b is None) or torch.equal(a, b), f.name
+    assert sum(results[0].n_weak) > 0 and sum(results[0].n_active) > 0
+
+
+def test_row_max_norms_are_computed_once_and_shared_by_forward_and_backward(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The forward's batch certificate computes the row max-norms of a batched ``G`` once
+    (:meth:`QPProblem.derived`); the backward's row classification reuses them (one
+    computation per call), the gradients equal the exact reduced-KKT ones, and a problem
+    restricted to some samples (``dataclasses.replace``) or a different ``G`` recomputes."""
+    import dataclasses
+
+    from dxopt.qp import _active, _forward
+    from dxopt.qp._problem import canonical_problem
+
+    calls: list[tuple[int, ...]] = []
+    real = _active.row_inf_np
+
+    def counting(M: Any) -> Any:
+        calls.append(M.shape)
+        return real(M)
+
+    monkeypatch.setattr(_active, "row_inf_np", counting)
+    monkeypatch.setattr(_forward, "row_inf_np", counting)
+    data = stack([complementary_qp(12, m=9, p=2, n_active=4, seed=400 + i) for i in range(5)])
+    grad_x = torch.randn(5, 12, generator=torch.Generator().manual_seed(7), dtype=F64)
+    grads, sol = _grads(data, "kkt", grad_x)
+    assert calls == [(5, 9, 12)]
+    for i in range(5):
+        ref = _reference(
+            data.__class__(*(None if t is None else t[i] for t in data)), sol, i, grad_x[i]
+        )
+        _assert_same({k: v[i] for k, v in grads.items() if k in ref}, ref, 1e-10)
+    problem = canonical_problem(*data.args())
+    first = problem.derived("G_inf", "G", lambda: real(problem.G.numpy()))  # type: ignore[union-attr]
+    assert problem.derived("G_inf", "G", lambda: pytest.fail("recomputed")) is first
+    sub = dataclasses.replace(problem, G=problem.G[:2], batch=2)  # type: ignore[index]
+    again = sub.derived("G_inf", "G", lambda: real(sub.G.numpy()))  # type: ignore[union-attr]
+    assert again.shape == (2, 9) and again is not first
+    assert torch.equal(torch.from_numpy(again), torch.from_numpy(first[:2]))
+
+
+def test_batch_with_an_infeasible_sample_classifies_rows_without_the_forward_norms() -> None:
+    """A batch whose sample 2 is infeasible (the forward's batch certificate does not run, so
+    no row max-norms are shared): the other samples' gradients equal those of the same
+    problems solved without it, and the failed sample's are zero."""
+    problems = [complementary_qp(12, m=9, p=2, n_active=3, seed=500 + i) for i in range(4)]
+    bad = problems[2]
+    assert bad.G is not None and bad.h is not None
+    G, h = bad.G.clone(), bad.h.clone()
+    G[1], h[0], h[1] = -G[0], -1.0, -1.0  # g'x <= -1 and -g'x <= -1: infeasible
+    problems[2] = bad._replace(G=G, h=h)
+    data = stack(problems)
+    grad_x = torch.randn(4, 12, generator=torch.Generator().manual_seed(9), dtype=F64)
+    leaves = [None if t is None else t.clone().requires_grad_() for t in data.args()]
+    sol = dqp.solve(*leaves, solver="daqp", on_failure="nan")
+    (torch.nan_to_num(sol.x) * grad_x).sum().backward()
+    grads = {k: t.grad for k, t in zip(NAMES, leaves) if t is not None}
+    assert [s.name for s in sol.status] == ["SOLVED", "SOLVED", "INFEASIBLE", "SOLVED"]
+    keep = [0, 1, 3]
+    sub = stack([problems[i] for i in keep])
+    sub_grads, _ = _grads(sub, "penalty", grad_x[keep])
+    assert grads.keys() == sub_grads.keys()
+    for name, g in grads.items():
+        assert bool((g[2] == 0).all()), name
+        assert relative_error(g[keep], sub_grads[name]) <= 1e-12, name
+
+
+def test_numpy_diagonal_shift_equals_the_torch_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The batched factorization's diagonal shift and pivots in numpy (a CPU float64 batch)
+    are bit-identical to the torch arithmetic they replace, zero rows included."""
+    from dxopt.linalg import schur
+
+    gen = torch.Generator().manual_seed(12)
+    M = torch.randn(6, 10, 10, generator=gen, dtype=F64)
+    P = M @ M.mT + 0.1 * torch.eye(10, dtype=F64)
+    C = torch.randn(6, 7, 10, generator=gen, dtype=F64)
+    C[:, 3] = 0.0
+    C[:, 5] = 1e-9 * C[:, 0]
+    factor = schur_factor(P, C)
+    assert factor is not None
+    S0 = schur._gram(factor.Y)  # the unshifted Schur complement, as the factorization forms it
+    S_np, S_t = S0.clone(), S0.clone()
+    out_np = schur._shifted(S_np, 1e-14)
+    monkeypatch.setattr(schur, "_numpy_batch", lambda *t: False)
+    out_t = schur._shifted(S_t, 1e-14)
+    assert torch.equal(S_np, S_t)
+    for a, b in zip(out_np, out_t):
+        assert torch.equal(a, b)
+    assert bool((out_np[0][:, 3] == 1.0).all()) and not bool(out_np[1][:, 3].any())
+    pivots = factor.LS.diagonal(dim1=-2, dim2=-1).pow(2).mul_(out_t[2])
+    assert torch.equal(factor.pivots, pivots)

@@ -153,6 +153,12 @@ def _shifted(S_lower: Tensor, shift: float) -> tuple[Tensor, Tensor, Tensor]:
     *Accuracy and Stability of Numerical Algorithms*, 2nd ed., theorem 10.3, scales with it),
     so the pivots :math:`(L_S)_{jj}^2/S_{jj}` are those of :math:`\\hat S` to round-off without
     forming :math:`\\hat S` (two fewer passes over a ``(B, k, k)`` array)."""
+    if _numpy_batch(S_lower):  # the same arithmetic in numpy: 4 fewer torch dispatches
+        dn = np.einsum("...ii->...i", S_lower.numpy())  # a writable view of the diagonal
+        nz = dn > 0
+        sc = np.where(nz, dn, 1.0)
+        dn[...] = np.where(nz, dn * (1.0 + shift), 1.0)
+        return torch.from_numpy(1.0 / np.sqrt(sc)), torch.from_numpy(nz), torch.from_numpy(1.0 / sc)
     d = S_lower.diagonal(dim1=-2, dim2=-1)
     nonzero = d > 0
     scale = torch.where(nonzero, d, 1.0)
@@ -192,7 +198,11 @@ def schur_factor(P: Tensor, C: Tensor, *, shift: float = 1e-14) -> SchurFactor |
             S_lower = _gram(Y)
         inv_scale, nonzero, pivot_scale = _shifted(S_lower, shift)
         LS, info = _cholesky(S_lower, big and S_lower.shape[-1] >= _LAPACK_MIN)
-    pivots = LS.diagonal(dim1=-2, dim2=-1).pow(2).mul_(pivot_scale)
+    if _numpy_batch(LS):
+        ls = np.diagonal(LS.numpy(), axis1=-2, axis2=-1)
+        pivots = torch.from_numpy(ls * ls * pivot_scale.numpy())
+    else:
+        pivots = LS.diagonal(dim1=-2, dim2=-1).pow(2).mul_(pivot_scale)
     return SchurFactor(L, Y, S_lower, inv_scale, nonzero, LS, pivots, info)
 
 

@@ -37,7 +37,14 @@ from torch import Tensor
 from dxopt.qp._problem import QPProblem
 from dxopt.qp._types import QPBackwardError
 
-__all__ = ["WEAK_POLICIES", "ActiveSet", "compress_rows", "identify_active", "row_norms"]
+__all__ = [
+    "WEAK_POLICIES",
+    "ActiveSet",
+    "compress_rows",
+    "identify_active",
+    "row_inf_np",
+    "row_norms",
+]
 
 WEAK_POLICIES = ("inactive", "active", "raise")
 _TINY = float(np.finfo(np.float64).tiny)
@@ -103,8 +110,10 @@ def row_inf(M: Tensor) -> Tensor:
 
 def _row_stats(problem: QPProblem, name: str, *, absolute: bool = True) -> tuple[Any, ...]:
     """Euclidean row norms (clamped away from zero), and with ``absolute`` the row
-    max-norms and :math:`|M|` (dense ``(k, n)``/``(S, k, n)`` array or scipy CSR) of parameter
-    ``name``, in numpy."""
+    max-norms and :math:`|M|` of parameter ``name``, in numpy: a scipy CSR, a dense ``(k, n)``
+    array, or ``None`` for a dense batched ``M`` (:func:`_abs_mv_np` then forms :math:`|M|`
+    chunk by chunk; its row max-norms come from :meth:`QPProblem.derived`, shared with the
+    forward's certificate)."""
     if problem.is_sparse(name):
         csr = problem.csr[name][0]
         norm = np.sqrt(np.asarray(csr.multiply(csr).sum(axis=1)).ravel())
@@ -112,19 +121,52 @@ def _row_stats(problem: QPProblem, name: str, *, absolute: bool = True) -> tuple
             return (np.maximum(norm, _TINY),)
         absM = abs(csr)
         inf = np.asarray(absM.max(axis=1).todense()).ravel() if csr.shape[0] else np.zeros(0)
-    else:
-        M = problem.array(name)
-        norm = np.sqrt(np.einsum("...ij,...ij->...i", M, M))
-        if not absolute:
-            return (np.maximum(norm, _TINY),)
-        absM = np.abs(M)
-        # torch's reduction over short rows is about 4x numpy's (same exact maxima)
-        inf = torch.from_numpy(absM).amax(-1).numpy() if M.shape[-1] else np.zeros(M.shape[:-1])
+        return np.maximum(norm, _TINY), inf, absM
+    M = problem.array(name)
+    norm = np.sqrt(np.einsum("...ij,...ij->...i", M, M))
+    if not absolute:
+        return (np.maximum(norm, _TINY),)
+    if M.ndim == 3:
+        return (
+            np.maximum(norm, _TINY),
+            problem.derived(f"{name}_inf", name, lambda: row_inf_np(M)),
+            None,
+        )
+    absM = np.abs(M)
+    # torch's reduction over short rows is about 4x numpy's (same exact maxima)
+    inf = torch.from_numpy(absM).amax(-1).numpy() if M.shape[-1] else np.zeros(M.shape[:-1])
     return np.maximum(norm, _TINY), inf, absM
 
 
-def _abs_mv_np(absM: Any, av: np.ndarray) -> np.ndarray:
-    """:math:`|M||v|` per sample from ``|M|`` (:func:`_row_stats`) and ``|v|`` (S, n)."""
+def row_inf_np(M: np.ndarray) -> np.ndarray:
+    """Row max-norms ``(..., k)`` of a dense ``M`` as :math:`\\max(\\max_j m_{ij},
+    -\\min_j m_{ij})`: two reductions and no ``|M|`` temporary, whose fresh pages (2.5 MB at
+    128 x 50 x 50) can cost more than the reduction itself."""
+    if not M.shape[-1]:
+        return np.zeros(M.shape[:-1])
+    t = torch.from_numpy(M)
+    # + 0.0: an all-zero row gets +0, as the maximum of |m_ij| would
+    return (torch.maximum(t.amax(-1), t.amin(-1).neg_()) + 0.0).numpy()
+
+
+_CHUNK = 1 << 16  # elements of the |M| block of _abs_mv_np (512 KB: a cache-sized block)
+
+
+def _abs_mv_np(absM: Any, av: np.ndarray, M: np.ndarray | None = None) -> np.ndarray:
+    """:math:`|M||v|` per sample from ``|M|`` (:func:`_row_stats`) and ``|v|`` (S, n); for a
+    dense batched ``M`` (``absM`` is ``None``) from ``M`` itself, :math:`|M|` formed a few
+    samples at a time in one cache-sized buffer (the same per-sample products as one batched
+    ``matmul`` on a full :math:`|M|`, without its batch-sized temporary)."""
+    if M is not None:
+        S, k, n = M.shape
+        out = np.empty((S, k, 1))
+        step = max(1, _CHUNK // max(k * n, 1))
+        buf = np.empty((min(step, S), k, n))
+        for s in range(0, S, step):
+            e = min(s + step, S)
+            block = np.abs(M[s:e], out=buf[: e - s])
+            np.matmul(block, av[s:e, :, None], out=out[s:e])
+        return out[:, :, 0]
     if sp.issparse(absM):
         return np.ascontiguousarray((absM @ av.T).T)
     if absM.ndim == 2:
@@ -178,13 +220,18 @@ def identify_active(
     # componentwise scale (no row normalisation), kept away from zero on nonzero rows
     ax = np.abs(xn)
     x_inf = ax.max(-1, keepdims=True) if xn.shape[-1] else np.zeros((S, 1))
-    sigma_p = np.abs(h) + _abs_mv_np(absG, ax) + g_inf * (1.0 + x_inf)
+    G_dense = problem.array("G") if absG is None else None
+    sigma_p = np.abs(h) + _abs_mv_np(absG, ax, G_dense) + g_inf * (1.0 + x_inf)
     rel_slack = raw_slack / np.maximum(sigma_p, _TINY)
     slack = np.where(nonzero, raw_slack / g_norm, 0.0)
     # dual scale (componentwise, no absolute "1 +"): multipliers are compared with it
     nu_inf = np.maximum(ineq_duals.numpy(), 0.0) * g_inf * nonzero
-    absP = abs(problem.csr["P"][0]) if problem.is_sparse("P") else np.abs(problem.array("P"))
-    dual_scale = (_abs_mv_np(absP, ax) + np.abs(problem.np_vec("q"))).max(-1)
+    if problem.is_sparse("P"):
+        P_abs = _abs_mv_np(abs(problem.csr["P"][0]), ax)
+    else:
+        P = problem.array("P")
+        P_abs = _abs_mv_np(None, ax, P) if P.ndim == 3 else _abs_mv_np(np.abs(P), ax)
+    dual_scale = (P_abs + np.abs(problem.np_vec("q"))).max(-1)
     dual_scale = np.maximum(np.maximum(dual_scale, _amax(nu_inf, dual_scale)), _TINY)
     if m:
         comp = (np.maximum(rel_slack, 0.0) * nu_inf).max(-1) / dual_scale

@@ -64,6 +64,7 @@ import scipy.sparse as sp
 import torch
 from torch import Tensor
 
+from dxopt.qp._active import row_inf_np
 from dxopt.qp._daqp import FACTORED_FLAGS, DaqpBatch, DaqpPoint
 from dxopt.qp._polish import BatchCertificate, _row_inf, batch_accept_exact
 from dxopt.qp._polish import polish as polish_solution
@@ -344,13 +345,6 @@ def daqp_certifies_psd(
     )
 
 
-def _batched_row_inf(G: Tensor) -> np.ndarray:
-    """Row max-norms ``(S, m)`` of a dense batched ``G`` as :math:`\\max(\\max_j g_{ij},
-    -\\min_j g_{ij})`: two reductions and no batch-sized ``|G|`` temporary, whose fresh pages
-    (2.5 MB at 128 x 50 x 50) cost more than the reduction itself."""
-    return torch.maximum(G.amax(-1), G.amin(-1).neg_()).numpy()
-
-
 def _accept_exact_batch(
     problem: QPProblem,
     points: list[tuple[Any, ...] | None],
@@ -369,7 +363,10 @@ def _accept_exact_batch(
     MU = np.array([pt[2] for pt in points]).reshape(len(points), problem.p)  # type: ignore[index]
     NU = np.array([pt[3] for pt in points]).reshape(len(points), m)  # type: ignore[index]
     if m:
-        gi = g_inf if g_inf is not None else _batched_row_inf(problem.G)  # type: ignore[arg-type]
+        gi = g_inf
+        if gi is None:  # batched G: computed once, shared with the backward (identify_active)
+            G = problem.array("G")
+            gi = problem.derived("G_inf", "G", lambda: row_inf_np(G))
         NU = np.maximum(NU, 0.0)
         if not gi.all():
             NU = np.where(gi > 0, NU, 0.0)

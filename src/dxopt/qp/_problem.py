@@ -10,6 +10,7 @@ what to do about it.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -50,6 +51,24 @@ class QPProblem:
     csr: dict[str, tuple[sp.csr_matrix, sp.csr_matrix]] = field(
         default_factory=dict, compare=False, repr=False
     )
+    # quantities derived from the data alone, computed once and shared by the forward and the
+    # backward (:meth:`derived`); not an init field, so ``dataclasses.replace`` (a problem
+    # restricted to some samples) starts with an empty cache
+    _derived: dict[str, tuple[Tensor, np.ndarray]] = field(
+        default_factory=dict, init=False, compare=False, repr=False
+    )
+
+    def derived(self, key: str, name: str, compute: Callable[[], np.ndarray]) -> np.ndarray:
+        """The quantity ``key`` derived from parameter ``name`` alone (e.g. the row
+        max-norms of ``G``), computed by ``compute`` on first use and kept with the tensor it
+        was computed from (a different tensor under the same name recomputes it)."""
+        hit = self._derived.get(key)
+        t = getattr(self, name)
+        if hit is not None and hit[0] is t:
+            return hit[1]
+        value = compute()
+        self._derived[key] = (t, value)
+        return value
 
     def mv(self, name: str, v: Tensor) -> Tensor:
         """``M @ v`` per sample for parameter ``name`` (``v`` is (S, n); returns (S, k))."""
