@@ -77,10 +77,10 @@ def test_lean_equals_general_without_active_rows(backward, monkeypatch):
     _compare(data, backward, monkeypatch)
 
 
-def _compare(data: dict, backward: str, monkeypatch) -> None:
+def _compare(data: dict, backward: str, monkeypatch, **kw) -> None:
     """The lean path's solution, info, gradients and diagnostics equal the general path's."""
-    lean, g_lean, used = _run(data, True, monkeypatch, backward=backward, weights="duals")
-    ref, g_ref, used_ref = _run(data, False, monkeypatch, backward=backward, weights="duals")
+    lean, g_lean, used = _run(data, True, monkeypatch, backward=backward, weights="duals", **kw)
+    ref, g_ref, used_ref = _run(data, False, monkeypatch, backward=backward, weights="duals", **kw)
     assert used and not used_ref
     assert lean.status == ref.status
     torch.testing.assert_close(lean.x, ref.x, rtol=0, atol=0)
@@ -449,3 +449,22 @@ def test_lean_agrees_with_general_on_adversarial_problems(monkeypatch):
                 scale = 1 + float(g_ref[k].abs().max())
                 torch.testing.assert_close(g[k], g_ref[k], rtol=1e-8, atol=1e-8 * scale)
     assert lean_used >= 20  # the lean path is not simply refusing everything
+
+
+@pytest.mark.parametrize("solver", ["piqp", "proxqp"])
+@pytest.mark.parametrize(("n", "m", "p", "seed"), [(3, 2, 1, 0), (10, 5, 3, 1), (20, 30, 5, 2)])
+def test_interior_point_backends_take_the_lean_path(solver, n, m, p, seed, monkeypatch):
+    """piqp/proxqp: the backend's point, polished by the general path's own polish, then the
+    lean backward; identical to the general path (x, duals, info, gradients, diagnostics)."""
+    _compare(_problem(n, m, p, seed), "penalty", monkeypatch, solver=solver)
+    sol, *_ = _run(_problem(n, m, p, seed), True, monkeypatch, solver=solver)
+    assert sol.info.sample_solvers == (solver,)
+
+
+def test_other_backends_keep_the_general_path(monkeypatch):
+    data = _problem(6, 4, 1, 19)
+    for solver in ("clarabel", "osqp"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            sol, *_ = _run(data, True, monkeypatch, solver=solver)
+        assert "SmallQPFunction" not in type(sol.x.grad_fn).__name__

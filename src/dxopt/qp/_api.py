@@ -25,6 +25,7 @@ from dxopt.qp._function import BackwardMethod, QPCall, QPFunction, QPState
 from dxopt.qp._problem import QPProblem, canonical_problem
 from dxopt.qp._problem import check_psd as check_psd_of
 from dxopt.qp._small import (
+    LEAN_BACKENDS,
     SmallPoint,
     SmallQPFunction,
     lean_method,
@@ -130,6 +131,7 @@ def _forward_state(
 def _small_solve(
     data: tuple[Tensor | None, ...],
     *,
+    solver: str,
     warm_start: Tensor | None,
     method: BackwardMethod,
     eps_abs: float,
@@ -138,7 +140,7 @@ def _small_solve(
     polish: bool,
 ) -> tuple[Tensor, Tensor, Tensor, tuple[QPStatus, ...], QPInfo] | None:
     """``(x, eq_duals, ineq_duals, status, info)`` of one small dense QP through
-    :mod:`dxopt.qp._small` (daqp, certified point), or ``None`` when the general path must
+    :mod:`dxopt.qp._small` (certified point), or ``None`` when the general path must
     run."""
 
     def general(point: SmallPoint) -> QPState:
@@ -151,26 +153,32 @@ def _small_solve(
         )
         return _forward_state(
             Pt, qt, tensor(point.A), tensor(point.b), tensor(point.G), tensor(point.h),
-            tensor(point.warm_start), method=method, solver="daqp", check_psd=True,
+            tensor(point.warm_start), method=method, solver=solver, check_psd=True,
             eps_abs=eps_abs, eps_rel=eps_rel, max_workers=None, solver_options=None,
             fallback=fallback, polish=polish,
         )  # fmt: skip
 
     point = small_forward(
-        data, eps_abs=eps_abs, eps_rel=eps_rel, general=general, warm_start=warm_start
+        data,
+        solver=solver,
+        eps_abs=eps_abs,
+        eps_rel=eps_rel,
+        polish=polish,
+        general=general,
+        warm_start=warm_start,
     )
     if point is None:
         return None
     x, mu, nu = SmallQPFunction.apply(*data, point, method)
     info = QPInfo(
-        solver="daqp",
+        solver=solver,
         solve_time=point.solve_time,
         primal_residual=(point.primal,),
         dual_residual=(point.dual,),
         backward=point.diagnostics,
-        sample_solvers=("daqp",),
+        sample_solvers=(solver,),
         sample_tolerances=(eps_abs,),
-        polished=(False,),
+        polished=(point.polished,),
     )
     return x, mu, nu, (QPStatus.SOLVED,), info
 
@@ -254,9 +262,9 @@ def solve(
 
     The forward solve goes through :func:`qpsolvers.solve_problem` (CPU, float64, one solve per
     sample; daqp through its own Python API, :mod:`dxopt.qp._daqp`; one small unbatched dense
-    problem, ``n <= 64``, with daqp and the default solver options takes the lean path of
-    :mod:`dxopt.qp._small`, same results at a fraction of the fixed cost). The derivative is the
-    implicit one of the KKT conditions
+    problem, ``n <= 64``, with daqp, piqp or proxqp and the default solver options takes the
+    lean path of :mod:`dxopt.qp._small`, same results at a fraction of the fixed cost). The
+    derivative is the implicit one of the KKT conditions
     :math:`Px + q + A^\\top\\mu + G^\\top\\nu = 0`, :math:`Ax = b`,
     :math:`\\nu \\circ (Gx - h) = 0` on the active set, computed either by the dXPP penalty
     system (:class:`PenaltyBackward`, Linghu et al., arXiv 2602.14154) or by the exact reduced
@@ -404,13 +412,14 @@ def solve(
     if (  # one small dense problem with the default options: the lean path (dxopt.qp._small)
         not solver_options
         and check_psd
-        and (solver == "daqp" or solver == "auto")
+        and (solver == "auto" or solver in LEAN_BACKENDS)
         and lean_method(method)
         and not functorch_active()
         and small_inputs(P, q, A, b, G, h)
     ):
         small = _small_solve(
-            (P, q, A, b, G, h), warm_start=warm_start, method=method, eps_abs=eps_abs,
+            (P, q, A, b, G, h), solver="daqp" if solver == "auto" else solver,
+            warm_start=warm_start, method=method, eps_abs=eps_abs,
             eps_rel=eps_rel, fallback=fallback, polish=polish,
         )  # fmt: skip
         if small is not None:

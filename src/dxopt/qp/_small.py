@@ -1,21 +1,24 @@
 """One small dense QP without the batch machinery: the lean path of :func:`dxopt.qp.solve`.
 
-A single (unbatched) dense CPU problem with ``n <= SMALL_MAX_N``, solved by daqp with the
-default solver options and differentiated by a method :func:`lean_method` accepts, is the call
-decision-focused models and controllers make thousands of times per epoch. Through the general
-path (canonical problem, fallback chain, batch certificate, batched active set and backward) it
-costs about 0.6 ms, some 60 raw solves. This module runs the same steps as straight-line numpy
-on the one sample:
+A single (unbatched) dense CPU problem with ``n <= SMALL_MAX_N``, solved by daqp, piqp or
+proxqp (:data:`LEAN_BACKENDS`) with the default solver options and differentiated by a method
+:func:`lean_method` accepts, is the call decision-focused models and controllers make
+thousands of times per epoch. Through the general path (canonical problem, fallback chain,
+batch certificate, batched active set and backward) it costs about 0.6 ms with daqp, some 60
+raw solves. This module runs the same steps as straight-line numpy on the one sample:
 
 - **forward** (:func:`small_forward`): the cheap checks (shapes, dtype, finiteness by one sum
-  per input, symmetry of ``P``), one :func:`daqp.solve` with ``eps_prox = 0`` (its Cholesky
-  of ``P`` certifies it positive definite, :mod:`dxopt.qp._daqp`), and the certificate of
+  per input, symmetry of ``P``); then either one :func:`daqp.solve` with ``eps_prox = 0`` (its
+  Cholesky of ``P`` certifies it positive definite, :mod:`dxopt.qp._daqp`; the active set is
+  its working set), or, for piqp/proxqp, one LAPACK Cholesky of ``P``, the backend through
+  qpsolvers and the general path's own :func:`dxopt.qp._polish.polish` (the active set is the
+  polished one, settled); then the certificate of
   :func:`dxopt.qp._polish.batch_accept_exact` for the one point (same tests, same
   tolerances);
-- **backward** (:func:`small_backward`): the active set is daqp's working set, taken only when
-  it is unambiguous with a margin that no tolerance in play can reach: every working-set row
-  has a multiplier above :math:`\\max(10^{-6}, 10\\,b)` times the dual scale and every other
-  row a relative slack above the same :math:`\\max(10^{-6}, 10\\,b)`, with :math:`b` the
+- **backward** (:func:`small_backward`): the forward's active set is taken only when it is
+  unambiguous with a margin that no tolerance in play can reach: every row in it has a
+  multiplier above :math:`\\max(10^{-6}, 10\\,b)` times the dual scale and every other row a
+  relative slack above the same :math:`\\max(10^{-6}, 10\\,b)`, with :math:`b` the
   classification threshold of :func:`dxopt.qp._active.identify_active` (so that function
   would return the same set: no weak row, strict complementarity). Then the reduced KKT
   system is solved by block elimination of ``P`` (:func:`dxopt.linalg.small_schur`; a row
@@ -25,13 +28,14 @@ on the one sample:
   :mod:`dxopt.qp._grads`.
 
 Anything else (another solver, an option the lean path does not take, batched or sparse or
-non-CPU inputs, a point daqp did not solve or that does not certify, an ambiguous or dependent
-active set, a refinement that does not reach the residual bound) leaves the lean path: the
-forward returns ``None`` and :func:`~dxopt.qp.solve` takes the general path, and the backward
-rebuilds the general state from its saved copy of the data (one more solve, same point) and
-runs the requested backward method with its degenerate policy. The results, diagnostics
-included, are those of the general path (``tests/qp/test_small.py`` compares them, and checks
-the gradients against finite differences).
+non-CPU inputs, a point the backend did not solve or that does not certify or settle, an
+ambiguous or dependent active set, a refinement that does not reach the residual bound) leaves
+the lean path: the forward returns ``None`` and :func:`~dxopt.qp.solve` takes the general path
+(with its fallback chain), and the backward rebuilds the general state from its saved copy of
+the data (one more solve, same point) and runs the requested backward method with its
+degenerate policy. The results, diagnostics included, are those of the general path
+(``tests/qp/test_small.py`` compares them, and checks the gradients against finite
+differences).
 """
 
 from __future__ import annotations
@@ -104,7 +108,7 @@ def small_inputs(P: object, q: object, A: object, b: object, G: object, h: objec
 @dataclass
 class SmallPoint:
     """The certified solution of one small QP and what its backward needs: float64 copies of
-    the data (the inputs may change in place after the call), daqp's working set (``nu > 0``)
+    the data (the inputs may change in place after the call), the active set (``working``)
     and the certificate's residuals; ``general(point)`` rebuilds the general path's state."""
 
     P: np.ndarray
@@ -120,7 +124,9 @@ class SmallPoint:
     dtype: torch.dtype
     general: Callable[..., Any]
     empty: tuple[bool, bool] = (False, False)  # A, G given without rows (zero gradients)
-    warm_start: Any = None  # daqp's primal start (float64), for the general path's solve
+    warm_start: Any = None  # the backend's primal start (float64), for the general path
+    working: Any = None  # the rows of the active set (daqp's working set, or the polished one)
+    polished: bool = False
     diagnostics: BackwardDiagnostics = field(default_factory=BackwardDiagnostics)
     solve_time: float = 0.0
     primal: float = 0.0
@@ -149,19 +155,25 @@ def _bounds(m: int, p: int) -> tuple[np.ndarray, np.ndarray]:
     return _BOUNDS[key]
 
 
+LEAN_BACKENDS = ("daqp", "piqp", "proxqp")
+"""Backends of the lean path: daqp (its exact working set) and the dense interior-point
+backends whose point the polish of :mod:`dxopt.qp._polish` settles."""
+
+
 def small_forward(
     data: tuple[Tensor | None, ...],
     *,
+    solver: str = "daqp",
     eps_abs: float,
     eps_rel: float,
+    polish: bool = True,
     general: Callable[..., Any],
     warm_start: Tensor | None = None,
 ) -> SmallPoint | None:
     """Solve and certify one small QP ``data = (P, q, A, b, G, h)`` (:func:`small_inputs`
-    holds), daqp started from ``warm_start`` (an ``(n,)`` CPU tensor; anything else: the
-    general path validates it), or ``None`` for the general path (module docstring)."""
-    import daqp
-
+    holds) with ``solver`` (one of :data:`LEAN_BACKENDS`), started from ``warm_start`` (an
+    ``(n,)`` CPU tensor; anything else: the general path validates it), or ``None`` for the
+    general path (module docstring)."""
     q = data[1]
     assert q is not None
     start_x = None
@@ -185,7 +197,6 @@ def small_forward(
         asym = float(np.abs(Pn - Pn.T).max())
         if asym > 100 * float(torch.finfo(q.dtype).eps) * max(float(np.abs(Pn).max()), 1.0):
             return None  # the general path raises the symmetry error
-    n = qn.shape[0]
     m = 0 if Gn is None else Gn.shape[0]
     p = 0 if An is None else An.shape[0]
     empty = (An is not None and not p, Gn is not None and not m)  # given without rows
@@ -193,31 +204,104 @@ def small_forward(
         An = bn = None
     if empty[1]:
         Gn = hn = None
-    C: np.ndarray = np.zeros((0, n))
+    g_inf = _max(np.abs(Gn), 1) if m else np.zeros(0)
+    if m and not g_inf.all():  # a zero row of G: the general path's rules for it
+        return None
+    start = time.perf_counter()
+    arrays = (Pn, qn, An, bn, Gn, hn)
+    if solver == "daqp":
+        solved = _daqp_point(arrays, start_x, eps_abs)
+    else:
+        solved = _polished_point(arrays, solver, start_x, g_inf, eps_abs, eps_rel, polish)
+    if solved is None:
+        return None
+    x, mu, nu, working, polished = solved
+    point = SmallPoint(Pn, qn, An, bn, Gn, hn, x, mu, nu, g_inf, q.dtype, general, empty, start_x)
+    point.working, point.polished = working, polished
+    if not _certify(point, eps_abs, eps_rel):
+        return None
+    point.solve_time = time.perf_counter() - start
+    return point
+
+
+_Solved = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool]
+
+
+def _daqp_point(arrays: tuple[Any, ...], start_x: Any, eps_abs: float) -> _Solved | None:
+    """daqp's point with ``eps_prox = 0`` (its Cholesky certifies ``P``) and its working set
+    (``nu > 0``); ``None`` unless it solved."""
+    import daqp
+
+    Pn, qn, An, bn, Gn, hn = arrays
+    m = 0 if Gn is None else Gn.shape[0]
+    p = 0 if An is None else An.shape[0]
+    C: np.ndarray = np.zeros((0, qn.shape[0]))
     upper: np.ndarray = np.zeros(0)
     if m and p:
         C, upper = np.concatenate((Gn, An)), np.concatenate((hn, bn))
     elif m or p:
         C, upper = (Gn, hn) if m else (An, bn)
     lower, sense = _bounds(m, p)
-    start = time.perf_counter()
     x, _, flag, info = daqp.solve(
         Pn, qn, C, upper, lower, sense, primal_start=start_x, primal_tol=eps_abs, eps_prox=0.0
     )
     if flag != 1 and flag != 2:  # not solved, or P not positive definite: the general path
         return None
-    x = np.asarray(x, dtype=np.float64)
     lam = info["lam"]
-    mu = np.array(lam[m:], dtype=np.float64)
     nu = np.maximum(lam[:m], 0.0)
-    g_inf = _max(np.abs(Gn), 1) if m else np.zeros(0)
-    if m and not g_inf.all():  # a zero row of G: the general path's rules for it
+    return np.asarray(x, dtype=np.float64), np.array(lam[m:], dtype=np.float64), nu, nu > 0, False
+
+
+def _polished_point(
+    arrays: tuple[Any, ...],
+    solver: str,
+    start_x: Any,
+    g_inf: np.ndarray,
+    eps_abs: float,
+    eps_rel: float,
+    polish: bool,
+) -> _Solved | None:
+    """The general path's first attempt for an interior-point backend, for one sample: ``P``
+    positive definite (one LAPACK Cholesky; a semidefinite or indefinite ``P`` goes to the
+    general path's check), the backend through :func:`qpsolvers.solve_problem` with the
+    tolerances of :func:`dxopt.qp._forward._backend_kwargs`, then
+    :func:`dxopt.qp._polish.polish` (the same call as ``solve_forward``'s); ``None`` unless the
+    result certifies and is settled."""
+    import qpsolvers
+    from scipy.linalg import lapack
+
+    from dxopt.qp._forward import _backend_kwargs
+    from dxopt.qp._polish import _row_inf
+    from dxopt.qp._polish import polish as polish_point
+
+    Pn, qn, An, bn, Gn, hn = arrays
+    if lapack.dpotrf(Pn, lower=1)[1] != 0:
         return None
-    point = SmallPoint(Pn, qn, An, bn, Gn, hn, x, mu, nu, g_inf, q.dtype, general, empty, start_x)
-    if not _certify(point, eps_abs, eps_rel):
+    kw = _backend_kwargs(solver, eps_abs, eps_rel, None)
+    try:
+        problem = qpsolvers.Problem(Pn, qn, Gn, hn, An, bn)
+        sol = qpsolvers.solve_problem(problem, solver=solver, initvals=start_x, **kw)
+    except Exception:  # a backend crash: the general path walks its fallback chain
         return None
-    point.solve_time = time.perf_counter() - start
-    return point
+    m = 0 if Gn is None else Gn.shape[0]
+    p = 0 if An is None else An.shape[0]
+    if sol.x is None or not np.all(np.isfinite(sol.x)):
+        return None
+    y = np.zeros(0) if sol.y is None else np.asarray(sol.y, dtype=np.float64).reshape(-1)
+    z = np.zeros(0) if sol.z is None else np.asarray(sol.z, dtype=np.float64).reshape(-1)
+    if y.size != p or z.size != m or not (np.isfinite(y).all() and np.isfinite(z).all()):
+        return None  # missing or non-finite multipliers: the general path recovers them
+    pol = polish_point(
+        Pn, qn, An, bn, Gn, hn, np.asarray(sol.x, dtype=np.float64), y, z,
+        eps_abs=eps_abs, eps_rel=eps_rel, enabled=polish, force=False,
+        exact_working_set=False, g_inf=g_inf if m else None, a_inf=_row_inf(An) if p else None,
+    )  # fmt: skip
+    cert = pol.certificate
+    if cert.zero_row_infeasible or not cert.ok or not cert.settled:
+        return None
+    nu = np.maximum(pol.nu, 0.0) if m else np.zeros(0)
+    working = np.asarray(pol.active, dtype=bool) if m else np.zeros(0, dtype=bool)
+    return pol.x, pol.mu if p else np.zeros(0), nu, working, bool(pol.polished)
 
 
 _max, _min = np.maximum.reduce, np.minimum.reduce  # the ufunc reductions (no method wrappers)
@@ -273,7 +357,7 @@ def _certify(point: SmallPoint, eps_abs: float, eps_rel: float) -> bool:
         if viol > tol_p:
             return False
         roundoff = ROUNDOFF * max(p_scale, 1e-300)
-        if viol > roundoff and np.count_nonzero((s < -roundoff) & ~(nu > 0)):
+        if viol > roundoff and np.count_nonzero((s < -roundoff) & ~point.working):
             return False
         point.nu_inf = nu * point.g_inf
         both = np.minimum(np.maximum(s, 0.0) * (1.0 / tol_p), point.nu_inf * (1.0 / tol_d))
@@ -296,12 +380,12 @@ def _active(point: SmallPoint) -> tuple[np.ndarray, float] | None:
         eq_eps = float(_max(np.abs(point.eq_residual) / np.maximum(a_norm, _TINY)))
     if G is None:
         return np.zeros(0, dtype=bool), eq_eps
-    nu, nu_inf, s = point.nu, point.nu_inf, point.slack
+    nu_inf, s = point.nu_inf, point.slack
     ax = np.abs(x)
     # g_inf > 0 on every row (zero rows never reach the lean path): sigma_p > 0
     sigma_p = np.abs(point.h) + np.abs(G) @ ax + point.g_inf * (1.0 + float(_max(ax)))
     rel_slack = s / sigma_p
-    working = nu > 0
+    working = point.working
     k = np.count_nonzero(working)
     dual_scale = comp = 0.0
     if k:
