@@ -468,3 +468,19 @@ def test_other_backends_keep_the_general_path(monkeypatch):
             warnings.simplefilter("ignore")
             sol, *_ = _run(data, True, monkeypatch, solver=solver)
         assert "SmallQPFunction" not in type(sol.x.grad_fn).__name__
+
+
+@pytest.mark.parametrize("name", ["P", "q", "G", "h"])
+def test_general_path_refuses_a_backward_after_an_in_place_change(name, monkeypatch):
+    """The general path reads the canonical problem, which shares memory with float64 CPU
+    inputs: after an in-place change of an input its backward raises autograd's in-place
+    error instead of differentiating at data the solve never saw (batched inputs, so the
+    lean path does not apply)."""
+    data = _problem(5, 3, 1, 20)
+    batched = {k: None if v is None else v.expand(2, *v.shape).clone() for k, v in data.items()}
+    ins = _leaves(batched)
+    sol = dqp.solve(*(ins[k] for k in NAMES))
+    with torch.no_grad():
+        ins[name].mul_(2.0)
+    with pytest.raises(RuntimeError, match="inplace"):
+        sol.x.sum().backward()

@@ -169,11 +169,14 @@ class QPFunction(torch.autograd.Function):
         ctx.call = inputs[-1]
         ctx.mark_non_differentiable(output[3])
         # under torch.func the inputs anchor the adjoint/tangent solves (second order refused);
-        # the eager path reads the canonical copies on ``call`` and saves none (in-place
-        # changes of the inputs after the solve stay allowed)
+        # the eager backward reads the canonical problem on ``call``, which shares memory with
+        # float64 CPU inputs: the inputs are saved either way, so autograd's version check
+        # refuses a backward after an in-place change of one of them (as for torch's own ops)
+        # instead of a gradient at data the solve never saw
         anchors = inputs[:6] if functorch_active() else ()
+        ctx.anchored = bool(anchors)
         ctx.ndims = tuple(None if t is None else t.ndim for t in inputs[:6])
-        ctx.save_for_backward(output[3], *anchors)
+        ctx.save_for_backward(output[3], *inputs[:6])
         ctx.save_for_forward(output[3], *anchors)
 
     @staticmethod
@@ -184,10 +187,10 @@ class QPFunction(torch.autograd.Function):
         grad_ineq: Tensor | None,
         _grad_idx: Any = None,
     ) -> tuple[Tensor | None, ...]:
-        idx, *inputs = ctx.saved_tensors
+        idx, *inputs = ctx.saved_tensors  # raises if an input changed in place since
         state: QPState = ctx.call.state
-        if inputs or functorch_active():  # under torch.func: the vmappable path
-            anchors = [t for t in inputs if t is not None]
+        if ctx.anchored or functorch_active():  # under torch.func: the vmappable path
+            anchors = [t for t in inputs if t is not None] if ctx.anchored else []
             u, w_ineq, w_eq, x, nu_J, mu = AdjointSolve.apply(
                 grad_x, grad_eq, grad_ineq, idx, ctx.call, *anchors
             )
