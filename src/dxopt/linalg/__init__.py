@@ -17,7 +17,8 @@
   preconditioned with the float32 Cholesky factor of the augmented matrix
   :math:`P + C^\\top WC`; :func:`certify_independent_rows` certifies the linear independence
   of rows (a float64 Gram Cholesky with rigorous round-off margins).
-- :func:`small_work`: one intra-op thread for small arithmetic (no oversubscription).
+- :func:`small_work`: one intra-op thread for small arithmetic (no oversubscription);
+  :func:`blas_threads` the thread limit of numpy's and scipy's BLAS, the other pool.
 """
 
 from dxopt.linalg.augmented import AugmentedSolution as AugmentedSolution
@@ -36,6 +37,7 @@ from dxopt.linalg.sparse import SaddleSolveInfo as SaddleSolveInfo
 from dxopt.linalg.sparse import lstsq_saddle as lstsq_saddle
 from dxopt.linalg.sparse import saddle_solve as saddle_solve
 from dxopt.linalg.sparse import splu as splu
+from dxopt.linalg.threads import blas_threads as blas_threads
 from dxopt.linalg.threads import small_work as small_work
 
 __all__ = [
@@ -47,6 +49,7 @@ __all__ = [
     "SchurFactor",
     "SmallSchur",
     "augmented_solve",
+    "blas_threads",
     "certify_independent_rows",
     "conjugate_gradient",
     "lstsq_saddle",

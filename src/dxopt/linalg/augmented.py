@@ -58,43 +58,18 @@ the certificate; where it cannot be given the caller uses the exact test of its 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
-from typing import Any
 
 import numpy as np
-import torch
 from scipy.linalg import blas, lapack, solve_triangular
 
-__all__ = ["AugmentedSolution", "augmented_solve", "blas_threads", "certify_independent_rows"]
+from dxopt.linalg.threads import blas_threads
+
+__all__ = ["AugmentedSolution", "augmented_solve", "certify_independent_rows"]
 
 _U64 = float(np.finfo(np.float64).eps) / 2  # unit round-off of float64
 _SUBSET_MIN_ROWS = 256  # from this many rows the certificate tries a column subset first
-
-
-@lru_cache(maxsize=1)
-def _controller() -> Any:
-    """threadpoolctl's controller of the loaded BLAS libraries, created once (creating one
-    scans the loaded libraries, about 1 ms; limiting through it costs about 15 us)."""
-    try:
-        from threadpoolctl import ThreadpoolController
-    except ImportError:  # pragma: no cover - threadpoolctl ships with scipy's usual installs
-        return None
-    return ThreadpoolController()
-
-
-@contextmanager
-def blas_threads() -> Iterator[None]:
-    """numpy's and scipy's BLAS limited to torch's intra-op thread count (no
-    oversubscription; the unit of the benchmarks is one torch thread)."""
-    controller = _controller()
-    if controller is None:
-        yield
-        return
-    with controller.limit(limits=torch.get_num_threads(), user_api="blas"):
-        yield
 
 
 def _gamma(count: int) -> float:
@@ -244,6 +219,21 @@ def augmented_solve(
         return rhs - np.concatenate([P @ u + C.T @ w, C @ u])
 
     rhs = np.concatenate([r1, r2])
+    with blas_threads(1):  # matrix-vector products: one BLAS thread (no oversubscription)
+        z, iterations = _refine(step, residual, rhs, s, tol, max_iterations)
+    true = float(np.linalg.norm(residual(z))) / (float(np.linalg.norm(rhs)) or 1.0)
+    return AugmentedSolution(z[:n], z[n:], true, iterations)
+
+
+def _refine(
+    step: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]],
+    residual: Callable[[np.ndarray], np.ndarray],
+    rhs: np.ndarray,
+    s: np.ndarray,
+    tol: float,
+    max_iterations: int,
+) -> tuple[np.ndarray, int]:
+    """Restarted FGMRES on the true float64 residual (iterative refinement): ``(z, steps)``."""
     scale = float(np.linalg.norm(rhs * s)) or 1.0
     z, res_s = np.zeros_like(rhs), rhs * s  # z unscaled, res_s = S(rhs - Kz)
     rel, iterations = float(np.linalg.norm(res_s)) / scale, 0
@@ -261,8 +251,7 @@ def augmented_solve(
                 z, res_s, rel = new_z, new_res_s, new_rel
             break
         z, res_s, rel = new_z, new_res_s, new_rel
-    true = float(np.linalg.norm(residual(z))) / (float(np.linalg.norm(rhs)) or 1.0)
-    return AugmentedSolution(z[:n], z[n:], true, iterations)
+    return z, iterations
 
 
 def _fgmres(

@@ -35,8 +35,7 @@ flagged here is one the exact solve cannot resolve to working accuracy.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -44,6 +43,8 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor
+
+from dxopt.linalg.threads import blas_threads
 
 __all__ = ["SchurFactor", "SmallSchur", "lower_gram", "schur_factor", "small_schur"]
 
@@ -335,7 +336,6 @@ def _use_lapack(P: Tensor, C: Tensor) -> bool:
         and P.device.type == "cpu"
         and P.dtype == C.dtype == torch.float64
         and _mkl_on_amd()
-        and _threadpool_limits() is not None
     )
 
 
@@ -351,28 +351,16 @@ def _mkl_on_amd() -> bool:
         return False
 
 
-def _threadpool_limits() -> Any:
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:  # pragma: no cover - threadpoolctl ships with scipy's usual installs
-        return None
-    return threadpool_limits
-
-
 def _blas() -> Any:
     from scipy.linalg import blas
 
     return blas
 
 
-@contextmanager
-def _blas_threads(active: bool) -> Iterator[None]:
-    """scipy's BLAS limited to torch's intra-op thread count (no oversubscription)."""
-    if not active:
-        yield
-        return
-    with _threadpool_limits()(limits=torch.get_num_threads(), user_api="blas"):
-        yield
+def _blas_threads(active: bool) -> Any:
+    """scipy's BLAS limited as :func:`dxopt.linalg.threads.blas_threads` does (no
+    oversubscription) when ``active``."""
+    return blas_threads() if active else nullcontext()
 
 
 def _cholesky(A: Tensor, lapack: bool) -> tuple[Tensor, Tensor]:

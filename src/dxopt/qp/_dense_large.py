@@ -31,7 +31,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from dxopt.linalg.augmented import augmented_solve, blas_threads, certify_independent_rows
+from dxopt.linalg.augmented import augmented_solve, certify_independent_rows
+from dxopt.linalg.threads import blas_threads
 from dxopt.qp._active import ActiveSet
 from dxopt.qp._adjoint import AdjointInput
 from dxopt.qp._backward_kkt import dense_rows
