@@ -308,10 +308,11 @@ _max, _min = np.maximum.reduce, np.minimum.reduce  # the ufunc reductions (no me
 
 
 def _certify(point: SmallPoint, eps_abs: float, eps_rel: float) -> bool:
-    """:func:`dxopt.qp._polish.batch_accept_exact` for one exact-working-set point (the same
-    tests and tolerances; the max-norms of the vectors are taken by one ``reduceat`` over
-    their concatenation): True if the point certifies as it is. Stores the residuals, the
-    slack :math:`h - Gx`, :math:`Ax - b` and :math:`\\nu_i\\|g_i\\|_\\infty` on ``point``."""
+    """:func:`dxopt.qp._polish.batch_accept_exact` for one point with an exact active set
+    (daqp's working set, or the polished one): the same tests and tolerances, the max-norms of
+    the vectors taken by one ``reduceat`` over their concatenation. True if the point
+    certifies as it is. Stores the residuals, the slack :math:`h - Gx`, :math:`Ax - b` and
+    :math:`\\nu_i\\|g_i\\|_\\infty` on ``point``."""
     P, q, A, b, G, h = point.P, point.q, point.A, point.b, point.G, point.h
     x, mu, nu = point.x, point.mu, point.nu
     rel = max(eps_rel, RELATIVE_FLOOR)
@@ -368,11 +369,11 @@ def _certify(point: SmallPoint, eps_abs: float, eps_rel: float) -> bool:
 
 
 def _active(point: SmallPoint) -> tuple[np.ndarray, float] | None:
-    """daqp's working set as the active set when it is unambiguous (module docstring), and the
-    accuracy :math:`\\varepsilon` of :func:`dxopt.qp._active.identify_active` with the
+    """The forward's active set (``point.working``) when it is unambiguous (module docstring),
+    and the accuracy :math:`\\varepsilon` of :func:`dxopt.qp._active.identify_active` with the
     forward's set (the penalty method's :math:`\\beta = \\max(10\\varepsilon, \\beta_{min})`);
     ``None`` otherwise. The scales are those of ``identify_active``; the dual scale is formed
-    only when some row is in the working set (it enters nothing else)."""
+    only when some row is in the active set (it enters nothing else)."""
     x, G, A = point.x, point.G, point.A
     eq_eps = 0.0
     if A is not None:
