@@ -44,6 +44,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from dxopt.linalg.small import schur_factor_small, schur_solve_small
 from dxopt.linalg.threads import blas_threads
 
 __all__ = ["SchurFactor", "SmallSchur", "lower_gram", "schur_factor", "small_schur"]
@@ -268,8 +269,8 @@ def _factor_single(P: Tensor, C: Tensor, shift: float) -> SchurFactor | None:
 @dataclass(frozen=True)
 class SmallSchur:
     """The factorization of :func:`small_schur`: one unbatched system in numpy (the fields of
-    :class:`SchurFactor` without the batch axis; ``info`` is LAPACK's ``dpotrf`` status of
-    :math:`S'`)."""
+    :class:`SchurFactor` without the batch axis; ``info`` is the Cholesky status of
+    :math:`S'`, 0 or the 1-based column where it broke down)."""
 
     L: np.ndarray
     Y: np.ndarray
@@ -286,45 +287,20 @@ class SmallSchur:
         return int((self.pivots < tol).sum()) + int(self.info != 0)
 
     def solve(self, r1: np.ndarray, r2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`SchurFactor.solve` for one system (LAPACK ``dtrtrs``/``dpotrs``)."""
-        lp = _lapack()
-        if not self.Y.shape[1]:  # no constraint rows: u = P^{-1} r1
-            return lp.dpotrs(self.L, r1, lower=1)[0], np.zeros(0)
-        t = lp.dtrtrs(self.L, r1, lower=1)[0]
-        w = lp.dpotrs(self.LS, self.Y.T @ t - r2, lower=1)[0]  # LS: the factor of S'
-        t = t - self.Y @ w
-        return lp.dtrtrs(self.L, t, lower=1, trans=1)[0], w
+        """:meth:`SchurFactor.solve` for one system
+        (:func:`dxopt.linalg.small.schur_solve_small`)."""
+        return schur_solve_small(self.L, self.Y, self.LS, r1, r2)
 
 
 def small_schur(P: np.ndarray, C: np.ndarray, *, shift: float = 1e-14) -> SmallSchur | None:
-    """:func:`schur_factor` of one small float64 system ``P`` (n, n), ``C`` (k, n) in numpy
-    with LAPACK ``dpotrf``/``dtrtrs`` directly (no torch dispatch: for n = 10 the arithmetic
-    costs less than one); ``None`` when the Cholesky factorization of ``P`` fails."""
-    lp = _lapack()
-    L, info = lp.dpotrf(P, lower=1, clean=1)
-    if info != 0:
+    """:func:`schur_factor` of one small float64 system ``P`` (n, n), ``C`` (k, n) by the
+    compiled kernel :func:`dxopt.linalg.small.schur_factor_small` (no torch or LAPACK
+    dispatch: for n = 10 the arithmetic costs less than one); ``None`` when the Cholesky
+    factorization of ``P`` fails."""
+    info_p, L, Y, S, inv_scale, nonzero, LS, pivots, info_s = schur_factor_small(P, C, shift)
+    if info_p != 0:
         return None
-    k = C.shape[0]
-    if not k:  # no constraint rows: the Cholesky factor of P is all there is
-        empty = np.zeros(0)
-        return SmallSchur(L, np.zeros((L.shape[0], 0)), np.zeros((0, 0)), empty,
-                          np.zeros(0, dtype=bool), np.zeros((0, 0)), empty, 0)  # fmt: skip
-    Y = lp.dtrtrs(L, C.T, lower=1)[0]
-    S_lower = Y.T @ Y
-    s = np.diagonal(S_lower)
-    nonzero = s > 0
-    scale = np.where(nonzero, s, 1.0)
-    inv_scale = 1.0 / np.sqrt(scale)
-    np.fill_diagonal(S_lower, np.where(nonzero, s * (1.0 + shift), 1.0))  # S' (_shifted)
-    LS, info_s = lp.dpotrf(S_lower, lower=1, clean=1)
-    pivots = np.diagonal(LS) ** 2 / scale
-    return SmallSchur(L, Y, S_lower, inv_scale, nonzero, LS, pivots, int(info_s))
-
-
-def _lapack() -> Any:
-    from scipy.linalg import lapack
-
-    return lapack
+    return SmallSchur(L, Y, S, inv_scale, nonzero, LS, pivots, int(info_s))
 
 
 def _use_lapack(P: Tensor, C: Tensor) -> bool:

@@ -40,7 +40,6 @@ differences).
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -50,12 +49,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from dxopt.linalg.schur import small_schur
 from dxopt.qp._backward_kkt import _KKT_STEPS, _KKT_TOL, KKTBackward
 from dxopt.qp._backward_penalty import PenaltyBackward
 from dxopt.qp._degenerate import DEPENDENT_TOL
 from dxopt.qp._function import eager_gradients, refuse_batched_cotangents, refuse_second_order
 from dxopt.qp._polish import RELATIVE_FLOOR, ROUNDOFF
+from dxopt.qp._small_kernels import certify_point, lean_adjoint, prepare
 from dxopt.qp._types import BackwardDiagnostics
 
 __all__ = [
@@ -72,9 +71,10 @@ SMALL_MAX_N = 64
 general path's dispatches."""
 
 _MARGIN = 1e-6  # the active set's margin (module docstring)
-_TINY = float(np.finfo(np.float64).tiny)
 _DTYPES = (torch.float64, torch.float32)
 _BOUNDS: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}  # (m, p) -> (lower, sense)
+_SYM_TOL = {t: 100 * float(torch.finfo(t).eps) for t in _DTYPES}  # P's asymmetry, relative
+_ABSENT: dict[tuple[int, Any], tuple[np.ndarray, np.ndarray]] = {}  # (n, dtype) -> (M, v)
 
 
 def small_inputs(P: object, q: object, A: object, b: object, G: object, h: object) -> bool:
@@ -134,6 +134,8 @@ class SmallPoint:
     slack: Any = None  # h - Gx, nu * |g_i|_inf and Ax - b (set by the certificate)
     nu_inf: Any = None
     eq_residual: Any = None
+    C: Any = None  # [G; A] and [h; b]: daqp's layout, the kernels' (G, A, h, b are views)
+    upper: Any = None
 
 
 def _array(t: Tensor | None) -> Any:
@@ -142,6 +144,15 @@ def _array(t: Tensor | None) -> Any:
         return None
     a = (t.detach() if t.requires_grad else t).numpy()
     return np.array(a, dtype=np.float64, order="C")
+
+
+def _absent(n: int, dtype: Any) -> tuple[np.ndarray, np.ndarray]:
+    """The ``(0, n)`` matrix and ``(0,)`` vector that stand for absent constraints in the
+    kernels (cached; nothing writes them)."""
+    key = (n, dtype)
+    if key not in _ABSENT:
+        _ABSENT[key] = (np.zeros((0, n), dtype=dtype), np.zeros(0, dtype=dtype))
+    return _ABSENT[key]
 
 
 def _bounds(m: int, p: int) -> tuple[np.ndarray, np.ndarray]:
@@ -183,43 +194,43 @@ def small_forward(
         if not warm_start.is_floating_point():
             return None
         start_x = _array(warm_start)
+    dtype = q.dtype
     try:
-        Pn, qn, An, bn, Gn, hn = (_array(t) for t in data)
+        views = [None if t is None else (t.detach() if t.requires_grad else t).numpy()
+                 for t in data]  # fmt: skip
     except RuntimeError:  # no numpy view (e.g. a negative-bit view): the general path
         return None
-    total = Pn.sum() + qn.sum()
-    for a in (An, bn, Gn, hn):
-        if a is not None:
-            total = total + a.sum()
-    if not math.isfinite(total):  # NaN/Inf (or an overflowing sum): the general path decides
+    n = views[1].shape[0]
+    absent = _absent(n, views[1].dtype)
+    for i in (2, 4):  # absent constraints: arrays without rows
+        if views[i] is None:
+            views[i], views[i + 1] = absent
+    status, Pn, qn, C, upper, g_inf = prepare(*views, _SYM_TOL[dtype])
+    if status:  # NaN/Inf, asymmetric P, a zero row of G: the general path's rules and errors
         return None
-    if not (Pn == Pn.T).all():
-        asym = float(np.abs(Pn - Pn.T).max())
-        if asym > 100 * float(torch.finfo(q.dtype).eps) * max(float(np.abs(Pn).max()), 1.0):
-            return None  # the general path raises the symmetry error
-    m = 0 if Gn is None else Gn.shape[0]
-    p = 0 if An is None else An.shape[0]
-    empty = (An is not None and not p, Gn is not None and not m)  # given without rows
-    if empty[0]:
-        An = bn = None
-    if empty[1]:
-        Gn = hn = None
-    g_inf = _max(np.abs(Gn), 1) if m else np.zeros(0)
-    if m and not g_inf.all():  # a zero row of G: the general path's rules for it
-        return None
+    m, p = views[4].shape[0], views[2].shape[0]
+    empty = (data[2] is not None and not p, data[4] is not None and not m)  # given, no rows
+    Gn, hn = (C[:m], upper[:m]) if m else (None, None)
+    An, bn = (C[m:], upper[m:]) if p else (None, None)
     start = time.perf_counter()
-    arrays = (Pn, qn, An, bn, Gn, hn)
     if solver == "daqp":
-        solved = _daqp_point(arrays, start_x, eps_abs)
+        solved = _daqp_point(Pn, qn, C, upper, m, start_x, eps_abs)
     else:
+        arrays = (Pn, qn, An, bn, Gn, hn)
         solved = _polished_point(arrays, solver, start_x, g_inf, eps_abs, eps_rel, polish)
     if solved is None:
         return None
     x, mu, nu, working, polished = solved
-    point = SmallPoint(Pn, qn, An, bn, Gn, hn, x, mu, nu, g_inf, q.dtype, general, empty, start_x)
-    point.working, point.polished = working, polished
-    if not _certify(point, eps_abs, eps_rel):
+    rel = max(eps_rel, RELATIVE_FLOOR)
+    ok, primal, dual, slack, nu_inf, eq_residual = certify_point(
+        Pn, qn, C, upper, m, x, mu, nu, working, g_inf, eps_abs, rel, ROUNDOFF
+    )
+    if not ok:
         return None
+    point = SmallPoint(Pn, qn, An, bn, Gn, hn, x, mu, nu, g_inf, dtype, general, empty, start_x)
+    point.C, point.upper, point.working, point.polished = C, upper, working, polished
+    point.primal, point.dual = primal, dual
+    point.slack, point.nu_inf, point.eq_residual = slack, nu_inf, eq_residual
     point.solve_time = time.perf_counter() - start
     return point
 
@@ -227,21 +238,20 @@ def small_forward(
 _Solved = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool]
 
 
-def _daqp_point(arrays: tuple[Any, ...], start_x: Any, eps_abs: float) -> _Solved | None:
+def _daqp_point(
+    Pn: np.ndarray,
+    qn: np.ndarray,
+    C: np.ndarray,
+    upper: np.ndarray,
+    m: int,
+    start_x: Any,
+    eps_abs: float,
+) -> _Solved | None:
     """daqp's point with ``eps_prox = 0`` (its Cholesky certifies ``P``) and its working set
     (``nu > 0``); ``None`` unless it solved."""
     import daqp
 
-    Pn, qn, An, bn, Gn, hn = arrays
-    m = 0 if Gn is None else Gn.shape[0]
-    p = 0 if An is None else An.shape[0]
-    C: np.ndarray = np.zeros((0, qn.shape[0]))
-    upper: np.ndarray = np.zeros(0)
-    if m and p:
-        C, upper = np.concatenate((Gn, An)), np.concatenate((hn, bn))
-    elif m or p:
-        C, upper = (Gn, hn) if m else (An, bn)
-    lower, sense = _bounds(m, p)
+    lower, sense = _bounds(m, C.shape[0] - m)
     x, _, flag, info = daqp.solve(
         Pn, qn, C, upper, lower, sense, primal_start=start_x, primal_tol=eps_abs, eps_prox=0.0
     )
@@ -304,110 +314,6 @@ def _polished_point(
     return pol.x, pol.mu if p else np.zeros(0), nu, working, bool(pol.polished)
 
 
-_max, _min = np.maximum.reduce, np.minimum.reduce  # the ufunc reductions (no method wrappers)
-
-
-def _certify(point: SmallPoint, eps_abs: float, eps_rel: float) -> bool:
-    """:func:`dxopt.qp._polish.batch_accept_exact` for one point with an exact active set
-    (daqp's working set, or the polished one): the same tests and tolerances, the max-norms of
-    the vectors taken by one ``reduceat`` over their concatenation. True if the point
-    certifies as it is. Stores the residuals, the slack :math:`h - Gx`, :math:`Ax - b` and
-    :math:`\\nu_i\\|g_i\\|_\\infty` on ``point``."""
-    P, q, A, b, G, h = point.P, point.q, point.A, point.b, point.G, point.h
-    x, mu, nu = point.x, point.mu, point.nu
-    rel = max(eps_rel, RELATIVE_FLOOR)
-    px = P @ x
-    dual = px + q
-    vecs = [px, q]
-    if A is not None:
-        ax = A @ x
-        at_mu = mu @ A
-        dual += at_mu
-        point.eq_residual = ax - b
-        vecs += [at_mu, ax, b, point.eq_residual]
-    if G is not None:
-        gx = G @ x
-        gt_nu = nu @ G
-        dual += gt_nu
-        point.slack = h - gx
-        vecs += [gt_nu, gx, h]
-    vecs.append(dual)
-    starts, end = [], 0
-    for v in vecs:  # no vector is empty (n >= 1, present matrices have rows)
-        starts.append(end)
-        end += v.shape[0]
-    maxima = np.maximum.reduceat(np.abs(np.concatenate(vecs)), starts).tolist()
-    px_inf, q_inf, *rest = maxima
-    dual_inf = rest.pop()
-    big = px_inf
-    primal = 0.0
-    if A is not None:
-        at_inf, ax_inf, b_inf, primal, *rest = rest
-        if primal > eps_abs + rel * max(ax_inf, b_inf):
-            return False
-        big = max(big, at_inf)
-    tol_d = eps_abs + rel * max(big if G is None else max(big, rest[0]), q_inf)
-    if not dual_inf <= tol_d:
-        return False
-    if G is not None:
-        s = point.slack
-        p_scale = max(rest[1], rest[2])
-        tol_p = eps_abs + rel * p_scale
-        viol = max(-float(_min(s)), 0.0)
-        primal = max(primal, viol)
-        if viol > tol_p:
-            return False
-        roundoff = ROUNDOFF * max(p_scale, 1e-300)
-        if viol > roundoff and np.count_nonzero((s < -roundoff) & ~point.working):
-            return False
-        point.nu_inf = nu * point.g_inf
-        both = np.minimum(np.maximum(s, 0.0) * (1.0 / tol_p), point.nu_inf * (1.0 / tol_d))
-        if float(_max(both)) > 1.0:
-            return False
-    point.primal, point.dual = primal, dual_inf
-    return True
-
-
-def _active(point: SmallPoint) -> tuple[np.ndarray, float] | None:
-    """The forward's active set (``point.working``) when it is unambiguous (module docstring),
-    and the accuracy :math:`\\varepsilon` of :func:`dxopt.qp._active.identify_active` with the
-    forward's set (the penalty method's :math:`\\beta = \\max(10\\varepsilon, \\beta_{min})`);
-    ``None`` otherwise. The scales are those of ``identify_active``; the dual scale is formed
-    only when some row is in the active set (it enters nothing else)."""
-    x, G, A = point.x, point.G, point.A
-    eq_eps = 0.0
-    if A is not None:
-        a_norm = np.sqrt(np.einsum("ij,ij->i", A, A))
-        eq_eps = float(_max(np.abs(point.eq_residual) / np.maximum(a_norm, _TINY)))
-    if G is None:
-        return np.zeros(0, dtype=bool), eq_eps
-    nu_inf, s = point.nu_inf, point.slack
-    ax = np.abs(x)
-    # g_inf > 0 on every row (zero rows never reach the lean path): sigma_p > 0
-    sigma_p = np.abs(point.h) + np.abs(G) @ ax + point.g_inf * (1.0 + float(_max(ax)))
-    rel_slack = s / sigma_p
-    working = point.working
-    k = np.count_nonzero(working)
-    dual_scale = comp = 0.0
-    if k:
-        dual_scale = float(_max(np.abs(point.P) @ ax + np.abs(point.q)))
-        dual_scale = max(dual_scale, float(_max(nu_inf)), _TINY)
-        comp = float(_max(np.maximum(rel_slack, 0.0) * nu_inf)) / dual_scale
-    eps = max(eq_eps, -float(_min(rel_slack)), comp)
-    margin = max(_MARGIN, 1e4 * eps)  # >= 10 x identify_active's max(1e3 eps, 1e-9)
-    # a working-set row with a small multiplier (weak, or near it), or a row outside the set
-    # at (or near) zero slack: the general path decides
-    if not k:
-        if float(_min(rel_slack)) <= margin:
-            return None
-        return working, eq_eps
-    if np.count_nonzero(np.where(working, nu_inf - margin * dual_scale, rel_slack - margin) <= 0):
-        return None
-    g_norm = np.sqrt(np.einsum("ij,ij->i", G, G))
-    used = float(_max(np.where(working, np.abs(s) / g_norm, 0.0)))
-    return working, max(used, eq_eps)
-
-
 def lean_method(method: object) -> bool:
     """Whether the lean backward computes what ``method`` would on a regular problem: a
     :class:`~dxopt.qp.PenaltyBackward` (refined) or :class:`~dxopt.qp.KKTBackward` itself (no
@@ -454,13 +360,11 @@ def _regular(method: Any) -> _Regular:
     return _REGULAR[method]
 
 
-def _vector(t: Tensor | None, size: int, rows: np.ndarray | None = None) -> np.ndarray:
-    """A cotangent as float64 numpy (zero for ``None``), restricted to ``rows``."""
+def _vector(t: Tensor | None, size: int) -> np.ndarray:
+    """A cotangent as contiguous float64 numpy (zero for ``None``)."""
     if t is None:
-        return np.zeros(size if rows is None else rows.size)
-    a = t.detach().numpy()
-    a = a if rows is None else a[rows]
-    return a if a.dtype == np.float64 else a.astype(np.float64)
+        return np.zeros(size)
+    return np.ascontiguousarray(t.detach().numpy(), dtype=np.float64)
 
 
 def small_backward(
@@ -471,51 +375,34 @@ def small_backward(
     grad_ineq: Tensor | None,
     needs: tuple[bool, ...],
 ) -> tuple[Tensor | None, ...] | None:
-    """The gradients for ``(P, q, A, b, G, h)`` by the lean backward (module docstring), or
-    ``None`` where the general path must decide."""
-    picked = _active(point)
-    if picked is None:
-        return None
-    working, accuracy = picked
+    """The gradients for ``(P, q, A, b, G, h)`` by the lean backward (module docstring;
+    :func:`dxopt.qp._small_kernels.lean_adjoint`), or ``None`` where the general path must
+    decide."""
     regular = _regular(method)
-    steps_max, tol, max_residual = regular.steps, regular.tol, regular.max_residual
-    P, G, A = point.P, point.G, point.A
-    g = _vector(grad_x, P.shape[0])
-    if G is not None:
-        J = np.flatnonzero(working)
-        C, r2 = G[J], _vector(grad_ineq, 0, J)
-        if A is not None:
-            C, r2 = np.concatenate((C, A)), np.concatenate((r2, _vector(grad_eq, A.shape[0])))
-    elif A is not None:
-        C, r2 = A, _vector(grad_eq, A.shape[0])
-    else:
-        C, r2 = np.zeros((0, P.shape[0])), np.zeros(0)
-    factor = small_schur(P, C)
-    if factor is None or factor.dependent(DEPENDENT_TOL):
+    C, m, x = point.C, point.g_inf.shape[0], point.x
+    p = C.shape[0] - m
+    status, residual, steps, k, accuracy, grads = lean_adjoint(
+        point.P, point.q, C, point.upper, m, x, point.mu, point.nu, point.working,
+        point.slack, point.nu_inf, point.g_inf, point.eq_residual, _vector(grad_x, x.shape[0]),
+        _vector(grad_ineq, m), _vector(grad_eq, p), regular.steps, regular.tol,
+        regular.max_residual, DEPENDENT_TOL, _MARGIN, np.array(needs),
+    )  # fmt: skip
+    if status:
         return None
-    norm = max(math.sqrt(float(g @ g + r2 @ r2)), 1e-300)
-
-    def residual(u: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
-        r1 = g - P @ u - w @ C
-        rr = r2 - C @ u
-        return r1, rr, math.sqrt(float(r1 @ r1 + rr @ rr)) / norm
-
-    u, w = factor.solve(g, r2)
-    r1, rr, rel = residual(u, w)
-    steps, best = 0, math.inf  # the stopping rule and best-iterate rule of schur_refine
-    while not (steps >= steps_max or rel <= tol or (rel > 0.5 * best and rel < 1e-12)):
-        best = min(best, rel)
-        du, dw = factor.solve(r1, rr)
-        new_u, new_w = u + du, w + dw
-        new_r1, new_rr, new_rel = residual(new_u, new_w)
-        steps += 1
-        if new_rel < rel:
-            u, w, r1, rr, rel = new_u, new_w, new_r1, new_rr, new_rel
-    if not rel <= max_residual:
-        return None
-    k = C.shape[0] - (0 if A is None else A.shape[0])
-    _record(point.diagnostics, method, rel, steps, k, accuracy, regular)
-    return _gradients(point, u, w[:k], w[k:], working, needs)
+    _record(point.diagnostics, method, residual, steps, k, accuracy, regular)
+    out: list[Any] = [None] * 6
+    present = (True, True, point.A is not None, point.A is not None, point.G is not None,
+               point.G is not None)  # fmt: skip
+    for i in range(6):
+        if needs[i] and present[i]:
+            out[i] = grads[i]
+    n = x.shape[0]
+    for i, given in ((2, point.empty[0]), (4, point.empty[1])):
+        if given and needs[i]:
+            out[i], out[i + 1] = np.zeros((0, n)), np.zeros(0)
+    if point.dtype is torch.float64:
+        return tuple(None if a is None else torch.from_numpy(a) for a in out)
+    return tuple(None if a is None else torch.from_numpy(a).to(point.dtype) for a in out)
 
 
 def _record(
@@ -542,44 +429,6 @@ def _record(
         diagnostics.refinement_steps = steps
         beta = regular.beta
         diagnostics.beta = (max(10.0 * accuracy, regular.beta_min) if beta is None else beta,)
-
-
-def _gradients(
-    point: SmallPoint,
-    u: np.ndarray,
-    w_J: np.ndarray,
-    w_E: np.ndarray,
-    working: np.ndarray,
-    needs: tuple[bool, ...],
-) -> tuple[Tensor | None, ...]:
-    """The formulas of :mod:`dxopt.qp._grads` for one sample, in the inputs' dtype."""
-    x = point.x
-    out: list[np.ndarray | None] = [None] * 6
-    if needs[0]:
-        out[0] = -0.5 * (np.outer(u, x) + np.outer(x, u))
-    if needs[1]:
-        out[1] = -u
-    if point.A is not None:
-        if needs[2]:
-            out[2] = -(np.outer(point.mu, u) + np.outer(w_E, x))
-        if needs[3]:
-            out[3] = w_E
-    if point.G is not None:
-        m = point.G.shape[0]
-        if needs[4] or needs[5]:
-            w = np.zeros(m)
-            w[working] = w_J
-            if needs[4]:
-                out[4] = -(np.outer(point.nu * working, u) + np.outer(w, x))
-            if needs[5]:
-                out[5] = w
-    n = x.shape[0]
-    for i, given in ((2, point.empty[0]), (4, point.empty[1])):
-        if given and needs[i]:
-            out[i], out[i + 1] = np.zeros((0, n)), np.zeros(0)
-    if point.dtype is torch.float64:
-        return tuple(None if a is None else torch.from_numpy(a) for a in out)
-    return tuple(None if a is None else torch.from_numpy(a).to(point.dtype) for a in out)
 
 
 class SmallQPFunction(torch.autograd.Function):

@@ -1,0 +1,421 @@
+"""Compiled kernels of the lean path (:mod:`dxopt.qp._small`): the checks before the solve,
+the certificate of the solved point, and the whole lean backward, each one numba call.
+
+The data are one problem in daqp's layout: ``P`` (n, n), ``q`` (n,), the constraint rows
+``C = [G; A]`` ((m + p), n) with right-hand sides ``upper = [h; b]``, the first ``m`` rows
+inequalities :math:`Gx \\le h`, the rest equalities :math:`Ax = b`. The arithmetic is that of
+the general path's functions named in each kernel (the same tests, tolerances and formulas);
+only the order of floating-point operations differs. Any NaN met where a test is made fails
+the test (the caller then takes the general path).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from numba import njit
+
+from dxopt.linalg.small import schur_factor_small, schur_solve_small
+
+__all__ = ["ADJOINT_STATUS", "certify_point", "lean_adjoint", "prepare"]
+
+_jit: Any = njit(cache=True, nogil=True)
+
+ADJOINT_STATUS = ("ok", "ambiguous", "factorization", "dependent", "residual")
+"""What :func:`lean_adjoint`'s status code means: 0 solved; otherwise the general path
+decides (an active set that is not unambiguous, ``P``'s Cholesky factorization failed, a
+row dependent on the others, a refined residual above the bound)."""
+
+
+@_jit
+def prepare(
+    P: np.ndarray,
+    q: np.ndarray,
+    A: np.ndarray,
+    b: np.ndarray,
+    G: np.ndarray,
+    h: np.ndarray,
+    sym_tol: float,
+) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(status, P, q, C, upper, g_inf)``: float64 copies in daqp's layout and the row
+    max-norms :math:`\\|g_i\\|_\\infty` of ``G`` (absent constraints: arrays with no rows).
+    ``status``: 0 ready; 1 a NaN or Inf entry; 2 ``P`` asymmetric beyond
+    ``sym_tol * max(max|P|, 1)``; 3 a zero row of ``G``. (The checks of
+    :func:`dxopt.qp._small.small_forward`; each failure is the general path's to report.)"""
+    n, m, p = P.shape[0], G.shape[0], A.shape[0]
+    Pn = np.empty((n, n))
+    qn = np.empty(n)
+    C = np.empty((m + p, n))
+    upper = np.empty(m + p)
+    g_inf = np.zeros(m)
+    status = 0
+    big = 0.0
+    for i in range(n):
+        qn[i] = q[i]
+        for j in range(n):
+            v = np.float64(P[i, j])
+            Pn[i, j] = v
+            big = max(big, abs(v))
+    for i in range(m):
+        upper[i] = h[i]
+        for j in range(n):
+            C[i, j] = G[i, j]
+            g_inf[i] = max(g_inf[i], abs(C[i, j]))
+    for i in range(p):
+        upper[m + i] = b[i]
+        for j in range(n):
+            C[m + i, j] = A[i, j]
+    total = Pn.sum() + qn.sum() + C.sum() + upper.sum()
+    if not math.isfinite(total) or not math.isfinite(big):
+        for v in (Pn.ravel(), qn, C.ravel(), upper):
+            for e in v:
+                if not math.isfinite(e):
+                    return 1, Pn, qn, C, upper, g_inf
+    asym = 0.0
+    for i in range(n):
+        for j in range(i):
+            asym = max(asym, abs(Pn[i, j] - Pn[j, i]))
+    if asym > sym_tol * max(big, 1.0):
+        status = 2
+    elif m > 0 and g_inf.min() == 0.0:
+        status = 3
+    return status, Pn, qn, C, upper, g_inf
+
+
+@_jit
+def certify_point(
+    P: np.ndarray,
+    q: np.ndarray,
+    C: np.ndarray,
+    upper: np.ndarray,
+    m: int,
+    x: np.ndarray,
+    mu: np.ndarray,
+    nu: np.ndarray,
+    working: np.ndarray,
+    g_inf: np.ndarray,
+    eps_abs: float,
+    rel: float,
+    roundoff: float,
+) -> tuple[bool, float, float, np.ndarray, np.ndarray, np.ndarray]:
+    """``(ok, primal, dual, slack, nu_inf, eq_residual)``: the certificate of
+    :func:`dxopt.qp._polish.batch_accept_exact` for one point with an exact active set
+    (``working``): the stationarity residual within :math:`\\epsilon_{abs} + \\epsilon_{rel}`
+    times the largest term, the equality residual and the inequality violation within theirs,
+    no violated row outside the set beyond round-off, and complementarity
+    (:math:`\\min(s_i/tol_p, \\nu_i\\|g_i\\|_\\infty/tol_d) \\le 1`). ``slack`` is
+    :math:`h - Gx`, ``nu_inf`` :math:`\\nu_i\\|g_i\\|_\\infty`, ``eq_residual`` :math:`Ax - b`;
+    ``rel`` is :math:`\\max(\\epsilon_{rel}, \\text{RELATIVE\\_FLOOR})`."""
+    n, rows = x.shape[0], C.shape[0]
+    p = rows - m
+    dual = np.empty(n)
+    px_inf = q_inf = 0.0
+    for i in range(n):
+        s = 0.0
+        for j in range(n):
+            s += P[i, j] * x[j]
+        px_inf = max(px_inf, abs(s))
+        q_inf = max(q_inf, abs(q[i]))
+        dual[i] = s + q[i]
+    cx = np.empty(rows)
+    for r in range(rows):
+        s = 0.0
+        for j in range(n):
+            s += C[r, j] * x[j]
+        cx[r] = s
+    # C^T [nu; mu], the two blocks apart (their max-norms are separate scales)
+    gt_nu = np.zeros(n)
+    at_mu = np.zeros(n)
+    for r in range(m):
+        f = nu[r]
+        for j in range(n):
+            gt_nu[j] += f * C[r, j]
+    for r in range(p):
+        f = mu[r]
+        for j in range(n):
+            at_mu[j] += f * C[m + r, j]
+    at_inf = gt_inf = dual_inf = 0.0
+    for j in range(n):
+        at_inf = max(at_inf, abs(at_mu[j]))
+        gt_inf = max(gt_inf, abs(gt_nu[j]))
+        dual[j] = dual[j] + at_mu[j] + gt_nu[j]
+        dual_inf = max(dual_inf, abs(dual[j]))
+        if math.isnan(dual[j]):
+            dual_inf = math.nan
+    eq_residual = np.empty(p)
+    slack = np.empty(m)
+    nu_inf = np.empty(m)
+    primal = 0.0
+    ax_inf = b_inf = 0.0
+    for r in range(p):
+        eq_residual[r] = cx[m + r] - upper[m + r]
+        ax_inf = max(ax_inf, abs(cx[m + r]))
+        b_inf = max(b_inf, abs(upper[m + r]))
+        primal = max(primal, abs(eq_residual[r]))
+        if math.isnan(eq_residual[r]):
+            return False, 0.0, 0.0, slack, nu_inf, eq_residual
+    big = px_inf
+    if p:
+        if primal > eps_abs + rel * max(ax_inf, b_inf):
+            return False, 0.0, 0.0, slack, nu_inf, eq_residual
+        big = max(big, at_inf)
+    if m:
+        big = max(big, gt_inf)
+    tol_d = eps_abs + rel * max(big, q_inf)
+    if not dual_inf <= tol_d:
+        return False, 0.0, 0.0, slack, nu_inf, eq_residual
+    if m:
+        gx_inf = h_inf = 0.0
+        low = math.inf
+        for r in range(m):
+            slack[r] = upper[r] - cx[r]
+            gx_inf = max(gx_inf, abs(cx[r]))
+            h_inf = max(h_inf, abs(upper[r]))
+            low = min(low, slack[r])
+            if math.isnan(slack[r]) or math.isnan(nu[r]):
+                return False, 0.0, 0.0, slack, nu_inf, eq_residual
+        p_scale = max(gx_inf, h_inf)
+        tol_p = eps_abs + rel * p_scale
+        viol = max(-low, 0.0)
+        primal = max(primal, viol)
+        if viol > tol_p:
+            return False, 0.0, 0.0, slack, nu_inf, eq_residual
+        noise = roundoff * max(p_scale, 1e-300)
+        if viol > noise:
+            for r in range(m):
+                if slack[r] < -noise and not working[r]:
+                    return False, 0.0, 0.0, slack, nu_inf, eq_residual
+        inv_p, inv_d = 1.0 / tol_p, 1.0 / tol_d
+        for r in range(m):
+            nu_inf[r] = nu[r] * g_inf[r]
+            if min(max(slack[r], 0.0) * inv_p, nu_inf[r] * inv_d) > 1.0:
+                return False, 0.0, 0.0, slack, nu_inf, eq_residual
+    return True, primal, dual_inf, slack, nu_inf, eq_residual
+
+
+@_jit
+def _active_accuracy(
+    P: np.ndarray,
+    q: np.ndarray,
+    C: np.ndarray,
+    upper: np.ndarray,
+    m: int,
+    x: np.ndarray,
+    working: np.ndarray,
+    slack: np.ndarray,
+    nu_inf: np.ndarray,
+    g_inf: np.ndarray,
+    eq_residual: np.ndarray,
+    margin_min: float,
+) -> float:
+    """The accuracy :math:`\\varepsilon` of :func:`dxopt.qp._active.identify_active` with the
+    forward's set when that set is unambiguous (:mod:`dxopt.qp._small`'s module docstring),
+    else -1. The scales are ``identify_active``'s; the dual scale is formed only when some row
+    is in the set (it enters nothing else)."""
+    n, rows = x.shape[0], C.shape[0]
+    p = rows - m
+    tiny = np.finfo(np.float64).tiny
+    eq_eps = 0.0
+    for r in range(p):
+        a2 = 0.0
+        for j in range(n):
+            a2 += C[m + r, j] * C[m + r, j]
+        eq_eps = max(eq_eps, abs(eq_residual[r]) / max(math.sqrt(a2), tiny))
+    if m == 0:
+        return eq_eps
+    ax_max = 0.0
+    for j in range(n):
+        ax_max = max(ax_max, abs(x[j]))
+    k = 0
+    low = math.inf
+    rel_slack = np.empty(m)
+    for r in range(m):
+        s = 0.0
+        for j in range(n):
+            s += abs(C[r, j]) * abs(x[j])
+        # g_inf > 0 on every row (zero rows never reach the lean path): sigma_p > 0
+        rel_slack[r] = slack[r] / (abs(upper[r]) + s + g_inf[r] * (1.0 + ax_max))
+        low = min(low, rel_slack[r])
+        k += working[r]
+    if math.isnan(low):
+        return -1.0
+    dual_scale = comp = 0.0
+    if k:
+        for i in range(n):
+            s = abs(q[i])
+            for j in range(n):
+                s += abs(P[i, j]) * abs(x[j])
+            dual_scale = max(dual_scale, s)
+        for r in range(m):
+            dual_scale = max(dual_scale, nu_inf[r])
+        dual_scale = max(dual_scale, tiny)
+        for r in range(m):
+            comp = max(comp, max(rel_slack[r], 0.0) * nu_inf[r])
+        comp = comp / dual_scale
+    eps = max(eq_eps, -low, comp)
+    margin = max(margin_min, 1e4 * eps)  # >= 10 x identify_active's max(1e3 eps, 1e-9)
+    # a working-set row with a small multiplier (weak, or near it), or a row outside the set
+    # at (or near) zero slack: the general path decides
+    if not k:
+        return eq_eps if low > margin else -1.0
+    used = 0.0
+    for r in range(m):
+        if working[r]:
+            if not nu_inf[r] - margin * dual_scale > 0.0:
+                return -1.0
+            g2 = 0.0
+            for j in range(n):
+                g2 += C[r, j] * C[r, j]
+            used = max(used, abs(slack[r]) / math.sqrt(g2))
+        elif not rel_slack[r] - margin > 0.0:
+            return -1.0
+    return max(used, eq_eps)
+
+
+@_jit
+def lean_adjoint(
+    P: np.ndarray,
+    q: np.ndarray,
+    C: np.ndarray,
+    upper: np.ndarray,
+    m: int,
+    x: np.ndarray,
+    mu: np.ndarray,
+    nu: np.ndarray,
+    working: np.ndarray,
+    slack: np.ndarray,
+    nu_inf: np.ndarray,
+    g_inf: np.ndarray,
+    eq_residual: np.ndarray,
+    g: np.ndarray,
+    r_ineq: np.ndarray,
+    r_eq: np.ndarray,
+    steps_max: int,
+    tol: float,
+    max_residual: float,
+    dependent_tol: float,
+    margin_min: float,
+    needs: np.ndarray,
+) -> tuple[int, float, int, int, float, tuple[np.ndarray, ...]]:
+    """``(status, residual, steps, k, accuracy, grads)``: the lean backward of one problem
+    (:func:`dxopt.qp._small.small_backward`). The active set is the forward's ``working``
+    when unambiguous (:func:`_active_accuracy`); the reduced KKT system
+    :math:`[[P, C_J^\\top], [C_J, 0]][u; w] = [g; r]` (:math:`C_J` the working rows of ``G``
+    and all of ``A``) is solved by block elimination (:func:`schur_factor_small`), refined
+    against the exact matrix with the stopping and best-iterate rules of
+    :func:`dxopt.qp._backward_kkt.schur_refine`, and turned into the gradients of
+    :mod:`dxopt.qp._grads` for ``(P, q, A, b, G, h)`` (``needs[i]``; the others, and those
+    of absent constraints, are empty arrays). ``status`` indexes :data:`ADJOINT_STATUS`."""
+    n, rows = x.shape[0], C.shape[0]
+    p = rows - m
+    empty = (np.zeros((0, 0)), np.zeros(0), np.zeros((0, 0)), np.zeros(0), np.zeros((0, 0)),
+             np.zeros(0))  # fmt: skip
+    accuracy = _active_accuracy(
+        P, q, C, upper, m, x, working, slack, nu_inf, g_inf, eq_residual, margin_min
+    )
+    if accuracy < 0.0:
+        return 1, 0.0, 0, 0, 0.0, empty
+    J = np.flatnonzero(working)
+    k = J.shape[0]
+    CJ = np.empty((k + p, n))
+    r2 = np.empty(k + p)
+    for a in range(k):
+        CJ[a] = C[J[a]]
+        r2[a] = r_ineq[J[a]]
+    for a in range(p):
+        CJ[k + a] = C[m + a]
+        r2[k + a] = r_eq[a]
+    info_p, L, Y, _, _, _, LS, pivots, info_s = schur_factor_small(P, CJ, 1e-14)
+    if info_p != 0:
+        return 2, 0.0, 0, 0, 0.0, empty
+    if info_s != 0 or (pivots < dependent_tol).any():
+        return 3, 0.0, 0, 0, 0.0, empty
+    norm = max(math.sqrt(g @ g + r2 @ r2), 1e-300)
+    u, w = schur_solve_small(L, Y, LS, g, r2)
+    r1, rr, rel = _residual(P, CJ, g, r2, u, w, norm)
+    steps, best = 0, math.inf  # the stopping rule and best-iterate rule of schur_refine
+    while not (steps >= steps_max or rel <= tol or (rel > 0.5 * best and rel < 1e-12)):
+        best = min(best, rel)
+        du, dw = schur_solve_small(L, Y, LS, r1, rr)
+        new_u, new_w = u + du, w + dw
+        new_r1, new_rr, new_rel = _residual(P, CJ, g, r2, new_u, new_w, norm)
+        steps += 1
+        if new_rel < rel:
+            u, w, r1, rr, rel = new_u, new_w, new_r1, new_rr, new_rel
+    if not rel <= max_residual:
+        return 4, rel, steps, k, accuracy, empty
+    grads = _gradients(x, mu, nu, working, J, u, w, m, p, needs)
+    return 0, rel, steps, k, accuracy, grads
+
+
+@_jit
+def _residual(
+    P: np.ndarray,
+    C: np.ndarray,
+    r1: np.ndarray,
+    r2: np.ndarray,
+    u: np.ndarray,
+    w: np.ndarray,
+    norm: float,
+) -> tuple[np.ndarray, np.ndarray, float]:
+    """``(r1 - P u - C^T w, r2 - C u, relative norm)``."""
+    a = r1 - P @ u
+    for r in range(C.shape[0]):
+        f = w[r]
+        for j in range(u.shape[0]):
+            a[j] -= f * C[r, j]
+    b = r2 - C @ u
+    return a, b, math.sqrt(a @ a + b @ b) / norm
+
+
+@_jit
+def _gradients(
+    x: np.ndarray,
+    mu: np.ndarray,
+    nu: np.ndarray,
+    working: np.ndarray,
+    J: np.ndarray,
+    u: np.ndarray,
+    w: np.ndarray,
+    m: int,
+    p: int,
+    needs: np.ndarray,
+) -> tuple[np.ndarray, ...]:
+    """The formulas of :mod:`dxopt.qp._grads` for one sample: :math:`\\bar P =
+    -\\tfrac12(ux^\\top + xu^\\top)`, :math:`\\bar q = -u`, :math:`\\bar A = -(\\mu u^\\top +
+    w_Ex^\\top)`, :math:`\\bar b = w_E`, :math:`\\bar G = -(\\operatorname{diag}(\\nu_J)u^\\top
+    + w_Jx^\\top)` on the working rows, :math:`\\bar h = w_J` (zero elsewhere)."""
+    n, k = x.shape[0], J.shape[0]
+    gP, gq = np.zeros((0, 0)), np.zeros(0)
+    gA, gb, gG, gh = np.zeros((0, 0)), np.zeros(0), np.zeros((0, 0)), np.zeros(0)
+    if needs[0]:
+        gP = np.empty((n, n))
+        for i in range(n):
+            for j in range(n):
+                gP[i, j] = -0.5 * (u[i] * x[j] + x[i] * u[j])
+    if needs[1]:
+        gq = -u
+    if p and (needs[2] or needs[3]):
+        wE = w[k:].copy()
+        if needs[2]:
+            gA = np.empty((p, n))
+            for r in range(p):
+                for j in range(n):
+                    gA[r, j] = -(mu[r] * u[j] + wE[r] * x[j])
+        if needs[3]:
+            gb = wE
+    if m and (needs[4] or needs[5]):
+        wG = np.zeros(m)
+        for a in range(k):
+            wG[J[a]] = w[a]
+        if needs[4]:
+            gG = np.empty((m, n))
+            for r in range(m):
+                f = nu[r] if working[r] else 0.0
+                for j in range(n):
+                    gG[r, j] = -(f * u[j] + wG[r] * x[j])
+        if needs[5]:
+            gh = wG
+    return gP, gq, gA, gb, gG, gh
