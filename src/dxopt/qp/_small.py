@@ -5,23 +5,25 @@ proxqp (:data:`LEAN_BACKENDS`) with the default solver options and differentiate
 :func:`lean_method` accepts, is the call decision-focused models and controllers make
 thousands of times per epoch. Through the general path (canonical problem, fallback chain,
 batch certificate, batched active set and backward) it costs about 0.6 ms with daqp, some 60
-raw solves. This module runs the same steps as straight-line numpy on the one sample:
+raw solves; as straight-line numpy on the one sample, about 0.15 ms, most of it the dispatch of
+some hundred small array operations. This module runs the same steps in three compiled kernels
+(:mod:`dxopt.qp._small_kernels`, numba) around the backend call:
 
-- **forward** (:func:`small_forward`): the cheap checks (shapes, dtype, finiteness by one sum
-  per input, symmetry of ``P``); then either one :func:`daqp.solve` with ``eps_prox = 0`` (its
-  Cholesky of ``P`` certifies it positive definite, :mod:`dxopt.qp._daqp`; the active set is
-  its working set), or, for piqp/proxqp, one LAPACK Cholesky of ``P``, the backend through
-  qpsolvers and the general path's own :func:`dxopt.qp._polish.polish` (the active set is the
-  polished one, settled); then the certificate of
-  :func:`dxopt.qp._polish.batch_accept_exact` for the one point (same tests, same
-  tolerances);
+- **forward** (:func:`small_forward`): the cheap checks (finite entries, symmetry of ``P``, no
+  zero row of ``G``) while copying the data into daqp's layout; then either one
+  :func:`daqp.solve` with ``eps_prox = 0`` (its Cholesky of ``P`` certifies it positive
+  definite, :mod:`dxopt.qp._daqp`; the active set is its working set), or, for piqp/proxqp,
+  one LAPACK Cholesky of ``P``, the backend through qpsolvers and the general path's own
+  :func:`dxopt.qp._polish.polish` (the active set is the polished one, settled); then the
+  certificate of :func:`dxopt.qp._polish.batch_accept_exact` for the one point (same tests,
+  same tolerances);
 - **backward** (:func:`small_backward`): the forward's active set is taken only when it is
   unambiguous with a margin that no tolerance in play can reach: every row in it has a
   multiplier above :math:`\\max(10^{-6}, 10\\,b)` times the dual scale and every other row a
   relative slack above the same :math:`\\max(10^{-6}, 10\\,b)`, with :math:`b` the
   classification threshold of :func:`dxopt.qp._active.identify_active` (so that function
   would return the same set: no weak row, strict complementarity). Then the reduced KKT
-  system is solved by block elimination of ``P`` (:func:`dxopt.linalg.small_schur`; a row
+  system is solved by block elimination of ``P`` (:mod:`dxopt.linalg.small`; a row
   dependent on the others, read off its pivots, leaves the lean path), refined against
   :math:`K` as :func:`dxopt.qp._backward_kkt.schur_refine` does, with the requested method's
   own step limit, tolerance and residual bound, and turned into the gradients of
@@ -216,7 +218,9 @@ def small_forward(
     if solver == "daqp":
         solved = _daqp_point(Pn, qn, C, upper, m, start_x, eps_abs)
     else:
-        arrays = (Pn, qn, An, bn, Gn, hn)
+        # own arrays for the backend, as the general path's (views of C change the rounding
+        # of some backends, proxqp's at 1e-16)
+        arrays = tuple(None if a is None else a.copy() for a in (Pn, qn, An, bn, Gn, hn))
         solved = _polished_point(arrays, solver, start_x, g_inf, eps_abs, eps_rel, polish)
     if solved is None:
         return None
