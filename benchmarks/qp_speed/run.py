@@ -171,8 +171,9 @@ _MIN_BLOCK_S = 0.005  # time blocks of calls of at least 5 ms
 
 def _rounds(fns: dict[str, Callable[[], Any]], rounds: int) -> tuple[dict[str, float], dict]:
     """Median seconds per call of each method over ``rounds`` interleaved rounds after one
-    warm-up round (none when ``rounds == 1``); also the last output of each
-    method. A method whose warm-up call took under ``_MIN_BLOCK_S`` is timed as a block of
+    warm-up round of two calls per method (none when ``rounds == 1``); also the last output of
+    each method. A method whose second warm-up call took under ``_MIN_BLOCK_S`` (the first pays
+    one-time costs such as compiling kernels) is timed as a block of
     back-to-back calls per round (divided by their number): a single 20 us call timed right
     after another method's work measures that work's aftermath (caches, allocator, threads),
     not the call itself."""
@@ -180,6 +181,7 @@ def _rounds(fns: dict[str, Callable[[], Any]], rounds: int) -> tuple[dict[str, f
     repeat = dict.fromkeys(fns, 1)
     if rounds > 1:
         for name, fn in fns.items():
+            fn()  # first call: one-time costs (imports, compilation of kernels, caches)
             t0 = time.perf_counter()
             outs[name] = fn()
             first = time.perf_counter() - t0

@@ -89,17 +89,20 @@ def _scale(data: dict, sol) -> float:
     return max(float(t.max()) for t in terms)
 
 
-def _compare(data: dict, backward: str, monkeypatch, **kw) -> None:
-    """The lean path's solution, info, gradients and diagnostics equal the general path's."""
+def _compare(data: dict, backward: str, monkeypatch, *, exact: bool = True, **kw) -> None:
+    """The lean path's solution, info, gradients and diagnostics equal the general path's
+    (``exact``: the solution and multipliers bit for bit; else to round-off, for backends
+    whose last bits depend on the memory alignment of their inputs, as proxqp's do)."""
+    tol = 0.0 if exact else 1e-12
     lean, g_lean, used = _run(data, True, monkeypatch, backward=backward, weights="duals", **kw)
     ref, g_ref, used_ref = _run(data, False, monkeypatch, backward=backward, weights="duals", **kw)
     assert used and not used_ref
     assert lean.status == ref.status
-    torch.testing.assert_close(lean.x, ref.x, rtol=0, atol=0)
+    torch.testing.assert_close(lean.x, ref.x, rtol=tol, atol=tol)
     for a, b in ((lean.eq_duals, ref.eq_duals), (lean.ineq_duals, ref.ineq_duals)):
         assert (a is None) == (b is None)
         if a is not None:
-            torch.testing.assert_close(a, b, rtol=0, atol=0)
+            torch.testing.assert_close(a, b, rtol=tol, atol=tol)
     for k in NAMES:
         if g_ref[k] is None:
             assert g_lean[k] is None
@@ -470,7 +473,7 @@ def test_lean_agrees_with_general_on_adversarial_problems(monkeypatch):
 def test_interior_point_backends_take_the_lean_path(solver, n, m, p, seed, monkeypatch):
     """piqp/proxqp: the backend's point, polished by the general path's own polish, then the
     lean backward; identical to the general path (x, duals, info, gradients, diagnostics)."""
-    _compare(_problem(n, m, p, seed), "penalty", monkeypatch, solver=solver)
+    _compare(_problem(n, m, p, seed), "penalty", monkeypatch, exact=False, solver=solver)
     sol, *_ = _run(_problem(n, m, p, seed), True, monkeypatch, solver=solver)
     assert sol.info.sample_solvers == (solver,)
 

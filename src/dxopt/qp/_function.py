@@ -243,7 +243,8 @@ def refuse_batched_cotangents(cotangents: tuple[Tensor | None, ...]) -> None:
     (``torch.autograd.grad(..., is_grads_batched=True)``, ``torch.autograd.functional.jacobian``
     with ``vectorize=True``): the eager backward runs numpy/LAPACK, which that vmap cannot
     batch (``torch.func`` can: its transforms take the vmappable backward)."""
-    if any(g is not None and is_legacy_batched(g) for g in cotangents):
+    check = _LEGACY_BATCHED
+    if check is not None and any(g is not None and check(g) for g in cotangents):
         raise RuntimeError(
             "dxopt.qp: batched cotangents (torch.autograd.grad(is_grads_batched=True), "
             "torch.autograd.functional.jacobian/hessian(vectorize=True)) are not supported by "
@@ -252,10 +253,12 @@ def refuse_batched_cotangents(cotangents: tuple[Tensor | None, ...]) -> None:
         )
 
 
+_LEGACY_BATCHED = getattr(torch._C._functorch, "is_legacy_batchedtensor", None)
+
+
 def is_legacy_batched(t: Tensor) -> bool:
     """``t`` is a batched tensor of torch's legacy vmap (``torch._vmap_internals``)."""
-    check = getattr(torch._C._functorch, "is_legacy_batchedtensor", None)
-    return bool(check(t)) if check is not None else False
+    return bool(_LEGACY_BATCHED(t)) if _LEGACY_BATCHED is not None else False
 
 
 def refuse_second_order(

@@ -138,6 +138,7 @@ class SmallPoint:
     eq_residual: Any = None
     C: Any = None  # [G; A] and [h; b]: daqp's layout, the kernels' (G, A, h, b are views)
     upper: Any = None
+    outputs: Any = None  # copies of (x, mu, nu) for the caller (theirs to change)
 
 
 def _array(t: Tensor | None) -> Any:
@@ -146,6 +147,17 @@ def _array(t: Tensor | None) -> Any:
         return None
     a = (t.detach() if t.requires_grad else t).numpy()
     return np.array(a, dtype=np.float64, order="C")
+
+
+_NO_ROWS = np.zeros(0, dtype=bool)
+_ZEROS: dict[int, np.ndarray] = {}  # size -> zeros (a missing cotangent; nothing writes it)
+
+
+def _daqp() -> Any:
+    """The daqp module (imported on first use)."""
+    import daqp
+
+    return daqp
 
 
 def _absent(n: int, dtype: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -198,8 +210,8 @@ def small_forward(
         start_x = _array(warm_start)
     dtype = q.dtype
     try:
-        views = [None if t is None else (t.detach() if t.requires_grad else t).numpy()
-                 for t in data]  # fmt: skip
+        views: list[Any] = [None if t is None else (t.detach() if t.requires_grad else t).numpy()
+                            for t in data]  # fmt: skip
     except RuntimeError:  # no numpy view (e.g. a negative-bit view): the general path
         return None
     n = views[1].shape[0]
@@ -215,31 +227,33 @@ def small_forward(
     Gn, hn = (C[:m], upper[:m]) if m else (None, None)
     An, bn = (C[m:], upper[m:]) if p else (None, None)
     start = time.perf_counter()
+    polished = False
     if solver == "daqp":
         solved = _daqp_point(Pn, qn, C, upper, m, start_x, eps_abs)
+        if solved is None:
+            return None
+        x, duals = solved
+        working = _NO_ROWS  # daqp: the working set is read off the multipliers (nu > 0)
     else:
         # own arrays for the backend, as the general path's (views of C change the rounding
         # of some backends, proxqp's at 1e-16)
         arrays = tuple(None if a is None else a.copy() for a in (Pn, qn, An, bn, Gn, hn))
-        solved = _polished_point(arrays, solver, start_x, g_inf, eps_abs, eps_rel, polish)
-    if solved is None:
-        return None
-    x, mu, nu, working, polished = solved
+        polished_point = _polished_point(arrays, solver, start_x, g_inf, eps_abs, eps_rel, polish)
+        if polished_point is None:
+            return None
+        x, nu_p, mu_p, working, polished = polished_point
+        duals = np.concatenate((nu_p, mu_p))
     rel = max(eps_rel, RELATIVE_FLOOR)
-    ok, primal, dual, slack, nu_inf, eq_residual = certify_point(
-        Pn, qn, C, upper, m, x, mu, nu, working, g_inf, eps_abs, rel, ROUNDOFF
-    )
-    if not ok:
+    cert = certify_point(Pn, qn, C, upper, m, x, duals, working, g_inf, eps_abs, rel, ROUNDOFF)
+    if not cert[0]:
         return None
+    _, primal, dual, x, mu, nu, working, slack, nu_inf, eq_residual, outputs = cert
     point = SmallPoint(Pn, qn, An, bn, Gn, hn, x, mu, nu, g_inf, dtype, general, empty, start_x)
     point.C, point.upper, point.working, point.polished = C, upper, working, polished
-    point.primal, point.dual = primal, dual
+    point.primal, point.dual, point.outputs = primal, dual, outputs
     point.slack, point.nu_inf, point.eq_residual = slack, nu_inf, eq_residual
     point.solve_time = time.perf_counter() - start
     return point
-
-
-_Solved = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool]
 
 
 def _daqp_point(
@@ -250,20 +264,16 @@ def _daqp_point(
     m: int,
     start_x: Any,
     eps_abs: float,
-) -> _Solved | None:
-    """daqp's point with ``eps_prox = 0`` (its Cholesky certifies ``P``) and its working set
-    (``nu > 0``); ``None`` unless it solved."""
-    import daqp
-
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """daqp's point ``(x, multipliers of [G; A])`` with ``eps_prox = 0`` (its Cholesky
+    certifies ``P``); ``None`` unless it solved."""
     lower, sense = _bounds(m, C.shape[0] - m)
-    x, _, flag, info = daqp.solve(
+    x, _, flag, info = _daqp().solve(
         Pn, qn, C, upper, lower, sense, primal_start=start_x, primal_tol=eps_abs, eps_prox=0.0
     )
     if flag != 1 and flag != 2:  # not solved, or P not positive definite: the general path
         return None
-    lam = info["lam"]
-    nu = np.maximum(lam[:m], 0.0)
-    return np.asarray(x, dtype=np.float64), np.array(lam[m:], dtype=np.float64), nu, nu > 0, False
+    return x, info["lam"]
 
 
 def _polished_point(
@@ -274,8 +284,9 @@ def _polished_point(
     eps_abs: float,
     eps_rel: float,
     polish: bool,
-) -> _Solved | None:
-    """The general path's first attempt for an interior-point backend, for one sample: ``P``
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool] | None:
+    """``(x, nu, mu, working, polished)``: the general path's first attempt for an
+    interior-point backend, for one sample: ``P``
     positive definite (one LAPACK Cholesky; a semidefinite or indefinite ``P`` goes to the
     general path's check), the backend through :func:`qpsolvers.solve_problem` with the
     tolerances of :func:`dxopt.qp._forward._backend_kwargs`, then
@@ -315,7 +326,8 @@ def _polished_point(
         return None
     nu = np.maximum(pol.nu, 0.0) if m else np.zeros(0)
     working = np.asarray(pol.active, dtype=bool) if m else np.zeros(0, dtype=bool)
-    return pol.x, pol.mu if p else np.zeros(0), nu, working, bool(pol.polished)
+    mu = pol.mu if p else np.zeros(0)
+    return np.asarray(pol.x, dtype=np.float64), nu, mu, working, bool(pol.polished)
 
 
 def lean_method(method: object) -> bool:
@@ -347,27 +359,35 @@ class _Regular(NamedTuple):
     beta_min: float
 
 
-_REGULAR: dict[Any, _Regular] = {}
+_REGULAR: dict[int, tuple[Any, _Regular]] = {}  # id(method) -> (method, settings)
 
 
 def _regular(method: Any) -> _Regular:
-    """The :class:`_Regular` settings of a method :func:`lean_method` accepts (cached per method:
-    frozen dataclasses, hashable)."""
-    if method not in _REGULAR:
-        if isinstance(method, PenaltyBackward):
-            _REGULAR[method] = _Regular(
-                method.max_refinement, method.refine_tol, method.max_residual, True,
-                method.beta, method.beta_min,
-            )  # fmt: skip
-        else:
-            _REGULAR[method] = _Regular(_KKT_STEPS, _KKT_TOL, method.max_residual, False, None, 0.0)
-    return _REGULAR[method]
+    """The :class:`_Regular` settings of a method :func:`lean_method` accepts (cached per method
+    object: a frozen dataclass's hash would hash every field on each call)."""
+    cached = _REGULAR.get(id(method))
+    if cached is not None and cached[0] is method:
+        return cached[1]
+    if isinstance(method, PenaltyBackward):
+        regular = _Regular(
+            method.max_refinement, method.refine_tol, method.max_residual, True,
+            method.beta, method.beta_min,
+        )  # fmt: skip
+    else:
+        regular = _Regular(_KKT_STEPS, _KKT_TOL, method.max_residual, False, None, 0.0)
+    if len(_REGULAR) > 256:
+        _REGULAR.clear()
+    _REGULAR[id(method)] = (method, regular)  # keeps method alive: its id is not reused
+    return regular
 
 
 def _vector(t: Tensor | None, size: int) -> np.ndarray:
     """A cotangent as contiguous float64 numpy (zero for ``None``)."""
     if t is None:
-        return np.zeros(size)
+        zeros = _ZEROS.get(size)
+        if zeros is None:
+            zeros = _ZEROS[size] = np.zeros(size)
+        return zeros
     return np.ascontiguousarray(t.detach().numpy(), dtype=np.float64)
 
 
@@ -446,7 +466,7 @@ class SmallQPFunction(torch.autograd.Function):
         point, method = args[6], args[7]  # after the six data tensors (P, q, A, b, G, h)
         ctx.point, ctx.method = point, method
         ctx.set_materialize_grads(False)  # unused outputs: None, not zeros
-        outs = tuple(torch.from_numpy(a.copy()) for a in (point.x, point.mu, point.nu))
+        outs = tuple(torch.from_numpy(a) for a in point.outputs)  # the kernel's copies
         if point.dtype is not torch.float64:
             outs = tuple(t.to(point.dtype) for t in outs)
         return outs  # type: ignore[return-value]

@@ -69,10 +69,9 @@ def prepare(
             C[m + i, j] = A[i, j]
     total = Pn.sum() + qn.sum() + C.sum() + upper.sum()
     if not math.isfinite(total) or not math.isfinite(big):
-        for v in (Pn.ravel(), qn, C.ravel(), upper):
-            for e in v:
-                if not math.isfinite(e):
-                    return 1, Pn, qn, C, upper, g_inf
+        for vector in (Pn.ravel(), qn, C.ravel(), upper):
+            if not np.isfinite(vector).all():
+                return 1, Pn, qn, C, upper, g_inf
     asym = 0.0
     for i in range(n):
         for j in range(i):
@@ -86,6 +85,41 @@ def prepare(
 
 @_jit
 def certify_point(
+    P: np.ndarray,
+    q: np.ndarray,
+    C: np.ndarray,
+    upper: np.ndarray,
+    m: int,
+    x: np.ndarray,
+    duals: np.ndarray,
+    working: np.ndarray,
+    g_inf: np.ndarray,
+    eps_abs: float,
+    rel: float,
+    roundoff: float,
+) -> tuple[Any, ...]:
+    """``(ok, primal, dual, x, mu, nu, working, slack, nu_inf, eq_residual, outputs)`` of the
+    point ``x`` with the multipliers ``duals = [nu; mu]`` of ``[G; A]``: the certificate of
+    :func:`_certificate` (``ok``, the primal and dual residuals, ``slack``, ``nu_inf``,
+    ``eq_residual``), the point as float64 arrays and copies of ``(x, mu, nu)`` for the
+    caller. ``working``: the active set; with no entries for ``m > 0`` rows (daqp's point)
+    it is read off the multipliers, :math:`\\nu = \\max(\\lambda, 0) > 0`."""
+    x = np.ascontiguousarray(x).astype(np.float64)
+    mu = duals[m:].astype(np.float64)
+    if working.shape[0] != m:
+        nu = np.maximum(duals[:m], 0.0)
+        working = nu > 0.0
+    else:
+        nu = duals[:m].astype(np.float64)
+    ok, primal, dual, slack, nu_inf, eq_residual = _certificate(
+        P, q, C, upper, m, x, mu, nu, working, g_inf, eps_abs, rel, roundoff
+    )
+    outputs = (x.copy(), mu.copy(), nu.copy())
+    return ok, primal, dual, x, mu, nu, working, slack, nu_inf, eq_residual, outputs
+
+
+@_jit
+def _certificate(
     P: np.ndarray,
     q: np.ndarray,
     C: np.ndarray,
