@@ -110,8 +110,10 @@ def small_inputs(P: object, q: object, A: object, b: object, G: object, h: objec
 @dataclass
 class SmallPoint:
     """The certified solution of one small QP and what its backward needs: float64 copies of
-    the data (the inputs may change in place after the call), the active set (``working``)
-    and the certificate's residuals; ``general(point)`` rebuilds the general path's state."""
+    the data (the inputs may change in place after the call), the point ``x`` with the
+    multipliers ``duals = [nu; mu]`` of ``C = [G; A]`` and the active set ``working`` (no
+    entries: daqp's working set, read off the multipliers), and the certificate's residuals;
+    ``general(point)`` rebuilds the general path's state."""
 
     P: np.ndarray
     q: np.ndarray
@@ -120,22 +122,18 @@ class SmallPoint:
     G: Any
     h: Any
     x: np.ndarray
-    mu: np.ndarray
-    nu: np.ndarray
+    duals: np.ndarray
+    working: np.ndarray
     g_inf: np.ndarray
     dtype: torch.dtype
     general: Callable[..., Any]
     empty: tuple[bool, bool] = (False, False)  # A, G given without rows (zero gradients)
     warm_start: Any = None  # the backend's primal start (float64), for the general path
-    working: Any = None  # the rows of the active set (daqp's working set, or the polished one)
     polished: bool = False
     diagnostics: BackwardDiagnostics = field(default_factory=BackwardDiagnostics)
     solve_time: float = 0.0
     primal: float = 0.0
     dual: float = 0.0
-    slack: Any = None  # h - Gx, nu * |g_i|_inf and Ax - b (set by the certificate)
-    nu_inf: Any = None
-    eq_residual: Any = None
     C: Any = None  # [G; A] and [h; b]: daqp's layout, the kernels' (G, A, h, b are views)
     upper: Any = None
     outputs: Any = None  # copies of (x, mu, nu) for the caller (theirs to change)
@@ -247,11 +245,10 @@ def small_forward(
     cert = certify_point(Pn, qn, C, upper, m, x, duals, working, g_inf, eps_abs, rel, ROUNDOFF)
     if not cert[0]:
         return None
-    _, primal, dual, x, mu, nu, working, slack, nu_inf, eq_residual, outputs = cert
-    point = SmallPoint(Pn, qn, An, bn, Gn, hn, x, mu, nu, g_inf, dtype, general, empty, start_x)
-    point.C, point.upper, point.working, point.polished = C, upper, working, polished
-    point.primal, point.dual, point.outputs = primal, dual, outputs
-    point.slack, point.nu_inf, point.eq_residual = slack, nu_inf, eq_residual
+    point = SmallPoint(Pn, qn, An, bn, Gn, hn, x, duals, working, g_inf, dtype, general, empty,
+                       start_x)  # fmt: skip
+    point.C, point.upper, point.polished = C, upper, polished
+    _, point.primal, point.dual, point.outputs = cert
     point.solve_time = time.perf_counter() - start
     return point
 
@@ -406,8 +403,8 @@ def small_backward(
     C, m, x = point.C, point.g_inf.shape[0], point.x
     p = C.shape[0] - m
     status, residual, steps, k, accuracy, grads = lean_adjoint(
-        point.P, point.q, C, point.upper, m, x, point.mu, point.nu, point.working,
-        point.slack, point.nu_inf, point.g_inf, point.eq_residual, _vector(grad_x, x.shape[0]),
+        point.P, point.q, C, point.upper, m, x, point.duals, point.working, point.g_inf,
+        _vector(grad_x, x.shape[0]),
         _vector(grad_ineq, m), _vector(grad_eq, p), regular.steps, regular.tol,
         regular.max_residual, DEPENDENT_TOL, _MARGIN, np.array(needs),
     )  # fmt: skip

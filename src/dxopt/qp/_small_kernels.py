@@ -84,6 +84,23 @@ def prepare(
 
 
 @_jit
+def _point(
+    x: np.ndarray, duals: np.ndarray, working: np.ndarray, m: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(x, mu, nu, working)`` as float64 arrays from the point ``x`` and the multipliers
+    ``duals = [nu; mu]`` of ``[G; A]``. ``working``: the active set; with no entries for
+    ``m > 0`` rows (daqp's point) it is read off the multipliers,
+    :math:`\\nu = \\max(\\lambda, 0) > 0`."""
+    mu = duals[m:].astype(np.float64)
+    if working.shape[0] != m:
+        nu = np.maximum(duals[:m], 0.0)
+        working = nu > 0.0
+    else:
+        nu = duals[:m].astype(np.float64)
+    return np.ascontiguousarray(x).astype(np.float64), mu, nu, working
+
+
+@_jit
 def certify_point(
     P: np.ndarray,
     q: np.ndarray,
@@ -97,25 +114,16 @@ def certify_point(
     eps_abs: float,
     rel: float,
     roundoff: float,
-) -> tuple[Any, ...]:
-    """``(ok, primal, dual, x, mu, nu, working, slack, nu_inf, eq_residual, outputs)`` of the
-    point ``x`` with the multipliers ``duals = [nu; mu]`` of ``[G; A]``: the certificate of
-    :func:`_certificate` (``ok``, the primal and dual residuals, ``slack``, ``nu_inf``,
-    ``eq_residual``), the point as float64 arrays and copies of ``(x, mu, nu)`` for the
-    caller. ``working``: the active set; with no entries for ``m > 0`` rows (daqp's point)
-    it is read off the multipliers, :math:`\\nu = \\max(\\lambda, 0) > 0`."""
-    x = np.ascontiguousarray(x).astype(np.float64)
-    mu = duals[m:].astype(np.float64)
-    if working.shape[0] != m:
-        nu = np.maximum(duals[:m], 0.0)
-        working = nu > 0.0
-    else:
-        nu = duals[:m].astype(np.float64)
-    ok, primal, dual, slack, nu_inf, eq_residual = _certificate(
+) -> tuple[bool, float, float, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """``(ok, primal, dual, (x, mu, nu))``: the certificate of :func:`_certificate` for the
+    point of :func:`_point` (``ok`` and the primal and dual residuals) and copies of the
+    point's ``(x, mu, nu)`` for the caller. (Only these are returned: every array handed
+    back to Python costs a quarter of a microsecond; the backward recomputes the rest.)"""
+    x, mu, nu, working = _point(x, duals, working, m)
+    ok, primal, dual, _, _, _ = _certificate(
         P, q, C, upper, m, x, mu, nu, working, g_inf, eps_abs, rel, roundoff
     )
-    outputs = (x.copy(), mu.copy(), nu.copy())
-    return ok, primal, dual, x, mu, nu, working, slack, nu_inf, eq_residual, outputs
+    return ok, primal, dual, (x, mu.copy(), nu.copy())
 
 
 @_jit
@@ -316,13 +324,9 @@ def lean_adjoint(
     upper: np.ndarray,
     m: int,
     x: np.ndarray,
-    mu: np.ndarray,
-    nu: np.ndarray,
+    duals: np.ndarray,
     working: np.ndarray,
-    slack: np.ndarray,
-    nu_inf: np.ndarray,
     g_inf: np.ndarray,
-    eq_residual: np.ndarray,
     g: np.ndarray,
     r_ineq: np.ndarray,
     r_eq: np.ndarray,
@@ -334,16 +338,30 @@ def lean_adjoint(
     needs: np.ndarray,
 ) -> tuple[int, float, int, int, float, tuple[np.ndarray, ...]]:
     """``(status, residual, steps, k, accuracy, grads)``: the lean backward of one problem
-    (:func:`dxopt.qp._small.small_backward`). The active set is the forward's ``working``
-    when unambiguous (:func:`_active_accuracy`); the reduced KKT system
+    (:func:`dxopt.qp._small.small_backward`) at the certified point ``x``, ``duals``,
+    ``working`` (as for :func:`certify_point`). The active set is the forward's when
+    unambiguous (:func:`_active_accuracy`); the reduced KKT system
     :math:`[[P, C_J^\\top], [C_J, 0]][u; w] = [g; r]` (:math:`C_J` the working rows of ``G``
     and all of ``A``) is solved by block elimination (:func:`schur_factor_small`), refined
     against the exact matrix with the stopping and best-iterate rules of
     :func:`dxopt.qp._backward_kkt.schur_refine`, and turned into the gradients of
     :mod:`dxopt.qp._grads` for ``(P, q, A, b, G, h)`` (``needs[i]``; the others, and those
     of absent constraints, are empty arrays). ``status`` indexes :data:`ADJOINT_STATUS`."""
+    x, mu, nu, working = _point(x, duals, working, m)
     n, rows = x.shape[0], C.shape[0]
     p = rows - m
+    slack = np.empty(m)
+    nu_inf = np.empty(m)
+    eq_residual = np.empty(p)
+    for r in range(rows):
+        s = 0.0
+        for j in range(n):
+            s += C[r, j] * x[j]
+        if r < m:
+            slack[r] = upper[r] - s
+            nu_inf[r] = nu[r] * g_inf[r]
+        else:
+            eq_residual[r - m] = s - upper[r]
     empty = (np.zeros((0, 0)), np.zeros(0), np.zeros((0, 0)), np.zeros(0), np.zeros((0, 0)),
              np.zeros(0))  # fmt: skip
     accuracy = _active_accuracy(
