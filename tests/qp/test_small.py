@@ -468,7 +468,7 @@ def test_lean_agrees_with_general_on_adversarial_problems(monkeypatch):
     assert lean_used >= 20  # the lean path is not simply refusing everything
 
 
-@pytest.mark.parametrize("solver", ["piqp", "proxqp"])
+@pytest.mark.parametrize("solver", ["piqp", "proxqp", "clarabel", "osqp"])
 @pytest.mark.parametrize(("n", "m", "p", "seed"), [(3, 2, 1, 0), (10, 5, 3, 1), (20, 30, 5, 2)])
 def test_interior_point_backends_take_the_lean_path(solver, n, m, p, seed, monkeypatch):
     """piqp/proxqp: the backend's point, polished by the general path's own polish, then the
@@ -480,7 +480,7 @@ def test_interior_point_backends_take_the_lean_path(solver, n, m, p, seed, monke
 
 def test_other_backends_keep_the_general_path(monkeypatch):
     data = _problem(6, 4, 1, 19)
-    for solver in ("clarabel", "osqp"):
+    for solver in ("highs", "scs"):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             sol, *_ = _run(data, True, monkeypatch, solver=solver)

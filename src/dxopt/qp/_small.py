@@ -178,9 +178,10 @@ def _bounds(m: int, p: int) -> tuple[np.ndarray, np.ndarray]:
     return _BOUNDS[key]
 
 
-LEAN_BACKENDS = ("daqp", "piqp", "proxqp")
-"""Backends of the lean path: daqp (its exact working set) and the dense interior-point
-backends whose point the polish of :mod:`dxopt.qp._polish` settles."""
+LEAN_BACKENDS = ("daqp", "piqp", "proxqp", "clarabel", "osqp")
+"""Backends of the lean path: daqp (its exact working set) and the interior-point and ADMM
+backends whose point the polish of :mod:`dxopt.qp._polish` settles (clarabel and osqp take
+scipy CSC matrices, as on the general path)."""
 
 
 def small_forward(
@@ -282,8 +283,8 @@ def _polished_point(
     eps_rel: float,
     polish: bool,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool] | None:
-    """``(x, nu, mu, working, polished)``: the general path's first attempt for an
-    interior-point backend, for one sample: ``P``
+    """``(x, nu, mu, working, polished)``: the general path's first attempt for a backend other
+    than daqp, for one sample: ``P``
     positive definite (one LAPACK Cholesky; a semidefinite or indefinite ``P`` goes to the
     general path's check), the backend through :func:`qpsolvers.solve_problem` with the
     tolerances of :func:`dxopt.qp._forward._backend_kwargs`, then
@@ -292,13 +293,18 @@ def _polished_point(
     import qpsolvers
     from scipy.linalg import lapack
 
-    from dxopt.qp._forward import _backend_kwargs
+    from dxopt.qp._forward import _SPARSE_ONLY, _backend_kwargs
     from dxopt.qp._polish import _row_inf
     from dxopt.qp._polish import polish as polish_point
 
     Pn, qn, An, bn, Gn, hn = arrays
     if lapack.dpotrf(Pn, lower=1)[1] != 0:
         return None
+    a_inf = _row_inf(An) if An is not None else None
+    if solver in _SPARSE_ONLY:  # CSC-only backends: the general path's arguments (scipy CSC)
+        import scipy.sparse as sp
+
+        Pn, An, Gn = (None if M is None else sp.csc_matrix(M) for M in (Pn, An, Gn))
     kw = _backend_kwargs(solver, eps_abs, eps_rel, None)
     try:
         problem = qpsolvers.Problem(Pn, qn, Gn, hn, An, bn)
@@ -316,7 +322,7 @@ def _polished_point(
     pol = polish_point(
         Pn, qn, An, bn, Gn, hn, np.asarray(sol.x, dtype=np.float64), y, z,
         eps_abs=eps_abs, eps_rel=eps_rel, enabled=polish, force=False,
-        exact_working_set=False, g_inf=g_inf if m else None, a_inf=_row_inf(An) if p else None,
+        exact_working_set=False, g_inf=g_inf if m else None, a_inf=a_inf if p else None,
     )  # fmt: skip
     cert = pol.certificate
     if cert.zero_row_infeasible or not cert.ok or not cert.settled:
