@@ -119,7 +119,8 @@ def schur_factor_small(
     P: np.ndarray, C: np.ndarray, shift: float
 ) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
            np.ndarray, int]:  # fmt: skip
-    """``(info_P, L, Y, S', inv_scale, nonzero, L_S, pivots, info_S)`` of ``P`` (n, n)
+    """``(info_P, L, Y, S', inv_scale, nonzero, L_S, pivots, info_S)`` (of :math:`S'` only the
+    lower triangle is formed) of ``P`` (n, n)
     positive definite and ``C`` (k, n) (module docstring). ``info_P != 0``: the Cholesky
     factorization of ``P`` failed (the other arrays are then empty). ``info_S != 0``: that of
     :math:`S'` broke down at that 1-based column (its pivots from there on are 0, counted
@@ -131,11 +132,11 @@ def schur_factor_small(
         return (info_p, L, np.zeros((n, 0)), np.zeros((0, 0)), e, np.zeros(0, np.bool_),
                 np.zeros((0, 0)), e, 0)  # fmt: skip
     Y = lower_solve(L, np.ascontiguousarray(C.T))
-    S = np.zeros((k, k))
+    S = np.zeros((k, k))  # its lower triangle (all that the factorization reads)
     for i in range(n):
         for a in range(k):
             f = Y[i, a]
-            for c in range(k):
+            for c in range(a + 1):
                 S[a, c] += f * Y[i, c]
     nonzero = np.zeros(k, np.bool_)
     scale = np.ones(k)

@@ -32,6 +32,8 @@ from dxopt.qp._small import (
     small_forward,
     small_inputs,
 )
+from dxopt.qp._small_batch import SmallBatch, SmallBatchQPFunction, small_batch_forward
+from dxopt.qp._small_batch import small_batch_inputs as small_batch_inputs
 from dxopt.qp._tangent import BASES, forward_ad_dual, functorch_active, sparse_under_func
 from dxopt.qp._types import BackwardDiagnostics, QPInfo, QPSolution, QPSolveError, QPStatus
 
@@ -181,6 +183,48 @@ def _small_solve(
         polished=(point.polished,),
     )
     return x, mu, nu, (QPStatus.SOLVED,), info
+
+
+def _small_batch_solve(
+    data: tuple[Tensor | None, ...],
+    batch: int,
+    *,
+    method: BackwardMethod,
+    eps_abs: float,
+    eps_rel: float,
+    fallback: bool,
+    polish: bool,
+) -> tuple[Tensor, Tensor, Tensor, tuple[QPStatus, ...], QPInfo] | None:
+    """``(x, eq_duals, ineq_duals, status, info)`` of a batch of small dense QPs through
+    :mod:`dxopt.qp._small_batch` (every point certified), or ``None`` when the general path
+    must run."""
+
+    def general(sb: SmallBatch) -> QPState:
+        P, q, A, b, G, h = (
+            None if a is None else torch.from_numpy(a).to(sb.dtype) for a in sb.arrays()
+        )
+        assert P is not None and q is not None
+        return _forward_state(
+            P, q, A, b, G, h, None, method=method, solver="daqp", check_psd=True,
+            eps_abs=eps_abs, eps_rel=eps_rel, max_workers=None, solver_options=None,
+            fallback=fallback, polish=polish,
+        )  # fmt: skip
+
+    sb = small_batch_forward(data, batch, eps_abs=eps_abs, eps_rel=eps_rel, general=general)
+    if sb is None:
+        return None
+    x, mu, nu = SmallBatchQPFunction.apply(*data, sb, method)
+    info = QPInfo(
+        solver="daqp",
+        solve_time=sb.solve_time,
+        primal_residual=sb.primal,
+        dual_residual=sb.dual,
+        backward=sb.diagnostics,
+        sample_solvers=("daqp",) * batch,
+        sample_tolerances=(eps_abs,) * batch,
+        polished=(False,) * batch,
+    )
+    return x, mu, nu, (QPStatus.SOLVED,) * batch, info
 
 
 def _solution(
@@ -424,6 +468,23 @@ def solve(
         )  # fmt: skip
         if small is not None:
             return _solution(*small, A is not None, m_user, lb, ub, k_lb, k_ub)
+    elif (  # a batch of small dense problems, daqp, default options: the lean batch path
+        not solver_options
+        and check_psd
+        and warm_start is None
+        and max_workers is None
+        and (solver == "auto" or solver == "daqp")
+        and lean_method(method)
+        and not functorch_active()
+    ):
+        batch = small_batch_inputs(P, q, A, b, G, h)
+        if batch and (solver == "daqp" or not torch_fastest_on_cpu(batch, q.shape[-1])):
+            small = _small_batch_solve(
+                (P, q, A, b, G, h), batch, method=method, eps_abs=eps_abs, eps_rel=eps_rel,
+                fallback=fallback, polish=polish,
+            )  # fmt: skip
+            if small is not None:
+                return _solution(*small, A is not None, m_user, lb, ub, k_lb, k_ub)
     # solver="torch" (and "auto" on a GPU or for large batches of tiny problems) keeps dense
     # inputs on their device and dtype (dxopt.qp._torch_layer)
     bounds = None if lb is None and ub is None else (k_lb, k_ub, lb is not None, ub is not None)

@@ -416,7 +416,7 @@ def small_backward(
     )  # fmt: skip
     if status:
         return None
-    _record(point.diagnostics, method, residual, steps, k, accuracy, regular)
+    _record(point.diagnostics, method, residual, steps, (k,), (accuracy,), regular)
     out: list[Any] = [None] * 6
     present = (True, True, point.A is not None, point.A is not None, point.G is not None,
                point.G is not None)  # fmt: skip
@@ -437,25 +437,30 @@ def _record(
     method: Any,
     residual: float,
     steps: int,
-    k: int,
-    accuracy: float,
+    k: tuple[int, ...],
+    accuracy: tuple[float, ...],
     regular: _Regular,
 ) -> None:
-    """The diagnostics the general path's regular dense route records for one sample."""
+    """The diagnostics the general path's regular dense route records for a batch of
+    ``len(k)`` samples (the largest residual and step count; per sample the active rows and
+    the penalty method's :math:`\\beta`)."""
+    size = len(k)
     diagnostics.method = method.name
     diagnostics.linear_solver = "schur"
-    diagnostics.dependent_rows = (0,)
+    diagnostics.dependent_rows = (0,) * size
     diagnostics.licq = True
     diagnostics.residual = residual
-    diagnostics.n_active = (k,)
-    diagnostics.n_weak = (0,)
-    diagnostics.pseudo_inverse = (False,)
+    diagnostics.n_active = k
+    diagnostics.n_weak = (0,) * size
+    diagnostics.pseudo_inverse = (False,) * size
     diagnostics.weak_kept = False
     if regular.penalty:  # its fixed beta, or max(10 eps, beta_min) (PenaltyBackward._beta)
         diagnostics.jitter = 0.0
         diagnostics.refinement_steps = steps
         beta = regular.beta
-        diagnostics.beta = (max(10.0 * accuracy, regular.beta_min) if beta is None else beta,)
+        diagnostics.beta = tuple(
+            max(10.0 * a, regular.beta_min) if beta is None else beta for a in accuracy
+        )
 
 
 class SmallQPFunction(torch.autograd.Function):

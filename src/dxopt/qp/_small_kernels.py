@@ -19,7 +19,15 @@ from numba import njit
 
 from dxopt.linalg.small import schur_factor_small, schur_solve_small
 
-__all__ = ["ADJOINT_STATUS", "certify_point", "lean_adjoint", "prepare"]
+__all__ = [
+    "ADJOINT_STATUS",
+    "certify_batch",
+    "certify_point",
+    "lean_adjoint",
+    "lean_adjoint_batch",
+    "prepare",
+    "prepare_batch",
+]
 
 _jit: Any = njit(cache=True, nogil=True)
 
@@ -50,37 +58,95 @@ def prepare(
     C = np.empty((m + p, n))
     upper = np.empty(m + p)
     g_inf = np.zeros(m)
-    status = 0
-    big = 0.0
+    status = _prepare_into(P, q, A, b, G, h, sym_tol, Pn, qn, C, upper, g_inf)
+    return status, Pn, qn, C, upper, g_inf
+
+
+@_jit
+def prepare_batch(
+    P: np.ndarray,
+    q: np.ndarray,
+    A: np.ndarray,
+    b: np.ndarray,
+    G: np.ndarray,
+    h: np.ndarray,
+    sym_tol: float,
+) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`prepare` for a batch (a leading axis of ``B`` samples on every argument; shared
+    data as broadcast views): ``(status, P, q, C, upper, g_inf)`` with a ``B`` axis; the
+    status is the first failing sample's (0: all ready)."""
+    B, n, m, p = q.shape[0], q.shape[1], G.shape[1], A.shape[1]
+    Pn = np.empty((B, n, n))
+    qn = np.empty((B, n))
+    C = np.empty((B, m + p, n))
+    upper = np.empty((B, m + p))
+    g_inf = np.zeros((B, m))
+    for i in range(B):
+        status = _prepare_into(
+            P[i], q[i], A[i], b[i], G[i], h[i], sym_tol, Pn[i], qn[i], C[i], upper[i], g_inf[i]
+        )
+        if status:
+            return status, Pn, qn, C, upper, g_inf
+    return 0, Pn, qn, C, upper, g_inf
+
+
+@njit(cache=True, nogil=True, fastmath={"reassoc"})
+def _prepare_into(
+    P: np.ndarray,
+    q: np.ndarray,
+    A: np.ndarray,
+    b: np.ndarray,
+    G: np.ndarray,
+    h: np.ndarray,
+    sym_tol: float,
+    Pn: np.ndarray,
+    qn: np.ndarray,
+    C: np.ndarray,
+    upper: np.ndarray,
+    g_inf: np.ndarray,
+) -> int:
+    """The work of :func:`prepare`, into given arrays (``g_inf`` zero on entry). Compiled
+    with reassociation allowed: it only changes the order of the sum whose finiteness is the
+    NaN/Inf test (a NaN or Inf entry makes any order of it non-finite) and of maxima."""
+    n, m, p = P.shape[0], G.shape[0], A.shape[0]
+    total = 0.0
     for i in range(n):
         qn[i] = q[i]
+        total += qn[i]
         for j in range(n):
-            v = np.float64(P[i, j])
-            Pn[i, j] = v
-            big = max(big, abs(v))
+            Pn[i, j] = P[i, j]
+            total += Pn[i, j]
     for i in range(m):
         upper[i] = h[i]
+        total += upper[i]
         for j in range(n):
             C[i, j] = G[i, j]
-            g_inf[i] = max(g_inf[i], abs(C[i, j]))
+            total += C[i, j]
     for i in range(p):
         upper[m + i] = b[i]
+        total += upper[m + i]
         for j in range(n):
             C[m + i, j] = A[i, j]
-    total = Pn.sum() + qn.sum() + C.sum() + upper.sum()
-    if not math.isfinite(total) or not math.isfinite(big):
+            total += C[m + i, j]
+    if not math.isfinite(total):  # a NaN or Inf entry (or finite entries summing past it)
         for vector in (Pn.ravel(), qn, C.ravel(), upper):
             if not np.isfinite(vector).all():
-                return 1, Pn, qn, C, upper, g_inf
-    asym = 0.0
+                return 1
+    big = asym = 0.0
     for i in range(n):
-        for j in range(i):
+        for j in range(i + 1):
+            big = max(big, abs(Pn[i, j]))
             asym = max(asym, abs(Pn[i, j] - Pn[j, i]))
-    if asym > sym_tol * max(big, 1.0):
-        status = 2
-    elif m > 0 and g_inf.min() == 0.0:
-        status = 3
-    return status, Pn, qn, C, upper, g_inf
+    if asym > sym_tol * max(big, 1.0):  # big: the largest |P_ij| (P symmetric within asym)
+        return 2
+    for i in range(m):
+        r = 0.0
+        for j in range(n):
+            r = max(r, abs(C[i, j]))
+        if r == 0.0:
+            return 3
+        g_inf[i] = r
+    return 0
 
 
 @_jit
@@ -471,3 +537,94 @@ def _gradients(
         if needs[5]:
             gh = wG
     return gP, gq, gA, gb, gG, gh
+
+
+@_jit
+def certify_batch(
+    P: np.ndarray,
+    q: np.ndarray,
+    C: np.ndarray,
+    upper: np.ndarray,
+    m: int,
+    X: np.ndarray,
+    duals: np.ndarray,
+    g_inf: np.ndarray,
+    eps_abs: float,
+    rel: float,
+    roundoff: float,
+) -> tuple[bool, np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """:func:`certify_point` for a batch of daqp points (``X`` (B, n), ``duals`` (B, m + p);
+    the working sets read off the multipliers): ``(all certify, primal (B,), dual (B,),
+    (X, MU, NU) copies)``; it stops at the first sample that does not certify."""
+    B, n = X.shape
+    rows = C.shape[1]
+    primal, dual = np.zeros(B), np.zeros(B)
+    Xo, MU, NU = np.empty((B, n)), np.empty((B, rows - m)), np.empty((B, m))
+    none = np.zeros(0, np.bool_)
+    for i in range(B):
+        x, mu, nu, working = _point(X[i], duals[i], none, m)
+        ok, primal[i], dual[i], _, _, _ = _certificate(
+            P[i], q[i], C[i], upper[i], m, x, mu, nu, working, g_inf[i], eps_abs, rel, roundoff
+        )
+        if not ok:
+            return False, primal, dual, (Xo, MU, NU)
+        Xo[i], MU[i], NU[i] = x, mu, nu
+    return True, primal, dual, (Xo, MU, NU)
+
+
+@_jit
+def lean_adjoint_batch(
+    P: np.ndarray,
+    q: np.ndarray,
+    C: np.ndarray,
+    upper: np.ndarray,
+    m: int,
+    X: np.ndarray,
+    duals: np.ndarray,
+    g_inf: np.ndarray,
+    g: np.ndarray,
+    r_ineq: np.ndarray,
+    r_eq: np.ndarray,
+    steps_max: int,
+    tol: float,
+    max_residual: float,
+    dependent_tol: float,
+    margin_min: float,
+    needs: np.ndarray,
+) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray, tuple[np.ndarray, ...]]:
+    """:func:`lean_adjoint` for a batch of daqp points: ``(status, residual, steps, k,
+    accuracy, grads)`` with a leading ``B`` axis (the gradients of absent or unneeded inputs
+    have no entries); ``status`` is the first failing sample's, and the loop stops there."""
+    B, n = X.shape
+    rows = C.shape[1]
+    p = rows - m
+    residual, accuracy = np.zeros(B), np.zeros(B)
+    steps, k = np.zeros(B, np.int64), np.zeros(B, np.int64)
+    sizes = (n * needs[0], n * needs[1], p * needs[2], p * needs[3], m * needs[4], m * needs[5])
+    gP = np.empty((B, sizes[0], n))
+    gq = np.empty((B, sizes[1]))
+    gA = np.empty((B, sizes[2], n))
+    gb = np.empty((B, sizes[3]))
+    gG = np.empty((B, sizes[4], n))
+    gh = np.empty((B, sizes[5]))
+    none = np.zeros(0, np.bool_)
+    for i in range(B):
+        status, residual[i], steps[i], k[i], accuracy[i], grads = lean_adjoint(
+            P[i], q[i], C[i], upper[i], m, X[i], duals[i], none, g_inf[i], g[i], r_ineq[i],
+            r_eq[i], steps_max, tol, max_residual, dependent_tol, margin_min, needs,
+        )  # fmt: skip
+        if status:
+            return status, residual, steps, k, accuracy, (gP, gq, gA, gb, gG, gh)
+        if sizes[0]:
+            gP[i] = grads[0]
+        if sizes[1]:
+            gq[i] = grads[1]
+        if sizes[2]:
+            gA[i] = grads[2]
+        if sizes[3]:
+            gb[i] = grads[3]
+        if sizes[4]:
+            gG[i] = grads[4]
+        if sizes[5]:
+            gh[i] = grads[5]
+    return 0, residual, steps, k, accuracy, (gP, gq, gA, gb, gG, gh)

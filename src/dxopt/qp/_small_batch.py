@@ -1,0 +1,247 @@
+"""A batch of small dense QPs solved by daqp without the batch machinery: the lean path of
+:func:`dxopt.qp.solve` for batches (:mod:`dxopt.qp._small` does one problem).
+
+A batch of ``B`` dense CPU problems with ``n <= SMALL_MAX_N`` (every input batched along its
+first axis or shared by all samples), solved by daqp with the default options (no warm start,
+no thread pool) and differentiated by a method :func:`~dxopt.qp._small.lean_method` accepts,
+runs as one compiled kernel over the batch (:func:`dxopt.qp._small_kernels.prepare_batch`:
+the checks and daqp's layout), one :func:`daqp.solve` per sample (``eps_prox = 0``: its
+Cholesky certifies ``P``), one kernel for the certificate of every point
+(:func:`~dxopt.qp._small_kernels.certify_batch`) and, in the backward, one kernel for every
+sample's lean adjoint and gradients (:func:`~dxopt.qp._small_kernels.lean_adjoint_batch`):
+the steps of :mod:`dxopt.qp._small` for each sample, with no per-sample Python beyond the
+daqp call. Gradients of shared inputs are summed over the batch.
+
+All or nothing: a sample that fails any check, that daqp does not solve, that does not
+certify, or whose backward the lean path declines (an ambiguous active set, a dependent row,
+a residual above the bound) sends the whole batch to the general path, which gives each
+sample its own status, fallback and degenerate policy; the results are the general path's
+(``tests/qp/test_small_batch.py`` compares them).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from dxopt.qp._degenerate import DEPENDENT_TOL
+from dxopt.qp._function import eager_gradients, refuse_batched_cotangents, refuse_second_order
+from dxopt.qp._polish import RELATIVE_FLOOR, ROUNDOFF
+from dxopt.qp._small import _MARGIN, _SYM_TOL, SMALL_MAX_N, _bounds, _daqp, _record, _regular
+from dxopt.qp._small_kernels import certify_batch, lean_adjoint_batch, prepare_batch
+from dxopt.qp._types import BackwardDiagnostics
+
+__all__ = ["SmallBatch", "SmallBatchQPFunction", "small_batch_forward", "small_batch_inputs"]
+
+_BASE = (2, 1, 2, 1, 2, 1)  # unbatched ndim of P, q, A, b, G, h
+
+
+def small_batch_inputs(P: object, q: object, A: object, b: object, G: object, h: object) -> int:
+    """The batch size ``B >= 2`` when ``(P, q, A, b, G, h)`` is a batch the lean batch path
+    takes (plain strided CPU tensors of one float dtype, each batched along a first axis of
+    ``B`` or shared, consistent shapes with ``1 <= n <= SMALL_MAX_N``, ``A, b`` and ``G, h``
+    in pairs, no forward-mode AD level open), else 0 (the general path decides, bad input
+    included)."""
+    if type(q) is not Tensor or type(P) is not Tensor or q.dtype not in _SYM_TOL:
+        return 0
+    data = (P, q, A, b, G, h)
+    batch = 0
+    for t, base in zip(data, _BASE):
+        if t is None:
+            continue
+        if type(t) is not Tensor or t.layout is not torch.strided or not t.is_cpu:
+            return 0
+        if t.dtype is not q.dtype or not base <= t.ndim <= base + 1:
+            return 0
+        if t.ndim > base:
+            if batch and t.shape[0] != batch:
+                return 0
+            batch = t.shape[0]
+    if batch < 2:
+        return 0
+    n = q.shape[-1]
+    if not 0 < n <= SMALL_MAX_N or P.shape[-2:] != (n, n):
+        return 0
+    for M, v in ((A, b), (G, h)):
+        if (M is None) != (v is None):
+            return 0
+        if (isinstance(M, Tensor) and isinstance(v, Tensor)
+                and (M.shape[-1] != n or v.shape[-1] != M.shape[-2])):  # fmt: skip
+            return 0
+    level = getattr(torch.autograd.forward_ad, "_current_level", None)
+    return batch if level is not None and level < 0 else 0
+
+
+@dataclass
+class SmallBatch:
+    """The certified solutions of a batch and what its backward needs: float64 copies of the
+    data in daqp's layout (``C = [G; A]``, ``upper = [h; b]``, a leading batch axis), daqp's
+    points ``X`` and multipliers ``duals``, which inputs were shared (their gradients are
+    summed), and ``general(batch)`` to rebuild the general path's state."""
+
+    P: np.ndarray
+    q: np.ndarray
+    C: np.ndarray
+    upper: np.ndarray
+    m: int
+    X: np.ndarray
+    duals: np.ndarray
+    g_inf: np.ndarray
+    shared: tuple[bool, ...]
+    empty: tuple[bool, bool]
+    dtype: torch.dtype
+    general: Callable[..., Any]
+    diagnostics: BackwardDiagnostics = field(default_factory=BackwardDiagnostics)
+    solve_time: float = 0.0
+    primal: tuple[float, ...] = ()
+    dual: tuple[float, ...] = ()
+    outputs: Any = None  # copies of (X, MU, NU) for the caller
+
+    def arrays(self) -> tuple[Any, ...]:
+        """``(P, q, A, b, G, h)`` as the caller gave them (shared ones without the batch
+        axis, absent ones ``None``), from the copies."""
+        m, p = self.m, self.C.shape[1] - self.m
+        full = (self.P, self.q, self.C[:, m:], self.upper[:, m:], self.C[:, :m],
+                self.upper[:, :m])  # fmt: skip
+        present = (True, True, p > 0 or self.empty[0], p > 0 or self.empty[0],
+                   m > 0 or self.empty[1], m > 0 or self.empty[1])  # fmt: skip
+        return tuple(
+            (a[0] if shared else a) if given else None
+            for a, shared, given in zip(full, self.shared, present)
+        )
+
+
+def small_batch_forward(
+    data: tuple[Tensor | None, ...],
+    batch: int,
+    *,
+    eps_abs: float,
+    eps_rel: float,
+    general: Callable[..., Any],
+) -> SmallBatch | None:
+    """Solve and certify the batch ``data = (P, q, A, b, G, h)`` (:func:`small_batch_inputs`
+    is ``batch``) with daqp, or ``None`` for the general path (module docstring)."""
+    q = data[1]
+    assert q is not None
+    n = q.shape[-1]
+    try:
+        views: list[Any] = [None if t is None else (t.detach() if t.requires_grad else t).numpy()
+                            for t in data]  # fmt: skip
+    except RuntimeError:  # no numpy view (e.g. a negative-bit view): the general path
+        return None
+    shared = tuple(v is not None and v.ndim == base for v, base in zip(views, _BASE))
+    for i, base in enumerate(_BASE):
+        v = views[i]
+        if v is None:  # absent constraints: arrays without rows
+            shape = (batch, 0, n) if base == 2 else (batch, 0)
+            views[i] = np.zeros(shape, dtype=views[1].dtype)
+        elif v.ndim == base:
+            views[i] = np.broadcast_to(v, (batch, *v.shape))
+    status, Pn, qn, C, upper, g_inf = prepare_batch(*views, _SYM_TOL[q.dtype])
+    if status:  # NaN/Inf, asymmetric P, a zero row of G: the general path's rules and errors
+        return None
+    m, p = views[4].shape[1], views[2].shape[1]
+    empty = (data[2] is not None and not p, data[4] is not None and not m)  # given, no rows
+    start = time.perf_counter()
+    lower, sense = _bounds(m, p)
+    solve = _daqp().solve
+    X = np.empty((batch, n))
+    duals = np.empty((batch, m + p))
+    for i in range(batch):
+        x, _, flag, info = solve(
+            Pn[i], qn[i], C[i], upper[i], lower, sense, primal_tol=eps_abs, eps_prox=0.0
+        )
+        if flag != 1 and flag != 2:  # not solved, or P not positive definite
+            return None
+        X[i], duals[i] = x, info["lam"]
+    rel = max(eps_rel, RELATIVE_FLOOR)
+    ok, primal, dual, outputs = certify_batch(
+        Pn, qn, C, upper, m, X, duals, g_inf, eps_abs, rel, ROUNDOFF
+    )
+    if not ok:
+        return None
+    out = SmallBatch(Pn, qn, C, upper, m, X, duals, g_inf, shared, empty, q.dtype, general)
+    out.primal, out.dual, out.outputs = tuple(primal.tolist()), tuple(dual.tolist()), outputs
+    out.solve_time = time.perf_counter() - start
+    return out
+
+
+def _cotangent(t: Tensor | None, shape: tuple[int, int]) -> np.ndarray:
+    """A cotangent as contiguous float64 numpy (zero for ``None``)."""
+    if t is None:
+        return np.zeros(shape)
+    return np.ascontiguousarray(t.detach().numpy(), dtype=np.float64)
+
+
+def small_batch_backward(
+    sb: SmallBatch,
+    method: Any,
+    grad_x: Tensor | None,
+    grad_eq: Tensor | None,
+    grad_ineq: Tensor | None,
+    needs: tuple[bool, ...],
+) -> tuple[Tensor | None, ...] | None:
+    """The gradients for ``(P, q, A, b, G, h)`` by the lean backward of every sample, or
+    ``None`` where the general path must decide."""
+    regular = _regular(method)
+    B, n = sb.X.shape
+    m, p = sb.m, sb.C.shape[1] - sb.m
+    status, residual, steps, k, accuracy, grads = lean_adjoint_batch(
+        sb.P, sb.q, sb.C, sb.upper, m, sb.X, sb.duals, sb.g_inf, _cotangent(grad_x, (B, n)),
+        _cotangent(grad_ineq, (B, m)), _cotangent(grad_eq, (B, p)), regular.steps, regular.tol,
+        regular.max_residual, DEPENDENT_TOL, _MARGIN, np.array(needs),
+    )  # fmt: skip
+    if status:
+        return None
+    _record(
+        sb.diagnostics, method, float(residual.max()), int(steps.max()), tuple(k.tolist()),
+        tuple(accuracy.tolist()), regular,
+    )  # fmt: skip
+    present = (True, True, p > 0, p > 0, m > 0, m > 0)
+    out: list[Any] = [None] * 6
+    for i in range(6):
+        if needs[i] and present[i]:
+            out[i] = grads[i].sum(0) if sb.shared[i] else grads[i]
+    for i, given in ((2, sb.empty[0]), (4, sb.empty[1])):
+        if given and needs[i]:
+            out[i] = np.zeros((0, n) if sb.shared[i] else (B, 0, n))
+            out[i + 1] = np.zeros(0 if sb.shared[i + 1] else (B, 0))
+    if sb.dtype is torch.float64:
+        return tuple(None if a is None else torch.from_numpy(a) for a in out)
+    return tuple(None if a is None else torch.from_numpy(a).to(sb.dtype) for a in out)
+
+
+class SmallBatchQPFunction(torch.autograd.Function):
+    """``(P, q, A, b, G, h, batch, method) -> (x, eq_duals, ineq_duals)`` of a solved
+    :class:`SmallBatch`, with the lean backward (:func:`small_batch_backward`) and the general
+    path's where that declines (plain autograd only, as
+    :class:`~dxopt.qp._small.SmallQPFunction`)."""
+
+    @staticmethod
+    def forward(ctx: Any, *args: Any) -> tuple[Tensor, Tensor, Tensor]:
+        sb, method = args[6], args[7]  # after the six data tensors (P, q, A, b, G, h)
+        ctx.sb, ctx.method = sb, method
+        ctx.set_materialize_grads(False)  # unused outputs: None, not zeros
+        outs = tuple(torch.from_numpy(a) for a in sb.outputs)  # the kernel's copies
+        if sb.dtype is not torch.float64:
+            outs = tuple(t.to(sb.dtype) for t in outs)
+        return outs  # type: ignore[return-value]
+
+    @staticmethod
+    def backward(
+        ctx: Any, grad_x: Tensor | None, grad_eq: Tensor | None, grad_ineq: Tensor | None
+    ) -> Any:
+        sb: SmallBatch = ctx.sb
+        needs = tuple(ctx.needs_input_grad[:6])
+        refuse_batched_cotangents((grad_x, grad_eq, grad_ineq))
+        grads = small_batch_backward(sb, ctx.method, grad_x, grad_eq, grad_ineq, needs)
+        if grads is None:  # the general path: its state from the saved data, same points
+            state = replace(sb.general(sb), diagnostics=sb.diagnostics)
+            grads = eager_gradients(state, grad_x, grad_eq, grad_ineq, needs)
+        return (*refuse_second_order(grads, (grad_x, grad_eq, grad_ineq)), None, None)
