@@ -21,6 +21,15 @@ F64 = torch.float64
 NAMES = ("P", "q", "A", "b", "G", "h")
 
 
+@pytest.fixture(autouse=True)
+def _batch_machinery(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests are about the general path's batched regular backward: the lean batch path
+    (dxopt.qp._small_batch, compared with this path in test_small_batch.py) is switched off."""
+    import dxopt.qp._api as api
+
+    monkeypatch.setattr(api, "small_batch_inputs", lambda *a: 0)
+
+
 def _grads(data: QPData, backward: Any, grad_x: torch.Tensor) -> tuple[dict, Any]:
     leaves = [None if t is None else t.clone().requires_grad_() for t in data.args()]
     with warnings.catch_warnings():
