@@ -199,9 +199,9 @@ def _small_batch_solve(
     :mod:`dxopt.qp._small_batch` (every point certified), or ``None`` when the general path
     must run."""
 
-    def general(sb: SmallBatch) -> QPState:
+    def general(sb: SmallBatch, samples: np.ndarray | None = None) -> QPState:
         P, q, A, b, G, h = (
-            None if a is None else torch.from_numpy(a).to(sb.dtype) for a in sb.arrays()
+            None if a is None else torch.from_numpy(a).to(sb.dtype) for a in sb.arrays(samples)
         )
         assert P is not None and q is not None
         return _forward_state(

@@ -12,10 +12,12 @@ sample's lean adjoint and gradients (:func:`~dxopt.qp._small_kernels.lean_adjoin
 the steps of :mod:`dxopt.qp._small` for each sample, with no per-sample Python beyond the
 daqp call. Gradients of shared inputs are summed over the batch.
 
-All or nothing: a sample that fails any check, that daqp does not solve, that does not
-certify, or whose backward the lean path declines (an ambiguous active set, a dependent row,
-a residual above the bound) sends the whole batch to the general path, which gives each
-sample its own status, fallback and degenerate policy; the results are the general path's
+The forward is all or nothing: a sample that fails any check, that daqp does not solve or
+that does not certify sends the whole batch to the general path, which gives each sample its
+own status and fallback chain. In the backward, the samples the lean path declines (an
+ambiguous active set, a dependent row, a residual above the bound) go to the general path on
+their own (its state rebuilt for them, one more solve at the same points) with its degenerate
+policy, and their diagnostics are merged in. The results are the general path's
 (``tests/qp/test_small_batch.py`` compares them).
 """
 
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -103,16 +105,18 @@ class SmallBatch:
     dual: tuple[float, ...] = ()
     outputs: Any = None  # copies of (X, MU, NU) for the caller
 
-    def arrays(self) -> tuple[Any, ...]:
+    def arrays(self, samples: np.ndarray | None = None) -> tuple[Any, ...]:
         """``(P, q, A, b, G, h)`` as the caller gave them (shared ones without the batch
-        axis, absent ones ``None``), from the copies."""
+        axis, absent ones ``None``), from the copies; only ``samples`` of the batched ones
+        when given."""
         m, p = self.m, self.C.shape[1] - self.m
+        rows = slice(None) if samples is None else samples
         full = (self.P, self.q, self.C[:, m:], self.upper[:, m:], self.C[:, :m],
                 self.upper[:, :m])  # fmt: skip
         present = (True, True, p > 0 or self.empty[0], p > 0 or self.empty[0],
                    m > 0 or self.empty[1], m > 0 or self.empty[1])  # fmt: skip
         return tuple(
-            (a[0] if shared else a) if given else None
+            (a[0] if shared else a[rows]) if given else None
             for a, shared, given in zip(full, self.shared, present)
         )
 
@@ -186,9 +190,10 @@ def small_batch_backward(
     grad_eq: Tensor | None,
     grad_ineq: Tensor | None,
     needs: tuple[bool, ...],
-) -> tuple[Tensor | None, ...] | None:
-    """The gradients for ``(P, q, A, b, G, h)`` by the lean backward of every sample, or
-    ``None`` where the general path must decide."""
+) -> tuple[Tensor | None, ...]:
+    """The gradients for ``(P, q, A, b, G, h)``: the lean backward of every sample it decides,
+    and the general path's (its state rebuilt for those samples only, same points) for the
+    others; the diagnostics merged per sample."""
     regular = _regular(method)
     B, n = sb.X.shape
     m, p = sb.m, sb.C.shape[1] - sb.m
@@ -197,8 +202,6 @@ def small_batch_backward(
         _cotangent(grad_ineq, (B, m)), _cotangent(grad_eq, (B, p)), regular.steps, regular.tol,
         regular.max_residual, DEPENDENT_TOL, _MARGIN, np.array(needs),
     )  # fmt: skip
-    if status:
-        return None
     _record(
         sb.diagnostics, method, float(residual.max()), int(steps.max()), tuple(k.tolist()),
         tuple(accuracy.tolist()), regular,
@@ -207,7 +210,13 @@ def small_batch_backward(
     out: list[Any] = [None] * 6
     for i in range(6):
         if needs[i] and present[i]:
-            out[i] = grads[i].sum(0) if sb.shared[i] else grads[i]
+            out[i] = grads[i]
+    declined = np.flatnonzero(status)
+    if declined.size:  # the general path for those samples (their gradients are zero here)
+        _general_samples(sb, declined, out, (grad_x, grad_eq, grad_ineq), needs)
+    for i in range(6):
+        if out[i] is not None and sb.shared[i]:
+            out[i] = out[i].sum(0)
     for i, given in ((2, sb.empty[0]), (4, sb.empty[1])):
         if given and needs[i]:
             out[i] = np.zeros((0, n) if sb.shared[i] else (B, 0, n))
@@ -215,6 +224,57 @@ def small_batch_backward(
     if sb.dtype is torch.float64:
         return tuple(None if a is None else torch.from_numpy(a) for a in out)
     return tuple(None if a is None else torch.from_numpy(a).to(sb.dtype) for a in out)
+
+
+def _general_samples(
+    sb: SmallBatch,
+    samples: np.ndarray,
+    out: list[Any],
+    cotangents: tuple[Tensor | None, ...],
+    needs: tuple[bool, ...],
+) -> None:
+    """Run the general path's backward (its state rebuilt from the copies of ``samples``,
+    one more solve at the same points) and write its gradients into the per-sample arrays
+    ``out`` (a shared input's gradient goes to the first of those samples' rows, to be summed
+    with the rest); merge its diagnostics into ``sb.diagnostics`` sample by sample."""
+    index = torch.from_numpy(samples)
+    state = sb.general(sb, samples)
+    gx, geq, gin = (None if g is None else g[index] for g in cotangents)
+    sub = eager_gradients(state, gx, geq, gin, needs)
+    for i, g in enumerate(sub):
+        if g is None or out[i] is None:
+            continue
+        a = g.detach().to(torch.float64).numpy()
+        if sb.shared[i]:
+            out[i][samples[0]] += a
+        else:
+            out[i][samples] = a
+    _merge(sb.diagnostics, state.diagnostics, samples)
+
+
+def _merge(lean: BackwardDiagnostics, general: BackwardDiagnostics, samples: np.ndarray) -> None:
+    """``lean`` (every sample) with the general path's diagnostics of ``samples`` put in:
+    per-sample tuples at their places, the largest residual, step count and jitter, LICQ and
+    the weak rows over both, and the general path's linear solver."""
+    positions = samples.tolist()
+    for f in fields(BackwardDiagnostics):
+        value = getattr(general, f.name)
+        if not (isinstance(value, tuple) and len(value) == len(positions)):
+            continue
+        mine = getattr(lean, f.name)
+        size = len(lean.n_active)
+        # a field only the general path fills (e.g. unsettled) starts as False, 0 or 0.0
+        merged = list(mine) if len(mine) == size else [type(value[0])()] * size
+        for j, v in zip(positions, value):
+            merged[j] = v
+        setattr(lean, f.name, tuple(merged))
+    lean.residual = max(lean.residual, general.residual)
+    lean.refinement_steps = max(lean.refinement_steps, general.refinement_steps)
+    lean.jitter = max(lean.jitter, general.jitter)
+    lean.licq = lean.licq and general.licq
+    lean.weak_kept = lean.weak_kept or general.weak_kept
+    lean.linear_solver = general.linear_solver
+    lean.method = general.method
 
 
 class SmallBatchQPFunction(torch.autograd.Function):
@@ -241,7 +301,4 @@ class SmallBatchQPFunction(torch.autograd.Function):
         needs = tuple(ctx.needs_input_grad[:6])
         refuse_batched_cotangents((grad_x, grad_eq, grad_ineq))
         grads = small_batch_backward(sb, ctx.method, grad_x, grad_eq, grad_ineq, needs)
-        if grads is None:  # the general path: its state from the saved data, same points
-            state = replace(sb.general(sb), diagnostics=sb.diagnostics)
-            grads = eager_gradients(state, grad_x, grad_eq, grad_ineq, needs)
         return (*refuse_second_order(grads, (grad_x, grad_eq, grad_ineq)), None, None)

@@ -591,30 +591,33 @@ def lean_adjoint_batch(
     dependent_tol: float,
     margin_min: float,
     needs: np.ndarray,
-) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray, tuple[np.ndarray, ...]]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, tuple[np.ndarray, ...]]:
     """:func:`lean_adjoint` for a batch of daqp points: ``(status, residual, steps, k,
-    accuracy, grads)`` with a leading ``B`` axis (the gradients of absent or unneeded inputs
-    have no entries); ``status`` is the first failing sample's, and the loop stops there."""
+    accuracy, grads)``, each with a leading ``B`` axis (the gradients of absent or unneeded
+    inputs have no entries); a sample with ``status != 0`` keeps zero gradients (the caller
+    hands it to the general path)."""
     B, n = X.shape
     rows = C.shape[1]
     p = rows - m
+    status = np.zeros(B, np.int64)
     residual, accuracy = np.zeros(B), np.zeros(B)
     steps, k = np.zeros(B, np.int64), np.zeros(B, np.int64)
     sizes = (n * needs[0], n * needs[1], p * needs[2], p * needs[3], m * needs[4], m * needs[5])
-    gP = np.empty((B, sizes[0], n))
-    gq = np.empty((B, sizes[1]))
-    gA = np.empty((B, sizes[2], n))
-    gb = np.empty((B, sizes[3]))
-    gG = np.empty((B, sizes[4], n))
-    gh = np.empty((B, sizes[5]))
+    gP = np.zeros((B, sizes[0], n))
+    gq = np.zeros((B, sizes[1]))
+    gA = np.zeros((B, sizes[2], n))
+    gb = np.zeros((B, sizes[3]))
+    gG = np.zeros((B, sizes[4], n))
+    gh = np.zeros((B, sizes[5]))
     none = np.zeros(0, np.bool_)
     for i in range(B):
-        status, residual[i], steps[i], k[i], accuracy[i], grads = lean_adjoint(
+        status[i], residual[i], steps[i], k[i], accuracy[i], grads = lean_adjoint(
             P[i], q[i], C[i], upper[i], m, X[i], duals[i], none, g_inf[i], g[i], r_ineq[i],
             r_eq[i], steps_max, tol, max_residual, dependent_tol, margin_min, needs,
         )  # fmt: skip
-        if status:
-            return status, residual, steps, k, accuracy, (gP, gq, gA, gb, gG, gh)
+        if status[i]:
+            residual[i] = 0.0
+            continue
         if sizes[0]:
             gP[i] = grads[0]
         if sizes[1]:
@@ -627,4 +630,4 @@ def lean_adjoint_batch(
             gG[i] = grads[4]
         if sizes[5]:
             gh[i] = grads[5]
-    return 0, residual, steps, k, accuracy, (gP, gq, gA, gb, gG, gh)
+    return status, residual, steps, k, accuracy, (gP, gq, gA, gb, gG, gh)
