@@ -194,11 +194,30 @@ def test_a_degenerate_sample_sends_the_backward_to_the_general_path(monkeypatch)
     with pytest.warns(dqp.QPDegenerateWarning):
         ref, g_ref, _ = _run(data, False, monkeypatch)
     assert used
-    assert lean.info.backward.dependent_rows == ref.info.backward.dependent_rows
-    assert lean.info.backward.dependent_rows[1] > 0
+    d, d_ref = lean.info.backward, ref.info.backward
+    assert d.dependent_rows == d_ref.dependent_rows and d.dependent_rows[1] > 0
+    assert (d.n_active, d.n_weak, d.licq) == (d_ref.n_active, d_ref.n_weak, d_ref.licq)
+    np.testing.assert_allclose(d.beta, d_ref.beta, rtol=1e-9)
     for k in NAMES:
         if g_ref[k] is not None:
             torch.testing.assert_close(g_lean[k], g_ref[k])
+
+
+@pytest.mark.parametrize("backward", ["penalty", "kkt"])
+def test_shared_inputs_with_a_declined_sample(backward, monkeypatch):
+    """Shared P and G, sample 0 weakly active: its gradient (from the general path) and the
+    lean samples' are summed into the shared inputs' gradients."""
+    data = _share(_problems(4, 6, 3, 0, seed=30), ("P", "G"))
+    x_free = torch.linalg.solve(data["P"], -data["q"][0])
+    data["h"][0] = data["G"] @ x_free + 100.0
+    data["h"][0, 0] = float(data["G"][0] @ x_free)  # zero slack, zero multiplier
+    lean, g_lean, used = _run(data, True, monkeypatch, backward=backward)
+    ref, g_ref, _ = _run(data, False, monkeypatch, backward=backward)
+    assert used and lean.info.backward.n_weak[0] == 1
+    assert lean.info.backward.n_weak == ref.info.backward.n_weak
+    for k in ("P", "q", "G", "h"):
+        assert g_lean[k].shape == g_ref[k].shape == data[k].shape
+        torch.testing.assert_close(g_lean[k], g_ref[k], rtol=1e-10, atol=1e-12)
 
 
 def test_a_weak_sample_sends_the_backward_to_the_general_path(monkeypatch):
