@@ -29,14 +29,14 @@ def _scaled_qp(scale: float, n: int = 40, m: int = 30) -> tuple[torch.Tensor, ..
 
 @pytest.mark.parametrize("solver", ["piqp", "osqp", "proxqp", "scs", "clarabel"])
 def test_relative_tolerance_never_below_the_floor(solver: str) -> None:
-    kw = fwd._backend_kwargs(solver, 1e-9, 0.0, None)
+    kw = fwd.backend_kwargs(solver, 1e-9, 0.0, None)
     rel = kw.get("eps_rel", kw.get("tol_gap_rel"))
     assert rel == fwd.BACKEND_RELATIVE_FLOOR
-    kw = fwd._backend_kwargs(solver, 1e-9, 1e-6, None)
+    kw = fwd.backend_kwargs(solver, 1e-9, 1e-6, None)
     assert kw.get("eps_rel", kw.get("tol_gap_rel")) == 1e-6
     # the user's own setting wins
     key = "eps_rel" if "eps_rel" in kw else "tol_gap_rel"
-    assert fwd._backend_kwargs(solver, 1e-9, 0.0, {key: 0.0})[key] == 0.0
+    assert fwd.backend_kwargs(solver, 1e-9, 0.0, {key: 0.0})[key] == 0.0
 
 
 @pytest.mark.parametrize("scale", [1.0, 1e4, 1e8, 1e10])

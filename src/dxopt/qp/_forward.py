@@ -66,14 +66,16 @@ from torch import Tensor
 
 from dxopt.qp._active import row_inf_np
 from dxopt.qp._daqp import FACTORED_FLAGS, DaqpBatch, DaqpPoint
-from dxopt.qp._polish import BatchCertificate, _row_inf, batch_accept_exact
+from dxopt.qp._polish import BatchCertificate, batch_accept_exact, row_inf
 from dxopt.qp._polish import polish as polish_solution
 from dxopt.qp._problem import NotPSDError, QPProblem, check_psd
 from dxopt.qp._types import QPStatus
 
 __all__ = [
+    "SPARSE_ONLY",
     "Attempt",
     "ForwardResult",
+    "backend_kwargs",
     "daqp_certifies_psd",
     "default_solver",
     "fallback_chain",
@@ -179,14 +181,15 @@ class ForwardResult:
     residuals: tuple[np.ndarray, np.ndarray] | None = None
 
 
-_SPARSE_ONLY = ("clarabel", "osqp", "scs")
+SPARSE_ONLY = ("clarabel", "osqp", "scs")
+"""Backends that take scipy CSC matrices only (dense data is converted for them)."""
 _DENSE_ONLY = ("daqp",)
 DENSE_FALLBACK_MAX_N = 3000  # daqp joins the chain of sparse problems up to this size
 
 
 def _numpy_views(problem: QPProblem, solver: str) -> dict[str, Any]:
     """Each parameter once as numpy (dense) or scipy CSC (sparse), shared by all samples."""
-    views: dict[str, Any] = {"sparse_only": solver in _SPARSE_ONLY}
+    views: dict[str, Any] = {"sparse_only": solver in SPARSE_ONLY}
     if not problem.csr and not views["sparse_only"]:  # all dense, kept dense: numpy views
         for name in ("P", "q", "A", "b", "G", "h"):
             t = getattr(problem, name)
@@ -200,7 +203,7 @@ def _numpy_views(problem: QPProblem, solver: str) -> dict[str, Any]:
             views[name] = problem.csr[name][0].toarray()  # daqp takes dense arrays only
         elif t.layout == torch.sparse_coo:
             views[name] = problem.csr[name][0].tocsc()
-        elif solver in _SPARSE_ONLY and name in ("P", "A", "G") and t.ndim == 2:
+        elif solver in SPARSE_ONLY and name in ("P", "A", "G") and t.ndim == 2:
             views[name] = sp.csc_matrix(t.numpy())  # what the backend converts to anyway
         else:
             views[name] = t.numpy()
@@ -300,9 +303,12 @@ class Attempt:
     eps_abs: float
 
 
-def _backend_kwargs(
+def backend_kwargs(
     solver: str, eps_abs: float, eps_rel: float, options: dict[str, Any] | None
 ) -> dict[str, Any]:
+    """The keyword arguments for ``solver`` through qpsolvers: its stopping tolerances from
+    ``eps_abs``/``eps_rel`` (relative ones at least :data:`BACKEND_RELATIVE_FLOOR`), then the
+    user's ``options``."""
     kw: dict[str, Any] = dict(_TOLERANCE_KEYS.get(solver, lambda a, r: {})(eps_abs, eps_rel))
     kw.update(options or {})
     return kw
@@ -439,7 +445,7 @@ def solve_forward(
                 row_norms[name] = None
             else:
                 pair = problem.csr.get(name)
-                row_norms[name] = _row_inf(pair[0] if pair is not None else M.numpy())
+                row_norms[name] = row_inf(pair[0] if pair is not None else M.numpy())
         return row_norms[name]
 
     # samples whose P is certified PSD (P shared by the batch: one certificate for all)
@@ -476,7 +482,7 @@ def solve_forward(
         init = None if warm is None else (warm[i] if warm.ndim == 2 else warm)
         if kw is None:
             opts = solver_options if first else None
-            kw = _backend_kwargs(step.solver, step.eps_abs, eps_rel, opts)
+            kw = backend_kwargs(step.solver, step.eps_abs, eps_rel, opts)
         args = None
         try:
             if step.solver == "daqp":
@@ -595,13 +601,13 @@ def solve_forward(
             store(i, *candidates[i])
             return
         ensure_psd(i)
-        kw = _backend_kwargs(solver, eps_abs, eps_rel, solver_options)
+        kw = backend_kwargs(solver, eps_abs, eps_rel, solver_options)
         status[i] = _classify_failure(sample_args(solver, i), n, solver, **kw)
 
     start = time.perf_counter()
     first_points: list[tuple[Any, ...] | None] = [None] * size
 
-    kw_first = _backend_kwargs(chain[0].solver, chain[0].eps_abs, eps_rel, solver_options)
+    kw_first = backend_kwargs(chain[0].solver, chain[0].eps_abs, eps_rel, solver_options)
     fast = chain[0].solver in _EXACT_WORKING_SET and problem.any_sparse is False
 
     def first(i: int) -> None:

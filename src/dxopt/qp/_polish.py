@@ -62,6 +62,7 @@ __all__ = [
     "certify",
     "identification_scale",
     "polish",
+    "row_inf",
 ]
 
 RELATIVE_FLOOR = 1e-10
@@ -106,7 +107,8 @@ def _abs(M: Any) -> Any:
     return abs(M) if sp.issparse(M) else np.abs(M)
 
 
-def _row_inf(M: Any) -> np.ndarray:
+def row_inf(M: Any) -> np.ndarray:
+    """The max-norm of every row of the dense or scipy sparse ``M`` (none for ``None``)."""
     if M is None or M.shape[0] == 0:
         return np.zeros(0 if M is None else M.shape[0])
     if sp.issparse(M):
@@ -129,8 +131,8 @@ class _Data:
 
 
 def _make(P, q, A, b, G, h, eps_abs: float, eps_rel: float, g_inf=None, a_inf=None) -> _Data:
-    g_inf = _row_inf(G) if g_inf is None else g_inf
-    a_inf = _row_inf(A) if a_inf is None else a_inf
+    g_inf = row_inf(G) if g_inf is None else g_inf
+    a_inf = row_inf(A) if a_inf is None else a_inf
     return _Data(P, q, A, b, G, h, g_inf, a_inf, eps_abs, max(eps_rel, RELATIVE_FLOOR))
 
 

@@ -287,25 +287,25 @@ def _polished_point(
     than daqp, for one sample: ``P``
     positive definite (one LAPACK Cholesky; a semidefinite or indefinite ``P`` goes to the
     general path's check), the backend through :func:`qpsolvers.solve_problem` with the
-    tolerances of :func:`dxopt.qp._forward._backend_kwargs`, then
+    tolerances of :func:`dxopt.qp._forward.backend_kwargs`, then
     :func:`dxopt.qp._polish.polish` (the same call as ``solve_forward``'s); ``None`` unless the
     result certifies and is settled."""
     import qpsolvers
     from scipy.linalg import lapack
 
-    from dxopt.qp._forward import _SPARSE_ONLY, _backend_kwargs
-    from dxopt.qp._polish import _row_inf
+    from dxopt.qp._forward import SPARSE_ONLY, backend_kwargs
     from dxopt.qp._polish import polish as polish_point
+    from dxopt.qp._polish import row_inf
 
     Pn, qn, An, bn, Gn, hn = arrays
     if lapack.dpotrf(Pn, lower=1)[1] != 0:
         return None
-    a_inf = _row_inf(An) if An is not None else None
-    if solver in _SPARSE_ONLY:  # CSC-only backends: the general path's arguments (scipy CSC)
+    a_inf = row_inf(An) if An is not None else None
+    if solver in SPARSE_ONLY:  # CSC-only backends: the general path's arguments (scipy CSC)
         import scipy.sparse as sp
 
         Pn, An, Gn = (None if M is None else sp.csc_matrix(M) for M in (Pn, An, Gn))
-    kw = _backend_kwargs(solver, eps_abs, eps_rel, None)
+    kw = backend_kwargs(solver, eps_abs, eps_rel, None)
     try:
         problem = qpsolvers.Problem(Pn, qn, Gn, hn, An, bn)
         sol = qpsolvers.solve_problem(problem, solver=solver, initvals=start_x, **kw)
