@@ -18,7 +18,6 @@ from dxopt.qp._forward import (
     daqp_certifies_psd,
     default_solver,
     solve_forward,
-    torch_fastest_on_cpu,
     trivial_forward,
 )
 from dxopt.qp._function import BackwardMethod, QPCall, QPFunction, QPState
@@ -262,7 +261,7 @@ def _solution(
 def _torch_route(solver: str, backward: object, *inputs: object) -> bool:
     """Whether ``solve`` may take the device path of :mod:`dxopt.qp._torch_layer`: dense
     tensors, a named backward, and the torch solver requested or picked by ``"auto"`` (inputs
-    off the CPU, or :func:`dxopt.qp._forward.torch_fastest_on_cpu`)."""
+    off the CPU: :func:`dxopt.qp._forward.default_solver`)."""
     if solver != "auto" and solver != "torch":  # a named CPU backend: the common case, decided
         return False
     q = inputs[1]
@@ -272,9 +271,7 @@ def _torch_route(solver: str, backward: object, *inputs: object) -> bool:
         return False
     if solver != "auto":
         return solver == "torch"
-    bases = zip(inputs, (2, 1, 2, 2))  # P, q, A, G
-    batch = [t.shape[0] for t, base in bases if isinstance(t, Tensor) and t.ndim > base]
-    return q.device.type != "cpu" or torch_fastest_on_cpu(max(batch, default=1), q.shape[-1])
+    return q.device.type != "cpu"
 
 
 @torch.compiler.disable  # a graph break: the solver runs eagerly (numpy/C backends)
@@ -478,7 +475,7 @@ def solve(
         and not functorch_active()
     ):
         batch = small_batch_inputs(P, q, A, b, G, h)
-        if batch and (solver == "daqp" or not torch_fastest_on_cpu(batch, q.shape[-1])):
+        if batch:
             small = _small_batch_solve(
                 (P, q, A, b, G, h), batch, method=method, eps_abs=eps_abs, eps_rel=eps_rel,
                 fallback=fallback, polish=polish,

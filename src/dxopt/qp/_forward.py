@@ -80,7 +80,6 @@ __all__ = [
     "default_solver",
     "fallback_chain",
     "solve_forward",
-    "torch_fastest_on_cpu",
     "trivial_forward",
 ]
 
@@ -105,40 +104,30 @@ _TOLERANCE_KEYS: dict[str, Callable[[float, float], dict[str, float]]] = {
 }
 
 
-TORCH_CPU_MIN_BATCH = 512  # solver="auto" on the CPU: torch from this batch size ...
-TORCH_CPU_MAX_N = 10  # ... for problems of at most this many variables (dense)
-
-
-def torch_fastest_on_cpu(batch: int, n: int) -> bool:
-    """The CPU half of :func:`default_solver`'s rule: the torch solver for batches of at
-    least :data:`TORCH_CPU_MIN_BATCH` dense problems with at most :data:`TORCH_CPU_MAX_N`
-    variables (the only cells where it measured faster than daqp; see :func:`default_solver`)."""
-    return batch >= TORCH_CPU_MIN_BATCH and n <= TORCH_CPU_MAX_N
-
-
 def default_solver(problem: QPProblem) -> str:
-    """``"torch"`` for dense inputs off the CPU and for large batches of tiny dense problems on
-    the CPU, else ``"daqp"`` for dense problems and ``"piqp"`` when any matrix is sparse.
+    """``"torch"`` for dense inputs off the CPU, else ``"daqp"`` for dense problems and
+    ``"piqp"`` when any matrix is sparse.
 
     Inputs on a GPU (any non-CPU device) get the batched torch interior point
     (:mod:`dxopt.qp._torch_solver`): it runs on the device, with no host round trip of the
-    data. On the CPU the rule follows this measurement (``python -m
+    data. On the CPU daqp is the fastest in every cell of this measurement (``python -m
     benchmarks.qp_torch.auto_rule``): ``dxopt.qp.solve`` forward+backward, ``solver="daqp"``
-    against ``solver="torch"`` back to back in one process, 1 torch thread, dQP's random dense
-    QPs (m = n, p = n/2), medians of 3-5 on the shared 2-core machine under a load average of
-    8-10 (``benchmarks/qp_torch/results/auto_rule.json``); torch/daqp time ratio by batch size B:
+    (the lean paths of :mod:`dxopt.qp._small` and :mod:`dxopt.qp._small_batch`) against
+    ``solver="torch"`` back to back in one process, 1 torch thread, dQP's random dense QPs
+    (m = n, p = n/2), medians of 3-5 on the 2-core machine at a load average of 1
+    (``benchmarks/qp_torch/results/auto_rule.json``); torch/daqp time ratio by batch size B:
 
     ======  =====================================================================
     n       torch / daqp
     ======  =====================================================================
-    10      2.66 (B=1), 3.13 (32), 2.43 (128), 0.86 (512), 0.44 (2048)
-    20      4.38 (B=1), 2.88 (128), 2.59 (1024)
-    50      3.92 (B=1), 2.50 (32), 2.62 (128)
-    100     4.58 (B=1), 2.54 (32)
+    10      26.1 (B=1), 11.6 (32), 5.73 (128), 3.12 (512), 2.70 (2048)
+    20      25.4 (B=1), 4.94 (128), 3.71 (1024)
+    50      24.2 (B=1), 4.12 (32), 2.59 (128)
+    100     4.30 (B=1), 2.03 (32)
     ======  =====================================================================
 
-    (an earlier run of the same cells gave 0.75 and 0.96 at B=512, n=10). So on the CPU torch
-    is picked only for ``B >= 512`` and ``n <= 10`` (:func:`torch_fastest_on_cpu`).
+    (Before the lean batch path, torch measured 0.44-0.96 of daqp at B >= 512, n = 10, and
+    ``"auto"`` picked it there.)
 
     Backends on the CPU, measured through :func:`solve_forward` (eps_abs = 1e-9, 1 thread,
     the shared 2-core machine under a load average of 5-9, medians): dense dQP problems
@@ -150,7 +139,7 @@ def default_solver(problem: QPProblem) -> str:
     """
     if problem.any_sparse:
         return "piqp"
-    if problem.device.type != "cpu" or torch_fastest_on_cpu(problem.size, problem.n):
+    if problem.device.type != "cpu":
         return "torch"
     return "daqp"
 
