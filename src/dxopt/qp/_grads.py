@@ -21,9 +21,7 @@ from dxopt.qp._problem import QPProblem
 __all__ = ["parameter_gradients"]
 
 
-def _outer_sum(
-    pairs: list[tuple[Tensor, Tensor]], template: Tensor, scale: float = -1.0
-) -> Tensor:
+def _outer_sum(pairs: list[tuple[Tensor, Tensor]], template: Tensor, scale: float = -1.0) -> Tensor:
     """:math:`c\\sum_{(l, r)} l_s r_s^\\top` with ``c = scale`` (summed over samples unless
     ``template`` is batched), in the shape and sparsity pattern of ``template``. ``scale`` is
     folded into the (short) left factors, so each dense gradient is written once, by one
