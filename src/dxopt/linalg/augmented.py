@@ -97,14 +97,18 @@ def certify_independent_rows(C: np.ndarray, *, floor: float) -> bool:
     norms = np.sqrt(np.einsum("ij,ij->i", C, C))
     if not bool(np.all(norms > 0)) or not bool(np.all(np.isfinite(norms))):
         return False
-    unit = C / norms[:, None]
     keep = k + max(32, k // 16)
     if k >= _SUBSET_MIN_ROWS and n >= keep + keep // 8:
-        columns = np.einsum("ij,ij->j", unit, unit)
+        # the columns' norms in the normalised rows (any subset gives a valid certificate;
+        # these are only the likeliest to give one); the normalised subset is formed alone
+        with np.errstate(all="ignore"):
+            inv = 1.0 / norms
+            columns = np.nan_to_num(np.einsum("ij,ij,i->j", C, C, inv * inv))
         subset = np.sort(np.argpartition(columns, n - keep)[n - keep :])
-        if _gram_certifies(unit[:, subset], floor, n):
+        unit = np.take(C, subset, axis=1)
+        if _gram_certifies(np.divide(unit, norms[:, None], out=unit), floor, n):
             return True
-    return _gram_certifies(unit, floor, n)
+    return _gram_certifies(C / norms[:, None], floor, n)
 
 
 def _gram_certifies(unit: np.ndarray, floor: float, n: int) -> bool:
