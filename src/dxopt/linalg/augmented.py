@@ -34,7 +34,9 @@ and of the rows. Forming :math:`M` is one SYRK (:math:`n^2k` flops) and its Chol
 **Mixed precision.** :math:`M` is formed and factored in float32 (LAPACK ``ssyrk`` and
 ``spotrf``, about twice the float64 flop rate), and flexible GMRES (Saad, SIAM J. Sci. Comput.
 14, 1993; flexible because a float32 solve is not exactly linear) runs in float64 on the exact
-:math:`K`. It converges to float64 accuracy while the float32 factor is a fair approximate
+:math:`K` (its products read :math:`P`'s lower triangle, half the memory traffic; the true
+residuals below read all of it, so a :math:`P` symmetric only up to round-off is solved
+and judged as given). It converges to float64 accuracy while the float32 factor is a fair approximate
 inverse of :math:`M` (roughly :math:`\\kappa(M)\\,\\varepsilon_{32} < 1`). The true float64
 residual is computed after each GMRES cycle; a cycle that stops short of ``tol`` on it (the
 recurrence's estimate drifts from the truth near round-off) is followed by another on the
