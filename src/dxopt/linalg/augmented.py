@@ -36,10 +36,10 @@ and of the rows. Forming :math:`M` is one SYRK (:math:`n^2k` flops) and its Chol
 14, 1993; flexible because a float32 solve is not exactly linear) runs in float64 on the exact
 :math:`K` (its products read :math:`P`'s lower triangle, half the memory traffic; the true
 residuals below read all of it, so a :math:`P` symmetric only up to round-off is solved
-and judged as given). It converges to float64 accuracy while the float32 factor is a fair approximate
-inverse of :math:`M` (roughly :math:`\\kappa(M)\\,\\varepsilon_{32} < 1`). The true float64
-residual is computed after each GMRES cycle; a cycle that stops short of ``tol`` on it (the
-recurrence's estimate drifts from the truth near round-off) is followed by another on the
+and judged as given). It converges to float64 accuracy while the float32 factor is a fair
+approximate inverse of :math:`M` (roughly :math:`\\kappa(M)\\,\\varepsilon_{32} < 1`). The true
+float64 residual is computed after each GMRES cycle; a cycle that stops short of ``tol`` on it
+(the recurrence's estimate drifts from the truth near round-off) is followed by another on the
 true residual (iterative refinement), and the final true residual is returned for the caller
 to judge; :func:`augmented_solve` returns ``None`` when the float32 factorization fails.
 
