@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from dxopt.qp._active import _abs_stats
+from dxopt.qp._active import _abs_mv, _row_stats
 from dxopt.qp._grads import _outer_sum
 from dxopt.qp._problem import QPProblem, canonical_problem
 
@@ -68,9 +68,10 @@ def _problem(M: torch.Tensor, n: int) -> QPProblem:
 
 
 @pytest.mark.parametrize(("k", "n", "S"), [(300, 70, 1), (257, 1000, 2), (0, 5, 1), (4, 0, 1)])
-def test_abs_stats_blocked_equals_the_full_products(k: int, n: int, S: int) -> None:
+def test_row_stats_blocked_equal_the_whole_matrix_products(k: int, n: int, S: int) -> None:
     """Rows in blocks of the cache size: |G||v| as |G| @ |v| (to round-off), the row
-    max-norms exact (+0 for an all-zero row, also of -0.0 entries)."""
+    max-norms exact (+0 for an all-zero row, also of -0.0 entries), the row norms the same bits
+    as the sums over the whole matrix (zero rows clamped to the smallest normal number)."""
     rng = np.random.default_rng(k + n)
     G = rng.standard_normal((k, n)) * 10.0 ** rng.integers(-3, 4, size=(k, 1))
     if k > 3 and n:
@@ -78,11 +79,11 @@ def test_abs_stats_blocked_equals_the_full_products(k: int, n: int, S: int) -> N
         G[2] = -0.0
     av = np.abs(rng.standard_normal((S, n)))
     problem = _problem(torch.from_numpy(G), n)
-    prod, inf = _abs_stats(problem, "G", av)
-    assert prod.shape == (S, k) and inf is not None and inf.shape == (k,)
-    np.testing.assert_allclose(prod, av @ np.abs(G).T, rtol=1e-14, atol=0.0)
-    expected_inf = np.abs(G).max(axis=1) if n else np.zeros(k)
-    assert np.array_equal(inf, expected_inf)
-    assert not np.signbit(inf).any()
-    prod_only, none = _abs_stats(problem, "G", av, maxima=False)
-    assert none is None and np.array_equal(prod_only, prod)
+    stats = _row_stats(problem, "G", av)
+    assert stats.abs_mv.shape == (S, k) and stats.inf.shape == stats.norm.shape == (k,)
+    np.testing.assert_allclose(stats.abs_mv, av @ np.abs(G).T, rtol=1e-14, atol=0.0)
+    assert np.array_equal(stats.inf, np.abs(G).max(axis=1) if n else np.zeros(k))
+    assert not np.signbit(stats.inf).any()
+    tiny = np.finfo(np.float64).tiny
+    assert np.array_equal(stats.norm, np.maximum(np.sqrt(np.einsum("ij,ij->i", G, G)), tiny))
+    assert np.array_equal(_abs_mv(problem, "G", av), stats.abs_mv)

@@ -27,6 +27,7 @@ of the active rows join them, and weak rows are kept when :math:`x` is otherwise
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -131,44 +132,72 @@ def row_inf_np(M: np.ndarray) -> np.ndarray:
 _CHUNK = 1 << 16  # elements of a block of |M| (512 KB: a cache-sized block)
 
 
-def _abs_stats(
-    problem: QPProblem, name: str, av: np.ndarray, *, maxima: bool = True
-) -> tuple[np.ndarray, np.ndarray | None]:
-    """:math:`|M||v|` per sample (S, k) for ``av`` :math:`= |v|` (S, n), and with ``maxima`` the
-    row max-norms (k,), of parameter ``name`` without a temporary :math:`|M|` of its size:
-    scipy's :math:`|M|` of a sparse ``M``; for a dense one :math:`|M|` formed a cache-sized
-    block at a time (of samples when batched, whose row max-norms then come from
-    :meth:`QPProblem.derived`, shared with the forward's certificate; of rows otherwise)."""
+class _RowStats(NamedTuple):
+    """Of the rows of one parameter ``M``, for ``|v|`` (S, n): :math:`|M||v|` (S, k), the row
+    max-norms (k,) and the Euclidean row norms (k,), clamped away from zero."""
+
+    abs_mv: np.ndarray
+    inf: np.ndarray
+    norm: np.ndarray
+
+
+def _row_stats(problem: QPProblem, name: str, av: np.ndarray) -> _RowStats:
+    """:class:`_RowStats` of parameter ``name`` without a temporary :math:`|M|` of its size:
+    scipy's :math:`|M|` of a sparse ``M``; for a dense one :math:`|M|` formed a cache-sized block
+    at a time (of samples when batched, whose row max-norms then come from
+    :meth:`QPProblem.derived`, shared with the forward's certificate; of rows otherwise, in one
+    pass over ``M`` with its row norms and maxima)."""
     if problem.is_sparse(name):
         absM = abs(problem.csr[name][0])
-        inf = None
-        if maxima:
-            inf = np.asarray(absM.max(axis=1).todense()).ravel() if absM.shape[0] else np.zeros(0)
-        return np.ascontiguousarray((absM @ av.T).T), inf
+        inf = np.asarray(absM.max(axis=1).todense()).ravel() if absM.shape[0] else np.zeros(0)
+        return _RowStats(_abs_mv(problem, name, av), inf, _row_norms_np(problem, name))
     M = problem.array(name)
     if M.ndim == 3:
-        S, k, n = M.shape
-        out = np.empty((S, k, 1))
-        step = max(1, _CHUNK // max(k * n, 1))
-        buf = np.empty((min(step, S), k, n))
-        for s in range(0, S, step):
-            e = min(s + step, S)
-            block = np.abs(M[s:e], out=buf[: e - s])
-            np.matmul(block, av[s:e, :, None], out=out[s:e])
-        inf = problem.derived(f"{name}_inf", name, lambda: row_inf_np(M)) if maxima else None
-        return out[:, :, 0], inf
+        inf = problem.derived(f"{name}_inf", name, lambda: row_inf_np(M))
+        return _RowStats(_abs_mv(problem, name, av), inf, _row_norms_np(problem, name))
+    abs_mv, inf, norm2 = _dense_rows_pass(M, av, stats=True)
+    return _RowStats(abs_mv, inf, np.maximum(np.sqrt(norm2), _TINY))
+
+
+def _abs_mv(problem: QPProblem, name: str, av: np.ndarray) -> np.ndarray:
+    """:math:`|M||v|` per sample (S, k) of parameter ``name`` for ``av`` :math:`= |v|` (S, n),
+    :math:`|M|` formed as in :func:`_row_stats`."""
+    if problem.is_sparse(name):
+        return np.ascontiguousarray((abs(problem.csr[name][0]) @ av.T).T)
+    M = problem.array(name)
+    if M.ndim == 2:
+        return _dense_rows_pass(M, av, stats=False)[0]
+    S, k, n = M.shape
+    out = np.empty((S, k, 1))
+    step = max(1, _CHUNK // max(k * n, 1))
+    buf = np.empty((min(step, S), k, n))
+    for s in range(0, S, step):
+        e = min(s + step, S)
+        block = np.abs(M[s:e], out=buf[: e - s])
+        np.matmul(block, av[s:e, :, None], out=out[s:e])
+    return out[:, :, 0]
+
+
+def _dense_rows_pass(
+    M: np.ndarray, av: np.ndarray, *, stats: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(|M||v|, row maxima, squared row norms)`` of a dense ``(k, n)`` ``M`` (the last two
+    only with ``stats``, else empty), a cache-sized block of rows at a time: ``M`` is read
+    once from memory (the row norms are the same sums as over all of ``M`` at once)."""
     k, n = M.shape
     prod = np.zeros((av.shape[0], k))
-    inf = np.zeros(k) if maxima else None
+    inf, norm2 = (np.zeros(k), np.zeros(k)) if stats else (np.zeros(0), np.zeros(0))
     rows = max(1, _CHUNK // max(n, 1))
     buf = np.empty((min(rows, k), n))
     for r0 in range(0, k if n else 0, rows):
         r1 = min(r0 + rows, k)
+        if stats:
+            np.einsum("ij,ij->i", M[r0:r1], M[r0:r1], out=norm2[r0:r1])
         block = np.abs(M[r0:r1], out=buf[: r1 - r0])
         prod[:, r0:r1] = av @ block.T
-        if inf is not None:
+        if stats:
             np.max(block, axis=1, out=inf[r0:r1])
-    return prod, inf
+    return prod, inf, norm2
 
 
 def _amax(a: np.ndarray, fallback: np.ndarray) -> np.ndarray:
@@ -210,21 +239,19 @@ def identify_active(
             empty, empty, empty, torch.from_numpy(eps), None, _tensor(a_norm), None,
             _tensor(eq_residual),
         )  # fmt: skip
-    g_norm = _row_norms_np(problem, "G")
+    ax = np.abs(xn)
+    abs_gx, g_inf, g_norm = _row_stats(problem, "G", ax)
     nonzero = g_norm > _TINY  # zero rows are never active
     h = problem.np_vec("h")
     raw_slack = h - problem.np_mv("G", xn)
     # componentwise scale (no row normalisation), kept away from zero on nonzero rows
-    ax = np.abs(xn)
     x_inf = ax.max(-1, keepdims=True) if xn.shape[-1] else np.zeros((S, 1))
-    abs_gx, g_inf = _abs_stats(problem, "G", ax)
-    assert g_inf is not None
     sigma_p = np.abs(h) + abs_gx + g_inf * (1.0 + x_inf)
     rel_slack = raw_slack / np.maximum(sigma_p, _TINY)
     slack = np.where(nonzero, raw_slack / g_norm, 0.0)
     # dual scale (componentwise, no absolute "1 +"): multipliers are compared with it
     nu_inf = np.maximum(ineq_duals.numpy(), 0.0) * g_inf * nonzero
-    P_abs, _ = _abs_stats(problem, "P", ax, maxima=False)
+    P_abs = _abs_mv(problem, "P", ax)
     dual_scale = (P_abs + np.abs(problem.np_vec("q"))).max(-1)
     dual_scale = np.maximum(np.maximum(dual_scale, _amax(nu_inf, dual_scale)), _TINY)
     if m:
