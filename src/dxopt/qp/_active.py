@@ -150,7 +150,8 @@ def _row_stats(problem: QPProblem, name: str, av: np.ndarray) -> _RowStats:
     if problem.is_sparse(name):
         absM = abs(problem.csr[name][0])
         inf = np.asarray(absM.max(axis=1).todense()).ravel() if absM.shape[0] else np.zeros(0)
-        return _RowStats(_abs_mv(problem, name, av), inf, _row_norms_np(problem, name))
+        abs_mv = np.ascontiguousarray((absM @ av.T).T)
+        return _RowStats(abs_mv, inf, _row_norms_np(problem, name))
     M = problem.array(name)
     if M.ndim == 3:
         inf = problem.derived(f"{name}_inf", name, lambda: row_inf_np(M))
