@@ -262,6 +262,33 @@ def test_augmented_solve_equals_the_dense_lu_solve(seed: int) -> None:
     assert np.linalg.norm(out.w - exact[n:]) <= 1e-10 * np.linalg.norm(exact[n:])
 
 
+def test_augmented_solve_checks_the_residual_with_all_of_P() -> None:
+    """The GMRES steps read P's lower triangle (symmetric BLAS), the true residual all of P: a P
+    symmetric only up to round-off (as the input check allows) is still solved to the round-off
+    of the whole matrix, and the reported residual is that of the whole matrix. A
+    Fortran-ordered P gives the same bits as its C-ordered copy."""
+    rng = np.random.default_rng(11)
+    n, k = 280, 200
+    B = rng.standard_normal((n, n))
+    P = B @ B.T / n + 1e-2 * np.eye(n)
+    E = rng.standard_normal((n, n))
+    P_asym = P + 1e-14 * np.abs(P).max() * (E - E.T)  # lower and upper triangles differ
+    C = rng.standard_normal((k, n))
+    r1, r2 = rng.standard_normal(n), rng.standard_normal(k)
+    rhs = np.concatenate([r1, r2])
+    out = augmented_solve(P_asym, C, r1, r2, tol=1e-14)
+    assert out is not None
+    true = np.linalg.norm(rhs - _kkt(P_asym, C) @ np.concatenate([out.u, out.w]))
+    assert out.residual == pytest.approx(true / np.linalg.norm(rhs), rel=1e-6)
+    assert out.residual <= 1e-13
+    exact = np.linalg.solve(_kkt(P_asym, C), rhs)
+    assert np.linalg.norm(out.u - exact[:n]) <= 1e-11 * np.linalg.norm(exact[:n])
+    fortran = augmented_solve(np.asfortranarray(P), C, r1, r2, tol=1e-14)
+    plain = augmented_solve(P, C, r1, r2, tol=1e-14)
+    assert fortran is not None and plain is not None
+    assert np.array_equal(fortran.u, plain.u) and np.array_equal(fortran.w, plain.w)
+
+
 def test_augmented_solve_refuses_what_it_cannot_factor_or_converge_on() -> None:
     """P negative definite on the null space of C (the augmented matrix is indefinite for
     every weight): the float32 Cholesky factorization fails, ``None``. With a budget of one

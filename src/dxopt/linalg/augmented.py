@@ -34,10 +34,12 @@ and of the rows. Forming :math:`M` is one SYRK (:math:`n^2k` flops) and its Chol
 **Mixed precision.** :math:`M` is formed and factored in float32 (LAPACK ``ssyrk`` and
 ``spotrf``, about twice the float64 flop rate), and flexible GMRES (Saad, SIAM J. Sci. Comput.
 14, 1993; flexible because a float32 solve is not exactly linear) runs in float64 on the exact
-:math:`K`. It converges to float64 accuracy while the float32 factor is a fair approximate
-inverse of :math:`M` (roughly :math:`\\kappa(M)\\,\\varepsilon_{32} < 1`). The true float64
-residual is computed after each GMRES cycle; a cycle that stops short of ``tol`` on it (the
-recurrence's estimate drifts from the truth near round-off) is followed by another on the
+:math:`K` (its products read :math:`P`'s lower triangle, half the memory traffic; the true
+residuals below read all of it, so a :math:`P` symmetric only up to round-off is solved
+and judged as given). It converges to float64 accuracy while the float32 factor is a fair
+approximate inverse of :math:`M` (roughly :math:`\\kappa(M)\\,\\varepsilon_{32} < 1`). The true
+float64 residual is computed after each GMRES cycle; a cycle that stops short of ``tol`` on it
+(the recurrence's estimate drifts from the truth near round-off) is followed by another on the
 true residual (iterative refinement), and the final true residual is returned for the caller
 to judge; :func:`augmented_solve` returns ``None`` when the float32 factorization fails.
 
@@ -60,6 +62,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 from scipy.linalg import blas, lapack, solve_triangular
@@ -96,14 +99,18 @@ def certify_independent_rows(C: np.ndarray, *, floor: float) -> bool:
     norms = np.sqrt(np.einsum("ij,ij->i", C, C))
     if not bool(np.all(norms > 0)) or not bool(np.all(np.isfinite(norms))):
         return False
-    unit = C / norms[:, None]
     keep = k + max(32, k // 16)
     if k >= _SUBSET_MIN_ROWS and n >= keep + keep // 8:
-        columns = np.einsum("ij,ij->j", unit, unit)
+        # the columns' norms in the normalised rows (any subset gives a valid certificate;
+        # these are only the likeliest to give one); the normalised subset is formed alone
+        with np.errstate(all="ignore"):
+            inv = 1.0 / norms
+            columns = np.nan_to_num(np.einsum("ij,ij,i->j", C, C, inv * inv))
         subset = np.sort(np.argpartition(columns, n - keep)[n - keep :])
-        if _gram_certifies(unit[:, subset], floor, n):
+        unit = np.take(C, subset, axis=1)
+        if _gram_certifies(np.divide(unit, norms[:, None], out=unit), floor, n):
             return True
-    return _gram_certifies(unit, floor, n)
+    return _gram_certifies(C / norms[:, None], floor, n)
 
 
 def _gram_certifies(unit: np.ndarray, floor: float, n: int) -> bool:
@@ -159,8 +166,8 @@ def augmented_solve(
     with the float32 Cholesky factor of :math:`M = P + C^\\top WC` (module docstring).
 
     Args:
-        P: ``(n, n)`` symmetric float64 (only its lower triangle enters :math:`M`; all of it
-            enters the float64 products, so it must be symmetric).
+        P: ``(n, n)`` symmetric float64 (its lower triangle enters :math:`M` and the GMRES
+            products, all of it the true residuals, so it must be symmetric).
         C: ``(k, n)`` float64 rows, none of them zero.
         r1, r2: ``(n,)`` and ``(k,)`` float64 right-hand sides.
         tol: the relative residual of the equilibrated system (``S K S``, unit diagonal of
@@ -177,6 +184,7 @@ def augmented_solve(
         :math:`M` fails.
     """
     n = P.shape[0]
+    P = np.ascontiguousarray(P)  # P.T is then Fortran-ordered: BLAS reads it without a copy
     # symmetric diagonal equilibration S = diag(s_u, s_w): unit diagonal of P (where positive)
     # and unit rows of C S_u; GMRES runs on S K S, so its iteration count and stopping test do
     # not depend on the scaling of the variables or of the rows
@@ -186,12 +194,13 @@ def augmented_solve(
     norms2 = np.einsum("ij,ij,j->i", C, C, s_u * s_u)
     if not bool(np.all(norms2 > 0)):
         raise ValueError("C: expected rows that are not zero; drop the zero rows first.")
-    s = np.concatenate([s_u, 1.0 / np.sqrt(norms2)])
+    s_w = 1.0 / np.sqrt(norms2)
+    s = np.concatenate([s_u, s_w])
     c_p = float(np.mean(np.abs(diag) * s_u * s_u)) or 1.0  # mean |diagonal| of S_u P S_u
-    weight = gamma * c_p / norms2  # omega_j: gamma c_P in the scaled coordinates
-    root = np.sqrt(weight)
+    omega = gamma * c_p  # W = omega I in the scaled coordinates: omega_j = omega s_w[j]^2
+    root = np.sqrt(omega)
     scaled = np.empty(C.shape, dtype=np.float32)  # W^(1/2) C, scaled and rounded in one pass
-    np.multiply(C, root[:, None], out=scaled, casting="same_kind")
+    np.multiply(C, (root * s_w)[:, None], out=scaled, casting="same_kind")
     # M = P + scaled^T scaled (lower triangle) in one ssyrk; scaled.T and P32.T (= P32, P
     # symmetric) are Fortran-ordered views, so nothing is copied
     M = blas.ssyrk(1.0, scaled.T, beta=1.0, c=P.astype(np.float32).T, trans=0, lower=1,
@@ -199,30 +208,40 @@ def augmented_solve(
     L, info = lapack.spotrf(M, lower=1, clean=0, overwrite_a=1)
     if int(info) != 0:
         return None
-    strsv = blas.strsv
+    strsv, dsymv, P_F = blas.strsv, blas.dsymv, P.T
 
     def step(v_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """In the scaled coordinates, ``z = S^-1 B S^-1 v`` and ``SKSz`` (one float32 solve
-        with M and one float32 product inside B, three float64 products for K)."""
-        v = v_s / s
-        a, b = v[:n], v[n:]
-        t = a.astype(np.float32) + scaled.T @ (root * b).astype(np.float32)  # a + C'Wb
+        """In the scaled coordinates, ``z = S^-1 B S^-1 v`` and ``SKSz``: one float32 solve with
+        M and one float32 product inside B, three float64 products for K (P by its lower
+        triangle)."""
+        a_s, b_s = v_s[:n], v_s[n:]
+        t = scaled.T @ (root * b_s).astype(np.float32)  # C'Wb (Wb = omega s_w b_s)
+        t += a_s / s_u  # + a
         t = strsv(L, t, lower=1, overwrite_x=1)
         du = strsv(L, t, lower=1, trans=1, overwrite_x=1).astype(np.float64)
-        Cdu = C @ du
-        dw = weight * (Cdu - b)
-        z = np.concatenate([du, dw])
-        return z / s, np.concatenate([P @ du + C.T @ dw, Cdu]) * s
-
-    def residual(z: np.ndarray) -> np.ndarray:
-        u, w = z[:n], z[n:]
-        return rhs - np.concatenate([P @ u + C.T @ w, C @ u])
+        Cdu_s = (C @ du) * s_w
+        dw_s = omega * (Cdu_s - b_s)  # S_w^-1 W (C du - b)
+        top = dsymv(1.0, P_F, du, lower=0)  # P du: the upper triangle of P.T is P's lower
+        top += (dw_s * s_w) @ C
+        top *= s_u
+        return np.concatenate([du / s_u, dw_s]), np.concatenate([top, Cdu_s])
 
     rhs = np.concatenate([r1, r2])
     with blas_threads(1):  # matrix-vector products: one BLAS thread (no oversubscription)
-        z, iterations = _refine(step, residual, rhs, s, tol, max_iterations)
-    true = float(np.linalg.norm(residual(z))) / (float(np.linalg.norm(rhs)) or 1.0)
+        z_s, iterations, res = _refine(step, partial(_residual, P, C, rhs), rhs, s, tol,
+                                       max_iterations)  # fmt: skip
+    z = z_s * s
+    true = float(np.linalg.norm(res)) / (float(np.linalg.norm(rhs)) or 1.0)
     return AugmentedSolution(z[:n], z[n:], true, iterations)
+
+
+def _residual(P: np.ndarray, C: np.ndarray, rhs: np.ndarray, z: np.ndarray) -> np.ndarray:
+    """The true float64 residual ``rhs - K z`` (all of ``P``)."""
+    n = P.shape[0]
+    u, w = z[:n], z[n:]
+    top = P @ u
+    top += w @ C
+    return rhs - np.concatenate([top, C @ u])
 
 
 def _refine(
@@ -232,26 +251,28 @@ def _refine(
     s: np.ndarray,
     tol: float,
     max_iterations: int,
-) -> tuple[np.ndarray, int]:
-    """Restarted FGMRES on the true float64 residual (iterative refinement): ``(z, steps)``."""
+) -> tuple[np.ndarray, int, np.ndarray]:
+    """Restarted FGMRES on the true float64 residual (iterative refinement):
+    ``(z_s, steps, residual)``, ``z_s`` in the scaled coordinates (``z = S z_s``) and the
+    unscaled true residual of ``z``."""
     scale = float(np.linalg.norm(rhs * s)) or 1.0
-    z, res_s = np.zeros_like(rhs), rhs * s  # z unscaled, res_s = S(rhs - Kz)
-    rel, iterations = float(np.linalg.norm(res_s)) / scale, 0
+    z_s, res = np.zeros_like(rhs), rhs  # res = rhs - K S z_s
+    rel, iterations = float(np.linalg.norm(res * s)) / scale, 0
     while rel > tol and iterations < max_iterations:
         # GMRES on the true float64 residual; a restart is iterative refinement, which takes
         # the result to the round-off floor where the recurrence's estimate has drifted
         inner_tol = max(tol / rel, 16 * _U64)
-        dz, used = _fgmres(step, res_s, tol=inner_tol, max_iterations=max_iterations - iterations)
+        dz, used = _fgmres(step, res * s, tol=inner_tol, max_iterations=max_iterations - iterations)
         iterations += used
-        new_z = z + dz * s
-        new_res_s = residual(new_z) * s
-        new_rel = float(np.linalg.norm(new_res_s)) / scale
+        new_z = z_s + dz
+        new_res = residual(new_z * s)
+        new_rel = float(np.linalg.norm(new_res * s)) / scale
         if not new_rel < 0.5 * rel:  # no progress: round-off floor (or no convergence)
             if new_rel < rel:
-                z, res_s, rel = new_z, new_res_s, new_rel
+                z_s, res, rel = new_z, new_res, new_rel
             break
-        z, res_s, rel = new_z, new_res_s, new_rel
-    return z, iterations
+        z_s, res, rel = new_z, new_res, new_rel
+    return z_s, iterations, res
 
 
 def _fgmres(

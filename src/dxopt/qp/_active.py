@@ -27,10 +27,9 @@ of the active rows join them, and weak rows are kept when :math:`x` is otherwise
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import NamedTuple
 
 import numpy as np
-import scipy.sparse as sp
 import torch
 from torch import Tensor
 
@@ -108,34 +107,15 @@ def row_inf(M: Tensor) -> Tensor:
     return M.abs().amax(-1) if M.shape[-1] else torch.zeros(M.shape[:-1], dtype=M.dtype)
 
 
-def _row_stats(problem: QPProblem, name: str, *, absolute: bool = True) -> tuple[Any, ...]:
-    """Euclidean row norms (clamped away from zero), and with ``absolute`` the row
-    max-norms and :math:`|M|` of parameter ``name``, in numpy: a scipy CSR, a dense ``(k, n)``
-    array, or ``None`` for a dense batched ``M`` (:func:`_abs_mv_np` then forms :math:`|M|`
-    chunk by chunk; its row max-norms come from :meth:`QPProblem.derived`, shared with the
-    forward's certificate)."""
+def _row_norms_np(problem: QPProblem, name: str) -> np.ndarray:
+    """Euclidean row norms of parameter ``name`` in numpy, clamped away from zero."""
     if problem.is_sparse(name):
         csr = problem.csr[name][0]
         norm = np.sqrt(np.asarray(csr.multiply(csr).sum(axis=1)).ravel())
-        if not absolute:
-            return (np.maximum(norm, _TINY),)
-        absM = abs(csr)
-        inf = np.asarray(absM.max(axis=1).todense()).ravel() if csr.shape[0] else np.zeros(0)
-        return np.maximum(norm, _TINY), inf, absM
-    M = problem.array(name)
-    norm = np.sqrt(np.einsum("...ij,...ij->...i", M, M))
-    if not absolute:
-        return (np.maximum(norm, _TINY),)
-    if M.ndim == 3:
-        return (
-            np.maximum(norm, _TINY),
-            problem.derived(f"{name}_inf", name, lambda: row_inf_np(M)),
-            None,
-        )
-    absM = np.abs(M)
-    # torch's reduction over short rows is about 4x numpy's (same exact maxima)
-    inf = torch.from_numpy(absM).amax(-1).numpy() if M.shape[-1] else np.zeros(M.shape[:-1])
-    return np.maximum(norm, _TINY), inf, absM
+    else:
+        M = problem.array(name)
+        norm = np.sqrt(np.einsum("...ij,...ij->...i", M, M))
+    return np.maximum(norm, _TINY)
 
 
 def row_inf_np(M: np.ndarray) -> np.ndarray:
@@ -149,29 +129,76 @@ def row_inf_np(M: np.ndarray) -> np.ndarray:
     return (torch.maximum(t.amax(-1), t.amin(-1).neg_()) + 0.0).numpy()
 
 
-_CHUNK = 1 << 16  # elements of the |M| block of _abs_mv_np (512 KB: a cache-sized block)
+_CHUNK = 1 << 16  # elements of a block of |M| (512 KB: a cache-sized block)
 
 
-def _abs_mv_np(absM: Any, av: np.ndarray, M: np.ndarray | None = None) -> np.ndarray:
-    """:math:`|M||v|` per sample from ``|M|`` (:func:`_row_stats`) and ``|v|`` (S, n); for a
-    dense batched ``M`` (``absM`` is ``None``) from ``M`` itself, :math:`|M|` formed a few
-    samples at a time in one cache-sized buffer (the same per-sample products as one batched
-    ``matmul`` on a full :math:`|M|`, without its batch-sized temporary)."""
-    if M is not None:
-        S, k, n = M.shape
-        out = np.empty((S, k, 1))
-        step = max(1, _CHUNK // max(k * n, 1))
-        buf = np.empty((min(step, S), k, n))
-        for s in range(0, S, step):
-            e = min(s + step, S)
-            block = np.abs(M[s:e], out=buf[: e - s])
-            np.matmul(block, av[s:e, :, None], out=out[s:e])
-        return out[:, :, 0]
-    if sp.issparse(absM):
-        return np.ascontiguousarray((absM @ av.T).T)
-    if absM.ndim == 2:
-        return av @ absM.T
-    return np.matmul(absM, av[:, :, None])[:, :, 0]
+class _RowStats(NamedTuple):
+    """Of the rows of one parameter ``M``, for ``|v|`` (S, n): :math:`|M||v|` (S, k), the row
+    max-norms (k,) and the Euclidean row norms (k,), clamped away from zero."""
+
+    abs_mv: np.ndarray
+    inf: np.ndarray
+    norm: np.ndarray
+
+
+def _row_stats(problem: QPProblem, name: str, av: np.ndarray) -> _RowStats:
+    """:class:`_RowStats` of parameter ``name`` without a temporary :math:`|M|` of its size:
+    scipy's :math:`|M|` of a sparse ``M``; for a dense one :math:`|M|` formed a cache-sized block
+    at a time (of samples when batched, whose row max-norms then come from
+    :meth:`QPProblem.derived`, shared with the forward's certificate; of rows otherwise, in one
+    pass over ``M`` with its row norms and maxima)."""
+    if problem.is_sparse(name):
+        absM = abs(problem.csr[name][0])
+        inf = np.asarray(absM.max(axis=1).todense()).ravel() if absM.shape[0] else np.zeros(0)
+        abs_mv = np.ascontiguousarray((absM @ av.T).T)
+        return _RowStats(abs_mv, inf, _row_norms_np(problem, name))
+    M = problem.array(name)
+    if M.ndim == 3:
+        inf = problem.derived(f"{name}_inf", name, lambda: row_inf_np(M))
+        return _RowStats(_abs_mv(problem, name, av), inf, _row_norms_np(problem, name))
+    abs_mv, inf, norm2 = _dense_rows_pass(M, av, stats=True)
+    return _RowStats(abs_mv, inf, np.maximum(np.sqrt(norm2), _TINY))
+
+
+def _abs_mv(problem: QPProblem, name: str, av: np.ndarray) -> np.ndarray:
+    """:math:`|M||v|` per sample (S, k) of parameter ``name`` for ``av`` :math:`= |v|` (S, n),
+    :math:`|M|` formed as in :func:`_row_stats`."""
+    if problem.is_sparse(name):
+        return np.ascontiguousarray((abs(problem.csr[name][0]) @ av.T).T)
+    M = problem.array(name)
+    if M.ndim == 2:
+        return _dense_rows_pass(M, av, stats=False)[0]
+    S, k, n = M.shape
+    out = np.empty((S, k, 1))
+    step = max(1, _CHUNK // max(k * n, 1))
+    buf = np.empty((min(step, S), k, n))
+    for s in range(0, S, step):
+        e = min(s + step, S)
+        block = np.abs(M[s:e], out=buf[: e - s])
+        np.matmul(block, av[s:e, :, None], out=out[s:e])
+    return out[:, :, 0]
+
+
+def _dense_rows_pass(
+    M: np.ndarray, av: np.ndarray, *, stats: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(|M||v|, row maxima, squared row norms)`` of a dense ``(k, n)`` ``M`` (the last two
+    only with ``stats``, else empty), a cache-sized block of rows at a time: ``M`` is read
+    once from memory (the row norms are the same sums as over all of ``M`` at once)."""
+    k, n = M.shape
+    prod = np.zeros((av.shape[0], k))
+    inf, norm2 = (np.zeros(k), np.zeros(k)) if stats else (np.zeros(0), np.zeros(0))
+    rows = max(1, _CHUNK // max(n, 1))
+    buf = np.empty((min(rows, k), n))
+    for r0 in range(0, k if n else 0, rows):
+        r1 = min(r0 + rows, k)
+        if stats:
+            np.einsum("ij,ij->i", M[r0:r1], M[r0:r1], out=norm2[r0:r1])
+        block = np.abs(M[r0:r1], out=buf[: r1 - r0])
+        prod[:, r0:r1] = av @ block.T
+        if stats:
+            np.max(block, axis=1, out=inf[r0:r1])
+    return prod, inf, norm2
 
 
 def _amax(a: np.ndarray, fallback: np.ndarray) -> np.ndarray:
@@ -204,7 +231,7 @@ def identify_active(
     a_norm = g_norm = eq_residual = None
     eps = np.zeros(S)
     if problem.A is not None:
-        (a_norm,) = _row_stats(problem, "A", absolute=False)
+        a_norm = _row_norms_np(problem, "A")
         eq_residual = (problem.np_mv("A", xn) - problem.np_vec("b")) / a_norm
         eps = np.maximum(eps, _amax(np.abs(eq_residual), eps))
     if problem.G is None:
@@ -213,24 +240,19 @@ def identify_active(
             empty, empty, empty, torch.from_numpy(eps), None, _tensor(a_norm), None,
             _tensor(eq_residual),
         )  # fmt: skip
-    g_norm, g_inf, absG = _row_stats(problem, "G")
+    ax = np.abs(xn)
+    abs_gx, g_inf, g_norm = _row_stats(problem, "G", ax)
     nonzero = g_norm > _TINY  # zero rows are never active
     h = problem.np_vec("h")
     raw_slack = h - problem.np_mv("G", xn)
     # componentwise scale (no row normalisation), kept away from zero on nonzero rows
-    ax = np.abs(xn)
     x_inf = ax.max(-1, keepdims=True) if xn.shape[-1] else np.zeros((S, 1))
-    G_dense = problem.array("G") if absG is None else None
-    sigma_p = np.abs(h) + _abs_mv_np(absG, ax, G_dense) + g_inf * (1.0 + x_inf)
+    sigma_p = np.abs(h) + abs_gx + g_inf * (1.0 + x_inf)
     rel_slack = raw_slack / np.maximum(sigma_p, _TINY)
     slack = np.where(nonzero, raw_slack / g_norm, 0.0)
     # dual scale (componentwise, no absolute "1 +"): multipliers are compared with it
     nu_inf = np.maximum(ineq_duals.numpy(), 0.0) * g_inf * nonzero
-    if problem.is_sparse("P"):
-        P_abs = _abs_mv_np(abs(problem.csr["P"][0]), ax)
-    else:
-        P = problem.array("P")
-        P_abs = _abs_mv_np(None, ax, P) if P.ndim == 3 else _abs_mv_np(np.abs(P), ax)
+    P_abs = _abs_mv(problem, "P", ax)
     dual_scale = (P_abs + np.abs(problem.np_vec("q"))).max(-1)
     dual_scale = np.maximum(np.maximum(dual_scale, _amax(nu_inf, dual_scale)), _TINY)
     if m:
