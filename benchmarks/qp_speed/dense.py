@@ -6,7 +6,9 @@ Problems: the dense family of :mod:`benchmarks.qp.generators` (dQP's random dens
 side by side, with ``torch.set_num_threads(threads)`` set explicitly (median of ``repeats``
 rounds, the cases interleaved within each round so machine load hits them alike):
 
-- ``cholesky``: ``torch.linalg.cholesky(P)``, the unit of the ratios;
+- ``cholesky``: ``torch.linalg.cholesky(P, out=buffer)``, the unit of the ratios (into one
+  preallocated buffer: a fresh n x n result can page-fault thousands of times per call
+  depending on the heap's state, which moved this unit by 25% between processes);
 - ``raw daqp``: ``qpsolvers.solve_problem`` with daqp, the fastest raw forward on this family;
 - ``dxopt forward``: :func:`dxopt.qp.solve` without a backward;
 - ``penalty backward`` / ``kkt backward``: the backward alone, ``L = v^T x`` with a fixed random
@@ -101,9 +103,10 @@ def _one_size(n: int, repeats: int) -> list[dict[str, Any]]:
             raise RuntimeError(f"daqp failed on the dense problem n={n}")
 
     P0 = P.detach()
+    factor = torch.empty_like(P0)  # the unit's output buffer (no page faults in the timing)
     times = _median_rounds(
         {
-            "cholesky": lambda: torch.linalg.cholesky(P0),
+            "cholesky": lambda: torch.linalg.cholesky(P0, out=factor),
             "penalty backward": backward("penalty"),
             "kkt backward": backward("kkt"),
             "raw daqp": raw,
