@@ -9,7 +9,8 @@ def test_quick_run_times_every_case_and_judges_the_targets() -> None:
     rows = run_dense(quick=True, repeats=1)
     cases = [r["case"] for r in rows]
     assert cases == [
-        "cholesky of P",
+        "cholesky of P (torch)",
+        "cholesky of P (scipy dpotrf)",
         "raw daqp",
         "dxopt forward",
         "penalty backward",
@@ -19,7 +20,8 @@ def test_quick_run_times_every_case_and_judges_the_targets() -> None:
     ]
     for r in rows:
         assert r["n"] == 200 and r["threads"] == 1 and r["seconds"] > 0
-        assert abs(r["x_cholesky"] * rows[0]["seconds"] - r["seconds"]) <= 1e-12
+        unit = min(rows[0]["seconds"], rows[1]["seconds"])  # the faster Cholesky
+        assert abs(r["x_cholesky"] * unit - r["seconds"]) <= 1e-12
         assert r["verdict"] in ("-", "met", "missed")
     backward = {r["case"]: r for r in rows if r["case"].endswith("backward")}
     for r in backward.values():
