@@ -31,7 +31,7 @@ from dxopt.qp._small import (
     small_forward,
     small_inputs,
 )
-from dxopt.qp._small_batch import SmallBatch, SmallBatchQPFunction, small_batch_forward
+from dxopt.qp._small_batch import SmallBatch, small_batch_forward
 from dxopt.qp._small_batch import small_batch_inputs as small_batch_inputs
 from dxopt.qp._tangent import BASES, forward_ad_dual, functorch_active, sparse_under_func
 from dxopt.qp._types import BackwardDiagnostics, QPInfo, QPSolution, QPSolveError, QPStatus
@@ -129,6 +129,21 @@ def _forward_state(
     return QPState(problem, result, method, BackwardDiagnostics(), name, residuals)
 
 
+def _rebuilt_state(
+    arrays: tuple[Any, ...], dtype: torch.dtype, *, method: BackwardMethod, solver: str,
+    eps_abs: float, eps_rel: float, fallback: bool, polish: bool,
+) -> QPState:  # fmt: skip
+    """The general path's state for the lean paths' saved copies ``arrays = (P, q, A, b, G, h,
+    warm_start)`` (numpy or ``None``) in the inputs' ``dtype``: one more solve, at the same
+    points, where the lean backward declines."""
+    P, q, A, b, G, h, warm = (None if a is None else torch.from_numpy(a).to(dtype) for a in arrays)
+    assert P is not None and q is not None
+    return _forward_state(
+        P, q, A, b, G, h, warm, method=method, solver=solver, check_psd=True, eps_abs=eps_abs,
+        eps_rel=eps_rel, max_workers=None, solver_options=None, fallback=fallback, polish=polish,
+    )  # fmt: skip
+
+
 def _small_solve(
     data: tuple[Tensor | None, ...],
     *,
@@ -145,17 +160,9 @@ def _small_solve(
     run."""
 
     def general(point: SmallPoint) -> QPState:
-        def tensor(a: np.ndarray | None) -> Tensor | None:
-            return None if a is None else torch.from_numpy(a).to(point.dtype)
-
-        Pt, qt = (
-            torch.from_numpy(point.P).to(point.dtype),
-            torch.from_numpy(point.q).to(point.dtype),
-        )
-        return _forward_state(
-            Pt, qt, tensor(point.A), tensor(point.b), tensor(point.G), tensor(point.h),
-            tensor(point.warm_start), method=method, solver=solver, check_psd=True,
-            eps_abs=eps_abs, eps_rel=eps_rel, max_workers=None, solver_options=None,
+        arrays = (point.P, point.q, point.A, point.b, point.G, point.h, point.warm_start)
+        return _rebuilt_state(
+            arrays, point.dtype, method=method, solver=solver, eps_abs=eps_abs, eps_rel=eps_rel,
             fallback=fallback, polish=polish,
         )  # fmt: skip
 
@@ -170,18 +177,35 @@ def _small_solve(
     )
     if point is None:
         return None
-    x, mu, nu = SmallQPFunction.apply(*data, point, method)
+    residuals = ((point.primal,), (point.dual,), (point.polished,))
+    return _lean_result(data, point, method, solver, 1, eps_abs, *residuals)
+
+
+def _lean_result(
+    data: tuple[Tensor | None, ...],
+    solved: SmallPoint | SmallBatch,
+    method: BackwardMethod,
+    solver: str,
+    size: int,
+    eps_abs: float,
+    primal: tuple[float, ...],
+    dual: tuple[float, ...],
+    polished: tuple[bool, ...],
+) -> tuple[Tensor, Tensor, Tensor, tuple[QPStatus, ...], QPInfo]:
+    """``(x, eq_duals, ineq_duals, status, info)`` of ``size`` problems solved by a lean path
+    (every one certified): the outputs through :class:`SmallQPFunction`."""
+    x, mu, nu = SmallQPFunction.apply(*data, solved, method)
     info = QPInfo(
         solver=solver,
-        solve_time=point.solve_time,
-        primal_residual=(point.primal,),
-        dual_residual=(point.dual,),
-        backward=point.diagnostics,
-        sample_solvers=(solver,),
-        sample_tolerances=(eps_abs,),
-        polished=(point.polished,),
+        solve_time=solved.solve_time,
+        primal_residual=primal,
+        dual_residual=dual,
+        backward=solved.diagnostics,
+        sample_solvers=(solver,) * size,
+        sample_tolerances=(eps_abs,) * size,
+        polished=polished,
     )
-    return x, mu, nu, (QPStatus.SOLVED,), info
+    return x, mu, nu, (QPStatus.SOLVED,) * size, info
 
 
 def _small_batch_solve(
@@ -199,31 +223,16 @@ def _small_batch_solve(
     must run."""
 
     def general(sb: SmallBatch, samples: np.ndarray | None = None) -> QPState:
-        P, q, A, b, G, h = (
-            None if a is None else torch.from_numpy(a).to(sb.dtype) for a in sb.arrays(samples)
-        )
-        assert P is not None and q is not None
-        return _forward_state(
-            P, q, A, b, G, h, None, method=method, solver="daqp", check_psd=True,
-            eps_abs=eps_abs, eps_rel=eps_rel, max_workers=None, solver_options=None,
-            fallback=fallback, polish=polish,
+        return _rebuilt_state(
+            (*sb.arrays(samples), None), sb.dtype, method=method, solver="daqp", eps_abs=eps_abs,
+            eps_rel=eps_rel, fallback=fallback, polish=polish,
         )  # fmt: skip
 
     sb = small_batch_forward(data, batch, eps_abs=eps_abs, eps_rel=eps_rel, general=general)
     if sb is None:
         return None
-    x, mu, nu = SmallBatchQPFunction.apply(*data, sb, method)
-    info = QPInfo(
-        solver="daqp",
-        solve_time=sb.solve_time,
-        primal_residual=sb.primal,
-        dual_residual=sb.dual,
-        backward=sb.diagnostics,
-        sample_solvers=("daqp",) * batch,
-        sample_tolerances=(eps_abs,) * batch,
-        polished=(False,) * batch,
-    )
-    return x, mu, nu, (QPStatus.SOLVED,) * batch, info
+    return _lean_result(data, sb, method, "daqp", batch, eps_abs, sb.primal, sb.dual,
+                        (False,) * batch)  # fmt: skip
 
 
 def _solution(

@@ -138,6 +138,22 @@ class SmallPoint:
     upper: Any = None
     outputs: Any = None  # copies of (x, mu, nu) for the caller (theirs to change)
 
+    def gradients(
+        self,
+        method: Any,
+        grad_x: Tensor | None,
+        grad_eq: Tensor | None,
+        grad_ineq: Tensor | None,
+        needs: tuple[bool, ...],
+    ) -> tuple[Tensor | None, ...]:
+        """The gradients for ``(P, q, A, b, G, h)``: :func:`small_backward`, or where it
+        declines the general path's (its state rebuilt from the saved data, same point)."""
+        grads = small_backward(self, method, grad_x, grad_eq, grad_ineq, needs)
+        if grads is None:
+            state = replace(self.general(self), diagnostics=self.diagnostics)
+            grads = eager_gradients(state, grad_x, grad_eq, grad_ineq, needs)
+        return grads
+
 
 def _array(t: Tensor | None) -> Any:
     """A float64 C-contiguous copy of ``t`` (``None`` stays ``None``)."""
@@ -464,30 +480,29 @@ def _record(
 
 
 class SmallQPFunction(torch.autograd.Function):
-    """``(P, q, A, b, G, h, point, method) -> (x, eq_duals, ineq_duals)`` of a solved
-    :class:`SmallPoint`, with the lean backward (:func:`small_backward`) and the general
-    path's where that declines. (Plain autograd only: :func:`small_inputs` sends torch.func
-    and forward-mode AD to :class:`dxopt.qp._function.QPFunction`.)"""
+    """``(P, q, A, b, G, h, solved, method) -> (x, eq_duals, ineq_duals)`` of a problem the lean
+    paths solved (a :class:`SmallPoint`, or a batch
+    :class:`~dxopt.qp._small_batch.SmallBatch`): the forward hands out ``solved.outputs``, the
+    backward is ``solved.gradients(...)`` (the lean backward, and the general path's where that
+    declines). Plain autograd only: :func:`small_inputs` and
+    :func:`~dxopt.qp._small_batch.small_batch_inputs` send torch.func and forward-mode AD to
+    :class:`dxopt.qp._function.QPFunction`."""
 
     @staticmethod
     def forward(ctx: Any, *args: Any) -> tuple[Tensor, Tensor, Tensor]:
-        point, method = args[6], args[7]  # after the six data tensors (P, q, A, b, G, h)
-        ctx.point, ctx.method = point, method
+        solved, method = args[6], args[7]  # after the six data tensors (P, q, A, b, G, h)
+        ctx.solved, ctx.method = solved, method
         ctx.set_materialize_grads(False)  # unused outputs: None, not zeros
-        outs = tuple(torch.from_numpy(a) for a in point.outputs)  # the kernel's copies
-        if point.dtype is not torch.float64:
-            outs = tuple(t.to(point.dtype) for t in outs)
+        outs = tuple(torch.from_numpy(a) for a in solved.outputs)  # the kernel's copies
+        if solved.dtype is not torch.float64:
+            outs = tuple(t.to(solved.dtype) for t in outs)
         return outs  # type: ignore[return-value]
 
     @staticmethod
     def backward(
         ctx: Any, grad_x: Tensor | None, grad_eq: Tensor | None, grad_ineq: Tensor | None
     ) -> Any:
-        point: SmallPoint = ctx.point
         needs = tuple(ctx.needs_input_grad[:6])
         refuse_batched_cotangents((grad_x, grad_eq, grad_ineq))
-        grads = small_backward(point, ctx.method, grad_x, grad_eq, grad_ineq, needs)
-        if grads is None:  # the general path: its state from the saved data, same point
-            state = replace(point.general(point), diagnostics=point.diagnostics)
-            grads = eager_gradients(state, grad_x, grad_eq, grad_ineq, needs)
+        grads = ctx.solved.gradients(ctx.method, grad_x, grad_eq, grad_ineq, needs)
         return (*refuse_second_order(grads, (grad_x, grad_eq, grad_ineq)), None, None)

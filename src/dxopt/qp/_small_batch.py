@@ -33,13 +33,13 @@ import torch
 from torch import Tensor
 
 from dxopt.qp._degenerate import DEPENDENT_TOL
-from dxopt.qp._function import eager_gradients, refuse_batched_cotangents, refuse_second_order
+from dxopt.qp._function import eager_gradients
 from dxopt.qp._polish import RELATIVE_FLOOR, ROUNDOFF
 from dxopt.qp._small import _MARGIN, _SYM_TOL, SMALL_MAX_N, _bounds, _daqp, _record, _regular
 from dxopt.qp._small_kernels import certify_batch, lean_adjoint_batch, prepare_batch
 from dxopt.qp._types import BackwardDiagnostics
 
-__all__ = ["SmallBatch", "SmallBatchQPFunction", "small_batch_forward", "small_batch_inputs"]
+__all__ = ["SmallBatch", "small_batch_backward", "small_batch_forward", "small_batch_inputs"]
 
 _BASE = (2, 1, 2, 1, 2, 1)  # unbatched ndim of P, q, A, b, G, h
 
@@ -104,6 +104,17 @@ class SmallBatch:
     primal: tuple[float, ...] = ()
     dual: tuple[float, ...] = ()
     outputs: Any = None  # copies of (X, MU, NU) for the caller
+
+    def gradients(
+        self,
+        method: Any,
+        grad_x: Tensor | None,
+        grad_eq: Tensor | None,
+        grad_ineq: Tensor | None,
+        needs: tuple[bool, ...],
+    ) -> tuple[Tensor | None, ...]:
+        """The gradients for ``(P, q, A, b, G, h)`` (:func:`small_batch_backward`)."""
+        return small_batch_backward(self, method, grad_x, grad_eq, grad_ineq, needs)
 
     def arrays(self, samples: np.ndarray | None = None) -> tuple[Any, ...]:
         """``(P, q, A, b, G, h)`` as the caller gave them (shared ones without the batch
@@ -275,30 +286,3 @@ def _merge(lean: BackwardDiagnostics, general: BackwardDiagnostics, samples: np.
     lean.weak_kept = lean.weak_kept or general.weak_kept
     lean.linear_solver = general.linear_solver
     lean.method = general.method
-
-
-class SmallBatchQPFunction(torch.autograd.Function):
-    """``(P, q, A, b, G, h, batch, method) -> (x, eq_duals, ineq_duals)`` of a solved
-    :class:`SmallBatch`, with the lean backward (:func:`small_batch_backward`) and the general
-    path's where that declines (plain autograd only, as
-    :class:`~dxopt.qp._small.SmallQPFunction`)."""
-
-    @staticmethod
-    def forward(ctx: Any, *args: Any) -> tuple[Tensor, Tensor, Tensor]:
-        sb, method = args[6], args[7]  # after the six data tensors (P, q, A, b, G, h)
-        ctx.sb, ctx.method = sb, method
-        ctx.set_materialize_grads(False)  # unused outputs: None, not zeros
-        outs = tuple(torch.from_numpy(a) for a in sb.outputs)  # the kernel's copies
-        if sb.dtype is not torch.float64:
-            outs = tuple(t.to(sb.dtype) for t in outs)
-        return outs  # type: ignore[return-value]
-
-    @staticmethod
-    def backward(
-        ctx: Any, grad_x: Tensor | None, grad_eq: Tensor | None, grad_ineq: Tensor | None
-    ) -> Any:
-        sb: SmallBatch = ctx.sb
-        needs = tuple(ctx.needs_input_grad[:6])
-        refuse_batched_cotangents((grad_x, grad_eq, grad_ineq))
-        grads = small_batch_backward(sb, ctx.method, grad_x, grad_eq, grad_ineq, needs)
-        return (*refuse_second_order(grads, (grad_x, grad_eq, grad_ineq)), None, None)
