@@ -301,3 +301,46 @@ def test_what_takes_the_lean_batch_path():
                {"solver": "piqp"}, {"solver_options": {"iter_limit": 100}}):  # fmt: skip
         sol = dqp.solve(P, q.clone().requires_grad_(), G=G, h=h, **kw)
         assert LEAN not in type(sol.x.grad_fn).__name__, kw
+
+
+def _harden(data: dict, i: int, kind: int, rng: np.random.Generator) -> None:
+    """Make sample ``i`` hard in one way (``kind``): rows scaled by 1e-8..1e8, a
+    near-duplicate active row, a row with slack 1e-10 (nearly weak), a near-zero q, an
+    ill-conditioned P (eigenvalues 1e-6..1e2)."""
+    G, h = data["G"], data["h"]
+    if kind == 0:
+        scale = torch.tensor(10.0 ** rng.uniform(-8, 8, G.shape[1]))
+        G[i], h[i] = G[i] * scale[:, None], h[i] * scale
+    elif kind == 1:
+        G[i, 1], h[i, 1] = G[i, 0] * (1 + 1e-9), h[i, 0] * (1 + 1e-9)
+    elif kind == 2:
+        x = dqp.solve(*(data[k][i] for k in NAMES)).x
+        h[i, 0] = float(G[i, 0] @ x) + 1e-10
+    elif kind == 3:
+        data["q"][i] = data["q"][i] * 1e-9
+    else:
+        _, vecs = torch.linalg.eigh(data["P"][i])
+        n = vecs.shape[0]
+        Pi = (vecs * torch.logspace(-6, 2, n, dtype=torch.float64)) @ vecs.T
+        data["P"][i] = 0.5 * (Pi + Pi.T)
+
+
+def test_adversarial_batches_agree_with_the_general_path(monkeypatch):
+    """Batches with one hard sample (:func:`_harden`): wherever the lean batch path answers it
+    answers what the general path does (declined samples: the general path's answer)."""
+    used_count = 0
+    for seed in range(15):
+        data = _problems(3, 8, 6, 1, seed=40 + seed)
+        _harden(data, 1, seed % 5, np.random.default_rng(seed))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", dqp.QPDegenerateWarning)
+            ref, g_ref, _ = _run(data, False, monkeypatch)
+            sol, g, used = _run(data, True, monkeypatch)
+        used_count += used
+        torch.testing.assert_close(sol.x, ref.x, rtol=1e-12, atol=1e-12)
+        for k in NAMES:
+            scale_k = float(g_ref[k].abs().max())
+            torch.testing.assert_close(g[k], g_ref[k], rtol=1e-8, atol=1e-8 * (1 + scale_k))
+        for name in ("n_weak", "dependent_rows", "n_active"):
+            assert getattr(sol.info.backward, name) == getattr(ref.info.backward, name), name
+    assert used_count >= 8  # the lean path is not simply refusing every hard batch
