@@ -215,18 +215,39 @@ def _small_batch_solve(
     method: BackwardMethod,
     eps_abs: float,
     eps_rel: float,
-    fallback: bool,
-    polish: bool,
 ) -> tuple[Tensor, Tensor, Tensor, tuple[QPStatus, ...], QPInfo] | None:
     """``(x, eq_duals, ineq_duals, status, info)`` of a batch of small dense QPs through
     :mod:`dxopt.qp._small_batch` (every point certified), or ``None`` when the general path
     must run."""
 
-    def general(sb: SmallBatch, samples: np.ndarray | None = None) -> QPState:
-        return _rebuilt_state(
-            (*sb.arrays(samples), None), sb.dtype, method=method, solver="daqp", eps_abs=eps_abs,
-            eps_rel=eps_rel, fallback=fallback, polish=polish,
-        )  # fmt: skip
+    def general(sb: SmallBatch, samples: np.ndarray) -> QPState:
+        """The general path's state for ``samples`` at the lean forward's certified points: what
+        its forward returns on the same data when every daqp point certifies (daqp is
+        deterministic; the active set is the working set, nu > 0), without solving again."""
+        P, q, A, b, G, h = (
+            None if a is None else torch.from_numpy(a).to(sb.dtype) for a in sb.arrays(samples)
+        )
+        assert P is not None and q is not None
+        problem = canonical_problem(P, q, A, b, G, h, check_psd=True, defer_psd=True)
+        X, duals = sb.X[samples], sb.duals[samples]  # P: certified by daqp's Cholesky
+        NU = np.maximum(duals[:, : sb.m], 0.0)
+        size = samples.size
+        result = ForwardResult(
+            x=torch.from_numpy(X),
+            eq_duals=torch.from_numpy(np.ascontiguousarray(duals[:, sb.m :])),
+            ineq_duals=torch.from_numpy(NU),
+            status=(QPStatus.SOLVED,) * size,
+            solver="daqp",
+            solve_time=0.0,
+            active=torch.from_numpy(NU > 0),
+            sample_solvers=("daqp",) * size,
+            sample_eps=(eps_abs,) * size,
+            polished=(False,) * size,
+            settled=(True,) * size,
+            residuals=(np.array(sb.primal)[samples], np.array(sb.dual)[samples]),
+        )
+        return QPState(problem, result, method, BackwardDiagnostics(), "daqp",
+                       _residuals(problem, result))  # fmt: skip
 
     sb = small_batch_forward(data, batch, eps_abs=eps_abs, eps_rel=eps_rel, general=general)
     if sb is None:
@@ -486,9 +507,8 @@ def solve(
         batch = small_batch_inputs(P, q, A, b, G, h)
         if batch:
             small = _small_batch_solve(
-                (P, q, A, b, G, h), batch, method=method, eps_abs=eps_abs, eps_rel=eps_rel,
-                fallback=fallback, polish=polish,
-            )  # fmt: skip
+                (P, q, A, b, G, h), batch, method=method, eps_abs=eps_abs, eps_rel=eps_rel
+            )
             if small is not None:
                 return _solution(*small, A is not None, m_user, lb, ub, k_lb, k_ub)
     # solver="torch" (and "auto" on a GPU or for large batches of tiny problems) keeps dense

@@ -15,9 +15,10 @@ daqp call. Gradients of shared inputs are summed over the batch.
 The forward is all or nothing: a sample that fails any check, that daqp does not solve or
 that does not certify sends the whole batch to the general path, which gives each sample its
 own status and fallback chain. In the backward, the samples the lean path declines (an
-ambiguous active set, a dependent row, a residual above the bound) go to the general path on
-their own (its state rebuilt for them, one more solve at the same points) with its degenerate
-policy, and their diagnostics are merged in. The results are the general path's
+ambiguous active set, a dependent row, a residual above the bound) go to the general path's
+backward on their own, with its degenerate policy: its state is built at the lean forward's
+certified points (the state its own forward returns for the same data, without a second
+solve), and their gradients and diagnostics are merged in. The results are the general path's
 (``tests/qp/test_small_batch.py`` compares them).
 """
 
@@ -85,7 +86,7 @@ class SmallBatch:
     """The certified solutions of a batch and what its backward needs: float64 copies of the
     data in daqp's layout (``C = [G; A]``, ``upper = [h; b]``, a leading batch axis), daqp's
     points ``X`` and multipliers ``duals``, which inputs were shared (their gradients are
-    summed), and ``general(batch)`` to rebuild the general path's state."""
+    summed), and ``general(batch, samples)``, the general path's state for some samples."""
 
     P: np.ndarray
     q: np.ndarray
@@ -203,8 +204,8 @@ def small_batch_backward(
     needs: tuple[bool, ...],
 ) -> tuple[Tensor | None, ...]:
     """The gradients for ``(P, q, A, b, G, h)``: the lean backward of every sample it decides,
-    and the general path's (its state rebuilt for those samples only, same points) for the
-    others; the diagnostics merged per sample."""
+    and the general path's (its state for those samples only, same points) for the others;
+    the diagnostics merged per sample."""
     regular = _regular(method)
     B, n = sb.X.shape
     m, p = sb.m, sb.C.shape[1] - sb.m
@@ -244,8 +245,8 @@ def _general_samples(
     cotangents: tuple[Tensor | None, ...],
     needs: tuple[bool, ...],
 ) -> None:
-    """Run the general path's backward (its state rebuilt from the copies of ``samples``,
-    one more solve at the same points) and write its gradients into the per-sample arrays
+    """Run the general path's backward (its state for ``samples``, at the same points) and
+    write its gradients into the per-sample arrays
     ``out`` (a shared input's gradient goes to the first of those samples' rows, to be summed
     with the rest); merge its diagnostics into ``sb.diagnostics`` sample by sample."""
     index = torch.from_numpy(samples)
