@@ -12,7 +12,9 @@
 - :func:`schur_factor`: batched block elimination of a positive definite :math:`P` in
   :math:`[[P, C^\\top], [C, 0]]` (Cholesky of :math:`P` and of the Schur complement
   :math:`CP^{-1}C^\\top`), with the linear dependence of the rows of :math:`C` read off it;
-  :func:`small_schur` the same for one small system in numpy (no torch dispatch).
+  :func:`small_schur` the same for one small system through the compiled kernels of
+  :mod:`dxopt.linalg.small` (numba: Cholesky, triangular solves, block elimination; no
+  torch or LAPACK dispatch).
 - :func:`augmented_solve`: one large saddle-point system by float64 flexible GMRES
   preconditioned with the float32 Cholesky factor of the augmented matrix
   :math:`P + C^\\top WC`; :func:`certify_independent_rows` certifies the linear independence
