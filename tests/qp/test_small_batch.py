@@ -121,6 +121,14 @@ def test_shared_inputs_get_summed_gradients(shared, monkeypatch):
     _compare(_share(_problems(6, 8, 6, 2, seed=20), shared), "penalty", monkeypatch)
 
 
+@pytest.mark.parametrize("shape", ["batched", "shared"])
+def test_warm_starts(shape, monkeypatch):
+    """A warm start per sample, or one for all: daqp starts from it, as on the general path."""
+    data = _problems(5, 8, 6, 2, seed=31)
+    start = torch.tensor(np.random.default_rng(5).standard_normal((5, 8)), dtype=torch.float64)
+    _compare(data, "kkt", monkeypatch, warm_start=start if shape == "batched" else start[0])
+
+
 def test_float32_batch(monkeypatch):
     _compare(_problems(4, 6, 4, 1, seed=21, dtype=torch.float32), "kkt", monkeypatch)
 
@@ -297,8 +305,8 @@ def test_what_takes_the_lean_batch_path():
     assert _small_batch.small_batch_inputs(big, torch.ones(2, 65, dtype=torch.float64),
                                            None, None, None, None) == 0  # fmt: skip
     # options the lean batch path does not take
-    for kw in ({"warm_start": torch.zeros(4, 3, dtype=torch.float64)}, {"max_workers": 2},
-               {"solver": "piqp"}, {"solver_options": {"iter_limit": 100}}):  # fmt: skip
+    for kw in ({"max_workers": 2}, {"solver": "piqp"}, {"solver_options": {"iter_limit": 100}},
+               {"warm_start": torch.zeros(4, 3, dtype=torch.int64)}):  # fmt: skip
         sol = dqp.solve(P, q.clone().requires_grad_(), G=G, h=h, **kw)
         assert LEAN not in type(sol.x.grad_fn).__name__, kw
 

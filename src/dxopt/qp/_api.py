@@ -215,6 +215,7 @@ def _small_batch_solve(
     method: BackwardMethod,
     eps_abs: float,
     eps_rel: float,
+    warm_start: Tensor | None,
 ) -> tuple[Tensor, Tensor, Tensor, tuple[QPStatus, ...], QPInfo] | None:
     """``(x, eq_duals, ineq_duals, status, info)`` of a batch of small dense QPs through
     :mod:`dxopt.qp._small_batch` (every point certified), or ``None`` when the general path
@@ -249,7 +250,9 @@ def _small_batch_solve(
         return QPState(problem, result, method, BackwardDiagnostics(), "daqp",
                        _residuals(problem, result))  # fmt: skip
 
-    sb = small_batch_forward(data, batch, eps_abs=eps_abs, eps_rel=eps_rel, general=general)
+    sb = small_batch_forward(
+        data, batch, eps_abs=eps_abs, eps_rel=eps_rel, general=general, warm_start=warm_start
+    )
     if sb is None:
         return None
     return _lean_result(data, sb, method, "daqp", batch, eps_abs, sb.primal, sb.dual,
@@ -498,7 +501,6 @@ def solve(
     elif (  # a batch of small dense problems, daqp, default options: the lean batch path
         not solver_options
         and check_psd
-        and warm_start is None
         and max_workers is None
         and (solver == "auto" or solver == "daqp")
         and lean_method(method)
@@ -507,8 +509,9 @@ def solve(
         batch = small_batch_inputs(P, q, A, b, G, h)
         if batch:
             small = _small_batch_solve(
-                (P, q, A, b, G, h), batch, method=method, eps_abs=eps_abs, eps_rel=eps_rel
-            )
+                (P, q, A, b, G, h), batch, method=method, eps_abs=eps_abs, eps_rel=eps_rel,
+                warm_start=warm_start,
+            )  # fmt: skip
             if small is not None:
                 return _solution(*small, A is not None, m_user, lb, ub, k_lb, k_ub)
     # solver="torch" (and "auto" on a GPU or for large batches of tiny problems) keeps dense

@@ -2,15 +2,16 @@
 :func:`dxopt.qp.solve` for batches (:mod:`dxopt.qp._small` does one problem).
 
 A batch of ``B`` dense CPU problems with ``n <= SMALL_MAX_N`` (every input batched along its
-first axis or shared by all samples), solved by daqp with the default options (no warm start,
-no thread pool) and differentiated by a method :func:`~dxopt.qp._small.lean_method` accepts,
-runs as one compiled kernel over the batch (:func:`dxopt.qp._small_kernels.prepare_batch`:
-the checks and daqp's layout), one :func:`daqp.solve` per sample (``eps_prox = 0``: its
-Cholesky certifies ``P``), one kernel for the certificate of every point
-(:func:`~dxopt.qp._small_kernels.certify_batch`) and, in the backward, one kernel for every
-sample's lean adjoint and gradients (:func:`~dxopt.qp._small_kernels.lean_adjoint_batch`):
-the steps of :mod:`dxopt.qp._small` for each sample, with no per-sample Python beyond the
-daqp call. Gradients of shared inputs are summed over the batch.
+first axis or shared by all samples), solved by daqp with the default options (warm starts
+allowed, no thread pool) and differentiated by a method :func:`~dxopt.qp._small.lean_method`
+accepts, runs as one compiled kernel over the batch
+(:func:`dxopt.qp._small_kernels.prepare_batch`: the checks and daqp's layout), one
+:func:`daqp.solve` per sample (``eps_prox = 0``: its Cholesky certifies ``P``), one kernel for
+the certificate of every point (:func:`~dxopt.qp._small_kernels.certify_batch`) and, in the
+backward, one kernel for every sample's lean adjoint and gradients
+(:func:`~dxopt.qp._small_kernels.lean_adjoint_batch`): the steps of :mod:`dxopt.qp._small`
+for each sample, with no per-sample Python beyond the daqp call. Gradients of shared inputs
+are summed over the batch.
 
 The forward is all or nothing: a sample that fails any check, that daqp does not solve or
 that does not certify sends the whole batch to the general path, which gives each sample its
@@ -140,12 +141,18 @@ def small_batch_forward(
     eps_abs: float,
     eps_rel: float,
     general: Callable[..., Any],
+    warm_start: Tensor | None = None,
 ) -> SmallBatch | None:
     """Solve and certify the batch ``data = (P, q, A, b, G, h)`` (:func:`small_batch_inputs`
-    is ``batch``) with daqp, or ``None`` for the general path (module docstring)."""
+    is ``batch``) with daqp, each sample started from its row of ``warm_start`` (a CPU
+    tensor ``(B, n)``, or ``(n,)`` for all; anything else: the general path validates it),
+    or ``None`` for the general path (module docstring)."""
     q = data[1]
     assert q is not None
     n = q.shape[-1]
+    starts = _starts(warm_start, batch, n)
+    if starts is False:
+        return None
     try:
         views: list[Any] = [None if t is None else (t.detach() if t.requires_grad else t).numpy()
                             for t in data]  # fmt: skip
@@ -170,9 +177,11 @@ def small_batch_forward(
     X = np.empty((batch, n))
     duals = np.empty((batch, m + p))
     for i in range(batch):
+        init = None if starts is None else starts[i]
         x, _, flag, info = solve(
-            Pn[i], qn[i], C[i], upper[i], lower, sense, primal_tol=eps_abs, eps_prox=0.0
-        )
+            Pn[i], qn[i], C[i], upper[i], lower, sense, primal_start=init, primal_tol=eps_abs,
+            eps_prox=0.0,
+        )  # fmt: skip
         if flag != 1 and flag != 2:  # not solved, or P not positive definite
             return None
         X[i], duals[i] = x, info["lam"]
@@ -186,6 +195,20 @@ def small_batch_forward(
     out.primal, out.dual, out.outputs = tuple(primal.tolist()), tuple(dual.tolist()), outputs
     out.solve_time = time.perf_counter() - start
     return out
+
+
+def _starts(warm_start: Tensor | None, batch: int, n: int) -> Any:
+    """Each sample's float64 primal start (``(B, n)``), ``None`` without a warm start, or
+    ``False`` for one the general path must validate (not a CPU float tensor of shape
+    ``(n,)`` or ``(B, n)``)."""
+    if warm_start is None:
+        return None
+    if not (type(warm_start) is Tensor and warm_start.is_cpu and warm_start.is_floating_point()):
+        return False
+    if warm_start.shape not in ((n,), (batch, n)):
+        return False
+    start = warm_start.detach().to(torch.float64).numpy()
+    return np.array(np.broadcast_to(start, (batch, n)))  # our copy: daqp takes a writable one
 
 
 def _cotangent(t: Tensor | None, shape: tuple[int, int]) -> np.ndarray:
