@@ -118,18 +118,16 @@ class SmallBatch:
         """The gradients for ``(P, q, A, b, G, h)`` (:func:`small_batch_backward`)."""
         return small_batch_backward(self, method, grad_x, grad_eq, grad_ineq, needs)
 
-    def arrays(self, samples: np.ndarray | None = None) -> tuple[Any, ...]:
-        """``(P, q, A, b, G, h)`` as the caller gave them (shared ones without the batch
-        axis, absent ones ``None``), from the copies; only ``samples`` of the batched ones
-        when given."""
+    def arrays(self, samples: np.ndarray) -> tuple[Any, ...]:
+        """``(P, q, A, b, G, h)`` of ``samples`` as the caller gave them (shared ones without
+        the batch axis, absent ones ``None``), from the copies."""
         m, p = self.m, self.C.shape[1] - self.m
-        rows = slice(None) if samples is None else samples
         full = (self.P, self.q, self.C[:, m:], self.upper[:, m:], self.C[:, :m],
                 self.upper[:, :m])  # fmt: skip
         present = (True, True, p > 0 or self.empty[0], p > 0 or self.empty[0],
                    m > 0 or self.empty[1], m > 0 or self.empty[1])  # fmt: skip
         return tuple(
-            (a[0] if shared else a[rows]) if given else None
+            (a[0] if shared else a[samples]) if given else None
             for a, shared, given in zip(full, self.shared, present)
         )
 
