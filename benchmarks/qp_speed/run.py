@@ -11,6 +11,9 @@ hits them alike) and the median of the rounds is reported. Problems are dQP's ra
 - ``dxopt daqp``: :func:`dxopt.qp.solve` with ``solver="daqp"`` (validation, certificate,
   polish where needed), forward, and forward plus the backward of ``L = sum(w * x)`` with
   gradients for ``q, h, b`` (the inputs a decision-focused model learns);
+- ``dxopt auto``: the same with the default ``solver="auto"`` (for a batch of small dense
+  problems on the CPU: the compiled dual active-set solver of
+  :mod:`dxopt.qp._dual_active_set`, daqp for any sample it does not solve; one problem: daqp);
 - ``dxopt torch``: the same with ``solver="torch"`` (the batched torch interior point);
 - ``qpth``: qpth's batched interior point (Amos & Kolter, arXiv 1703.00443), forward+backward,
   when it is importable (``make bench-peers``).
@@ -230,6 +233,8 @@ def run_case(
             "raw daqp (direct)": case.raw_direct(),
             "dxopt daqp fwd": case.dxopt("daqp", False),
             "dxopt daqp fwd+bwd": case.dxopt("daqp", True),
+            "dxopt auto fwd": case.dxopt("auto", False),
+            "dxopt auto fwd+bwd": case.dxopt("auto", True),
             "dxopt torch fwd+bwd": case.dxopt("torch", True),
         }
         peer = case.qpth() if qpth else None
@@ -246,6 +251,7 @@ def run_case(
         "raw daqp (qpsolvers)",
         "raw daqp (direct)",
         "dxopt daqp",
+        "dxopt auto",
         "dxopt torch",
         "qpth",
     ):
@@ -253,10 +259,10 @@ def run_case(
         if method.startswith("raw"):
             row["forward_ms"] = 1e3 * secs[method]
             x = np.asarray(outs[method]).reshape(batch, n)
-        elif method == "dxopt daqp":
-            row["forward_ms"] = 1e3 * secs["dxopt daqp fwd"]
-            row["fwd_bwd_ms"] = 1e3 * secs["dxopt daqp fwd+bwd"]
-            x, grads = outs["dxopt daqp fwd+bwd"]
+        elif method in ("dxopt daqp", "dxopt auto"):
+            row["forward_ms"] = 1e3 * secs[f"{method} fwd"]
+            row["fwd_bwd_ms"] = 1e3 * secs[f"{method} fwd+bwd"]
+            x, grads = outs[f"{method} fwd+bwd"]
             row["grad_err"] = _grad_error(grads, probs, w, 4)
         else:
             key = f"{method} fwd+bwd"
@@ -293,7 +299,7 @@ def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if r["case"].startswith("tiny") and r["method"] == "dxopt daqp":
             out.append(_target("tiny n=10: dxopt fwd+bwd / raw daqp", r["x_raw"], TINY_TARGET))
     batch = [r for r in rows if r["threads"] == 1 and r["case"] == "128 x n=50"]
-    best = [r for r in batch if r["method"] in ("dxopt daqp", "dxopt torch") and "x_raw" in r]
+    best = [r for r in batch if r["method"].startswith("dxopt") and "x_raw" in r]
     if best:
         r = min(best, key=lambda r: r["x_raw"])
         label = f"128 x n=50: best dxopt fwd+bwd ({r['method']}) / raw daqp loop"

@@ -26,20 +26,87 @@ that module).
 from __future__ import annotations
 
 import math
-from typing import Any
+from functools import lru_cache
+from typing import Any, NamedTuple
 
 import numpy as np
 from numba import njit
 
 __all__ = [
+    "LapackKernels",
+    "cholesky_lapack",
     "cholesky_lower",
+    "lapack_kernels",
+    "lower_solve_rows_lapack",
     "lower_solve",
     "lower_transpose_solve",
+    "schur_complement_rows",
+    "schur_complement_small",
     "schur_factor_small",
+    "schur_solve_rows",
     "schur_solve_small",
 ]
 
 _jit: Any = njit(cache=True, nogil=True)
+
+
+class LapackKernels(NamedTuple):
+    """scipy's LAPACK ``dpotrf`` and BLAS ``dtrsm`` (``scipy.linalg.cython_lapack`` /
+    ``cython_blas``, LP64) as ctypes functions of ``void*`` arguments, for the kernels that
+    take them as arguments: numba calls them without the GIL or Python, and caches a kernel
+    only when C function pointers come in as arguments (as globals they are not cacheable)."""
+
+    potrf: Any
+    trsm: Any
+
+
+@lru_cache(maxsize=1)
+def lapack_kernels() -> LapackKernels:
+    """The :class:`LapackKernels` of the loaded scipy (built once)."""
+    import ctypes
+
+    from numba.extending import get_cython_function_address
+
+    def function(module: str, name: str, count: int) -> Any:
+        address = get_cython_function_address(f"scipy.linalg.cython_{module}", name)
+        return ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * count))(address)
+
+    return LapackKernels(function("lapack", "dpotrf", 5), function("blas", "dtrsm", 11))
+
+
+@_jit
+def cholesky_lapack(A: np.ndarray, potrf: Any) -> int:
+    """In place: the symmetric C-ordered ``A`` (n, n) (its lower triangle read) becomes its
+    lower Cholesky factor (strict upper triangle zeroed) by LAPACK's ``dpotrf``; returns its
+    ``info`` (0, or the 1-based position of the first pivot that is not positive)."""
+    n = A.shape[0]
+    chars = np.empty(1, np.uint8)
+    chars[0] = ord("U")  # C order's lower triangle is Fortran's upper
+    ints = np.empty(2, np.int32)
+    ints[0], ints[1] = n, 0
+    potrf(chars.ctypes, ints.ctypes, A.ctypes, ints.ctypes, ints[1:].ctypes)
+    for i in range(n):
+        for j in range(i + 1, n):
+            A[i, j] = 0.0
+    return int(ints[1])
+
+
+@_jit
+def lower_solve_rows_lapack(L: np.ndarray, B: np.ndarray, trsm: Any) -> None:
+    """In place: every row :math:`b_r` of the C-ordered ``B`` (r, n) becomes
+    :math:`L^{-1}b_r` (``B`` becomes :math:`(L^{-1}B^\\top)^\\top`) for the C-ordered lower
+    triangular ``L`` (n, n), by BLAS ``dtrsm`` (B is Fortran's :math:`B^\\top`, L Fortran's
+    upper :math:`L^\\top`, solved transposed)."""
+    n, r = L.shape[0], B.shape[0]
+    if n == 0 or r == 0:
+        return
+    chars = np.empty(4, np.uint8)
+    chars[0], chars[1], chars[2], chars[3] = ord("L"), ord("U"), ord("T"), ord("N")
+    ints = np.empty(2, np.int32)
+    ints[0], ints[1] = n, r
+    one = np.ones(1)
+    trsm(chars.ctypes, chars[1:].ctypes, chars[2:].ctypes, chars[3:].ctypes, ints.ctypes,
+         ints[1:].ctypes, one.ctypes, L.ctypes, ints.ctypes, B.ctypes, ints.ctypes)  # fmt: skip
 
 
 @_jit
@@ -125,19 +192,42 @@ def schur_factor_small(
     factorization of ``P`` failed (the other arrays are then empty). ``info_S != 0``: that of
     :math:`S'` broke down at that 1-based column (its pivots from there on are 0, counted
     dependent)."""
-    n, k = P.shape[0], C.shape[0]
+    n = P.shape[0]
     L, info_p = cholesky_lower(P)
     if info_p != 0:
         e = np.zeros(0)
         return (info_p, L, np.zeros((n, 0)), np.zeros((0, 0)), e, np.zeros(0, np.bool_),
                 np.zeros((0, 0)), e, 0)  # fmt: skip
     Y = lower_solve(L, np.ascontiguousarray(C.T))
+    S, inv_scale, nonzero, LS, pivots, info_s = schur_complement_small(Y, shift)
+    return 0, L, Y, S, inv_scale, nonzero, LS, pivots, info_s
+
+
+@_jit
+def schur_complement_small(
+    Y: np.ndarray, shift: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+    """``(S', inv_scale, nonzero, L_S, pivots, info_S)``: the second half of
+    :func:`schur_factor_small` from :math:`Y = L^{-1}C^\\top` (n, k), for a caller that holds
+    the factor of ``P`` and :math:`Y` already."""
+    n, k = Y.shape
     S = np.zeros((k, k))  # its lower triangle (all that the factorization reads)
     for i in range(n):
         for a in range(k):
             f = Y[i, a]
             for c in range(a + 1):
                 S[a, c] += f * Y[i, c]
+    scale, inv_scale, nonzero = _shift_diagonal(S, shift)
+    LS, info_s = cholesky_lower(S)
+    return S, inv_scale, nonzero, LS, _pivots(LS, scale, info_s), info_s
+
+
+@_jit
+def _shift_diagonal(S: np.ndarray, shift: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(scale, inv_scale, nonzero)``: :math:`S_{jj}` (1 on zero rows), its inverse square
+    root and which rows are not zero; ``S``'s diagonal becomes :math:`S_{jj}(1 + \\text{shift})`
+    (1 on zero rows)."""
+    k = S.shape[0]
     nonzero = np.zeros(k, np.bool_)
     scale = np.ones(k)
     inv_scale = np.ones(k)
@@ -150,12 +240,46 @@ def schur_factor_small(
             S[j, j] = d * (1.0 + shift)
         else:
             S[j, j] = 1.0
-    LS, info_s = cholesky_lower(S)
+    return scale, inv_scale, nonzero
+
+
+@_jit
+def _pivots(LS: np.ndarray, scale: np.ndarray, info: int) -> np.ndarray:
+    """The squared pivots :math:`(L_S)_{jj}^2/S_{jj}` (0 from a failed column on)."""
+    k = LS.shape[0]
     pivots = np.zeros(k)
-    last = k if info_s == 0 else info_s - 1
+    last = k if info == 0 else info - 1
     for j in range(last):
         pivots[j] = LS[j, j] * LS[j, j] / scale[j]
-    return info_p, L, Y, S, inv_scale, nonzero, LS, pivots, info_s
+    return pivots
+
+
+@njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
+def _gram_rows_lower(Yt: np.ndarray) -> np.ndarray:
+    """The lower triangle of :math:`Y^\\top Y` from the rows of ``Yt`` (k, n) (each entry one
+    dot product of contiguous rows, vectorised; its summation order is the CPU's)."""
+    k, n = Yt.shape
+    S = np.zeros((k, k))
+    for a in range(k):
+        for c in range(a + 1):
+            s = 0.0
+            for i in range(n):
+                s += Yt[a, i] * Yt[c, i]
+            S[a, c] = s
+    return S
+
+
+@_jit
+def schur_complement_rows(
+    Yt: np.ndarray, shift: float, potrf: Any
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """``(L_S, pivots, info_S)`` of :func:`schur_complement_small` from :math:`Y^\\top`
+    (k, n) (the rows :math:`L^{-1}c_j`), with LAPACK's ``dpotrf`` (:class:`LapackKernels`)
+    for :math:`S'`: for a caller holding the rows already (a batch's forward)."""
+    S = _gram_rows_lower(Yt)
+    scale, _, _ = _shift_diagonal(S, shift)
+    info = cholesky_lapack(S, potrf)
+    return S, _pivots(S, scale, info), info
 
 
 @_jit
@@ -181,3 +305,42 @@ def schur_solve_small(
             s += Y[i, a] * w[a]
         t[i] -= s
     return lower_transpose_solve(L, t), w
+
+
+@njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
+def schur_solve_rows(
+    L: np.ndarray, Yt: np.ndarray, LS: np.ndarray, r1: np.ndarray, r2: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`schur_solve_small` from :math:`Y^\\top` (k, n) instead of :math:`Y`: every
+    inner loop a dot product or an ``axpy`` on contiguous rows (vectorised; the summation
+    order is the CPU's)."""
+    k, n = Yt.shape
+    t = r1.copy()
+    for i in range(n):
+        s = t[i]
+        for j in range(i):
+            s -= L[i, j] * t[j]
+        t[i] = s / L[i, i]
+    w = np.empty(k)
+    for a in range(k):
+        s = -r2[a]
+        for i in range(n):
+            s += Yt[a, i] * t[i]
+        for c in range(a):
+            s -= LS[a, c] * w[c]
+        w[a] = s / LS[a, a]
+    for j in range(k - 1, -1, -1):
+        w[j] /= LS[j, j]
+        f = w[j]
+        for c in range(j):
+            w[c] -= f * LS[j, c]
+    for a in range(k):
+        f = w[a]
+        for i in range(n):
+            t[i] -= f * Yt[a, i]
+    for j in range(n - 1, -1, -1):
+        t[j] /= L[j, j]
+        f = t[j]
+        for i in range(j):
+            t[i] -= f * L[j, i]
+    return t, w

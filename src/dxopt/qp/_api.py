@@ -31,7 +31,7 @@ from dxopt.qp._small import (
     small_forward,
     small_inputs,
 )
-from dxopt.qp._small_batch import SmallBatch, small_batch_forward
+from dxopt.qp._small_batch import COMPILED_SOLVER, SmallBatch, small_batch_forward
 from dxopt.qp._small_batch import small_batch_inputs as small_batch_inputs
 from dxopt.qp._tangent import BASES, forward_ad_dual, functorch_active, sparse_under_func
 from dxopt.qp._types import BackwardDiagnostics, QPInfo, QPSolution, QPSolveError, QPStatus
@@ -191,9 +191,11 @@ def _lean_result(
     primal: tuple[float, ...],
     dual: tuple[float, ...],
     polished: tuple[bool, ...],
+    sample_solvers: tuple[str, ...] = (),
 ) -> tuple[Tensor, Tensor, Tensor, tuple[QPStatus, ...], QPInfo]:
     """``(x, eq_duals, ineq_duals, status, info)`` of ``size`` problems solved by a lean path
-    (every one certified): the outputs through :class:`SmallQPFunction`."""
+    (every one certified; ``sample_solvers``: each one's solver, ``solver`` for all when
+    empty): the outputs through :class:`SmallQPFunction`."""
     x, mu, nu = SmallQPFunction.apply(*data, solved, method)
     info = QPInfo(
         solver=solver,
@@ -201,7 +203,7 @@ def _lean_result(
         primal_residual=primal,
         dual_residual=dual,
         backward=solved.diagnostics,
-        sample_solvers=(solver,) * size,
+        sample_solvers=sample_solvers or (solver,) * size,
         sample_tolerances=(eps_abs,) * size,
         polished=polished,
     )
@@ -216,47 +218,52 @@ def _small_batch_solve(
     eps_abs: float,
     eps_rel: float,
     warm_start: Tensor | None,
+    compiled: bool,
 ) -> tuple[Tensor, Tensor, Tensor, tuple[QPStatus, ...], QPInfo] | None:
     """``(x, eq_duals, ineq_duals, status, info)`` of a batch of small dense QPs through
-    :mod:`dxopt.qp._small_batch` (every point certified), or ``None`` when the general path
-    must run."""
+    :mod:`dxopt.qp._small_batch` (every point certified; ``compiled``: its compiled solver
+    first), or ``None`` when the general path must run."""
 
     def general(sb: SmallBatch, samples: np.ndarray) -> QPState:
         """The general path's state for ``samples`` at the lean forward's certified points: what
         its forward returns on the same data when every daqp point certifies (daqp is
-        deterministic; the active set is the working set, nu > 0), without solving again."""
+        deterministic; the active set is the working set, nu > 0), without solving again (for
+        the compiled solver's points: the same state at its certified point)."""
         P, q, A, b, G, h = (
             None if a is None else torch.from_numpy(a).to(sb.dtype) for a in sb.arrays(samples)
         )
         assert P is not None and q is not None
         problem = canonical_problem(P, q, A, b, G, h, check_psd=True, defer_psd=True)
-        X, duals = sb.X[samples], sb.duals[samples]  # P: certified by daqp's Cholesky
+        X, duals = sb.X[samples], sb.duals[samples]  # P: certified by the solver's Cholesky
         NU = np.maximum(duals[:, : sb.m], 0.0)
         size = samples.size
+        solvers = tuple(sb.solvers[i] for i in samples.tolist())
         result = ForwardResult(
             x=torch.from_numpy(X),
             eq_duals=torch.from_numpy(np.ascontiguousarray(duals[:, sb.m :])),
             ineq_duals=torch.from_numpy(NU),
             status=(QPStatus.SOLVED,) * size,
-            solver="daqp",
+            solver=solvers[0],
             solve_time=0.0,
             active=torch.from_numpy(NU > 0),
-            sample_solvers=("daqp",) * size,
+            sample_solvers=solvers,
             sample_eps=(eps_abs,) * size,
             polished=(False,) * size,
             settled=(True,) * size,
             residuals=(np.array(sb.primal)[samples], np.array(sb.dual)[samples]),
         )
-        return QPState(problem, result, method, BackwardDiagnostics(), "daqp",
+        return QPState(problem, result, method, BackwardDiagnostics(), solvers[0],
                        _residuals(problem, result))  # fmt: skip
 
     sb = small_batch_forward(
-        data, batch, eps_abs=eps_abs, eps_rel=eps_rel, general=general, warm_start=warm_start
-    )
+        data, batch, eps_abs=eps_abs, eps_rel=eps_rel, general=general, warm_start=warm_start,
+        compiled=compiled,
+    )  # fmt: skip
     if sb is None:
         return None
-    return _lean_result(data, sb, method, "daqp", batch, eps_abs, sb.primal, sb.dual,
-                        (False,) * batch)  # fmt: skip
+    solver = COMPILED_SOLVER if sb.given.any() else "daqp"
+    return _lean_result(data, sb, method, solver, batch, eps_abs, sb.primal, sb.dual,
+                        (False,) * batch, sb.solvers)  # fmt: skip
 
 
 def _solution(
@@ -510,7 +517,7 @@ def solve(
         if batch:
             small = _small_batch_solve(
                 (P, q, A, b, G, h), batch, method=method, eps_abs=eps_abs, eps_rel=eps_rel,
-                warm_start=warm_start,
+                warm_start=warm_start, compiled=solver == "auto",
             )  # fmt: skip
             if small is not None:
                 return _solution(*small, A is not None, m_user, lb, ub, k_lb, k_ub)

@@ -25,7 +25,11 @@ solve), and their gradients and diagnostics are merged in. The results are the g
 
 from __future__ import annotations
 
+import math
+import threading
 import time
+import weakref
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -34,14 +38,30 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from dxopt.linalg.small import lapack_kernels
+from dxopt.linalg.threads import blas_threads
 from dxopt.qp._degenerate import DEPENDENT_TOL
+from dxopt.qp._dual_active_set import solve_batch
 from dxopt.qp._function import eager_gradients
 from dxopt.qp._polish import RELATIVE_FLOOR, ROUNDOFF
 from dxopt.qp._small import _MARGIN, _SYM_TOL, SMALL_MAX_N, _bounds, _daqp, _record, _regular
 from dxopt.qp._small_kernels import certify_batch, lean_adjoint_batch, prepare_batch
 from dxopt.qp._types import BackwardDiagnostics
 
-__all__ = ["SmallBatch", "small_batch_backward", "small_batch_forward", "small_batch_inputs"]
+__all__ = [
+    "COMPILED_SOLVER",
+    "SmallBatch",
+    "small_batch_backward",
+    "small_batch_forward",
+    "small_batch_inputs",
+]
+
+COMPILED_SOLVER = "dual_active_set"  # the name the compiled solver's samples report
+_MAX_ITER_PER_ROW = 5  # its working-set changes: at most this many per row, plus 20
+_POOL: OrderedDict[tuple[Any, ...], list[list[Any]]] = OrderedDict()  # shapes -> entries
+_POOL_LOCK = threading.Lock()
+_POOL_KEYS, _POOL_ENTRIES, _POOL_BYTES = 4, 2, 64 << 20  # shapes, entries each, bytes each
+_TAKEN = object()  # the owner of buffers in use by a forward still running
 
 _BASE = (2, 1, 2, 1, 2, 1)  # unbatched ndim of P, q, A, b, G, h
 
@@ -106,6 +126,10 @@ class SmallBatch:
     primal: tuple[float, ...] = ()
     dual: tuple[float, ...] = ()
     outputs: Any = None  # copies of (X, MU, NU) for the caller
+    solvers: tuple[str, ...] = ()  # each sample's solver
+    L_given: np.ndarray = field(default_factory=lambda: np.zeros((0, 0, 0)))
+    Y_given: np.ndarray = field(default_factory=lambda: np.zeros((0, 0, 0)))
+    given: np.ndarray = field(default_factory=lambda: np.zeros(0, np.bool_))
 
     def gradients(
         self,
@@ -140,11 +164,14 @@ def small_batch_forward(
     eps_rel: float,
     general: Callable[..., Any],
     warm_start: Tensor | None = None,
+    compiled: bool = False,
 ) -> SmallBatch | None:
     """Solve and certify the batch ``data = (P, q, A, b, G, h)`` (:func:`small_batch_inputs`
     is ``batch``) with daqp, each sample started from its row of ``warm_start`` (a CPU
     tensor ``(B, n)``, or ``(n,)`` for all; anything else: the general path validates it),
-    or ``None`` for the general path (module docstring)."""
+    or ``None`` for the general path (module docstring). ``compiled`` (without a warm start):
+    the compiled dual active-set solver of :mod:`dxopt.qp._dual_active_set` first, daqp for
+    the samples it does not solve; the backward reuses its factors."""
     q = data[1]
     assert q is not None
     n = q.shape[-1]
@@ -164,23 +191,37 @@ def small_batch_forward(
             views[i] = np.zeros(shape, dtype=views[1].dtype)
         elif v.ndim == base:
             views[i] = np.broadcast_to(v, (batch, *v.shape))
-    status, Pn, qn, C, upper, g_inf = prepare_batch(*views, _SYM_TOL[q.dtype])
-    if status:  # NaN/Inf, asymmetric P, a zero row of G: the general path's rules and errors
-        return None
     m, p = views[4].shape[1], views[2].shape[1]
+    use_compiled = compiled and starts is None
+    entry, buffers = _workspace(batch, n, m, p, use_compiled)
+    Pn, qn, C, upper, g_inf, L_given, Y_given = buffers
+    if prepare_batch(*views, _SYM_TOL[q.dtype], Pn, qn, C, upper, g_inf):
+        # NaN/Inf, asymmetric P, a zero row of G: the general path's rules and errors
+        entry[0] = None
+        return None
     empty = (data[2] is not None and not p, data[4] is not None and not m)  # given, no rows
     start = time.perf_counter()
     lower, sense = _bounds(m, p)
     solve = _daqp().solve
     X = np.empty((batch, n))
     duals = np.empty((batch, m + p))
-    for i in range(batch):
+    if use_compiled:
+        with blas_threads(1):
+            status, _ = solve_batch(
+                Pn, qn, C, upper, m, eps_abs, _MAX_ITER_PER_ROW * (m + p) + 20, lapack_kernels(),
+                X, duals, L_given, Y_given,
+            )  # fmt: skip
+        given = status == 0
+    else:
+        given = np.zeros(batch, np.bool_)
+    for i in np.flatnonzero(~given).tolist():
         init = None if starts is None else starts[i]
         x, _, flag, info = solve(
             Pn[i], qn[i], C[i], upper[i], lower, sense, primal_start=init, primal_tol=eps_abs,
             eps_prox=0.0,
         )  # fmt: skip
         if flag != 1 and flag != 2:  # not solved, or P not positive definite
+            entry[0] = None
             return None
         X[i], duals[i] = x, info["lam"]
     rel = max(eps_rel, RELATIVE_FLOOR)
@@ -188,11 +229,46 @@ def small_batch_forward(
         Pn, qn, C, upper, m, X, duals, g_inf, eps_abs, rel, ROUNDOFF
     )
     if not ok:
+        entry[0] = None
         return None
     out = SmallBatch(Pn, qn, C, upper, m, X, duals, g_inf, shared, empty, q.dtype, general)
+    entry[0] = weakref.ref(out)  # the buffers are taken again once this batch is gone
     out.primal, out.dual, out.outputs = tuple(primal.tolist()), tuple(dual.tolist()), outputs
+    out.solvers = tuple(COMPILED_SOLVER if g else "daqp" for g in given.tolist())
+    out.L_given, out.Y_given, out.given = L_given, Y_given, given
     out.solve_time = time.perf_counter() - start
     return out
+
+
+def _workspace(
+    batch: int, n: int, m: int, p: int, factors: bool
+) -> tuple[list[Any], tuple[np.ndarray, ...]]:
+    """``(entry, (P, q, C, upper, g_inf, L, Yt))``: float64 buffers for a batch (``L`` (B, n, n)
+    and ``Yt`` (B, rows, n) only with ``factors``), taken from the pool when a batch that
+    used them is gone, else new. Fresh multi-megabyte arrays on every call page-fault on
+    first touch (a few ms per call at 128 x n=50, varying with the heap's state); reused ones
+    do not. ``entry[0]`` is the owner: the caller sets a weak reference to its
+    :class:`SmallBatch`, or ``None`` to give the buffers back at once."""
+    rows = m + p
+    shapes = [(batch, n, n), (batch, n), (batch, rows, n), (batch, rows), (batch, m)]
+    shapes += [(batch, n, n), (batch, rows, n)] if factors else [(0, 0, 0), (0, 0, 0)]
+    key = tuple(shapes)
+    size = sum(math.prod(s) for s in shapes) * 8
+    with _POOL_LOCK:
+        entries = _POOL.setdefault(key, [])
+        for entry in entries:
+            owner = entry[0]
+            if owner is None or (owner is not _TAKEN and owner() is None):
+                entry[0] = _TAKEN
+                return entry, entry[1]
+        buffers = tuple(np.empty(s) for s in shapes)
+        entry = [_TAKEN, buffers]
+        if size <= _POOL_BYTES and len(entries) < _POOL_ENTRIES:
+            entries.append(entry)
+            _POOL.move_to_end(key)
+            while len(_POOL) > _POOL_KEYS:
+                _POOL.popitem(last=False)
+        return entry, buffers
 
 
 def _starts(warm_start: Tensor | None, batch: int, n: int) -> Any:
@@ -233,7 +309,8 @@ def small_batch_backward(
     status, residual, steps, k, accuracy, grads = lean_adjoint_batch(
         sb.P, sb.q, sb.C, sb.upper, m, sb.X, sb.duals, sb.g_inf, _cotangent(grad_x, (B, n)),
         _cotangent(grad_ineq, (B, m)), _cotangent(grad_eq, (B, p)), regular.steps, regular.tol,
-        regular.max_residual, DEPENDENT_TOL, _MARGIN, np.array(needs),
+        regular.max_residual, DEPENDENT_TOL, _MARGIN, np.array(needs), sb.L_given, sb.Y_given,
+        sb.given, lapack_kernels().potrf,
     )  # fmt: skip
     _record(
         sb.diagnostics, method, float(residual.max()), int(steps.max()), tuple(k.tolist()),

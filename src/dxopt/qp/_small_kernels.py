@@ -17,7 +17,12 @@ from typing import Any
 import numpy as np
 from numba import njit
 
-from dxopt.linalg.small import schur_factor_small, schur_solve_small
+from dxopt.linalg.small import (
+    schur_complement_rows,
+    schur_factor_small,
+    schur_solve_rows,
+    schur_solve_small,
+)
 
 __all__ = [
     "ADJOINT_STATUS",
@@ -71,23 +76,25 @@ def prepare_batch(
     G: np.ndarray,
     h: np.ndarray,
     sym_tol: float,
-) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    Pn: np.ndarray,
+    qn: np.ndarray,
+    C: np.ndarray,
+    upper: np.ndarray,
+    g_inf: np.ndarray,
+) -> int:
     """:func:`prepare` for a batch (a leading axis of ``B`` samples on every argument; shared
-    data as broadcast views): ``(status, P, q, C, upper, g_inf)`` with a ``B`` axis; the
-    status is the first failing sample's (0: all ready)."""
-    B, n, m, p = q.shape[0], q.shape[1], G.shape[1], A.shape[1]
-    Pn = np.empty((B, n, n))
-    qn = np.empty((B, n))
-    C = np.empty((B, m + p, n))
-    upper = np.empty((B, m + p))
-    g_inf = np.zeros((B, m))
+    data as broadcast views), into the given float64 arrays ``Pn`` (B, n, n), ``qn`` (B, n),
+    ``C`` (B, m + p, n), ``upper`` (B, m + p), ``g_inf`` (B, m); returns the first failing
+    sample's status (0: all ready)."""
+    B = q.shape[0]
+    g_inf[:] = 0.0
     for i in range(B):
         status = _prepare_into(
             P[i], q[i], A[i], b[i], G[i], h[i], sym_tol, Pn[i], qn[i], C[i], upper[i], g_inf[i]
         )
         if status:
-            return status, Pn, qn, C, upper, g_inf
-    return 0, Pn, qn, C, upper, g_inf
+            return status
+    return 0
 
 
 @njit(cache=True, nogil=True, fastmath={"reassoc"})
@@ -402,6 +409,11 @@ def lean_adjoint(
     dependent_tol: float,
     margin_min: float,
     needs: np.ndarray,
+    L_given: np.ndarray,
+    Y_given: np.ndarray,
+    LS_given: np.ndarray,
+    pivots_given: np.ndarray,
+    info_given: int,
 ) -> tuple[int, float, int, int, float, tuple[np.ndarray, ...]]:
     """``(status, residual, steps, k, accuracy, grads)``: the lean backward of one problem
     (:func:`dxopt.qp._small.small_backward`) at the certified point ``x``, ``duals``,
@@ -412,7 +424,10 @@ def lean_adjoint(
     against the exact matrix with the stopping and best-iterate rules of
     :func:`dxopt.qp._backward_kkt.schur_refine`, and turned into the gradients of
     :mod:`dxopt.qp._grads` for ``(P, q, A, b, G, h)`` (``needs[i]``; the others, and those
-    of absent constraints, are empty arrays). ``status`` indexes :data:`ADJOINT_STATUS`."""
+    of absent constraints, are empty arrays). ``L_given`` (n, n), ``Y_given``
+    (k, n: the rows :math:`L^{-1}c_j`), ``LS_given``, ``pivots_given``, ``info_given``: the block elimination's factors
+    (:func:`dxopt.linalg.small.schur_factor_small`, for the working rows and then the
+    equality rows) when the caller has them; ``L_given`` without entries otherwise. ``status`` indexes :data:`ADJOINT_STATUS`."""
     x, mu, nu, working = _point(x, duals, working, m)
     n, rows = x.shape[0], C.shape[0]
     p = rows - m
@@ -445,18 +460,25 @@ def lean_adjoint(
     for a in range(p):
         CJ[k + a] = C[m + a]
         r2[k + a] = r_eq[a]
-    info_p, L, Y, _, _, _, LS, pivots, info_s = schur_factor_small(P, CJ, 1e-14)
+    if L_given.shape[0] == n:  # the factors of the batch kernel
+        info_p, L, Y, LS, pivots, info_s = 0, L_given, Y_given, LS_given, pivots_given, info_given
+    else:
+        info_p, L, Y, _, _, _, LS, pivots, info_s = schur_factor_small(P, CJ, 1e-14)
     if info_p != 0:
         return 2, 0.0, 0, 0, 0.0, empty
     if info_s != 0 or (pivots < dependent_tol).any():
         return 3, 0.0, 0, 0, 0.0, empty
     norm = max(math.sqrt(g @ g + r2 @ r2), 1e-300)
-    u, w = schur_solve_small(L, Y, LS, g, r2)
+    rows_given = L_given.shape[0] == n  # Y holds the rows L^{-1} c_j
+    u, w = schur_solve_rows(L, Y, LS, g, r2) if rows_given else schur_solve_small(L, Y, LS, g, r2)
     r1, rr, rel = _residual(P, CJ, g, r2, u, w, norm)
     steps, best = 0, math.inf  # the stopping rule and best-iterate rule of schur_refine
     while not (steps >= steps_max or rel <= tol or (rel > 0.5 * best and rel < 1e-12)):
         best = min(best, rel)
-        du, dw = schur_solve_small(L, Y, LS, r1, rr)
+        if rows_given:
+            du, dw = schur_solve_rows(L, Y, LS, r1, rr)
+        else:
+            du, dw = schur_solve_small(L, Y, LS, r1, rr)
         new_u, new_w = u + du, w + dw
         new_r1, new_rr, new_rel = _residual(P, CJ, g, r2, new_u, new_w, norm)
         steps += 1
@@ -591,11 +613,19 @@ def lean_adjoint_batch(
     dependent_tol: float,
     margin_min: float,
     needs: np.ndarray,
+    L_given: np.ndarray,
+    Y_given: np.ndarray,
+    given: np.ndarray,
+    potrf: Any,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, tuple[np.ndarray, ...]]:
     """:func:`lean_adjoint` for a batch of daqp points: ``(status, residual, steps, k,
     accuracy, grads)``, each with a leading ``B`` axis (the gradients of absent or unneeded
     inputs have no entries); a sample with ``status != 0`` keeps zero gradients (the caller
-    hands it to the general path)."""
+    hands it to the general path). ``L_given`` (B, n, n), ``Y_given`` (B, m + p, n): the
+    forward's Cholesky factors of ``P`` and rows :math:`L^{-1}c_r` of the samples with
+    ``given[i]`` (no entries when none has them), from which the block elimination of the
+    working rows is finished (:func:`dxopt.linalg.small.schur_complement_rows`, LAPACK's
+    ``dpotrf`` from :class:`dxopt.linalg.small.LapackKernels`) instead of factoring again."""
     B, n = X.shape
     rows = C.shape[1]
     p = rows - m
@@ -610,10 +640,21 @@ def lean_adjoint_batch(
     gG = np.zeros((B, sizes[4], n))
     gh = np.zeros((B, sizes[5]))
     none = np.zeros(0, np.bool_)
+    no = np.zeros((0, 0))
     for i in range(B):
+        L_i, Y_i, LS_i, pivots_i, info_i = no, no, no, np.zeros(0), 0
+        if given[i]:
+            J = np.flatnonzero(duals[i, :m] > 0.0)  # the working rows (as _point reads them)
+            Yt = np.empty((J.shape[0] + p, n))
+            for a in range(J.shape[0]):
+                Yt[a] = Y_given[i, J[a]]
+            Yt[J.shape[0] :] = Y_given[i, m:]
+            L_i, Y_i = L_given[i], Yt
+            LS_i, pivots_i, info_i = schur_complement_rows(Yt, 1e-14, potrf)
         status[i], residual[i], steps[i], k[i], accuracy[i], grads = lean_adjoint(
             P[i], q[i], C[i], upper[i], m, X[i], duals[i], none, g_inf[i], g[i], r_ineq[i],
-            r_eq[i], steps_max, tol, max_residual, dependent_tol, margin_min, needs,
+            r_eq[i], steps_max, tol, max_residual, dependent_tol, margin_min, needs, L_i, Y_i,
+            LS_i, pivots_i, info_i,
         )  # fmt: skip
         if status[i]:
             residual[i] = 0.0

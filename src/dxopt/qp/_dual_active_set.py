@@ -1,0 +1,270 @@
+"""A compiled dual active-set solver for batches of small dense QPs, whose factors the
+lean backward reuses.
+
+For one problem in daqp's layout (``P`` (n, n) positive definite, ``q``, rows
+``C = [G; A]`` with right-hand sides ``upper = [h; b]``, the first ``m`` rows inequalities
+:math:`Gx \\le h`, the rest equalities :math:`Ax = b`), with :math:`P = LL^\\top`,
+:math:`v = L^{-1}q`, :math:`y_r = L^{-1}c_r` and :math:`u = L^\\top x + v`, the QP is the
+least-distance problem (Goldfarb & Idnani, Math. Programming 27, 1983; Arnström, Bemporad &
+Axehill, IEEE TAC 67, 2022, the method of daqp)
+
+.. math:: \\min_u \\tfrac12\\|u\\|^2 \\quad\\text{s.t.}\\quad y_r^\\top u \\le d_r\\ (r < m),
+    \\qquad y_r^\\top u = d_r\\ (r \\ge m), \\qquad d_r = \\text{upper}_r + y_r^\\top v,
+
+whose constraint values equal the QP's (:math:`y_r^\\top u - d_r = c_r^\\top x -
+\\text{upper}_r`) and whose multipliers are the QP's (:math:`u + Y_W\\lambda_W = 0` is
+:math:`Px + q + C_W^\\top\\lambda_W = 0`). Its dual, :math:`\\min_\\lambda
+\\tfrac12\\lambda^\\top Y^\\top Y\\lambda + d^\\top\\lambda` with :math:`\\lambda_r \\ge 0` for
+the inequalities, is solved by a primal active-set method on the working set :math:`W`
+(equalities first, then one violated inequality at a time): with the Cholesky factor of
+:math:`S_W = Y_W^\\top Y_W`, updated by one row on each addition and by a rank-one update on
+each removal (Golub & Van Loan, *Matrix Computations*, 4th ed., 6.5.4), the subspace minimiser
+is :math:`\\lambda^\\star = -S_W^{-1}d_W`; when it keeps every inequality multiplier
+non-negative it is taken, :math:`u = -Y_W\\lambda^\\star`, and the most violated inequality
+(above ``primal_tol``) joins :math:`W`; otherwise the step towards it stops at the first
+multiplier to reach zero and that row leaves :math:`W`. Every sample is independent.
+
+A sample it does not solve returns a non-zero status and the caller solves it otherwise
+(daqp): ``P`` not positive definite, an equality row dependent on the others, a row that
+would join :math:`W` dependent on it (degenerate or infeasible problems), or more than
+``max_iter`` working-set changes. What it returns is not trusted either: the caller certifies
+every point (:func:`dxopt.qp._small_kernels.certify_batch`).
+
+The factors :math:`L` (LAPACK ``dpotrf``) and :math:`Y = L^{-1}C^\\top` (BLAS ``dtrsm``) are
+what the block elimination of :func:`dxopt.linalg.small.schur_factor_small` starts from, so
+the lean backward takes them instead of factoring ``P`` again.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from numba import njit
+
+from dxopt.linalg.small import cholesky_lapack, lower_solve_rows_lapack
+
+__all__ = ["SOLVE_STATUS", "solve_batch"]
+
+_jit: Any = njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
+
+SOLVE_STATUS = ("solved", "factorization", "dependent equality", "dependent row", "iterations")
+"""What :func:`solve_batch`'s status code means: 0 solved; otherwise the caller solves the
+sample another way."""
+
+_DEPENDENT = 1e-12  # a joining row's squared pivot below this times ||y_r||^2: dependent
+
+
+@_jit
+def _dot(a: np.ndarray, b: np.ndarray) -> float:
+    s = 0.0
+    for i in range(a.shape[0]):
+        s += a[i] * b[i]
+    return s
+
+
+@_jit
+def _forward(L: np.ndarray, b: np.ndarray) -> None:
+    """In place: ``b`` becomes :math:`L^{-1}b` (dot products on the rows of ``L``)."""
+    for i in range(b.shape[0]):
+        s = b[i]
+        for j in range(i):
+            s -= L[i, j] * b[j]
+        b[i] = s / L[i, i]
+
+
+@_jit
+def _backward(L: np.ndarray, b: np.ndarray) -> None:
+    """In place: ``b`` becomes :math:`L^{-\\top}b` (``axpy`` on the rows of ``L``)."""
+    for j in range(b.shape[0] - 1, -1, -1):
+        b[j] /= L[j, j]
+        f = b[j]
+        for i in range(j):
+            b[i] -= f * L[j, i]
+
+
+@_jit
+def _add(Yt: np.ndarray, W: np.ndarray, LW: np.ndarray, k: int, r: int) -> bool:
+    """Append row ``r`` to the working set ``W[:k]`` and the factor ``LW`` of
+    :math:`S_W`; ``False`` (nothing changed) when it is dependent on the set."""
+    y = Yt[r]
+    norm2 = _dot(y, y)
+    piv2 = norm2
+    for j in range(k):
+        s = _dot(Yt[W[j]], y)
+        for c in range(j):
+            s -= LW[j, c] * LW[k, c]
+        s /= LW[j, j]
+        LW[k, j] = s
+        piv2 -= s * s
+    if not piv2 > _DEPENDENT * norm2:
+        return False
+    LW[k, k] = math.sqrt(piv2)
+    W[k] = r
+    return True
+
+
+@_jit
+def _remove(W: np.ndarray, LW: np.ndarray, lam: np.ndarray, k: int, j: int) -> None:
+    """Remove position ``j`` from ``W[:k]``, ``lam`` and the factor ``LW`` (the trailing
+    block absorbs the removed column by a rank-one update)."""
+    w = LW[j + 1 : k, j].copy()
+    for a in range(j + 1, k):
+        for b in range(j):
+            LW[a - 1, b] = LW[a, b]
+        for b in range(j + 1, a + 1):
+            LW[a - 1, b - 1] = LW[a, b]
+        W[a - 1] = W[a]
+        lam[a - 1] = lam[a]
+    t = k - j - 1
+    for i in range(t):
+        ii = j + i
+        d = LW[ii, ii]
+        r = math.hypot(d, w[i])
+        c, s = r / d, w[i] / d
+        LW[ii, ii] = r
+        for a in range(i + 1, t):
+            aa = j + a
+            LW[aa, ii] = (LW[aa, ii] + s * w[a]) / c
+            w[a] = c * w[a] - s * LW[aa, ii]
+
+
+@_jit
+def _subspace_minimiser(LW: np.ndarray, d: np.ndarray, W: np.ndarray, k: int) -> np.ndarray:
+    """:math:`\\lambda^\\star = -S_W^{-1}d_W` from the factor of :math:`S_W`."""
+    t = np.empty(k)
+    for j in range(k):
+        s = -d[W[j]]
+        for c in range(j):
+            s -= LW[j, c] * t[c]
+        t[j] = s / LW[j, j]
+    for j in range(k - 1, -1, -1):
+        t[j] /= LW[j, j]
+        f = t[j]
+        for c in range(j):
+            t[c] -= f * LW[j, c]
+    return t
+
+
+@_jit
+def _solve_one(
+    P: np.ndarray,
+    q: np.ndarray,
+    C: np.ndarray,
+    upper: np.ndarray,
+    m: int,
+    primal_tol: float,
+    max_iter: int,
+    lapack: Any,
+    x_out: np.ndarray,
+    duals_out: np.ndarray,
+    L: np.ndarray,
+    Yt: np.ndarray,
+) -> tuple[int, int]:
+    """``(status, iterations)`` of one problem (module docstring); writes ``x``, the
+    multipliers of every row (zero off the working set), ``L`` and the rows
+    :math:`y_r = L^{-1}c_r` of ``Yt``."""
+    n, rows = P.shape[0], C.shape[0]
+    L[:] = P
+    if cholesky_lapack(L, lapack[0]) != 0:
+        return 1, 0
+    Yt[:] = C
+    lower_solve_rows_lapack(L, Yt, lapack[1])
+    v = q.copy()
+    _forward(L, v)
+    d = np.empty(rows)
+    for r in range(rows):
+        d[r] = upper[r] + _dot(Yt[r], v)
+    cap = min(n, rows)
+    W = np.zeros(cap + 1, np.int64)
+    LW = np.zeros((cap + 1, cap + 1))
+    lam = np.zeros(cap + 1)
+    member = np.zeros(rows, np.bool_)
+    k = 0
+    for r in range(m, rows):
+        if k == cap or not _add(Yt, W, LW, k, r):
+            return 2, 0
+        member[r] = True
+        k += 1
+    u = np.zeros(n)
+    iterations = 0
+    while True:
+        star = _subspace_minimiser(LW, d, W, k)
+        alpha, block = 1.0, -1
+        for j in range(k):
+            if W[j] < m and star[j] < 0.0:
+                a = lam[j] / (lam[j] - star[j])
+                if a < alpha:
+                    alpha, block = a, j
+        if block < 0:
+            lam[:k] = star
+            u[:] = 0.0
+            for j in range(k):
+                f = lam[j]
+                y = Yt[W[j]]
+                for i in range(n):
+                    u[i] -= f * y[i]
+            worst, join = primal_tol, -1
+            for r in range(m):
+                if not member[r]:
+                    viol = _dot(Yt[r], u) - d[r]
+                    if viol > worst:
+                        worst, join = viol, r
+            if join < 0:
+                break
+            if iterations >= max_iter:
+                return 4, iterations
+            if k == cap or not _add(Yt, W, LW, k, join):
+                return 3, iterations
+            member[join] = True
+            lam[k] = 0.0
+            k += 1
+        else:
+            if iterations >= max_iter:
+                return 4, iterations
+            for j in range(k):
+                lam[j] += alpha * (star[j] - lam[j])
+            member[W[block]] = False
+            _remove(W, LW, lam, k, block)
+            k -= 1
+        iterations += 1
+    for i in range(n):
+        x_out[i] = u[i] - v[i]
+    _backward(L, x_out)  # x = L^{-T}(u - v)
+    duals_out[:] = 0.0
+    for j in range(k):
+        duals_out[W[j]] = lam[j]
+    return 0, iterations
+
+
+@_jit
+def solve_batch(
+    P: np.ndarray,
+    q: np.ndarray,
+    C: np.ndarray,
+    upper: np.ndarray,
+    m: int,
+    primal_tol: float,
+    max_iter: int,
+    lapack: Any,
+    X: np.ndarray,
+    duals: np.ndarray,
+    L: np.ndarray,
+    Yt: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(status, iterations)`` per sample of the batch ``P`` (B, n, n), ``q`` (B, n), ``C``
+    (B, rows, n), ``upper`` (B, rows) in daqp's layout (:data:`SOLVE_STATUS`; working-set
+    changes); writes each sample's point ``X`` (B, n), multipliers ``duals`` (B, rows) of
+    ``[G; A]`` (daqp's sign convention, :math:`Px + q + C^\\top\\lambda = 0`), Cholesky factor
+    ``L`` (B, n, n) of ``P`` and :math:`Y^\\top = (L^{-1}C^\\top)^\\top` (B, rows, n).
+    ``lapack``: :func:`dxopt.linalg.small.lapack_kernels`."""
+    B = q.shape[0]
+    status = np.zeros(B, np.int64)
+    iterations = np.zeros(B, np.int64)
+    for i in range(B):
+        status[i], iterations[i] = _solve_one(
+            P[i], q[i], C[i], upper[i], m, primal_tol, max_iter, lapack, X[i], duals[i], L[i],
+            Yt[i],
+        )  # fmt: skip
+    return status, iterations
