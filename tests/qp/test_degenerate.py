@@ -111,7 +111,10 @@ def test_batched_kkt_with_many_weak_rows_equals_loop(
     def grads(d: QPData, gx: Tensor) -> tuple[Tensor, ...]:
         assert d.b is not None and d.h is not None
         leaves = [t.clone().requires_grad_() for t in (d.q, d.b, d.h)]
-        sol = dqp.solve(d.P, leaves[0], d.A, leaves[1], d.G, leaves[2], backward=method)
+        # one solver for batch and loop: with more used rows than unknowns the multipliers
+        # are not unique, and which rows carry them (so which are weak) is the solver's
+        sol = dqp.solve(d.P, leaves[0], d.A, leaves[1], d.G, leaves[2], backward=method,
+                        solver="daqp")  # fmt: skip
         out = torch.autograd.grad((sol.x * gx).sum(), leaves)
         dependent.append(sol.info.backward.dependent_rows)
         return out

@@ -428,10 +428,13 @@ def test_gpu_benchmark_refuses_without_cuda_and_smoke_runs_on_cpu(tmp_path, monk
     assert torch32["x_err_vs_daqp"] < 1e-5 and torch32["grad_rel_err"] < 1e-5
 
 
-def test_auto_takes_daqp_on_the_cpu_and_torch_when_asked_for_large_batches():
+def test_auto_takes_the_compiled_solver_on_the_cpu_and_torch_when_asked_for_large_batches():
     probs = batch(4, 3, 1, 512, seed=30)
-    sol = solve(*tensors(probs))  # solver="auto"
-    assert sol.info.solver == "daqp" and sol.info.sample_solvers[0] == "daqp"
+    sol = solve(*tensors(probs))  # solver="auto": a batch of small dense CPU problems
+    assert sol.info.solver == "dual_active_set"
+    assert set(sol.info.sample_solvers) == {"dual_active_set"}
+    one = solve(*(t[0] for t in tensors(probs[:1])))  # one problem: daqp
+    assert one.info.solver == "daqp"
     via_torch = solve(*tensors(probs), solver="torch")
     assert via_torch.info.solver == "torch" and via_torch.info.sample_solvers[0] == "torch"
     x_ref = np.stack([daqp(pr).x for pr in probs[:16]])

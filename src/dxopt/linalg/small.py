@@ -37,8 +37,8 @@ __all__ = [
     "cholesky_lapack",
     "cholesky_lower",
     "lapack_kernels",
-    "lower_solve_rows_lapack",
     "lower_solve",
+    "lower_solve_rows_lapack",
     "lower_transpose_solve",
     "schur_complement_rows",
     "schur_complement_small",
@@ -80,6 +80,8 @@ def cholesky_lapack(A: np.ndarray, potrf: Any) -> int:
     lower Cholesky factor (strict upper triangle zeroed) by LAPACK's ``dpotrf``; returns its
     ``info`` (0, or the 1-based position of the first pivot that is not positive)."""
     n = A.shape[0]
+    if n == 0:
+        return 0
     chars = np.empty(1, np.uint8)
     chars[0] = ord("U")  # C order's lower triangle is Fortran's upper
     ints = np.empty(2, np.int32)

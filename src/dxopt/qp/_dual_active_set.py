@@ -24,11 +24,17 @@ non-negative it is taken, :math:`u = -Y_W\\lambda^\\star`, and the most violated
 (above ``primal_tol``) joins :math:`W`; otherwise the step towards it stops at the first
 multiplier to reach zero and that row leaves :math:`W`. Every sample is independent.
 
+A violated row that is a combination :math:`y_r = Y_Wa` of the working rows cannot join
+as it is: its multiplier rises by :math:`t` while the set's fall by :math:`ta`, which leaves
+:math:`u` and the other multipliers' signs alone until the first inequality multiplier with
+:math:`a_j > 0` reaches zero; that row leaves :math:`W` and the new one joins (no such row:
+the dual is unbounded and the QP infeasible; Goldfarb & Idnani's partial step).
+
 A sample it does not solve returns a non-zero status and the caller solves it otherwise
-(daqp): ``P`` not positive definite, an equality row dependent on the others, a row that
-would join :math:`W` dependent on it (degenerate or infeasible problems), or more than
-``max_iter`` working-set changes. What it returns is not trusted either: the caller certifies
-every point (:func:`dxopt.qp._small_kernels.certify_batch`).
+(daqp): ``P`` not positive definite, an equality row dependent on the others, a certificate
+of infeasibility, or more than ``max_iter`` working-set changes. What it returns is not
+trusted either: the caller certifies every point
+(:func:`dxopt.qp._small_kernels.certify_batch`).
 
 The factors :math:`L` (LAPACK ``dpotrf``) and :math:`Y = L^{-1}C^\\top` (BLAS ``dtrsm``) are
 what the block elimination of :func:`dxopt.linalg.small.schur_factor_small` starts from, so
@@ -49,7 +55,7 @@ __all__ = ["SOLVE_STATUS", "solve_batch"]
 
 _jit: Any = njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
 
-SOLVE_STATUS = ("solved", "factorization", "dependent equality", "dependent row", "iterations")
+SOLVE_STATUS = ("solved", "factorization", "dependent equality", "infeasible", "iterations")
 """What :func:`solve_batch`'s status code means: 0 solved; otherwise the caller solves the
 sample another way."""
 
@@ -87,7 +93,8 @@ def _backward(L: np.ndarray, b: np.ndarray) -> None:
 @_jit
 def _add(Yt: np.ndarray, W: np.ndarray, LW: np.ndarray, k: int, r: int) -> bool:
     """Append row ``r`` to the working set ``W[:k]`` and the factor ``LW`` of
-    :math:`S_W`; ``False`` (nothing changed) when it is dependent on the set."""
+    :math:`S_W`; ``False`` when it is dependent on the set (``LW[k, :k]`` then holds
+    :math:`L_W^{-1}Y_W^\\top y_r`, nothing else changed)."""
     y = Yt[r]
     norm2 = _dot(y, y)
     piv2 = norm2
@@ -98,7 +105,7 @@ def _add(Yt: np.ndarray, W: np.ndarray, LW: np.ndarray, k: int, r: int) -> bool:
         s /= LW[j, j]
         LW[k, j] = s
         piv2 -= s * s
-    if not piv2 > _DEPENDENT * norm2:
+    if k >= y.shape[0] or not piv2 > _DEPENDENT * norm2:  # n rows span everything
         return False
     LW[k, k] = math.sqrt(piv2)
     W[k] = r
@@ -183,7 +190,7 @@ def _solve_one(
     member = np.zeros(rows, np.bool_)
     k = 0
     for r in range(m, rows):
-        if k == cap or not _add(Yt, W, LW, k, r):
+        if not _add(Yt, W, LW, k, r):
             return 2, 0
         member[r] = True
         k += 1
@@ -215,10 +222,33 @@ def _solve_one(
                 break
             if iterations >= max_iter:
                 return 4, iterations
-            if k == cap or not _add(Yt, W, LW, k, join):
-                return 3, iterations
+            start = 0.0
+            while not _add(Yt, W, LW, k, join):
+                # y_join = Y_W a: raising its multiplier by t and lowering the set's by t a
+                # leaves u alone and lowers the dual objective by t (violation); the first
+                # inequality multiplier to reach zero leaves the set (none: infeasible)
+                a = LW[k, :k].copy()
+                for j in range(k - 1, -1, -1):
+                    a[j] /= LW[j, j]
+                    for c in range(j):
+                        a[c] -= a[j] * LW[j, c]
+                t, block = math.inf, -1
+                for j in range(k):
+                    if W[j] < m and a[j] > 0.0 and lam[j] / a[j] < t:
+                        t, block = lam[j] / a[j], j
+                if block < 0:
+                    return 3, iterations
+                for j in range(k):
+                    lam[j] -= t * a[j]
+                start += t
+                member[W[block]] = False
+                _remove(W, LW, lam, k, block)
+                k -= 1
+                iterations += 1
+                if iterations > max_iter:
+                    return 4, iterations
             member[join] = True
-            lam[k] = 0.0
+            lam[k] = start
             k += 1
         else:
             if iterations >= max_iter:

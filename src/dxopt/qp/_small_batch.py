@@ -60,7 +60,7 @@ COMPILED_SOLVER = "dual_active_set"  # the name the compiled solver's samples re
 _MAX_ITER_PER_ROW = 5  # its working-set changes: at most this many per row, plus 20
 _POOL: OrderedDict[tuple[Any, ...], list[list[Any]]] = OrderedDict()  # shapes -> entries
 _POOL_LOCK = threading.Lock()
-_POOL_KEYS, _POOL_ENTRIES, _POOL_BYTES = 4, 2, 64 << 20  # shapes, entries each, bytes each
+_POOL_ENTRIES, _POOL_BYTES = 2, 64 << 20  # entries per shape; bytes kept in all
 _TAKEN = object()  # the owner of buffers in use by a forward still running
 
 _BASE = (2, 1, 2, 1, 2, 1)  # unbatched ndim of P, q, A, b, G, h
@@ -247,8 +247,10 @@ def _workspace(
     and ``Yt`` (B, rows, n) only with ``factors``), taken from the pool when a batch that
     used them is gone, else new. Fresh multi-megabyte arrays on every call page-fault on
     first touch (a few ms per call at 128 x n=50, varying with the heap's state); reused ones
-    do not. ``entry[0]`` is the owner: the caller sets a weak reference to its
-    :class:`SmallBatch`, or ``None`` to give the buffers back at once."""
+    do not. At most two sets per shape and 64 MiB in all are kept (the shapes used longest
+    ago are dropped first; a batch in use keeps its own buffers alive). ``entry[0]`` is the
+    owner: the caller sets a weak reference to its :class:`SmallBatch`, or ``None`` to give
+    the buffers back at once."""
     rows = m + p
     shapes = [(batch, n, n), (batch, n), (batch, rows, n), (batch, rows), (batch, m)]
     shapes += [(batch, n, n), (batch, rows, n)] if factors else [(0, 0, 0), (0, 0, 0)]
@@ -266,8 +268,10 @@ def _workspace(
         if size <= _POOL_BYTES and len(entries) < _POOL_ENTRIES:
             entries.append(entry)
             _POOL.move_to_end(key)
-            while len(_POOL) > _POOL_KEYS:
-                _POOL.popitem(last=False)
+            held = sum(math.prod(s) * 8 * len(e) for k, e in _POOL.items() for s in k)
+            while held > _POOL_BYTES:  # the shapes used longest ago go first
+                old_key, old = _POOL.popitem(last=False)
+                held -= sum(math.prod(s) * 8 for s in old_key) * len(old)
         return entry, buffers
 
 

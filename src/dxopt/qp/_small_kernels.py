@@ -424,10 +424,11 @@ def lean_adjoint(
     against the exact matrix with the stopping and best-iterate rules of
     :func:`dxopt.qp._backward_kkt.schur_refine`, and turned into the gradients of
     :mod:`dxopt.qp._grads` for ``(P, q, A, b, G, h)`` (``needs[i]``; the others, and those
-    of absent constraints, are empty arrays). ``L_given`` (n, n), ``Y_given``
-    (k, n: the rows :math:`L^{-1}c_j`), ``LS_given``, ``pivots_given``, ``info_given``: the block elimination's factors
-    (:func:`dxopt.linalg.small.schur_factor_small`, for the working rows and then the
-    equality rows) when the caller has them; ``L_given`` without entries otherwise. ``status`` indexes :data:`ADJOINT_STATUS`."""
+    of absent constraints, are empty arrays). ``L_given`` (n, n),
+    ``Y_given`` ((k + p, n): the rows :math:`L^{-1}c_j` of the working rows, then of the
+    equality rows), ``LS_given``, ``pivots_given``, ``info_given``: the block elimination's
+    factors (:func:`dxopt.linalg.small.schur_complement_rows`) when the caller has them;
+    ``L_given`` without entries otherwise. ``status`` indexes :data:`ADJOINT_STATUS`."""
     x, mu, nu, working = _point(x, duals, working, m)
     n, rows = x.shape[0], C.shape[0]
     p = rows - m

@@ -105,7 +105,8 @@ class QPInfo:
     """Per-call information.
 
     Attributes:
-        solver: the qpsolvers backend used for the forward solve.
+        solver: the backend used for the forward solve (a qpsolvers name, ``"torch"``, or
+            ``"dual_active_set"``: the compiled solver of :mod:`dxopt.qp._dual_active_set`).
         solve_time: wall-clock seconds of the forward solve (whole batch).
         primal_residual: per-sample max violation of ``Ax = b``, ``Gx <= h``.
         dual_residual: per-sample :math:`\\|Px + q + A^\\top\\mu + G^\\top\\nu\\|_\\infty`.

@@ -1,0 +1,247 @@
+"""The compiled dual active-set solver (dxopt.qp._dual_active_set) and the lean batch path
+that runs it for ``solver="auto"``: its points against daqp's and the KKT conditions, the
+statuses of what it does not solve (those samples go to daqp), and the results through
+:func:`dxopt.qp.solve` against the general path, finite differences and live graphs that
+share shapes (pooled buffers)."""
+
+from __future__ import annotations
+
+import warnings
+
+import daqp
+import numpy as np
+import pytest
+import torch
+from _fd import directional_verdicts
+from test_small_batch import NAMES, _harden, _problems, _run, _share
+
+import dxopt.qp as dqp
+from dxopt.linalg.small import lapack_kernels
+from dxopt.qp._dual_active_set import SOLVE_STATUS, solve_batch
+from dxopt.qp._small_batch import COMPILED_SOLVER
+
+LEAN = "SmallQPFunction"
+
+
+def _layout(data: dict) -> tuple[np.ndarray, ...]:
+    """``(P, q, C, upper, m)`` of a batch in daqp's layout (``C = [G; A]``)."""
+    B, n = data["q"].shape
+    G = data["G"].numpy() if data["G"] is not None else np.zeros((B, 0, n))
+    h = data["h"].numpy() if data["h"] is not None else np.zeros((B, 0))
+    A = data["A"].numpy() if data["A"] is not None else np.zeros((B, 0, n))
+    b = data["b"].numpy() if data["b"] is not None else np.zeros((B, 0))
+    C = np.ascontiguousarray(np.concatenate([G, A], axis=1))
+    upper = np.ascontiguousarray(np.concatenate([h, b], axis=1))
+    return data["P"].numpy().copy(), data["q"].numpy().copy(), C, upper, G.shape[1]
+
+
+def _solve(P, q, C, upper, m, tol=1e-6, max_iter=1000):
+    B, n = q.shape
+    rows = C.shape[1]
+    X, duals = np.zeros((B, n)), np.zeros((B, rows))
+    L, Yt = np.zeros((B, n, n)), np.zeros((B, rows, n))
+    status, iterations = solve_batch(P, q, C, upper, m, tol, max_iter, lapack_kernels(), X,
+                                     duals, L, Yt)  # fmt: skip
+    return status, iterations, X, duals, L, Yt
+
+
+@pytest.mark.parametrize(
+    ("B", "n", "m", "p"),
+    [
+        (6, 5, 3, 1),
+        (6, 10, 5, 0),
+        (5, 20, 30, 5),
+        (3, 64, 64, 20),
+        (4, 8, 0, 3),
+        (4, 8, 0, 0),
+        (4, 1, 1, 0),
+        (3, 50, 50, 25),
+    ],
+)
+def test_points_match_daqp_and_satisfy_kkt(B, n, m, p):
+    data = _problems(B, n, m, p, seed=100 + n + m + p)
+    P, q, C, upper, m = _layout(data)
+    status, _, X, duals, L, Yt = _solve(P, q, C, upper, m)
+    assert (status == 0).all(), [SOLVE_STATUS[s] for s in status]
+    lower = np.full(C.shape[1], -1e30)
+    for i in range(B):
+        sense = np.concatenate([np.zeros(m, np.int32), np.full(C.shape[1] - m, 5, np.int32)])
+        lo = np.where(sense == 5, upper[i], lower)
+        x_ref, _, flag, info = daqp.solve(P[i], q[i], C[i], upper[i], lo, sense, eps_prox=0.0)
+        assert flag == 1
+        scale = 1.0 + np.abs(x_ref).max()
+        np.testing.assert_allclose(X[i], x_ref, rtol=0, atol=1e-8 * scale)
+        np.testing.assert_array_equal(duals[i, :m] > 0, info["lam"][:m] > 0)  # working set
+        lam_scale = 1.0 + np.abs(info["lam"]).max(initial=0.0)
+        np.testing.assert_allclose(duals[i], info["lam"], rtol=0, atol=1e-7 * lam_scale)
+        # KKT: stationarity, primal feasibility, dual feasibility, complementarity
+        grad = P[i] @ X[i] + q[i] + C[i].T @ duals[i]
+        big = np.abs(P[i]).max() * np.abs(X[i]).max() + np.abs(q[i]).max()
+        assert np.abs(grad).max() <= 1e-10 * (big + np.abs(C[i].T @ duals[i]).max() + 1)
+        slack = upper[i] - C[i] @ X[i]
+        assert (slack[:m] >= -1e-6).all() and (np.abs(slack[m:]) <= 1e-9 * scale).all()
+        assert (duals[i, :m] >= 0).all()
+        assert (np.abs(duals[i, :m] * slack[:m]) <= 1e-8 * lam_scale * scale).all()
+        # the factors the backward reuses
+        np.testing.assert_allclose(L[i] @ L[i].T, P[i], rtol=0, atol=1e-12 * np.abs(P[i]).max())
+        assert (np.triu(L[i], 1) == 0).all()
+        np.testing.assert_allclose(Yt[i] @ L[i].T, C[i], rtol=0,
+                                   atol=1e-12 * (1 + np.abs(C[i]).max(initial=0.0)))  # fmt: skip
+
+
+def test_what_it_does_not_solve_gets_a_status():
+    data = _problems(5, 4, 3, 2, seed=3)
+    P, q, C, upper, m = _layout(data)
+    P[0] = np.diag([1.0, 1.0, 1.0, -1.0])  # not positive definite
+    C[1, m + 1], upper[1, m + 1] = C[1, m], upper[1, m]  # two equal equality rows
+    C[2, 1], upper[2, :2] = -C[2, 0], -1.0  # g x <= -1 and -g x <= -1: infeasible
+    status, *_ = _solve(P, q, C, upper, m)
+    names = [SOLVE_STATUS[s] for s in status]
+    assert names[0] == "factorization" and names[1] == "dependent equality"
+    assert names[2] == "infeasible"
+    assert names[3] == names[4] == "solved"
+    status, *_ = _solve(P[3:], q[3:], C[3:], upper[3:], m, max_iter=0)
+    active = (_solve(P[3:], q[3:], C[3:], upper[3:], m)[3][:, :m] > 0).any(1)
+    np.testing.assert_array_equal(status == 4, active)  # a cap of 0 stops at the first join
+
+
+def test_auto_takes_it_and_agrees_with_the_general_path(monkeypatch):
+    """Default options on a batch: the compiled solver's points, certified, and gradients
+    through its factors; the same answers as the general path (daqp) to round-off."""
+    for seed, shape in ((40, (6, 10, 8, 3)), (41, (4, 30, 40, 10)), (42, (5, 6, 4, 0))):
+        data = _problems(*shape, seed=seed)
+        for backward in ("penalty", "kkt"):
+            lean, g_lean, used = _run(data, True, monkeypatch, backward=backward, solver="auto")
+            ref, g_ref, used_ref = _run(data, False, monkeypatch, backward=backward)
+            assert used and not used_ref
+            assert lean.info.solver == COMPILED_SOLVER
+            assert lean.info.sample_solvers == (COMPILED_SOLVER,) * shape[0]
+            assert lean.status == ref.status
+            torch.testing.assert_close(lean.x, ref.x, rtol=0, atol=1e-8)
+            for a, b in ((lean.eq_duals, ref.eq_duals), (lean.ineq_duals, ref.ineq_duals)):
+                if a is not None:
+                    torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+            for k in NAMES:
+                if g_ref[k] is None:
+                    assert g_lean[k] is None
+                    continue
+                scale = float(g_ref[k].abs().max())
+                torch.testing.assert_close(g_lean[k], g_ref[k], rtol=1e-6, atol=1e-7 * (1 + scale))
+            d, d_ref = lean.info.backward, ref.info.backward
+            assert (d.n_active, d.n_weak, d.dependent_rows) == (
+                d_ref.n_active, d_ref.n_weak, d_ref.dependent_rows)  # fmt: skip
+
+
+def test_a_degenerate_sample(monkeypatch):
+    """Sample 1 has two copies of an active row: the compiled solver swaps them (the second
+    cannot join beside the first) and solves it; its backward declines (dependent rows) and
+    the general path's degenerate policy decides for that sample."""
+    data = _problems(3, 6, 3, 0, seed=24)
+    G = torch.cat([data["G"], data["G"][:, :1]], dim=1)
+    h = torch.cat([data["h"], data["h"][:, :1]], dim=1)
+    x_free = torch.linalg.solve(data["P"][1], -data["q"][1])
+    h[1, 0] = h[1, 3] = float(G[1, 0] @ x_free) - 1.0
+    data["G"], data["h"] = G, h
+    with pytest.warns(dqp.QPDegenerateWarning):
+        lean, g_lean, used = _run(data, True, monkeypatch, solver="auto")
+    with pytest.warns(dqp.QPDegenerateWarning):
+        ref, g_ref, _ = _run(data, False, monkeypatch)
+    assert used
+    assert lean.info.sample_solvers == (COMPILED_SOLVER,) * 3
+    assert lean.info.backward.dependent_rows == ref.info.backward.dependent_rows
+    torch.testing.assert_close(lean.x, ref.x, rtol=0, atol=1e-8)
+    for k in NAMES:
+        if g_ref[k] is not None:
+            torch.testing.assert_close(g_lean[k], g_ref[k], rtol=1e-6, atol=1e-7)
+
+
+def test_an_infeasible_sample_gets_its_status(monkeypatch):
+    data = _problems(3, 5, 3, 1, seed=26)
+    data["G"][2, 1] = -data["G"][2, 0]
+    data["h"][2, :2] = -1.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        lean, _, used = _run(data, True, monkeypatch, solver="auto", on_failure="nan")
+        ref, _, _ = _run(data, False, monkeypatch, on_failure="nan")
+    assert not used  # daqp fails on that sample too: the general path, per sample
+    assert lean.status == ref.status and lean.status[2] != dqp.QPStatus.SOLVED
+    torch.testing.assert_close(lean.x, ref.x, rtol=0, atol=1e-8, equal_nan=True)
+
+
+def _x_loss_gradients(data: dict, solver: str, w: torch.Tensor):
+    ins = {k: None if v is None else v.clone().requires_grad_() for k, v in data.items()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sol = dqp.solve(*(ins[k] for k in NAMES), solver=solver)
+        (w * sol.x).sum().backward()
+    return sol, {k: None if v is None else v.grad for k, v in ins.items()}
+
+
+def test_adversarial_batches(monkeypatch):
+    """Batches with one hard sample (rows scaled 1e-8..1e8, a near-duplicate row, a slack of
+    1e-10, q x 1e-9, cond(P) 1e8): the same x as the general path (daqp); the same gradients
+    of ``L = w.x`` where the general path finds every sample regular, and where it finds a
+    dependent or weak row (a kink: the multipliers' split, and so the gradient of the
+    dependent rows, is the point's), gradients that kink-aware differences confirm (a
+    one-sided slope, or between the two: the general path's minimum-norm split of dependent
+    rows is a Clarke element, and gives that for the daqp point too)."""
+    taken = kinks = 0
+    w = torch.tensor(np.random.default_rng(9).standard_normal((4, 8)), dtype=torch.float64)
+    for seed in range(10):
+        rng = np.random.default_rng(seed)
+        data = _problems(4, 8, 6, 2, seed=200 + seed)
+        _harden(data, int(rng.integers(4)), seed % 5, rng)
+        lean, g_lean = _x_loss_gradients(data, "auto", w)
+        ref, g_ref = _x_loss_gradients(data, "daqp", w)
+        taken += lean.info.solver == COMPILED_SOLVER
+        assert lean.status == ref.status
+        scale = 1.0 + float(ref.x.detach().abs().max())
+        torch.testing.assert_close(lean.x, ref.x, rtol=0, atol=1e-7 * scale)
+        d = ref.info.backward
+        if any(d.dependent_rows) or any(d.n_weak):
+            kinks += 1
+
+            def loss(args: dict) -> float:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    return float((w * dqp.solve(*(args[j] for j in NAMES)).x).sum())
+
+            assert directional_verdicts(data, g_lean, loss, hull=True) >= 3
+            continue
+        for k in NAMES:
+            if g_ref[k] is not None:
+                tol = 1e-5 * (1.0 + float(g_ref[k].abs().max()))
+                torch.testing.assert_close(g_lean[k], g_ref[k], rtol=1e-5, atol=tol)
+    assert taken >= 8 and kinks >= 2
+
+
+def test_float32_inputs(monkeypatch):
+    data = {k: None if v is None else v.float() for k, v in _problems(4, 8, 6, 2, seed=5).items()}
+    lean, g_lean, used = _run(data, True, monkeypatch, solver="auto")
+    ref, g_ref, _ = _run(data, False, monkeypatch)
+    assert used and lean.x.dtype == torch.float32
+    torch.testing.assert_close(lean.x, ref.x, rtol=1e-5, atol=1e-5)
+    for k in NAMES:
+        torch.testing.assert_close(g_lean[k], g_ref[k], rtol=1e-4, atol=1e-4)
+
+
+def test_live_graphs_of_the_same_shape_keep_their_own_buffers():
+    """The lean batch path reuses its buffers only once the batch that used them is gone: two
+    graphs alive at once, backpropagated in reverse order, give each one's own gradients."""
+    first = _share(_problems(5, 7, 5, 2, seed=60), ("P",))
+    second = _share(_problems(5, 7, 5, 2, seed=61), ("P",))
+    grads = []
+    for order in ((first, second), (second,), (first,)):
+        sols, inputs = [], []
+        for data in order:
+            ins = {k: v.clone().requires_grad_() for k, v in data.items()}
+            sols.append(dqp.solve(*(ins[k] for k in NAMES)))
+            assert LEAN in type(sols[-1].x.grad_fn).__name__
+            inputs.append(ins)
+        for sol, ins in reversed(list(zip(sols, inputs))):
+            (sol.x.pow(2).sum() + sol.ineq_duals.sum()).backward()
+            grads.append({k: ins[k].grad.clone() for k in NAMES})
+    together_second, together_first, alone_second, alone_first = grads
+    for k in NAMES:
+        torch.testing.assert_close(together_first[k], alone_first[k], rtol=0, atol=0)
+        torch.testing.assert_close(together_second[k], alone_second[k], rtol=0, atol=0)
