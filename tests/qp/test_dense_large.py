@@ -19,9 +19,11 @@ F64 = torch.float64
 NAMES = ("P", "q", "A", "b", "G", "h")
 
 
-def _grads(data: QPData, backward: str, grad_x: torch.Tensor):  # type: ignore[no-untyped-def]
+def _grads(data: QPData, backward: str, grad_x: torch.Tensor, solver: str = "daqp"):  # type: ignore[no-untyped-def]
+    """Gradients of ``grad_x . x`` (daqp's points: the general path's backward; ``"auto"``:
+    the compiled solver's, whose factors the backward reuses)."""
     leaves = [None if t is None else t.clone().requires_grad_() for t in data.args()]
-    sol = dqp.solve(*leaves, backward=backward)
+    sol = dqp.solve(*leaves, backward=backward, solver=solver)
     (sol.x * grad_x).sum().backward()
     return {k: t.grad for k, t in zip(NAMES, leaves) if t is not None}, sol
 
@@ -57,6 +59,37 @@ def test_augmented_route_equals_the_reference_and_the_schur_route(
     assert sol_s.info.backward.linear_solver == "schur"
     for name in got:
         assert relative_error(got[name], schur[name]) <= 1e-10, name
+
+
+@pytest.mark.parametrize("backward", ["penalty", "kkt"])
+@pytest.mark.parametrize(
+    ("n", "m", "p", "weak", "seed"),
+    [(260, 200, 60, 0, 0), (320, 320, 100, 0, 1), (400, 300, 0, 0, 2), (300, 240, 40, 6, 4)],
+)
+def test_compiled_solver_factors_are_reused_exactly(
+    backward: str, n: int, m: int, p: int, weak: int, seed: int
+) -> None:
+    """``solver="auto"`` on one large dense problem: the compiled dual active-set solver, whose
+    Cholesky factor of P, rows L^-1 c and working-set factor the backward reuses (the lean
+    kernel when the active set is unambiguous, else the general path's ``forward_factors``
+    route; weak rows: the general path's policy). Gradients equal the exact reduced-KKT
+    reference and daqp's general path."""
+    data = complementary_qp(n, m=m, p=p, weak=weak, seed=seed)
+    grad_x = torch.randn(n, generator=torch.Generator().manual_seed(seed), dtype=F64)
+    got, sol = _grads(data, backward, grad_x, solver="auto")
+    assert sol.info.solver == "dual_active_set"
+    assert sol.info.backward.linear_solver in ("schur", "forward_factors")
+    assert sol.info.backward.residual <= 1e-12
+    daqp_grads, sol_d = _grads(data, backward, grad_x)
+    assert sol_d.info.solver == "daqp"
+    torch.testing.assert_close(sol.x, sol_d.x, rtol=0, atol=1e-8)
+    assert sol.info.backward.n_weak == sol_d.info.backward.n_weak
+    for name, expected in daqp_grads.items():
+        assert relative_error(got[name], expected) <= 1e-7, name
+    if not weak:
+        ref = kkt_gradients(data, grad_x)
+        for name, expected in ref.items():
+            assert relative_error(got[name], expected) <= 1e-9, name
 
 
 def test_badly_scaled_rows_are_certified_and_solved_exactly() -> None:

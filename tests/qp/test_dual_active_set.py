@@ -40,9 +40,11 @@ def _solve(P, q, C, upper, m, tol=1e-6, max_iter=1000):
     rows = C.shape[1]
     X, duals = np.zeros((B, n)), np.zeros((B, rows))
     L, Yt = np.zeros((B, n, n)), np.zeros((B, rows, n))
+    w = min(n, rows) + 1
+    order, LW = np.zeros((B, w), np.int64), np.zeros((B, w, w))
     status, iterations = solve_batch(P, q, C, upper, m, tol, max_iter, lapack_kernels(), X,
-                                     duals, L, Yt)  # fmt: skip
-    return status, iterations, X, duals, L, Yt
+                                     duals, L, Yt, order, LW)  # fmt: skip
+    return status, iterations, X, duals, L, Yt, order, LW
 
 
 @pytest.mark.parametrize(
@@ -61,7 +63,7 @@ def _solve(P, q, C, upper, m, tol=1e-6, max_iter=1000):
 def test_points_match_daqp_and_satisfy_kkt(B, n, m, p):
     data = _problems(B, n, m, p, seed=100 + n + m + p)
     P, q, C, upper, m = _layout(data)
-    status, _, X, duals, L, Yt = _solve(P, q, C, upper, m)
+    status, _, X, duals, L, Yt, order, LW = _solve(P, q, C, upper, m)
     assert (status == 0).all(), [SOLVE_STATUS[s] for s in status]
     lower = np.full(C.shape[1], -1e30)
     for i in range(B):
@@ -87,6 +89,16 @@ def test_points_match_daqp_and_satisfy_kkt(B, n, m, p):
         assert (np.triu(L[i], 1) == 0).all()
         np.testing.assert_allclose(Yt[i] @ L[i].T, C[i], rtol=0,
                                    atol=1e-12 * (1 + np.abs(C[i]).max(initial=0.0)))  # fmt: skip
+        # the final working set (every row with a multiplier, the equality rows) and the
+        # factor of its Schur complement, which the backward takes
+        W = order[i][order[i] >= 0]
+        assert sorted(W.tolist()) == np.flatnonzero(duals[i] != 0).tolist() or p > 0
+        assert set(np.flatnonzero(duals[i, :m] > 0)) <= set(W.tolist())
+        assert set(range(m, C.shape[1])) <= set(W.tolist())
+        k = W.size
+        S = Yt[i][W] @ Yt[i][W].T
+        Lk = np.tril(LW[i][:k, :k])
+        np.testing.assert_allclose(Lk @ Lk.T, S, rtol=0, atol=1e-10 * (1 + np.abs(S).max(initial=0)))
 
 
 def test_what_it_does_not_solve_gets_a_status():

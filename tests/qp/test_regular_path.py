@@ -27,7 +27,7 @@ def _batch_machinery(monkeypatch: pytest.MonkeyPatch) -> None:
     (dxopt.qp._small_batch, compared with this path in test_small_batch.py) is switched off."""
     import dxopt.qp._api as api
 
-    monkeypatch.setattr(api, "small_batch_inputs", lambda *a: 0)
+    monkeypatch.setattr(api, "small_batch_inputs", lambda *a, **k: 0)
 
 
 def _grads(data: QPData, backward: Any, grad_x: torch.Tensor) -> tuple[dict, Any]:

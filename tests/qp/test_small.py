@@ -467,7 +467,7 @@ def test_general_path_refuses_a_backward_after_an_in_place_change(name, monkeypa
     inputs: after an in-place change of an input its backward raises autograd's in-place
     error instead of differentiating at data the solve never saw (batched inputs, with the
     lean batch path switched off)."""
-    monkeypatch.setattr(api, "small_batch_inputs", lambda *a: 0)
+    monkeypatch.setattr(api, "small_batch_inputs", lambda *a, **k: 0)
     data = _problem(5, 3, 1, 20)
     batched = {k: None if v is None else v.expand(2, *v.shape).clone() for k, v in data.items()}
     ins = _leaves(batched)

@@ -57,7 +57,7 @@ def _run(data: dict, lean: bool, monkeypatch, *, backward="penalty", **kw):
     kw = {"solver": "daqp", **kw}
     with monkeypatch.context() as mp:
         if not lean:
-            mp.setattr(api, "small_batch_inputs", lambda *a: 0)
+            mp.setattr(api, "small_batch_inputs", lambda *a, **k: 0)
         ins = {k: None if v is None else v.clone().requires_grad_() for k, v in data.items()}
         sol = dqp.solve(*(ins[k] for k in NAMES), backward=backward, **kw)
         used = LEAN in type(sol.x.grad_fn).__name__

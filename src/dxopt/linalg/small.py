@@ -36,6 +36,7 @@ __all__ = [
     "LapackKernels",
     "cholesky_lapack",
     "cholesky_lower",
+    "gram_rows_blas",
     "lapack_kernels",
     "lower_solve",
     "lower_solve_rows_lapack",
@@ -51,13 +52,14 @@ _jit: Any = njit(cache=True, nogil=True)
 
 
 class LapackKernels(NamedTuple):
-    """scipy's LAPACK ``dpotrf`` and BLAS ``dtrsm`` (``scipy.linalg.cython_lapack`` /
+    """scipy's LAPACK ``dpotrf`` and BLAS ``dtrsm``, ``dsyrk`` (``scipy.linalg.cython_lapack`` /
     ``cython_blas``, LP64) as ctypes functions of ``void*`` arguments, for the kernels that
     take them as arguments: numba calls them without the GIL or Python, and caches a kernel
     only when C function pointers come in as arguments (as globals they are not cacheable)."""
 
     potrf: Any
     trsm: Any
+    syrk: Any
 
 
 @lru_cache(maxsize=1)
@@ -71,7 +73,10 @@ def lapack_kernels() -> LapackKernels:
         address = get_cython_function_address(f"scipy.linalg.cython_{module}", name)
         return ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * count))(address)
 
-    return LapackKernels(function("lapack", "dpotrf", 5), function("blas", "dtrsm", 11))
+    return LapackKernels(
+        function("lapack", "dpotrf", 5), function("blas", "dtrsm", 11),
+        function("blas", "dsyrk", 10),
+    )  # fmt: skip
 
 
 @_jit
@@ -272,15 +277,39 @@ def _gram_rows_lower(Yt: np.ndarray) -> np.ndarray:
 
 
 @_jit
+def gram_rows_blas(Yt: np.ndarray, syrk: Any) -> np.ndarray:
+    """The lower triangle (strict upper zero) of :math:`Y^\\top Y` from the rows of ``Yt``
+    (k, n) by BLAS ``dsyrk`` (C-ordered ``Yt`` is Fortran's :math:`Y`, (n, k); Fortran's
+    upper triangle of :math:`Y^\\top Y` is C order's lower)."""
+    k, n = Yt.shape
+    S = np.zeros((k, k))
+    if k == 0 or n == 0:
+        return S
+    chars = np.empty(2, np.uint8)
+    chars[0], chars[1] = ord("U"), ord("T")
+    ints = np.empty(2, np.int32)
+    ints[0], ints[1] = k, n
+    one, zero = np.ones(1), np.zeros(1)
+    syrk(chars.ctypes, chars[1:].ctypes, ints.ctypes, ints[1:].ctypes, one.ctypes, Yt.ctypes,
+         ints[1:].ctypes, zero.ctypes, S.ctypes, ints.ctypes)  # fmt: skip
+    return S
+
+
+_BLAS_GRAM = 32 * 32 * 32  # k^2 n above which the Gram matrix is one dsyrk call
+
+
+@_jit
 def schur_complement_rows(
-    Yt: np.ndarray, shift: float, potrf: Any
+    Yt: np.ndarray, shift: float, lapack: Any
 ) -> tuple[np.ndarray, np.ndarray, int]:
     """``(L_S, pivots, info_S)`` of :func:`schur_complement_small` from :math:`Y^\\top`
-    (k, n) (the rows :math:`L^{-1}c_j`), with LAPACK's ``dpotrf`` (:class:`LapackKernels`)
-    for :math:`S'`: for a caller holding the rows already (a batch's forward)."""
-    S = _gram_rows_lower(Yt)
+    (k, n) (the rows :math:`L^{-1}c_j`), with LAPACK's ``dpotrf`` (and, for a large Gram
+    matrix, BLAS ``dsyrk``; ``lapack`` a :class:`LapackKernels`) for :math:`S'`: for a caller
+    holding the rows already (the compiled forward's)."""
+    k, n = Yt.shape
+    S = gram_rows_blas(Yt, lapack[2]) if k * k * n > _BLAS_GRAM else _gram_rows_lower(Yt)
     scale, _, _ = _shift_diagonal(S, shift)
-    info = cholesky_lapack(S, potrf)
+    info = cholesky_lapack(S, lapack[0])
     return S, _pivots(S, scale, info), info
 
 

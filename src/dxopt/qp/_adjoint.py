@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -30,7 +31,9 @@ class AdjointInput:
 
     Failed samples (``ok`` False) carry zero cotangents and a zero ``x``. ``active`` (S, m)
     is the forward's certified active set (``None``: identify it from the point); ``settled``
-    (S,) is False where that set is only a guess (see :mod:`dxopt.qp._polish`).
+    (S,) is False where that set is only a guess (see :mod:`dxopt.qp._polish`); ``factors``
+    the forward's Cholesky factor of ``P`` and rows :math:`L^{-1}c_r` of ``[G; A]`` per sample
+    (:class:`dxopt.qp._forward.ForwardResult`), or ``None``.
     """
 
     problem: QPProblem
@@ -43,6 +46,7 @@ class AdjointInput:
     ok: Tensor
     active: Tensor | None = None
     settled: Tensor | None = None
+    factors: tuple[np.ndarray, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from dxopt.qp._problem import QPProblem, canonical_problem
 from dxopt.qp._problem import check_psd as check_psd_of
 from dxopt.qp._small import (
     LEAN_BACKENDS,
+    SMALL_MAX_N,
     SmallPoint,
     SmallQPFunction,
     lean_method,
@@ -210,6 +211,17 @@ def _lean_result(
     return x, mu, nu, (QPStatus.SOLVED,) * size, info
 
 
+def _sample_factors(sb: SmallBatch, samples: np.ndarray) -> tuple[np.ndarray, ...] | None:
+    """The compiled solver's factors of ``samples`` when it solved all of them (views when
+    they are the whole batch), else ``None``."""
+    if not sb.given[samples].all():
+        return None
+    factors = (sb.L_given, sb.Y_given, sb.order_given, sb.LW_given)
+    if samples.size == sb.given.size:  # every sample, in order
+        return factors
+    return tuple(a[samples] for a in factors)
+
+
 def _small_batch_solve(
     data: tuple[Tensor | None, ...],
     batch: int,
@@ -251,6 +263,7 @@ def _small_batch_solve(
             polished=(False,) * size,
             settled=(True,) * size,
             residuals=(np.array(sb.primal)[samples], np.array(sb.dual)[samples]),
+            factors=_sample_factors(sb, samples),
         )
         return QPState(problem, result, method, BackwardDiagnostics(), solvers[0],
                        _residuals(problem, result))  # fmt: skip
@@ -508,7 +521,7 @@ def solve(
         )  # fmt: skip
         if small is not None:
             return _solution(*small, A is not None, m_user, lb, ub, k_lb, k_ub)
-    elif (  # a batch of small dense problems, daqp, default options: the lean batch path
+    elif (  # dense CPU problems, daqp or "auto", default options: the lean batch path
         not solver_options
         and check_psd
         and max_workers is None
@@ -516,13 +529,30 @@ def solve(
         and lean_method(method)
         and not functorch_active()
     ):
-        batch = small_batch_inputs(P, q, A, b, G, h)
+        # "auto" without a warm start: the compiled solver, for batches of any n and for one
+        # problem too large for the single lean path (a batch of one)
+        compiled = solver == "auto" and warm_start is None
+        data: tuple[Any, ...] = (P, q, A, b, G, h)
+        batch = small_batch_inputs(*data, max_n=None if compiled else SMALL_MAX_N)
+        single = (
+            not batch
+            and compiled
+            and type(q) is Tensor
+            and q.ndim == 1
+            and q.shape[0] > SMALL_MAX_N
+            and all(type(t) is Tensor and t.layout is torch.strided for t in data if t is not None)
+        )
+        if single:
+            data = tuple(None if t is None else t.unsqueeze(0) for t in data)
+            batch = small_batch_inputs(*data, max_n=None, min_batch=1)
         if batch:
             small = _small_batch_solve(
-                (P, q, A, b, G, h), batch, method=method, eps_abs=eps_abs, eps_rel=eps_rel,
-                warm_start=warm_start, compiled=solver == "auto",
+                data, batch, method=method, eps_abs=eps_abs, eps_rel=eps_rel,
+                warm_start=warm_start, compiled=compiled,
             )  # fmt: skip
             if small is not None:
+                if single:
+                    small = (small[0][0], small[1][0], small[2][0], *small[3:])
                 return _solution(*small, A is not None, m_user, lb, ub, k_lb, k_ub)
     # solver="torch" (and "auto" on a GPU or for large batches of tiny problems) keeps dense
     # inputs on their device and dtype (dxopt.qp._torch_layer)

@@ -157,12 +157,18 @@ class KKTBackward(BackwardBase):
     def _regular_adjoint(
         self, data: AdjointInput, active: ActiveSet, diagnostics: BackwardDiagnostics
     ) -> AdjointSolution | None:
-        from dxopt.qp._dense_large import large_dense_adjoint  # imports this module
+        from dxopt.qp._dense_large import large_dense_adjoint, reused_dense_adjoint
 
-        # large n, one or a few samples: augmented matrix in float32 + GMRES (certified
-        # independent rows only; anything else takes the block elimination below)
-        solved = large_dense_adjoint(data, active, tol=_KKT_TOL, max_residual=self.max_residual)
-        solver = "augmented"
+        # the forward's factors (compiled solver); else for large n, one or a few samples:
+        # augmented matrix in float32 + GMRES (certified independent rows only; anything else
+        # takes the block elimination below)
+        solver = "forward_factors"
+        solved = reused_dense_adjoint(
+            data, active, tol=_KKT_TOL, max_residual=self.max_residual, max_steps=_KKT_STEPS
+        )
+        if solved is None:
+            solver = "augmented"
+            solved = large_dense_adjoint(data, active, tol=_KKT_TOL, max_residual=self.max_residual)
         if solved is None:
             solver = "schur"
             solved = regular_dense_adjoint(

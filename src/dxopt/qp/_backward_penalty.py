@@ -89,7 +89,7 @@ from dxopt.qp._degenerate import (
     record_degenerate,
     refine_schur,
 )
-from dxopt.qp._dense_large import large_dense_adjoint
+from dxopt.qp._dense_large import large_dense_adjoint, reused_dense_adjoint
 from dxopt.qp._penalty_sparse import SparseKKTSolve, SparsePenaltySolve, gmres_refine
 from dxopt.qp._types import BackwardDiagnostics, QPBackwardError
 
@@ -196,11 +196,18 @@ class PenaltyBackward(BackwardBase):
     ) -> AdjointSolution | None:
         if self.max_refinement == 0:  # plain dXPP keeps the penalty matrix
             return None
-        # large n, one or a few samples: augmented matrix in float32 + GMRES (_dense_large)
-        solved = large_dense_adjoint(
-            data, active, tol=self.refine_tol, max_residual=self.max_residual
-        )
-        solver = "augmented"
+        # the forward's factors (compiled solver), else for large n, one or a few samples:
+        # augmented matrix in float32 + GMRES (_dense_large)
+        solver = "forward_factors"
+        solved = reused_dense_adjoint(
+            data, active, tol=self.refine_tol, max_residual=self.max_residual,
+            max_steps=self.max_refinement,
+        )  # fmt: skip
+        if solved is None:
+            solver = "augmented"
+            solved = large_dense_adjoint(
+                data, active, tol=self.refine_tol, max_residual=self.max_residual
+            )
         if solved is None:
             solver = "schur"
             solved = regular_dense_adjoint(

@@ -38,7 +38,7 @@ from dxopt.qp._adjoint import AdjointInput
 from dxopt.qp._backward_kkt import dense_rows
 from dxopt.qp._degenerate import DEPENDENT_TOL
 
-__all__ = ["LARGE_N", "MAX_BATCH", "large_dense_adjoint"]
+__all__ = ["LARGE_N", "MAX_BATCH", "large_dense_adjoint", "reused_dense_adjoint"]
 
 LARGE_N = 256  # from this n the augmented path is tried (smaller: the batched Schur path)
 MAX_BATCH = 4  # at most this many samples (each is factored on its own)
@@ -83,4 +83,52 @@ def large_dense_adjoint(
         w_t[:, k:],
         torch.from_numpy(residual),
         steps,
+    )
+
+
+def reused_dense_adjoint(
+    data: AdjointInput, active: ActiveSet, *, tol: float, max_residual: float, max_steps: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor, int] | None:
+    """``(u, w_J, w_E, relative residual, refinement steps)`` by block elimination from the
+    forward's factors (``data.factors``: the Cholesky factor :math:`L` of ``P`` and the rows
+    :math:`L^{-1}c_r` of ``[G; A]``, from the compiled solver of
+    :mod:`dxopt.qp._dual_active_set`), else ``None``.
+
+    With :math:`P` already factored and every row already transformed, the Schur complement
+    :math:`S = Y_J^\\top Y_J` of the rows :math:`J` the backward uses is the solver's own
+    factor of its final working set when :math:`J` is that set (no factorization at all: the
+    backward is a few triangular solves, :math:`O(n^2 + nk)`), else one ``dsyrk``
+    (:math:`k^2n` flops) and one ``dpotrf`` (:math:`k^3/3`): about 2 Cholesky factorizations
+    of ``P`` at :math:`k = 0.75n`, where factoring ``P`` again costs 5.4 (block elimination)
+    or 3-4 (the augmented path above). The dependence test is the block elimination's own
+    (squared pivots of :math:`S` against ``DEPENDENT_TOL``, :mod:`dxopt.linalg.schur`);
+    any sample it does not pass, or a residual above ``max_residual``, returns ``None`` and
+    the paths above decide."""
+    from dxopt.linalg.small import lapack_kernels
+    from dxopt.qp._small_kernels import reused_adjoint_batch
+
+    if data.factors is None:
+        return None
+    problem = data.problem
+    rows = dense_rows(data, active.used)
+    S = data.x.shape[0]
+    P = rows.P.numpy()
+    P = np.broadcast_to(P, (S, *P.shape[-2:])) if P.ndim == 2 else P
+    L, Yt, order, LW = data.factors
+    with blas_threads(1):
+        status, u, w, residual, steps = reused_adjoint_batch(
+            np.ascontiguousarray(P), rows.C.numpy(), rows.rhs2.numpy(), rows.index.numpy(),
+            rows.mask.numpy(), problem.m, data.grad_x.numpy(), data.ok.numpy(), L, Yt, order,
+            LW, lapack_kernels(), max_steps, tol, DEPENDENT_TOL,
+        )  # fmt: skip
+    ok = data.ok.numpy()
+    if (status[ok] != 0).any() or not bool((residual[ok] <= max_residual).all()):
+        return None
+    w_t = torch.from_numpy(w)
+    return (
+        torch.from_numpy(u),
+        rows.scatter(w_t, problem.m),
+        w_t[:, rows.k :],
+        torch.from_numpy(residual),
+        int(steps.max(initial=0)),
     )

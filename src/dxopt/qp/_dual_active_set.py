@@ -168,11 +168,15 @@ def _solve_one(
     duals_out: np.ndarray,
     L: np.ndarray,
     Yt: np.ndarray,
+    order_out: np.ndarray,
+    LW_out: np.ndarray,
 ) -> tuple[int, int]:
     """``(status, iterations)`` of one problem (module docstring); writes ``x``, the
-    multipliers of every row (zero off the working set), ``L`` and the rows
-    :math:`y_r = L^{-1}c_r` of ``Yt``."""
+    multipliers of every row (zero off the working set), ``L``, the rows
+    :math:`y_r = L^{-1}c_r` of ``Yt``, the final working set in its order (``order_out``, -1
+    after it) and the Cholesky factor of its :math:`S_W` (``LW_out``)."""
     n, rows = P.shape[0], C.shape[0]
+    order_out[:] = -1
     L[:] = P
     if cholesky_lapack(L, lapack[0]) != 0:
         return 1, 0
@@ -263,8 +267,11 @@ def _solve_one(
         x_out[i] = u[i] - v[i]
     _backward(L, x_out)  # x = L^{-T}(u - v)
     duals_out[:] = 0.0
+    order_out[:] = -1
     for j in range(k):
         duals_out[W[j]] = lam[j]
+        order_out[j] = W[j]
+        LW_out[j, : j + 1] = LW[j, : j + 1]
     return 0, iterations
 
 
@@ -282,19 +289,24 @@ def solve_batch(
     duals: np.ndarray,
     L: np.ndarray,
     Yt: np.ndarray,
+    order: np.ndarray,
+    LW: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:
     """``(status, iterations)`` per sample of the batch ``P`` (B, n, n), ``q`` (B, n), ``C``
     (B, rows, n), ``upper`` (B, rows) in daqp's layout (:data:`SOLVE_STATUS`; working-set
     changes); writes each sample's point ``X`` (B, n), multipliers ``duals`` (B, rows) of
     ``[G; A]`` (daqp's sign convention, :math:`Px + q + C^\\top\\lambda = 0`), Cholesky factor
-    ``L`` (B, n, n) of ``P`` and :math:`Y^\\top = (L^{-1}C^\\top)^\\top` (B, rows, n).
-    ``lapack``: :func:`dxopt.linalg.small.lapack_kernels`."""
+    ``L`` (B, n, n) of ``P``, :math:`Y^\\top = (L^{-1}C^\\top)^\\top` (B, rows, n), the
+    final working set in its order (``order`` (B, w), -1 after it; ``w = min(n, rows) + 1``)
+    and the lower Cholesky factor of its :math:`S_W` (``LW`` (B, w, w)), which the backward
+    takes when its active set is the working set. ``lapack``:
+    :func:`dxopt.linalg.small.lapack_kernels`."""
     B = q.shape[0]
     status = np.zeros(B, np.int64)
     iterations = np.zeros(B, np.int64)
     for i in range(B):
         status[i], iterations[i] = _solve_one(
             P[i], q[i], C[i], upper[i], m, primal_tol, max_iter, lapack, X[i], duals[i], L[i],
-            Yt[i],
+            Yt[i], order[i], LW[i],
         )  # fmt: skip
     return status, iterations

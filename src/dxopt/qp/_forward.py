@@ -157,7 +157,11 @@ class ForwardResult:
     produced each sample (``""``/NaN for failed samples); ``settled`` is False where the point
     was certified only by the duality gap (its active set is a guess). ``residuals`` are the
     per-sample primal and dual residuals of :class:`~dxopt.qp.QPInfo` when the forward already
-    computed them (the batch certificate), else ``None``.
+    computed them (the batch certificate), else ``None``. ``factors``: the Cholesky factor of
+    ``P`` (S, n, n), the rows :math:`L^{-1}c_r` of ``[G; A]`` (S, m + p, n), the final working
+    set (S, w) and its Schur complement's factor (S, w, w) of every sample when the forward
+    computed them (the compiled solver of :mod:`dxopt.qp._dual_active_set`),
+    for the backward to reuse, else ``None``.
     """
 
     x: Tensor
@@ -172,6 +176,7 @@ class ForwardResult:
     polished: tuple[bool, ...] = ()
     settled: tuple[bool, ...] = ()
     residuals: tuple[np.ndarray, np.ndarray] | None = None
+    factors: tuple[np.ndarray, ...] | None = None
 
 
 SPARSE_ONLY = ("clarabel", "osqp", "scs")

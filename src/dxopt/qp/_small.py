@@ -79,6 +79,7 @@ _SYM_TOL = {t: 100 * float(torch.finfo(t).eps) for t in _DTYPES}  # P's asymmetr
 _ABSENT: dict[tuple[int, Any], tuple[np.ndarray, np.ndarray]] = {}  # (n, dtype) -> (M, v)
 _NO_FACTOR = np.zeros((0, 0))  # no factors from the forward (lean_adjoint factors P itself)
 _NO_PIVOTS = np.zeros(0)
+_NO_PERM = np.zeros(0, np.int64)
 
 
 def small_inputs(P: object, q: object, A: object, b: object, G: object, h: object) -> bool:
@@ -431,7 +432,7 @@ def small_backward(
         _vector(grad_x, x.shape[0]),
         _vector(grad_ineq, m), _vector(grad_eq, p), regular.steps, regular.tol,
         regular.max_residual, DEPENDENT_TOL, _MARGIN, np.array(needs), _NO_FACTOR, _NO_FACTOR,
-        _NO_FACTOR, _NO_PIVOTS, 0,
+        _NO_FACTOR, _NO_PIVOTS, 0, _NO_PERM,
     )  # fmt: skip
     if status:
         return None

@@ -49,6 +49,7 @@ from dxopt.qp._small_kernels import certify_batch, lean_adjoint_batch, prepare_b
 from dxopt.qp._types import BackwardDiagnostics
 
 __all__ = [
+    "COMPILED_MAX_ENTRIES",
     "COMPILED_SOLVER",
     "SmallBatch",
     "small_batch_backward",
@@ -58,6 +59,7 @@ __all__ = [
 
 COMPILED_SOLVER = "dual_active_set"  # the name the compiled solver's samples report
 _MAX_ITER_PER_ROW = 5  # its working-set changes: at most this many per row, plus 20
+COMPILED_MAX_ENTRIES = 1 << 25  # the compiled route's factors: at most this many float64s
 _POOL: OrderedDict[tuple[Any, ...], list[list[Any]]] = OrderedDict()  # shapes -> entries
 _POOL_LOCK = threading.Lock()
 _POOL_ENTRIES, _POOL_BYTES = 2, 64 << 20  # entries per shape; bytes kept in all
@@ -66,12 +68,23 @@ _TAKEN = object()  # the owner of buffers in use by a forward still running
 _BASE = (2, 1, 2, 1, 2, 1)  # unbatched ndim of P, q, A, b, G, h
 
 
-def small_batch_inputs(P: object, q: object, A: object, b: object, G: object, h: object) -> int:
-    """The batch size ``B >= 2`` when ``(P, q, A, b, G, h)`` is a batch the lean batch path
-    takes (plain strided CPU tensors of one float dtype, each batched along a first axis of
-    ``B`` or shared, consistent shapes with ``1 <= n <= SMALL_MAX_N``, ``A, b`` and ``G, h``
+def small_batch_inputs(
+    P: object,
+    q: object,
+    A: object,
+    b: object,
+    G: object,
+    h: object,
+    *,
+    max_n: int | None = SMALL_MAX_N,
+    min_batch: int = 2,
+) -> int:
+    """The batch size ``B >= min_batch`` when ``(P, q, A, b, G, h)`` is a batch the lean
+    batch path takes (plain strided CPU tensors of one float dtype, each batched along a first
+    axis of ``B`` or shared, consistent shapes with ``1 <= n <= max_n``, ``A, b`` and ``G, h``
     in pairs, no forward-mode AD level open), else 0 (the general path decides, bad input
-    included)."""
+    included). ``max_n=None`` (the compiled solver's route): any ``n``, as long as its factors
+    (``B n (n + m + p)`` numbers) stay under :data:`COMPILED_MAX_ENTRIES`."""
     if type(q) is not Tensor or type(P) is not Tensor or q.dtype not in _SYM_TOL:
         return 0
     data = (P, q, A, b, G, h)
@@ -87,11 +100,15 @@ def small_batch_inputs(P: object, q: object, A: object, b: object, G: object, h:
             if batch and t.shape[0] != batch:
                 return 0
             batch = t.shape[0]
-    if batch < 2:
+    if batch < min_batch:
         return 0
     n = q.shape[-1]
-    if not 0 < n <= SMALL_MAX_N or P.shape[-2:] != (n, n):
+    if not 0 < n <= (max_n or n) or P.shape[-2:] != (n, n):
         return 0
+    if max_n is None:
+        rows = sum(M.shape[-2] for M in (A, G) if isinstance(M, Tensor) and M.ndim >= 2)
+        if batch * (n * (n + rows) + (min(n, rows) + 1) ** 2) > COMPILED_MAX_ENTRIES:
+            return 0
     for M, v in ((A, b), (G, h)):
         if (M is None) != (v is None):
             return 0
@@ -130,6 +147,8 @@ class SmallBatch:
     L_given: np.ndarray = field(default_factory=lambda: np.zeros((0, 0, 0)))
     Y_given: np.ndarray = field(default_factory=lambda: np.zeros((0, 0, 0)))
     given: np.ndarray = field(default_factory=lambda: np.zeros(0, np.bool_))
+    order_given: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.int64))
+    LW_given: np.ndarray = field(default_factory=lambda: np.zeros((0, 0, 0)))
 
     def gradients(
         self,
@@ -150,8 +169,9 @@ class SmallBatch:
                 self.upper[:, :m])  # fmt: skip
         present = (True, True, p > 0 or self.empty[0], p > 0 or self.empty[0],
                    m > 0 or self.empty[1], m > 0 or self.empty[1])  # fmt: skip
+        every = samples.size == self.q.shape[0]  # the whole batch, in order: views
         return tuple(
-            (a[0] if shared else a[samples]) if given else None
+            (a[0] if shared else a if every else a[samples]) if given else None
             for a, shared, given in zip(full, self.shared, present)
         )
 
@@ -194,7 +214,7 @@ def small_batch_forward(
     m, p = views[4].shape[1], views[2].shape[1]
     use_compiled = compiled and starts is None
     entry, buffers = _workspace(batch, n, m, p, use_compiled)
-    Pn, qn, C, upper, g_inf, L_given, Y_given = buffers
+    Pn, qn, C, upper, g_inf, L_given, Y_given, order, LW = buffers
     if prepare_batch(*views, _SYM_TOL[q.dtype], Pn, qn, C, upper, g_inf):
         # NaN/Inf, asymmetric P, a zero row of G: the general path's rules and errors
         entry[0] = None
@@ -209,7 +229,7 @@ def small_batch_forward(
         with blas_threads(1):
             status, _ = solve_batch(
                 Pn, qn, C, upper, m, eps_abs, _MAX_ITER_PER_ROW * (m + p) + 20, lapack_kernels(),
-                X, duals, L_given, Y_given,
+                X, duals, L_given, Y_given, order, LW,
             )  # fmt: skip
         given = status == 0
     else:
@@ -236,6 +256,7 @@ def small_batch_forward(
     out.primal, out.dual, out.outputs = tuple(primal.tolist()), tuple(dual.tolist()), outputs
     out.solvers = tuple(COMPILED_SOLVER if g else "daqp" for g in given.tolist())
     out.L_given, out.Y_given, out.given = L_given, Y_given, given
+    out.order_given, out.LW_given = order, LW
     out.solve_time = time.perf_counter() - start
     return out
 
@@ -243,17 +264,20 @@ def small_batch_forward(
 def _workspace(
     batch: int, n: int, m: int, p: int, factors: bool
 ) -> tuple[list[Any], tuple[np.ndarray, ...]]:
-    """``(entry, (P, q, C, upper, g_inf, L, Yt))``: float64 buffers for a batch (``L`` (B, n, n)
-    and ``Yt`` (B, rows, n) only with ``factors``), taken from the pool when a batch that
-    used them is gone, else new. Fresh multi-megabyte arrays on every call page-fault on
+    """``(entry, (P, q, C, upper, g_inf, L, Yt, order, LW))``: buffers for a batch (the
+    compiled solver's ``L`` (B, n, n), ``Yt`` (B, rows, n), ``order`` (B, w) and ``LW``
+    (B, w, w), ``w = min(n, rows) + 1``, only with ``factors``), taken from the pool when a
+    batch that used them is gone, else new. Fresh multi-megabyte arrays on every call page-fault on
     first touch (a few ms per call at 128 x n=50, varying with the heap's state); reused ones
     do not. At most two sets per shape and 64 MiB in all are kept (the shapes used longest
     ago are dropped first; a batch in use keeps its own buffers alive). ``entry[0]`` is the
     owner: the caller sets a weak reference to its :class:`SmallBatch`, or ``None`` to give
     the buffers back at once."""
     rows = m + p
+    w = min(n, rows) + 1
     shapes = [(batch, n, n), (batch, n), (batch, rows, n), (batch, rows), (batch, m)]
-    shapes += [(batch, n, n), (batch, rows, n)] if factors else [(0, 0, 0), (0, 0, 0)]
+    shapes += [(batch, n, n), (batch, rows, n), (batch, w), (batch, w, w)] if factors else [
+        (0, 0, 0), (0, 0, 0), (0, 0), (0, 0, 0)]  # fmt: skip
     key = tuple(shapes)
     size = sum(math.prod(s) for s in shapes) * 8
     with _POOL_LOCK:
@@ -263,7 +287,8 @@ def _workspace(
             if owner is None or (owner is not _TAKEN and owner() is None):
                 entry[0] = _TAKEN
                 return entry, entry[1]
-        buffers = tuple(np.empty(s) for s in shapes)
+        buffers = tuple(np.empty(s, np.int64 if i == 7 else np.float64)
+                        for i, s in enumerate(shapes))  # fmt: skip
         entry = [_TAKEN, buffers]
         if size <= _POOL_BYTES and len(entries) < _POOL_ENTRIES:
             entries.append(entry)
@@ -314,7 +339,7 @@ def small_batch_backward(
         sb.P, sb.q, sb.C, sb.upper, m, sb.X, sb.duals, sb.g_inf, _cotangent(grad_x, (B, n)),
         _cotangent(grad_ineq, (B, m)), _cotangent(grad_eq, (B, p)), regular.steps, regular.tol,
         regular.max_residual, DEPENDENT_TOL, _MARGIN, np.array(needs), sb.L_given, sb.Y_given,
-        sb.given, lapack_kernels().potrf,
+        sb.order_given, sb.LW_given, sb.given, lapack_kernels(),
     )  # fmt: skip
     _record(
         sb.diagnostics, method, float(residual.max()), int(steps.max()), tuple(k.tolist()),

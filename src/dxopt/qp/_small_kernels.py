@@ -32,6 +32,7 @@ __all__ = [
     "lean_adjoint_batch",
     "prepare",
     "prepare_batch",
+    "reused_adjoint_batch",
 ]
 
 _jit: Any = njit(cache=True, nogil=True)
@@ -390,6 +391,40 @@ def _active_accuracy(
 
 
 @_jit
+def _point_accuracy(
+    P: np.ndarray,
+    q: np.ndarray,
+    C: np.ndarray,
+    upper: np.ndarray,
+    m: int,
+    x: np.ndarray,
+    nu: np.ndarray,
+    working: np.ndarray,
+    g_inf: np.ndarray,
+    margin_min: float,
+) -> float:
+    """:func:`_active_accuracy` at the point ``x`` with inequality multipliers ``nu`` and the
+    working set ``working`` (its slacks and residuals computed here)."""
+    n, rows = x.shape[0], C.shape[0]
+    p = rows - m
+    slack = np.empty(m)
+    nu_inf = np.empty(m)
+    eq_residual = np.empty(p)
+    for r in range(rows):
+        s = 0.0
+        for j in range(n):
+            s += C[r, j] * x[j]
+        if r < m:
+            slack[r] = upper[r] - s
+            nu_inf[r] = nu[r] * g_inf[r]
+        else:
+            eq_residual[r - m] = s - upper[r]
+    return _active_accuracy(
+        P, q, C, upper, m, x, working, slack, nu_inf, g_inf, eq_residual, margin_min
+    )
+
+
+@_jit
 def lean_adjoint(
     P: np.ndarray,
     q: np.ndarray,
@@ -414,6 +449,7 @@ def lean_adjoint(
     LS_given: np.ndarray,
     pivots_given: np.ndarray,
     info_given: int,
+    perm_given: np.ndarray,
 ) -> tuple[int, float, int, int, float, tuple[np.ndarray, ...]]:
     """``(status, residual, steps, k, accuracy, grads)``: the lean backward of one problem
     (:func:`dxopt.qp._small.small_backward`) at the certified point ``x``, ``duals``,
@@ -427,28 +463,16 @@ def lean_adjoint(
     of absent constraints, are empty arrays). ``L_given`` (n, n),
     ``Y_given`` ((k + p, n): the rows :math:`L^{-1}c_j` of the working rows, then of the
     equality rows), ``LS_given``, ``pivots_given``, ``info_given``: the block elimination's
-    factors (:func:`dxopt.linalg.small.schur_complement_rows`) when the caller has them;
-    ``L_given`` without entries otherwise. ``status`` indexes :data:`ADJOINT_STATUS`."""
+    factors (:func:`dxopt.linalg.small.schur_complement_rows`) when the caller has them, in
+    the order ``perm_given`` (row ``a`` of the factors is row ``perm_given[a]`` of the working
+    rows then the equality rows); ``L_given`` without entries otherwise. ``status`` indexes
+    :data:`ADJOINT_STATUS`."""
     x, mu, nu, working = _point(x, duals, working, m)
     n, rows = x.shape[0], C.shape[0]
     p = rows - m
-    slack = np.empty(m)
-    nu_inf = np.empty(m)
-    eq_residual = np.empty(p)
-    for r in range(rows):
-        s = 0.0
-        for j in range(n):
-            s += C[r, j] * x[j]
-        if r < m:
-            slack[r] = upper[r] - s
-            nu_inf[r] = nu[r] * g_inf[r]
-        else:
-            eq_residual[r - m] = s - upper[r]
     empty = (np.zeros((0, 0)), np.zeros(0), np.zeros((0, 0)), np.zeros(0), np.zeros((0, 0)),
              np.zeros(0))  # fmt: skip
-    accuracy = _active_accuracy(
-        P, q, C, upper, m, x, working, slack, nu_inf, g_inf, eq_residual, margin_min
-    )
+    accuracy = _point_accuracy(P, q, C, upper, m, x, nu, working, g_inf, margin_min)
     if accuracy < 0.0:
         return 1, 0.0, 0, 0, 0.0, empty
     J = np.flatnonzero(working)
@@ -469,11 +493,38 @@ def lean_adjoint(
         return 2, 0.0, 0, 0, 0.0, empty
     if info_s != 0 or (pivots < dependent_tol).any():
         return 3, 0.0, 0, 0, 0.0, empty
+    rows_given = L_given.shape[0] == n  # Y holds the rows L^{-1} c_j, in perm_given's order
+    if rows_given:
+        u, w, rel, steps = _permuted_solve(P, CJ, L, Y, LS, g, r2, perm_given, steps_max, tol)
+    else:
+        u, w, rel, steps = _refined_solve(P, CJ, L, Y, LS, g, r2, False, steps_max, tol)
+    if not rel <= max_residual:
+        return 4, rel, steps, k, accuracy, empty
+    grads = _gradients(x, mu, nu, working, J, u, w, m, p, needs)
+    return 0, rel, steps, k, accuracy, grads
+
+
+@_jit
+def _refined_solve(
+    P: np.ndarray,
+    CJ: np.ndarray,
+    L: np.ndarray,
+    Y: np.ndarray,
+    LS: np.ndarray,
+    g: np.ndarray,
+    r2: np.ndarray,
+    rows_given: bool,
+    steps_max: int,
+    tol: float,
+) -> tuple[np.ndarray, np.ndarray, float, int]:
+    """``(u, w, relative residual, steps)``: :math:`[[P, C_J^\\top], [C_J, 0]][u; w] =
+    [g; r_2]` by the block elimination's factors (``Y`` the rows :math:`L^{-1}c_j` when
+    ``rows_given``, else their transpose), refined against the exact matrix with the stopping
+    and best-iterate rules of :func:`dxopt.qp._backward_kkt.schur_refine`."""
     norm = max(math.sqrt(g @ g + r2 @ r2), 1e-300)
-    rows_given = L_given.shape[0] == n  # Y holds the rows L^{-1} c_j
     u, w = schur_solve_rows(L, Y, LS, g, r2) if rows_given else schur_solve_small(L, Y, LS, g, r2)
     r1, rr, rel = _residual(P, CJ, g, r2, u, w, norm)
-    steps, best = 0, math.inf  # the stopping rule and best-iterate rule of schur_refine
+    steps, best = 0, math.inf
     while not (steps >= steps_max or rel <= tol or (rel > 0.5 * best and rel < 1e-12)):
         best = min(best, rel)
         if rows_given:
@@ -485,10 +536,150 @@ def lean_adjoint(
         steps += 1
         if new_rel < rel:
             u, w, r1, rr, rel = new_u, new_w, new_r1, new_rr, new_rel
-    if not rel <= max_residual:
-        return 4, rel, steps, k, accuracy, empty
-    grads = _gradients(x, mu, nu, working, J, u, w, m, p, needs)
-    return 0, rel, steps, k, accuracy, grads
+    return u, w, rel, steps
+
+
+@_jit
+def _permuted_solve(
+    P: np.ndarray,
+    CJ: np.ndarray,
+    L: np.ndarray,
+    Yt: np.ndarray,
+    LS: np.ndarray,
+    g: np.ndarray,
+    r2: np.ndarray,
+    perm: np.ndarray,
+    steps_max: int,
+    tol: float,
+) -> tuple[np.ndarray, np.ndarray, float, int]:
+    """:func:`_refined_solve` from the rows :math:`L^{-1}c_j` and the factor of their Schur
+    complement in the order ``perm`` (row ``a`` of ``Yt`` is row ``perm[a]`` of ``CJ``);
+    ``w`` comes back in ``CJ``'s order (the solution does not depend on the rows' order)."""
+    k = perm.shape[0]
+    Cp = np.empty_like(CJ)
+    rp = np.empty(k)
+    for a in range(k):
+        Cp[a] = CJ[perm[a]]
+        rp[a] = r2[perm[a]]
+    u, wp, rel, steps = _refined_solve(P, Cp, L, Yt, LS, g, rp, True, steps_max, tol)
+    w = np.empty(k)
+    for a in range(k):
+        w[perm[a]] = wp[a]
+    return u, w, rel, steps
+
+
+@_jit
+def _forward_factors(
+    Y_given: np.ndarray,
+    order: np.ndarray,
+    LW: np.ndarray,
+    rows_sel: np.ndarray,
+    lapack: Any,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+    """``(perm, Yt, L_S, pivots, info)`` of the rows ``rows_sel`` of ``[G; A]``: the forward's
+    factor of the working set's Schur complement ``LW`` in its ``order`` when the working set
+    is exactly those rows (``perm[a]``: the position in ``rows_sel`` of its ``a``-th row;
+    squared pivots :math:`(L_S)_{jj}^2/\\|y_j\\|^2`), else the Schur complement formed from
+    the rows (:func:`dxopt.linalg.small.schur_complement_rows`) in ``rows_sel``'s order."""
+    k = rows_sel.shape[0]
+    count = 0
+    while count < order.shape[0] and order[count] >= 0:
+        count += 1
+    same = count == k
+    if same:
+        where = np.full(Y_given.shape[0], -1, np.int64)
+        for a in range(k):
+            where[rows_sel[a]] = a
+        perm = np.empty(k, np.int64)
+        for j in range(k):
+            perm[j] = where[order[j]]
+            if perm[j] < 0:
+                same = False
+                break
+    if same:  # LW itself (its k x k lower triangle is all the solves read)
+        Yt = np.empty((k, Y_given.shape[1]))
+        pivots = np.empty(k)
+        for j in range(k):
+            Yt[j] = Y_given[order[j]]
+            pivots[j] = LW[j, j] * LW[j, j] / max(Yt[j] @ Yt[j], 1e-300)
+        return perm, Yt, LW, pivots, 0
+    Yt = np.empty((k, Y_given.shape[1]))
+    for a in range(k):
+        Yt[a] = Y_given[rows_sel[a]]
+    LS, pivots, info = schur_complement_rows(Yt, 1e-14, lapack)
+    return np.arange(k), Yt, LS, pivots, info
+
+
+@_jit
+def reused_adjoint_batch(
+    P: np.ndarray,
+    C: np.ndarray,
+    rhs2: np.ndarray,
+    index: np.ndarray,
+    mask: np.ndarray,
+    m: int,
+    g: np.ndarray,
+    ok: np.ndarray,
+    L_given: np.ndarray,
+    Y_given: np.ndarray,
+    order_given: np.ndarray,
+    LW_given: np.ndarray,
+    lapack: Any,
+    steps_max: int,
+    tol: float,
+    dependent_tol: float,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(status, u, w, residual, steps)`` of the general path's reduced KKT systems from the
+    forward's factors: ``P`` (S, n, n), the rows ``C`` (S, k + p, n) and right-hand sides
+    ``rhs2`` of :func:`dxopt.qp._backward_kkt.dense_rows` (its ``index`` (S, k) of the used
+    inequality rows, valid where ``mask``), the cotangents ``g`` (S, n), and per sample the
+    Cholesky factor ``L_given`` of ``P`` and the rows :math:`L^{-1}c_r` of every row of
+    ``[G; A]`` (``Y_given`` (S, m + p, n)), its final working set and factor
+    (``order_given``, ``LW_given``: :mod:`dxopt.qp._dual_active_set`). The Schur complement
+    of the used rows is the forward's when they are its working set, else formed from their
+    rows (:func:`_forward_factors`); its squared pivots
+    tested against ``dependent_tol`` (status 3 below it, 2 when its factorization fails) and
+    the system solved and refined as the lean backward does (:func:`_refined_solve`). ``w``
+    is aligned with the rows of ``C`` (zero on padding rows)."""
+    S, rows_total, n = C.shape
+    k = index.shape[1]
+    p = rows_total - k
+    status = np.zeros(S, np.int64)
+    steps = np.zeros(S, np.int64)
+    residual = np.zeros(S)
+    u_out = np.zeros((S, n))
+    w_out = np.zeros((S, rows_total))
+    for i in range(S):
+        if not ok[i]:
+            continue
+        valid = np.flatnonzero(mask[i])
+        kv = valid.shape[0]
+        rows_sel = np.empty(kv + p, np.int64)  # rows of [G; A]
+        source = np.empty(kv + p, np.int64)  # their rows in C
+        for a in range(kv):
+            rows_sel[a], source[a] = index[i, valid[a]], valid[a]
+        for a in range(p):
+            rows_sel[kv + a], source[kv + a] = m + a, k + a
+        perm, Yt, LS, pivots, info = _forward_factors(
+            Y_given[i], order_given[i], LW_given[i], rows_sel, lapack
+        )
+        if info != 0:
+            status[i] = 2
+            continue
+        if (pivots < dependent_tol).any():
+            status[i] = 3
+            continue
+        Cp = np.empty((kv + p, n))  # in the factors' order
+        rp = np.empty(kv + p)
+        for j in range(kv + p):
+            Cp[j] = C[i, source[perm[j]]]
+            rp[j] = rhs2[i, source[perm[j]]]
+        u_out[i], w, residual[i], steps[i] = _refined_solve(
+            P[i], Cp, L_given[i], Yt, LS, g[i], rp, True, steps_max, tol
+        )
+        for j in range(kv + p):
+            w_out[i, source[perm[j]]] = w[j]
+    return status, u_out, w_out, residual, steps
 
 
 @_jit
@@ -616,17 +807,21 @@ def lean_adjoint_batch(
     needs: np.ndarray,
     L_given: np.ndarray,
     Y_given: np.ndarray,
+    order_given: np.ndarray,
+    LW_given: np.ndarray,
     given: np.ndarray,
-    potrf: Any,
+    lapack: Any,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, tuple[np.ndarray, ...]]:
     """:func:`lean_adjoint` for a batch of daqp points: ``(status, residual, steps, k,
     accuracy, grads)``, each with a leading ``B`` axis (the gradients of absent or unneeded
     inputs have no entries); a sample with ``status != 0`` keeps zero gradients (the caller
-    hands it to the general path). ``L_given`` (B, n, n), ``Y_given`` (B, m + p, n): the
-    forward's Cholesky factors of ``P`` and rows :math:`L^{-1}c_r` of the samples with
-    ``given[i]`` (no entries when none has them), from which the block elimination of the
-    working rows is finished (:func:`dxopt.linalg.small.schur_complement_rows`, LAPACK's
-    ``dpotrf`` from :class:`dxopt.linalg.small.LapackKernels`) instead of factoring again."""
+    hands it to the general path). ``L_given`` (B, n, n), ``Y_given`` (B, m + p, n),
+    ``order_given``, ``LW_given``: the forward's Cholesky factors of ``P``, rows
+    :math:`L^{-1}c_r`, working sets and factors of their Schur complements
+    (:mod:`dxopt.qp._dual_active_set`) of the samples with ``given[i]`` (no entries when none
+    has them), from which the block elimination of the working rows is taken
+    (:func:`_forward_factors`; ``lapack``: a :class:`dxopt.linalg.small.LapackKernels`)
+    instead of factoring again."""
     B, n = X.shape
     rows = C.shape[1]
     p = rows - m
@@ -643,19 +838,25 @@ def lean_adjoint_batch(
     none = np.zeros(0, np.bool_)
     no = np.zeros((0, 0))
     for i in range(B):
-        L_i, Y_i, LS_i, pivots_i, info_i = no, no, no, np.zeros(0), 0
+        L_i, Y_i, LS_i, pivots_i, info_i, perm_i = no, no, no, np.zeros(0), 0, np.zeros(0, np.int64)
         if given[i]:
-            J = np.flatnonzero(duals[i, :m] > 0.0)  # the working rows (as _point reads them)
-            Yt = np.empty((J.shape[0] + p, n))
-            for a in range(J.shape[0]):
-                Yt[a] = Y_given[i, J[a]]
-            Yt[J.shape[0] :] = Y_given[i, m:]
-            L_i, Y_i = L_given[i], Yt
-            LS_i, pivots_i, info_i = schur_complement_rows(Yt, 1e-14, potrf)
+            x, _, nu, working = _point(X[i], duals[i], none, m)
+            if _point_accuracy(P[i], q[i], C[i], upper[i], m, x, nu, working, g_inf[i],
+                               margin_min) < 0.0:  # fmt: skip
+                status[i] = 1  # ambiguous: the general path (nothing factored in vain)
+                continue
+            J = np.flatnonzero(working)
+            rows_sel = np.empty(J.shape[0] + p, np.int64)
+            rows_sel[: J.shape[0]] = J
+            rows_sel[J.shape[0] :] = np.arange(m, m + p)
+            perm_i, Y_i, LS_i, pivots_i, info_i = _forward_factors(
+                Y_given[i], order_given[i], LW_given[i], rows_sel, lapack
+            )
+            L_i = L_given[i]
         status[i], residual[i], steps[i], k[i], accuracy[i], grads = lean_adjoint(
             P[i], q[i], C[i], upper[i], m, X[i], duals[i], none, g_inf[i], g[i], r_ineq[i],
             r_eq[i], steps_max, tol, max_residual, dependent_tol, margin_min, needs, L_i, Y_i,
-            LS_i, pivots_i, info_i,
+            LS_i, pivots_i, info_i, perm_i,
         )  # fmt: skip
         if status[i]:
             residual[i] = 0.0

@@ -46,6 +46,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -219,7 +220,18 @@ def adjoint_input(
         ok=ok,
         active=active,
         settled=settled,
+        factors=_picked_factors(result.factors, idx),
     )
+
+
+def _picked_factors(
+    factors: tuple[np.ndarray, ...] | None, idx: Tensor | None
+) -> tuple[np.ndarray, ...] | None:
+    """The forward's factors of the samples ``idx`` (all for ``None``)."""
+    if factors is None or idx is None:
+        return factors
+    index = idx.numpy()
+    return tuple(a[index] for a in factors)
 
 
 def run_adjoint(state: QPState, data: AdjointInput) -> AdjointSolution:
