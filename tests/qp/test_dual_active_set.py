@@ -98,7 +98,9 @@ def test_points_match_daqp_and_satisfy_kkt(B, n, m, p):
         k = W.size
         S = Yt[i][W] @ Yt[i][W].T
         Lk = np.tril(LW[i][:k, :k])
-        np.testing.assert_allclose(Lk @ Lk.T, S, rtol=0, atol=1e-10 * (1 + np.abs(S).max(initial=0)))
+        np.testing.assert_allclose(
+            Lk @ Lk.T, S, rtol=0, atol=1e-10 * (1 + np.abs(S).max(initial=0))
+        )
 
 
 def test_what_it_does_not_solve_gets_a_status():
