@@ -378,13 +378,14 @@ def solve(
         solver: a qpsolvers backend name, ``"torch"`` (the batched torch interior point of
             :mod:`dxopt.qp._torch_solver`: dense inputs stay on their device and dtype, and
             its own backward reuses the forward's factorization; :mod:`dxopt.qp._torch_layer`),
-            or ``"auto"``: ``"torch"`` for dense inputs off the CPU, ``"daqp"`` for dense
-            problems on the CPU, except a batch of small dense problems (n <= 64) with the
-            default options and no warm start: the compiled dual active-set solver of
-            :mod:`dxopt.qp._dual_active_set` (``info.solver == "dual_active_set"``; daqp for any
-            sample it does not solve, named in ``info.sample_solvers``), ``"piqp"`` when a
-            matrix is sparse (fastest in our measurements; see
-            :func:`dxopt.qp._forward.default_solver`).
+            or ``"auto"``: ``"torch"`` for dense inputs off the CPU, ``"piqp"`` when a matrix
+            is sparse, and on the CPU ``"daqp"`` for one dense problem with n <= 64 (or with
+            options the lean paths do not take), else, for a dense batch or one dense problem
+            with n > 64 with the default options and no warm start, the compiled dual
+            active-set solver of :mod:`dxopt.qp._dual_active_set` (``info.solver ==
+            "dual_active_set"``; daqp for any sample it does not solve, named in
+            ``info.sample_solvers``; its backward reuses the solver's factors). Fastest in our
+            measurements (see :func:`dxopt.qp._forward.default_solver`).
         eps_abs, eps_rel: solver tolerances, mapped to each backend's own settings (daqp is an
             active-set method solving to machine precision and ignores them).
         on_failure: ``"raise"`` raises :class:`QPSolveError` naming the failed batch indices;

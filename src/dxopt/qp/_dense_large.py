@@ -113,7 +113,8 @@ def reused_dense_adjoint(
     rows = dense_rows(data, active.used)
     S = data.x.shape[0]
     P = rows.P.numpy()
-    P = np.broadcast_to(P, (S, *P.shape[-2:])) if P.ndim == 2 else P
+    if P.ndim == 2:  # shared: a view for one sample, else one copy per sample
+        P = P[None] if S == 1 else np.broadcast_to(P, (S, *P.shape))
     L, Yt, order, LW = data.factors
     with blas_threads(1):
         status, u, w, residual, steps = reused_adjoint_batch(

@@ -127,11 +127,14 @@ def default_solver(problem: QPProblem) -> str:
     ======  =====================================================================
 
     (Before the lean batch path, torch measured 0.44-0.96 of daqp at B >= 512, n = 10, and
-    ``"auto"`` picked it there.) A batch that the lean batch path takes is solved, under
-    ``"auto"``, by dxopt's compiled dual active-set solver (:mod:`dxopt.qp._dual_active_set`;
-    :func:`dxopt.qp.solve` routes it there before this function is asked): at 128 x n=50
-    its fwd+bwd measured 1.2-1.3x the raw qpsolvers daqp loop against 1.6x with daqp
-    (``dxopt bench qp_speed``; BENCHMARKS.md).
+    ``"auto"`` picked it there.) A dense CPU batch, or one dense problem with n > 64, with
+    the default options is solved under ``"auto"`` by dxopt's compiled dual active-set solver
+    (:mod:`dxopt.qp._dual_active_set`; :func:`dxopt.qp.solve` routes it there before this
+    function is asked): fwd+bwd against the raw qpsolvers daqp loop's forward, 128 x n=50
+    1.12x (daqp: 1.58x), 1024 x n=20 0.93x (1.20x) (``dxopt bench qp_speed``); one dense
+    problem, n = 1000, 0.64x raw daqp (``python -m benchmarks.qp_speed.dense``; its forward
+    alone is 0.57x: the same iterations as daqp, LAPACK/BLAS for the factorization and the
+    transformed rows).
 
     Backends on the CPU, measured through :func:`solve_forward` (eps_abs = 1e-9, 1 thread,
     the shared 2-core machine under a load average of 5-9, medians): dense dQP problems
