@@ -155,6 +155,7 @@ def _subspace_minimiser(LW: np.ndarray, d: np.ndarray, W: np.ndarray, k: int) ->
 
 
 _REFINE_STEPS = 2  # Newton steps on the working set's KKT system at the end
+_REFINE_MIN_ROWS = 64  # for working sets above this size (smaller: accurate already)
 
 
 @_jit
@@ -318,7 +319,8 @@ def _solve_one(
     for i in range(n):
         x_out[i] = u[i] - v[i]
     _backward(L, x_out)  # x = L^{-T}(u - v)
-    _refine(P, q, C, upper, m, L, Yt, W, LW, k, x_out, lam)
+    if k > _REFINE_MIN_ROWS:
+        _refine(P, q, C, upper, m, L, Yt, W, LW, k, x_out, lam)
     duals_out[:] = 0.0
     order_out[:] = -1
     for j in range(k):

@@ -432,7 +432,7 @@ def small_backward(
         _vector(grad_x, x.shape[0]),
         _vector(grad_ineq, m), _vector(grad_eq, p), regular.steps, regular.tol,
         regular.max_residual, DEPENDENT_TOL, _MARGIN, np.array(needs), _NO_FACTOR, _NO_FACTOR,
-        _NO_FACTOR, _NO_PIVOTS, 0, _NO_PERM,
+        _NO_FACTOR, _NO_PIVOTS, 0, _NO_PERM, -2.0,
     )  # fmt: skip
     if status:
         return None

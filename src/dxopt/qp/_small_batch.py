@@ -83,8 +83,10 @@ def small_batch_inputs(
     batch path takes (plain strided CPU tensors of one float dtype, each batched along a first
     axis of ``B`` or shared, consistent shapes with ``1 <= n <= max_n``, ``A, b`` and ``G, h``
     in pairs, no forward-mode AD level open), else 0 (the general path decides, bad input
-    included). ``max_n=None`` (the compiled solver's route): any ``n``, as long as its factors
-    (``B n (n + m + p)`` numbers) stay under :data:`COMPILED_MAX_ENTRIES`."""
+    included). ``max_n=None`` (the compiled solver's route): any ``n``, as long as its
+    workspace fits the buffer pool (a batch: fresh buffers of hundreds of MB cost more in
+    page faults than the solver saves; measured at 1024 x n=100) or, for one problem,
+    :data:`COMPILED_MAX_ENTRIES` numbers."""
     if type(q) is not Tensor or type(P) is not Tensor or q.dtype not in _SYM_TOL:
         return 0
     data = (P, q, A, b, G, h)
@@ -105,9 +107,10 @@ def small_batch_inputs(
     n = q.shape[-1]
     if not 0 < n <= (max_n or n) or P.shape[-2:] != (n, n):
         return 0
-    if max_n is None:
+    if max_n is None:  # the workspace: copies of P and C, L, the rows L^-1 c, the set's factor
         rows = sum(M.shape[-2] for M in (A, G) if isinstance(M, Tensor) and M.ndim >= 2)
-        if batch * (n * (n + rows) + (min(n, rows) + 1) ** 2) > COMPILED_MAX_ENTRIES:
+        entries = batch * (2 * n * (n + rows) + (min(n, rows) + 1) ** 2)
+        if entries > (COMPILED_MAX_ENTRIES if batch == 1 else _POOL_BYTES // 8):
             return 0
     for M, v in ((A, b), (G, h)):
         if (M is None) != (v is None):

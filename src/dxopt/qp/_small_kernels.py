@@ -450,6 +450,7 @@ def lean_adjoint(
     pivots_given: np.ndarray,
     info_given: int,
     perm_given: np.ndarray,
+    accuracy_given: float,
 ) -> tuple[int, float, int, int, float, tuple[np.ndarray, ...]]:
     """``(status, residual, steps, k, accuracy, grads)``: the lean backward of one problem
     (:func:`dxopt.qp._small.small_backward`) at the certified point ``x``, ``duals``,
@@ -465,14 +466,17 @@ def lean_adjoint(
     equality rows), ``LS_given``, ``pivots_given``, ``info_given``: the block elimination's
     factors (:func:`dxopt.linalg.small.schur_complement_rows`) when the caller has them, in
     the order ``perm_given`` (row ``a`` of the factors is row ``perm_given[a]`` of the working
-    rows then the equality rows); ``L_given`` without entries otherwise. ``status`` indexes
-    :data:`ADJOINT_STATUS`."""
+    rows then the equality rows); ``L_given`` without entries otherwise. ``accuracy_given``:
+    :func:`_point_accuracy` when the caller computed it (non-negative), else -2. ``status``
+    indexes :data:`ADJOINT_STATUS`."""
     x, mu, nu, working = _point(x, duals, working, m)
     n, rows = x.shape[0], C.shape[0]
     p = rows - m
     empty = (np.zeros((0, 0)), np.zeros(0), np.zeros((0, 0)), np.zeros(0), np.zeros((0, 0)),
              np.zeros(0))  # fmt: skip
-    accuracy = _point_accuracy(P, q, C, upper, m, x, nu, working, g_inf, margin_min)
+    accuracy = accuracy_given
+    if accuracy < -1.5:
+        accuracy = _point_accuracy(P, q, C, upper, m, x, nu, working, g_inf, margin_min)
     if accuracy < 0.0:
         return 1, 0.0, 0, 0, 0.0, empty
     J = np.flatnonzero(working)
@@ -839,11 +843,14 @@ def lean_adjoint_batch(
     no = np.zeros((0, 0))
     for i in range(B):
         L_i, Y_i, LS_i, pivots_i, info_i, perm_i = no, no, no, np.zeros(0), 0, np.zeros(0, np.int64)
+        accuracy_i = -2.0
         if given[i]:
             x, _, nu, working = _point(X[i], duals[i], none, m)
-            if _point_accuracy(P[i], q[i], C[i], upper[i], m, x, nu, working, g_inf[i],
-                               margin_min) < 0.0:  # fmt: skip
-                status[i] = 1  # ambiguous: the general path (nothing factored in vain)
+            accuracy_i = _point_accuracy(
+                P[i], q[i], C[i], upper[i], m, x, nu, working, g_inf[i], margin_min
+            )
+            if accuracy_i < 0.0:
+                status[i] = 1  # ambiguous: the general path (nothing gathered in vain)
                 continue
             J = np.flatnonzero(working)
             rows_sel = np.empty(J.shape[0] + p, np.int64)
@@ -856,7 +863,7 @@ def lean_adjoint_batch(
         status[i], residual[i], steps[i], k[i], accuracy[i], grads = lean_adjoint(
             P[i], q[i], C[i], upper[i], m, X[i], duals[i], none, g_inf[i], g[i], r_ineq[i],
             r_eq[i], steps_max, tol, max_residual, dependent_tol, margin_min, needs, L_i, Y_i,
-            LS_i, pivots_i, info_i, perm_i,
+            LS_i, pivots_i, info_i, perm_i, accuracy_i,
         )  # fmt: skip
         if status[i]:
             residual[i] = 0.0
