@@ -44,6 +44,7 @@ __all__ = [
     "schur_complement_rows",
     "schur_complement_small",
     "schur_factor_small",
+    "schur_solve_indexed",
     "schur_solve_rows",
     "schur_solve_small",
 ]
@@ -369,6 +370,51 @@ def schur_solve_rows(
         f = w[a]
         for i in range(n):
             t[i] -= f * Yt[a, i]
+    for j in range(n - 1, -1, -1):
+        t[j] /= L[j, j]
+        f = t[j]
+        for i in range(j):
+            t[i] -= f * L[j, i]
+    return t, w
+
+
+@njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
+def schur_solve_indexed(
+    L: np.ndarray,
+    Y_all: np.ndarray,
+    rows: np.ndarray,
+    LS: np.ndarray,
+    r1: np.ndarray,
+    r2: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`schur_solve_rows` with the rows :math:`L^{-1}c_j` read in place from
+    ``Y_all[rows]`` (no gathered copy; for thousands of long rows the copy is the cost)."""
+    k, n = rows.shape[0], L.shape[0]
+    t = r1.copy()
+    for i in range(n):
+        s = t[i]
+        for j in range(i):
+            s -= L[i, j] * t[j]
+        t[i] = s / L[i, i]
+    w = np.empty(k)
+    for a in range(k):
+        y = Y_all[rows[a]]
+        s = -r2[a]
+        for i in range(n):
+            s += y[i] * t[i]
+        for c in range(a):
+            s -= LS[a, c] * w[c]
+        w[a] = s / LS[a, a]
+    for j in range(k - 1, -1, -1):
+        w[j] /= LS[j, j]
+        f = w[j]
+        for c in range(j):
+            w[c] -= f * LS[j, c]
+    for a in range(k):
+        f = w[a]
+        y = Y_all[rows[a]]
+        for i in range(n):
+            t[i] -= f * y[i]
     for j in range(n - 1, -1, -1):
         t[j] /= L[j, j]
         f = t[j]

@@ -105,31 +105,33 @@ def reused_dense_adjoint(
     any sample it does not pass, or a residual above ``max_residual``, returns ``None`` and
     the paths above decide."""
     from dxopt.linalg.small import lapack_kernels
-    from dxopt.qp._small_kernels import reused_adjoint_batch
+    from dxopt.qp._small_kernels import reused_adjoint_rows
 
-    if data.factors is None:
-        return None
     problem = data.problem
-    rows = dense_rows(data, active.used)
-    S = data.x.shape[0]
-    P = rows.P.numpy()
-    if P.ndim == 2:  # shared: a view for one sample, else one copy per sample
-        P = P[None] if S == 1 else np.broadcast_to(P, (S, *P.shape))
+    if data.factors is None or problem.any_sparse:
+        return None
+    n, m, p = problem.n, problem.m, problem.p
+
+    def stacked(name: str, rows: int) -> np.ndarray:  # (1 or S, rows, n), float64 views
+        if getattr(problem, name) is None:
+            return np.zeros((1, rows, n))
+        M = problem.array(name)
+        return np.ascontiguousarray(M[None] if M.ndim == 2 else M, dtype=np.float64)
+
     L, Yt, order, LW = data.factors
     with blas_threads(1):
-        status, u, w, residual, steps = reused_adjoint_batch(
-            np.ascontiguousarray(P), rows.C.numpy(), rows.rhs2.numpy(), rows.index.numpy(),
-            rows.mask.numpy(), problem.m, data.grad_x.numpy(), data.ok.numpy(), L, Yt, order,
-            LW, lapack_kernels(), max_steps, tol, DEPENDENT_TOL,
+        status, u, w_ineq, w_eq, residual, steps = reused_adjoint_rows(
+            stacked("P", n), stacked("G", m), stacked("A", p), active.used.numpy(),
+            data.grad_x.numpy(), data.grad_ineq.numpy(), data.grad_eq.numpy(), data.ok.numpy(),
+            L, Yt, order, LW, lapack_kernels(), max_steps, tol, DEPENDENT_TOL,
         )  # fmt: skip
     ok = data.ok.numpy()
     if (status[ok] != 0).any() or not bool((residual[ok] <= max_residual).all()):
         return None
-    w_t = torch.from_numpy(w)
     return (
         torch.from_numpy(u),
-        rows.scatter(w_t, problem.m),
-        w_t[:, rows.k :],
+        torch.from_numpy(w_ineq),
+        torch.from_numpy(w_eq),
         torch.from_numpy(residual),
         int(steps.max(initial=0)),
     )

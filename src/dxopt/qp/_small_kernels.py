@@ -20,6 +20,7 @@ from numba import njit
 from dxopt.linalg.small import (
     schur_complement_rows,
     schur_factor_small,
+    schur_solve_indexed,
     schur_solve_rows,
     schur_solve_small,
 )
@@ -32,7 +33,7 @@ __all__ = [
     "lean_adjoint_batch",
     "prepare",
     "prepare_batch",
-    "reused_adjoint_batch",
+    "reused_adjoint_rows",
 ]
 
 _jit: Any = njit(cache=True, nogil=True)
@@ -615,14 +616,20 @@ def _forward_factors(
 
 
 @_jit
-def reused_adjoint_batch(
+def _row(G: np.ndarray, A: np.ndarray, m: int, r: int) -> np.ndarray:
+    """Row ``r`` of ``[G; A]``."""
+    return G[r] if r < m else A[r - m]
+
+
+@_jit
+def reused_adjoint_rows(
     P: np.ndarray,
-    C: np.ndarray,
-    rhs2: np.ndarray,
-    index: np.ndarray,
-    mask: np.ndarray,
-    m: int,
+    G: np.ndarray,
+    A: np.ndarray,
+    used: np.ndarray,
     g: np.ndarray,
+    grad_ineq: np.ndarray,
+    grad_eq: np.ndarray,
     ok: np.ndarray,
     L_given: np.ndarray,
     Y_given: np.ndarray,
@@ -632,58 +639,122 @@ def reused_adjoint_batch(
     steps_max: int,
     tol: float,
     dependent_tol: float,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """``(status, u, w, residual, steps)`` of the general path's reduced KKT systems from the
-    forward's factors: ``P`` (S, n, n), the rows ``C`` (S, k + p, n) and right-hand sides
-    ``rhs2`` of :func:`dxopt.qp._backward_kkt.dense_rows` (its ``index`` (S, k) of the used
-    inequality rows, valid where ``mask``), the cotangents ``g`` (S, n), and per sample the
-    Cholesky factor ``L_given`` of ``P`` and the rows :math:`L^{-1}c_r` of every row of
-    ``[G; A]`` (``Y_given`` (S, m + p, n)), its final working set and factor
-    (``order_given``, ``LW_given``: :mod:`dxopt.qp._dual_active_set`). The Schur complement
-    of the used rows is the forward's when they are its working set, else formed from their
-    rows (:func:`_forward_factors`); its squared pivots
-    tested against ``dependent_tol`` (status 3 below it, 2 when its factorization fails) and
-    the system solved and refined as the lean backward does (:func:`_refined_solve`). ``w``
-    is aligned with the rows of ``C`` (zero on padding rows)."""
-    S, rows_total, n = C.shape
-    k = index.shape[1]
-    p = rows_total - k
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(status, u, w_ineq, w_eq, residual, steps)`` of the general path's reduced KKT
+    systems from the forward's factors, for the used inequality rows ``used`` (S, m) and every
+    equality row: ``P`` (1 or S, n, n), ``G`` (1 or S, m, n), ``A`` (1 or S, p, n) (shared
+    with one entry), cotangents ``g`` (S, n), ``grad_ineq`` (S, m), ``grad_eq`` (S, p), and per
+    sample the Cholesky factor ``L_given`` of ``P``, the rows :math:`L^{-1}c_r` of ``[G; A]``
+    (``Y_given`` (S, m + p, n)), its final working set and factor (``order_given``,
+    ``LW_given``: :mod:`dxopt.qp._dual_active_set`). The Schur complement of the used rows is
+    the forward's when they are its working set, else formed from their rows
+    (:func:`dxopt.linalg.small.schur_complement_rows`); its squared pivots are tested against
+    ``dependent_tol`` (status 3 below it, 2 when its factorization fails) and the system is
+    solved and refined as the lean backward does (the stopping and best-iterate rules of
+    :func:`dxopt.qp._backward_kkt.schur_refine`), the rows read in place (no copies)."""
+    S, n = g.shape
+    m, p = used.shape[1], grad_eq.shape[1]
     status = np.zeros(S, np.int64)
     steps = np.zeros(S, np.int64)
     residual = np.zeros(S)
-    u_out = np.zeros((S, n))
-    w_out = np.zeros((S, rows_total))
+    u_out, w_ineq, w_eq = np.zeros((S, n)), np.zeros((S, m)), np.zeros((S, p))
     for i in range(S):
         if not ok[i]:
             continue
-        valid = np.flatnonzero(mask[i])
-        kv = valid.shape[0]
-        rows_sel = np.empty(kv + p, np.int64)  # rows of [G; A]
-        source = np.empty(kv + p, np.int64)  # their rows in C
-        for a in range(kv):
-            rows_sel[a], source[a] = index[i, valid[a]], valid[a]
-        for a in range(p):
-            rows_sel[kv + a], source[kv + a] = m + a, k + a
-        perm, Yt, LS, pivots, info = _forward_factors(
-            Y_given[i], order_given[i], LW_given[i], rows_sel, lapack
-        )
+        Pi = P[i if P.shape[0] > 1 else 0]
+        Gi = G[i if G.shape[0] > 1 else 0]
+        Ai = A[i if A.shape[0] > 1 else 0]
+        J = np.flatnonzero(used[i])
+        rows_sel = np.empty(J.shape[0] + p, np.int64)
+        rows_sel[: J.shape[0]] = J
+        rows_sel[J.shape[0] :] = np.arange(m, m + p)
+        k = rows_sel.shape[0]
+        count = 0
+        while count < order_given.shape[1] and order_given[i, count] >= 0:
+            count += 1
+        member = np.zeros(m + p, np.bool_)
+        for a in range(k):
+            member[rows_sel[a]] = True
+        same = count == k
+        for j in range(count if same else 0):
+            if not member[order_given[i, j]]:
+                same = False
+                break
+        Y_all = Y_given[i]
+        if same:  # the working set's factor, in its order
+            rows = order_given[i, :k].copy()
+            LS = LW_given[i]
+            pivots = np.empty(k)
+            for j in range(k):
+                y = Y_all[rows[j]]
+                pivots[j] = LS[j, j] * LS[j, j] / max(y @ y, 1e-300)
+            info = 0
+        else:
+            rows = rows_sel
+            Yt = np.empty((k, n))
+            for a in range(k):
+                Yt[a] = Y_all[rows[a]]
+            LS, pivots, info = schur_complement_rows(Yt, 1e-14, lapack)
         if info != 0:
             status[i] = 2
             continue
         if (pivots < dependent_tol).any():
             status[i] = 3
             continue
-        Cp = np.empty((kv + p, n))  # in the factors' order
-        rp = np.empty(kv + p)
-        for j in range(kv + p):
-            Cp[j] = C[i, source[perm[j]]]
-            rp[j] = rhs2[i, source[perm[j]]]
-        u_out[i], w, residual[i], steps[i] = _refined_solve(
-            P[i], Cp, L_given[i], Yt, LS, g[i], rp, True, steps_max, tol
-        )
-        for j in range(kv + p):
-            w_out[i, source[perm[j]]] = w[j]
-    return status, u_out, w_out, residual, steps
+        r2 = np.empty(k)
+        for a in range(k):
+            r = rows[a]
+            r2[a] = grad_ineq[i, r] if r < m else grad_eq[i, r - m]
+        gi = g[i]
+        L = L_given[i]
+        norm = max(math.sqrt(gi @ gi + r2 @ r2), 1e-300)
+        u, w = schur_solve_indexed(L, Y_all, rows, LS, gi, r2)
+        r1, rr, rel = _residual_rows(Pi, Gi, Ai, m, rows, gi, r2, u, w, norm)
+        done, best = 0, math.inf
+        while not (done >= steps_max or rel <= tol or (rel > 0.5 * best and rel < 1e-12)):
+            best = min(best, rel)
+            du, dw = schur_solve_indexed(L, Y_all, rows, LS, r1, rr)
+            new_u, new_w = u + du, w + dw
+            new_r1, new_rr, new_rel = _residual_rows(Pi, Gi, Ai, m, rows, gi, r2, new_u, new_w,
+                                                     norm)  # fmt: skip
+            done += 1
+            if new_rel < rel:
+                u, w, r1, rr, rel = new_u, new_w, new_r1, new_rr, new_rel
+        u_out[i], residual[i], steps[i] = u, rel, done
+        for a in range(k):
+            r = rows[a]
+            if r < m:
+                w_ineq[i, r] = w[a]
+            else:
+                w_eq[i, r - m] = w[a]
+    return status, u_out, w_ineq, w_eq, residual, steps
+
+
+@_jit
+def _residual_rows(
+    P: np.ndarray,
+    G: np.ndarray,
+    A: np.ndarray,
+    m: int,
+    rows: np.ndarray,
+    r1: np.ndarray,
+    r2: np.ndarray,
+    u: np.ndarray,
+    w: np.ndarray,
+    norm: float,
+) -> tuple[np.ndarray, np.ndarray, float]:
+    """:func:`_residual` with the rows :math:`c_j` of ``[G; A]`` read in place."""
+    a = r1 - P @ u
+    b = r2.copy()
+    for j in range(rows.shape[0]):
+        c = _row(G, A, m, rows[j])
+        f = w[j]
+        s = 0.0
+        for i in range(u.shape[0]):
+            a[i] -= f * c[i]
+            s += c[i] * u[i]
+        b[j] -= s
+    return a, b, math.sqrt(a @ a + b @ b) / norm
 
 
 @_jit
