@@ -245,8 +245,10 @@ def _small_batch_solve(
             None if a is None else torch.from_numpy(a).to(sb.dtype) for a in sb.arrays(samples)
         )
         assert P is not None and q is not None
-        problem = canonical_problem(P, q, A, b, G, h, check_psd=True, defer_psd=True)
-        X, duals = sb.X[samples], sb.duals[samples]  # P: certified by the solver's Cholesky
+        # validated by the lean forward (finite, symmetric as the general path demands, P
+        # certified positive definite by the solver's Cholesky): no second symmetry pass
+        problem = canonical_problem(P, q, A, b, G, h, check_psd=False)
+        X, duals = sb.X[samples], sb.duals[samples]
         NU = np.maximum(duals[:, : sb.m], 0.0)
         size = samples.size
         solvers = tuple(sb.solvers[i] for i in samples.tolist())
