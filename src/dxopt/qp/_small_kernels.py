@@ -37,6 +37,9 @@ __all__ = [
 ]
 
 _jit: Any = njit(cache=True, nogil=True)
+# the active set's scales and margins: sums and maxima of |entries| only (reassociated sums
+# differ in the last bits; the margins they feed are 10x the general path's threshold)
+_jit_sums: Any = njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
 
 ADJOINT_STATUS = ("ok", "ambiguous", "factorization", "dependent", "residual")
 """What :func:`lean_adjoint`'s status code means: 0 solved; otherwise the general path
@@ -312,7 +315,7 @@ def _certificate(
     return True, primal, dual_inf, slack, nu_inf, eq_residual
 
 
-@_jit
+@_jit_sums
 def _active_accuracy(
     P: np.ndarray,
     q: np.ndarray,
@@ -391,7 +394,7 @@ def _active_accuracy(
     return max(used, eq_eps)
 
 
-@_jit
+@_jit_sums
 def _point_accuracy(
     P: np.ndarray,
     q: np.ndarray,
