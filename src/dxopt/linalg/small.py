@@ -39,8 +39,10 @@ __all__ = [
     "gram_rows_blas",
     "lapack_kernels",
     "lower_solve",
+    "lower_solve_inplace",
     "lower_solve_rows_lapack",
     "lower_transpose_solve",
+    "lower_transpose_solve_inplace",
     "schur_complement_rows",
     "schur_complement_small",
     "schur_factor_small",
@@ -178,15 +180,35 @@ def _lower_vector(L: np.ndarray, b: np.ndarray) -> np.ndarray:
 @_jit
 def lower_transpose_solve(L: np.ndarray, b: np.ndarray) -> np.ndarray:
     """:math:`L^{-\\top}b` for the lower triangular ``L`` and a vector ``b`` (back
-    substitution sweeping the rows of ``L``)."""
-    n = b.shape[0]
+    substitution sweeping the rows of ``L``; a new array)."""
     y = b.copy()
-    for j in range(n - 1, -1, -1):
-        y[j] /= L[j, j]
-        f = y[j]
-        for i in range(j):
-            y[i] -= f * L[j, i]
+    lower_transpose_solve_inplace(L, y, b.shape[0])
     return y
+
+
+_jit_rows: Any = njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
+
+
+@_jit_rows
+def lower_solve_inplace(L: np.ndarray, b: np.ndarray, k: int) -> None:
+    """In place: ``b[:k]`` becomes :math:`L_k^{-1}b_k` for the leading ``k x k`` block of
+    the lower triangular ``L`` (dot products on its contiguous rows, vectorised)."""
+    for i in range(k):
+        s = b[i]
+        for j in range(i):
+            s -= L[i, j] * b[j]
+        b[i] = s / L[i, i]
+
+
+@_jit_rows
+def lower_transpose_solve_inplace(L: np.ndarray, b: np.ndarray, k: int) -> None:
+    """In place: ``b[:k]`` becomes :math:`L_k^{-\\top}b_k` for the leading ``k x k`` block of
+    the lower triangular ``L`` (``axpy`` on its contiguous rows)."""
+    for j in range(k - 1, -1, -1):
+        b[j] /= L[j, j]
+        f = b[j]
+        for i in range(j):
+            b[i] -= f * L[j, i]
 
 
 @_jit
@@ -339,46 +361,16 @@ def schur_solve_small(
     return lower_transpose_solve(L, t), w
 
 
-@njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
+@_jit_rows
 def schur_solve_rows(
     L: np.ndarray, Yt: np.ndarray, LS: np.ndarray, r1: np.ndarray, r2: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`schur_solve_small` from :math:`Y^\\top` (k, n) instead of :math:`Y`: every
-    inner loop a dot product or an ``axpy`` on contiguous rows (vectorised; the summation
-    order is the CPU's)."""
-    k, n = Yt.shape
-    t = r1.copy()
-    for i in range(n):
-        s = t[i]
-        for j in range(i):
-            s -= L[i, j] * t[j]
-        t[i] = s / L[i, i]
-    w = np.empty(k)
-    for a in range(k):
-        s = -r2[a]
-        for i in range(n):
-            s += Yt[a, i] * t[i]
-        for c in range(a):
-            s -= LS[a, c] * w[c]
-        w[a] = s / LS[a, a]
-    for j in range(k - 1, -1, -1):
-        w[j] /= LS[j, j]
-        f = w[j]
-        for c in range(j):
-            w[c] -= f * LS[j, c]
-    for a in range(k):
-        f = w[a]
-        for i in range(n):
-            t[i] -= f * Yt[a, i]
-    for j in range(n - 1, -1, -1):
-        t[j] /= L[j, j]
-        f = t[j]
-        for i in range(j):
-            t[i] -= f * L[j, i]
-    return t, w
+    """:func:`schur_solve_small` from :math:`Y^\\top` (k, n) instead of :math:`Y`
+    (:func:`schur_solve_indexed` on all of its rows)."""
+    return schur_solve_indexed(L, Yt, np.arange(Yt.shape[0]), LS, r1, r2)
 
 
-@njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
+@_jit_rows
 def schur_solve_indexed(
     L: np.ndarray,
     Y_all: np.ndarray,
@@ -391,11 +383,7 @@ def schur_solve_indexed(
     ``Y_all[rows]`` (no gathered copy; for thousands of long rows the copy is the cost)."""
     k, n = rows.shape[0], L.shape[0]
     t = r1.copy()
-    for i in range(n):
-        s = t[i]
-        for j in range(i):
-            s -= L[i, j] * t[j]
-        t[i] = s / L[i, i]
+    lower_solve_inplace(L, t, n)
     w = np.empty(k)
     for a in range(k):
         y = Y_all[rows[a]]
@@ -405,19 +393,11 @@ def schur_solve_indexed(
         for c in range(a):
             s -= LS[a, c] * w[c]
         w[a] = s / LS[a, a]
-    for j in range(k - 1, -1, -1):
-        w[j] /= LS[j, j]
-        f = w[j]
-        for c in range(j):
-            w[c] -= f * LS[j, c]
+    lower_transpose_solve_inplace(LS, w, k)
     for a in range(k):
         f = w[a]
         y = Y_all[rows[a]]
         for i in range(n):
             t[i] -= f * y[i]
-    for j in range(n - 1, -1, -1):
-        t[j] /= L[j, j]
-        f = t[j]
-        for i in range(j):
-            t[i] -= f * L[j, i]
+    lower_transpose_solve_inplace(L, t, n)
     return t, w

@@ -49,7 +49,13 @@ from typing import Any
 import numpy as np
 from numba import njit
 
-from dxopt.linalg.small import cholesky_lapack, lower_solve_rows_lapack, schur_solve_rows
+from dxopt.linalg.small import (
+    cholesky_lapack,
+    lower_solve_inplace,
+    lower_solve_rows_lapack,
+    lower_transpose_solve_inplace,
+    schur_solve_rows,
+)
 
 __all__ = ["SOLVE_STATUS", "solve_batch"]
 
@@ -68,26 +74,6 @@ def _dot(a: np.ndarray, b: np.ndarray) -> float:
     for i in range(a.shape[0]):
         s += a[i] * b[i]
     return s
-
-
-@_jit
-def _forward(L: np.ndarray, b: np.ndarray) -> None:
-    """In place: ``b`` becomes :math:`L^{-1}b` (dot products on the rows of ``L``)."""
-    for i in range(b.shape[0]):
-        s = b[i]
-        for j in range(i):
-            s -= L[i, j] * b[j]
-        b[i] = s / L[i, i]
-
-
-@_jit
-def _backward(L: np.ndarray, b: np.ndarray) -> None:
-    """In place: ``b`` becomes :math:`L^{-\\top}b` (``axpy`` on the rows of ``L``)."""
-    for j in range(b.shape[0] - 1, -1, -1):
-        b[j] /= L[j, j]
-        f = b[j]
-        for i in range(j):
-            b[i] -= f * L[j, i]
 
 
 @_jit
@@ -142,15 +128,9 @@ def _subspace_minimiser(LW: np.ndarray, d: np.ndarray, W: np.ndarray, k: int) ->
     """:math:`\\lambda^\\star = -S_W^{-1}d_W` from the factor of :math:`S_W`."""
     t = np.empty(k)
     for j in range(k):
-        s = -d[W[j]]
-        for c in range(j):
-            s -= LW[j, c] * t[c]
-        t[j] = s / LW[j, j]
-    for j in range(k - 1, -1, -1):
-        t[j] /= LW[j, j]
-        f = t[j]
-        for c in range(j):
-            t[c] -= f * LW[j, c]
+        t[j] = -d[W[j]]
+    lower_solve_inplace(LW, t, k)
+    lower_transpose_solve_inplace(LW, t, k)
     return t
 
 
@@ -236,7 +216,7 @@ def _solve_one(
     Yt[:] = C
     lower_solve_rows_lapack(L, Yt, lapack[1])
     v = q.copy()
-    _forward(L, v)
+    lower_solve_inplace(L, v, n)
     d = np.empty(rows)
     for r in range(rows):
         d[r] = upper[r] + _dot(Yt[r], v)
@@ -285,10 +265,7 @@ def _solve_one(
                 # leaves u alone and lowers the dual objective by t (violation); the first
                 # inequality multiplier to reach zero leaves the set (none: infeasible)
                 a = LW[k, :k].copy()
-                for j in range(k - 1, -1, -1):
-                    a[j] /= LW[j, j]
-                    for c in range(j):
-                        a[c] -= a[j] * LW[j, c]
+                lower_transpose_solve_inplace(LW, a, k)
                 t, block = math.inf, -1
                 for j in range(k):
                     if W[j] < m and a[j] > 0.0 and lam[j] / a[j] < t:
@@ -318,7 +295,7 @@ def _solve_one(
         iterations += 1
     for i in range(n):
         x_out[i] = u[i] - v[i]
-    _backward(L, x_out)  # x = L^{-T}(u - v)
+    lower_transpose_solve_inplace(L, x_out, n)  # x = L^{-T}(u - v)
     if k > _REFINE_MIN_ROWS:
         _refine(P, q, C, upper, m, L, Yt, W, LW, k, x_out, lam)
     duals_out[:] = 0.0

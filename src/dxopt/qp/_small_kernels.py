@@ -770,14 +770,10 @@ def _residual(
     w: np.ndarray,
     norm: float,
 ) -> tuple[np.ndarray, np.ndarray, float]:
-    """``(r1 - P u - C^T w, r2 - C u, relative norm)``."""
-    a = r1 - P @ u
-    for r in range(C.shape[0]):
-        f = w[r]
-        for j in range(u.shape[0]):
-            a[j] -= f * C[r, j]
-    b = r2 - C @ u
-    return a, b, math.sqrt(a @ a + b @ b) / norm
+    """``(r1 - P u - C^T w, r2 - C u, relative norm)`` (:func:`_residual_rows` on every row
+    of ``C``)."""
+    k = C.shape[0]
+    return _residual_rows(P, C, C[:0], k, np.arange(k), r1, r2, u, w, norm)
 
 
 @_jit
