@@ -1,12 +1,16 @@
-"""A batch of small dense QPs solved by daqp without the batch machinery: the lean path of
-:func:`dxopt.qp.solve` for batches (:mod:`dxopt.qp._small` does one problem).
+"""A batch of dense QPs solved without the batch machinery: the lean path of
+:func:`dxopt.qp.solve` for batches (:mod:`dxopt.qp._small` does one small problem).
 
-A batch of ``B`` dense CPU problems with ``n <= SMALL_MAX_N`` (every input batched along its
-first axis or shared by all samples), solved by daqp with the default options (warm starts
-allowed, no thread pool) and differentiated by a method :func:`~dxopt.qp._small.lean_method`
-accepts, runs as one compiled kernel over the batch
-(:func:`dxopt.qp._small_kernels.prepare_batch`: the checks and daqp's layout), one
-:func:`daqp.solve` per sample (``eps_prox = 0``: its Cholesky certifies ``P``), one kernel for
+A batch of ``B`` dense CPU problems (every input batched along its first axis or shared by all
+samples) with the default options (no thread pool) and a method
+:func:`~dxopt.qp._small.lean_method` accepts: with ``solver="daqp"`` (warm starts allowed)
+``n <= SMALL_MAX_N``; with ``"auto"`` and no warm start any ``n`` whose buffers fit the pool,
+and one problem with ``n > SMALL_MAX_N`` as a batch of one, solved by the compiled dual
+active-set solver of :mod:`dxopt.qp._dual_active_set` (daqp for the samples it does not
+solve; the backward reuses its factors). It runs as one compiled kernel over the batch
+(:func:`dxopt.qp._small_kernels.prepare_batch`: the checks and daqp's layout), the solver
+(one kernel, or one :func:`daqp.solve` per sample with ``eps_prox = 0``: either's Cholesky
+certifies ``P``), one kernel for
 the certificate of every point (:func:`~dxopt.qp._small_kernels.certify_batch`) and, in the
 backward, one kernel for every sample's lean adjoint and gradients
 (:func:`~dxopt.qp._small_kernels.lean_adjoint_batch`): the steps of :mod:`dxopt.qp._small`
