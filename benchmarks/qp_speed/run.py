@@ -33,6 +33,7 @@ and 16 x n=20 at the first thread count, < 30 s). Writes ``results/qp_speed{_qui
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import time
@@ -173,22 +174,30 @@ _MIN_BLOCK_S = 0.005  # time blocks of calls of at least 5 ms
 
 
 def _rounds(fns: dict[str, Callable[[], Any]], rounds: int) -> tuple[dict[str, float], dict]:
-    """Median seconds per call of each method over ``rounds`` interleaved rounds after one
-    warm-up round of two calls per method (none when ``rounds == 1``); also the last output of
-    each method. A method whose second warm-up call took under ``_MIN_BLOCK_S`` (the first pays
-    one-time costs such as compiling kernels) is timed as a block of
-    back-to-back calls per round (divided by their number): a single 20 us call timed right
-    after another method's work measures that work's aftermath (caches, allocator, threads),
-    not the call itself."""
+    """Median seconds per call of each method over ``rounds`` interleaved rounds after a
+    warm-up (none when ``rounds == 1``); also the last output of each method. The warm-up
+    calls each method once (one-time costs: imports, compiled kernels, caches), then
+    back-to-back for at least ``_MIN_BLOCK_S``; a method whose calls there took under
+    ``_MIN_BLOCK_S`` on average is timed per round as a block of that many calls that lasts at
+    least ``_MIN_BLOCK_S`` (divided by their number): a single 20 us call timed right after
+    another method's work measures that work's aftermath (caches, allocator, threads), not the
+    call itself. The block size comes from the mean of the warm-up calls, not from one call,
+    so that one slow call (a cold cache after the previous method) cannot shrink a block to a
+    fraction of ``_MIN_BLOCK_S`` and let that block's cold first call weigh more than other
+    methods' (it measured 9 calls of 0.11 ms where 46 were due)."""
     outs: dict[str, Any] = {}
     repeat = dict.fromkeys(fns, 1)
     if rounds > 1:
         for name, fn in fns.items():
             fn()  # first call: one-time costs (imports, compilation of kernels, caches)
-            t0 = time.perf_counter()
-            outs[name] = fn()
-            first = time.perf_counter() - t0
-            repeat[name] = max(1, min(1000, int(_MIN_BLOCK_S / max(first, 1e-6))))
+            calls, t0 = 0, time.perf_counter()
+            while True:
+                outs[name] = fn()
+                calls += 1
+                spent = time.perf_counter() - t0
+                if spent >= _MIN_BLOCK_S:
+                    break
+            repeat[name] = max(1, min(1000, math.ceil(_MIN_BLOCK_S * calls / spent)))
     times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
@@ -383,8 +392,9 @@ def section(
         f"Command: `{line}`. {machine_line(info)} Load average (1 min) at start {load[0]:.2f}, "
         f"at end {load[1]:.2f} (a shared machine: absolute times move with the load; the ratios "
         "within a case are measured interleaved, round by round). Median of "
-        f"{rounds} rounds after a warm-up round (none for a single round); a method faster than "
-        "5 ms per call is timed per round as a block of back-to-back calls of at least 5 ms "
+        f"{rounds} rounds after a warm-up (none for a single round: one call, then calls for at "
+        "least 5 ms); a method faster than 5 ms per call is timed per round as a block of "
+        "back-to-back calls of at least 5 ms, its size from the warm-up's mean call "
         "(per-call time = block / calls). `x_raw`: the "
         "method's time (forward+backward where there is one) over the raw qpsolvers daqp "
         "loop's forward; `x_err`: max |x - "

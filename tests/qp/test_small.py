@@ -191,6 +191,42 @@ def test_weakly_active_row_takes_the_general_backward(monkeypatch):
             torch.testing.assert_close(g_lean[k], g_ref[k])
 
 
+@pytest.mark.parametrize(("relative", "lean_backward"), [(1e-7, True), (2e-9, False)])
+def test_small_multiplier_margin(relative, lean_backward, monkeypatch):
+    """An active row whose multiplier is ``relative`` times the dual scale: the lean backward
+    takes it above ten times identify_active's floor (1e-8; the general path's own threshold
+    is 1e-9, so it classifies the row alike) and declines below; the gradients equal the
+    general path's either way."""
+    data = _problem(6, 3, 0, 11)
+    P, q, G = data["P"], data["q"], data["G"]
+    x_free = torch.linalg.solve(P, -q)
+    s = float(G[0] @ torch.linalg.solve(P, G[0]))
+    scale = float((P.abs() @ x_free.abs() + q.abs()).max())
+    # nu_0 = delta / s for the one active row; its g_inf-weighted size over the dual scale
+    delta = relative * scale * s / float(G[0].abs().max())
+    data["h"] = G @ x_free + torch.tensor([-delta, 5.0, 5.0], dtype=torch.float64)
+    calls: list[bool] = []
+    original = _small.small_backward
+
+    def spy(*args, **kwargs):
+        out = original(*args, **kwargs)
+        calls.append(out is not None)
+        return out
+
+    monkeypatch.setattr(_small, "small_backward", spy)
+    lean, g_lean, used = _run(data, True, monkeypatch)
+    ref, g_ref, _ = _run(data, False, monkeypatch)
+    nu = lean.ineq_duals.detach()
+    x = lean.x.detach()
+    dual_scale = max(float((P.abs() @ x.abs() + q.abs()).max()), float(nu[0] * G[0].abs().max()))
+    measured = float(nu[0] * G[0].abs().max()) / dual_scale
+    assert 0.5 * relative < measured < 2 * relative  # the case is the one named
+    assert used and calls == [lean_backward]
+    for k in NAMES:
+        if g_ref[k] is not None:
+            torch.testing.assert_close(g_lean[k], g_ref[k], rtol=1e-10, atol=1e-12)
+
+
 @pytest.mark.parametrize("case", ["zero_row", "psd_singular", "infeasible"])
 def test_cases_the_forward_leaves_to_the_general_path(case, monkeypatch):
     data = _problem(6, 4, 1, 8)

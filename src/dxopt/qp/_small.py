@@ -18,11 +18,15 @@ some hundred small array operations. This module runs the same steps in three co
   certificate of :func:`dxopt.qp._polish.batch_accept_exact` for the one point (same tests,
   same tolerances);
 - **backward** (:func:`small_backward`): the forward's active set is taken only when it is
-  unambiguous with a margin that no tolerance in play can reach: every row in it has a
-  multiplier above :math:`\\max(10^{-6}, 10\\,b)` times the dual scale and every other row a
-  relative slack above the same :math:`\\max(10^{-6}, 10\\,b)`, with :math:`b` the
-  classification threshold of :func:`dxopt.qp._active.identify_active` (so that function
-  would return the same set: no weak row, strict complementarity). Then the reduced KKT
+  unambiguous with a margin of ten times every threshold in play: with
+  :math:`b = \\max(10^3\\varepsilon, 10^{-9})` the classification threshold of
+  :func:`dxopt.qp._active.identify_active` (:math:`\\varepsilon` the point's accuracy), every
+  row in it has a multiplier above :math:`\\max(10\\,b,\\ 10^4 s)` times the dual scale
+  (:math:`s` the stationarity residual :math:`\\|Px + q + C^\\top\\lambda\\|_\\infty` over the
+  dual scale: a multiplier that small could be the residual's doing) and every other row a
+  relative slack above :math:`10\\,b`. So ``identify_active`` would return the same set (no
+  weak row, strict complementarity), and the general path would compute the same gradient.
+  Then the reduced KKT
   system is solved by block elimination of ``P`` (:mod:`dxopt.linalg.small`; a row
   dependent on the others, read off its pivots, leaves the lean path), refined against
   :math:`K` as :func:`dxopt.qp._backward_kkt.schur_refine` does, with the requested method's
@@ -72,7 +76,7 @@ SMALL_MAX_N = 64
 """Largest ``n`` of the lean path: up to here a problem's arithmetic is cheaper than the
 general path's dispatches."""
 
-_MARGIN = 1e-6  # the active set's margin (module docstring)
+_MARGIN = 1e-8  # the active set's margin: 10 x identify_active's floor (module docstring)
 _DTYPES = (torch.float64, torch.float32)
 _BOUNDS: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}  # (m, p) -> (lower, sense)
 _SYM_TOL = {t: 100 * float(torch.finfo(t).eps) for t in _DTYPES}  # P's asymmetry, relative

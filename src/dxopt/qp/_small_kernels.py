@@ -329,11 +329,15 @@ def _active_accuracy(
     g_inf: np.ndarray,
     eq_residual: np.ndarray,
     margin_min: float,
+    stationarity: float,
 ) -> float:
     """The accuracy :math:`\\varepsilon` of :func:`dxopt.qp._active.identify_active` with the
     forward's set when that set is unambiguous (:mod:`dxopt.qp._small`'s module docstring),
     else -1. The scales are ``identify_active``'s; the dual scale is formed only when some row
-    is in the set (it enters nothing else)."""
+    is in the set (it enters nothing else). ``stationarity``:
+    :math:`\\|Px + q + C^\\top\\lambda\\|_\\infty` at the point; relative to the dual scale it
+    bounds what a multiplier's computed value may owe to the point's inaccuracy, so it widens
+    the margin multipliers must clear (it does not enter the returned accuracy)."""
     n, rows = x.shape[0], C.shape[0]
     p = rows - m
     tiny = np.finfo(np.float64).tiny
@@ -375,7 +379,10 @@ def _active_accuracy(
             comp = max(comp, max(rel_slack[r], 0.0) * nu_inf[r])
         comp = comp / dual_scale
     eps = max(eq_eps, -low, comp)
-    margin = max(margin_min, 1e4 * eps)  # >= 10 x identify_active's max(1e3 eps, 1e-9)
+    # >= 10 x identify_active's max(1e3 eps, 1e-9); multipliers also clear 1e4 x the relative
+    # stationarity residual (a multiplier that close to zero could be the residual's doing)
+    margin = max(margin_min, 1e4 * eps)
+    margin_nu = max(margin, 1e4 * stationarity / dual_scale) if k else margin
     # a working-set row with a small multiplier (weak, or near it), or a row outside the set
     # at (or near) zero slack: the general path decides
     if not k:
@@ -383,7 +390,7 @@ def _active_accuracy(
     used = 0.0
     for r in range(m):
         if working[r]:
-            if not nu_inf[r] - margin * dual_scale > 0.0:
+            if not nu_inf[r] - margin_nu * dual_scale > 0.0:
                 return -1.0
             g2 = 0.0
             for j in range(n):
@@ -403,29 +410,44 @@ def _point_accuracy(
     m: int,
     x: np.ndarray,
     nu: np.ndarray,
+    mu: np.ndarray,
     working: np.ndarray,
     g_inf: np.ndarray,
     margin_min: float,
 ) -> float:
-    """:func:`_active_accuracy` at the point ``x`` with inequality multipliers ``nu`` and the
-    working set ``working`` (its slacks and residuals computed here)."""
+    """:func:`_active_accuracy` at the point ``x`` with inequality multipliers ``nu``,
+    equality multipliers ``mu`` and the working set ``working`` (its slacks, residuals and
+    stationarity residual computed here)."""
     n, rows = x.shape[0], C.shape[0]
     p = rows - m
     slack = np.empty(m)
     nu_inf = np.empty(m)
     eq_residual = np.empty(p)
+    grad = np.empty(n)  # P x + q + C' [nu; mu]
+    for i in range(n):
+        s = q[i]
+        for j in range(n):
+            s += P[i, j] * x[j]
+        grad[i] = s
     for r in range(rows):
         s = 0.0
         for j in range(n):
             s += C[r, j] * x[j]
+        lam = nu[r] if r < m else mu[r - m]
+        for j in range(n):
+            grad[j] += C[r, j] * lam
         if r < m:
             slack[r] = upper[r] - s
             nu_inf[r] = nu[r] * g_inf[r]
         else:
             eq_residual[r - m] = s - upper[r]
+    stationarity = 0.0
+    for i in range(n):
+        stationarity = max(stationarity, abs(grad[i]))
     return _active_accuracy(
-        P, q, C, upper, m, x, working, slack, nu_inf, g_inf, eq_residual, margin_min
-    )
+        P, q, C, upper, m, x, working, slack, nu_inf, g_inf, eq_residual, margin_min,
+        stationarity,
+    )  # fmt: skip
 
 
 @_jit
@@ -480,7 +502,7 @@ def lean_adjoint(
              np.zeros(0))  # fmt: skip
     accuracy = accuracy_given
     if accuracy < -1.5:
-        accuracy = _point_accuracy(P, q, C, upper, m, x, nu, working, g_inf, margin_min)
+        accuracy = _point_accuracy(P, q, C, upper, m, x, nu, mu, working, g_inf, margin_min)
     if accuracy < 0.0:
         return 1, 0.0, 0, 0, 0.0, empty
     J = np.flatnonzero(working)
@@ -915,9 +937,9 @@ def lean_adjoint_batch(
         L_i, Y_i, LS_i, pivots_i, info_i, perm_i = no, no, no, np.zeros(0), 0, np.zeros(0, np.int64)
         accuracy_i = -2.0
         if given[i]:
-            x, _, nu, working = _point(X[i], duals[i], none, m)
+            x, mu, nu, working = _point(X[i], duals[i], none, m)
             accuracy_i = _point_accuracy(
-                P[i], q[i], C[i], upper[i], m, x, nu, working, g_inf[i], margin_min
+                P[i], q[i], C[i], upper[i], m, x, nu, mu, working, g_inf[i], margin_min
             )
             if accuracy_i < 0.0:
                 status[i] = 1  # ambiguous: the general path (nothing gathered in vain)
