@@ -215,7 +215,7 @@ def test_small_multiplier_margin(relative, lean_backward, monkeypatch):
 
     monkeypatch.setattr(_small, "small_backward", spy)
     lean, g_lean, used = _run(data, True, monkeypatch)
-    ref, g_ref, _ = _run(data, False, monkeypatch)
+    _, g_ref, _ = _run(data, False, monkeypatch)
     nu = lean.ineq_duals.detach()
     x = lean.x.detach()
     dual_scale = max(float((P.abs() @ x.abs() + q.abs()).max()), float(nu[0] * G[0].abs().max()))
