@@ -111,3 +111,17 @@ def test_torch_compile_graph_breaks_around_the_solve(solver):
     out.sum().backward()
     torch.testing.assert_close(out.detach(), -2 * Q3)  # unconstrained optimum -q is feasible
     torch.testing.assert_close(q.grad, torch.full((3,), -2.0, dtype=F64))
+
+
+def test_torch_compile_breaks_the_graph_once_at_the_solve():
+    """The one graph break is the eager solve (``solve`` hands over to its
+    ``torch.compiler.disable``d twin when Dynamo traces it); the code around it compiles."""
+
+    def f(q: torch.Tensor) -> torch.Tensor:
+        G, h = torch.eye(3, dtype=F64), torch.ones(3, dtype=F64)
+        return 2 * dqp.solve(P3, q * 1.0, G=G, h=h).x
+
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(f)(Q3.clone().requires_grad_())
+    assert explained.graph_break_count == 1
+    assert "_solve_eagerly" in str(explained.break_reasons[0].reason)

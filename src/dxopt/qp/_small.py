@@ -84,6 +84,7 @@ _ABSENT: dict[tuple[int, Any], tuple[np.ndarray, np.ndarray]] = {}  # (n, dtype)
 _NO_FACTOR = np.zeros((0, 0))  # no factors from the forward (lean_adjoint factors P itself)
 _NO_PIVOTS = np.zeros(0)
 _NO_PERM = np.zeros(0, np.int64)
+_STRIDED = torch.strided
 
 
 def small_inputs(P: object, q: object, A: object, b: object, G: object, h: object) -> bool:
@@ -98,6 +99,9 @@ def small_inputs(P: object, q: object, A: object, b: object, G: object, h: objec
     dtype = q.dtype
     if not 0 < n <= SMALL_MAX_N or P.shape != (n, n) or dtype not in _DTYPES:
         return False
+    for t in (P, q):
+        if t.dtype is not dtype or t.layout is not _STRIDED or not t.is_cpu:
+            return False
     for M, v in ((A, b), (G, h)):
         if M is None and v is None:
             continue
@@ -105,11 +109,9 @@ def small_inputs(P: object, q: object, A: object, b: object, G: object, h: objec
             return False
         if M.shape[1] != n or v.shape[0] != M.shape[0]:
             return False
-    for t in (P, q, A, b, G, h):
-        if isinstance(t, Tensor) and (
-            t.dtype is not dtype or t.layout is not torch.strided or not t.is_cpu
-        ):
-            return False
+        for t in (M, v):
+            if t.dtype is not dtype or t.layout is not _STRIDED or not t.is_cpu:
+                return False
     level = getattr(torch.autograd.forward_ad, "_current_level", None)
     return level is not None and level < 0  # an open dual level (or unknown): the general path
 
