@@ -81,9 +81,6 @@ _DTYPES = (torch.float64, torch.float32)
 _BOUNDS: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}  # (m, p) -> (lower, sense)
 _SYM_TOL = {t: 100 * float(torch.finfo(t).eps) for t in _DTYPES}  # P's asymmetry, relative
 _ABSENT: dict[tuple[int, Any], tuple[np.ndarray, np.ndarray]] = {}  # (n, dtype) -> (M, v)
-_NO_FACTOR = np.zeros((0, 0))  # no factors from the forward (lean_adjoint factors P itself)
-_NO_PIVOTS = np.zeros(0)
-_NO_PERM = np.zeros(0, np.int64)
 _STRIDED = torch.strided
 
 
@@ -437,8 +434,7 @@ def small_backward(
         point.P, point.q, C, point.upper, m, x, point.duals, point.working, point.g_inf,
         _vector(grad_x, x.shape[0]),
         _vector(grad_ineq, m), _vector(grad_eq, p), regular.steps, regular.tol,
-        regular.max_residual, DEPENDENT_TOL, _MARGIN, np.array(needs), _NO_FACTOR, _NO_FACTOR,
-        _NO_FACTOR, _NO_PIVOTS, 0, _NO_PERM, -2.0,
+        regular.max_residual, DEPENDENT_TOL, _MARGIN, np.array(needs),
     )  # fmt: skip
     if status:
         return None

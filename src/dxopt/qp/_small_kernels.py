@@ -21,7 +21,6 @@ from dxopt.linalg.small import (
     schur_complement_rows,
     schur_factor_small,
     schur_solve_indexed,
-    schur_solve_rows,
     schur_solve_small,
 )
 
@@ -470,13 +469,6 @@ def lean_adjoint(
     dependent_tol: float,
     margin_min: float,
     needs: np.ndarray,
-    L_given: np.ndarray,
-    Y_given: np.ndarray,
-    LS_given: np.ndarray,
-    pivots_given: np.ndarray,
-    info_given: int,
-    perm_given: np.ndarray,
-    accuracy_given: float,
 ) -> tuple[int, float, int, int, float, tuple[np.ndarray, ...]]:
     """``(status, residual, steps, k, accuracy, grads)``: the lean backward of one problem
     (:func:`dxopt.qp._small.small_backward`) at the certified point ``x``, ``duals``,
@@ -487,22 +479,15 @@ def lean_adjoint(
     against the exact matrix with the stopping and best-iterate rules of
     :func:`dxopt.qp._backward_kkt.schur_refine`, and turned into the gradients of
     :mod:`dxopt.qp._grads` for ``(P, q, A, b, G, h)`` (``needs[i]``; the others, and those
-    of absent constraints, are empty arrays). ``L_given`` (n, n),
-    ``Y_given`` ((k + p, n): the rows :math:`L^{-1}c_j` of the working rows, then of the
-    equality rows), ``LS_given``, ``pivots_given``, ``info_given``: the block elimination's
-    factors (:func:`dxopt.linalg.small.schur_complement_rows`) when the caller has them, in
-    the order ``perm_given`` (row ``a`` of the factors is row ``perm_given[a]`` of the working
-    rows then the equality rows); ``L_given`` without entries otherwise. ``accuracy_given``:
-    :func:`_point_accuracy` when the caller computed it (non-negative), else -2. ``status``
-    indexes :data:`ADJOINT_STATUS`."""
+    of absent constraints, are empty arrays). ``status`` indexes :data:`ADJOINT_STATUS`.
+    (Where the forward has factors, :func:`lean_adjoint_batch` reads them in place
+    instead.)"""
     x, mu, nu, working = _point(x, duals, working, m)
     n, rows = x.shape[0], C.shape[0]
     p = rows - m
     empty = (np.zeros((0, 0)), np.zeros(0), np.zeros((0, 0)), np.zeros(0), np.zeros((0, 0)),
              np.zeros(0))  # fmt: skip
-    accuracy = accuracy_given
-    if accuracy < -1.5:
-        accuracy = _point_accuracy(P, q, C, upper, m, x, nu, mu, working, g_inf, margin_min)
+    accuracy = _point_accuracy(P, q, C, upper, m, x, nu, mu, working, g_inf, margin_min)
     if accuracy < 0.0:
         return 1, 0.0, 0, 0, 0.0, empty
     J = np.flatnonzero(working)
@@ -515,19 +500,12 @@ def lean_adjoint(
     for a in range(p):
         CJ[k + a] = C[m + a]
         r2[k + a] = r_eq[a]
-    if L_given.shape[0] == n:  # the factors of the batch kernel
-        info_p, L, Y, LS, pivots, info_s = 0, L_given, Y_given, LS_given, pivots_given, info_given
-    else:
-        info_p, L, Y, _, _, _, LS, pivots, info_s = schur_factor_small(P, CJ, 1e-14)
+    info_p, L, Y, _, _, _, LS, pivots, info_s = schur_factor_small(P, CJ, 1e-14)
     if info_p != 0:
         return 2, 0.0, 0, 0, 0.0, empty
     if info_s != 0 or (pivots < dependent_tol).any():
         return 3, 0.0, 0, 0, 0.0, empty
-    rows_given = L_given.shape[0] == n  # Y holds the rows L^{-1} c_j, in perm_given's order
-    if rows_given:
-        u, w, rel, steps = _permuted_solve(P, CJ, L, Y, LS, g, r2, perm_given, steps_max, tol)
-    else:
-        u, w, rel, steps = _refined_solve(P, CJ, L, Y, LS, g, r2, False, steps_max, tol)
+    u, w, rel, steps = _refined_solve(P, CJ, L, Y, LS, g, r2, steps_max, tol)
     if not rel <= max_residual:
         return 4, rel, steps, k, accuracy, empty
     grads = _gradients(x, mu, nu, working, J, u, w, m, p, needs)
@@ -543,101 +521,26 @@ def _refined_solve(
     LS: np.ndarray,
     g: np.ndarray,
     r2: np.ndarray,
-    rows_given: bool,
     steps_max: int,
     tol: float,
 ) -> tuple[np.ndarray, np.ndarray, float, int]:
     """``(u, w, relative residual, steps)``: :math:`[[P, C_J^\\top], [C_J, 0]][u; w] =
-    [g; r_2]` by the block elimination's factors (``Y`` the rows :math:`L^{-1}c_j` when
-    ``rows_given``, else their transpose), refined against the exact matrix with the stopping
-    and best-iterate rules of :func:`dxopt.qp._backward_kkt.schur_refine`."""
+    [g; r_2]` by the block elimination's factors (``Y`` the columns :math:`L^{-1}c_j`),
+    refined against the exact matrix with the stopping and best-iterate rules of
+    :func:`dxopt.qp._backward_kkt.schur_refine`."""
     norm = max(math.sqrt(g @ g + r2 @ r2), 1e-300)
-    u, w = schur_solve_rows(L, Y, LS, g, r2) if rows_given else schur_solve_small(L, Y, LS, g, r2)
+    u, w = schur_solve_small(L, Y, LS, g, r2)
     r1, rr, rel = _residual(P, CJ, g, r2, u, w, norm)
     steps, best = 0, math.inf
     while not (steps >= steps_max or rel <= tol or (rel > 0.5 * best and rel < 1e-12)):
         best = min(best, rel)
-        if rows_given:
-            du, dw = schur_solve_rows(L, Y, LS, r1, rr)
-        else:
-            du, dw = schur_solve_small(L, Y, LS, r1, rr)
+        du, dw = schur_solve_small(L, Y, LS, r1, rr)
         new_u, new_w = u + du, w + dw
         new_r1, new_rr, new_rel = _residual(P, CJ, g, r2, new_u, new_w, norm)
         steps += 1
         if new_rel < rel:
             u, w, r1, rr, rel = new_u, new_w, new_r1, new_rr, new_rel
     return u, w, rel, steps
-
-
-@_jit
-def _permuted_solve(
-    P: np.ndarray,
-    CJ: np.ndarray,
-    L: np.ndarray,
-    Yt: np.ndarray,
-    LS: np.ndarray,
-    g: np.ndarray,
-    r2: np.ndarray,
-    perm: np.ndarray,
-    steps_max: int,
-    tol: float,
-) -> tuple[np.ndarray, np.ndarray, float, int]:
-    """:func:`_refined_solve` from the rows :math:`L^{-1}c_j` and the factor of their Schur
-    complement in the order ``perm`` (row ``a`` of ``Yt`` is row ``perm[a]`` of ``CJ``);
-    ``w`` comes back in ``CJ``'s order (the solution does not depend on the rows' order)."""
-    k = perm.shape[0]
-    Cp = np.empty_like(CJ)
-    rp = np.empty(k)
-    for a in range(k):
-        Cp[a] = CJ[perm[a]]
-        rp[a] = r2[perm[a]]
-    u, wp, rel, steps = _refined_solve(P, Cp, L, Yt, LS, g, rp, True, steps_max, tol)
-    w = np.empty(k)
-    for a in range(k):
-        w[perm[a]] = wp[a]
-    return u, w, rel, steps
-
-
-@_jit
-def _forward_factors(
-    Y_given: np.ndarray,
-    order: np.ndarray,
-    LW: np.ndarray,
-    rows_sel: np.ndarray,
-    lapack: Any,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
-    """``(perm, Yt, L_S, pivots, info)`` of the rows ``rows_sel`` of ``[G; A]``: the forward's
-    factor of the working set's Schur complement ``LW`` in its ``order`` when the working set
-    is exactly those rows (``perm[a]``: the position in ``rows_sel`` of its ``a``-th row;
-    squared pivots :math:`(L_S)_{jj}^2/\\|y_j\\|^2`), else the Schur complement formed from
-    the rows (:func:`dxopt.linalg.small.schur_complement_rows`) in ``rows_sel``'s order."""
-    k = rows_sel.shape[0]
-    count = 0
-    while count < order.shape[0] and order[count] >= 0:
-        count += 1
-    same = count == k
-    if same:
-        where = np.full(Y_given.shape[0], -1, np.int64)
-        for a in range(k):
-            where[rows_sel[a]] = a
-        perm = np.empty(k, np.int64)
-        for j in range(k):
-            perm[j] = where[order[j]]
-            if perm[j] < 0:
-                same = False
-                break
-    if same:  # LW itself (its k x k lower triangle is all the solves read)
-        Yt = np.empty((k, Y_given.shape[1]))
-        pivots = np.empty(k)
-        for j in range(k):
-            Yt[j] = Y_given[order[j]]
-            pivots[j] = LW[j, j] * LW[j, j] / max(Yt[j] @ Yt[j], 1e-300)
-        return perm, Yt, LW, pivots, 0
-    Yt = np.empty((k, Y_given.shape[1]))
-    for a in range(k):
-        Yt[a] = Y_given[rows_sel[a]]
-    LS, pivots, info = schur_complement_rows(Yt, 1e-14, lapack)
-    return np.arange(k), Yt, LS, pivots, info
 
 
 @_jit
@@ -693,66 +596,98 @@ def reused_adjoint_rows(
         rows_sel = np.empty(J.shape[0] + p, np.int64)
         rows_sel[: J.shape[0]] = J
         rows_sel[J.shape[0] :] = np.arange(m, m + p)
-        k = rows_sel.shape[0]
-        count = 0
-        while count < order_given.shape[1] and order_given[i, count] >= 0:
-            count += 1
-        member = np.zeros(m + p, np.bool_)
-        for a in range(k):
-            member[rows_sel[a]] = True
-        same = count == k
-        for j in range(count if same else 0):
-            if not member[order_given[i, j]]:
-                same = False
-                break
-        Y_all = Y_given[i]
-        if same:  # the working set's factor, in its order
-            rows = order_given[i, :k].copy()
-            LS = LW_given[i]
-            pivots = np.empty(k)
-            for j in range(k):
-                y = Y_all[rows[j]]
-                pivots[j] = LS[j, j] * LS[j, j] / max(y @ y, 1e-300)
-            info = 0
-        else:
-            rows = rows_sel
-            Yt = np.empty((k, n))
-            for a in range(k):
-                Yt[a] = Y_all[rows[a]]
-            LS, pivots, info = schur_complement_rows(Yt, 1e-14, lapack)
-        if info != 0:
-            status[i] = 2
-            continue
-        if (pivots < dependent_tol).any():
-            status[i] = 3
-            continue
-        r2 = np.empty(k)
-        for a in range(k):
-            r = rows[a]
+        r2 = np.empty(rows_sel.shape[0])
+        for a in range(rows_sel.shape[0]):
+            r = rows_sel[a]
             r2[a] = grad_ineq[i, r] if r < m else grad_eq[i, r - m]
-        gi = g[i]
-        L = L_given[i]
-        norm = max(math.sqrt(gi @ gi + r2 @ r2), 1e-300)
-        u, w = schur_solve_indexed(L, Y_all, rows, LS, gi, r2)
-        r1, rr, rel = _residual_rows(Pi, Gi, Ai, m, rows, gi, r2, u, w, norm)
-        done, best = 0, math.inf
-        while not (done >= steps_max or rel <= tol or (rel > 0.5 * best and rel < 1e-12)):
-            best = min(best, rel)
-            du, dw = schur_solve_indexed(L, Y_all, rows, LS, r1, rr)
-            new_u, new_w = u + du, w + dw
-            new_r1, new_rr, new_rel = _residual_rows(Pi, Gi, Ai, m, rows, gi, r2, new_u, new_w,
-                                                     norm)  # fmt: skip
-            done += 1
-            if new_rel < rel:
-                u, w, r1, rr, rel = new_u, new_w, new_r1, new_rr, new_rel
-        u_out[i], residual[i], steps[i] = u, rel, done
-        for a in range(k):
-            r = rows[a]
+        status[i], u, w, residual[i], steps[i] = _reused_solve(
+            Pi, Gi, Ai, m, rows_sel, g[i], r2, L_given[i], Y_given[i], order_given[i],
+            LW_given[i], lapack, steps_max, tol, dependent_tol,
+        )  # fmt: skip
+        if status[i]:
+            continue
+        u_out[i] = u
+        for a in range(rows_sel.shape[0]):
+            r = rows_sel[a]
             if r < m:
                 w_ineq[i, r] = w[a]
             else:
                 w_eq[i, r - m] = w[a]
     return status, u_out, w_ineq, w_eq, residual, steps
+
+
+@_jit
+def _reused_solve(
+    P: np.ndarray,
+    G: np.ndarray,
+    A: np.ndarray,
+    m: int,
+    rows_sel: np.ndarray,
+    g: np.ndarray,
+    r2: np.ndarray,
+    L: np.ndarray,
+    Y_all: np.ndarray,
+    order: np.ndarray,
+    LW: np.ndarray,
+    lapack: Any,
+    steps_max: int,
+    tol: float,
+    dependent_tol: float,
+) -> tuple[int, np.ndarray, np.ndarray, float, int]:
+    """``(status, u, w, residual, steps)``: one sample of :func:`reused_adjoint_rows`, the
+    reduced KKT system of the rows ``rows_sel`` of ``[G; A]`` (right-hand side ``g``, ``r2``
+    in ``rows_sel``'s order; ``w`` comes back in that order) from the forward's factors, the
+    rows read in place (status 2: the Schur complement's factorization failed, 3: a pivot
+    below ``dependent_tol``)."""
+    n, k = L.shape[0], rows_sel.shape[0]
+    count = 0
+    while count < order.shape[0] and order[count] >= 0:
+        count += 1
+    where = np.full(Y_all.shape[0], -1, np.int64)  # position of a row in rows_sel
+    for a in range(k):
+        where[rows_sel[a]] = a
+    same = count == k
+    for j in range(count if same else 0):
+        if where[order[j]] < 0:
+            same = False
+            break
+    if same:  # the working set's factor, in its order
+        rows = order[:k].copy()
+        LS = LW
+        pivots = np.empty(k)
+        for j in range(k):
+            y = Y_all[rows[j]]
+            pivots[j] = LS[j, j] * LS[j, j] / max(y @ y, 1e-300)
+        info = 0
+    else:
+        rows = rows_sel
+        Yt = np.empty((k, n))
+        for a in range(k):
+            Yt[a] = Y_all[rows[a]]
+        LS, pivots, info = schur_complement_rows(Yt, 1e-14, lapack)
+    if info != 0:
+        return 2, np.zeros(0), np.zeros(0), 0.0, 0
+    if (pivots < dependent_tol).any():
+        return 3, np.zeros(0), np.zeros(0), 0.0, 0
+    rhs = np.empty(k)  # r2 in the order of rows
+    for a in range(k):
+        rhs[a] = r2[where[rows[a]]]
+    norm = max(math.sqrt(g @ g + rhs @ rhs), 1e-300)
+    u, w = schur_solve_indexed(L, Y_all, rows, LS, g, rhs)
+    r1, rr, rel = _residual_rows(P, G, A, m, rows, g, rhs, u, w, norm)
+    done, best = 0, math.inf
+    while not (done >= steps_max or rel <= tol or (rel > 0.5 * best and rel < 1e-12)):
+        best = min(best, rel)
+        du, dw = schur_solve_indexed(L, Y_all, rows, LS, r1, rr)
+        new_u, new_w = u + du, w + dw
+        new_r1, new_rr, new_rel = _residual_rows(P, G, A, m, rows, g, rhs, new_u, new_w, norm)
+        done += 1
+        if new_rel < rel:
+            u, w, r1, rr, rel = new_u, new_w, new_r1, new_rr, new_rel
+    w_sel = np.empty(k)
+    for a in range(k):
+        w_sel[where[rows[a]]] = w[a]
+    return 0, u, w_sel, rel, done
 
 
 @_jit
@@ -814,39 +749,66 @@ def _gradients(
     """The formulas of :mod:`dxopt.qp._grads` for one sample: :math:`\\bar P =
     -\\tfrac12(ux^\\top + xu^\\top)`, :math:`\\bar q = -u`, :math:`\\bar A = -(\\mu u^\\top +
     w_Ex^\\top)`, :math:`\\bar b = w_E`, :math:`\\bar G = -(\\operatorname{diag}(\\nu_J)u^\\top
-    + w_Jx^\\top)` on the working rows, :math:`\\bar h = w_J` (zero elsewhere)."""
+    + w_Jx^\\top)` on the working rows, :math:`\\bar h = w_J` (zero elsewhere); those
+    ``needs`` asks for (the others have no entries)."""
+    n = x.shape[0]
+    gP = np.empty((n * needs[0], n))
+    gq = np.empty(n * needs[1])
+    gA = np.empty((p * needs[2], n))
+    gb = np.empty(p * needs[3])
+    gG = np.empty((m * needs[4], n))
+    gh = np.empty(m * needs[5])
+    _gradients_into(x, mu, nu, working, J, u, w, m, p, needs, gP, gq, gA, gb, gG, gh)
+    return gP, gq, gA, gb, gG, gh
+
+
+@_jit
+def _gradients_into(
+    x: np.ndarray,
+    mu: np.ndarray,
+    nu: np.ndarray,
+    working: np.ndarray,
+    J: np.ndarray,
+    u: np.ndarray,
+    w: np.ndarray,
+    m: int,
+    p: int,
+    needs: np.ndarray,
+    gP: np.ndarray,
+    gq: np.ndarray,
+    gA: np.ndarray,
+    gb: np.ndarray,
+    gG: np.ndarray,
+    gh: np.ndarray,
+) -> None:
+    """:func:`_gradients` written into the caller's arrays (``w``: the working rows'
+    multipliers in ``J``'s order, then the equality rows')."""
     n, k = x.shape[0], J.shape[0]
-    gP, gq = np.zeros((0, 0)), np.zeros(0)
-    gA, gb, gG, gh = np.zeros((0, 0)), np.zeros(0), np.zeros((0, 0)), np.zeros(0)
     if needs[0]:
-        gP = np.empty((n, n))
         for i in range(n):
             for j in range(n):
                 gP[i, j] = -0.5 * (u[i] * x[j] + x[i] * u[j])
     if needs[1]:
-        gq = -u
-    if p and (needs[2] or needs[3]):
-        wE = w[k:].copy()
-        if needs[2]:
-            gA = np.empty((p, n))
-            for r in range(p):
-                for j in range(n):
-                    gA[r, j] = -(mu[r] * u[j] + wE[r] * x[j])
-        if needs[3]:
-            gb = wE
+        for j in range(n):
+            gq[j] = -u[j]
+    if p and needs[2]:
+        for r in range(p):
+            for j in range(n):
+                gA[r, j] = -(mu[r] * u[j] + w[k + r] * x[j])
+    if p and needs[3]:
+        for r in range(p):
+            gb[r] = w[k + r]
     if m and (needs[4] or needs[5]):
         wG = np.zeros(m)
         for a in range(k):
             wG[J[a]] = w[a]
         if needs[4]:
-            gG = np.empty((m, n))
             for r in range(m):
                 f = nu[r] if working[r] else 0.0
                 for j in range(n):
                     gG[r, j] = -(f * u[j] + wG[r] * x[j])
         if needs[5]:
-            gh = wG
-    return gP, gq, gA, gb, gG, gh
+            gh[:] = wG
 
 
 @_jit
@@ -916,7 +878,8 @@ def lean_adjoint_batch(
     :math:`L^{-1}c_r`, working sets and factors of their Schur complements
     (:mod:`dxopt.qp._dual_active_set`) of the samples with ``given[i]`` (no entries when none
     has them), from which the block elimination of the working rows is taken
-    (:func:`_forward_factors`; ``lapack``: a :class:`dxopt.linalg.small.LapackKernels`)
+    (:func:`_reused_solve`, the rows read in place; ``lapack``: a
+    :class:`dxopt.linalg.small.LapackKernels`)
     instead of factoring again."""
     B, n = X.shape
     rows = C.shape[1]
@@ -932,11 +895,8 @@ def lean_adjoint_batch(
     gG = np.zeros((B, sizes[4], n))
     gh = np.zeros((B, sizes[5]))
     none = np.zeros(0, np.bool_)
-    no = np.zeros((0, 0))
     for i in range(B):
-        L_i, Y_i, LS_i, pivots_i, info_i, perm_i = no, no, no, np.zeros(0), 0, np.zeros(0, np.int64)
-        accuracy_i = -2.0
-        if given[i]:
+        if given[i]:  # the forward's factors, every row read in place
             x, mu, nu, working = _point(X[i], duals[i], none, m)
             accuracy_i = _point_accuracy(
                 P[i], q[i], C[i], upper[i], m, x, nu, mu, working, g_inf[i], margin_min
@@ -948,14 +908,28 @@ def lean_adjoint_batch(
             rows_sel = np.empty(J.shape[0] + p, np.int64)
             rows_sel[: J.shape[0]] = J
             rows_sel[J.shape[0] :] = np.arange(m, m + p)
-            perm_i, Y_i, LS_i, pivots_i, info_i = _forward_factors(
-                Y_given[i], order_given[i], LW_given[i], rows_sel, lapack
-            )
-            L_i = L_given[i]
+            r2 = np.empty(rows_sel.shape[0])
+            for a in range(J.shape[0]):
+                r2[a] = r_ineq[i, J[a]]
+            r2[J.shape[0] :] = r_eq[i]
+            Ci = C[i]
+            status[i], u, w, rel, done = _reused_solve(
+                P[i], Ci[:m], Ci[m:], m, rows_sel, g[i], r2, L_given[i], Y_given[i],
+                order_given[i], LW_given[i], lapack, steps_max, tol, dependent_tol,
+            )  # fmt: skip
+            if status[i] == 0 and not rel <= max_residual:
+                status[i] = 4
+            if status[i]:
+                continue
+            residual[i], steps[i], k[i], accuracy[i] = rel, done, J.shape[0], accuracy_i
+            _gradients_into(
+                x, mu, nu, working, J, u, w, m, p, needs, gP[i], gq[i], gA[i], gb[i], gG[i],
+                gh[i],
+            )  # fmt: skip
+            continue
         status[i], residual[i], steps[i], k[i], accuracy[i], grads = lean_adjoint(
             P[i], q[i], C[i], upper[i], m, X[i], duals[i], none, g_inf[i], g[i], r_ineq[i],
-            r_eq[i], steps_max, tol, max_residual, dependent_tol, margin_min, needs, L_i, Y_i,
-            LS_i, pivots_i, info_i, perm_i, accuracy_i,
+            r_eq[i], steps_max, tol, max_residual, dependent_tol, margin_min, needs,
         )  # fmt: skip
         if status[i]:
             residual[i] = 0.0
