@@ -508,7 +508,11 @@ def lean_adjoint(
     u, w, rel, steps = _refined_solve(P, CJ, L, Y, LS, g, r2, steps_max, tol)
     if not rel <= max_residual:
         return 4, rel, steps, k, accuracy, empty
-    grads = _gradients(x, mu, nu, working, J, u, w, m, p, needs)
+    gP, gq = np.empty((n * needs[0], n)), np.empty(n * needs[1])
+    gA, gb = np.empty((p * needs[2], n)), np.empty(p * needs[3])
+    gG, gh = np.empty((m * needs[4], n)), np.empty(m * needs[5])
+    _gradients_into(x, mu, nu, working, J, u, w, m, p, needs, gP, gq, gA, gb, gG, gh)
+    grads = (gP, gq, gA, gb, gG, gh)
     return 0, rel, steps, k, accuracy, grads
 
 
@@ -734,35 +738,6 @@ def _residual(
 
 
 @_jit
-def _gradients(
-    x: np.ndarray,
-    mu: np.ndarray,
-    nu: np.ndarray,
-    working: np.ndarray,
-    J: np.ndarray,
-    u: np.ndarray,
-    w: np.ndarray,
-    m: int,
-    p: int,
-    needs: np.ndarray,
-) -> tuple[np.ndarray, ...]:
-    """The formulas of :mod:`dxopt.qp._grads` for one sample: :math:`\\bar P =
-    -\\tfrac12(ux^\\top + xu^\\top)`, :math:`\\bar q = -u`, :math:`\\bar A = -(\\mu u^\\top +
-    w_Ex^\\top)`, :math:`\\bar b = w_E`, :math:`\\bar G = -(\\operatorname{diag}(\\nu_J)u^\\top
-    + w_Jx^\\top)` on the working rows, :math:`\\bar h = w_J` (zero elsewhere); those
-    ``needs`` asks for (the others have no entries)."""
-    n = x.shape[0]
-    gP = np.empty((n * needs[0], n))
-    gq = np.empty(n * needs[1])
-    gA = np.empty((p * needs[2], n))
-    gb = np.empty(p * needs[3])
-    gG = np.empty((m * needs[4], n))
-    gh = np.empty(m * needs[5])
-    _gradients_into(x, mu, nu, working, J, u, w, m, p, needs, gP, gq, gA, gb, gG, gh)
-    return gP, gq, gA, gb, gG, gh
-
-
-@_jit
 def _gradients_into(
     x: np.ndarray,
     mu: np.ndarray,
@@ -781,8 +756,12 @@ def _gradients_into(
     gG: np.ndarray,
     gh: np.ndarray,
 ) -> None:
-    """:func:`_gradients` written into the caller's arrays (``w``: the working rows'
-    multipliers in ``J``'s order, then the equality rows')."""
+    """The formulas of :mod:`dxopt.qp._grads` for one sample, written into the caller's
+    arrays (those ``needs`` asks for): :math:`\\bar P = -\\tfrac12(ux^\\top + xu^\\top)`,
+    :math:`\\bar q = -u`, :math:`\\bar A = -(\\mu u^\\top + w_Ex^\\top)`, :math:`\\bar b =
+    w_E`, :math:`\\bar G = -(\\operatorname{diag}(\\nu_J)u^\\top + w_Jx^\\top)` on the working
+    rows, :math:`\\bar h = w_J` (zero elsewhere); ``w``: the working rows' multipliers in
+    ``J``'s order, then the equality rows'."""
     n, k = x.shape[0], J.shape[0]
     if needs[0]:
         for i in range(n):
