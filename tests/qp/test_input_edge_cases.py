@@ -99,6 +99,17 @@ def test_unknown_solver_option_says_it_comes_from_the_backend(solver):
                   solver_options={"no_such_setting": 1})  # fmt: skip
 
 
+@pytest.mark.parametrize("batched", [False, True])
+def test_unknown_solver_is_refused_by_name(batched):
+    """A misspelt backend used to fall through the fallback chain to piqp without a word."""
+    P, q = (P3[None], Q3[None]) if batched else (P3, Q3)
+    with pytest.raises(ValueError, match=r"solver: expected one of 'auto', 'torch', .*'daqp'.*"
+                                         r"got 'dqap'\. Check the spelling"):  # fmt: skip
+        dqp.solve(P, q, solver="dqap")
+    with pytest.raises(TypeError, match="solver: expected a str"):
+        dqp.solve(P, q, solver=None)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("solver", ["daqp", "piqp"])
 def test_torch_compile_graph_breaks_around_the_solve(solver):
     class Model(torch.nn.Module):

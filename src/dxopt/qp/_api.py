@@ -313,6 +313,29 @@ def _solution(
     )
 
 
+@functools.lru_cache(maxsize=1)
+def _solver_names() -> frozenset[str]:
+    """The names ``solve`` takes besides ``"auto"``: ``"torch"`` and the installed qpsolvers
+    backends."""
+    import qpsolvers
+
+    return frozenset(("torch", *qpsolvers.available_solvers))
+
+
+def _refuse_solver(solver: object) -> None:
+    """Raise the error for a ``solver`` that is not a name ``solve`` takes (a typo used to
+    fall through the fallback chain to another backend without a word)."""
+    import qpsolvers
+
+    names = ", ".join(repr(n) for n in ("auto", "torch", *sorted(qpsolvers.available_solvers)))
+    if not isinstance(solver, str):
+        raise TypeError(f"solver: expected a str, one of {names}; got {type(solver).__name__}.")
+    raise ValueError(
+        f"solver: expected one of {names} (the installed qpsolvers backends); got {solver!r}. "
+        f"Check the spelling, or install the backend (e.g. pip install 'qpsolvers[{solver}]')."
+    )
+
+
 @torch.compiler.disable
 def _solve_eagerly(*args: Any, **kwargs: Any) -> QPSolution:
     """:func:`solve` outside Dynamo: under :func:`torch.compile` the call to this function is
@@ -468,6 +491,8 @@ def solve(
         )  # fmt: skip
     if on_failure not in ("raise", "nan"):
         raise ValueError(f"on_failure: expected 'raise' or 'nan', got {on_failure!r}.")
+    if solver != "auto" and solver not in _solver_names():
+        _refuse_solver(solver)
     method = _backward_method(backward)
     if not (type(eps_abs) is float and type(eps_rel) is float and 0.0 <= eps_abs < math.inf
             and 0.0 <= eps_rel < math.inf):  # fmt: skip
