@@ -110,6 +110,18 @@ def test_unknown_solver_is_refused_by_name(batched):
         dqp.solve(P, q, solver=None)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("option", ["check_psd", "fallback", "polish"])
+def test_flags_must_be_booleans(option):
+    """check_psd="no" is truthy: it used to run the check the caller meant to skip."""
+    with pytest.raises(TypeError, match=f"{option}: expected True or False, got 'no' \\(str\\)"):
+        dqp.solve(P3, Q3, **{option: "no"})
+
+
+def test_solver_options_must_be_a_dict():
+    with pytest.raises(TypeError, match=r"solver_options: expected a dict .* got list"):
+        dqp.solve(P3, Q3, solver_options=[1])  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("solver", ["daqp", "piqp"])
 def test_torch_compile_graph_breaks_around_the_solve(solver):
     class Model(torch.nn.Module):

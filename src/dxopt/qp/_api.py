@@ -493,6 +493,19 @@ def solve(
         raise ValueError(f"on_failure: expected 'raise' or 'nan', got {on_failure!r}.")
     if solver != "auto" and solver not in _solver_names():
         _refuse_solver(solver)
+    if not (check_psd.__class__ is bool and fallback.__class__ is bool
+            and polish.__class__ is bool):  # fmt: skip
+        for flag_name, flag in (("check_psd", check_psd), ("fallback", fallback),
+                                ("polish", polish)):  # fmt: skip
+            if not isinstance(flag, bool):
+                raise TypeError(
+                    f"{flag_name}: expected True or False, got {flag!r} ({type(flag).__name__})."
+                )
+    if solver_options is not None and not isinstance(solver_options, dict):
+        raise TypeError(
+            f"solver_options: expected a dict of the backend's settings (e.g. "
+            f"{{'max_iter': 200}}) or None, got {type(solver_options).__name__}."
+        )
     method = _backward_method(backward)
     if not (type(eps_abs) is float and type(eps_rel) is float and 0.0 <= eps_abs < math.inf
             and 0.0 <= eps_rel < math.inf):  # fmt: skip
