@@ -117,6 +117,13 @@ def test_flags_must_be_booleans(option):
         dqp.solve(P3, Q3, **{option: "no"})
 
 
+def test_layer_refuses_bad_options_when_built():
+    with pytest.raises(ValueError, match="solver: expected one of"):
+        dqp.QPLayer(solver="dqap")
+    with pytest.raises(TypeError, match="polish: expected True or False"):
+        dqp.QPLayer(polish=1)  # type: ignore[arg-type]
+
+
 def test_solver_options_must_be_a_dict():
     with pytest.raises(TypeError, match=r"solver_options: expected a dict .* got list"):
         dqp.solve(P3, Q3, solver_options=[1])  # type: ignore[arg-type]

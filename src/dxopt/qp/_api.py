@@ -322,18 +322,34 @@ def _solver_names() -> frozenset[str]:
     return frozenset(("torch", *qpsolvers.available_solvers))
 
 
-def _refuse_solver(solver: object) -> None:
-    """Raise the error for a ``solver`` that is not a name ``solve`` takes (a typo used to
-    fall through the fallback chain to another backend without a word)."""
-    import qpsolvers
+def _check_options(
+    solver: object, check_psd: object, fallback: object, polish: object, solver_options: object
+) -> None:
+    """Raise the error for the first option of :func:`solve` (and :class:`QPLayer`) that is
+    not one it takes: ``solver`` a name (a typo used to fall through the fallback chain to
+    another backend without a word), the flags booleans (``check_psd="no"`` is truthy),
+    ``solver_options`` a dict."""
+    if solver != "auto" and solver not in _solver_names():
+        import qpsolvers
 
-    names = ", ".join(repr(n) for n in ("auto", "torch", *sorted(qpsolvers.available_solvers)))
-    if not isinstance(solver, str):
-        raise TypeError(f"solver: expected a str, one of {names}; got {type(solver).__name__}.")
-    raise ValueError(
-        f"solver: expected one of {names} (the installed qpsolvers backends); got {solver!r}. "
-        f"Check the spelling, or install the backend (e.g. pip install 'qpsolvers[{solver}]')."
-    )
+        names = ", ".join(repr(n) for n in ("auto", "torch", *sorted(qpsolvers.available_solvers)))
+        if not isinstance(solver, str):
+            raise TypeError(f"solver: expected a str, one of {names}; got {type(solver).__name__}.")
+        raise ValueError(
+            f"solver: expected one of {names} (the installed qpsolvers backends); got "
+            f"{solver!r}. Check the spelling, or install the backend (e.g. pip install "
+            f"'qpsolvers[{solver}]')."
+        )
+    for flag_name, flag in (("check_psd", check_psd), ("fallback", fallback), ("polish", polish)):
+        if not isinstance(flag, bool):
+            raise TypeError(
+                f"{flag_name}: expected True or False, got {flag!r} ({type(flag).__name__})."
+            )
+    if solver_options is not None and not isinstance(solver_options, dict):
+        raise TypeError(
+            f"solver_options: expected a dict of the backend's settings (e.g. "
+            f"{{'max_iter': 200}}) or None, got {type(solver_options).__name__}."
+        )
 
 
 @torch.compiler.disable
@@ -491,21 +507,14 @@ def solve(
         )  # fmt: skip
     if on_failure not in ("raise", "nan"):
         raise ValueError(f"on_failure: expected 'raise' or 'nan', got {on_failure!r}.")
-    if solver != "auto" and solver not in _solver_names():
-        _refuse_solver(solver)
-    if not (check_psd.__class__ is bool and fallback.__class__ is bool
-            and polish.__class__ is bool):  # fmt: skip
-        for flag_name, flag in (("check_psd", check_psd), ("fallback", fallback),
-                                ("polish", polish)):  # fmt: skip
-            if not isinstance(flag, bool):
-                raise TypeError(
-                    f"{flag_name}: expected True or False, got {flag!r} ({type(flag).__name__})."
-                )
-    if solver_options is not None and not isinstance(solver_options, dict):
-        raise TypeError(
-            f"solver_options: expected a dict of the backend's settings (e.g. "
-            f"{{'max_iter': 200}}) or None, got {type(solver_options).__name__}."
-        )
+    if not (
+        (solver == "auto" or solver in _solver_names())
+        and check_psd.__class__ is bool
+        and fallback.__class__ is bool
+        and polish.__class__ is bool
+        and (solver_options is None or solver_options.__class__ is dict)
+    ):
+        _check_options(solver, check_psd, fallback, polish, solver_options)
     method = _backward_method(backward)
     if not (type(eps_abs) is float and type(eps_rel) is float and 0.0 <= eps_abs < math.inf
             and 0.0 <= eps_rel < math.inf):  # fmt: skip
@@ -737,6 +746,7 @@ class QPLayer(nn.Module):
         _backward_method(backward)
         if on_failure not in ("raise", "nan"):
             raise ValueError(f"on_failure: expected 'raise' or 'nan', got {on_failure!r}.")
+        _check_options(solver, check_psd, fallback, polish, solver_options)
         self.options: dict[str, Any] = {
             "backward": backward,
             "solver": solver,
