@@ -333,3 +333,58 @@ def test_pathological_problems_agree_with_daqp():
                 tol = 1e-5 * (1 + float(gd[k].abs().max()))
                 torch.testing.assert_close(ga[k], gd[k], rtol=1e-5, atol=tol)
     assert compiled >= 10
+
+
+def _named_case(n: int, m: int, p: int, batch: int | None, seed: int) -> list:
+    rng = np.random.default_rng(seed)
+    shape = () if batch is None else (batch,)
+    M = rng.standard_normal((*shape, n, n))
+    P = M @ np.swapaxes(M, -1, -2) + np.eye(n)
+    x0 = rng.standard_normal((*shape, n))
+    A = rng.standard_normal((*shape, p, n))
+    G = rng.standard_normal((*shape, m, n))
+    h = np.einsum("...ij,...j->...i", G, x0) + rng.uniform(0, 1, (*shape, m)) * (
+        rng.random((*shape, m)) < 0.5
+    )
+    data = [P, rng.standard_normal((*shape, n)), A, np.einsum("...ij,...j->...i", A, x0), G, h]
+    return [torch.tensor(a, dtype=torch.float64) for a in data]
+
+
+@pytest.mark.parametrize(("n", "m", "p", "batch"), [(10, 5, 2, None), (100, 60, 10, None),
+                                                    (20, 10, 3, 8)])  # fmt: skip
+def test_the_solver_can_be_named(n, m, p, batch):
+    """``solver="dual_active_set"`` runs the compiled solver for one problem of any size and
+    for batches; the point and gradients are daqp's (the same method), and ``info`` says so."""
+    data = _named_case(n, m, p, batch, seed=n)
+    grads = {}
+    for solver in (COMPILED_SOLVER, "daqp"):
+        leaves = [t.clone().requires_grad_() for t in data]
+        sol = dqp.solve(*leaves, solver=solver)
+        w = torch.linspace(-1.0, 1.0, n, dtype=torch.float64)
+        (w * sol.x).sum().backward()
+        grads[solver] = (sol, [t.grad for t in leaves])
+    named, ref = grads[COMPILED_SOLVER][0], grads["daqp"][0]
+    assert named.info.solver == COMPILED_SOLVER
+    assert set(named.info.sample_solvers) == {COMPILED_SOLVER}
+    assert ref.info.solver == "daqp"
+    torch.testing.assert_close(named.x, ref.x, rtol=1e-8, atol=1e-10)
+    for g, g_ref in zip(grads[COMPILED_SOLVER][1], grads["daqp"][1]):
+        torch.testing.assert_close(g, g_ref, rtol=1e-6, atol=1e-9 * float(g_ref.abs().max()))
+
+
+@pytest.mark.parametrize("case", ["warm_start", "solver_options", "sparse"])
+def test_the_named_solver_falls_back_to_daqp_where_it_does_not_apply(case):
+    """Warm starts, backend options and sparse inputs are not the compiled route's: daqp (the
+    same method) solves them and ``info.solver`` names it."""
+    P, q, A, b, G, h = _named_case(12, 6, 2, None, seed=3)
+    kwargs: dict = {}
+    if case == "warm_start":
+        kwargs["warm_start"] = torch.zeros(12, dtype=torch.float64)
+    elif case == "solver_options":
+        kwargs["solver_options"] = {"iter_limit": 500}
+    else:
+        P = P.to_sparse_csr()
+    sol = dqp.solve(P, q, A, b, G, h, solver=COMPILED_SOLVER, **kwargs)
+    ref = dqp.solve(P, q, A, b, G, h, solver="daqp", **kwargs)
+    assert sol.info.solver == "daqp"
+    torch.testing.assert_close(sol.x, ref.x)

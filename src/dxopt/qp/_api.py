@@ -112,7 +112,11 @@ def _forward_state(
     """Validate and solve (plain tensors; called by ``QPFunction.forward``)."""
     problem = canonical_problem(P, q, A, b, G, h, check_psd=check_psd, defer_psd=True)
     _check_warm_start(warm_start, problem.n)
+    # "dual_active_set" where its route does not apply (options, warm starts, sparse or
+    # non-CPU inputs, a point that did not certify): daqp, the same method
     name = default_solver(problem) if solver == "auto" else solver
+    if name == COMPILED_SOLVER:
+        name = "daqp"
     solvable = bool(problem.size and problem.n)
     # the PSD check of P: daqp's own Cholesky certifies it for free, else one Cholesky here
     psd_pending = (
@@ -315,11 +319,11 @@ def _solution(
 
 @functools.lru_cache(maxsize=1)
 def _solver_names() -> frozenset[str]:
-    """The names ``solve`` takes besides ``"auto"``: ``"torch"`` and the installed qpsolvers
-    backends."""
+    """The names ``solve`` takes besides ``"auto"``: ``"torch"``, ``"dual_active_set"`` and the
+    installed qpsolvers backends."""
     import qpsolvers
 
-    return frozenset(("torch", *qpsolvers.available_solvers))
+    return frozenset(("torch", COMPILED_SOLVER, *qpsolvers.available_solvers))
 
 
 def _check_options(
@@ -332,13 +336,14 @@ def _check_options(
     if solver != "auto" and solver not in _solver_names():
         import qpsolvers
 
-        names = ", ".join(repr(n) for n in ("auto", "torch", *sorted(qpsolvers.available_solvers)))
+        known = ("auto", "torch", COMPILED_SOLVER, *sorted(qpsolvers.available_solvers))
+        names = ", ".join(repr(n) for n in known)
         if not isinstance(solver, str):
             raise TypeError(f"solver: expected a str, one of {names}; got {type(solver).__name__}.")
         raise ValueError(
-            f"solver: expected one of {names} (the installed qpsolvers backends); got "
-            f"{solver!r}. Check the spelling, or install the backend (e.g. pip install "
-            f"'qpsolvers[{solver}]')."
+            f"solver: expected one of {names} (dxopt's solvers, then the installed qpsolvers "
+            f"backends); got {solver!r}. Check the spelling, or install the backend (e.g. pip "
+            f"install 'qpsolvers[{solver}]')."
         )
     for flag_name, flag in (("check_psd", check_psd), ("fallback", fallback), ("polish", polish)):
         if not isinstance(flag, bool):
@@ -433,7 +438,12 @@ def solve(
             active-set solver of :mod:`dxopt.qp._dual_active_set` (``info.solver ==
             "dual_active_set"``; daqp for any sample it does not solve, named in
             ``info.sample_solvers``; its backward reuses the solver's factors). Fastest in our
-            measurements (see :func:`dxopt.qp._forward.default_solver`).
+            measurements (see :func:`dxopt.qp._forward.default_solver`). ``"dual_active_set"``
+            names that compiled solver for any dense CPU problem or batch with the default
+            options and no warm start (one small problem too); daqp, the same method, solves
+            what it does not take (warm starts, ``solver_options``, sparse or non-CPU inputs,
+            ``max_workers``) and ``info.solver`` then says ``"daqp"``. Any other name is
+            refused with the list of installed backends.
         eps_abs, eps_rel: solver tolerances, mapped to each backend's own settings (daqp is an
             active-set method solving to machine precision and ignores them).
         on_failure: ``"raise"`` raises :class:`QPSolveError` naming the failed batch indices;
@@ -591,13 +601,14 @@ def solve(
         not solver_options
         and check_psd
         and max_workers is None
-        and (solver == "auto" or solver == "daqp")
+        and (solver == "auto" or solver == "daqp" or solver == COMPILED_SOLVER)
         and lean_method(method)
         and not functorch_active()
     ):
-        # "auto" without a warm start: the compiled solver, for batches of any n and for one
-        # problem too large for the single lean path (a batch of one)
-        compiled = solver == "auto" and warm_start is None
+        # "auto" or "dual_active_set" without a warm start: the compiled solver, for batches
+        # of any n and for one problem ("auto": only one too large for the single lean path)
+        # as a batch of one
+        compiled = solver != "daqp" and warm_start is None
         data: tuple[Any, ...] = (P, q, A, b, G, h)
         batch = small_batch_inputs(*data, max_n=None if compiled else SMALL_MAX_N)
         single = (
@@ -605,7 +616,7 @@ def solve(
             and compiled
             and type(q) is Tensor
             and q.ndim == 1
-            and q.shape[0] > SMALL_MAX_N
+            and (q.shape[0] > SMALL_MAX_N or solver == COMPILED_SOLVER)
             and all(type(t) is Tensor and t.layout is torch.strided for t in data if t is not None)
         )
         if single:
