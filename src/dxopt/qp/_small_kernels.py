@@ -328,15 +328,15 @@ def _active_accuracy(
     g_inf: np.ndarray,
     eq_residual: np.ndarray,
     margin_min: float,
-    stationarity: float,
-) -> float:
-    """The accuracy :math:`\\varepsilon` of :func:`dxopt.qp._active.identify_active` with the
-    forward's set when that set is unambiguous (:mod:`dxopt.qp._small`'s module docstring),
-    else -1. The scales are ``identify_active``'s; the dual scale is formed only when some row
-    is in the set (it enters nothing else). ``stationarity``:
-    :math:`\\|Px + q + C^\\top\\lambda\\|_\\infty` at the point; relative to the dual scale it
-    bounds what a multiplier's computed value may owe to the point's inaccuracy, so it widens
-    the margin multipliers must clear (it does not enter the returned accuracy)."""
+) -> tuple[float, float, float]:
+    """``(eps, smallest, dual_scale)``: the accuracy :math:`\\varepsilon` of
+    :func:`dxopt.qp._active.identify_active` with the forward's set when that set is
+    unambiguous by the margin :math:`\\max(10^{-8}, 10^4\\varepsilon)` (``margin_min`` the
+    floor; :mod:`dxopt.qp._small`'s module docstring), else -1; and the smallest working
+    multiplier over the dual scale (``inf`` without working rows), which the caller also holds
+    against the stationarity residual, and that dual scale. The scales are
+    ``identify_active``'s; the dual scale is formed only when some row is in the set (it
+    enters nothing else)."""
     n, rows = x.shape[0], C.shape[0]
     p = rows - m
     tiny = np.finfo(np.float64).tiny
@@ -347,7 +347,7 @@ def _active_accuracy(
             a2 += C[m + r, j] * C[m + r, j]
         eq_eps = max(eq_eps, abs(eq_residual[r]) / max(math.sqrt(a2), tiny))
     if m == 0:
-        return eq_eps
+        return eq_eps, math.inf, 0.0
     ax_max = 0.0
     for j in range(n):
         ax_max = max(ax_max, abs(x[j]))
@@ -363,7 +363,7 @@ def _active_accuracy(
         low = min(low, rel_slack[r])
         k += working[r]
     if math.isnan(low):
-        return -1.0
+        return -1.0, 0.0, 0.0
     dual_scale = comp = 0.0
     if k:
         for i in range(n):
@@ -378,26 +378,24 @@ def _active_accuracy(
             comp = max(comp, max(rel_slack[r], 0.0) * nu_inf[r])
         comp = comp / dual_scale
     eps = max(eq_eps, -low, comp)
-    # >= 10 x identify_active's max(1e3 eps, 1e-9); multipliers also clear 1e4 x the relative
-    # stationarity residual (a multiplier that close to zero could be the residual's doing)
-    margin = max(margin_min, 1e4 * eps)
-    margin_nu = max(margin, 1e4 * stationarity / dual_scale) if k else margin
+    margin = max(margin_min, 1e4 * eps)  # >= 10 x identify_active's max(1e3 eps, 1e-9)
     # a working-set row with a small multiplier (weak, or near it), or a row outside the set
     # at (or near) zero slack: the general path decides
     if not k:
-        return eq_eps if low > margin else -1.0
-    used = 0.0
+        return (eq_eps if low > margin else -1.0), math.inf, 0.0
+    used, smallest = 0.0, math.inf
     for r in range(m):
         if working[r]:
-            if not nu_inf[r] - margin_nu * dual_scale > 0.0:
-                return -1.0
+            if not nu_inf[r] - margin * dual_scale > 0.0:
+                return -1.0, 0.0, 0.0
+            smallest = min(smallest, nu_inf[r] / dual_scale)
             g2 = 0.0
             for j in range(n):
                 g2 += C[r, j] * C[r, j]
             used = max(used, abs(slack[r]) / math.sqrt(g2))
         elif not rel_slack[r] - margin > 0.0:
-            return -1.0
-    return max(used, eq_eps)
+            return -1.0, 0.0, 0.0
+    return max(used, eq_eps), smallest, dual_scale
 
 
 @_jit_sums
@@ -415,13 +413,30 @@ def _point_accuracy(
     margin_min: float,
 ) -> float:
     """:func:`_active_accuracy` at the point ``x`` with inequality multipliers ``nu``,
-    equality multipliers ``mu`` and the working set ``working`` (its slacks, residuals and
-    stationarity residual computed here)."""
+    equality multipliers ``mu`` and the working set ``working`` (its slacks and residuals
+    computed here), -1 also when a working multiplier is within 1e4 times the relative
+    stationarity residual :math:`\\|Px + q + C^\\top\\lambda\\|_\\infty` of zero (a multiplier
+    that close to zero could be the residual's doing). The residual is formed only for a set
+    that passed the other tests."""
     n, rows = x.shape[0], C.shape[0]
     p = rows - m
     slack = np.empty(m)
     nu_inf = np.empty(m)
     eq_residual = np.empty(p)
+    for r in range(rows):
+        s = 0.0
+        for j in range(n):
+            s += C[r, j] * x[j]
+        if r < m:
+            slack[r] = upper[r] - s
+            nu_inf[r] = nu[r] * g_inf[r]
+        else:
+            eq_residual[r - m] = s - upper[r]
+    eps, smallest, dual_scale = _active_accuracy(
+        P, q, C, upper, m, x, working, slack, nu_inf, g_inf, eq_residual, margin_min
+    )
+    if eps < 0.0 or smallest == math.inf:
+        return eps
     grad = np.empty(n)  # P x + q + C' [nu; mu]
     for i in range(n):
         s = q[i]
@@ -429,24 +444,13 @@ def _point_accuracy(
             s += P[i, j] * x[j]
         grad[i] = s
     for r in range(rows):
-        s = 0.0
-        for j in range(n):
-            s += C[r, j] * x[j]
         lam = nu[r] if r < m else mu[r - m]
         for j in range(n):
             grad[j] += C[r, j] * lam
-        if r < m:
-            slack[r] = upper[r] - s
-            nu_inf[r] = nu[r] * g_inf[r]
-        else:
-            eq_residual[r - m] = s - upper[r]
     stationarity = 0.0
     for i in range(n):
         stationarity = max(stationarity, abs(grad[i]))
-    return _active_accuracy(
-        P, q, C, upper, m, x, working, slack, nu_inf, g_inf, eq_residual, margin_min,
-        stationarity,
-    )  # fmt: skip
+    return eps if smallest > 1e4 * stationarity / dual_scale else -1.0
 
 
 @_jit
