@@ -355,3 +355,28 @@ def test_adversarial_batches_agree_with_the_general_path(monkeypatch):
         for name in ("n_weak", "dependent_rows", "n_active"):
             assert getattr(sol.info.backward, name) == getattr(ref.info.backward, name), name
     assert used_count >= 8  # the lean path is not simply refusing every hard batch
+
+
+@pytest.mark.parametrize("shared", [(), ("P", "G"), ("A", "b")])
+def test_every_sample_declined_takes_the_general_gradients_whole(shared, monkeypatch):
+    """A duplicated active row in every sample (LICQ fails): the lean backward declines the
+    whole batch and hands over the general path's gradients as they are (no copy into its own
+    arrays); they equal the general path's, shared inputs included."""
+    data = _share(_problems(3, 8, 6, 2, seed=21), shared)
+    x = dqp.solve(*(data[k] for k in NAMES), solver="daqp").x.detach()
+    G = data["G"]
+    data["G"] = torch.cat([G, G[..., :1, :]], dim=-2)
+    h = torch.cat([data["h"], data["h"][:, :1]], dim=-1)
+    h[:, 0] = h[:, -1] = (G[..., 0, :] * x).sum(-1) - 1.0  # row 0 and its copy cut every point
+    data["h"] = h
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", dqp.QPDegenerateWarning)
+        lean, g_lean, used = _run(data, True, monkeypatch)
+        ref, g_ref, _ = _run(data, False, monkeypatch)
+    assert used
+    assert len(lean.info.backward.dependent_rows) == 3
+    assert all(d > 0 for d in lean.info.backward.dependent_rows)
+    assert lean.info.backward.dependent_rows == ref.info.backward.dependent_rows
+    for k in NAMES:
+        if g_ref[k] is not None:
+            torch.testing.assert_close(g_lean[k], g_ref[k])
