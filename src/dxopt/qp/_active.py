@@ -169,6 +169,9 @@ def _abs_mv(problem: QPProblem, name: str, av: np.ndarray) -> np.ndarray:
     if M.ndim == 2:
         return _dense_rows_pass(M, av, stats=False)[0]
     S, k, n = M.shape
+    if k * n > _CHUNK:  # a sample larger than a block: a block of its rows at a time
+        return np.stack([_dense_rows_pass(M[s], av[s : s + 1], stats=False)[0][0]
+                         for s in range(S)]) if S else np.zeros((0, k))  # fmt: skip
     out = np.empty((S, k, 1))
     step = max(1, _CHUNK // max(k * n, 1))
     buf = np.empty((min(step, S), k, n))
