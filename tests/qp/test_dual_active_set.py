@@ -388,3 +388,33 @@ def test_the_named_solver_falls_back_to_daqp_where_it_does_not_apply(case):
     ref = dqp.solve(P, q, A, b, G, h, solver="daqp", **kwargs)
     assert sol.info.solver == "daqp"
     torch.testing.assert_close(sol.x, ref.x)
+
+
+def test_large_problems_price_partially_and_factor_the_equalities_at_once():
+    """m n >= 2^18 (partial pricing) with p^2 n above the BLAS Gram threshold (the equality
+    rows factored by dsyrk/dpotrf): the points and multipliers are daqp's and the factors are
+    those of the final working set; a duplicated equality row is still refused as
+    dependent."""
+    from dxopt.linalg.small import BLAS_GRAM
+    from dxopt.qp._dual_active_set import _PRICING_MIN
+
+    n, m, p = 512, 600, 64  # 356 rows active: a unique set of multipliers
+    assert m * n >= _PRICING_MIN and p * p * n > BLAS_GRAM
+    data = _problems(2, n, m, p, seed=7)
+    P, q, C, upper, m = _layout(data)
+    C[1, m + 1], upper[1, m + 1] = C[1, m], upper[1, m]  # sample 1: two equal equality rows
+    status, iterations, X, duals, L, Yt, order, LW = _solve(P, q, C, upper, m, 1e-9, 5000)
+    assert [SOLVE_STATUS[s] for s in status] == ["solved", "dependent equality"]
+    sense = np.concatenate([np.zeros(m, np.int32), np.full(p, 5, np.int32)])
+    lo = np.where(sense == 5, upper[0], -1e30)
+    x_ref, _, flag, info = daqp.solve(P[0], q[0], C[0], upper[0], lo, sense, eps_prox=0.0)
+    assert flag == 1 and iterations[0] >= 20  # enough joins for the candidates to matter
+    np.testing.assert_allclose(X[0], x_ref, rtol=0, atol=1e-8 * (1 + np.abs(x_ref).max()))
+    lam_scale = 1.0 + np.abs(info["lam"]).max()
+    np.testing.assert_allclose(duals[0], info["lam"], rtol=0, atol=1e-7 * lam_scale)
+    W = order[0][order[0] >= 0]
+    assert W[:p].tolist() == list(range(m, m + p))  # the equalities first, in order
+    assert set(np.flatnonzero(duals[0, :m] > 0)) <= set(W.tolist())
+    S = Yt[0][W] @ Yt[0][W].T
+    Lk = np.tril(LW[0][: W.size, : W.size])
+    np.testing.assert_allclose(Lk @ Lk.T, S, rtol=0, atol=1e-10 * (1 + np.abs(S).max()))

@@ -33,6 +33,7 @@ import numpy as np
 from numba import njit
 
 __all__ = [
+    "BLAS_GRAM",
     "LapackKernels",
     "cholesky_lapack",
     "cholesky_lower",
@@ -318,7 +319,7 @@ def gram_rows_blas(Yt: np.ndarray, syrk: Any) -> np.ndarray:
     return S
 
 
-_BLAS_GRAM = 32 * 32 * 32  # k^2 n above which the Gram matrix is one dsyrk call
+BLAS_GRAM = 32 * 32 * 32  # k^2 n above which the Gram matrix is one dsyrk call
 
 
 @_jit
@@ -330,7 +331,7 @@ def schur_complement_rows(
     matrix, BLAS ``dsyrk``; ``lapack`` a :class:`LapackKernels`) for :math:`S'`: for a caller
     holding the rows already (the compiled forward's)."""
     k, n = Yt.shape
-    S = gram_rows_blas(Yt, lapack[2]) if k * k * n > _BLAS_GRAM else _gram_rows_lower(Yt)
+    S = gram_rows_blas(Yt, lapack[2]) if k * k * n > BLAS_GRAM else _gram_rows_lower(Yt)
     scale, _, _ = _shift_diagonal(S, shift)
     info = cholesky_lapack(S, lapack[0])
     return S, _pivots(S, scale, info), info

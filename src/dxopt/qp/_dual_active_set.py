@@ -24,6 +24,18 @@ non-negative it is taken, :math:`u = -Y_W\\lambda^\\star`, and the most violated
 (above ``primal_tol``) joins :math:`W`; otherwise the step towards it stops at the first
 multiplier to reach zero and that row leaves :math:`W`. Every sample is independent.
 
+On large problems (:math:`mn \ge 2^{18}`, where one scan of the inequality rows no longer
+fits the caches) the joining row is chosen by partial pricing: between full scans only the
+:math:`m/16` rows that were most violated at the last full scan are tried, and the most
+violated of them joins if it is at least half as violated as the last full scan's worst row;
+otherwise a full scan chooses (and refreshes the candidates). The method stops only after a
+full scan finds no row violated above ``primal_tol``. Any violated row may join (the dual
+objective rises all the same); the half rule keeps the joins near the most violated ones,
+without which the removals, and the iterations, doubled on some problems. At n=2000, m=3000
+the full scans were half the solve's time. The equality rows join first, all at
+once on large problems (BLAS ``dsyrk`` and LAPACK ``dpotrf`` on :math:`Y_E^\top Y_E`, the same
+pivot test as one by one).
+
 A violated row that is a combination :math:`y_r = Y_Wa` of the working rows cannot join
 as it is: its multiplier rises by :math:`t` while the set's fall by :math:`ta`, which leaves
 :math:`u` and the other multipliers' signs alone until the first inequality multiplier with
@@ -50,7 +62,9 @@ import numpy as np
 from numba import njit
 
 from dxopt.linalg.small import (
+    BLAS_GRAM,
     cholesky_lapack,
+    gram_rows_blas,
     lower_solve_inplace,
     lower_solve_rows_lapack,
     lower_transpose_solve_inplace,
@@ -99,6 +113,37 @@ def _add(Yt: np.ndarray, W: np.ndarray, LW: np.ndarray, k: int, r: int) -> bool:
 
 
 @_jit
+def _add_equalities(
+    Yt: np.ndarray, W: np.ndarray, LW: np.ndarray, member: np.ndarray, m: int, lapack: Any
+) -> int:
+    """The equality rows ``m:`` of ``Yt`` as the first working rows (``W``, ``member`` and the
+    factor ``LW`` of their :math:`S_W`); their count, or -1 when one is dependent on those
+    before it (the pivot test of :func:`_add`). Many rows: one BLAS ``dsyrk`` and LAPACK
+    ``dpotrf`` (the same pivots as adding them one by one)."""
+    rows, n = Yt.shape
+    p = rows - m
+    if p > n:
+        return -1
+    if p * p * n <= BLAS_GRAM:
+        for k in range(p):
+            if not _add(Yt, W, LW, k, m + k):
+                return -1
+            member[m + k] = True
+        return p
+    S = gram_rows_blas(Yt[m:], lapack[2])
+    norm2 = np.diag(S).copy()
+    if cholesky_lapack(S, lapack[0]) != 0:
+        return -1
+    for j in range(p):
+        if not S[j, j] * S[j, j] > _DEPENDENT * norm2[j]:
+            return -1
+        W[j] = m + j
+        member[m + j] = True
+        LW[j, : j + 1] = S[j, : j + 1]
+    return p
+
+
+@_jit
 def _remove(W: np.ndarray, LW: np.ndarray, lam: np.ndarray, k: int, j: int) -> None:
     """Remove position ``j`` from ``W[:k]``, ``lam`` and the factor ``LW`` (the trailing
     block absorbs the removed column by a rank-one update)."""
@@ -133,6 +178,11 @@ def _subspace_minimiser(LW: np.ndarray, d: np.ndarray, W: np.ndarray, k: int) ->
     lower_transpose_solve_inplace(LW, t, k)
     return t
 
+
+_PRICING_MIN = 1 << 18  # m * n from which partial pricing runs (a scan beyond the caches)
+_PRICING_FRACTION = 16  # the candidates: the m / 16 most violated rows of the last full scan
+_PRICING_MIN_KEEP = 16
+_PRICING_RATIO = 0.5  # a candidate joins only if at least half as violated as at that scan
 
 _REFINE_STEPS = 2  # Newton steps on the working set's KKT system at the end
 _REFINE_MIN_ROWS = 64  # for working sets above this size (smaller: accurate already)
@@ -225,14 +275,19 @@ def _solve_one(
     LW = np.zeros((cap + 1, cap + 1))
     lam = np.zeros(cap + 1)
     member = np.zeros(rows, np.bool_)
-    k = 0
-    for r in range(m, rows):
-        if not _add(Yt, W, LW, k, r):
-            return 2, 0
-        member[r] = True
-        k += 1
+    k = _add_equalities(Yt, W, LW, member, m, lapack)
+    if k < 0:
+        return 2, 0
     u = np.zeros(n)
     iterations = 0
+    # partial pricing on large problems: between full scans of the m inequality rows, only
+    # the most violated rows of the last full scan are tried
+    pricing = m * n >= _PRICING_MIN
+    n_keep = max(_PRICING_MIN_KEEP, m // _PRICING_FRACTION)
+    cand = np.empty(n_keep if pricing else 0, np.int64)
+    n_cand = 0
+    full_worst = math.inf
+    scan = np.empty(m)
     while True:
         star = _subspace_minimiser(LW, d, W, k)
         alpha, block = 1.0, -1
@@ -250,13 +305,33 @@ def _solve_one(
                 for i in range(n):
                     u[i] -= f * y[i]
             worst, join = primal_tol, -1
-            for r in range(m):
+            for c in range(n_cand):  # the candidates first (partial pricing)
+                r = cand[c]
                 if not member[r]:
                     viol = _dot(Yt[r], u) - d[r]
                     if viol > worst:
                         worst, join = viol, r
-            if join < 0:
-                break
+            if join >= 0 and worst < _PRICING_RATIO * full_worst:
+                worst, join = primal_tol, -1  # much less violated than at the last full scan
+            if join < 0:  # every inequality row, and the most violated become candidates
+                for r in range(m):
+                    if not member[r]:
+                        viol = _dot(Yt[r], u) - d[r]
+                        scan[r] = viol
+                        if viol > worst:
+                            worst, join = viol, r
+                    else:
+                        scan[r] = -math.inf
+                if join < 0:
+                    break
+                full_worst = worst
+                n_cand = 0
+                if pricing:
+                    top = np.argsort(scan)[::-1][:n_keep]
+                    for r in top:
+                        if scan[r] > primal_tol:
+                            cand[n_cand] = r
+                            n_cand += 1
             if iterations >= max_iter:
                 return 4, iterations
             start = 0.0
