@@ -403,7 +403,7 @@ def test_large_problems_price_partially_and_factor_the_equalities_at_once():
     data = _problems(2, n, m, p, seed=7)
     P, q, C, upper, m = _layout(data)
     C[1, m + 1], upper[1, m + 1] = C[1, m], upper[1, m]  # sample 1: two equal equality rows
-    status, iterations, X, duals, L, Yt, order, LW = _solve(P, q, C, upper, m, 1e-9, 5000)
+    status, iterations, X, duals, _, Yt, order, LW = _solve(P, q, C, upper, m, 1e-9, 5000)
     assert [SOLVE_STATUS[s] for s in status] == ["solved", "dependent equality"]
     sense = np.concatenate([np.zeros(m, np.int32), np.full(p, 5, np.int32)])
     lo = np.where(sense == 5, upper[0], -1e30)

@@ -24,7 +24,7 @@ non-negative it is taken, :math:`u = -Y_W\\lambda^\\star`, and the most violated
 (above ``primal_tol``) joins :math:`W`; otherwise the step towards it stops at the first
 multiplier to reach zero and that row leaves :math:`W`. Every sample is independent.
 
-On large problems (:math:`mn \ge 2^{18}`, where one scan of the inequality rows no longer
+On large problems (:math:`mn \\ge 2^{18}`, where one scan of the inequality rows no longer
 fits the caches) the joining row is chosen by partial pricing: between full scans only the
 :math:`m/16` rows that were most violated at the last full scan are tried, and the most
 violated of them joins if it is at least half as violated as the last full scan's worst row;
