@@ -58,7 +58,12 @@ from torch import Tensor
 from dxopt.qp._backward_kkt import _KKT_STEPS, _KKT_TOL, KKTBackward
 from dxopt.qp._backward_penalty import PenaltyBackward
 from dxopt.qp._degenerate import DEPENDENT_TOL
-from dxopt.qp._function import eager_gradients, refuse_batched_cotangents, refuse_second_order
+from dxopt.qp._function import (
+    eager_gradients,
+    is_legacy_batched,
+    refuse_batched_cotangents,
+    refuse_second_order,
+)
 from dxopt.qp._polish import RELATIVE_FLOOR, ROUNDOFF
 from dxopt.qp._small_kernels import certify_point, lean_adjoint, prepare
 from dxopt.qp._types import BackwardDiagnostics
@@ -170,6 +175,7 @@ def _array(t: Tensor | None) -> Any:
 
 
 _NO_ROWS = np.zeros(0, dtype=bool)
+_NEEDS: dict[tuple[bool, ...], np.ndarray] = {}  # needs_input_grad -> the kernel's flags
 _ZEROS: dict[int, np.ndarray] = {}  # size -> zeros (a missing cotangent; nothing writes it)
 
 
@@ -413,7 +419,7 @@ def _vector(t: Tensor | None, size: int) -> np.ndarray:
         if zeros is None:
             zeros = _ZEROS[size] = np.zeros(size)
         return zeros
-    return np.ascontiguousarray(t.detach().numpy(), dtype=np.float64)
+    return np.ascontiguousarray((t.detach() if t.requires_grad else t).numpy(), dtype=np.float64)
 
 
 def small_backward(
@@ -430,28 +436,29 @@ def small_backward(
     regular = _regular(method)
     C, m, x = point.C, point.g_inf.shape[0], point.x
     p = C.shape[0] - m
+    needed = _NEEDS.get(needs)
+    if needed is None:
+        needed = _NEEDS[needs] = np.array(needs)
     status, residual, steps, k, accuracy, grads = lean_adjoint(
         point.P, point.q, C, point.upper, m, x, point.duals, point.working, point.g_inf,
         _vector(grad_x, x.shape[0]),
         _vector(grad_ineq, m), _vector(grad_eq, p), regular.steps, regular.tol,
-        regular.max_residual, DEPENDENT_TOL, _MARGIN, np.array(needs),
+        regular.max_residual, DEPENDENT_TOL, _MARGIN, needed,
     )  # fmt: skip
     if status:
         return None
     _record(point.diagnostics, method, residual, steps, (k,), (accuracy,), regular)
-    out: list[Any] = [None] * 6
-    present = (True, True, point.A is not None, point.A is not None, point.G is not None,
-               point.G is not None)  # fmt: skip
-    for i in range(6):
-        if needs[i] and present[i]:
-            out[i] = grads[i]
-    n = x.shape[0]
-    for i, given in ((2, point.empty[0]), (4, point.empty[1])):
+    # absent constraints get None; constraints given without rows get empty gradients
+    present = (True, True, p > 0, p > 0, m > 0, m > 0)
+    n, empty = x.shape[0], point.empty
+    out = [grads[i] if needs[i] and present[i] else None for i in range(6)]
+    for i, given in ((2, empty[0]), (4, empty[1])):
         if given and needs[i]:
             out[i], out[i + 1] = np.zeros((0, n)), np.zeros(0)
+    from_numpy = torch.from_numpy
     if point.dtype is torch.float64:
-        return tuple(None if a is None else torch.from_numpy(a) for a in out)
-    return tuple(None if a is None else torch.from_numpy(a).to(point.dtype) for a in out)
+        return tuple([None if a is None else from_numpy(a) for a in out])
+    return tuple([None if a is None else from_numpy(a).to(point.dtype) for a in out])
 
 
 def _record(
@@ -499,16 +506,24 @@ class SmallQPFunction(torch.autograd.Function):
         solved, method = args[6], args[7]  # after the six data tensors (P, q, A, b, G, h)
         ctx.solved, ctx.method = solved, method
         ctx.set_materialize_grads(False)  # unused outputs: None, not zeros
-        outs = tuple(torch.from_numpy(a) for a in solved.outputs)  # the kernel's copies
+        x, mu, nu = solved.outputs  # the kernel's copies
+        outs = (torch.from_numpy(x), torch.from_numpy(mu), torch.from_numpy(nu))
         if solved.dtype is not torch.float64:
-            outs = tuple(t.to(solved.dtype) for t in outs)
-        return outs  # type: ignore[return-value]
+            dtype = solved.dtype
+            return outs[0].to(dtype), outs[1].to(dtype), outs[2].to(dtype)
+        return outs
 
     @staticmethod
     def backward(
         ctx: Any, grad_x: Tensor | None, grad_eq: Tensor | None, grad_ineq: Tensor | None
     ) -> Any:
-        needs = tuple(ctx.needs_input_grad[:6])
-        refuse_batched_cotangents((grad_x, grad_eq, grad_ineq))
+        needs = ctx.needs_input_grad[:6]
+        cotangents = (grad_x, grad_eq, grad_ineq)
+        plain = not any(g is not None and (g.requires_grad or is_legacy_batched(g))
+                        for g in cotangents)  # fmt: skip
+        if not plain:
+            refuse_batched_cotangents(cotangents)
         grads = ctx.solved.gradients(ctx.method, grad_x, grad_eq, grad_ineq, needs)
-        return (*refuse_second_order(grads, (grad_x, grad_eq, grad_ineq)), None, None)
+        if plain:  # no graph to extend: the second-order guard has nothing to tie
+            return (*grads, None, None)
+        return (*refuse_second_order(grads, cotangents), None, None)
