@@ -118,20 +118,20 @@ def small_inputs(P: object, q: object, A: object, b: object, G: object, h: objec
     return level is not None and level < 0  # an open dual level (or unknown): the general path
 
 
-@dataclass
+@dataclass(slots=True)
 class SmallPoint:
     """The certified solution of one small QP and what its backward needs: float64 copies of
-    the data (the inputs may change in place after the call), the point ``x`` with the
-    multipliers ``duals = [nu; mu]`` of ``C = [G; A]`` and the active set ``working`` (no
-    entries: daqp's working set, read off the multipliers), and the certificate's residuals;
-    ``general(point)`` rebuilds the general path's state."""
+    the data (the inputs may change in place after the call) in daqp's layout (``C = [G; A]``,
+    ``upper = [h; b]``, the first ``m = len(g_inf)`` rows inequalities; ``G, h, A, b`` are
+    views of them, ``None`` without rows), the point ``x`` with the multipliers
+    ``duals = [nu; mu]`` and the active set ``working`` (no entries: daqp's working set, read
+    off the multipliers), and the certificate's residuals; ``general(point)`` rebuilds the
+    general path's state."""
 
     P: np.ndarray
     q: np.ndarray
-    A: Any  # the optional arrays: None when absent
-    b: Any
-    G: Any
-    h: Any
+    C: np.ndarray
+    upper: np.ndarray
     x: np.ndarray
     duals: np.ndarray
     working: np.ndarray
@@ -145,9 +145,27 @@ class SmallPoint:
     solve_time: float = 0.0
     primal: float = 0.0
     dual: float = 0.0
-    C: Any = None  # [G; A] and [h; b]: daqp's layout, the kernels' (G, A, h, b are views)
-    upper: Any = None
     outputs: Any = None  # copies of (x, mu, nu) for the caller (theirs to change)
+
+    @property
+    def G(self) -> np.ndarray | None:
+        m = self.g_inf.shape[0]
+        return self.C[:m] if m else None
+
+    @property
+    def h(self) -> np.ndarray | None:
+        m = self.g_inf.shape[0]
+        return self.upper[:m] if m else None
+
+    @property
+    def A(self) -> np.ndarray | None:
+        m = self.g_inf.shape[0]
+        return self.C[m:] if self.C.shape[0] > m else None
+
+    @property
+    def b(self) -> np.ndarray | None:
+        m = self.g_inf.shape[0]
+        return self.upper[m:] if self.C.shape[0] > m else None
 
     def gradients(
         self,
@@ -242,17 +260,16 @@ def small_forward(
     except RuntimeError:  # no numpy view (e.g. a negative-bit view): the general path
         return None
     n = views[1].shape[0]
-    absent = _absent(n, views[1].dtype)
-    for i in (2, 4):  # absent constraints: arrays without rows
-        if views[i] is None:
-            views[i], views[i + 1] = absent
+    if views[2] is None or views[4] is None:  # absent constraints: arrays without rows
+        absent = _absent(n, views[1].dtype)
+        for i in (2, 4):
+            if views[i] is None:
+                views[i], views[i + 1] = absent
     status, Pn, qn, C, upper, g_inf = prepare(*views, _SYM_TOL[dtype])
     if status:  # NaN/Inf, asymmetric P, a zero row of G: the general path's rules and errors
         return None
     m, p = views[4].shape[0], views[2].shape[0]
     empty = (data[2] is not None and not p, data[4] is not None and not m)  # given, no rows
-    Gn, hn = (C[:m], upper[:m]) if m else (None, None)
-    An, bn = (C[m:], upper[m:]) if p else (None, None)
     start = time.perf_counter()
     polished = False
     if solver == "daqp":
@@ -264,6 +281,8 @@ def small_forward(
     else:
         # own arrays for the backend, as the general path's (views of C change the rounding
         # of some backends, proxqp's at 1e-16)
+        An, bn = (C[m:], upper[m:]) if p else (None, None)
+        Gn, hn = (C[:m], upper[:m]) if m else (None, None)
         arrays = tuple(None if a is None else a.copy() for a in (Pn, qn, An, bn, Gn, hn))
         polished_point = _polished_point(arrays, solver, start_x, g_inf, eps_abs, eps_rel, polish)
         if polished_point is None:
@@ -274,12 +293,10 @@ def small_forward(
     cert = certify_point(Pn, qn, C, upper, m, x, duals, working, g_inf, eps_abs, rel, ROUNDOFF)
     if not cert[0]:
         return None
-    point = SmallPoint(Pn, qn, An, bn, Gn, hn, x, duals, working, g_inf, dtype, general, empty,
-                       start_x)  # fmt: skip
-    point.C, point.upper, point.polished = C, upper, polished
-    _, point.primal, point.dual, point.outputs = cert
-    point.solve_time = time.perf_counter() - start
-    return point
+    _, primal, dual, outputs = cert
+    return SmallPoint(Pn, qn, C, upper, x, duals, working, g_inf, dtype, general, empty, start_x,
+                      polished, BackwardDiagnostics(), time.perf_counter() - start, primal, dual,
+                      outputs)  # fmt: skip
 
 
 def _daqp_point(

@@ -454,6 +454,13 @@ def _point_accuracy(
 
 
 @_jit
+def _no_grads() -> tuple[np.ndarray, ...]:
+    """The empty gradients of a declined backward (allocated only then)."""
+    return (np.zeros((0, 0)), np.zeros(0), np.zeros((0, 0)), np.zeros(0), np.zeros((0, 0)),
+            np.zeros(0))  # fmt: skip
+
+
+@_jit
 def lean_adjoint(
     P: np.ndarray,
     q: np.ndarray,
@@ -489,11 +496,9 @@ def lean_adjoint(
     x, mu, nu, working = _point(x, duals, working, m)
     n, rows = x.shape[0], C.shape[0]
     p = rows - m
-    empty = (np.zeros((0, 0)), np.zeros(0), np.zeros((0, 0)), np.zeros(0), np.zeros((0, 0)),
-             np.zeros(0))  # fmt: skip
     accuracy = _point_accuracy(P, q, C, upper, m, x, nu, mu, working, g_inf, margin_min)
     if accuracy < 0.0:
-        return 1, 0.0, 0, 0, 0.0, empty
+        return 1, 0.0, 0, 0, 0.0, _no_grads()
     J = np.flatnonzero(working)
     k = J.shape[0]
     CJ = np.empty((k + p, n))
@@ -506,12 +511,12 @@ def lean_adjoint(
         r2[k + a] = r_eq[a]
     info_p, L, Y, _, _, _, LS, pivots, info_s = schur_factor_small(P, CJ, 1e-14)
     if info_p != 0:
-        return 2, 0.0, 0, 0, 0.0, empty
+        return 2, 0.0, 0, 0, 0.0, _no_grads()
     if info_s != 0 or (pivots < dependent_tol).any():
-        return 3, 0.0, 0, 0, 0.0, empty
+        return 3, 0.0, 0, 0, 0.0, _no_grads()
     u, w, rel, steps = _refined_solve(P, CJ, L, Y, LS, g, r2, steps_max, tol)
     if not rel <= max_residual:
-        return 4, rel, steps, k, accuracy, empty
+        return 4, rel, steps, k, accuracy, _no_grads()
     gP, gq = np.empty((n * needs[0], n)), np.empty(n * needs[1])
     gA, gb = np.empty((p * needs[2], n)), np.empty(p * needs[3])
     gG, gh = np.empty((m * needs[4], n)), np.empty(m * needs[5])
