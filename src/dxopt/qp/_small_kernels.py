@@ -348,22 +348,9 @@ def _active_accuracy(
         eq_eps = max(eq_eps, abs(eq_residual[r]) / max(math.sqrt(a2), tiny))
     if m == 0:
         return eq_eps, math.inf, 0.0
-    ax_max = 0.0
-    for j in range(n):
-        ax_max = max(ax_max, abs(x[j]))
     k = 0
-    low = math.inf
-    rel_slack = np.empty(m)
     for r in range(m):
-        s = 0.0
-        for j in range(n):
-            s += abs(C[r, j]) * abs(x[j])
-        # g_inf > 0 on every row (zero rows never reach the lean path): sigma_p > 0
-        rel_slack[r] = slack[r] / (abs(upper[r]) + s + g_inf[r] * (1.0 + ax_max))
-        low = min(low, rel_slack[r])
         k += working[r]
-    if math.isnan(low):
-        return -1.0, 0.0, 0.0
     dual_scale = comp = 0.0
     if k:
         for i in range(n):
@@ -374,6 +361,24 @@ def _active_accuracy(
         for r in range(m):
             dual_scale = max(dual_scale, nu_inf[r])
         dual_scale = max(dual_scale, tiny)
+        for r in range(m):  # below the floor of the margin: declined before the pass over C
+            if working[r] and not nu_inf[r] - margin_min * dual_scale > 0.0:
+                return -1.0, 0.0, 0.0
+    ax_max = 0.0
+    for j in range(n):
+        ax_max = max(ax_max, abs(x[j]))
+    low = math.inf
+    rel_slack = np.empty(m)
+    for r in range(m):
+        s = 0.0
+        for j in range(n):
+            s += abs(C[r, j]) * abs(x[j])
+        # g_inf > 0 on every row (zero rows never reach the lean path): sigma_p > 0
+        rel_slack[r] = slack[r] / (abs(upper[r]) + s + g_inf[r] * (1.0 + ax_max))
+        low = min(low, rel_slack[r])
+    if math.isnan(low):
+        return -1.0, 0.0, 0.0
+    if k:
         for r in range(m):
             comp = max(comp, max(rel_slack[r], 0.0) * nu_inf[r])
         comp = comp / dual_scale
