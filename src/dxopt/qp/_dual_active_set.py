@@ -33,7 +33,7 @@ full scan finds no row violated above ``primal_tol``. Any violated row may join 
 objective rises all the same); the half rule keeps the joins near the most violated ones,
 without which the removals, and the iterations, doubled on some problems. At n=2000, m=3000
 the full scans were half the solve's time. The equality rows join first, all at
-once on large problems (BLAS ``dsyrk`` and LAPACK ``dpotrf`` on :math:`Y_E^\top Y_E`, the same
+once on large problems (BLAS ``dsyrk`` and LAPACK ``dpotrf`` on :math:`Y_E^\\top Y_E`, the same
 pivot test as one by one).
 
 A violated row that is a combination :math:`y_r = Y_Wa` of the working rows cannot join
@@ -287,7 +287,7 @@ def _solve_one(
     cand = np.empty(n_keep if pricing else 0, np.int64)
     n_cand = 0
     full_worst = math.inf
-    scan = np.empty(m)
+    scan = np.empty(m if pricing else 0)
     while True:
         star = _subspace_minimiser(LW, d, W, k)
         alpha, block = 1.0, -1
@@ -315,23 +315,23 @@ def _solve_one(
                 worst, join = primal_tol, -1  # much less violated than at the last full scan
             if join < 0:  # every inequality row, and the most violated become candidates
                 for r in range(m):
+                    viol = -math.inf
                     if not member[r]:
                         viol = _dot(Yt[r], u) - d[r]
-                        scan[r] = viol
                         if viol > worst:
                             worst, join = viol, r
-                    else:
-                        scan[r] = -math.inf
+                    if pricing:
+                        scan[r] = viol
                 if join < 0:
                     break
-                full_worst = worst
-                n_cand = 0
                 if pricing:
-                    top = np.argsort(scan)[::-1][:n_keep]
-                    for r in top:
-                        if scan[r] > primal_tol:
-                            cand[n_cand] = r
-                            n_cand += 1
+                    full_worst = worst
+                    n_cand = 0
+                    for c, r in enumerate(np.argsort(scan)[::-1][:n_keep]):
+                        if not scan[r] > primal_tol:
+                            break
+                        cand[c] = r
+                        n_cand = c + 1
             if iterations >= max_iter:
                 return 4, iterations
             start = 0.0
