@@ -146,13 +146,17 @@ def _row_stats(problem: QPProblem, name: str, av: np.ndarray) -> _RowStats:
     scipy's :math:`|M|` of a sparse ``M``; for a dense one :math:`|M|` formed a cache-sized block
     at a time (of samples when batched, whose row max-norms then come from
     :meth:`QPProblem.derived`, shared with the forward's certificate; of rows otherwise, in one
-    pass over ``M`` with its row norms and maxima)."""
+    pass over ``M`` with its row norms and maxima; so too a batch of one large sample)."""
     if problem.is_sparse(name):
         absM = abs(problem.csr[name][0])
         inf = np.asarray(absM.max(axis=1).todense()).ravel() if absM.shape[0] else np.zeros(0)
         abs_mv = np.ascontiguousarray((absM @ av.T).T)
         return _RowStats(abs_mv, inf, _row_norms_np(problem, name))
     M = problem.array(name)
+    if M.ndim == 3 and M.shape[0] == 1 and M.shape[1] * M.shape[2] > _CHUNK:
+        # one large sample: one pass over its rows, as unbatched
+        abs_mv, inf, norm2 = _dense_rows_pass(M[0], av, stats=True)
+        return _RowStats(abs_mv, inf[None], np.maximum(np.sqrt(norm2), _TINY)[None])
     if M.ndim == 3:
         inf = problem.derived(f"{name}_inf", name, lambda: row_inf_np(M))
         return _RowStats(_abs_mv(problem, name, av), inf, _row_norms_np(problem, name))
