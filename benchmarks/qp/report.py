@@ -112,10 +112,12 @@ def results_table(records: list[dict], family: str) -> str:
             "n": r["n"], "method": r["method"], "build s": r.get("build_s"),
             "forward s": r.get("forward_s") if r.get("status") == "ok" else None,
             "backward s": r.get("backward_s") if r.get("status") == "ok" else None,
-            "runs": r.get("runs"), "grad rel. err": r.get("grad_err"),
+            "runs": r.get("runs"), "first call s": r.get("first_s"),
+            "grad rel. err": r.get("grad_err"),
             "status": r.get("status", "-"),
         })  # fmt: skip
-    cols = ["n", "method", "build s", "forward s", "backward s", "runs", "grad rel. err", "status"]
+    cols = ["n", "method", "build s", "forward s", "backward s", "runs", "first call s"]
+    cols += ["grad rel. err", "status"]
     return markdown_table(rows, cols)
 
 

@@ -115,3 +115,27 @@ def test_quick_benchmark_writes_results_without_touching_benchmarks_md(tmp_path)
                                       for t in verdicts)  # fmt: skip
     assert (tmp_path / "qp.md").read_text().startswith("## QP layers")
     assert (tmp_path / "qp_simplex.png").stat().st_size > 0
+
+
+def test_measure_warms_up_once_and_runs_a_slow_first_call_only_once():
+    from benchmarks.qp.peers import measure
+
+    calls = []
+
+    def once(times):
+        def run():
+            fwd, bwd = times[len(calls)]
+            calls.append((fwd, bwd))
+            return fwd, bwd, {"x": np.zeros(1)}
+
+        return run
+
+    # a slow first call (one-time costs) is the untimed warm-up, recorded as first_s
+    timings, _ = measure(once([(2.5, 0.2), (1.0, 0.04), (1.2, 0.05), (1.1, 0.03)]))
+    assert len(calls) == 4 and timings["runs"] == 3
+    assert timings["forward_s"] == 1.1 and timings["backward_s"] == 0.04
+    assert timings["first_s"] == 2.7
+    # a first call over slow_s is the only run
+    calls.clear()
+    timings, _ = measure(once([(70.0, 1.0)]), slow_s=60.0)
+    assert len(calls) == 1 and timings["runs"] == 1 and timings["forward_s"] == 70.0

@@ -12,14 +12,19 @@ dense formula at the stored entries), in their own layout (COO or CSR).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 from torch import Tensor
 
+from dxopt._core.memory import host_buffers
 from dxopt.qp._adjoint import AdjointInput, AdjointSolution
 from dxopt.qp._problem import QPProblem
 
 __all__ = ["parameter_gradients"]
+
+_POOLED_BYTES = 1 << 20  # smaller blocks come back from the heap without page faults
 
 
 def _outer_sum(pairs: list[tuple[Tensor, Tensor]], template: Tensor, scale: float = -1.0) -> Tensor:
@@ -41,24 +46,22 @@ def _outer_sum(pairs: list[tuple[Tensor, Tensor]], template: Tensor, scale: floa
         right = torch.stack([pair[1] for pair in pairs], -2)
         return torch.bmm(left, right, out=_host_empty(left.shape[:2] + right.shape[2:], left))
     # one GEMM over (pairs x samples): sum_s sum_pairs l r^T = L^T R with stacked rows, into
-    # memory from numpy's allocator (a float64 CPU result either way): in the dense benchmark's
-    # rounds (Cholesky, backward, raw solve, forward) torch-allocated outputs took about 3400
-    # fresh-page faults per n=1000 backward (+6 ms), numpy-allocated ones none
+    # reused memory where it can (_host_empty)
     left = torch.cat([pair[0] for pair in pairs], 0).mul_(scale)
     right = torch.cat([pair[1] for pair in pairs], 0)
     return torch.matmul(left.T, right, out=_host_empty((left.shape[1], right.shape[1]), left))
 
 
 def _host_empty(shape: tuple[int, ...], like: Tensor) -> Tensor:
-    """An uninitialized tensor of ``shape`` like ``like``: for float64 on the CPU, memory from
-    numpy's allocator, which advises the kernel to back large blocks with huge pages. A fresh
-    48 MB gradient (``G`` at n=2000, m=3000) took 18.7 ms to allocate and write through
-    torch's allocator (4 KB page faults) and 3.4 ms through numpy's; over solve-and-backward
-    loops at n=2000 the backward's median was 40-45 ms against 41-60 ms. The price: the first
-    backward of that size in a process, while the kernel assembles huge pages, took 190-210 ms
-    against 105-140 ms."""
-    if like.device.type == "cpu" and like.dtype == torch.float64:
-        return torch.from_numpy(np.empty(shape))
+    """An uninitialized tensor of ``shape`` like ``like``: for a float64 CPU gradient of at
+    least :data:`_POOLED_BYTES`, memory from :func:`dxopt._core.memory.host_buffers` (a buffer
+    whose earlier gradient is gone, once the user dropped it: ``zero_grad()``, ``.grad = None``),
+    else torch's allocator. A fresh 48 MB gradient (``G`` at n=2000, m=3000) took 12-25 ms to
+    allocate and write through torch's allocator (4 KB page faults) and up to 50 ms through
+    numpy's when the kernel first had to assemble huge pages; a reused one 3-7 ms."""
+    cpu64 = like.device.type == "cpu" and like.dtype == torch.float64
+    if cpu64 and math.prod(shape) * 8 >= _POOLED_BYTES:
+        return torch.from_numpy(host_buffers([(shape, np.float64)])[0])
     return torch.empty(shape, dtype=like.dtype, device=like.device)
 
 

@@ -29,11 +29,7 @@ solve), and their gradients and diagnostics are merged in. The results are the g
 
 from __future__ import annotations
 
-import math
-import threading
 import time
-import weakref
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -42,6 +38,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from dxopt._core.memory import MAX_SET_BYTES, host_buffers
 from dxopt.linalg.small import lapack_kernels
 from dxopt.linalg.threads import blas_threads
 from dxopt.qp._degenerate import DEPENDENT_TOL
@@ -64,10 +61,6 @@ __all__ = [
 COMPILED_SOLVER = "dual_active_set"  # the name the compiled solver's samples report
 _MAX_ITER_PER_ROW = 5  # its working-set changes: at most this many per row, plus 20
 COMPILED_MAX_ENTRIES = 1 << 25  # the compiled route's factors: at most this many float64s
-_POOL: OrderedDict[tuple[Any, ...], list[list[Any]]] = OrderedDict()  # shapes -> entries
-_POOL_LOCK = threading.Lock()
-_POOL_ENTRIES, _POOL_BYTES = 2, 64 << 20  # entries per shape; bytes kept in all
-_TAKEN = object()  # the owner of buffers in use by a forward still running
 
 _BASE = (2, 1, 2, 1, 2, 1)  # unbatched ndim of P, q, A, b, G, h
 
@@ -114,7 +107,7 @@ def small_batch_inputs(
     if max_n is None:  # the workspace: copies of P and C, L, the rows L^-1 c, the set's factor
         rows = sum(M.shape[-2] for M in (A, G) if isinstance(M, Tensor) and M.ndim >= 2)
         entries = batch * (2 * n * (n + rows) + (min(n, rows) + 1) ** 2)
-        if entries > (COMPILED_MAX_ENTRIES if batch == 1 else _POOL_BYTES // 8):
+        if entries > (COMPILED_MAX_ENTRIES if batch == 1 else MAX_SET_BYTES // 8):
             return 0
     for M, v in ((A, b), (G, h)):
         if (M is None) != (v is None):
@@ -220,11 +213,9 @@ def small_batch_forward(
             views[i] = np.broadcast_to(v, (batch, *v.shape))
     m, p = views[4].shape[1], views[2].shape[1]
     use_compiled = compiled and starts is None
-    entry, buffers = _workspace(batch, n, m, p, use_compiled)
-    Pn, qn, C, upper, g_inf, L_given, Y_given, order, LW = buffers
+    Pn, qn, C, upper, g_inf, L_given, Y_given, order, LW = _workspace(batch, n, m, p, use_compiled)
     if prepare_batch(*views, _SYM_TOL[q.dtype], Pn, qn, C, upper, g_inf):
         # NaN/Inf, asymmetric P, a zero row of G: the general path's rules and errors
-        entry[0] = None
         return None
     empty = (data[2] is not None and not p, data[4] is not None and not m)  # given, no rows
     start = time.perf_counter()
@@ -248,7 +239,6 @@ def small_batch_forward(
             eps_prox=0.0,
         )  # fmt: skip
         if flag != 1 and flag != 2:  # not solved, or P not positive definite
-            entry[0] = None
             return None
         X[i], duals[i] = x, info["lam"]
     rel = max(eps_rel, RELATIVE_FLOOR)
@@ -256,10 +246,8 @@ def small_batch_forward(
         Pn, qn, C, upper, m, X, duals, g_inf, eps_abs, rel, ROUNDOFF
     )
     if not ok:
-        entry[0] = None
         return None
     out = SmallBatch(Pn, qn, C, upper, m, X, duals, g_inf, shared, empty, q.dtype, general)
-    entry[0] = weakref.ref(out)  # the buffers are taken again once this batch is gone
     out.primal, out.dual, out.outputs = tuple(primal.tolist()), tuple(dual.tolist()), outputs
     out.solvers = tuple(COMPILED_SOLVER if g else "daqp" for g in given.tolist())
     out.L_given, out.Y_given, out.given = L_given, Y_given, given
@@ -268,43 +256,20 @@ def small_batch_forward(
     return out
 
 
-def _workspace(
-    batch: int, n: int, m: int, p: int, factors: bool
-) -> tuple[list[Any], tuple[np.ndarray, ...]]:
-    """``(entry, (P, q, C, upper, g_inf, L, Yt, order, LW))``: buffers for a batch (the
-    compiled solver's ``L`` (B, n, n), ``Yt`` (B, rows, n), ``order`` (B, w) and ``LW``
-    (B, w, w), ``w = min(n, rows) + 1``, only with ``factors``), taken from the pool when a
-    batch that used them is gone, else new. Fresh multi-megabyte arrays on every call page-fault on
-    first touch (a few ms per call at 128 x n=50, varying with the heap's state); reused ones
-    do not. At most two sets per shape and 64 MiB in all are kept (the shapes used longest
-    ago are dropped first; a batch in use keeps its own buffers alive). ``entry[0]`` is the
-    owner: the caller sets a weak reference to its :class:`SmallBatch`, or ``None`` to give
-    the buffers back at once."""
+def _workspace(batch: int, n: int, m: int, p: int, factors: bool) -> tuple[np.ndarray, ...]:
+    """``(P, q, C, upper, g_inf, L, Yt, order, LW)``: buffers for a batch (the compiled
+    solver's ``L`` (B, n, n), ``Yt`` (B, rows, n), ``order`` (B, w) and ``LW`` (B, w, w),
+    ``w = min(n, rows) + 1``, only with ``factors``) from :func:`dxopt._core.memory.host_buffers`:
+    those of a batch that is gone, else new. Fresh multi-megabyte arrays on every call
+    page-fault on first touch (a few ms per call at 128 x n=50, varying with the heap's state);
+    reused ones do not. A batch in use keeps its own buffers (its :class:`SmallBatch` holds
+    them)."""
     rows = m + p
     w = min(n, rows) + 1
     shapes = [(batch, n, n), (batch, n), (batch, rows, n), (batch, rows), (batch, m)]
     shapes += [(batch, n, n), (batch, rows, n), (batch, w), (batch, w, w)] if factors else [
         (0, 0, 0), (0, 0, 0), (0, 0), (0, 0, 0)]  # fmt: skip
-    key = tuple(shapes)
-    size = sum(math.prod(s) for s in shapes) * 8
-    with _POOL_LOCK:
-        entries = _POOL.setdefault(key, [])
-        for entry in entries:
-            owner = entry[0]
-            if owner is None or (owner is not _TAKEN and owner() is None):
-                entry[0] = _TAKEN
-                return entry, entry[1]
-        buffers = tuple(np.empty(s, np.int64 if i == 7 else np.float64)
-                        for i, s in enumerate(shapes))  # fmt: skip
-        entry = [_TAKEN, buffers]
-        if size <= _POOL_BYTES and len(entries) < _POOL_ENTRIES:
-            entries.append(entry)
-            _POOL.move_to_end(key)
-            held = sum(math.prod(s) * 8 * len(e) for k, e in _POOL.items() for s in k)
-            while held > _POOL_BYTES:  # the shapes used longest ago go first
-                old_key, old = _POOL.popitem(last=False)
-                held -= sum(math.prod(s) * 8 for s in old_key) * len(old)
-        return entry, buffers
+    return host_buffers([(s, np.int64 if i == 7 else np.float64) for i, s in enumerate(shapes)])
 
 
 def _starts(warm_start: Tensor | None, batch: int, n: int) -> Any:
@@ -360,6 +325,9 @@ def small_batch_backward(
     declined = np.flatnonzero(status)
     if declined.size:  # the general path for those samples (their gradients are zero here)
         _general_samples(sb, declined, out, (grad_x, grad_eq, grad_ineq), needs)
+        for i in range(6):  # (every sample declined: the kernel allocated no gradients)
+            if out[i] is not None and out[i].shape[0] == 0:
+                out[i] = np.zeros((B, *out[i].shape[1:]))
     for i in range(6):
         if out[i] is not None and sb.shared[i]:
             out[i] = out[i].sum(0)
