@@ -32,8 +32,10 @@ import numpy as np
 __all__ = [
     "MAX_BYTES",
     "MAX_SET_BYTES",
+    "MIN_POOLED_BYTES",
     "SETS_PER_SHAPE",
     "held_bytes",
+    "host_array",
     "host_buffers",
     "release_host_buffers",
 ]
@@ -45,6 +47,10 @@ MAX_SET_BYTES = 64 << 20
 SETS_PER_SHAPE = 2
 """Sets kept per list of shapes (a loop that holds the previous call's results while it makes
 the next call uses two)."""
+
+MIN_POOLED_BYTES = 1 << 20
+"""The smallest array :func:`host_array` takes from the pool (smaller blocks come back from the
+heap without page faults)."""
 
 Spec = tuple[tuple[int, ...], Any]  # (shape, dtype)
 
@@ -92,6 +98,14 @@ def host_buffers(specs: Sequence[Spec]) -> tuple[np.ndarray, ...]:
                 old_key, old = _SETS.popitem(last=False)
                 held -= _nbytes(old_key) * len(old)
         return tuple(fresh)
+
+
+def host_array(shape: tuple[int, ...], dtype: Any = np.float64) -> np.ndarray:
+    """An uninitialized array: from the pool (:func:`host_buffers`, a set of one) when it has
+    at least :data:`MIN_POOLED_BYTES`, else ``np.empty``."""
+    if math.prod(shape) * np.dtype(dtype).itemsize >= MIN_POOLED_BYTES:
+        return host_buffers([(shape, dtype)])[0]
+    return np.empty(shape, dtype)
 
 
 def release_host_buffers() -> None:

@@ -27,7 +27,7 @@ from dxopt.qp._small import (
     LEAN_BACKENDS,
     SMALL_MAX_N,
     SmallPoint,
-    SmallQPFunction,
+    apply_small,
     lean_method,
     small_forward,
     small_inputs,
@@ -201,7 +201,7 @@ def _lean_result(
     """``(x, eq_duals, ineq_duals, status, info)`` of ``size`` problems solved by a lean path
     (every one certified; ``sample_solvers``: each one's solver, ``solver`` for all when
     empty): the outputs through :class:`SmallQPFunction`."""
-    x, mu, nu = SmallQPFunction.apply(*data, solved, method)
+    x, mu, nu = apply_small(*data, solved, method)  # outside torch.func (callers check)
     info = QPInfo(
         solver=solver,
         solve_time=solved.solve_time,

@@ -12,19 +12,14 @@ dense formula at the stored entries), in their own layout (COO or CSR).
 
 from __future__ import annotations
 
-import math
-
-import numpy as np
 import torch
 from torch import Tensor
 
-from dxopt._core.memory import host_buffers
+from dxopt._core.memory import host_array
 from dxopt.qp._adjoint import AdjointInput, AdjointSolution
 from dxopt.qp._problem import QPProblem
 
 __all__ = ["parameter_gradients"]
-
-_POOLED_BYTES = 1 << 20  # smaller blocks come back from the heap without page faults
 
 
 def _outer_sum(pairs: list[tuple[Tensor, Tensor]], template: Tensor, scale: float = -1.0) -> Tensor:
@@ -53,15 +48,14 @@ def _outer_sum(pairs: list[tuple[Tensor, Tensor]], template: Tensor, scale: floa
 
 
 def _host_empty(shape: tuple[int, ...], like: Tensor) -> Tensor:
-    """An uninitialized tensor of ``shape`` like ``like``: for a float64 CPU gradient of at
-    least :data:`_POOLED_BYTES`, memory from :func:`dxopt._core.memory.host_buffers` (a buffer
-    whose earlier gradient is gone, once the user dropped it: ``zero_grad()``, ``.grad = None``),
-    else torch's allocator. A fresh 48 MB gradient (``G`` at n=2000, m=3000) took 12-25 ms to
-    allocate and write through torch's allocator (4 KB page faults) and up to 50 ms through
-    numpy's when the kernel first had to assemble huge pages; a reused one 3-7 ms."""
-    cpu64 = like.device.type == "cpu" and like.dtype == torch.float64
-    if cpu64 and math.prod(shape) * 8 >= _POOLED_BYTES:
-        return torch.from_numpy(host_buffers([(shape, np.float64)])[0])
+    """An uninitialized tensor of ``shape`` like ``like``: float64 on the CPU from
+    :func:`dxopt._core.memory.host_array` (a large one: memory of an earlier gradient that is
+    gone, once the user dropped it: ``zero_grad()``, ``.grad = None``), else torch's allocator.
+    A fresh 48 MB gradient (``G`` at n=2000, m=3000) took 12-25 ms to allocate and write
+    through torch's allocator (4 KB page faults) and up to 50 ms through numpy's when the
+    kernel first had to assemble huge pages; a reused one 3-7 ms."""
+    if like.device.type == "cpu" and like.dtype == torch.float64:
+        return torch.from_numpy(host_array(shape))
     return torch.empty(shape, dtype=like.dtype, device=like.device)
 
 

@@ -544,3 +544,30 @@ class SmallQPFunction(torch.autograd.Function):
         if plain:  # no graph to extend: the second-order guard has nothing to tie
             return (*grads, None, None)
         return (*refuse_second_order(grads, cotangents), None, None)
+
+
+def _plain_apply() -> Callable[..., Any]:
+    """:class:`SmallQPFunction`'s apply without the Python wrapper of
+    :meth:`torch.autograd.Function.apply`, whose work (binding ``setup_context``'s arguments,
+    the torch.func dispatch) the lean paths do not need: they run only outside torch.func
+    transforms, for a Function without ``setup_context`` (2 of the tiny path's 90 us). Dead
+    torch.func wrappers are unwrapped as there. Falls back to ``SmallQPFunction.apply`` where
+    torch's internals differ."""
+    try:
+        from torch._functorch.utils import unwrap_dead_wrappers
+        from torch.autograd.function import _SingleLevelFunction
+
+        base = super(_SingleLevelFunction, SmallQPFunction).apply
+    except (ImportError, AttributeError):  # pragma: no cover - other torch versions
+        return SmallQPFunction.apply
+    if SmallQPFunction.setup_context is not torch.autograd.Function.setup_context:
+        return SmallQPFunction.apply  # pragma: no cover - never: forward takes ctx
+
+    def apply(*args: Any) -> Any:
+        return base(*unwrap_dead_wrappers(args))
+
+    return apply
+
+
+apply_small = _plain_apply()
+"""``SmallQPFunction.apply`` for calls outside torch.func transforms (:func:`_plain_apply`)."""

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from dxopt._core.memory import MAX_SET_BYTES, host_buffers
+from dxopt._core.memory import MAX_SET_BYTES, host_array, host_buffers
 from dxopt.linalg.small import lapack_kernels
 from dxopt.linalg.threads import blas_threads
 from dxopt.qp._degenerate import DEPENDENT_TOL
@@ -307,11 +307,14 @@ def small_batch_backward(
     regular = _regular(method)
     B, n = sb.X.shape
     m, p = sb.m, sb.C.shape[1] - sb.m
-    status, residual, steps, k, accuracy, grads = lean_adjoint_batch(
+    rows = (n, n, p, p, m, m)
+    grads = [host_array((B, rows[i] if needs[i] else 0, n) if i in (0, 2, 4) else
+                        (B, rows[i] if needs[i] else 0)) for i in range(6)]  # fmt: skip
+    status, residual, steps, k, accuracy = lean_adjoint_batch(
         sb.P, sb.q, sb.C, sb.upper, m, sb.X, sb.duals, sb.g_inf, _cotangent(grad_x, (B, n)),
         _cotangent(grad_ineq, (B, m)), _cotangent(grad_eq, (B, p)), regular.steps, regular.tol,
         regular.max_residual, DEPENDENT_TOL, _MARGIN, np.array(needs), sb.L_given, sb.Y_given,
-        sb.order_given, sb.LW_given, sb.given, lapack_kernels(),
+        sb.order_given, sb.LW_given, sb.given, lapack_kernels(), *grads,
     )  # fmt: skip
     _record(
         sb.diagnostics, method, float(residual.max()), int(steps.max()), tuple(k.tolist()),
@@ -323,11 +326,12 @@ def small_batch_backward(
         if needs[i] and present[i]:
             out[i] = grads[i]
     declined = np.flatnonzero(status)
-    if declined.size:  # the general path for those samples (their gradients are zero here)
+    if declined.size:  # the general path for those samples (the kernel did not write them)
+        if declined.size < B:  # zero rows for them (every sample: the general path's arrays)
+            for a in out:
+                if a is not None:
+                    a[declined] = 0.0
         _general_samples(sb, declined, out, (grad_x, grad_eq, grad_ineq), needs)
-        for i in range(6):  # (every sample declined: the kernel allocated no gradients)
-            if out[i] is not None and out[i].shape[0] == 0:
-                out[i] = np.zeros((B, *out[i].shape[1:]))
     for i in range(6):
         if out[i] is not None and sb.shared[i]:
             out[i] = out[i].sum(0)

@@ -838,18 +838,6 @@ def certify_batch(
 
 
 @_jit
-def _zero_grads(
-    B: int, sizes: tuple[int, ...], n: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Zero gradients of ``(P, q, A, b, G, h)`` for ``B`` samples (``sizes``: each one's
-    rows, zero where not needed)."""
-    return (
-        np.zeros((B, sizes[0], n)), np.zeros((B, sizes[1])), np.zeros((B, sizes[2], n)),
-        np.zeros((B, sizes[3])), np.zeros((B, sizes[4], n)), np.zeros((B, sizes[5])),
-    )  # fmt: skip
-
-
-@_jit
 def lean_adjoint_batch(
     P: np.ndarray,
     q: np.ndarray,
@@ -874,13 +862,19 @@ def lean_adjoint_batch(
     LW_given: np.ndarray,
     given: np.ndarray,
     lapack: Any,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, tuple[np.ndarray, ...]]:
+    gP: np.ndarray,
+    gq: np.ndarray,
+    gA: np.ndarray,
+    gb: np.ndarray,
+    gG: np.ndarray,
+    gh: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """:func:`lean_adjoint` for a batch of daqp points: ``(status, residual, steps, k,
-    accuracy, grads)``, each with a leading ``B`` axis (the gradients of absent or unneeded
-    inputs have no entries); a sample with ``status != 0`` keeps zero gradients (the caller
-    hands it to the general path), and when every sample declines the gradients have a
-    leading axis of 0 (nothing allocated). ``L_given`` (B, n, n), ``Y_given`` (B, m + p, n),
-    ``order_given``, ``LW_given``: the forward's Cholesky factors of ``P``, rows
+    accuracy)``, each with a leading ``B`` axis, and the gradients written into the caller's
+    ``gP`` (B, n, n), ``gq`` (B, n), ``gA`` (B, p, n), ``gb`` (B, p), ``gG`` (B, m, n), ``gh``
+    (B, m) (no rows, or no entries, where not needed); a sample with ``status != 0`` is not
+    written (the caller hands it to the general path). ``L_given`` (B, n, n), ``Y_given``
+    (B, m + p, n), ``order_given``, ``LW_given``: the forward's Cholesky factors of ``P``, rows
     :math:`L^{-1}c_r`, working sets and factors of their Schur complements
     (:mod:`dxopt.qp._dual_active_set`) of the samples with ``given[i]`` (no entries when none
     has them), from which the block elimination of the working rows is taken
@@ -894,10 +888,6 @@ def lean_adjoint_batch(
     residual, accuracy = np.zeros(B), np.zeros(B)
     steps, k = np.zeros(B, np.int64), np.zeros(B, np.int64)
     sizes = (n * needs[0], n * needs[1], p * needs[2], p * needs[3], m * needs[4], m * needs[5])
-    # the gradients, zero for declined samples, allocated at the first sample that gets them:
-    # when every sample declines (one large problem the general path takes) they stay empty
-    # (no batch axis) and none of their pages is touched (96 MB at n = 2000)
-    gP, gq, gA, gb, gG, gh = _zero_grads(0, sizes, n)
     none = np.zeros(0, np.bool_)
     for i in range(B):
         if given[i]:  # the forward's factors, every row read in place
@@ -926,8 +916,6 @@ def lean_adjoint_batch(
             if status[i]:
                 continue
             residual[i], steps[i], k[i], accuracy[i] = rel, done, J.shape[0], accuracy_i
-            if gP.shape[0] < B:
-                gP, gq, gA, gb, gG, gh = _zero_grads(B, sizes, n)
             _gradients_into(
                 x, mu, nu, working, J, u, w, m, p, needs, gP[i], gq[i], gA[i], gb[i], gG[i],
                 gh[i],
@@ -940,8 +928,6 @@ def lean_adjoint_batch(
         if status[i]:
             residual[i] = 0.0
             continue
-        if gP.shape[0] < B:
-            gP, gq, gA, gb, gG, gh = _zero_grads(B, sizes, n)
         if sizes[0]:
             gP[i] = grads[0]
         if sizes[1]:
@@ -954,4 +940,4 @@ def lean_adjoint_batch(
             gG[i] = grads[4]
         if sizes[5]:
             gh[i] = grads[5]
-    return status, residual, steps, k, accuracy, (gP, gq, gA, gb, gG, gh)
+    return status, residual, steps, k, accuracy
