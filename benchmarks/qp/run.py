@@ -121,9 +121,10 @@ def section(records: list[dict], target_rows: list[dict], info: dict, args_line:
         "Every cell ran in its own forked process (timeout, address-space limit), float64, "
         "2 threads; times are medians of 3 after an untimed warm-up (a single run when a call "
         "took over 60 s); `first call s`: that warm-up's forward+backward (one-time costs: "
-        "imports, compiled kernels, fresh memory). Loss `L = w . x*`; grad rel. err over (q, h, b[, G, A]) against the "
-        "exact reduced-KKT reference on the polished active set (closed form for the simplex; "
-        "only q where the active rows are degenerate). The dXPP reference code is not run; "
+        "imports, compiled kernels, fresh memory). Loss `L = w . x*`; grad rel. err over "
+        "(q, h, b[, G, A]) against the exact reduced-KKT reference on the polished active "
+        "set (closed form for the simplex; only q where the active rows are degenerate). "
+        "The dXPP reference code is not run; "
         "its figures are in `shared/research/anchors.md` (dense n=1000: 537 ms forward, "
         "26 ms backward, grad err 6.6e-4; simplex n=1e6: grad err 1.0).",
         "",
