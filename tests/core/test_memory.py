@@ -105,3 +105,42 @@ def test_a_kept_gradient_is_never_overwritten_by_a_later_backward():
     third = grad_of(q1)
     assert third.data_ptr() in ptrs  # reused memory, same values as the first call
     assert torch.equal(third, copy)
+
+
+def test_concurrent_backwards_never_share_a_buffer():
+    """Threads differentiating at once (the general path's pooled gradients, n = 400) each
+    get their own memory: every gradient equals the one computed alone."""
+    import threading
+
+    import dxopt.qp as dqp
+
+    n = 400  # P's gradient: 1.28 MB, pooled
+    rng = np.random.default_rng(1)
+    M = rng.standard_normal((n, n))
+    P0 = torch.from_numpy(M @ M.T / n + np.eye(n))
+    G = torch.from_numpy(rng.standard_normal((n // 2, n)))
+    h = torch.ones(n // 2, dtype=torch.float64)
+    qs = [torch.from_numpy(rng.standard_normal(n)) for _ in range(4)]
+
+    def grad_P(q):
+        P = P0.clone().requires_grad_()
+        sol = dqp.solve(P, q, G=G, h=h, check_psd=False)  # the general path
+        (g,) = torch.autograd.grad(sol.x.sum(), P)
+        return g
+
+    alone = [grad_P(q).clone() for q in qs]
+    kept: list[list[torch.Tensor]] = [[] for _ in qs]
+
+    def work(i):
+        for _ in range(3):
+            kept[i].append(grad_P(qs[i]))  # kept to the end: their memory stays in use
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    errors = [float((g - alone[i]).abs().max() / alone[i].abs().max())
+              for i in range(4) for g in kept[i]]  # fmt: skip
+    assert len(errors) == 12 and max(errors) < 1e-10
+    assert len({g.data_ptr() for gs in kept for g in gs}) == 12
