@@ -16,8 +16,9 @@ Subpackages
 
 Shared by all of them (from :mod:`dxopt._core`): :class:`Status` (why a solver stopped, with a
 message), :class:`Cost` (what it cost), :class:`DxoptError` (the base of every dxopt error) and
-:class:`DxoptWarning`, and one option vocabulary (``max_iter``, ``tol``, ``lr``,
-``on_failure``) described in :mod:`dxopt._core`.
+:class:`DxoptWarning`, one option vocabulary (``max_iter``, ``tol``, ``lr``,
+``on_failure``) described in :mod:`dxopt._core`, and :func:`release_host_buffers`, which drops
+the large host buffers dxopt keeps for reuse (:mod:`dxopt._core.memory`; at most 256 MiB).
 
 Everything is imported lazily, so ``import dxopt`` stays cheap.
 """
@@ -28,12 +29,12 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from dxopt._core import Cost, DxoptError, DxoptWarning, Status
+    from dxopt._core import Cost, DxoptError, DxoptWarning, Status, release_host_buffers
 
 __version__ = "0.2.0"
 
 _SUBPACKAGES = ("qp", "natgrad", "estimators", "bilevel", "rl", "linearize", "linalg")
-_CORE = ("Cost", "DxoptError", "DxoptWarning", "Status")
+_CORE = ("Cost", "DxoptError", "DxoptWarning", "Status", "release_host_buffers")
 
 __all__ = [
     "Cost",
@@ -47,6 +48,7 @@ __all__ = [
     "linearize",
     "natgrad",
     "qp",
+    "release_host_buffers",
     "rl",
 ]
 

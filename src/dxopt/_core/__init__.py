@@ -26,6 +26,7 @@ from dxopt._core.cost import Cost as Cost
 from dxopt._core.errors import DxoptError as DxoptError
 from dxopt._core.errors import DxoptWarning as DxoptWarning
 from dxopt._core.errors import NotConvergedError as NotConvergedError
+from dxopt._core.memory import release_host_buffers as release_host_buffers
 from dxopt._core.status import FailurePolicy as FailurePolicy
 from dxopt._core.status import Status as Status
 from dxopt._core.status import check_on_failure as check_on_failure
@@ -53,5 +54,6 @@ __all__ = [
     "check_range",
     "check_tensor",
     "handle_failure",
+    "release_host_buffers",
     "renamed_kwargs",
 ]
