@@ -314,7 +314,7 @@ def small_batch_backward(
         sb.P, sb.q, sb.C, sb.upper, m, sb.X, sb.duals, sb.g_inf, _cotangent(grad_x, (B, n)),
         _cotangent(grad_ineq, (B, m)), _cotangent(grad_eq, (B, p)), regular.steps, regular.tol,
         regular.max_residual, DEPENDENT_TOL, _MARGIN, np.array(needs), sb.L_given, sb.Y_given,
-        sb.order_given, sb.LW_given, sb.given, lapack_kernels(), *grads,
+        sb.order_given, sb.LW_given, sb.given, lapack_kernels(), tuple(grads),
     )  # fmt: skip
     _record(
         sb.diagnostics, method, float(residual.max()), int(steps.max()), tuple(k.tolist()),

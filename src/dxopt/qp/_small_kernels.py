@@ -862,16 +862,11 @@ def lean_adjoint_batch(
     LW_given: np.ndarray,
     given: np.ndarray,
     lapack: Any,
-    gP: np.ndarray,
-    gq: np.ndarray,
-    gA: np.ndarray,
-    gb: np.ndarray,
-    gG: np.ndarray,
-    gh: np.ndarray,
+    grads: tuple[np.ndarray, ...],
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """:func:`lean_adjoint` for a batch of daqp points: ``(status, residual, steps, k,
     accuracy)``, each with a leading ``B`` axis, and the gradients written into the caller's
-    ``gP`` (B, n, n), ``gq`` (B, n), ``gA`` (B, p, n), ``gb`` (B, p), ``gG`` (B, m, n), ``gh``
+    ``grads = (gP, gq, gA, gb, gG, gh)``: (B, n, n), (B, n), (B, p, n), (B, p), (B, m, n),
     (B, m) (no rows, or no entries, where not needed); a sample with ``status != 0`` is not
     written (the caller hands it to the general path). ``L_given`` (B, n, n), ``Y_given``
     (B, m + p, n), ``order_given``, ``LW_given``: the forward's Cholesky factors of ``P``, rows
@@ -884,6 +879,7 @@ def lean_adjoint_batch(
     B, n = X.shape
     rows = C.shape[1]
     p = rows - m
+    gP, gq, gA, gb, gG, gh = grads
     status = np.zeros(B, np.int64)
     residual, accuracy = np.zeros(B), np.zeros(B)
     steps, k = np.zeros(B, np.int64), np.zeros(B, np.int64)
