@@ -380,3 +380,52 @@ def test_every_sample_declined_takes_the_general_gradients_whole(shared, monkeyp
     for k in NAMES:
         if g_ref[k] is not None:
             torch.testing.assert_close(g_lean[k], g_ref[k])
+
+
+@pytest.mark.parametrize(
+    "case", ["all solved", "some declined", "some declined, shared", "all declined", "no gradient"]
+)
+def test_uninitialized_gradient_memory_never_comes_out(case, monkeypatch):
+    """The lean batch backward writes into uninitialized (possibly reused) arrays: filled with
+    NaN here, every gradient still equals the general path's, whether every sample is solved,
+    some or all decline (a duplicated active row cuts their points), or the general path
+    gives no gradient for an input (then it is zero)."""
+    from dxopt.qp import _small_batch
+
+    data = _problems(4, 8, 6, 2, seed=5)
+    if case.endswith("shared"):  # shared gradients are summed into the declined rows
+        data = _share(data, ("P", "G"))
+    if case != "all solved":
+        x = dqp.solve(*(data[k] for k in NAMES), solver="daqp").x.detach()
+        G = data["G"]
+        data["G"] = torch.cat([G, G[..., :1, :]], dim=-2)
+        h = torch.cat([data["h"], data["h"][:, :1]], dim=-1)
+        cut = (G[..., 0, :] * x).sum(-1) - 1.0
+        rows = slice(0, 2) if case.startswith("some declined") else slice(None)
+        h[rows, 0] = h[rows, -1] = cut[rows]
+        data["h"] = h
+    monkeypatch.setattr(
+        _small_batch, "host_array", lambda shape, dtype=np.float64: np.full(shape, np.nan, dtype)
+    )
+    if case == "no gradient":  # a general path that returns no gradient for q
+        real = _small_batch.eager_gradients
+
+        def without_q(*args, **kwargs):
+            out = list(real(*args, **kwargs))
+            out[1] = None
+            return tuple(out)
+
+        monkeypatch.setattr(_small_batch, "eager_gradients", without_q)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", dqp.QPDegenerateWarning)
+        lean, g_lean, used = _run(data, True, monkeypatch)
+        ref, g_ref, _ = _run(data, False, monkeypatch)
+    assert used
+    n_declined = sum(d > 0 for d in lean.info.backward.dependent_rows)
+    assert n_declined == (0 if case == "all solved" else 2 if case.startswith("some") else 4)
+    for k in NAMES:
+        assert not torch.isnan(g_lean[k]).any(), k
+        if case == "no gradient" and k == "q":
+            assert (g_lean[k] == 0).all()
+        else:
+            torch.testing.assert_close(g_lean[k], g_ref[k])

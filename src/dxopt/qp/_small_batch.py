@@ -332,6 +332,9 @@ def small_batch_backward(
                 if a is not None:
                     a[declined] = 0.0
         _general_samples(sb, declined, out, (grad_x, grad_eq, grad_ineq), needs)
+        for i in range(6):  # (uninitialized memory must never come out as a gradient)
+            if declined.size == B and out[i] is not None and out[i] is grads[i]:
+                out[i][...] = 0.0
     for i in range(6):
         if out[i] is not None and sb.shared[i]:
             out[i] = out[i].sum(0)
