@@ -419,7 +419,7 @@ def test_uninitialized_gradient_memory_never_comes_out(case, monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", dqp.QPDegenerateWarning)
         lean, g_lean, used = _run(data, True, monkeypatch)
-        ref, g_ref, _ = _run(data, False, monkeypatch)
+        _, g_ref, _ = _run(data, False, monkeypatch)
     assert used
     n_declined = sum(d > 0 for d in lean.info.backward.dependent_rows)
     assert n_declined == (0 if case == "all solved" else 2 if case.startswith("some") else 4)
