@@ -72,6 +72,11 @@ def _nbytes(specs: Sequence[Spec]) -> int:
     return sum(math.prod(shape) * np.dtype(dtype).itemsize for shape, dtype in specs)
 
 
+def _held() -> int:
+    """Bytes the pool keeps (the caller holds the lock)."""
+    return sum(_nbytes(k) * len(v) for k, v in _SETS.items())
+
+
 def host_buffers(specs: Sequence[Spec]) -> tuple[np.ndarray, ...]:
     """Uninitialized C-contiguous numpy arrays of the given ``(shape, dtype)`` pairs: a set
     the pool handed out before when none of its arrays is referenced any more, else new ones
@@ -93,7 +98,7 @@ def host_buffers(specs: Sequence[Spec]) -> tuple[np.ndarray, ...]:
         if size <= MAX_SET_BYTES and (sets is None or len(sets) < SETS_PER_SHAPE):
             _SETS.setdefault(key, []).append(fresh)
             _SETS.move_to_end(key)
-            held = sum(_nbytes(k) * len(v) for k, v in _SETS.items())
+            held = _held()
             while held > MAX_BYTES:  # the lists of shapes used longest ago go first
                 old_key, old = _SETS.popitem(last=False)
                 held -= _nbytes(old_key) * len(old)
@@ -117,4 +122,4 @@ def release_host_buffers() -> None:
 def held_bytes() -> int:
     """Bytes the pool keeps now."""
     with _LOCK:
-        return sum(_nbytes(k) * len(v) for k, v in _SETS.items())
+        return _held()
