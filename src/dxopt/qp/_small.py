@@ -125,8 +125,9 @@ class SmallPoint:
     ``upper = [h; b]``, the first ``m = len(g_inf)`` rows inequalities; ``G, h, A, b`` are
     views of them, ``None`` without rows), the point ``x`` with the multipliers
     ``duals = [nu; mu]`` and the active set ``working`` (no entries: daqp's working set, read
-    off the multipliers), and the certificate's residuals; ``general(point)`` rebuilds the
-    general path's state."""
+    off the multipliers), and the certificate's residuals; ``given``: whether ``A`` and ``G``
+    were given (their gradients, empty without rows, or ``None``); ``general(point)`` rebuilds
+    the general path's state."""
 
     P: np.ndarray
     q: np.ndarray
@@ -138,7 +139,7 @@ class SmallPoint:
     g_inf: np.ndarray
     dtype: torch.dtype
     general: Callable[..., Any]
-    empty: tuple[bool, bool] = (False, False)  # A, G given without rows (zero gradients)
+    given: tuple[bool, bool] = (False, False)  # A, G given (perhaps without rows): gradients
     warm_start: Any = None  # the backend's primal start (float64), for the general path
     polished: bool = False
     diagnostics: BackwardDiagnostics = field(default_factory=BackwardDiagnostics)
@@ -197,11 +198,16 @@ _NEEDS: dict[tuple[bool, ...], np.ndarray] = {}  # needs_input_grad -> the kerne
 _ZEROS: dict[int, np.ndarray] = {}  # size -> zeros (a missing cotangent; nothing writes it)
 
 
+_DAQP: list[Any] = []  # the daqp module, once imported
+
+
 def _daqp() -> Any:
     """The daqp module (imported on first use)."""
-    import daqp
+    if not _DAQP:
+        import daqp
 
-    return daqp
+        _DAQP.append(daqp)
+    return _DAQP[0]
 
 
 def _absent(n: int, dtype: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -254,10 +260,9 @@ def small_forward(
             return None
         start_x = _array(warm_start)
     dtype = q.dtype
-    try:
-        views: list[Any] = [None if t is None else (t.detach() if t.requires_grad else t).numpy()
-                            for t in data]  # fmt: skip
-    except RuntimeError:  # no numpy view (e.g. a negative-bit view): the general path
+    try:  # (force: detached, and a conjugate or negative-bit view resolved: copied, as below)
+        views: list[Any] = [None if t is None else t.numpy(force=True) for t in data]
+    except (RuntimeError, TypeError):  # no numpy view: the general path
         return None
     n = views[1].shape[0]
     if views[2] is None or views[4] is None:  # absent constraints: arrays without rows
@@ -269,7 +274,7 @@ def small_forward(
     if status:  # NaN/Inf, asymmetric P, a zero row of G: the general path's rules and errors
         return None
     m, p = views[4].shape[0], views[2].shape[0]
-    empty = (data[2] is not None and not p, data[4] is not None and not m)  # given, no rows
+    given = (data[2] is not None, data[4] is not None)
     start = time.perf_counter()
     polished = False
     if solver == "daqp":
@@ -294,7 +299,7 @@ def small_forward(
     if not cert[0]:
         return None
     _, primal, dual, outputs = cert
-    return SmallPoint(Pn, qn, C, upper, x, duals, working, g_inf, dtype, general, empty, start_x,
+    return SmallPoint(Pn, qn, C, upper, x, duals, working, g_inf, dtype, general, given, start_x,
                       polished, BackwardDiagnostics(), time.perf_counter() - start, primal, dual,
                       outputs)  # fmt: skip
 
@@ -397,7 +402,8 @@ def lean_method(method: object) -> bool:
 
 class _Regular(NamedTuple):
     """What a method's regular dense path uses: refinement limits, the residual bound, and for
-    the penalty method its fixed :math:`\\beta` (or ``None``) and :math:`\\beta_{min}`."""
+    the penalty method its fixed :math:`\\beta` (or ``None``) and :math:`\\beta_{min}`; the
+    same numbers as the lean kernel's ``settings`` array."""
 
     steps: int
     tol: float
@@ -405,6 +411,7 @@ class _Regular(NamedTuple):
     penalty: bool
     beta: float | None
     beta_min: float
+    settings: np.ndarray  # (steps, tol, max_residual, DEPENDENT_TOL, _MARGIN): the kernel's
 
 
 _REGULAR: dict[int, tuple[Any, _Regular]] = {}  # id(method) -> (method, settings)
@@ -417,12 +424,17 @@ def _regular(method: Any) -> _Regular:
     if cached is not None and cached[0] is method:
         return cached[1]
     if isinstance(method, PenaltyBackward):
-        regular = _Regular(
-            method.max_refinement, method.refine_tol, method.max_residual, True,
-            method.beta, method.beta_min,
-        )  # fmt: skip
+        steps, tol, beta, beta_min = (
+            method.max_refinement,
+            method.refine_tol,
+            method.beta,
+            method.beta_min,
+        )
+        penalty = True
     else:
-        regular = _Regular(_KKT_STEPS, _KKT_TOL, method.max_residual, False, None, 0.0)
+        steps, tol, beta, beta_min, penalty = _KKT_STEPS, _KKT_TOL, None, 0.0, False
+    settings = np.array([steps, tol, method.max_residual, DEPENDENT_TOL, _MARGIN], dtype=np.float64)
+    regular = _Regular(steps, tol, method.max_residual, penalty, beta, beta_min, settings)
     if len(_REGULAR) > 256:
         _REGULAR.clear()
     _REGULAR[id(method)] = (method, regular)  # keeps method alive: its id is not reused
@@ -439,6 +451,9 @@ def _vector(t: Tensor | None, size: int) -> np.ndarray:
     return np.ascontiguousarray((t.detach() if t.requires_grad else t).numpy(), dtype=np.float64)
 
 
+_E1, _E2 = np.zeros(0), np.zeros((0, 0))  # for gradients not asked for (nothing writes them)
+
+
 def small_backward(
     point: SmallPoint,
     method: Any,
@@ -448,30 +463,34 @@ def small_backward(
     needs: tuple[bool, ...],
 ) -> tuple[Tensor | None, ...] | None:
     """The gradients for ``(P, q, A, b, G, h)`` by the lean backward (module docstring;
-    :func:`dxopt.qp._small_kernels.lean_adjoint`), or ``None`` where the general path must
-    decide."""
+    :func:`dxopt.qp._small_kernels.lean_adjoint`, which writes the arrays allocated here for
+    the gradients ``needs`` asks for), or ``None`` where the general path must decide."""
     regular = _regular(method)
     C, m, x = point.C, point.g_inf.shape[0], point.x
-    p = C.shape[0] - m
+    n, p = x.shape[0], C.shape[0] - m
     needed = _NEEDS.get(needs)
     if needed is None:
         needed = _NEEDS[needs] = np.array(needs)
-    status, residual, steps, k, accuracy, grads = lean_adjoint(
+    empty = np.empty
+    gP = empty((n, n)) if needs[0] else _E2
+    gq = empty(n) if needs[1] else _E1
+    gA = empty((p, n)) if needs[2] else _E2
+    gb = empty(p) if needs[3] else _E1
+    gG = empty((m, n)) if needs[4] else _E2
+    gh = empty(m) if needs[5] else _E1
+    status, residual, steps, k, accuracy = lean_adjoint(
         point.P, point.q, C, point.upper, m, x, point.duals, point.working, point.g_inf,
-        _vector(grad_x, x.shape[0]),
-        _vector(grad_ineq, m), _vector(grad_eq, p), regular.steps, regular.tol,
-        regular.max_residual, DEPENDENT_TOL, _MARGIN, needed,
+        _vector(grad_x, n), _vector(grad_ineq, m), _vector(grad_eq, p), regular.settings,
+        needed, gP, gq, gA, gb, gG, gh,
     )  # fmt: skip
     if status:
         return None
     _record(point.diagnostics, method, residual, steps, (k,), (accuracy,), regular)
     # absent constraints get None; constraints given without rows get empty gradients
-    present = (True, True, p > 0, p > 0, m > 0, m > 0)
-    n, empty = x.shape[0], point.empty
-    out = [grads[i] if needs[i] and present[i] else None for i in range(6)]
-    for i, given in ((2, empty[0]), (4, empty[1])):
-        if given and needs[i]:
-            out[i], out[i + 1] = np.zeros((0, n)), np.zeros(0)
+    eq, ineq = point.given
+    out = (gP if needs[0] else None, gq if needs[1] else None,
+           gA if needs[2] and eq else None, gb if needs[3] and eq else None,
+           gG if needs[4] and ineq else None, gh if needs[5] and ineq else None)  # fmt: skip
     from_numpy = torch.from_numpy
     if point.dtype is torch.float64:
         return tuple([None if a is None else from_numpy(a) for a in out])
@@ -503,9 +522,9 @@ def _record(
     if regular.penalty:  # its fixed beta, or max(10 eps, beta_min) (PenaltyBackward._beta)
         diagnostics.jitter = 0.0
         diagnostics.refinement_steps = steps
-        beta = regular.beta
-        diagnostics.beta = tuple(
-            max(10.0 * a, regular.beta_min) if beta is None else beta for a in accuracy
+        beta, beta_min = regular.beta, regular.beta_min
+        diagnostics.beta = (
+            tuple([max(10.0 * a, beta_min) for a in accuracy]) if beta is None else (beta,) * size
         )
 
 
@@ -536,14 +555,13 @@ class SmallQPFunction(torch.autograd.Function):
     ) -> Any:
         needs = ctx.needs_input_grad[:6]
         cotangents = (grad_x, grad_eq, grad_ineq)
-        plain = not any(g is not None and (g.requires_grad or is_legacy_batched(g))
-                        for g in cotangents)  # fmt: skip
-        if not plain:
-            refuse_batched_cotangents(cotangents)
-        grads = ctx.solved.gradients(ctx.method, grad_x, grad_eq, grad_ineq, needs)
-        if plain:  # no graph to extend: the second-order guard has nothing to tie
-            return (*grads, None, None)
-        return (*refuse_second_order(grads, cotangents), None, None)
+        for g in cotangents:  # (a loop: any() of a generator costs a frame per call)
+            if g is not None and (g.requires_grad or is_legacy_batched(g)):
+                refuse_batched_cotangents(cotangents)
+                grads = ctx.solved.gradients(ctx.method, grad_x, grad_eq, grad_ineq, needs)
+                return (*refuse_second_order(grads, cotangents), None, None)
+        # plain cotangents: no graph to extend, the second-order guard has nothing to tie
+        return (*ctx.solved.gradients(ctx.method, grad_x, grad_eq, grad_ineq, needs), None, None)
 
 
 def _plain_apply() -> Callable[..., Any]:
@@ -554,17 +572,25 @@ def _plain_apply() -> Callable[..., Any]:
     torch.func wrappers are unwrapped as there. Falls back to ``SmallQPFunction.apply`` where
     torch's internals differ."""
     try:
-        from torch._functorch.utils import unwrap_dead_wrappers
         from torch.autograd.function import _SingleLevelFunction
 
         base = super(_SingleLevelFunction, SmallQPFunction).apply
+        unwrap = torch._C._functorch.unwrap_if_dead
     except (ImportError, AttributeError):  # pragma: no cover - other torch versions
         return SmallQPFunction.apply
     if SmallQPFunction.setup_context is not torch.autograd.Function.setup_context:
         return SmallQPFunction.apply  # pragma: no cover - never: forward takes ctx
 
-    def apply(*args: Any) -> Any:
-        return base(*unwrap_dead_wrappers(args))
+    def apply(
+        P: Tensor, q: Tensor, A: Any, b: Any, G: Any, h: Any, solved: Any, method: Any
+    ) -> Any:
+        """(what torch's ``unwrap_dead_wrappers`` does, one tensor at a time)"""
+        return base(
+            unwrap(P), unwrap(q),
+            None if A is None else unwrap(A), None if b is None else unwrap(b),
+            None if G is None else unwrap(G), None if h is None else unwrap(h),
+            solved, method,
+        )  # fmt: skip
 
     return apply
 

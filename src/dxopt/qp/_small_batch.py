@@ -41,11 +41,10 @@ from torch import Tensor
 from dxopt._core.memory import MAX_SET_BYTES, host_array, host_buffers
 from dxopt.linalg.small import lapack_kernels
 from dxopt.linalg.threads import blas_threads
-from dxopt.qp._degenerate import DEPENDENT_TOL
 from dxopt.qp._dual_active_set import solve_batch
 from dxopt.qp._function import eager_gradients
 from dxopt.qp._polish import RELATIVE_FLOOR, ROUNDOFF
-from dxopt.qp._small import _MARGIN, _SYM_TOL, SMALL_MAX_N, _bounds, _daqp, _record, _regular
+from dxopt.qp._small import _SYM_TOL, SMALL_MAX_N, _bounds, _daqp, _record, _regular
 from dxopt.qp._small_kernels import certify_batch, lean_adjoint_batch, prepare_batch
 from dxopt.qp._types import BackwardDiagnostics
 
@@ -312,8 +311,8 @@ def small_batch_backward(
                         (B, rows[i] if needs[i] else 0)) for i in range(6)]  # fmt: skip
     status, residual, steps, k, accuracy = lean_adjoint_batch(
         sb.P, sb.q, sb.C, sb.upper, m, sb.X, sb.duals, sb.g_inf, _cotangent(grad_x, (B, n)),
-        _cotangent(grad_ineq, (B, m)), _cotangent(grad_eq, (B, p)), regular.steps, regular.tol,
-        regular.max_residual, DEPENDENT_TOL, _MARGIN, np.array(needs), sb.L_given, sb.Y_given,
+        _cotangent(grad_ineq, (B, m)), _cotangent(grad_eq, (B, p)), regular.settings,
+        np.array(needs), sb.L_given, sb.Y_given,
         sb.order_given, sb.LW_given, sb.given, lapack_kernels(), tuple(grads),
     )  # fmt: skip
     _record(

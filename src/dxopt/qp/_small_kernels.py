@@ -459,13 +459,6 @@ def _point_accuracy(
 
 
 @_jit
-def _no_grads() -> tuple[np.ndarray, ...]:
-    """The empty gradients of a declined backward (allocated only then)."""
-    return (np.zeros((0, 0)), np.zeros(0), np.zeros((0, 0)), np.zeros(0), np.zeros((0, 0)),
-            np.zeros(0))  # fmt: skip
-
-
-@_jit
 def lean_adjoint(
     P: np.ndarray,
     q: np.ndarray,
@@ -479,14 +472,16 @@ def lean_adjoint(
     g: np.ndarray,
     r_ineq: np.ndarray,
     r_eq: np.ndarray,
-    steps_max: int,
-    tol: float,
-    max_residual: float,
-    dependent_tol: float,
-    margin_min: float,
+    settings: np.ndarray,
     needs: np.ndarray,
-) -> tuple[int, float, int, int, float, tuple[np.ndarray, ...]]:
-    """``(status, residual, steps, k, accuracy, grads)``: the lean backward of one problem
+    gP: np.ndarray,
+    gq: np.ndarray,
+    gA: np.ndarray,
+    gb: np.ndarray,
+    gG: np.ndarray,
+    gh: np.ndarray,
+) -> tuple[int, float, int, int, float]:
+    """``(status, residual, steps, k, accuracy)``: the lean backward of one problem
     (:func:`dxopt.qp._small.small_backward`) at the certified point ``x``, ``duals``,
     ``working`` (as for :func:`certify_point`). The active set is the forward's when
     unambiguous (:func:`_active_accuracy`); the reduced KKT system
@@ -494,16 +489,19 @@ def lean_adjoint(
     and all of ``A``) is solved by block elimination (:func:`schur_factor_small`), refined
     against the exact matrix with the stopping and best-iterate rules of
     :func:`dxopt.qp._backward_kkt.schur_refine`, and turned into the gradients of
-    :mod:`dxopt.qp._grads` for ``(P, q, A, b, G, h)`` (``needs[i]``; the others, and those
-    of absent constraints, are empty arrays). ``status`` indexes :data:`ADJOINT_STATUS`.
-    (Where the forward has factors, :func:`lean_adjoint_batch` reads them in place
-    instead.)"""
+    :mod:`dxopt.qp._grads` for ``(P, q, A, b, G, h)``, written into the caller's arrays
+    ``gP, ..., gh`` where ``needs[i]`` (whole; untouched unless ``status`` is 0; the others may
+    be empty arrays). ``settings = (refinement steps, tolerance, residual bound, dependence
+    tolerance, margin floor)``. ``status`` indexes :data:`ADJOINT_STATUS`. (Where the forward
+    has factors, :func:`lean_adjoint_batch` reads them in place instead.)"""
+    steps_max, tol, max_residual = int(settings[0]), settings[1], settings[2]
+    dependent_tol, margin_min = settings[3], settings[4]
     x, mu, nu, working = _point(x, duals, working, m)
     n, rows = x.shape[0], C.shape[0]
     p = rows - m
     accuracy = _point_accuracy(P, q, C, upper, m, x, nu, mu, working, g_inf, margin_min)
     if accuracy < 0.0:
-        return 1, 0.0, 0, 0, 0.0, _no_grads()
+        return 1, 0.0, 0, 0, 0.0
     J = np.flatnonzero(working)
     k = J.shape[0]
     CJ = np.empty((k + p, n))
@@ -516,18 +514,14 @@ def lean_adjoint(
         r2[k + a] = r_eq[a]
     info_p, L, Y, _, _, _, LS, pivots, info_s = schur_factor_small(P, CJ, 1e-14)
     if info_p != 0:
-        return 2, 0.0, 0, 0, 0.0, _no_grads()
+        return 2, 0.0, 0, 0, 0.0
     if info_s != 0 or (pivots < dependent_tol).any():
-        return 3, 0.0, 0, 0, 0.0, _no_grads()
+        return 3, 0.0, 0, 0, 0.0
     u, w, rel, steps = _refined_solve(P, CJ, L, Y, LS, g, r2, steps_max, tol)
     if not rel <= max_residual:
-        return 4, rel, steps, k, accuracy, _no_grads()
-    gP, gq = np.empty((n * needs[0], n)), np.empty(n * needs[1])
-    gA, gb = np.empty((p * needs[2], n)), np.empty(p * needs[3])
-    gG, gh = np.empty((m * needs[4], n)), np.empty(m * needs[5])
+        return 4, rel, steps, k, accuracy
     _gradients_into(x, mu, nu, working, J, u, w, m, p, needs, gP, gq, gA, gb, gG, gh)
-    grads = (gP, gq, gA, gb, gG, gh)
-    return 0, rel, steps, k, accuracy, grads
+    return 0, rel, steps, k, accuracy
 
 
 @_jit
@@ -850,11 +844,7 @@ def lean_adjoint_batch(
     g: np.ndarray,
     r_ineq: np.ndarray,
     r_eq: np.ndarray,
-    steps_max: int,
-    tol: float,
-    max_residual: float,
-    dependent_tol: float,
-    margin_min: float,
+    settings: np.ndarray,
     needs: np.ndarray,
     L_given: np.ndarray,
     Y_given: np.ndarray,
@@ -868,22 +858,22 @@ def lean_adjoint_batch(
     accuracy)``, each with a leading ``B`` axis, and the gradients written into the caller's
     ``grads = (gP, gq, gA, gb, gG, gh)``: (B, n, n), (B, n), (B, p, n), (B, p), (B, m, n),
     (B, m) (no rows, or no entries, where not needed); a sample with ``status != 0`` is not
-    written (the caller hands it to the general path). ``L_given`` (B, n, n), ``Y_given``
-    (B, m + p, n), ``order_given``, ``LW_given``: the forward's Cholesky factors of ``P``, rows
-    :math:`L^{-1}c_r`, working sets and factors of their Schur complements
-    (:mod:`dxopt.qp._dual_active_set`) of the samples with ``given[i]`` (no entries when none
-    has them), from which the block elimination of the working rows is taken
-    (:func:`_reused_solve`, the rows read in place; ``lapack``: a
-    :class:`dxopt.linalg.small.LapackKernels`)
-    instead of factoring again."""
-    B, n = X.shape
+    written (the caller hands it to the general path); ``settings`` as there. ``L_given``
+    (B, n, n), ``Y_given`` (B, m + p, n), ``order_given``, ``LW_given``: the forward's
+    Cholesky factors of ``P``, rows :math:`L^{-1}c_r`, working sets and factors of their Schur
+    complements (:mod:`dxopt.qp._dual_active_set`) of the samples with ``given[i]`` (no
+    entries when none has them), from which the block elimination of the working rows is
+    taken (:func:`_reused_solve`, the rows read in place; ``lapack``: a
+    :class:`dxopt.linalg.small.LapackKernels`) instead of factoring again."""
+    B = X.shape[0]
     rows = C.shape[1]
     p = rows - m
+    steps_max, tol, max_residual = int(settings[0]), settings[1], settings[2]
+    dependent_tol, margin_min = settings[3], settings[4]
     gP, gq, gA, gb, gG, gh = grads
     status = np.zeros(B, np.int64)
     residual, accuracy = np.zeros(B), np.zeros(B)
     steps, k = np.zeros(B, np.int64), np.zeros(B, np.int64)
-    sizes = (n * needs[0], n * needs[1], p * needs[2], p * needs[3], m * needs[4], m * needs[5])
     none = np.zeros(0, np.bool_)
     for i in range(B):
         if given[i]:  # the forward's factors, every row read in place
@@ -917,23 +907,10 @@ def lean_adjoint_batch(
                 gh[i],
             )  # fmt: skip
             continue
-        status[i], residual[i], steps[i], k[i], accuracy[i], grads = lean_adjoint(
+        status[i], residual[i], steps[i], k[i], accuracy[i] = lean_adjoint(
             P[i], q[i], C[i], upper[i], m, X[i], duals[i], none, g_inf[i], g[i], r_ineq[i],
-            r_eq[i], steps_max, tol, max_residual, dependent_tol, margin_min, needs,
+            r_eq[i], settings, needs, gP[i], gq[i], gA[i], gb[i], gG[i], gh[i],
         )  # fmt: skip
         if status[i]:
             residual[i] = 0.0
-            continue
-        if sizes[0]:
-            gP[i] = grads[0]
-        if sizes[1]:
-            gq[i] = grads[1]
-        if sizes[2]:
-            gA[i] = grads[2]
-        if sizes[3]:
-            gb[i] = grads[3]
-        if sizes[4]:
-            gG[i] = grads[4]
-        if sizes[5]:
-            gh[i] = grads[5]
     return status, residual, steps, k, accuracy
