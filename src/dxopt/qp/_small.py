@@ -260,20 +260,27 @@ def small_forward(
             return None
         start_x = _array(warm_start)
     dtype = q.dtype
-    try:  # (force: detached, and a conjugate or negative-bit view resolved: copied, as below)
-        views: list[Any] = [None if t is None else t.numpy(force=True) for t in data]
+    tensors: tuple[Any, ...] = data  # (small_inputs holds: A, b and G, h in pairs)
+    P, _, A, b, G, h = tensors
+    # numpy views (force: detached, and a conjugate or negative-bit view resolved: copied,
+    # as below); absent constraints, and those given without rows, as arrays without rows
+    try:
+        Pv, qv = P.numpy(force=True), q.numpy(force=True)
+        n = qv.shape[0]
+        no_rows = _absent(n, qv.dtype)
+        Av, bv = (
+            no_rows if A is None or not A.shape[0] else (A.numpy(force=True), b.numpy(force=True))
+        )
+        Gv, hv = (
+            no_rows if G is None or not G.shape[0] else (G.numpy(force=True), h.numpy(force=True))
+        )
     except (RuntimeError, TypeError):  # no numpy view: the general path
         return None
-    n = views[1].shape[0]
-    if views[2] is None or views[4] is None:  # absent constraints: arrays without rows
-        absent = _absent(n, views[1].dtype)
-        for i in (2, 4):
-            if views[i] is None:
-                views[i], views[i + 1] = absent
-    status, Pn, qn, C, upper, g_inf = prepare(*views, _SYM_TOL[dtype])
-    if status:  # NaN/Inf, asymmetric P, a zero row of G: the general path's rules and errors
-        return None
-    m, p = views[4].shape[0], views[2].shape[0]
+    m, p = Gv.shape[0], Av.shape[0]
+    Pn, qn, C, upper = np.empty((n, n)), np.empty(n), np.empty((m + p, n)), np.empty(m + p)
+    g_inf = np.zeros(m)
+    if prepare(Pv, qv, Av, bv, Gv, hv, _SYM_TOL[dtype], Pn, qn, C, upper, g_inf):
+        return None  # NaN/Inf, asymmetric P, a zero row of G: the general path's rules, errors
     given = (data[2] is not None, data[4] is not None)
     start = time.perf_counter()
     polished = False
@@ -295,10 +302,12 @@ def small_forward(
         x, nu_p, mu_p, working, polished = polished_point
         duals = np.concatenate((nu_p, mu_p))
     rel = max(eps_rel, RELATIVE_FLOOR)
-    cert = certify_point(Pn, qn, C, upper, m, x, duals, working, g_inf, eps_abs, rel, ROUNDOFF)
-    if not cert[0]:
+    outputs = (np.empty(n), np.empty(p), np.empty(m))  # copies of (x, mu, nu) for the caller
+    ok, primal, dual = certify_point(
+        Pn, qn, C, upper, m, x, duals, working, g_inf, eps_abs, rel, ROUNDOFF, *outputs
+    )
+    if not ok:
         return None
-    _, primal, dual, outputs = cert
     return SmallPoint(Pn, qn, C, upper, x, duals, working, g_inf, dtype, general, given, start_x,
                       polished, BackwardDiagnostics(), time.perf_counter() - start, primal, dual,
                       outputs)  # fmt: skip

@@ -47,31 +47,6 @@ row dependent on the others, a refined residual above the bound)."""
 
 
 @_jit
-def prepare(
-    P: np.ndarray,
-    q: np.ndarray,
-    A: np.ndarray,
-    b: np.ndarray,
-    G: np.ndarray,
-    h: np.ndarray,
-    sym_tol: float,
-) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """``(status, P, q, C, upper, g_inf)``: float64 copies in daqp's layout and the row
-    max-norms :math:`\\|g_i\\|_\\infty` of ``G`` (absent constraints: arrays with no rows).
-    ``status``: 0 ready; 1 a NaN or Inf entry; 2 ``P`` asymmetric beyond
-    ``sym_tol * max(max|P|, 1)``; 3 a zero row of ``G``. (The checks of
-    :func:`dxopt.qp._small.small_forward`; each failure is the general path's to report.)"""
-    n, m, p = P.shape[0], G.shape[0], A.shape[0]
-    Pn = np.empty((n, n))
-    qn = np.empty(n)
-    C = np.empty((m + p, n))
-    upper = np.empty(m + p)
-    g_inf = np.zeros(m)
-    status = _prepare_into(P, q, A, b, G, h, sym_tol, Pn, qn, C, upper, g_inf)
-    return status, Pn, qn, C, upper, g_inf
-
-
-@_jit
 def prepare_batch(
     P: np.ndarray,
     q: np.ndarray,
@@ -93,7 +68,7 @@ def prepare_batch(
     B = q.shape[0]
     g_inf[:] = 0.0
     for i in range(B):
-        status = _prepare_into(
+        status = prepare(
             P[i], q[i], A[i], b[i], G[i], h[i], sym_tol, Pn[i], qn[i], C[i], upper[i], g_inf[i]
         )
         if status:
@@ -102,7 +77,7 @@ def prepare_batch(
 
 
 @njit(cache=True, nogil=True, fastmath={"reassoc"})
-def _prepare_into(
+def prepare(
     P: np.ndarray,
     q: np.ndarray,
     A: np.ndarray,
@@ -116,9 +91,15 @@ def _prepare_into(
     upper: np.ndarray,
     g_inf: np.ndarray,
 ) -> int:
-    """The work of :func:`prepare`, into given arrays (``g_inf`` zero on entry). Compiled
-    with reassociation allowed: it only changes the order of the sum whose finiteness is the
-    NaN/Inf test (a NaN or Inf entry makes any order of it non-finite) and of maxima."""
+    """``status``, with float64 copies of the data in daqp's layout and the row max-norms
+    :math:`\\|g_i\\|_\\infty` of ``G`` written into the caller's ``Pn`` (n, n), ``qn`` (n,),
+    ``C = [G; A]`` (m + p, n), ``upper = [h; b]`` (m + p,) and ``g_inf`` (m,), zero on entry
+    (absent constraints: arrays with no rows). ``status``: 0 ready; 1 a NaN or Inf entry; 2
+    ``P`` asymmetric beyond ``sym_tol * max(max|P|, 1)``; 3 a zero row of ``G``. (The checks
+    of :func:`dxopt.qp._small.small_forward`; each failure is the general path's to report.)
+    Compiled with reassociation allowed: it only changes the order of the sum whose finiteness
+    is the NaN/Inf test (a NaN or Inf entry makes any order of it non-finite) and of
+    maxima."""
     n, m, p = P.shape[0], G.shape[0], A.shape[0]
     total = 0.0
     for i in range(n):
@@ -191,16 +172,23 @@ def certify_point(
     eps_abs: float,
     rel: float,
     roundoff: float,
-) -> tuple[bool, float, float, tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """``(ok, primal, dual, (x, mu, nu))``: the certificate of :func:`_certificate` for the
-    point of :func:`_point` (``ok`` and the primal and dual residuals) and copies of the
-    point's ``(x, mu, nu)`` for the caller. (Only these are returned: every array handed
-    back to Python costs a quarter of a microsecond; the backward recomputes the rest.)"""
+    x_out: np.ndarray,
+    mu_out: np.ndarray,
+    nu_out: np.ndarray,
+) -> tuple[bool, float, float]:
+    """``(ok, primal, dual)``: the certificate of :func:`_certificate` for the point of
+    :func:`_point` (``ok`` and the primal and dual residuals), with copies of the point's
+    ``(x, mu, nu)`` written into the caller's ``x_out, mu_out, nu_out``. (Only these come
+    back: every array a kernel hands back to Python costs a third of a microsecond, more than
+    the caller's allocation; the backward recomputes the rest.)"""
     x, mu, nu, working = _point(x, duals, working, m)
     ok, primal, dual, _, _, _ = _certificate(
         P, q, C, upper, m, x, mu, nu, working, g_inf, eps_abs, rel, roundoff
     )
-    return ok, primal, dual, (x, mu.copy(), nu.copy())
+    x_out[:] = x
+    mu_out[:] = mu
+    nu_out[:] = nu
+    return ok, primal, dual
 
 
 @_jit
