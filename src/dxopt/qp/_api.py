@@ -202,16 +202,10 @@ def _lean_result(
     (every one certified; ``sample_solvers``: each one's solver, ``solver`` for all when
     empty): the outputs through :class:`SmallQPFunction`."""
     x, mu, nu = apply_small(*data, solved, method)  # outside torch.func (callers check)
-    info = QPInfo(
-        solver=solver,
-        solve_time=solved.solve_time,
-        primal_residual=primal,
-        dual_residual=dual,
-        backward=solved.diagnostics,
-        sample_solvers=sample_solvers or (solver,) * size,
-        sample_tolerances=(eps_abs,) * size,
-        polished=polished,
-    )
+    info = QPInfo._every_field(
+        solver, solved.solve_time, primal, dual, solved.diagnostics,
+        sample_solvers or (solver,) * size, (eps_abs,) * size, polished,
+    )  # fmt: skip
     return x, mu, nu, (QPStatus.SOLVED,) * size, info
 
 
@@ -306,15 +300,10 @@ def _solution(
         lb_duals = nu[..., m0 : m0 + k_lb] if lb is not None else None
         ub_duals = nu[..., m0 + k_lb : m0 + k_lb + k_ub] if ub is not None else None
         nu = nu[..., :m0]
-    return QPSolution(
-        x=x,
-        eq_duals=mu if has_eq else None,
-        ineq_duals=nu if m_user is not None else None,
-        status=status,
-        info=info,
-        lb_duals=lb_duals,
-        ub_duals=ub_duals,
-    )
+    return QPSolution._every_field(
+        x, mu if has_eq else None, nu if m_user is not None else None, status, info, lb_duals,
+        ub_duals,
+    )  # fmt: skip
 
 
 @functools.lru_cache(maxsize=1)
