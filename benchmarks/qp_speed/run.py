@@ -2,7 +2,10 @@
 
 Everything runs in one process, side by side, with ``torch.set_num_threads`` set explicitly for
 each thread count; within a case the methods are interleaved round by round (so machine load
-hits them alike) and the median of the rounds is reported. Problems are dQP's random dense QPs
+hits them alike), in a new seeded random order each round (so that no method always runs right
+after the same one: in a fixed order the ``dxopt daqp`` and ``dxopt auto`` rows of the tiny case,
+the same code path, came out 5-12% apart by their places), and the median of the rounds is
+reported. Problems are dQP's random dense QPs
 (:func:`benchmarks.qp.generators.random_dense`, ``m = n``, ``p = n/2`` unless given). Methods:
 
 - ``raw daqp (qpsolvers)``: a Python loop of ``qpsolvers.solve_problem(..., solver="daqp")``
@@ -35,6 +38,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import random
 import statistics
 import time
 import warnings
@@ -184,7 +188,10 @@ def _rounds(fns: dict[str, Callable[[], Any]], rounds: int) -> tuple[dict[str, f
     call itself. The block size comes from the mean of the warm-up calls, not from one call,
     so that one slow call (a cold cache after the previous method) cannot shrink a block to a
     fraction of ``_MIN_BLOCK_S`` and let that block's cold first call weigh more than other
-    methods' (it measured 9 calls of 0.11 ms where 46 were due)."""
+    methods' (it measured 9 calls of 0.11 ms where 46 were due). Each round takes the methods
+    in a new order (seeded: the same orders in every run), so the cold start after another
+    method's work (its caches evicted, some 0.3 ms for the tiny case's fwd+bwd) falls on every
+    method alike instead of always on the one placed after the heaviest."""
     outs: dict[str, Any] = {}
     repeat = dict.fromkeys(fns, 1)
     if rounds > 1:
@@ -199,9 +206,11 @@ def _rounds(fns: dict[str, Callable[[], Any]], rounds: int) -> tuple[dict[str, f
                     break
             repeat[name] = max(1, min(1000, math.ceil(_MIN_BLOCK_S * calls / spent)))
     times: dict[str, list[float]] = {name: [] for name in fns}
+    order, shuffle = list(fns), random.Random(0).shuffle
     for _ in range(rounds):
-        for name, fn in fns.items():
-            k = repeat[name]
+        shuffle(order)
+        for name in order:
+            fn, k = fns[name], repeat[name]
             t0 = time.perf_counter()
             for _ in range(k):
                 outs[name] = fn()
