@@ -306,7 +306,12 @@ def test_inputs_outside_the_lean_path():
     q = torch.ones(3, dtype=torch.float64)
     assert _small.small_inputs(P, q, None, None, None, None)
     assert not _small.small_inputs(P[None], q[None], None, None, None, None)  # batched
-    assert not _small.small_inputs(P.to_sparse(), q, None, None, None, None)
+    # a sparse P passes the cheap checks; the forward finds no numpy view: the general path
+    general = lambda point: None  # noqa: E731
+    for sparse in (P.to_sparse(), P.to_sparse_csr()):
+        data = (sparse, q, None, None, None, None)
+        assert _small.small_forward(data, eps_abs=1e-9, eps_rel=0.0, general=general) is None
+        assert torch.allclose(dqp.solve(*data).x, -q)
     assert not _small.small_inputs(P, q.float(), None, None, None, None)  # mixed dtypes
     big = torch.eye(_small.SMALL_MAX_N + 1, dtype=torch.float64)
     assert not _small.small_inputs(big, big[0], None, None, None, None)

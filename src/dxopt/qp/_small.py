@@ -91,31 +91,35 @@ _STRIDED = torch.strided
 
 def small_inputs(P: object, q: object, A: object, b: object, G: object, h: object) -> bool:
     """Whether ``(P, q, A, b, G, h)`` is one small dense CPU problem the lean path takes:
-    plain tensors (no subclass), strided, one float dtype (float64 or float32), unbatched,
+    plain CPU tensors (no subclass), one float dtype (float64 or float32), unbatched,
     consistent shapes with ``1 <= n <= SMALL_MAX_N``, ``A, b`` and ``G, h`` in pairs, and no
     forward-mode AD level open (its dual tensors need the general path's ``jvp``). Anything
-    else, bad input included, is left to the general path and its error messages."""
-    if type(q) is not Tensor or type(P) is not Tensor or q.ndim != 1 or P.ndim != 2:
+    else, bad input included, is left to the general path and its error messages. (The
+    layout is not read here: a sparse or mkldnn tensor has no numpy view, and
+    :func:`small_forward` hands such a problem to the general path.)"""
+    if type(q) is not Tensor or type(P) is not Tensor:
+        return False
+    dtype = q.dtype
+    if dtype not in _DTYPES or P.dtype is not dtype or q.ndim != 1 or not (q.is_cpu and P.is_cpu):
         return False
     n = q.shape[0]
-    dtype = q.dtype
-    if not 0 < n <= SMALL_MAX_N or P.shape != (n, n) or dtype not in _DTYPES:
+    if not (0 < n <= SMALL_MAX_N and P.shape == (n, n)):
         return False
-    for t in (P, q):
-        if t.dtype is not dtype or t.layout is not _STRIDED or not t.is_cpu:
-            return False
-    for M, v in ((A, b), (G, h)):
-        if M is None and v is None:
-            continue
-        if type(M) is not Tensor or type(v) is not Tensor or M.ndim != 2 or v.ndim != 1:
-            return False
-        if M.shape[1] != n or v.shape[0] != M.shape[0]:
-            return False
-        for t in (M, v):
-            if t.dtype is not dtype or t.layout is not _STRIDED or not t.is_cpu:
-                return False
+    if not (_pair(A, b, n, dtype) and _pair(G, h, n, dtype)):
+        return False
     level = getattr(torch.autograd.forward_ad, "_current_level", None)
     return level is not None and level < 0  # an open dual level (or unknown): the general path
+
+
+def _pair(M: object, v: object, n: int, dtype: torch.dtype) -> bool:
+    """``M, v`` both absent, or plain CPU tensors of ``dtype`` shaped ``(k, n)`` and ``(k,)``."""
+    if M is None:
+        return v is None
+    return (
+        type(M) is Tensor and type(v) is Tensor and M.dtype is dtype and v.dtype is dtype
+        and M.ndim == 2 and v.ndim == 1 and M.shape[1] == n and v.shape[0] == M.shape[0]
+        and M.is_cpu and v.is_cpu
+    )  # fmt: skip
 
 
 @dataclass(slots=True)
