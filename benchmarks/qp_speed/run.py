@@ -5,8 +5,11 @@ each thread count; within a case the methods are interleaved round by round (so 
 hits them alike), in a new seeded random order each round (so that no method always runs right
 after the same one: in a fixed order the ``dxopt daqp`` and ``dxopt auto`` rows of the tiny case,
 the same code path, came out 5-12% apart by their places), and the median of the rounds is
-reported. Problems are dQP's random dense QPs
-(:func:`benchmarks.qp.generators.random_dense`, ``m = n``, ``p = n/2`` unless given). Methods:
+reported. A method faster than 5 ms per call is timed as a block of calls after one untimed
+lead-in call, whose time after the previous method's work (caches evicted by the torch
+solver's and qpth's rows) is reported apart, as ``cold_call_ms``. Problems are dQP's random
+dense QPs (:func:`benchmarks.qp.generators.random_dense`, ``m = n``, ``p = n/2`` unless
+given). Methods:
 
 - ``raw daqp (qpsolvers)``: a Python loop of ``qpsolvers.solve_problem(..., solver="daqp")``
   (default settings), forward only: the unit of the ratios;
@@ -67,6 +70,7 @@ COLUMNS = (
     "method",
     "forward_ms",
     "fwd_bwd_ms",
+    "cold_call_ms",
     "x_raw",
     "x_err",
     "grad_err",
@@ -177,7 +181,9 @@ class Case:
 _MIN_BLOCK_S = 0.005  # time blocks of calls of at least 5 ms
 
 
-def _rounds(fns: dict[str, Callable[[], Any]], rounds: int) -> tuple[dict[str, float], dict]:
+def _rounds(
+    fns: dict[str, Callable[[], Any]], rounds: int
+) -> tuple[dict[str, float], dict, dict[str, float]]:
     """Median seconds per call of each method over ``rounds`` interleaved rounds after a
     warm-up (none when ``rounds == 1``); also the last output of each method. The warm-up
     calls each method once (one-time costs: imports, compiled kernels, caches), then
@@ -189,11 +195,18 @@ def _rounds(fns: dict[str, Callable[[], Any]], rounds: int) -> tuple[dict[str, f
     so that one slow call (a cold cache after the previous method) cannot shrink a block to a
     fraction of ``_MIN_BLOCK_S`` and let that block's cold first call weigh more than other
     methods' (it measured 9 calls of 0.11 ms where 46 were due). Each round takes the methods
-    in a new order (seeded: the same orders in every run), so the cold start after another
-    method's work (its caches evicted, some 0.3 ms for the tiny case's fwd+bwd) falls on every
-    method alike instead of always on the one placed after the heaviest."""
+    in a new order (seeded: the same orders in every run), and each block starts with one
+    lead-in call, timed apart: the first call after another method's work pays for that work's
+    aftermath (caches evicted: 0.36 ms against 0.085 ms for the tiny case's fwd+bwd after the
+    torch solver's and qpth's rows, 0.2 against 0.01 ms for the raw solve), and a block of
+    some 50 calls that starts with it carries a tenth of it per call, more or less as the order
+    falls (from 9.2 to 10.4 times the raw solve for the same code). Returns the median
+    per-call seconds, the last outputs, and the median lead-in seconds of the block-timed
+    methods (``cold``; a method of 5 ms and more is timed by single calls without lead-in:
+    there the aftermath is a few percent)."""
     outs: dict[str, Any] = {}
     repeat = dict.fromkeys(fns, 1)
+    blocked: set[str] = set()  # timed in blocks, after a lead-in call
     if rounds > 1:
         for name, fn in fns.items():
             fn()  # first call: one-time costs (imports, compilation of kernels, caches)
@@ -205,17 +218,29 @@ def _rounds(fns: dict[str, Callable[[], Any]], rounds: int) -> tuple[dict[str, f
                 if spent >= _MIN_BLOCK_S:
                     break
             repeat[name] = max(1, min(1000, math.ceil(_MIN_BLOCK_S * calls / spent)))
+            if spent / calls < _MIN_BLOCK_S:
+                blocked.add(name)
     times: dict[str, list[float]] = {name: [] for name in fns}
+    cold: dict[str, list[float]] = {name: [] for name in blocked}
     order, shuffle = list(fns), random.Random(0).shuffle
     for _ in range(rounds):
         shuffle(order)
         for name in order:
             fn, k = fns[name], repeat[name]
+            if name in blocked:
+                t0 = time.perf_counter()
+                outs[name] = fn()
+                cold[name].append(time.perf_counter() - t0)
             t0 = time.perf_counter()
             for _ in range(k):
                 outs[name] = fn()
             times[name].append((time.perf_counter() - t0) / k)
-    return {k: statistics.median(v) for k, v in times.items()}, outs
+    median = statistics.median
+    return (
+        {k: median(v) for k, v in times.items()},
+        outs,
+        {k: median(v) for k, v in cold.items()},
+    )
 
 
 def _grad_error(grads: dict, probs: list[QPProblem], w: np.ndarray, k: int) -> float | None:
@@ -258,7 +283,7 @@ def run_case(
         peer = case.qpth() if qpth else None
         if peer is not None:
             fns["qpth fwd+bwd"] = peer
-        secs, outs = _rounds(fns, rounds)
+        secs, outs, cold = _rounds(fns, rounds)
     finally:
         torch.set_num_threads(previous)
     raw_s = secs["raw daqp (qpsolvers)"]
@@ -274,6 +299,9 @@ def run_case(
         "qpth",
     ):
         row: dict[str, Any] = {"case": name, "threads": threads, "method": method}
+        timed = method if method.startswith("raw") else f"{method} fwd+bwd"
+        if timed in cold:
+            row["cold_call_ms"] = 1e3 * cold[timed]
         if method.startswith("raw"):
             row["forward_ms"] = 1e3 * secs[method]
             x = np.asarray(outs[method]).reshape(batch, n)
@@ -404,7 +432,10 @@ def section(
         f"{rounds} rounds after a warm-up (none for a single round: one call, then calls for at "
         "least 5 ms); a method faster than 5 ms per call is timed per round as a block of "
         "back-to-back calls of at least 5 ms, its size from the warm-up's mean call "
-        "(per-call time = block / calls). `x_raw`: the "
+        "(per-call time = block / calls), after one untimed lead-in call; each round takes the "
+        "methods in a new seeded random order. `cold_call_ms`: the median lead-in call (the "
+        "first after another method's work, caches evicted; forward+backward where there is "
+        "one). `x_raw`: the "
         "method's time (forward+backward where there is one) over the raw qpsolvers daqp "
         "loop's forward; `x_err`: max |x - "
         "x_raw|; `grad_err`: relative error of the (q, h, b) gradient against the exact "

@@ -1,33 +1,57 @@
 """The interleaving of benchmarks/qp_speed/run.py: every method timed once per round, in a
-seeded order that changes from round to round."""
+seeded order that changes from round to round, each fast method's block after a lead-in call
+that is timed apart (a fake clock: each call advances it by the method's cost)."""
 
 from __future__ import annotations
 
+import pytest
 from benchmarks.qp_speed import run
 
 
-def test_rounds_shuffle_the_order_and_time_every_method_each_round(monkeypatch) -> None:
-    monkeypatch.setattr(run, "_MIN_BLOCK_S", 0.0)  # one call per block: the calls are the log
+def _setup(monkeypatch, costs: dict[str, float]):
+    clock = [0.0]
     log: list[str] = []
+    monkeypatch.setattr(run.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(run, "_MIN_BLOCK_S", 5e-3)
 
     def method(name: str):
         def call() -> str:
             log.append(name)
+            clock[0] += costs[name]
             return name
 
         return call
 
+    return {name: method(name) for name in costs}, log
+
+
+def test_rounds_shuffle_the_order_and_time_every_method_each_round(monkeypatch) -> None:
     names = ["a", "b", "c", "d"]
-    secs, outs = run._rounds({n: method(n) for n in names}, 12)
-    assert set(secs) == set(names) and all(s >= 0.0 for s in secs.values())
+    fns, log = _setup(monkeypatch, dict.fromkeys(names, 1e-3))
+    secs, outs, cold = run._rounds(fns, 12)
+    assert secs == pytest.approx(dict.fromkeys(names, 1e-3))
+    assert cold == pytest.approx(dict.fromkeys(names, 1e-3))
     assert outs == {n: n for n in names}
-    warmup, timed = log[: 2 * len(names)], log[2 * len(names) :]
-    assert warmup == [n for n in names for _ in range(2)]  # first call, then the block
-    rounds = [timed[i : i + len(names)] for i in range(0, len(timed), len(names))]
-    assert len(rounds) == 12 and all(sorted(r) == names for r in rounds)
-    assert len({tuple(r) for r in rounds}) > 3  # the order changes from round to round
-    firsts = {r[0] for r in rounds}
-    assert len(firsts) >= 3  # no method is always first (right after the previous round)
+    warmup, timed = log[: 6 * len(names)], log[6 * len(names) :]
+    assert warmup == [n for n in names for _ in range(6)]  # first call, then 5 ms of calls
+    # each round: every method once, as a lead-in call and a block of 5 calls
+    per_round = 6 * len(names)
+    rounds = [timed[i : i + per_round] for i in range(0, len(timed), per_round)]
+    assert len(rounds) == 12 and all(len(r) == per_round for r in rounds)
+    orders = [r[::6] for r in rounds]
+    assert all(r == [n for n in o for _ in range(6)] for r, o in zip(rounds, orders))
+    assert all(sorted(o) == names for o in orders)
+    assert len({tuple(o) for o in orders}) > 3  # the order changes from round to round
+    assert len({o[0] for o in orders}) >= 3  # no method is always first
     log.clear()
-    run._rounds({n: method(n) for n in names}, 12)
-    assert log[2 * len(names) :] == timed  # seeded: the same orders in every run
+    run._rounds(fns, 12)
+    assert log[6 * len(names) :] == timed  # seeded: the same orders in every run
+
+
+def test_slow_methods_are_timed_by_single_calls_without_lead_in(monkeypatch) -> None:
+    fns, log = _setup(monkeypatch, {"fast": 1e-3, "slow": 8e-3})
+    secs, _, cold = run._rounds(fns, 5)
+    assert secs == pytest.approx({"fast": 1e-3, "slow": 8e-3})
+    assert cold == pytest.approx({"fast": 1e-3})  # the slow one has no lead-in call
+    timed = log[6 + 2 :]  # after the warm-ups (fast: 1 + 5 calls, slow: 1 + 1)
+    assert timed.count("slow") == 5 and timed.count("fast") == 5 * 6
