@@ -5,11 +5,11 @@ each thread count; within a case the methods are interleaved round by round (so 
 hits them alike), in a new seeded random order each round (so that no method always runs right
 after the same one: in a fixed order the ``dxopt daqp`` and ``dxopt auto`` rows of the tiny case,
 the same code path, came out 5-12% apart by their places), and the median of the rounds is
-reported. A method faster than 5 ms per call is timed as a block of calls after one untimed
-lead-in call, whose time after the previous method's work (caches evicted by the torch
-solver's and qpth's rows) is reported apart, as ``cold_call_ms``. Problems are dQP's random
-dense QPs (:func:`benchmarks.qp.generators.random_dense`, ``m = n``, ``p = n/2`` unless
-given). Methods:
+reported. A method faster than 50 ms per call is timed after one untimed lead-in call
+(faster than 5 ms: as a block of calls), whose time after the previous method's work (caches
+evicted by the torch solver's and qpth's rows) is reported apart, as ``cold_call_ms``.
+Problems are dQP's random dense QPs (:func:`benchmarks.qp.generators.random_dense`,
+``m = n``, ``p = n/2`` unless given). Methods:
 
 - ``raw daqp (qpsolvers)``: a Python loop of ``qpsolvers.solve_problem(..., solver="daqp")``
   (default settings), forward only: the unit of the ratios;
@@ -179,6 +179,7 @@ class Case:
 
 
 _MIN_BLOCK_S = 0.005  # time blocks of calls of at least 5 ms
+_LEAD_IN_S = 0.05  # a lead-in call before the timed call(s) of a method faster than this
 
 
 def _rounds(
@@ -201,12 +202,15 @@ def _rounds(
     torch solver's and qpth's rows, 0.2 against 0.01 ms for the raw solve), and a block of
     some 50 calls that starts with it carries a tenth of it per call, more or less as the order
     falls (from 9.2 to 10.4 times the raw solve for the same code). Returns the median
-    per-call seconds, the last outputs, and the median lead-in seconds of the block-timed
-    methods (``cold``; a method of 5 ms and more is timed by single calls without lead-in:
-    there the aftermath is a few percent)."""
+    per-call seconds, the last outputs, and the median lead-in seconds (``cold``) of the
+    methods faster than ``_LEAD_IN_S`` per call, which get the lead-in call whether timed in
+    blocks or by single calls (a batch's workspace of some MB is evicted too: the 128 x n=50
+    case's fwd+bwd, 10-17 ms, moved by a third with its place); the slower ones are timed by
+    single calls without lead-in (there the aftermath is a few percent, and a second call of
+    qpth at 1024 x n=100 would cost 18 s a round)."""
     outs: dict[str, Any] = {}
     repeat = dict.fromkeys(fns, 1)
-    blocked: set[str] = set()  # timed in blocks, after a lead-in call
+    lead: set[str] = set()  # a lead-in call before the timed call(s)
     if rounds > 1:
         for name, fn in fns.items():
             fn()  # first call: one-time costs (imports, compilation of kernels, caches)
@@ -218,16 +222,16 @@ def _rounds(
                 if spent >= _MIN_BLOCK_S:
                     break
             repeat[name] = max(1, min(1000, math.ceil(_MIN_BLOCK_S * calls / spent)))
-            if spent / calls < _MIN_BLOCK_S:
-                blocked.add(name)
+            if spent / calls < _LEAD_IN_S:
+                lead.add(name)
     times: dict[str, list[float]] = {name: [] for name in fns}
-    cold: dict[str, list[float]] = {name: [] for name in blocked}
+    cold: dict[str, list[float]] = {name: [] for name in lead}
     order, shuffle = list(fns), random.Random(0).shuffle
     for _ in range(rounds):
         shuffle(order)
         for name in order:
             fn, k = fns[name], repeat[name]
-            if name in blocked:
+            if name in lead:
                 t0 = time.perf_counter()
                 outs[name] = fn()
                 cold[name].append(time.perf_counter() - t0)
@@ -432,8 +436,9 @@ def section(
         f"{rounds} rounds after a warm-up (none for a single round: one call, then calls for at "
         "least 5 ms); a method faster than 5 ms per call is timed per round as a block of "
         "back-to-back calls of at least 5 ms, its size from the warm-up's mean call "
-        "(per-call time = block / calls), after one untimed lead-in call; each round takes the "
-        "methods in a new seeded random order. `cold_call_ms`: the median lead-in call (the "
+        "(per-call time = block / calls); a method faster than 50 ms per call is timed after "
+        "one untimed lead-in call; each round takes the methods in a new seeded random order. "
+        "`cold_call_ms`: the median lead-in call (the "
         "first after another method's work, caches evicted; forward+backward where there is "
         "one). `x_raw`: the "
         "method's time (forward+backward where there is one) over the raw qpsolvers daqp "
@@ -487,7 +492,7 @@ def main(argv: list[str] | None = None) -> None:
     else:
         plan = [
             (1, 10, 5, 0, args.rounds or 100),
-            (128, 50, 50, 25, args.rounds or 9),
+            (128, 50, 50, 25, args.rounds or 21),
             (1024, 20, 20, 10, args.rounds or 3),
             (1024, 100, 100, 50, args.rounds or 2),
         ]

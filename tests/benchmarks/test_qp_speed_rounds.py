@@ -48,10 +48,13 @@ def test_rounds_shuffle_the_order_and_time_every_method_each_round(monkeypatch) 
     assert log[6 * len(names) :] == timed  # seeded: the same orders in every run
 
 
-def test_slow_methods_are_timed_by_single_calls_without_lead_in(monkeypatch) -> None:
-    fns, log = _setup(monkeypatch, {"fast": 1e-3, "slow": 8e-3})
+def test_slower_methods_single_calls_and_no_lead_in_past_50_ms(monkeypatch) -> None:
+    costs = {"fast": 1e-3, "medium": 8e-3, "slow": 0.08}
+    fns, log = _setup(monkeypatch, costs)
     secs, _, cold = run._rounds(fns, 5)
-    assert secs == pytest.approx({"fast": 1e-3, "slow": 8e-3})
-    assert cold == pytest.approx({"fast": 1e-3})  # the slow one has no lead-in call
-    timed = log[6 + 2 :]  # after the warm-ups (fast: 1 + 5 calls, slow: 1 + 1)
-    assert timed.count("slow") == 5 and timed.count("fast") == 5 * 6
+    assert secs == pytest.approx(costs)
+    assert cold == pytest.approx({"fast": 1e-3, "medium": 8e-3})  # no lead-in past 50 ms
+    timed = log[6 + 2 + 2 :]  # after the warm-ups (fast: 1 + 5 calls, the others: 1 + 1)
+    assert timed.count("fast") == 5 * 6  # a lead-in call and a block of 5 a round
+    assert timed.count("medium") == 5 * 2  # a lead-in call and one timed call a round
+    assert timed.count("slow") == 5  # one timed call a round
