@@ -71,7 +71,7 @@ from dxopt.linalg.small import (
     schur_solve_rows,
 )
 
-__all__ = ["SOLVE_STATUS", "solve_batch"]
+__all__ = ["SOLVE_STATUS", "solve_batch", "solve_one"]
 
 _jit: Any = njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
 
@@ -238,7 +238,7 @@ def _refine(
 
 
 @_jit
-def _solve_one(
+def solve_one(
     P: np.ndarray,
     q: np.ndarray,
     C: np.ndarray,
@@ -412,7 +412,7 @@ def solve_batch(
     status = np.zeros(B, np.int64)
     iterations = np.zeros(B, np.int64)
     for i in range(B):
-        status[i], iterations[i] = _solve_one(
+        status[i], iterations[i] = solve_one(
             P[i], q[i], C[i], upper[i], m, primal_tol, max_iter, lapack, X[i], duals[i], L[i],
             Yt[i], order[i], LW[i],
         )  # fmt: skip

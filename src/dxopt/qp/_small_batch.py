@@ -11,7 +11,9 @@ solve; the backward reuses its factors). It runs as one compiled kernel over the
 (:func:`dxopt.qp._small_kernels.prepare_batch`: the checks and daqp's layout), the solver
 (one kernel, or one :func:`daqp.solve` per sample with ``eps_prox = 0``: either's Cholesky
 certifies ``P``), one kernel for
-the certificate of every point (:func:`~dxopt.qp._small_kernels.certify_batch`) and, in the
+the certificate of every point (:func:`~dxopt.qp._small_kernels.certify_batch`; the compiled
+solver's checks, solve and certificate run sample by sample in one kernel,
+:func:`~dxopt.qp._small_kernels.forward_batch`) and, in the
 backward, one kernel for every sample's lean adjoint and gradients
 (:func:`~dxopt.qp._small_kernels.lean_adjoint_batch`): the steps of :mod:`dxopt.qp._small`
 for each sample, with no per-sample Python beyond the daqp call. Gradients of shared inputs
@@ -41,11 +43,15 @@ from torch import Tensor
 from dxopt._core.memory import MAX_SET_BYTES, host_array, host_buffers
 from dxopt.linalg.small import lapack_kernels
 from dxopt.linalg.threads import blas_threads
-from dxopt.qp._dual_active_set import solve_batch
 from dxopt.qp._function import eager_gradients
 from dxopt.qp._polish import RELATIVE_FLOOR, ROUNDOFF
 from dxopt.qp._small import _SYM_TOL, SMALL_MAX_N, _bounds, _daqp, _record, _regular
-from dxopt.qp._small_kernels import certify_batch, lean_adjoint_batch, prepare_batch
+from dxopt.qp._small_kernels import (
+    certify_batch,
+    forward_batch,
+    lean_adjoint_batch,
+    prepare_batch,
+)
 from dxopt.qp._types import BackwardDiagnostics
 
 __all__ = [
@@ -213,25 +219,32 @@ def small_batch_forward(
     m, p = views[4].shape[1], views[2].shape[1]
     use_compiled = compiled and starts is None
     Pn, qn, C, upper, g_inf, L_given, Y_given, order, LW = _workspace(batch, n, m, p, use_compiled)
-    if prepare_batch(*views, _SYM_TOL[q.dtype], Pn, qn, C, upper, g_inf):
-        # NaN/Inf, asymmetric P, a zero row of G: the general path's rules and errors
-        return None
     empty = (data[2] is not None and not p, data[4] is not None and not m)  # given, no rows
+    X, duals = np.empty((batch, n)), np.empty((batch, m + p))
+    # the caller's (x, mu, nu) and the residuals
+    Xo, MU, NU = np.empty((batch, n)), np.empty((batch, p)), np.empty((batch, m))
+    primal, dual = np.zeros(batch), np.zeros(batch)
+    rel = max(eps_rel, RELATIVE_FLOOR)
     start = time.perf_counter()
+    sym_tol = _SYM_TOL[q.dtype]
+    if use_compiled:  # checks, solve and certificate sample by sample (one kernel)
+        with blas_threads(1):
+            status, solved, ok = forward_batch(
+                *views, sym_tol, Pn, qn, C, upper, g_inf, eps_abs,
+                _MAX_ITER_PER_ROW * (m + p) + 20, lapack_kernels(), X, duals, L_given, Y_given,
+                order, LW, eps_abs, rel, ROUNDOFF, Xo, MU, NU, primal, dual,
+            )  # fmt: skip
+        if status or not ok:  # a failed check (NaN/Inf, asymmetric P, a zero row of G: the
+            return None  # general path's rules and errors), or a point that does not certify
+        given = solved == 0
+    else:
+        if prepare_batch(*views, sym_tol, Pn, qn, C, upper, g_inf):
+            return None  # NaN/Inf, asymmetric P, a zero row of G: the general path's
+        given = np.zeros(batch, np.bool_)
+    rest = np.flatnonzero(~given)  # daqp, then the certificate
     lower, sense = _bounds(m, p)
     solve = _daqp().solve
-    X = np.empty((batch, n))
-    duals = np.empty((batch, m + p))
-    if use_compiled:
-        with blas_threads(1):
-            status, _ = solve_batch(
-                Pn, qn, C, upper, m, eps_abs, _MAX_ITER_PER_ROW * (m + p) + 20, lapack_kernels(),
-                X, duals, L_given, Y_given, order, LW,
-            )  # fmt: skip
-        given = status == 0
-    else:
-        given = np.zeros(batch, np.bool_)
-    for i in np.flatnonzero(~given).tolist():
+    for i in rest.tolist():
         init = None if starts is None else starts[i]
         x, _, flag, info = solve(
             Pn[i], qn[i], C[i], upper[i], lower, sense, primal_start=init, primal_tol=eps_abs,
@@ -240,14 +253,13 @@ def small_batch_forward(
         if flag != 1 and flag != 2:  # not solved, or P not positive definite
             return None
         X[i], duals[i] = x, info["lam"]
-    rel = max(eps_rel, RELATIVE_FLOOR)
-    ok, primal, dual, outputs = certify_batch(
-        Pn, qn, C, upper, m, X, duals, g_inf, eps_abs, rel, ROUNDOFF
-    )
-    if not ok:
+    if rest.size and not certify_batch(
+        Pn, qn, C, upper, m, X, duals, g_inf, eps_abs, rel, ROUNDOFF, rest, Xo, MU, NU, primal,
+        dual,
+    ):  # fmt: skip
         return None
     out = SmallBatch(Pn, qn, C, upper, m, X, duals, g_inf, shared, empty, q.dtype, general)
-    out.primal, out.dual, out.outputs = tuple(primal.tolist()), tuple(dual.tolist()), outputs
+    out.primal, out.dual, out.outputs = tuple(primal.tolist()), tuple(dual.tolist()), (Xo, MU, NU)
     out.solvers = tuple(COMPILED_SOLVER if g else "daqp" for g in given.tolist())
     out.L_given, out.Y_given, out.given = L_given, Y_given, given
     out.order_given, out.LW_given = order, LW
