@@ -86,7 +86,6 @@ _DTYPES = (torch.float64, torch.float32)
 _BOUNDS: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}  # (m, p) -> (lower, sense)
 _SYM_TOL = {t: 100 * float(torch.finfo(t).eps) for t in _DTYPES}  # P's asymmetry, relative
 _ABSENT: dict[tuple[int, Any], tuple[np.ndarray, np.ndarray]] = {}  # (n, dtype) -> (M, v)
-_STRIDED = torch.strided
 
 
 def small_inputs(P: object, q: object, A: object, b: object, G: object, h: object) -> bool:
