@@ -842,13 +842,11 @@ def _certify_into(
     primal: np.ndarray,
     dual: np.ndarray,
 ) -> bool:
-    """Sample ``i`` of :func:`certify_batch`."""
-    x, mu, nu, working = _point(X[i], duals[i], none, m)
-    ok, primal[i], dual[i], _, _, _ = _certificate(
-        P[i], q[i], C[i], upper[i], m, x, mu, nu, working, g_inf[i], eps_abs, rel, roundoff
-    )
-    if ok:
-        Xo[i], MU[i], NU[i] = x, mu, nu
+    """Sample ``i`` of :func:`certify_batch`: :func:`certify_point` on its rows."""
+    ok, primal[i], dual[i] = certify_point(
+        P[i], q[i], C[i], upper[i], m, X[i], duals[i], none, g_inf[i], eps_abs, rel, roundoff,
+        Xo[i], MU[i], NU[i],
+    )  # fmt: skip
     return ok
 
 
