@@ -418,3 +418,59 @@ def test_large_problems_price_partially_and_factor_the_equalities_at_once():
     S = Yt[0][W] @ Yt[0][W].T
     Lk = np.tril(LW[0][: W.size, : W.size])
     np.testing.assert_allclose(Lk @ Lk.T, S, rtol=0, atol=1e-10 * (1 + np.abs(S).max()))
+
+
+def test_the_forward_finds_the_backwards_active_set_accuracy(monkeypatch):
+    """With a backward ahead, the certificate of each compiled-solver point also gives the
+    lean backward's accuracy of its active set (from its own slacks and stationarity residual):
+    the value the backward would compute itself, the ambiguous (weak) sample declined alike, and
+    the same gradients and diagnostics as a forward that leaves it to the backward."""
+    from dxopt.qp import _small_batch
+    from dxopt.qp._small import _MARGIN
+    from dxopt.qp._small_kernels import _point, _point_accuracy
+
+    data = _problems(5, 12, 10, 0, seed=51)
+    x_free = torch.linalg.solve(data["P"][3], -data["q"][3])
+    data["h"][3] = data["G"][3] @ x_free + 1.0
+    data["h"][3, 0] = float(data["G"][3, 0] @ x_free)  # zero slack, zero multiplier: weak
+    for case in (_problems(6, 20, 16, 5, seed=52), data):
+        args = tuple(case[k] for k in NAMES)
+        sb = _small_batch.small_batch_forward(
+            args,
+            len(case["q"]),
+            eps_abs=1e-9,
+            eps_rel=0.0,
+            general=None,
+            compiled=True,
+            for_backward=True,
+        )
+        assert sb is not None and sb.given.all() and sb.accuracy_given.shape == (len(case["q"]),)
+        m = sb.m
+        for i in range(len(case["q"])):
+            x, mu, nu, working = _point(sb.X[i], sb.duals[i], np.zeros(0, np.bool_), m)
+            own = _point_accuracy(sb.P[i], sb.q[i], sb.C[i], sb.upper[i], m, x, nu, mu,
+                                  working, sb.g_inf[i], _MARGIN)  # fmt: skip
+            given = sb.accuracy_given[i]
+            assert (own < 0) == (given < 0), i
+            if own >= 0:
+                assert abs(given - own) <= 1e-3 * own + 1e-15, (i, given, own)
+    assert sb.accuracy_given[3] < 0 and (sb.accuracy_given[[0, 1, 2, 4]] >= 0).all()
+    plain = _small_batch.small_batch_forward(args, 5, eps_abs=1e-9, eps_rel=0.0, general=None,
+                                             compiled=True)  # fmt: skip
+    assert plain is not None and plain.accuracy_given.size == 0
+
+    results = {}
+    forward = _small_batch.small_batch_forward
+    for ahead in (True, False):
+
+        def fixed(*a, ahead=ahead, **k):
+            return forward(*a, **{**k, "for_backward": ahead})
+
+        monkeypatch.setattr(dqp._api, "small_batch_forward", fixed)
+        results[ahead] = _run(data, True, monkeypatch, solver="auto")
+    (sol_a, g_a, used_a), (sol_b, g_b, used_b) = results[True], results[False]
+    assert used_a and used_b
+    assert sol_a.info.backward.n_weak[3] == 1 and sol_a.info.backward == sol_b.info.backward
+    for k in NAMES:
+        if g_b[k] is not None:
+            torch.testing.assert_close(g_a[k], g_b[k], rtol=0, atol=0)

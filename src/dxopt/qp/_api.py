@@ -268,9 +268,10 @@ def _small_batch_solve(
         return QPState(problem, result, method, BackwardDiagnostics(), solvers[0],
                        _residuals(problem, result))  # fmt: skip
 
+    for_backward = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in data)
     sb = small_batch_forward(
         data, batch, eps_abs=eps_abs, eps_rel=eps_rel, general=general, warm_start=warm_start,
-        compiled=compiled,
+        compiled=compiled, for_backward=for_backward,
     )  # fmt: skip
     if sb is None:
         return None

@@ -45,7 +45,7 @@ from dxopt.linalg.small import lapack_kernels
 from dxopt.linalg.threads import blas_threads
 from dxopt.qp._function import eager_gradients
 from dxopt.qp._polish import RELATIVE_FLOOR, ROUNDOFF
-from dxopt.qp._small import _SYM_TOL, SMALL_MAX_N, _bounds, _daqp, _record, _regular
+from dxopt.qp._small import _MARGIN, _SYM_TOL, SMALL_MAX_N, _bounds, _daqp, _record, _regular
 from dxopt.qp._small_kernels import (
     certify_batch,
     forward_batch,
@@ -154,6 +154,7 @@ class SmallBatch:
     given: np.ndarray = field(default_factory=lambda: np.zeros(0, np.bool_))
     order_given: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.int64))
     LW_given: np.ndarray = field(default_factory=lambda: np.zeros((0, 0, 0)))
+    accuracy_given: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     def gradients(
         self,
@@ -190,13 +191,16 @@ def small_batch_forward(
     general: Callable[..., Any],
     warm_start: Tensor | None = None,
     compiled: bool = False,
+    for_backward: bool = False,
 ) -> SmallBatch | None:
     """Solve and certify the batch ``data = (P, q, A, b, G, h)`` (:func:`small_batch_inputs`
     is ``batch``) with daqp, each sample started from its row of ``warm_start`` (a CPU
     tensor ``(B, n)``, or ``(n,)`` for all; anything else: the general path validates it),
     or ``None`` for the general path (module docstring). ``compiled`` (without a warm start):
     the compiled dual active-set solver of :mod:`dxopt.qp._dual_active_set` first, daqp for
-    the samples it does not solve; the backward reuses its factors."""
+    the samples it does not solve; the backward reuses its factors and, with
+    ``for_backward`` (a backward is likely: some input requires grad), the accuracies of their
+    active sets, which the certificate finds from its own residuals at little cost."""
     q = data[1]
     assert q is not None
     n = q.shape[-1]
@@ -227,12 +231,13 @@ def small_batch_forward(
     rel = max(eps_rel, RELATIVE_FLOOR)
     start = time.perf_counter()
     sym_tol = _SYM_TOL[q.dtype]
+    accuracy = np.empty(batch if use_compiled and for_backward else 0)
     if use_compiled:  # checks, solve and certificate sample by sample (one kernel)
         with blas_threads(1):
             status, solved, ok = forward_batch(
                 *views, sym_tol, Pn, qn, C, upper, g_inf, eps_abs,
                 _MAX_ITER_PER_ROW * (m + p) + 20, lapack_kernels(), X, duals, L_given, Y_given,
-                order, LW, eps_abs, rel, ROUNDOFF, Xo, MU, NU, primal, dual,
+                order, LW, eps_abs, rel, ROUNDOFF, Xo, MU, NU, primal, dual, accuracy, _MARGIN,
             )  # fmt: skip
         if status or not ok:  # a failed check (NaN/Inf, asymmetric P, a zero row of G: the
             return None  # general path's rules and errors), or a point that does not certify
@@ -262,7 +267,7 @@ def small_batch_forward(
     out.primal, out.dual, out.outputs = tuple(primal.tolist()), tuple(dual.tolist()), (Xo, MU, NU)
     out.solvers = tuple(COMPILED_SOLVER if g else "daqp" for g in given.tolist())
     out.L_given, out.Y_given, out.given = L_given, Y_given, given
-    out.order_given, out.LW_given = order, LW
+    out.order_given, out.LW_given, out.accuracy_given = order, LW, accuracy
     out.solve_time = time.perf_counter() - start
     return out
 
@@ -325,7 +330,7 @@ def small_batch_backward(
         sb.P, sb.q, sb.C, sb.upper, m, sb.X, sb.duals, sb.g_inf, _cotangent(grad_x, (B, n)),
         _cotangent(grad_ineq, (B, m)), _cotangent(grad_eq, (B, p)), regular.settings,
         np.array(needs), sb.L_given, sb.Y_given,
-        sb.order_given, sb.LW_given, sb.given, lapack_kernels(), tuple(grads),
+        sb.order_given, sb.LW_given, sb.given, sb.accuracy_given, lapack_kernels(), tuple(grads),
     )  # fmt: skip
     _record(
         sb.diagnostics, method, float(residual.max()), int(steps.max()), tuple(k.tolist()),

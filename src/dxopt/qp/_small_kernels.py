@@ -813,10 +813,10 @@ def certify_batch(
     certify, with their primal and dual residuals and copies of their ``(x, mu, nu)`` written
     into the caller's ``primal``, ``dual`` (B,) and ``Xo`` (B, n), ``MU`` (B, p), ``NU``
     (B, m); it stops at the first sample that does not certify."""
-    none = np.zeros(0, np.bool_)
+    none, no_accuracy = np.zeros(0, np.bool_), np.zeros(0)
     for i in samples:
         if not _certify_into(P, q, C, upper, m, X, duals, g_inf, eps_abs, rel, roundoff, i,
-                             none, Xo, MU, NU, primal, dual):  # fmt: skip
+                             none, Xo, MU, NU, primal, dual, no_accuracy, 0.0):  # fmt: skip
             return False
     return True
 
@@ -841,12 +841,32 @@ def _certify_into(
     NU: np.ndarray,
     primal: np.ndarray,
     dual: np.ndarray,
+    accuracy: np.ndarray,
+    margin_min: float,
 ) -> bool:
-    """Sample ``i`` of :func:`certify_batch`: :func:`certify_point` on its rows."""
-    ok, primal[i], dual[i] = certify_point(
-        P[i], q[i], C[i], upper[i], m, X[i], duals[i], none, g_inf[i], eps_abs, rel, roundoff,
-        Xo[i], MU[i], NU[i],
-    )  # fmt: skip
+    """Sample ``i`` of :func:`certify_batch`: :func:`certify_point` on its rows; with entries
+    in ``accuracy`` (B,), also the lean backward's accuracy of its active set
+    (:func:`_point_accuracy`) from the certificate's own slacks and stationarity residual,
+    written to ``accuracy[i]``, so that the backward does not form them again."""
+    if accuracy.shape[0] == 0:
+        ok, primal[i], dual[i] = certify_point(
+            P[i], q[i], C[i], upper[i], m, X[i], duals[i], none, g_inf[i], eps_abs, rel,
+            roundoff, Xo[i], MU[i], NU[i],
+        )  # fmt: skip
+        return ok
+    x, mu, nu, working = _point(X[i], duals[i], none, m)
+    ok, primal[i], dual[i], slack, nu_inf, eq_residual = _certificate(
+        P[i], q[i], C[i], upper[i], m, x, mu, nu, working, g_inf[i], eps_abs, rel, roundoff
+    )
+    Xo[i], MU[i], NU[i] = x, mu, nu
+    if ok:
+        eps, smallest, dual_scale = _active_accuracy(
+            P[i], q[i], C[i], upper[i], m, x, working, slack, nu_inf, g_inf[i], eq_residual,
+            margin_min,
+        )  # fmt: skip
+        # dual[i]: the certificate's ||P x + q + C' [nu; mu]||_inf, _point_accuracy's residual
+        stationary = eps < 0.0 or smallest == math.inf or smallest > 1e4 * dual[i] / dual_scale
+        accuracy[i] = eps if stationary else -1.0
     return ok
 
 
@@ -881,6 +901,8 @@ def forward_batch(
     NU: np.ndarray,
     primal: np.ndarray,
     dual: np.ndarray,
+    accuracy: np.ndarray,
+    margin_min: float,
 ) -> tuple[int, np.ndarray, bool]:
     """:func:`prepare_batch`, the compiled solver's :func:`~dxopt.qp._dual_active_set.solve_batch`
     and :func:`certify_batch` of its points, sample by sample in one loop (each sample's data
@@ -889,7 +911,9 @@ def forward_batch(
     failing sample's check (:func:`prepare`; 0: all ready), ``solved`` the solver's status per
     sample (:data:`~dxopt.qp._dual_active_set.SOLVE_STATUS`; the caller solves and certifies
     the others), ``ok`` whether every sample it solved certifies (it stops at the first that
-    does not). Arguments as for those three (``m = G.shape[1]``)."""
+    does not). Arguments as for those three (``m = G.shape[1]``); with entries in ``accuracy``
+    (B,), each solved sample's active-set accuracy for the lean backward (:func:`_certify_into`,
+    ``margin_min`` as in :func:`lean_adjoint`'s settings)."""
     B, m = q.shape[0], G.shape[1]
     solved = np.zeros(B, np.int64)
     none = np.zeros(0, np.bool_)
@@ -906,7 +930,7 @@ def forward_batch(
         )  # fmt: skip
         if solved[i] == 0 and not _certify_into(
             Pn, qn, C, upper, m, X, duals, g_inf, eps_abs, rel, roundoff, i, none, Xo, MU, NU,
-            primal, dual,
+            primal, dual, accuracy, margin_min,
         ):  # fmt: skip
             return 0, solved, False
     return 0, solved, True
@@ -932,6 +956,7 @@ def lean_adjoint_batch(
     order_given: np.ndarray,
     LW_given: np.ndarray,
     given: np.ndarray,
+    accuracy_given: np.ndarray,
     lapack: Any,
     grads: tuple[np.ndarray, ...],
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -945,7 +970,9 @@ def lean_adjoint_batch(
     complements (:mod:`dxopt.qp._dual_active_set`) of the samples with ``given[i]`` (no
     entries when none has them), from which the block elimination of the working rows is
     taken (:func:`_reused_solve`, the rows read in place; ``lapack``: a
-    :class:`dxopt.linalg.small.LapackKernels`) instead of factoring again."""
+    :class:`dxopt.linalg.small.LapackKernels`) instead of factoring again; ``accuracy_given``
+    (B,), or no entries: their active sets' accuracies, as the forward's certificate found them
+    (:func:`forward_batch`), instead of :func:`_point_accuracy` here."""
     B = X.shape[0]
     rows = C.shape[1]
     p = rows - m
@@ -959,9 +986,12 @@ def lean_adjoint_batch(
     for i in range(B):
         if given[i]:  # the forward's factors, every row read in place
             x, mu, nu, working = _point(X[i], duals[i], none, m)
-            accuracy_i = _point_accuracy(
-                P[i], q[i], C[i], upper[i], m, x, nu, mu, working, g_inf[i], margin_min
-            )
+            if accuracy_given.shape[0]:
+                accuracy_i = accuracy_given[i]
+            else:
+                accuracy_i = _point_accuracy(
+                    P[i], q[i], C[i], upper[i], m, x, nu, mu, working, g_inf[i], margin_min
+                )
             if accuracy_i < 0.0:
                 status[i] = 1  # ambiguous: the general path (nothing gathered in vain)
                 continue
