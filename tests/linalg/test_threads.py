@@ -54,3 +54,37 @@ def test_torch_qp_solver_runs_small_matrices_at_one_thread(two_threads, monkeypa
     ts.torch_qp_solve(eye, torch.ones(n, dtype=d), G=-eye, h=torch.zeros(n, dtype=d))
     assert seen and set(seen) == expected
     assert torch.get_num_threads() == 2
+
+
+def _blas_counts() -> list[int]:
+    from dxopt.linalg.threads import _blas_libraries
+
+    return [lib.get_num_threads() for lib in _blas_libraries()]
+
+
+def test_blas_threads_limits_numpys_and_scipys_blas_and_restores():
+    """``blas_threads`` finds scipy's BLAS (its kernels call it) and numpy's, limits both and
+    puts each library's own count back, also when the block raises."""
+    from dxopt.linalg.threads import _blas_libraries, blas_threads
+
+    apis = {lib.internal_api for lib in _blas_libraries()}
+    assert apis, "no BLAS library found"
+    paths = " ".join(lib.filepath for lib in _blas_libraries())
+    assert "scipy" in paths
+    libs = _blas_libraries()
+    before = _blas_counts()
+    libs[0].set_num_threads(2)
+    try:
+        start = _blas_counts()
+        with blas_threads(1):
+            assert _blas_counts() == [1] * len(libs)
+        assert _blas_counts() == start
+        with pytest.raises(RuntimeError, match="boom"), blas_threads(1):
+            raise RuntimeError("boom")
+        assert _blas_counts() == start
+        with blas_threads(start[0]):  # already at the limit: left alone
+            assert _blas_counts()[0] == start[0]
+        assert _blas_counts() == start
+    finally:
+        for lib, n in zip(libs, before):
+            lib.set_num_threads(n)

@@ -44,21 +44,18 @@ def small_work(flops: float, *, limit: float = SMALL_WORK) -> Iterator[None]:
 @lru_cache(maxsize=1)
 def _controller() -> Any:
     """threadpoolctl's controller of the loaded BLAS libraries, created once (creating one
-    scans the loaded libraries, about 1 ms; limiting through it costs about 15 us)."""
-    try:
-        from threadpoolctl import ThreadpoolController
-    except ImportError:  # pragma: no cover - threadpoolctl ships with scipy's usual installs
-        return None
+    scans the loaded libraries, about 1 ms), after scipy's BLAS is loaded (the kernels of
+    :mod:`dxopt.linalg.small` call it)."""
+    import scipy.linalg  # noqa: F401  (loads scipy's BLAS before the scan)
+    from threadpoolctl import ThreadpoolController
+
     return ThreadpoolController()
 
 
 @lru_cache(maxsize=1)
 def _blas_libraries() -> tuple[Any, ...]:
     """threadpoolctl's controllers of the loaded BLAS libraries (numpy's and scipy's)."""
-    controller = _controller()
-    if controller is None:
-        return ()
-    return tuple(lib for lib in controller.lib_controllers if lib.user_api == "blas")
+    return tuple(lib for lib in _controller().lib_controllers if lib.user_api == "blas")
 
 
 @contextmanager
