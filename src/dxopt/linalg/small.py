@@ -37,6 +37,7 @@ __all__ = [
     "LapackKernels",
     "cholesky_lapack",
     "cholesky_lower",
+    "gram_rows",
     "gram_rows_blas",
     "lapack_kernels",
     "lower_solve",
@@ -323,6 +324,15 @@ BLAS_GRAM = 32 * 32 * 32  # k^2 n above which the Gram matrix is one dsyrk call
 
 
 @_jit
+def gram_rows(Yt: np.ndarray, lapack: Any) -> np.ndarray:
+    """The lower triangle of :math:`Y^\\top Y` from the rows of ``Yt`` (k, n): compiled dot
+    products, or for :math:`k^2n` above :data:`BLAS_GRAM` one BLAS ``dsyrk`` (the faster of the
+    two on either side; ``lapack`` a :class:`LapackKernels`)."""
+    k, n = Yt.shape
+    return gram_rows_blas(Yt, lapack[2]) if k * k * n > BLAS_GRAM else _gram_rows_lower(Yt)
+
+
+@_jit
 def schur_complement_rows(
     Yt: np.ndarray, shift: float, lapack: Any
 ) -> tuple[np.ndarray, np.ndarray, int]:
@@ -330,8 +340,7 @@ def schur_complement_rows(
     (k, n) (the rows :math:`L^{-1}c_j`), with LAPACK's ``dpotrf`` (and, for a large Gram
     matrix, BLAS ``dsyrk``; ``lapack`` a :class:`LapackKernels`) for :math:`S'`: for a caller
     holding the rows already (the compiled forward's)."""
-    k, n = Yt.shape
-    S = gram_rows_blas(Yt, lapack[2]) if k * k * n > BLAS_GRAM else _gram_rows_lower(Yt)
+    S = gram_rows(Yt, lapack)
     scale, _, _ = _shift_diagonal(S, shift)
     info = cholesky_lapack(S, lapack[0])
     return S, _pivots(S, scale, info), info
