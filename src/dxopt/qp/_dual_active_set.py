@@ -258,7 +258,9 @@ def solve_one(
     """``(status, iterations)`` of one problem (module docstring); writes ``x``, the
     multipliers of every row (zero off the working set), ``L``, the rows
     :math:`y_r = L^{-1}c_r` of ``Yt``, the final working set in its order (``order_out``, -1
-    after it) and the Cholesky factor of its :math:`S_W` (``LW_out``)."""
+    after it) and the Cholesky factor of its :math:`S_W` (``LW_out``, (w, w) with
+    ``w = min(n, rows) + 1``: its lower triangle's leading block; the solver works in it, so
+    on a non-zero status it holds no factor)."""
     n, rows = P.shape[0], C.shape[0]
     order_out[:] = -1
     L[:] = P
@@ -273,7 +275,9 @@ def solve_one(
         d[r] = upper[r] + _dot(Yt[r], v)
     cap = min(n, rows)
     W = np.zeros(cap + 1, np.int64)
-    LW = np.zeros((cap + 1, cap + 1))
+    # the caller's array is the working factor (only its lower triangle's leading block is
+    # read, each entry after it is written): no per-sample copy, a fifth of the batch's bytes
+    LW = LW_out
     lam = np.zeros(cap + 1)
     member = np.zeros(rows, np.bool_)
     k = _add_equalities(Yt, W, LW, member, m, lapack)
@@ -379,7 +383,6 @@ def solve_one(
     for j in range(k):
         duals_out[W[j]] = lam[j]
         order_out[j] = W[j]
-        LW_out[j, : j + 1] = LW[j, : j + 1]
     return 0, iterations
 
 
