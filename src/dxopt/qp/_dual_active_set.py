@@ -170,14 +170,16 @@ def _remove(W: np.ndarray, LW: np.ndarray, lam: np.ndarray, k: int, j: int) -> N
 
 
 @_jit
-def _subspace_minimiser(LW: np.ndarray, d: np.ndarray, W: np.ndarray, k: int) -> np.ndarray:
-    """:math:`\\lambda^\\star = -S_W^{-1}d_W` from the factor of :math:`S_W`."""
-    t = np.empty(k)
+def _subspace_minimiser(
+    LW: np.ndarray, d: np.ndarray, W: np.ndarray, k: int, t: np.ndarray
+) -> np.ndarray:
+    """:math:`\\lambda^\\star = -S_W^{-1}d_W` from the factor of :math:`S_W`, in ``t[:k]``
+    (a view of it comes back; one buffer for every iteration)."""
     for j in range(k):
         t[j] = -d[W[j]]
     lower_solve_inplace(LW, t, k)
     lower_transpose_solve_inplace(LW, t, k)
-    return t
+    return t[:k]
 
 
 _PRICING_MIN = 1 << 18  # m * n from which partial pricing runs (a scan beyond the caches)
@@ -279,6 +281,7 @@ def solve_one(
     # read, each entry after it is written): no per-sample copy, a fifth of the batch's bytes
     LW = LW_out
     lam = np.zeros(cap + 1)
+    star_buffer = np.empty(cap + 1)
     member = np.zeros(rows, np.bool_)
     k = _add_equalities(Yt, W, LW, member, m, lapack)
     if k < 0:
@@ -294,7 +297,7 @@ def solve_one(
     full_worst = math.inf
     scan = np.empty(m if pricing else 0)
     while True:
-        star = _subspace_minimiser(LW, d, W, k)
+        star = _subspace_minimiser(LW, d, W, k, star_buffer)
         alpha, block = 1.0, -1
         for j in range(k):
             if W[j] < m and star[j] < 0.0:
