@@ -38,8 +38,10 @@ __all__ = [
 ]
 
 _jit: Any = njit(cache=True, nogil=True)
-# the active set's scales and margins: sums and maxima of |entries| only (reassociated sums
-# differ in the last bits; the margins they feed are 10x the general path's threshold)
+# kernels whose sums may be reassociated (vectorised; the last bits differ): the active set's
+# scales and margins (10x the general path's thresholds), the certificate's and the adjoint's
+# residuals (held against tolerances far above round-off; the certificate's loops measured
+# 2.9 -> 1.8 us a sample at n = 50, 75 rows)
 _jit_sums: Any = njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
 
 ADJOINT_STATUS = ("ok", "ambiguous", "factorization", "dependent", "residual")
@@ -193,7 +195,7 @@ def certify_point(
     return ok, primal, dual
 
 
-@_jit
+@_jit_sums
 def _certificate(
     P: np.ndarray,
     q: np.ndarray,
@@ -692,7 +694,7 @@ def _reused_solve(
     return 0, u, w_sel, rel, done
 
 
-@_jit
+@_jit_sums
 def _residual_rows(
     P: np.ndarray,
     G: np.ndarray,
