@@ -10,9 +10,14 @@ from scipy.linalg import solve_triangular
 
 from dxopt.linalg import small_schur
 from dxopt.linalg.small import (
+    MATVEC_BLAS,
     cholesky_lower,
+    dot,
+    gram_rows,
+    lapack_kernels,
     lower_solve,
     lower_transpose_solve,
+    matvec,
     schur_factor_small,
     schur_solve_small,
 )
@@ -138,3 +143,26 @@ def test_small_schur_declines_a_matrix_that_is_not_positive_definite():
     assert small_schur(-np.eye(3), np.ones((1, 3))) is None
     P = np.diag([1.0, 0.0, 1.0])
     assert small_schur(P, np.ones((1, 3))) is None
+
+
+@pytest.mark.parametrize(("rows", "n"), [(0, 3), (1, 1), (7, 50), (50, 50), (200, 120)])
+def test_dot_matvec_and_gram_rows_against_numpy(rows, n):
+    """The compiled products on both sides of their BLAS thresholds (``matvec`` from
+    :data:`MATVEC_BLAS` entries, ``gram_rows`` from ``BLAS_GRAM``), including badly scaled
+    entries (1e-150 .. 1e150): the same values as numpy's to round-off."""
+    rng = np.random.default_rng(rows + n)
+    M = rng.standard_normal((rows, n)) * 10.0 ** rng.uniform(-150, 150, (rows, 1))
+    v = rng.standard_normal(n)
+    assert (rows * n >= MATVEC_BLAS) == ((rows, n) == (200, 120))  # one case above it
+    ref = M @ v
+    got = matvec(M, v)
+    scale = np.abs(M) @ np.abs(v)
+    assert got.shape == (rows,)
+    assert np.all(np.abs(got - ref) <= 1e-13 * scale + 1e-300)
+    for r in range(rows):
+        assert abs(dot(M[r], v) - ref[r]) <= 1e-13 * scale[r] + 1e-300
+    assert dot(v[:0], v[:0]) == 0.0
+    Y = rng.standard_normal((min(rows, 40), n))
+    S = gram_rows(Y, lapack_kernels())
+    ref_S = np.tril(Y @ Y.T)
+    np.testing.assert_allclose(np.tril(S), ref_S, rtol=1e-12, atol=1e-12 * n)

@@ -62,6 +62,7 @@ from numba import njit
 
 from dxopt.linalg.small import (
     cholesky_lapack,
+    dot,
     gram_rows,
     lower_solve_inplace,
     lower_solve_rows_lapack,
@@ -82,23 +83,15 @@ _EQ_GRAM = 2048  # p^2 n from which the equality rows join through their Gram ma
 
 
 @_jit
-def _dot(a: np.ndarray, b: np.ndarray) -> float:
-    s = 0.0
-    for i in range(a.shape[0]):
-        s += a[i] * b[i]
-    return s
-
-
-@_jit
 def _add(Yt: np.ndarray, W: np.ndarray, LW: np.ndarray, k: int, r: int) -> bool:
     """Append row ``r`` to the working set ``W[:k]`` and the factor ``LW`` of
     :math:`S_W`; ``False`` when it is dependent on the set (``LW[k, :k]`` then holds
     :math:`L_W^{-1}Y_W^\\top y_r`, nothing else changed)."""
     y = Yt[r]
-    norm2 = _dot(y, y)
+    norm2 = dot(y, y)
     piv2 = norm2
     for j in range(k):
-        s = _dot(Yt[W[j]], y)
+        s = dot(Yt[W[j]], y)
         for c in range(j):
             s -= LW[j, c] * LW[k, c]
         s /= LW[j, j]
@@ -274,7 +267,7 @@ def solve_one(
     lower_solve_inplace(L, v, n)
     d = np.empty(rows)
     for r in range(rows):
-        d[r] = upper[r] + _dot(Yt[r], v)
+        d[r] = upper[r] + dot(Yt[r], v)
     cap = min(n, rows)
     W = np.zeros(cap + 1, np.int64)
     # the caller's array is the working factor (only its lower triangle's leading block is
@@ -316,7 +309,7 @@ def solve_one(
             for c in range(n_cand):  # the candidates first (partial pricing)
                 r = cand[c]
                 if not member[r]:
-                    viol = _dot(Yt[r], u) - d[r]
+                    viol = dot(Yt[r], u) - d[r]
                     if viol > worst:
                         worst, join = viol, r
             if join >= 0 and worst < _PRICING_RATIO * full_worst:
@@ -325,7 +318,7 @@ def solve_one(
                 for r in range(m):
                     viol = -math.inf
                     if not member[r]:
-                        viol = _dot(Yt[r], u) - d[r]
+                        viol = dot(Yt[r], u) - d[r]
                         if viol > worst:
                             worst, join = viol, r
                     if pricing:

@@ -18,6 +18,8 @@ import numpy as np
 from numba import njit
 
 from dxopt.linalg.small import (
+    dot,
+    matvec,
     schur_complement_rows,
     schur_factor_small,
     schur_solve_indexed,
@@ -532,7 +534,7 @@ def _refined_solve(
     [g; r_2]` by the block elimination's factors (``Y`` the columns :math:`L^{-1}c_j`),
     refined against the exact matrix with the stopping and best-iterate rules of
     :func:`dxopt.qp._backward_kkt.schur_refine`."""
-    norm = max(math.sqrt(g @ g + r2 @ r2), 1e-300)
+    norm = max(math.sqrt(dot(g, g) + dot(r2, r2)), 1e-300)
     u, w = schur_solve_small(L, Y, LS, g, r2)
     r1, rr, rel = _residual(P, CJ, g, r2, u, w, norm)
     steps, best = 0, math.inf
@@ -661,7 +663,7 @@ def _reused_solve(
         pivots = np.empty(k)
         for j in range(k):
             y = Y_all[rows[j]]
-            pivots[j] = LS[j, j] * LS[j, j] / max(y @ y, 1e-300)
+            pivots[j] = LS[j, j] * LS[j, j] / max(dot(y, y), 1e-300)
         info = 0
     else:
         rows = rows_sel
@@ -676,7 +678,7 @@ def _reused_solve(
     rhs = np.empty(k)  # r2 in the order of rows
     for a in range(k):
         rhs[a] = r2[where[rows[a]]]
-    norm = max(math.sqrt(g @ g + rhs @ rhs), 1e-300)
+    norm = max(math.sqrt(dot(g, g) + dot(rhs, rhs)), 1e-300)
     u, w = schur_solve_indexed(L, Y_all, rows, LS, g, rhs)
     r1, rr, rel = _residual_rows(P, G, A, m, rows, g, rhs, u, w, norm)
     done, best = 0, math.inf
@@ -708,7 +710,7 @@ def _residual_rows(
     norm: float,
 ) -> tuple[np.ndarray, np.ndarray, float]:
     """:func:`_residual` with the rows :math:`c_j` of ``[G; A]`` read in place."""
-    a = r1 - P @ u
+    a = r1 - matvec(P, u)
     b = r2.copy()
     for j in range(rows.shape[0]):
         c = _row(G, A, m, rows[j])
@@ -718,7 +720,7 @@ def _residual_rows(
             a[i] -= f * c[i]
             s += c[i] * u[i]
         b[j] -= s
-    return a, b, math.sqrt(a @ a + b @ b) / norm
+    return a, b, math.sqrt(dot(a, a) + dot(b, b)) / norm
 
 
 @_jit
