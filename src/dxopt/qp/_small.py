@@ -198,7 +198,8 @@ def _array(t: Tensor | None) -> Any:
 
 _NO_ROWS = np.zeros(0, dtype=bool)
 _NEEDS: dict[tuple[bool, ...], np.ndarray] = {}  # needs_input_grad -> the kernel's flags
-_ZEROS: dict[int, np.ndarray] = {}  # size -> zeros (a missing cotangent; nothing writes it)
+_ZEROS: dict[Any, np.ndarray] = {}  # shape -> zeros (a missing cotangent; nothing writes it)
+_ZEROS_KEPT = 4096  # entries up to which such zeros are kept for the next call
 
 
 _DAQP: list[Any] = []  # the daqp module, once imported
@@ -453,12 +454,16 @@ def _regular(method: Any) -> _Regular:
     return regular
 
 
-def _vector(t: Tensor | None, size: int) -> np.ndarray:
-    """A cotangent as contiguous float64 numpy (zero for ``None``)."""
+def _cotangent(t: Tensor | None, shape: int | tuple[int, ...]) -> np.ndarray:
+    """A cotangent as contiguous float64 numpy of ``shape`` (zeros for ``None``, the same
+    array on every call for small shapes: the kernels only read it). One problem's and a
+    batch's backward take theirs here."""
     if t is None:
-        zeros = _ZEROS.get(size)
+        zeros = _ZEROS.get(shape)
         if zeros is None:
-            zeros = _ZEROS[size] = np.zeros(size)
+            zeros = np.zeros(shape)
+            if zeros.size <= _ZEROS_KEPT and len(_ZEROS) < 256:
+                _ZEROS[shape] = zeros
         return zeros
     return np.ascontiguousarray((t.detach() if t.requires_grad else t).numpy(), dtype=np.float64)
 
@@ -492,7 +497,7 @@ def small_backward(
     gh = empty(m) if needs[5] else _E1
     status, residual, steps, k, accuracy = lean_adjoint(
         point.P, point.q, C, point.upper, m, x, point.duals, point.working, point.g_inf,
-        _vector(grad_x, n), _vector(grad_ineq, m), _vector(grad_eq, p), regular.settings,
+        _cotangent(grad_x, n), _cotangent(grad_ineq, m), _cotangent(grad_eq, p), regular.settings,
         needed, gP, gq, gA, gb, gG, gh,
     )  # fmt: skip
     if status:

@@ -45,7 +45,16 @@ from dxopt.linalg.small import lapack_kernels
 from dxopt.linalg.threads import blas_threads
 from dxopt.qp._function import eager_gradients
 from dxopt.qp._polish import RELATIVE_FLOOR, ROUNDOFF
-from dxopt.qp._small import _MARGIN, _SYM_TOL, SMALL_MAX_N, _bounds, _daqp, _record, _regular
+from dxopt.qp._small import (
+    _MARGIN,
+    _SYM_TOL,
+    SMALL_MAX_N,
+    _bounds,
+    _cotangent,
+    _daqp,
+    _record,
+    _regular,
+)
 from dxopt.qp._small_kernels import (
     certify_batch,
     forward_batch,
@@ -300,13 +309,6 @@ def _starts(warm_start: Tensor | None, batch: int, n: int) -> Any:
         return False
     start = warm_start.detach().to(torch.float64).numpy()
     return np.array(np.broadcast_to(start, (batch, n)))  # our copy: daqp takes a writable one
-
-
-def _cotangent(t: Tensor | None, shape: tuple[int, int]) -> np.ndarray:
-    """A cotangent as contiguous float64 numpy (zero for ``None``)."""
-    if t is None:
-        return np.zeros(shape)
-    return np.ascontiguousarray(t.detach().numpy(), dtype=np.float64)
 
 
 def small_batch_backward(
