@@ -187,14 +187,41 @@ def certify_point(
     ``(x, mu, nu)`` written into the caller's ``x_out, mu_out, nu_out``. (Only these come
     back: every array a kernel hands back to Python costs a third of a microsecond, more than
     the caller's allocation; the backward recomputes the rest.)"""
+    ok, primal, dual, _, _, _, _, _ = _certified(
+        P, q, C, upper, m, x, duals, working, g_inf, eps_abs, rel, roundoff, x_out, mu_out,
+        nu_out,
+    )  # fmt: skip
+    return ok, primal, dual
+
+
+@_jit
+def _certified(
+    P: np.ndarray,
+    q: np.ndarray,
+    C: np.ndarray,
+    upper: np.ndarray,
+    m: int,
+    x: np.ndarray,
+    duals: np.ndarray,
+    working: np.ndarray,
+    g_inf: np.ndarray,
+    eps_abs: float,
+    rel: float,
+    roundoff: float,
+    x_out: np.ndarray,
+    mu_out: np.ndarray,
+    nu_out: np.ndarray,
+) -> tuple[bool, float, float, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`certify_point`, also handing back (within the kernels) the point ``x``, its
+    working set and the certificate's ``slack, nu_inf, eq_residual``."""
     x, mu, nu, working = _point(x, duals, working, m)
-    ok, primal, dual, _, _, _ = _certificate(
+    ok, primal, dual, slack, nu_inf, eq_residual = _certificate(
         P, q, C, upper, m, x, mu, nu, working, g_inf, eps_abs, rel, roundoff
     )
     x_out[:] = x
     mu_out[:] = mu
     nu_out[:] = nu
-    return ok, primal, dual
+    return ok, primal, dual, x, working, slack, nu_inf, eq_residual
 
 
 @_jit_sums
@@ -449,7 +476,19 @@ def _point_accuracy(
     stationarity = 0.0
     for i in range(n):
         stationarity = max(stationarity, abs(grad[i]))
-    return eps if smallest > 1e4 * stationarity / dual_scale else -1.0
+    return _clear_of_residual(eps, smallest, dual_scale, stationarity)
+
+
+@_jit
+def _clear_of_residual(
+    eps: float, smallest: float, dual_scale: float, stationarity: float
+) -> float:
+    """``eps``, or -1 when the smallest working multiplier (over the dual scale; ``inf``
+    without working rows) is within 1e4 times the relative stationarity residual
+    ``stationarity / dual_scale`` of zero (:func:`_point_accuracy`)."""
+    if eps < 0.0 or smallest == math.inf or smallest > 1e4 * stationarity / dual_scale:
+        return eps
+    return -1.0
 
 
 @_jit
@@ -852,25 +891,17 @@ def _certify_into(
     in ``accuracy`` (B,), also the lean backward's accuracy of its active set
     (:func:`_point_accuracy`) from the certificate's own slacks and stationarity residual,
     written to ``accuracy[i]``, so that the backward does not form them again."""
-    if accuracy.shape[0] == 0:
-        ok, primal[i], dual[i] = certify_point(
-            P[i], q[i], C[i], upper[i], m, X[i], duals[i], none, g_inf[i], eps_abs, rel,
-            roundoff, Xo[i], MU[i], NU[i],
-        )  # fmt: skip
-        return ok
-    x, mu, nu, working = _point(X[i], duals[i], none, m)
-    ok, primal[i], dual[i], slack, nu_inf, eq_residual = _certificate(
-        P[i], q[i], C[i], upper[i], m, x, mu, nu, working, g_inf[i], eps_abs, rel, roundoff
-    )
-    Xo[i], MU[i], NU[i] = x, mu, nu
-    if ok:
+    ok, primal[i], dual[i], x, working, slack, nu_inf, eq_residual = _certified(
+        P[i], q[i], C[i], upper[i], m, X[i], duals[i], none, g_inf[i], eps_abs, rel, roundoff,
+        Xo[i], MU[i], NU[i],
+    )  # fmt: skip
+    if ok and accuracy.shape[0]:
         eps, smallest, dual_scale = _active_accuracy(
             P[i], q[i], C[i], upper[i], m, x, working, slack, nu_inf, g_inf[i], eq_residual,
             margin_min,
         )  # fmt: skip
         # dual[i]: the certificate's ||P x + q + C' [nu; mu]||_inf, _point_accuracy's residual
-        stationary = eps < 0.0 or smallest == math.inf or smallest > 1e4 * dual[i] / dual_scale
-        accuracy[i] = eps if stationary else -1.0
+        accuracy[i] = _clear_of_residual(eps, smallest, dual_scale, dual[i])
     return ok
 
 
