@@ -74,7 +74,7 @@ def run_dxopt(prob: MMProblem, seed: int, *, accept_tol: float, repeats: int = 3
                 h = None if prob.h is None else torch.tensor(prob.h, requires_grad=True)
                 b = None if prob.b is None else torch.tensor(prob.b, requires_grad=True)
                 t0 = time.perf_counter()
-                sol = dqp.solve(P, q, A, b, G, h)
+                sol = dqp.solve(P, q, A=A, b=b, G=G, h=h)
                 times.append(time.perf_counter() - t0)
                 if times[-1] > 1.0:
                     break

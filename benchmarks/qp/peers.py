@@ -125,8 +125,8 @@ def run_dxopt(
         _reset(inputs)
         t0 = time.perf_counter()
         sol = dqp.solve(
-            inputs["P"], inputs["q"], inputs["A"], inputs["b"], inputs["G"], inputs["h"],
-            backward=backward, solver=solver,
+            inputs["P"], inputs["q"], A=inputs["A"], b=inputs["b"], G=inputs["G"],
+            h=inputs["h"], backward=backward, solver=solver,
         )  # fmt: skip
         t1 = time.perf_counter()
         (w_t * sol.x).sum().backward()
