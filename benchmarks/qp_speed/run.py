@@ -158,7 +158,7 @@ class Case:
         def run() -> Any:
             for _, t in grad_leaves:
                 t.grad = None
-            sol = dqp.solve(*args, solver=solver)
+            sol = dqp.solve(**dict(zip("PqAbGh", args)), solver=solver)
             if not backward:
                 return sol.x, {}
             (self.w * sol.x).sum().backward()

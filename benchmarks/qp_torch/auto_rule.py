@@ -45,7 +45,7 @@ def measure(batch: int, n: int, repeats: int) -> dict[str, float]:
         def once() -> float:
             ins = [t.clone().requires_grad_() for t in base]
             t0 = time.perf_counter()
-            sol = dqp.solve(*ins, solver=solver)  # noqa: B023
+            sol = dqp.solve(**dict(zip("PqAbGh", ins)), solver=solver)  # noqa: B023
             (w * sol.x).sum().backward()
             return time.perf_counter() - t0
 

@@ -73,7 +73,7 @@ def decide(spec: PortfolioSpec, mu: Tensor, cov: Tensor, w0: Tensor, backward: s
     """Solve the batched multi-period QP; returns planned weights ``(B, H, N)``."""
     A, b, G = constraint_matrices(spec)
     P, q = objective(spec, cov, mu, w0)
-    sol = dqp.solve(P, q, A, b, G, rhs(spec, w0), backward=backward)
+    sol = dqp.solve(P, q, A=A, b=b, G=G, h=rhs(spec, w0), backward=backward)
     return sol.x.reshape(-1, spec.horizon, spec.assets)
 
 

@@ -49,7 +49,7 @@ def make_task(batch: int, n: int, k: int, *, seed: int = 0) -> dict[str, torch.T
 
 
 def realised_cost(layer: dqp.QPLayer, W: torch.Tensor, task: dict[str, torch.Tensor]) -> Any:
-    sol = layer(task["P"], task["z"] @ W.T, task["A"], task["b"], lb=task["lb"], ub=task["ub"])
+    sol = layer(task["P"], task["z"] @ W.T, A=task["A"], b=task["b"], lb=task["lb"], ub=task["ub"])
     return (task["c"] * sol.x).sum(-1).mean(), sol
 
 

@@ -63,7 +63,9 @@ class QPRegressor(nn.Module):
     def forward(self, features: Tensor) -> Tensor:
 
         q = self.encoder(features)
-        solution = dqp.solve(self.P, q, self.A, self.b, self.G, self.h, backward=self.backward_name)
+        solution = dqp.solve(
+            self.P, q, A=self.A, b=self.b, G=self.G, h=self.h, backward=self.backward_name
+        )
         return solution.x
 
 

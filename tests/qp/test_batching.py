@@ -20,7 +20,7 @@ def test_broadcast_gradients_are_summed(backward: str) -> None:
     shared = [t.clone().requires_grad_() for t in (base.P, base.A, base.b, base.G)]  # type: ignore[union-attr]
     q, h = qs.clone().requires_grad_(), hs.clone().requires_grad_()
     P, A, b, G = shared
-    sol = dqp.solve(P, q, A, b, G, h, backward=backward)
+    sol = dqp.solve(P, q, A=A, b=b, G=G, h=h, backward=backward)
     assert sol.x.shape == (B, 10) and sol.ineq_duals.shape == (B, 8)  # type: ignore[union-attr]
     assert len(sol.status) == B
     (sol.x * weights).sum().backward()
@@ -28,7 +28,9 @@ def test_broadcast_gradients_are_summed(backward: str) -> None:
     loop = [t.clone().requires_grad_() for t in (base.P, base.A, base.b, base.G)]  # type: ignore[union-attr]
     q_loop, h_loop = qs.clone().requires_grad_(), hs.clone().requires_grad_()
     for i in range(B):
-        s = dqp.solve(loop[0], q_loop[i], loop[1], loop[2], loop[3], h_loop[i], backward=backward)
+        s = dqp.solve(
+            loop[0], q_loop[i], A=loop[1], b=loop[2], G=loop[3], h=h_loop[i], backward=backward
+        )
         torch.testing.assert_close(s.x, sol.x[i])
         (s.x * weights[i]).sum().backward()
     for mine, ref in zip([*shared, q, h], [*loop, q_loop, h_loop]):
@@ -40,8 +42,8 @@ def test_batched_matrices_and_threads_agree_with_serial() -> None:
     stacked = [
         torch.stack([getattr(d, k) for d in problems]) for k in ("P", "q", "A", "b", "G", "h")
     ]
-    serial = dqp.solve(*stacked)
-    threaded = dqp.solve(*stacked, max_workers=2)
+    serial = dqp.solve(**dict(zip("PqAbGh", stacked)))
+    threaded = dqp.solve(**dict(zip("PqAbGh", stacked)), max_workers=2)
     torch.testing.assert_close(serial.x, threaded.x)
     for i, d in enumerate(problems):
         torch.testing.assert_close(serial.x[i], d.x, atol=1e-9, rtol=0)  # type: ignore[arg-type]
@@ -52,11 +54,13 @@ def test_float32_and_layer_module() -> None:
     data = complementary_qp(8, m=6, p=2, seed=2).to(torch.float32)
     layer = dqp.QPLayer(backward="kkt")
     q = data.q.clone().requires_grad_()
-    sol = layer(data.P, q, data.A, data.b, data.G, data.h)
+    sol = layer(data.P, q, A=data.A, b=data.b, G=data.G, h=data.h)
     assert sol.x.dtype == torch.float32 and sol.eq_duals.dtype == torch.float32  # type: ignore[union-attr]
     sol.x.sum().backward()
     assert q.grad is not None and q.grad.dtype == torch.float32
-    ref = dqp.solve(*complementary_qp(8, m=6, p=2, seed=2).args(), backward="kkt")
+    ref = dqp.solve(
+        **dict(zip("PqAbGh", complementary_qp(8, m=6, p=2, seed=2).args())), backward="kkt"
+    )
     torch.testing.assert_close(sol.x.double(), ref.x, atol=1e-5, rtol=1e-5)
 
 
@@ -65,8 +69,12 @@ def test_warm_start_per_sample_reaches_the_same_solution() -> None:
     stacked = [
         torch.stack([getattr(d, k) for d in problems]) for k in ("P", "q", "A", "b", "G", "h")
     ]
-    cold = dqp.solve(*stacked, solver="proxqp")
-    warm = dqp.solve(*stacked, solver="proxqp", warm_start=torch.stack([d.x for d in problems]))  # type: ignore[misc]
+    cold = dqp.solve(**dict(zip("PqAbGh", stacked)), solver="proxqp")
+    warm = dqp.solve(
+        **dict(zip("PqAbGh", stacked)),
+        solver="proxqp",
+        warm_start=torch.stack([d.x for d in problems]),
+    )  # type: ignore[misc]
     torch.testing.assert_close(warm.x, cold.x, atol=1e-7, rtol=0)
     for i, d in enumerate(problems):
         torch.testing.assert_close(warm.x[i], d.x, atol=1e-7, rtol=0)  # type: ignore[arg-type]

@@ -29,7 +29,7 @@ def test_bounds_match_explicit_rows(sparse: bool) -> None:
     )
     P = data.P.to_sparse() if sparse else data.P
     G_in = data.G.to_sparse() if sparse else data.G  # type: ignore[union-attr]
-    sol = dqp.solve(P, q, data.A, data.b, G_in, data.h, lb=lb_t, ub=ub_t, backward="kkt")
+    sol = dqp.solve(P, q, A=data.A, b=data.b, G=G_in, h=data.h, lb=lb_t, ub=ub_t, backward="kkt")
     (sol.x @ w).backward()
 
     lo, hi = torch.isfinite(lb), torch.isfinite(ub)
@@ -37,7 +37,7 @@ def test_bounds_match_explicit_rows(sparse: bool) -> None:
     G = torch.cat([data.G, -eye[lo], eye[hi]])  # type: ignore[list-item]
     q_ref = q0.clone().requires_grad_()
     h_ref = torch.cat([data.h, -lb[lo], ub[hi]]).requires_grad_()  # type: ignore[list-item]
-    ref = dqp.solve(data.P, q_ref, data.A, data.b, G, h_ref, backward="kkt")
+    ref = dqp.solve(data.P, q_ref, A=data.A, b=data.b, G=G, h=h_ref, backward="kkt")
     (ref.x @ w).backward()
 
     torch.testing.assert_close(sol.x, ref.x)
@@ -84,12 +84,12 @@ def test_every_entry_rows_match_the_compact_rows(backward: str) -> None:
     w = torch.randn(8, generator=gen, dtype=F64)
     lb_a, ub_a, q_a = (t.clone().requires_grad_() for t in (lb, ub, q0))
     P, A, b = data.P, data.A, data.b
-    ref = dqp.solve(P, q_a, A, b, data.G, data.h, lb=lb_a, ub=ub_a, backward=backward)
+    ref = dqp.solve(P, q_a, A=A, b=b, G=data.G, h=data.h, lb=lb_a, ub=ub_a, backward=backward)
     (ref.x @ w).backward()
     lb_b, ub_b, q_b = (t.clone().requires_grad_() for t in (lb, ub, q0))
     G, h, k_lb, k_ub = append_every_bound(q_b, data.G, data.h, lb_b, ub_b)
     assert (k_lb, k_ub) == (8, 8) and G is not None and G.shape == (20, 8)
-    sol = dqp.solve(data.P, q_b, data.A, data.b, G, h, backward=backward)
+    sol = dqp.solve(data.P, q_b, A=data.A, b=data.b, G=G, h=h, backward=backward)
     (sol.x @ w).backward()
     torch.testing.assert_close(sol.x, ref.x, atol=1e-12, rtol=1e-12)
     nu = sol.ineq_duals
@@ -104,5 +104,5 @@ def test_every_entry_rows_match_the_compact_rows(backward: str) -> None:
     bad = lb.clone()
     bad[3] = torch.inf
     G, h, _, _ = append_every_bound(q0, data.G, data.h, bad, ub)
-    out = dqp.solve(data.P, q0, data.A, data.b, G, h, on_failure="nan")
+    out = dqp.solve(data.P, q0, A=data.A, b=data.b, G=G, h=h, on_failure="nan")
     assert out.status == (dqp.QPStatus.INFEASIBLE,)

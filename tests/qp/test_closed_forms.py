@@ -16,7 +16,7 @@ def test_simplex_projection_vjp(backward: str, sparse: bool) -> None:
     q = data.q.clone().requires_grad_()
     b = data.b.clone().requires_grad_()  # type: ignore[union-attr]
     h = data.h.clone().requires_grad_()  # type: ignore[union-attr]
-    sol = dqp.solve(data.P, q, data.A, b, data.G, h, backward=backward)
+    sol = dqp.solve(data.P, q, A=data.A, b=b, G=data.G, h=h, backward=backward)
     torch.testing.assert_close(sol.x.detach(), data.x, atol=1e-8, rtol=0)
     grad_x = torch.randn(300, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
     (sol.x @ grad_x).backward()
@@ -47,7 +47,7 @@ def test_unconstrained_qp_is_a_linear_solve(backward: str) -> None:
 def test_equality_only_qp_matches_kkt_linear_solve(backward: str) -> None:
     data = complementary_qp(12, p=4, seed=5)
     leaves = [t.clone().requires_grad_() for t in (data.P, data.q, data.A, data.b)]  # type: ignore[union-attr]
-    sol = dqp.solve(*leaves, backward=backward)
+    sol = dqp.solve(**dict(zip("PqAbGh", leaves)), backward=backward)
     refs = [t.clone().requires_grad_() for t in (data.P, data.q, data.A, data.b)]  # type: ignore[union-attr]
     P, q, A, b = refs
     K = torch.cat([torch.cat([0.5 * (P + P.T), A.T], 1), torch.cat([A, torch.zeros(4, 4)], 1)])
@@ -71,7 +71,7 @@ def test_large_sparse_simplex_matches_closed_form() -> None:
     data = simplex_qp(20_000, seed=3, sparse=True)
     q = data.q.clone().requires_grad_()
     h = data.h.clone().requires_grad_()  # type: ignore[union-attr]
-    sol = dqp.solve(data.P, q, data.A, data.b, data.G, h)
+    sol = dqp.solve(data.P, q, A=data.A, b=data.b, G=data.G, h=h)
     assert sol.info.solver == "piqp"
     grad_x = torch.randn(20_000, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
     (sol.x @ grad_x).backward()
@@ -87,7 +87,7 @@ def test_empty_constraint_blocks_behave_like_absent_ones(backward: str) -> None:
     P = torch.eye(3, dtype=torch.float64)
     q = torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64, requires_grad=True)
     empty_rows, empty = torch.zeros(0, 3, dtype=torch.float64), torch.zeros(0, dtype=torch.float64)
-    sol = dqp.solve(P, q, empty_rows, empty, empty_rows, empty, backward=backward)
+    sol = dqp.solve(P, q, A=empty_rows, b=empty, G=empty_rows, h=empty, backward=backward)
     assert sol.ineq_duals is not None and sol.ineq_duals.shape == (0,)
     (grad_q,) = torch.autograd.grad(sol.x.sum(), q)
     torch.testing.assert_close(sol.x.detach(), -q.detach())

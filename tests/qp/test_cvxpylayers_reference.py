@@ -91,7 +91,9 @@ def _run_dxopt(problem: QPData, w: dict[str, Tensor | None], backward: str) -> t
     leaves = _leaves(problem)
     get = leaves.get
     P = leaves["L"].mT @ leaves["L"]
-    sol = dqp.solve(P, leaves["q"], get("A"), get("b"), get("G"), get("h"), backward=backward)
+    sol = dqp.solve(
+        P, leaves["q"], A=get("A"), b=get("b"), G=get("G"), h=get("h"), backward=backward
+    )
     return sol, _gradients(leaves, _loss(sol.x, sol.eq_duals, sol.ineq_duals, w))
 
 
@@ -163,7 +165,7 @@ def test_batched_with_shared_parameters_matches_cvxpylayers(backward: str) -> No
 
     x_ref, ref_grads = run(lambda L, q, A, b, G, h: reference_solve(L, q, A, b, G, h).x)
     x_ours, grads = run(
-        lambda L, q, A, b, G, h: dqp.solve(L.mT @ L, q, A, b, G, h, backward=backward).x
+        lambda L, q, A, b, G, h: dqp.solve(L.mT @ L, q, A=A, b=b, G=G, h=h, backward=backward).x
     )
     torch.testing.assert_close(x_ref, batch.x, rtol=0, atol=REFERENCE_ATOL)
     torch.testing.assert_close(x_ours, x_ref, rtol=0, atol=SOLUTION_ATOL)
@@ -191,7 +193,7 @@ def test_sparse_inputs_match_cvxpylayers_on_their_pattern(
         return value.requires_grad_()
 
     leaves = {name: leaf(name) for name in ("P", *NAMES)}
-    sol = dqp.solve(*(leaves[k] for k in ("P", *NAMES)), backward=backward)
+    sol = dqp.solve(**{k: leaves[k] for k in ("P", *NAMES)}, backward=backward)
     torch.testing.assert_close(sol.x.detach(), ref.x.detach(), rtol=0, atol=SOLUTION_ATOL)
     _loss(sol.x, sol.eq_duals, sol.ineq_duals, w).backward()
     for name in NAMES:
@@ -259,10 +261,10 @@ def test_box_bounds_match_cvxpylayers(backward: str) -> None:
         lambda t: dqp.solve(
             t["L"].mT @ t["L"],
             t["q"],
-            t["A"],
-            t["b"],
-            t["G"],
-            t["h"],
+            A=t["A"],
+            b=t["b"],
+            G=t["G"],
+            h=t["h"],
             lb=t["lb"],
             ub=t["ub"],
             backward=backward,
@@ -294,7 +296,9 @@ def test_fully_batched_matrices_match_cvxpylayers(backward: str) -> None:
         return x.detach(), _gradients(leaves, (w * x).sum())
 
     x_ref, ref_grads = run(lambda L, *rest: reference_solve(L, *rest).x)
-    x_ours, grads = run(lambda L, *rest: dqp.solve(L.mT @ L, *rest, backward=backward).x)
+    x_ours, grads = run(
+        lambda L, *rest: dqp.solve(L.mT @ L, **dict(zip("qAbGh", rest)), backward=backward).x
+    )
     torch.testing.assert_close(x_ref, batch.x, rtol=0, atol=REFERENCE_ATOL)
     torch.testing.assert_close(x_ours, x_ref, rtol=0, atol=SOLUTION_ATOL)
     for name, expected in ref_grads.items():

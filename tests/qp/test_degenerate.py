@@ -70,7 +70,7 @@ def test_sparse_laplacian_dependent_rows_both_backwards_match_finite_differences
     grads = {}
     for backward in ("penalty", "kkt"):
         leaves = [t.clone().requires_grad_() for t in (q, b, h)]
-        sol = dqp.solve(P, leaves[0], A, leaves[1], G, leaves[2], backward=backward)
+        sol = dqp.solve(P, leaves[0], A=A, b=leaves[1], G=G, h=leaves[2], backward=backward)
         with pytest.warns(dqp.QPDegenerateWarning):
             grads[backward] = torch.autograd.grad(_loss(sol.x, weights), leaves)
         diag = sol.info.backward
@@ -82,8 +82,8 @@ def test_sparse_laplacian_dependent_rows_both_backwards_match_finite_differences
     for _ in range(6):  # central differences along random directions of q
         d = torch.randn(100, generator=gen, dtype=F64)
         d = d / d.norm()
-        plus = dqp.solve(P, q + step * d, A, b, G, h).x
-        minus = dqp.solve(P, q - step * d, A, b, G, h).x
+        plus = dqp.solve(P, q + step * d, A=A, b=b, G=G, h=h).x
+        minus = dqp.solve(P, q - step * d, A=A, b=b, G=G, h=h).x
         fd = float(_loss(plus - minus, weights)) / (2 * step)
         for backward in ("penalty", "kkt"):
             analytic = float(grads[backward][0] @ d)
@@ -113,7 +113,7 @@ def test_batched_kkt_with_many_weak_rows_equals_loop(
         leaves = [t.clone().requires_grad_() for t in (d.q, d.b, d.h)]
         # one solver for batch and loop: with more used rows than unknowns the multipliers
         # are not unique, and which rows carry them (so which are weak) is the solver's
-        sol = dqp.solve(d.P, leaves[0], d.A, leaves[1], d.G, leaves[2], backward=method,
+        sol = dqp.solve(d.P, leaves[0], A=d.A, b=leaves[1], G=d.G, h=leaves[2], backward=method,
                         solver="daqp")  # fmt: skip
         out = torch.autograd.grad((sol.x * gx).sum(), leaves)
         dependent.append(sol.info.backward.dependent_rows)

@@ -23,7 +23,7 @@ def _grads(data: QPData, backward: str, grad_x: torch.Tensor, solver: str = "daq
     """Gradients of ``grad_x . x`` (daqp's points: the general path's backward; ``"auto"``:
     the compiled solver's, whose factors the backward reuses)."""
     leaves = [None if t is None else t.clone().requires_grad_() for t in data.args()]
-    sol = dqp.solve(*leaves, backward=backward, solver=solver)
+    sol = dqp.solve(**dict(zip("PqAbGh", leaves)), backward=backward, solver=solver)
     (sol.x * grad_x).sum().backward()
     return {k: t.grad for k, t in zip(NAMES, leaves) if t is not None}, sol
 

@@ -19,7 +19,7 @@ NAMES = ("P", "q", "A", "b", "G", "h")
 
 def _grads(data: QPData, backward, grad_x: torch.Tensor):  # type: ignore[no-untyped-def]
     leaves = [None if t is None else t.clone().requires_grad_() for t in data.args()]
-    sol = dqp.solve(*leaves, backward=backward)
+    sol = dqp.solve(**dict(zip("PqAbGh", leaves)), backward=backward)
     (sol.x * grad_x).sum().backward()
     out = {k: t.grad for k, t in zip(NAMES, leaves) if t is not None}
     return out, sol

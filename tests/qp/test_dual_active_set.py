@@ -186,7 +186,7 @@ def _x_loss_gradients(data: dict, solver: str, w: torch.Tensor):
     ins = {k: None if v is None else v.clone().requires_grad_() for k, v in data.items()}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        sol = dqp.solve(*(ins[k] for k in NAMES), solver=solver)
+        sol = dqp.solve(**dict(zip("PqAbGh", (ins[k] for k in NAMES))), solver=solver)
         (w * sol.x).sum().backward()
     return sol, {k: None if v is None else v.grad for k, v in ins.items()}
 
@@ -218,7 +218,9 @@ def test_adversarial_batches(monkeypatch):
             def loss(args: dict) -> float:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
-                    return float((w * dqp.solve(*(args[j] for j in NAMES)).x).sum())
+                    return float(
+                        (w * dqp.solve(**dict(zip("PqAbGh", (args[j] for j in NAMES)))).x).sum()
+                    )
 
             assert directional_verdicts(data, g_lean, loss, hull=True) >= 3
             continue
@@ -249,7 +251,7 @@ def test_live_graphs_of_the_same_shape_keep_their_own_buffers():
         sols, inputs = [], []
         for data in order:
             ins = {k: v.clone().requires_grad_() for k, v in data.items()}
-            sols.append(dqp.solve(*(ins[k] for k in NAMES)))
+            sols.append(dqp.solve(**dict(zip("PqAbGh", (ins[k] for k in NAMES)))))
             assert LEAN in type(sols[-1].x.grad_fn).__name__
             inputs.append(ins)
         for sol, ins in reversed(list(zip(sols, inputs))):
@@ -315,7 +317,9 @@ def test_pathological_problems_agree_with_daqp():
             ins = {k: None if v is None else v.clone().requires_grad_() for k, v in data.items()}
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                sol = dqp.solve(*(ins[k] for k in NAMES), solver=solver, on_failure="nan")
+                sol = dqp.solve(
+                    **dict(zip("PqAbGh", (ins[k] for k in NAMES))), solver=solver, on_failure="nan"
+                )
                 (w * torch.nan_to_num(sol.x)).sum().backward()
             out[solver] = (sol, {k: None if ins[k] is None else ins[k].grad for k in NAMES})
         (sa, ga), (sd, gd) = out["auto"], out["daqp"]
@@ -359,7 +363,7 @@ def test_the_solver_can_be_named(n, m, p, batch):
     grads = {}
     for solver in (COMPILED_SOLVER, "daqp"):
         leaves = [t.clone().requires_grad_() for t in data]
-        sol = dqp.solve(*leaves, solver=solver)
+        sol = dqp.solve(**dict(zip("PqAbGh", leaves)), solver=solver)
         w = torch.linspace(-1.0, 1.0, n, dtype=torch.float64)
         (w * sol.x).sum().backward()
         grads[solver] = (sol, [t.grad for t in leaves])
@@ -384,8 +388,8 @@ def test_the_named_solver_falls_back_to_daqp_where_it_does_not_apply(case):
         kwargs["solver_options"] = {"iter_limit": 500}
     else:
         P = P.to_sparse_csr()
-    sol = dqp.solve(P, q, A, b, G, h, solver=COMPILED_SOLVER, **kwargs)
-    ref = dqp.solve(P, q, A, b, G, h, solver="daqp", **kwargs)
+    sol = dqp.solve(P, q, A=A, b=b, G=G, h=h, solver=COMPILED_SOLVER, **kwargs)
+    ref = dqp.solve(P, q, A=A, b=b, G=G, h=h, solver="daqp", **kwargs)
     assert sol.info.solver == "daqp"
     torch.testing.assert_close(sol.x, ref.x)
 

@@ -81,7 +81,7 @@ def test_weakly_active_rows_follow_policy(backward: type) -> None:
     for policy, rows in (("inactive", data.active), ("active", data.active | weak)):  # type: ignore[operator]
         q = data.q.clone().requires_grad_()
         sol = dqp.solve(
-            data.P, q, data.A, data.b, data.G, data.h, backward=backward(weak_policy=policy)
+            data.P, q, A=data.A, b=data.b, G=data.G, h=data.h, backward=backward(weak_policy=policy)
         )
         (sol.x @ grad_x).backward()
         expected = _kkt_reference(data, rows, grad_x)  # type: ignore[arg-type]
@@ -89,7 +89,7 @@ def test_weakly_active_rows_follow_policy(backward: type) -> None:
         assert sol.info.backward.n_weak == (3,)
     q = data.q.clone().requires_grad_()
     sol = dqp.solve(
-        data.P, q, data.A, data.b, data.G, data.h, backward=backward(weak_policy="raise")
+        data.P, q, A=data.A, b=data.b, G=data.G, h=data.h, backward=backward(weak_policy="raise")
     )
     with pytest.raises(dqp.QPBackwardError, match="weakly active rows"):
         sol.x.sum().backward()
@@ -122,7 +122,7 @@ def test_sparse_infeasible_is_classified_without_densifying() -> None:
     G = torch.sparse_coo_tensor(idx, -torch.ones(n, dtype=F64), (n, n))
     A = torch.ones(1, n, dtype=F64).to_sparse()
     q, h, b = torch.zeros(n, dtype=F64), -torch.ones(n, dtype=F64), torch.ones(1, dtype=F64)
-    sol = dqp.solve(P, q, A, b, G, h, on_failure="nan")
+    sol = dqp.solve(P, q, A=A, b=b, G=G, h=h, on_failure="nan")
     assert sol.status == (dqp.QPStatus.INFEASIBLE,)
     assert torch.isnan(sol.x).all()
 
@@ -138,13 +138,15 @@ def test_licq_failure_both_backwards_are_right() -> None:
     G = torch.cat([data.G, data.G[j : j + 1]])  # type: ignore[index]
     grad_x = torch.randn(8, generator=torch.Generator().manual_seed(1), dtype=F64)
     q_ref, h_ref = data.q.clone().requires_grad_(), data.h.clone().requires_grad_()  # type: ignore[union-attr]
-    ref = dqp.solve(data.P, q_ref, data.A, data.b, data.G, h_ref, backward="kkt")
+    ref = dqp.solve(data.P, q_ref, A=data.A, b=data.b, G=data.G, h=h_ref, backward="kkt")
     (ref.x @ grad_x).backward()
     grads = {}
     for backward in ("kkt", "penalty"):
         q = data.q.clone().requires_grad_()
         h = torch.cat([data.h, data.h[j : j + 1]]).requires_grad_()  # type: ignore[index]
-        sol = dqp.solve(data.P, q, data.A, data.b, G, h, backward=backward, solver="clarabel")
+        sol = dqp.solve(
+            data.P, q, A=data.A, b=data.b, G=G, h=h, backward=backward, solver="clarabel"
+        )
         assert float(sol.ineq_duals[j]) > 0.1 and float(sol.ineq_duals[-1]) > 0.1  # type: ignore[index]
         (sol.x @ grad_x).backward()
         assert sol.info.backward.dependent_rows == (1,)

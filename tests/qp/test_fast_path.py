@@ -116,11 +116,13 @@ def test_indefinite_P_refused_with_daqp(batched: bool) -> None:
     Pt = torch.from_numpy(np.stack([P, bad, P]) if batched else bad)
     args = (torch.from_numpy(q), None, None, torch.from_numpy(G), torch.from_numpy(h))
     with pytest.raises(ValueError, match="P: expected a positive semidefinite matrix"):
-        dqp.solve(Pt, *args, solver="daqp")
+        dqp.solve(Pt, **dict(zip("qAbGh", args)), solver="daqp")
     with pytest.raises(ValueError, match="P: expected a positive semidefinite matrix"):
-        dqp.solve(Pt, *args, solver="daqp", solver_options={"eps_prox": -1e-6})
+        dqp.solve(Pt, **dict(zip("qAbGh", args)), solver="daqp", solver_options={"eps_prox": -1e-6})
     # opting out skips the check (the user's responsibility): no ValueError from P
-    sol = dqp.solve(Pt, *args, solver="daqp", check_psd=False, on_failure="nan")
+    sol = dqp.solve(
+        Pt, **dict(zip("qAbGh", args)), solver="daqp", check_psd=False, on_failure="nan"
+    )
     assert len(sol.status) == (3 if batched else 1)
 
 
@@ -174,7 +176,7 @@ def test_residuals_match_a_direct_computation(batch: int | None) -> None:
         return torch.from_numpy(np.stack([pr[k] for pr in probs]) if batch else probs[0][k])
 
     P, q, A, b, G, h = (stack(k) for k in range(6))
-    sol = dqp.solve(P, q, A, b, G, h)
+    sol = dqp.solve(P, q, A=A, b=b, G=G, h=h)
     x = sol.x.reshape(-1, 7)
     mu, nu = sol.eq_duals.reshape(x.shape[0], -1), sol.ineq_duals.reshape(x.shape[0], -1)
     Pb, Ab, Gb = (M.expand(x.shape[0], *M.shape[-2:]) for M in (P, A, G))

@@ -41,7 +41,7 @@ def _leaves(problem: QPData, dtype: torch.dtype, device: str = "cpu") -> dict[st
 
 def _run(problem: QPData, dtype: torch.dtype, backward: str, device: str = "cpu") -> tuple:
     leaves = _leaves(problem, dtype, device)
-    sol = dqp.solve(*(leaves.get(k) for k in NAMES), backward=backward)
+    sol = dqp.solve(**{k: leaves.get(k) for k in NAMES}, backward=backward)
     gen = torch.Generator().manual_seed(0)
     loss = (torch.randn(sol.x.shape, generator=gen).to(sol.x) * sol.x).sum()
     for duals in (sol.eq_duals, sol.ineq_duals):
@@ -113,7 +113,7 @@ def test_mixed_dtypes_raise_value_error_naming_the_argument(odd: str) -> None:
     args = {k: getattr(problem, k) for k in NAMES}
     args[odd] = args[odd].to(torch.float32)
     with pytest.raises(ValueError, match=rf"\b{odd}\b") as error:
-        dqp.solve(*(args[k] for k in NAMES))
+        dqp.solve(**{k: args[k] for k in NAMES})
     message = str(error.value)
     assert "float32" in message and "float64" in message, message
 
@@ -123,7 +123,7 @@ def test_unsupported_dtypes_are_rejected(dtype: torch.dtype) -> None:
     problem = complementary_qp(4, m=3, seed=2)
     args = [None if t is None else t.to(dtype) for t in problem.args()]
     with pytest.raises((ValueError, TypeError), match=r"dtype|float"):
-        dqp.solve(*args)
+        dqp.solve(**dict(zip("PqAbGh", args)))
 
 
 @pytest.mark.parametrize("on_meta", ["all", "q", "h"])
@@ -136,7 +136,7 @@ def test_meta_tensors_are_rejected_with_a_clear_message(on_meta: str) -> None:
             args[name] = args[name].to("meta")
     named = "P" if on_meta == "all" else on_meta
     with pytest.raises(ValueError, match=rf"\b{named}\b.*meta|meta.*\b{named}\b"):
-        dqp.solve(*(args[k] for k in NAMES))
+        dqp.solve(**{k: args[k] for k in NAMES})
 
 
 @CUDA
@@ -160,7 +160,7 @@ def test_cpu_and_cuda_inputs_mixed_raise_value_error() -> None:
     args = {k: getattr(problem, k) for k in NAMES}
     args["q"] = args["q"].cuda()
     with pytest.raises(ValueError, match=r"device"):
-        dqp.solve(*(args[k] for k in NAMES))
+        dqp.solve(**{k: args[k] for k in NAMES})
 
 
 def _ill_conditioned(cond: float, seed: int) -> QPData:
@@ -175,7 +175,7 @@ def _ill_conditioned(cond: float, seed: int) -> QPData:
 
 def _run_solver(problem: QPData, dtype: torch.dtype, solver: str, device: str = "cpu") -> tuple:
     leaves = _leaves(problem, dtype, device)
-    sol = dqp.solve(*(leaves.get(k) for k in NAMES), solver=solver)
+    sol = dqp.solve(**{k: leaves.get(k) for k in NAMES}, solver=solver)
     gen = torch.Generator().manual_seed(0)
     loss = (torch.randn(sol.x.shape, generator=gen).to(sol.x) * sol.x).sum()
     loss = (
@@ -234,7 +234,9 @@ def test_torch_solver_on_cuda_stays_on_the_device(dtype: torch.dtype) -> None:
 @CUDA
 def test_auto_picks_the_torch_solver_for_cuda_inputs() -> None:
     problem = complementary_qp(6, m=4, p=1, seed=3)
-    sol = dqp.solve(*(None if t is None else t.cuda() for t in problem.args()))
+    sol = dqp.solve(
+        **dict(zip("PqAbGh", (None if t is None else t.cuda() for t in problem.args())))
+    )
     assert sol.info.solver == "torch" and sol.x.is_cuda
 
 
@@ -253,7 +255,7 @@ def test_torch_solver_under_torch_func_stays_on_the_device(dtype: torch.dtype) -
         P, q, A, b, G, h = (None if t is None else t.to(device) for t in args)
 
         def f(q: Tensor) -> Tensor:
-            sol = dqp.solve(P, q, A, b, G, h, solver="torch")
+            sol = dqp.solve(P, q, A=A, b=b, G=G, h=h, solver="torch")
             solvers.append(sol.info.solver)
             return sol.x
 

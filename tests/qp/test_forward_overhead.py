@@ -57,7 +57,7 @@ def test_batch_certificate_matches_the_per_sample_certificate(seed: int) -> None
     P, q, A, b, G, h = _case(rng, n, m, p, zero_row=seed % 4 == 0)
     data = zip("PqAbGh", (P, q, A, b, G, h))
     as_t = {k: None if v is None else torch.from_numpy(v) for k, v in data}
-    sol = dqp.solve(*as_t.values(), solver="daqp")
+    sol = dqp.solve(**dict(zip("PqAbGh", as_t.values())), solver="daqp")
     x0 = sol.x.numpy()
     mu0 = np.zeros(p) if sol.eq_duals is None else sol.eq_duals.numpy()
     nu0 = sol.ineq_duals.numpy()
@@ -128,9 +128,18 @@ def test_float32_inputs_keep_their_dtype(batched: bool) -> None:
     P, q, A, b, G, h = _case(rng, 4, 3, 1, zero_row=False)
     if batched:
         q = np.stack([q, -q])
-    ref = dqp.solve(*(None if v is None else torch.from_numpy(v) for v in (P, q, A, b, G, h)))
+    ref = dqp.solve(
+        **dict(
+            zip("PqAbGh", (None if v is None else torch.from_numpy(v) for v in (P, q, A, b, G, h)))
+        )
+    )
     sol = dqp.solve(
-        *(None if v is None else torch.from_numpy(v).float() for v in (P, q, A, b, G, h)),
+        **dict(
+            zip(
+                "PqAbGh",
+                (None if v is None else torch.from_numpy(v).float() for v in (P, q, A, b, G, h)),
+            )
+        ),
         solver="daqp",
     )
     assert sol.x.dtype == torch.float32 and sol.ineq_duals.dtype == torch.float32

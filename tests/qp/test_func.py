@@ -71,7 +71,7 @@ def _outputs(sol: dqp.QPSolution) -> tuple[Tensor, ...]:
 
 def _solve_fn(backward: Any, **kw: Any) -> Any:
     def fn(P, q, A, b, G, h, lb, ub):  # type: ignore[no-untyped-def]
-        return _outputs(dqp.solve(P, q, A, b, G, h, lb=lb, ub=ub, backward=backward, **kw))
+        return _outputs(dqp.solve(P, q, A=A, b=b, G=G, h=h, lb=lb, ub=ub, backward=backward, **kw))
 
     return fn
 
@@ -80,7 +80,7 @@ def _strictly_complementary(args: tuple[Tensor, ...], backward: str) -> None:
     """The test is only meaningful away from active-set changes: every row has slack or
     multiplier above 1e-3."""
     P, q, A, b, G, h, lb, ub = args
-    sol = dqp.solve(P, q, A, b, G, h, lb=lb, ub=ub, backward=backward)
+    sol = dqp.solve(P, q, A=A, b=b, G=G, h=h, lb=lb, ub=ub, backward=backward)
     slack = h - (G @ sol.x.unsqueeze(-1)).squeeze(-1)
     assert bool(((slack > 1e-3) | (sol.ineq_duals > 1e-3)).all())
     for bound, duals, sign in ((lb, sol.lb_duals, 1.0), (ub, sol.ub_duals, -1.0)):
@@ -126,7 +126,9 @@ def test_jvp_is_the_transpose_of_the_vjp(backward, batched):
     assert abs(float(lhs - rhs)) <= 1e-11 * scale, (float(lhs), float(rhs))
     # the torch.func vjp is the eager backward
     leaves = [a.detach().clone().requires_grad_() for a in args]
-    sol = dqp.solve(*leaves[:6], lb=leaves[6], ub=leaves[7], backward=backward)
+    sol = dqp.solve(
+        **dict(zip("PqAbGh", leaves[:6])), lb=leaves[6], ub=leaves[7], backward=backward
+    )
     eager = torch.autograd.grad(_outputs(sol), leaves, cotangents)
     for name, got, want in zip(NAMES, jtv, eager):
         torch.testing.assert_close(got, want, atol=1e-11, rtol=1e-10, msg=name)
@@ -139,7 +141,7 @@ def test_jacrev_and_jacfwd_match_the_eager_jacobian(backward, batched):
     P, q, A, b, G, h, lb, ub = args
 
     def fn(P, q, A, b, G, h):  # type: ignore[no-untyped-def]
-        sol = dqp.solve(P, q, A, b, G, h, lb=lb, ub=ub, backward=backward)
+        sol = dqp.solve(P, q, A=A, b=b, G=G, h=h, lb=lb, ub=ub, backward=backward)
         return sol.x, sol.eq_duals, sol.ineq_duals, sol.ub_duals
 
     inputs = (P, q, A, b, G, h)
@@ -160,7 +162,7 @@ def test_jvp_grad_vjp_against_the_eager_jacobian():
     P, q, A, b, G, h, lb, ub = args
 
     def x_of(q: Tensor, h: Tensor) -> Tensor:
-        return dqp.solve(P, q, A, b, G, h, lb=lb, ub=ub).x
+        return dqp.solve(P, q, A=A, b=b, G=G, h=h, lb=lb, ub=ub).x
 
     Jq, Jh = torch.autograd.functional.jacobian(x_of, (q, h))
     tq, th = _random_like((q, h), 7)
@@ -183,9 +185,9 @@ def test_eager_forward_mode_ad_matches_jvp():
     problem = complementary_qp(6, m=4, p=1, seed=11)
     P, q, A, b, G, h = problem.args()
     t = _random_like((q,), 12)[0]
-    _, ref = jvp(lambda q: dqp.solve(P, q, A, b, G, h).x, (q,), (t,))
+    _, ref = jvp(lambda q: dqp.solve(P, q, A=A, b=b, G=G, h=h).x, (q,), (t,))
     with fwAD.dual_level():
-        x = dqp.solve(P, fwAD.make_dual(q, t), A, b, G, h).x
+        x = dqp.solve(P, fwAD.make_dual(q, t), A=A, b=b, G=G, h=h).x
         tangent = fwAD.unpack_dual(x).tangent
     torch.testing.assert_close(tangent, ref, atol=1e-12, rtol=1e-12)
 
@@ -212,14 +214,14 @@ def test_vmap_is_one_batched_solve_of_every_sample(backward, monkeypatch):
         return original(problem, **kw)
 
     monkeypatch.setattr(api, "solve_forward", counting)
-    sol = vmap(lambda q, h: dqp.solve(P, q, A, b, G, h, backward=backward))(qs, hs)
+    sol = vmap(lambda q, h: dqp.solve(P, q, A=A, b=b, G=G, h=h, backward=backward))(qs, hs)
     assert calls == [5]  # one batched solve, not a loop over the vmapped samples
     assert isinstance(sol, dqp.QPSolution) and len(sol.status) == 5
     assert all(s == dqp.QPStatus.SOLVED for s in sol.status)
-    moved = vmap(lambda q, h: dqp.solve(P, q, A, b, G, h).x, in_dims=(1, 0))(qs.T, hs)
+    moved = vmap(lambda q, h: dqp.solve(P, q, A=A, b=b, G=G, h=h).x, in_dims=(1, 0))(qs.T, hs)
     torch.testing.assert_close(moved, sol.x, atol=1e-12, rtol=1e-12)  # in_dims=1 folds too
     for k in range(5):
-        ref = dqp.solve(P, qs[k], A, b, G, hs[k], backward=backward)
+        ref = dqp.solve(P, qs[k], A=A, b=b, G=G, h=hs[k], backward=backward)
         torch.testing.assert_close(sol.x[k], ref.x, atol=1e-12, rtol=1e-12)
         torch.testing.assert_close(sol.ineq_duals[k], ref.ineq_duals, atol=1e-12, rtol=1e-12)
         torch.testing.assert_close(sol.eq_duals[k], ref.eq_duals, atol=1e-12, rtol=1e-12)
@@ -234,7 +236,7 @@ def test_vmap_over_an_already_batched_input_and_of_grad(backward):
     Ps = P[0] + 0.1 * torch.eye(6, dtype=F64) * torch.arange(1, 5, dtype=F64)[:, None, None]
 
     def x_of(P1: Tensor, q: Tensor) -> Tensor:  # P shared by the batch, vmapped over
-        return dqp.solve(P1, q, A, b, G, h, backward=backward).x
+        return dqp.solve(P1, q, A=A, b=b, G=G, h=h, backward=backward).x
 
     X = vmap(x_of)(Ps, qs)
     assert X.shape == (4, 3, 6)
@@ -310,9 +312,11 @@ def test_float32_inputs_under_torch_func():
     problem = complementary_qp(6, m=4, p=1, seed=13)
     args = problem.args()
     P, q, A, b, G, h = (t.float() for t in args)  # type: ignore[union-attr]
-    J = jacrev(lambda q: dqp.solve(P, q, A, b, G, h).x)(q)
-    Jf = jacfwd(lambda q: dqp.solve(P, q, A, b, G, h).x)(q)
-    ref = torch.autograd.functional.jacobian(lambda q: dqp.solve(args[0], q, *args[2:]).x, args[1])
+    J = jacrev(lambda q: dqp.solve(P, q, A=A, b=b, G=G, h=h).x)(q)
+    Jf = jacfwd(lambda q: dqp.solve(P, q, A=A, b=b, G=G, h=h).x)(q)
+    ref = torch.autograd.functional.jacobian(
+        lambda q: dqp.solve(args[0], q, **dict(zip("AbGh", args[2:]))).x, args[1]
+    )
     assert J.dtype == torch.float32 and Jf.dtype == torch.float32
     torch.testing.assert_close(J.double(), ref, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(Jf.double(), ref, atol=1e-5, rtol=1e-4)
@@ -323,7 +327,7 @@ def test_torch_solver_under_torch_func():
     P, q, A, b, G, h = problem.args()
 
     def f(q: Tensor) -> Tensor:
-        return dqp.solve(P, q, A, b, G, h, solver="torch").x
+        return dqp.solve(P, q, A=A, b=b, G=G, h=h, solver="torch").x
 
     ref = torch.autograd.functional.jacobian(f, q)
     torch.testing.assert_close(jacrev(f)(q), ref, atol=1e-10, rtol=1e-9)
@@ -362,9 +366,11 @@ def test_cuda_inputs_under_torch_func():
     P, q, A, b, G, h = (t.cuda() for t in args)  # type: ignore[union-attr]
 
     def f(q: Tensor) -> Tensor:
-        return dqp.solve(P, q, A, b, G, h).x
+        return dqp.solve(P, q, A=A, b=b, G=G, h=h).x
 
-    ref = torch.autograd.functional.jacobian(lambda q: dqp.solve(args[0], q, *args[2:]).x, args[1])
+    ref = torch.autograd.functional.jacobian(
+        lambda q: dqp.solve(args[0], q, **dict(zip("AbGh", args[2:]))).x, args[1]
+    )
     for transform in (jacrev, jacfwd):
         J = transform(f)(q)
         assert J.device.type == "cuda"
@@ -408,7 +414,7 @@ def test_vmap_over_bounds_with_differing_finite_patterns(backward, scale):
     lbs, ubs = _bounds_per_sample(problem, scale)
 
     def solve(lb: Tensor, ub: Tensor) -> dqp.QPSolution:
-        return dqp.solve(P, q, A, b, G, h, lb=lb, ub=ub, backward=backward)
+        return dqp.solve(P, q, A=A, b=b, G=G, h=h, lb=lb, ub=ub, backward=backward)
 
     sol = vmap(solve)(lbs, ubs)
     assert len(sol.status) == 3 and all(s.ok for s in sol.status)
@@ -446,7 +452,7 @@ def test_jacobians_with_respect_to_bounds_batched_and_not_vmapped():
     P, q, A, b, G, h, lb, ub = args
 
     def x_of(lb: Tensor, ub: Tensor) -> Tensor:
-        return dqp.solve(P, q, A, b, G, h, lb=lb, ub=ub, backward="kkt").x
+        return dqp.solve(P, q, A=A, b=b, G=G, h=h, lb=lb, ub=ub, backward="kkt").x
 
     ref = torch.autograd.functional.jacobian(x_of, (lb, ub))
     assert float(ref[0].abs().sum()) > 0.5 and float(ref[1].abs().sum()) > 0.5
@@ -508,7 +514,7 @@ def test_torch_solver_jacobians_of_every_input(dtype):
 
     def fn(*inputs: Tensor, solver: str = "torch") -> tuple[Tensor, ...]:
         backward = "kkt" if solver != "torch" else "penalty"
-        sol = dqp.solve(*inputs, solver=solver, backward=backward)
+        sol = dqp.solve(**dict(zip("PqAbGh", inputs)), solver=solver, backward=backward)
         solvers.append(sol.info.solver)
         return sol.x, sol.eq_duals, sol.ineq_duals
 
@@ -555,7 +561,7 @@ def test_torch_solver_vmap_is_one_folded_solve(dtype, monkeypatch):
     monkeypatch.setattr(tb, "solve_detached", counting)
 
     def x_of(q: Tensor, lb: Tensor) -> Tensor:
-        return dqp.solve(P, q, A, b, G, h, lb=lb, solver="torch").x
+        return dqp.solve(P, q, A=A, b=b, G=G, h=h, lb=lb, solver="torch").x
 
     X = vmap(x_of)(qs, lbs)
     assert calls == [3]
@@ -627,16 +633,16 @@ def test_torch_solver_eager_forward_mode_ad_and_double_backward():
     problem = complementary_qp(6, m=4, p=1, seed=11)
     P, q, A, b, G, h = problem.args()
     t = _random_like((q,), 12)[0]
-    _, ref = jvp(lambda q: dqp.solve(P, q, A, b, G, h, solver="torch").x, (q,), (t,))
-    J = torch.autograd.functional.jacobian(lambda q: dqp.solve(P, q, A, b, G, h).x, q)
+    _, ref = jvp(lambda q: dqp.solve(P, q, A=A, b=b, G=G, h=h, solver="torch").x, (q,), (t,))
+    J = torch.autograd.functional.jacobian(lambda q: dqp.solve(P, q, A=A, b=b, G=G, h=h).x, q)
     torch.testing.assert_close(ref, J @ t, atol=1e-10, rtol=1e-9)
     with fwAD.dual_level():
-        x = dqp.solve(P, fwAD.make_dual(q, t), A, b, G, h, solver="torch").x
+        x = dqp.solve(P, fwAD.make_dual(q, t), A=A, b=b, G=G, h=h, solver="torch").x
         tangent = fwAD.unpack_dual(x).tangent
     assert tangent is not None
     torch.testing.assert_close(tangent, ref, atol=1e-12, rtol=1e-12)
     leaf = q.clone().requires_grad_()
-    x = dqp.solve(P, leaf, A, b, G, h, solver="torch").x
+    x = dqp.solve(P, leaf, A=A, b=b, G=G, h=h, solver="torch").x
     (g,) = torch.autograd.grad(x.pow(2).sum(), leaf, create_graph=True)
     with pytest.raises(RuntimeError, match="cannot differentiate twice"):
         g.sum().backward()
@@ -694,7 +700,7 @@ def test_torch_solver_vmapped_kkt_solve_in_chunks(monkeypatch):
     P, q, A, b, G, h = stack(parts).args()
 
     def x_of(q: Tensor) -> Tensor:
-        return dqp.solve(P, q, A, b, G, h, solver="torch").x
+        return dqp.solve(P, q, A=A, b=b, G=G, h=h, solver="torch").x
 
     whole = (jacrev(x_of)(q), jacfwd(x_of)(q))
     import dxopt.qp._torch_backward as tb

@@ -26,7 +26,7 @@ def test_gradcheck_dense_every_parameter(m: int, p: int) -> None:
         P = 0.5 * (M + M.T)  # gradcheck perturbs single entries; keep P symmetric
         A, b = (rest[0], rest[1]) if p else (None, None)
         G, h = (rest[-2], rest[-1]) if m else (None, None)
-        return _solve_outputs(dqp.solve(P, q, A, b, G, h, backward="kkt"))
+        return _solve_outputs(dqp.solve(P, q, A=A, b=b, G=G, h=h, backward="kkt"))
 
     inputs = [t.clone().requires_grad_() for t in args]
     assert torch.autograd.gradcheck(fn, inputs, atol=1e-6, rtol=1e-5)
@@ -48,7 +48,9 @@ def test_gradcheck_dense_batched(m: int, p: int) -> None:
         M, qq = next(it), next(it)
         AA, bb = (next(it), next(it)) if p else (None, None)
         GG, hh = (next(it), next(it)) if m else (None, None)
-        return _solve_outputs(dqp.solve(0.5 * (M + M.T), qq, AA, bb, GG, hh, backward="kkt"))
+        return _solve_outputs(
+            dqp.solve(0.5 * (M + M.T), qq, A=AA, b=bb, G=GG, h=hh, backward="kkt")
+        )
 
     assert torch.autograd.gradcheck(fn, inputs, atol=1e-6, rtol=1e-5, fast_mode=True)
 
@@ -82,7 +84,9 @@ def test_gradcheck_sparse_every_parameter(m: int, p: int, backward: str) -> None
         if m:
             G = torch.sparse_coo_tensor(G_idx, next(it), data.G.shape)  # type: ignore[union-attr, arg-type]
             h = next(it)
-        sol = dqp.solve(P, q, A, b, G, h, backward=backward, solver="clarabel", eps_abs=1e-11)
+        sol = dqp.solve(
+            P, q, A=A, b=b, G=G, h=h, backward=backward, solver="clarabel", eps_abs=1e-11
+        )
         return _solve_outputs(sol)
 
     inputs = [v.clone().requires_grad_() for v in values]
@@ -93,7 +97,7 @@ def test_sparse_gradient_keeps_pattern_and_layout() -> None:
     data = sparse_complementary_qp(15, m=8, p=2, seed=1)
     P = data.P.clone().requires_grad_()
     G = data.G.to_sparse_csr().requires_grad_()  # type: ignore[union-attr]
-    sol = dqp.solve(P, data.q, data.A, data.b, G, data.h, backward="kkt")
+    sol = dqp.solve(P, data.q, A=data.A, b=data.b, G=G, h=data.h, backward="kkt")
     sol.x.square().sum().backward()
     assert P.grad is not None and G.grad is not None
     assert P.grad.layout == torch.sparse_coo and G.grad.layout == torch.sparse_csr
@@ -102,7 +106,7 @@ def test_sparse_gradient_keeps_pattern_and_layout() -> None:
     P_dense = data.P.to_dense().requires_grad_()
     G_dense = data.G.to_dense().requires_grad_()  # type: ignore[union-attr]
     A_dense = data.A.to_dense()  # type: ignore[union-attr]
-    dense = dqp.solve(P_dense, data.q, A_dense, data.b, G_dense, data.h, backward="kkt")
+    dense = dqp.solve(P_dense, data.q, A=A_dense, b=data.b, G=G_dense, h=data.h, backward="kkt")
     dense.x.square().sum().backward()
     assert P_dense.grad is not None and G_dense.grad is not None
     rows, cols = data.P.indices()

@@ -11,7 +11,7 @@ import dxopt.qp as dqp
 
 def _all_gradients(data, backward, duals=True) -> tuple[list[torch.Tensor], dqp.QPSolution]:  # type: ignore[no-untyped-def]
     inputs = [None if t is None else t.clone().requires_grad_() for t in data.args()]
-    sol = dqp.solve(*inputs, backward=backward)
+    sol = dqp.solve(**dict(zip("PqAbGh", inputs)), backward=backward)
     gen = torch.Generator().manual_seed(7)
     loss = sol.x @ torch.randn(sol.x.shape[-1], generator=gen, dtype=torch.float64)
     for lam in (sol.eq_duals, sol.ineq_duals) if duals else ():

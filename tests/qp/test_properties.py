@@ -56,14 +56,14 @@ PROPERTY_SETTINGS = settings(
 
 
 def _solve(leaves: dict[str, Tensor], backward: str) -> dqp.QPSolution:
-    return dqp.solve(*(leaves.get(k) for k in NAMES), backward=backward)
+    return dqp.solve(**{k: leaves.get(k) for k in NAMES}, backward=backward)
 
 
 @PROPERTY_SETTINGS
 @given(kwargs=feasible_problems())
 def test_kkt_residuals_are_small(kwargs: dict) -> None:
     problem = feasible_qp(**kwargs)
-    sol = dqp.solve(*problem.args())
+    sol = dqp.solve(**dict(zip("PqAbGh", problem.args())))
     assert all(s is dqp.QPStatus.SOLVED for s in sol.status)
     x = sol.x
     tol = KKT_TOL * data_scale(problem) * (1.0 + float(x.abs().max()))
@@ -246,7 +246,7 @@ def test_weakly_active_rows_follow_the_documented_policy(kwargs: dict, policy: s
     }
     for label, method in methods.items():
         leaves = grad_leaves(problem)
-        sol = dqp.solve(*(leaves.get(k) for k in NAMES), backward=method)
+        sol = dqp.solve(**{k: leaves.get(k) for k in NAMES}, backward=method)
         grads = dict(zip(leaves, torch.autograd.grad((grad_x * sol.x).sum(), leaves.values())))
         assert sol.info.backward.n_weak == (kwargs["weak"],), f"{label}: weak rows not counted"
         rtol = CLOSED_FORM_RTOL if label == "kkt" else PENALTY_VS_KKT_RTOL
@@ -280,7 +280,7 @@ def test_gradients_do_not_depend_on_the_forward_solver(solver: str) -> None:
         expected = kkt_gradients(problem, grad_x)
         for backward in BACKWARDS:
             leaves = grad_leaves(problem)
-            sol = dqp.solve(*(leaves.get(k) for k in NAMES), backward=backward, solver=solver)
+            sol = dqp.solve(**{k: leaves.get(k) for k in NAMES}, backward=backward, solver=solver)
             assert sol.info.solver == solver
             torch.testing.assert_close(sol.x.detach(), problem.x, rtol=0, atol=1e-6)
             grads = torch.autograd.grad((grad_x * sol.x).sum(), leaves.values())
@@ -302,7 +302,7 @@ def test_threads_and_warm_starts_do_not_change_results(backward: str) -> None:
     results = []
     for options in ({}, {"max_workers": 2}, {"warm_start": warm}):
         leaves = grad_leaves(batch)
-        sol = dqp.solve(*(leaves.get(k) for k in NAMES), backward=backward, **options)
+        sol = dqp.solve(**{k: leaves.get(k) for k in NAMES}, backward=backward, **options)
         grads = torch.autograd.grad((w * sol.x).sum(), leaves.values())
         results.append((sol.x.detach(), *grads))
     for label, other in zip(("max_workers=2", "warm_start"), results[1:]):
@@ -357,12 +357,12 @@ def test_duplicated_active_row_both_backwards_exact(solver: str) -> None:
     grad_x = torch.randn(8, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     expected = kkt_gradients(problem, grad_x)
     q, b = problem.q.clone().requires_grad_(), problem.b.clone().requires_grad_()  # type: ignore[union-attr]
-    sol = dqp.solve(problem.P, q, problem.A, b, G, h, backward="penalty", solver=solver)
+    sol = dqp.solve(problem.P, q, A=problem.A, b=b, G=G, h=h, backward="penalty", solver=solver)
     assert sol.ineq_duals is not None and float(sol.ineq_duals[-1]) > 1e-3  # split multiplier
     grad_q, grad_b = torch.autograd.grad((grad_x * sol.x).sum(), [q, b])
     assert relative_error(grad_q, expected["q"], floor=float(grad_x.norm())) <= 1e-6
     assert relative_error(grad_b, expected["b"], floor=float(grad_x.norm())) <= 1e-6
-    sol = dqp.solve(problem.P, q, problem.A, b, G, h, backward="kkt", solver=solver)
+    sol = dqp.solve(problem.P, q, A=problem.A, b=b, G=G, h=h, backward="kkt", solver=solver)
     with pytest.warns(dqp.QPDegenerateWarning):
         kkt_q, kkt_b = torch.autograd.grad((grad_x * sol.x).sum(), [q, b])
     torch.testing.assert_close(kkt_q, grad_q, rtol=0, atol=1e-8)

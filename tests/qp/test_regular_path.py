@@ -34,7 +34,7 @@ def _grads(data: QPData, backward: Any, grad_x: torch.Tensor) -> tuple[dict, Any
     leaves = [None if t is None else t.clone().requires_grad_() for t in data.args()]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", dqp.QPDegenerateWarning)
-        sol = dqp.solve(*leaves, backward=backward)
+        sol = dqp.solve(**dict(zip("PqAbGh", leaves)), backward=backward)
         (sol.x * grad_x).sum().backward()
     return {k: t.grad for k, t in zip(NAMES, leaves) if t is not None}, sol
 
@@ -612,7 +612,7 @@ def test_batch_with_an_infeasible_sample_classifies_rows_without_the_forward_nor
     data = stack(problems)
     grad_x = torch.randn(4, 12, generator=torch.Generator().manual_seed(9), dtype=F64)
     leaves = [None if t is None else t.clone().requires_grad_() for t in data.args()]
-    sol = dqp.solve(*leaves, solver="daqp", on_failure="nan")
+    sol = dqp.solve(**dict(zip("PqAbGh", leaves)), solver="daqp", on_failure="nan")
     (torch.nan_to_num(sol.x) * grad_x).sum().backward()
     grads = {k: t.grad for k, t in zip(NAMES, leaves) if t is not None}
     assert [s.name for s in sol.status] == ["SOLVED", "SOLVED", "INFEASIBLE", "SOLVED"]

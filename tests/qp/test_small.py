@@ -44,7 +44,7 @@ def _run(data: dict, lean: bool, monkeypatch, *, backward="penalty", weights=Non
         if not lean:
             mp.setattr(api, "small_inputs", lambda *a: False)
         ins = _leaves(data)
-        sol = dqp.solve(*(ins[k] for k in NAMES), backward=backward, **kw)
+        sol = dqp.solve(**{k: ins[k] for k in NAMES}, backward=backward, **kw)
         used = "SmallQPFunction" in type(sol.x.grad_fn).__name__
         rng = np.random.default_rng(7)
         loss = (torch.tensor(rng.standard_normal(sol.x.shape[0]), dtype=sol.x.dtype) * sol.x).sum()
@@ -134,12 +134,12 @@ def test_gradients_match_finite_differences(n, m, p, seed):
     data = _problem(n, m, p, seed)
     w = torch.tensor(np.random.default_rng(3).standard_normal(n), dtype=torch.float64)
     ins = _leaves(data)
-    sol = dqp.solve(*(ins[k] for k in NAMES))
+    sol = dqp.solve(**{k: ins[k] for k in NAMES})
     assert "SmallQPFunction" in type(sol.x.grad_fn).__name__
     (w * sol.x).sum().backward()
 
     def loss(args: dict) -> float:
-        return float((w * dqp.solve(*(args[j] for j in NAMES)).x).sum())
+        return float((w * dqp.solve(**{j: args[j] for j in NAMES}).x).sum())
 
     verdicts = directional_verdicts(
         data, {k: v.grad for k, v in ins.items() if v is not None}, loss
@@ -273,20 +273,20 @@ def test_bad_input_gets_the_general_error(change, error):
     else:
         data["P"] = -data["P"]
     with pytest.raises(ValueError, match=error):
-        dqp.solve(*(data[k] for k in NAMES))
+        dqp.solve(**{k: data[k] for k in NAMES})
 
 
 def test_in_place_change_after_the_solve_does_not_change_the_gradient():
     data = _problem(8, 5, 2, 10)
     ins = _leaves(data)
-    sol = dqp.solve(*(ins[k] for k in NAMES))
+    sol = dqp.solve(**{k: ins[k] for k in NAMES})
     x = sol.x
     with torch.no_grad():
         ins["P"].mul_(3.0)
         ins["G"].add_(1.0)
     x.sum().backward()
     ones = _leaves(data)
-    sol2 = dqp.solve(*(ones[k] for k in NAMES))
+    sol2 = dqp.solve(**{k: ones[k] for k in NAMES})
     sol2.x.sum().backward()
     torch.testing.assert_close(ins["q"].grad, ones["q"].grad, rtol=0, atol=0)
     torch.testing.assert_close(ins["G"].grad, ones["G"].grad, rtol=0, atol=0)
@@ -295,7 +295,7 @@ def test_in_place_change_after_the_solve_does_not_change_the_gradient():
 def test_second_order_is_refused():
     data = _problem(6, 3, 1, 12)
     ins = _leaves(data)
-    sol = dqp.solve(*(ins[k] for k in NAMES))
+    sol = dqp.solve(**{k: ins[k] for k in NAMES})
     (g,) = torch.autograd.grad(sol.x.pow(2).sum(), ins["q"], create_graph=True)
     with pytest.raises(RuntimeError, match="differentiate twice"):
         g.sum().backward()
@@ -311,7 +311,7 @@ def test_inputs_outside_the_lean_path():
     for sparse in (P.to_sparse(), P.to_sparse_csr()):
         data = (sparse, q, None, None, None, None)
         assert _small.small_forward(data, eps_abs=1e-9, eps_rel=0.0, general=general) is None
-        assert torch.allclose(dqp.solve(*data).x, -q)
+        assert torch.allclose(dqp.solve(**dict(zip("PqAbGh", data))).x, -q)
     assert not _small.small_inputs(P, q.float(), None, None, None, None)  # mixed dtypes
     big = torch.eye(_small.SMALL_MAX_N + 1, dtype=torch.float64)
     assert not _small.small_inputs(big, big[0], None, None, None, None)
@@ -336,7 +336,7 @@ def test_box_bounds_take_the_lean_path(monkeypatch):
                 mp.setattr(api, "small_inputs", lambda *a: False)
             ins = _leaves(data)
             lo, hi = lb.clone().requires_grad_(), ub.clone().requires_grad_()
-            sol = dqp.solve(*(ins[k] for k in NAMES), lb=lo, ub=hi)
+            sol = dqp.solve(**{k: ins[k] for k in NAMES}, lb=lo, ub=hi)
             assert ("SmallQPFunction" in type(sol.x.grad_fn).__name__) == lean
             weights = torch.linspace(-1.0, 1.0, 8, dtype=torch.float64)
             ((weights * sol.x).sum() + sol.lb_duals.sum() - sol.ub_duals.sum()).backward()
@@ -379,7 +379,7 @@ def test_jacobian_of_the_lean_path_and_batched_cotangents(lean, monkeypatch):
     data = _problem(6, 4, 1, 16)
 
     def f(q: torch.Tensor) -> torch.Tensor:
-        return dqp.solve(data["P"], q, data["A"], data["b"], data["G"], data["h"]).x
+        return dqp.solve(data["P"], q, A=data["A"], b=data["b"], G=data["G"], h=data["h"]).x
 
     jac = torch.autograd.functional.jacobian(f, data["q"])
     torch.testing.assert_close(jac, torch.func.jacrev(f)(data["q"]), rtol=1e-10, atol=1e-12)
@@ -415,13 +415,13 @@ def test_warm_start(start, monkeypatch):
     """A warm start (n,) takes the lean path (daqp's primal start) with the general path's
     result; a malformed one goes to the general path and its error."""
     data = _problem(12, 8, 3, 18)
-    x_star = dqp.solve(*(data[k] for k in NAMES)).x
+    x_star = dqp.solve(**{k: data[k] for k in NAMES}).x
     zeros = torch.zeros(12, dtype=torch.float64)
     warm = {"solution": x_star, "zeros": zeros, "float32": x_star.float(), "bad_shape": zeros[1:]}
     warm = warm[start]
     if start == "bad_shape":
         with pytest.raises(ValueError, match="warm_start"):
-            dqp.solve(*(data[k] for k in NAMES), warm_start=warm)
+            dqp.solve(**{k: data[k] for k in NAMES}, warm_start=warm)
         return
     sol, grads, used = _run(data, True, monkeypatch, warm_start=warm)
     ref, grads_ref, _ = _run(data, False, monkeypatch, warm_start=warm)
@@ -446,7 +446,7 @@ def _adversarial(seed: int) -> dict:
         data["G"][1] = G[0] * (1 + 1e-9)
         data["h"][1] = h[0] * (1 + 1e-9)
     elif kind == 2:
-        x = dqp.solve(*(data[k] for k in NAMES)).x
+        x = dqp.solve(**{k: data[k] for k in NAMES}).x
         data["h"][0] = float(G[0] @ x) + 1e-10
     elif kind == 3:
         data["q"] = data["q"] * 1e-9
@@ -512,7 +512,7 @@ def test_general_path_refuses_a_backward_after_an_in_place_change(name, monkeypa
     data = _problem(5, 3, 1, 20)
     batched = {k: None if v is None else v.expand(2, *v.shape).clone() for k, v in data.items()}
     ins = _leaves(batched)
-    sol = dqp.solve(*(ins[k] for k in NAMES))
+    sol = dqp.solve(**{k: ins[k] for k in NAMES})
     with torch.no_grad():
         ins[name].mul_(2.0)
     with pytest.raises(RuntimeError, match="inplace"):

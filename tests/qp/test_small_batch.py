@@ -59,7 +59,7 @@ def _run(data: dict, lean: bool, monkeypatch, *, backward="penalty", **kw):
         if not lean:
             mp.setattr(api, "small_batch_inputs", lambda *a, **k: 0)
         ins = {k: None if v is None else v.clone().requires_grad_() for k, v in data.items()}
-        sol = dqp.solve(*(ins[k] for k in NAMES), backward=backward, **kw)
+        sol = dqp.solve(**{k: ins[k] for k in NAMES}, backward=backward, **kw)
         used = LEAN in type(sol.x.grad_fn).__name__
         rng = np.random.default_rng(7)
         loss = (
@@ -155,12 +155,12 @@ def test_gradients_match_finite_differences():
     data = _share(_problems(4, 6, 5, 2, seed=23), ("P", "A"))
     w = torch.tensor(np.random.default_rng(3).standard_normal((4, 6)), dtype=torch.float64)
     ins = {k: v.clone().requires_grad_() for k, v in data.items()}
-    sol = dqp.solve(*(ins[k] for k in NAMES))
+    sol = dqp.solve(**{k: ins[k] for k in NAMES})
     assert LEAN in type(sol.x.grad_fn).__name__
     (w * sol.x).sum().backward()
 
     def loss(args: dict) -> float:
-        return float((w * dqp.solve(*(args[j] for j in NAMES)).x).sum())
+        return float((w * dqp.solve(**{j: args[j] for j in NAMES}).x).sum())
 
     verdicts = directional_verdicts(data, {k: v.grad for k, v in ins.items()}, loss)
     assert verdicts >= 5
@@ -264,7 +264,7 @@ def test_bad_input_gets_the_general_error(change, error):
     else:
         data["P"][0] = -torch.eye(4, dtype=torch.float64)
     with pytest.raises(error):
-        dqp.solve(*(data[k] for k in NAMES))
+        dqp.solve(**{k: data[k] for k in NAMES})
 
 
 def test_in_place_change_after_the_solve_does_not_change_the_gradient():
@@ -272,7 +272,7 @@ def test_in_place_change_after_the_solve_does_not_change_the_gradient():
     grads = []
     for change in (False, True):
         ins = {k: v.clone().requires_grad_() for k, v in data.items()}
-        sol = dqp.solve(*(ins[k] for k in NAMES))
+        sol = dqp.solve(**{k: ins[k] for k in NAMES})
         assert LEAN in type(sol.x.grad_fn).__name__
         if change:
             with torch.no_grad():
@@ -325,7 +325,7 @@ def _harden(data: dict, i: int, kind: int, rng: np.random.Generator) -> None:
     elif kind == 1:
         G[i, 1], h[i, 1] = G[i, 0] * (1 + 1e-9), h[i, 0] * (1 + 1e-9)
     elif kind == 2:
-        x = dqp.solve(*(data[k][i] for k in NAMES)).x
+        x = dqp.solve(**{k: data[k][i] for k in NAMES}).x
         h[i, 0] = float(G[i, 0] @ x) + 1e-10
     elif kind == 3:
         data["q"][i] = data["q"][i] * 1e-9
@@ -363,7 +363,7 @@ def test_every_sample_declined_takes_the_general_gradients_whole(shared, monkeyp
     whole batch and hands over the general path's gradients as they are (no copy into its own
     arrays); they equal the general path's, shared inputs included."""
     data = _share(_problems(3, 8, 6, 2, seed=21), shared)
-    x = dqp.solve(*(data[k] for k in NAMES), solver="daqp").x.detach()
+    x = dqp.solve(**{k: data[k] for k in NAMES}, solver="daqp").x.detach()
     G = data["G"]
     data["G"] = torch.cat([G, G[..., :1, :]], dim=-2)
     h = torch.cat([data["h"], data["h"][:, :1]], dim=-1)
@@ -396,7 +396,7 @@ def test_uninitialized_gradient_memory_never_comes_out(case, monkeypatch):
     if case.endswith("shared"):  # shared gradients are summed into the declined rows
         data = _share(data, ("P", "G"))
     if case != "all solved":
-        x = dqp.solve(*(data[k] for k in NAMES), solver="daqp").x.detach()
+        x = dqp.solve(**{k: data[k] for k in NAMES}, solver="daqp").x.detach()
         G = data["G"]
         data["G"] = torch.cat([G, G[..., :1, :]], dim=-2)
         h = torch.cat([data["h"], data["h"][:, :1]], dim=-1)

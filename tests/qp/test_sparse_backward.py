@@ -175,7 +175,9 @@ def test_kkt_factor_never_hands_superlu_a_singular_matrix() -> None:
 
 def _grads(data, method, grad_x):  # type: ignore[no-untyped-def]
     leaves = [t.clone().requires_grad_() for t in (data.q, data.b, data.h)]
-    sol = dqp.solve(data.P, leaves[0], data.A, leaves[1], data.G, leaves[2], backward=method)
+    sol = dqp.solve(
+        data.P, leaves[0], A=data.A, b=leaves[1], G=data.G, h=leaves[2], backward=method
+    )
     out = torch.autograd.grad((sol.x * grad_x).sum(), leaves)
     return out, sol.info.backward
 
@@ -294,7 +296,7 @@ def test_batched_sparse_simplex_matches_the_closed_form_per_sample(backward: str
     y = torch.randn(batch, n, generator=gen, dtype=F64)
     grad_x = torch.randn(batch, n, generator=gen, dtype=F64)
     q = (-y).requires_grad_()
-    sol = dqp.solve(data.P, q, data.A, data.b, data.G, data.h, backward=backward)
+    sol = dqp.solve(data.P, q, A=data.A, b=data.b, G=data.G, h=data.h, backward=backward)
     (grad_q,) = torch.autograd.grad((sol.x * grad_x).sum(), q)
     for i in range(batch):
         expected = simplex_vjp(simplex_projection(y[i]), grad_x[i])["q"]

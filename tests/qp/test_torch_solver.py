@@ -299,7 +299,7 @@ def test_bad_inputs_raise_clear_errors(kwargs, error, match):
 def test_dispatch_through_dxopt_qp_solve():
     probs = batch(10, 10, 5, 4, seed=21)
     ins = [t.requires_grad_() for t in tensors(probs)]
-    sol = solve(*ins, solver="torch")
+    sol = solve(**dict(zip("PqAbGh", ins)), solver="torch")
     assert sol.info.solver == "torch" and all(s is QPStatus.SOLVED for s in sol.status)
     x_ref = np.stack([daqp(pr).x for pr in probs])
     np.testing.assert_allclose(sol.x.detach().numpy(), x_ref, atol=1e-8, rtol=0)
@@ -365,17 +365,19 @@ def test_solve_torch_bounds_unbatched_and_options():
     P, q, A, b, G, h = (torch.tensor(pr[k]) for k in NAMES)
     lb = torch.full((8,), 0.8, dtype=torch.float64)  # x = 1 is strictly feasible
     ub = torch.full((8,), 1.1, dtype=torch.float64)
-    ours = solve(P, q, A, b, G, h, lb=lb, ub=ub, solver="torch")
-    ref = solve(P, q, A, b, G, h, lb=lb, ub=ub, solver="daqp")
+    ours = solve(P, q, A=A, b=b, G=G, h=h, lb=lb, ub=ub, solver="torch")
+    ref = solve(P, q, A=A, b=b, G=G, h=h, lb=lb, ub=ub, solver="daqp")
     assert ours.x.shape == (8,) and ours.ineq_duals.shape == (6,) and ours.lb_duals.shape == (8,)
     torch.testing.assert_close(ours.x, ref.x, atol=1e-8, rtol=0)
     assert (ours.lb_duals > 1e-6).any() or (ours.ub_duals > 1e-6).any()  # a bound is active
     for name in ("eq_duals", "ineq_duals", "lb_duals", "ub_duals"):
         torch.testing.assert_close(getattr(ours, name), getattr(ref, name), atol=1e-6, rtol=1e-6)
     with pytest.raises(ValueError, match=r"solver_options: the torch solver takes .*'tol'"):
-        solve(P, q, A, b, G, h, solver="torch", solver_options={"tol": 1e-3})
-    ok = solve(P, q, A, b, G, h, solver="torch", solver_options={"max_iter": 80})
-    torch.testing.assert_close(ok.x, solve(P, q, A, b, G, h, solver="daqp").x, atol=1e-8, rtol=0)
+        solve(P, q, A=A, b=b, G=G, h=h, solver="torch", solver_options={"tol": 1e-3})
+    ok = solve(P, q, A=A, b=b, G=G, h=h, solver="torch", solver_options={"max_iter": 80})
+    torch.testing.assert_close(
+        ok.x, solve(P, q, A=A, b=b, G=G, h=h, solver="daqp").x, atol=1e-8, rtol=0
+    )
 
 
 def test_auto_rule_daqp_on_cpu_torch_off_the_cpu():
@@ -430,12 +432,14 @@ def test_gpu_benchmark_refuses_without_cuda_and_smoke_runs_on_cpu(tmp_path, monk
 
 def test_auto_takes_the_compiled_solver_on_the_cpu_and_torch_when_asked_for_large_batches():
     probs = batch(4, 3, 1, 512, seed=30)
-    sol = solve(*tensors(probs))  # solver="auto": a batch of small dense CPU problems
+    sol = solve(
+        **dict(zip("PqAbGh", tensors(probs)))
+    )  # solver="auto": a batch of small dense CPU problems
     assert sol.info.solver == "dual_active_set"
     assert set(sol.info.sample_solvers) == {"dual_active_set"}
-    one = solve(*(t[0] for t in tensors(probs[:1])))  # one problem: daqp
+    one = solve(**dict(zip("PqAbGh", (t[0] for t in tensors(probs[:1])))))  # one problem: daqp
     assert one.info.solver == "daqp"
-    via_torch = solve(*tensors(probs), solver="torch")
+    via_torch = solve(**dict(zip("PqAbGh", tensors(probs))), solver="torch")
     assert via_torch.info.solver == "torch" and via_torch.info.sample_solvers[0] == "torch"
     x_ref = np.stack([daqp(pr).x for pr in probs[:16]])
     for s in (sol, via_torch):

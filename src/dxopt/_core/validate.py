@@ -23,6 +23,7 @@ __all__ = [
     "check_positive",
     "check_range",
     "check_tensor",
+    "positional_deprecated",
     "renamed_kwargs",
 ]
 
@@ -168,6 +169,57 @@ def renamed_kwargs(**renames: str) -> Callable[[F], F]:
         if isinstance(obj, type):
             obj.__init__ = wrapper  # type: ignore[misc]
             return obj
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
+
+
+def positional_deprecated(
+    *names: str, leading: int, note: str = "", stacklevel: int = 2
+) -> Callable[[F], F]:
+    """Accept the keyword-only parameters ``names`` positionally for one release, with a
+    DeprecationWarning naming the arguments that were bound.
+
+    ``leading`` is the number of positional parameters the function keeps (``self`` counts);
+    positional arguments past them are bound to ``names`` in order. Too many positional
+    arguments, or one also passed by keyword, is a ``TypeError``. ``note`` ends the warning
+    (e.g. why the order is a trap); ``stacklevel`` points the warning at the caller (2: the
+    caller of the decorated function).
+    """
+
+    def decorate(fn: F) -> F:
+        owner = fn.__qualname__
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if len(args) <= leading:  # the normal call: nothing to do
+                return fn(*args, **kwargs)
+            extra = args[leading:]
+            if len(extra) > len(names):
+                raise TypeError(
+                    f"{owner}: expected at most {leading + len(names)} positional arguments, "
+                    f"got {len(args)}; pass the options by keyword."
+                )
+            bound = names[: len(extra)]
+            both = [name for name in bound if name in kwargs]
+            if both:
+                raise TypeError(
+                    f"{owner}: got {both[0]!r} both positionally and by keyword; pass it by "
+                    "keyword only."
+                )
+            listed = ", ".join(bound)
+            by_keyword = ", ".join(f"{name}=..." for name in bound)
+            warnings.warn(
+                f"{owner}: {len(extra)} argument(s) after the first {leading} were passed "
+                f"positionally and bound, in order, to {listed}; these parameters are "
+                f"keyword-only and positional use will be an error in the next release. Pass "
+                f"them by keyword ({by_keyword}).{f' {note}' if note else ''}",
+                DeprecationWarning,
+                stacklevel=stacklevel,
+            )
+            kwargs.update(zip(bound, extra))
+            return fn(*args[:leading], **kwargs)
+
         return wrapper  # type: ignore[return-value]
 
     return decorate

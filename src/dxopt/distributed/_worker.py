@@ -127,7 +127,7 @@ class QPWorker:
         with warnings.catch_warnings(record=True) as caught, torch.set_grad_enabled(keep):
             warnings.simplefilter("always")
             sol = dqp.solve(
-                P, q, A, b, G, h, lb=lb, ub=ub, warm_start=from_wire(inputs[8]), **options
+                P, q, A=A, b=b, G=G, h=h, lb=lb, ub=ub, warm_start=from_wire(inputs[8]), **options
             )
         outs = (sol.x, sol.eq_duals, sol.ineq_duals, sol.lb_duals, sol.ub_duals)
         x, eq, ineq, lbd, ubd = (to_wire(t) for t in outs)

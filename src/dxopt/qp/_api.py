@@ -10,6 +10,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from dxopt._core import positional_deprecated
 from dxopt.qp._backward_kkt import KKTBackward
 from dxopt.qp._backward_penalty import PenaltyBackward
 from dxopt.qp._bounds import append_bounds
@@ -371,14 +372,21 @@ def _torch_route(solver: str, backward: object, *inputs: object) -> bool:
     return q.device.type != "cpu"
 
 
+_ORDER_NOTE = (
+    "qpsolvers and qpth take (P, q, G, h, A, b) while dxopt's positional order was (P, q, A, "
+    "b, G, h): solve(P, q, G, h) solved G x = h as equalities."
+)
+
+
+@positional_deprecated("A", "b", "G", "h", leading=2, note=_ORDER_NOTE)
 def solve(
     P: Tensor,
     q: Tensor,
+    *,
     A: Tensor | None = None,
     b: Tensor | None = None,
     G: Tensor | None = None,
     h: Tensor | None = None,
-    *,
     lb: Tensor | None = None,
     ub: Tensor | None = None,
     backward: str | BackwardMethod = "penalty",
@@ -406,6 +414,12 @@ def solve(
     :math:`\\nu \\circ (Gx - h) = 0` on the active set, computed either by the dXPP penalty
     system (:class:`PenaltyBackward`, Linghu et al., arXiv 2602.14154) or by the exact reduced
     KKT system (:class:`KKTBackward`; Amos & Kolter, arXiv 1703.00443).
+
+    Every argument after ``q`` is keyword-only: ``solve(P, q, G=G, h=h)``. qpsolvers and qpth
+    take ``(P, q, G, h, A, b)`` while dxopt's positional order was ``(P, q, A, b, G, h)``, so a
+    positional ``solve(P, q, G, h)`` silently solved :math:`Gx = h` as equalities. Positional
+    ``A, b, G, h`` still work for one release and warn with a ``DeprecationWarning`` that names
+    the arguments they were bound to.
 
     Args:
         P: ``(n, n)`` or ``(B, n, n)`` symmetric PSD; dense, or torch sparse COO/CSR ``(n, n)``.
@@ -502,8 +516,8 @@ def solve(
     """
     if torch.compiler.is_compiling():  # a graph break: the solve runs eagerly (numpy/C)
         return _solve_eagerly(
-            P, q, A, b, G, h, lb=lb, ub=ub, backward=backward, solver=solver, eps_abs=eps_abs,
-            eps_rel=eps_rel, on_failure=on_failure, warm_start=warm_start,
+            P, q, A=A, b=b, G=G, h=h, lb=lb, ub=ub, backward=backward, solver=solver,
+            eps_abs=eps_abs, eps_rel=eps_rel, on_failure=on_failure, warm_start=warm_start,
             max_workers=max_workers, solver_options=solver_options, check_psd=check_psd,
             executor=executor, fallback=fallback, polish=polish,
         )  # fmt: skip
@@ -724,7 +738,10 @@ torch.utils._pytree.register_pytree_node(
 
 
 class QPLayer(nn.Module):
-    """A differentiable QP layer: ``layer(P, q, A, b, G, h) -> QPSolution``.
+    """A differentiable QP layer: ``layer(P, q, A=A, b=b, G=G, h=h) -> QPSolution``.
+
+    Every argument after ``q`` is keyword-only (as in :func:`solve`; positional use still
+    works for one release, with a ``DeprecationWarning`` naming the arguments it bound).
 
     Holds only its configuration (keyword options of :func:`solve`), so it is picklable and
     safe under ``DistributedDataParallel``.
@@ -764,20 +781,22 @@ class QPLayer(nn.Module):
             "polish": polish,
         }
 
+    # the warning points at the caller of ``layer(...)``, past nn.Module's call machinery
+    @positional_deprecated("A", "b", "G", "h", leading=3, note=_ORDER_NOTE, stacklevel=4)
     def forward(
         self,
         P: Tensor,
         q: Tensor,
+        *,
         A: Tensor | None = None,
         b: Tensor | None = None,
         G: Tensor | None = None,
         h: Tensor | None = None,
-        *,
         lb: Tensor | None = None,
         ub: Tensor | None = None,
         warm_start: Tensor | None = None,
     ) -> QPSolution:
-        return solve(P, q, A, b, G, h, lb=lb, ub=ub, warm_start=warm_start, **self.options)
+        return solve(P, q, A=A, b=b, G=G, h=h, lb=lb, ub=ub, warm_start=warm_start, **self.options)
 
     def extra_repr(self) -> str:
         return ", ".join(f"{k}={v!r}" for k, v in self.options.items() if v is not None)
