@@ -14,7 +14,8 @@ Solve :math:`\min_x H(x) = f(x, y^*(x))` with :math:`y^*(x) = \arg\min_y g(x, y)
 - Methods: :class:`AID` (CG or Neumann, GD or AGD inner loop, warm starts), :class:`ITD`,
   :class:`StocBiO`, :class:`SOBA`, :class:`F2BA`, all run by :func:`minimize_bilevel`
   from :math:`x_0` (default 0) and :math:`y_0` (default 0); :func:`hypergradient` gives one
-  estimate at a given ``x``. Results carry a :class:`dxopt.Status` and a :class:`dxopt.Cost`.
+  estimate at a given ``x``, certified by the residuals of its inner and adjoint solves.
+  Results carry a :class:`dxopt.Status` and a :class:`dxopt.Cost`.
 - Neural networks: :func:`implicit_argmin` / :class:`ImplicitArgmin`, an autograd layer that
   differentiates the minimizer of an ``nn.Module``'s inner loss with respect to
   hyperparameters by the implicit function theorem (CG on Hessian-vector products).
@@ -30,11 +31,12 @@ from dxopt.bilevel.chains import SingleLevelRun as SingleLevelRun
 from dxopt.bilevel.chains import run_single_level as run_single_level
 from dxopt.bilevel.driver import BilevelResult as BilevelResult
 from dxopt.bilevel.driver import HypergradientMethod as HypergradientMethod
-from dxopt.bilevel.driver import HypergradientResult as HypergradientResult
 from dxopt.bilevel.driver import Status as Status
 from dxopt.bilevel.driver import Trajectory as Trajectory
-from dxopt.bilevel.driver import hypergradient as hypergradient
 from dxopt.bilevel.driver import minimize_bilevel as minimize_bilevel
+from dxopt.bilevel.estimate import HypergradientError as HypergradientError
+from dxopt.bilevel.estimate import HypergradientResult as HypergradientResult
+from dxopt.bilevel.estimate import hypergradient as hypergradient
 from dxopt.bilevel.hyperparameters import LogisticRegularization as LogisticRegularization
 from dxopt.bilevel.hyperparameters import (
     MinibatchLogisticRegularization as MinibatchLogisticRegularization,
@@ -75,6 +77,7 @@ __all__ = [
     "BudgetExhaustedError",
     "CarmonChain",
     "CountingOracle",
+    "HypergradientError",
     "HypergradientMethod",
     "HypergradientResult",
     "ImplicitArgmin",

@@ -1,5 +1,5 @@
-r"""The outer loop shared by every method, its typed result, the one-shot hypergradient and
-the budget handling.
+r"""The outer loop shared by every method, its typed result and the budget handling (the
+one-shot estimate is :func:`dxopt.bilevel.hypergradient`, in :mod:`dxopt.bilevel.estimate`).
 
 Every method proposes a hypergradient estimate :math:`d_t \approx \nabla H(x_t)` and the
 driver steps :math:`x_{t+1} = x_t - \gamma d_t`, starting from :math:`x_0` (default 0, the
@@ -23,10 +23,8 @@ from dxopt.bilevel.oracles import BilevelOracle, BudgetExhaustedError, CountingO
 __all__ = [
     "BilevelResult",
     "HypergradientMethod",
-    "HypergradientResult",
     "Status",
     "Trajectory",
-    "hypergradient",
     "minimize_bilevel",
 ]
 
@@ -197,67 +195,4 @@ def minimize_bilevel(
         trajectory=Trajectory(tuple(calls), tuple(seconds), tuple(norms), tuple(values)),
         first_nonzero_x=counting.first_nonzero_x if track_frontier else None,
         first_nonzero_y=counting.first_nonzero_y if track_frontier else None,
-    )
-
-
-@dataclass(frozen=True)
-class HypergradientResult:
-    r"""One hypergradient estimate.
-
-    Attributes:
-        value: the estimate of :math:`\nabla H(x)`.
-        y: the lower-level point the method used.
-        cost: its oracle calls by kind and seconds.
-        state: the method's state afterwards (pass ``y`` back as ``y0`` to warm start).
-    """
-
-    value: torch.Tensor
-    y: torch.Tensor
-    cost: Cost
-    state: Any = field(default=None, repr=False)
-
-
-def hypergradient(
-    oracle: BilevelOracle,
-    x: torch.Tensor,
-    method: HypergradientMethod | str,
-    *,
-    y0: torch.Tensor | None = None,
-) -> HypergradientResult:
-    r"""Estimate :math:`\nabla H(x)` once with ``method``, without moving ``x``.
-
-    Args:
-        oracle: the problem's oracle.
-        x: where to estimate (a flat tensor of length ``oracle.dim_x``).
-        method: a method instance such as ``AID(inner=..., linear=CG(max_iter=20),
-            outer_lr=0.0)`` (its ``outer_lr`` is not used), or ``"exact"`` for the oracle's
-            uncounted :meth:`exact_hypergradient` (a reference, not an estimate).
-        y0: the lower-level start (default zero).
-
-    Raises:
-        ValueError: for an ``x`` / ``y0`` not matching the oracle or an unknown method name.
-    """
-    x = _start("x", x, oracle.dim_x, oracle.dtype)
-    y = _start("y0", y0, oracle.dim_y, oracle.dtype)
-    if isinstance(method, str):
-        if method != "exact":
-            raise ValueError(
-                f"method: expected a method instance (AID, ITD, StocBiO, SOBA, F2BA) or "
-                f"'exact', got {method!r}."
-            )
-        start = time.perf_counter()
-        value = oracle.exact_hypergradient(x)
-        return HypergradientResult(value=value, y=y, cost=Cost(seconds=time.perf_counter() - start))
-    if not (hasattr(method, "init") and hasattr(method, "step")):
-        raise TypeError(
-            f"method: expected a hypergradient method with init/step (e.g. AID), got "
-            f"{type(method).__name__}."
-        )
-    counting = CountingOracle(oracle)
-    start = time.perf_counter()
-    state = method.init(counting, x, y)
-    value, state = method.step(counting, x, state)
-    elapsed = time.perf_counter() - start
-    return HypergradientResult(
-        value=value, y=state.y, cost=replace(counting.cost, seconds=elapsed), state=state
     )

@@ -76,10 +76,20 @@ class AID:
         v = self.linear.solve(lambda u: oracle.hvp_yy(x, y, u), fy, v0)
         return fx - oracle.jvp_xy(x, y, v), AIDState(y=y, v=v, start=state.start)
 
+    def estimate_point(
+        self, before: AIDState, after: AIDState
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(y, v)`` of the last step: ``d = grad_x f(x, y) - grad_xy g(x, y) v`` (see
+        :func:`dxopt.bilevel.hypergradient`, which checks both solves there)."""
+        return after.y, after.v
+
 
 class ITDState(NamedTuple):
     y: torch.Tensor
     start: torch.Tensor  # y0, where a cold (warm_start=False) unroll restarts
+    # the implied adjoint alpha * sum_k a_{k+1}: d = grad_x f - grad_xy g v when the mixed
+    # derivative is constant along the unroll (checked by dxopt.bilevel.hypergradient)
+    v: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -122,8 +132,18 @@ class ITD:
         d, a_next = oracle.grad_f(x, y)
         alpha, beta = self.inner.lr, self.inner.momentum
         carry = torch.zeros_like(a_next)  # the part of a_k already pushed from step k+1
+        v = torch.zeros_like(a_next)
         for w in reversed(points):
             w_bar = a_next - alpha * oracle.hvp_yy(x, w, a_next)
             d = d - alpha * oracle.jvp_xy(x, w, a_next)
+            v = v + alpha * a_next
             a_next, carry = carry + (1.0 + beta) * w_bar, -beta * w_bar
-        return d, ITDState(y=y, start=state.start)
+        return d, ITDState(y=y, start=state.start, v=v)
+
+    def estimate_point(
+        self, before: ITDState, after: ITDState
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        r"""``(y_K, v)`` with :math:`v = \alpha\sum_k a_{k+1}` the adjoint the unroll implies
+        (:math:`d = \nabla_x f - \nabla^2_{xy} g\, v` when the mixed derivative is constant
+        along the unroll; a Neumann series for GD)."""
+        return after.y, after.v

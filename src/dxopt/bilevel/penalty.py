@@ -72,3 +72,12 @@ class F2BA:
         fx = oracle.grad_f(x, y)[0]
         d = fx + lam * (oracle.grad_g(x, y)[0] - oracle.grad_g(x, z)[0])
         return d, F2BAState(y=z, y_penalized=y)
+
+    def estimate_point(
+        self, before: F2BAState, after: F2BAState
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        r"""``(z, v)`` with :math:`v = \lambda(z - y_\lambda)`: to first order
+        :math:`d = \nabla_x f - \nabla^2_{xy} g\, v`, and :math:`v \to [\nabla^2_{yy}
+        g]^{-1}\nabla_y f` as :math:`\lambda \to \infty` (the penalty's bias shows as
+        the adjoint residual)."""
+        return after.y, self.penalty * (after.y - after.y_penalized)

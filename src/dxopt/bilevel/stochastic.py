@@ -49,6 +49,7 @@ def _check_batch(batch_size: int) -> None:
 
 class StocBiOState(NamedTuple):
     y: torch.Tensor
+    v: torch.Tensor | None = None  # the last Neumann estimate of [grad_yy g]^{-1} grad_y f
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,13 @@ class StocBiO:
             gx, gy = oracle.grad_f(x, y)
             fx, fy = fx + gx / b, fy + gy / b
         v = self.neumann.solve(lambda u: _mean(b, lambda: oracle.hvp_yy(x, y, u)), fy)
-        return fx - _mean(b, lambda: oracle.jvp_xy(x, y, v)), StocBiOState(y=y)
+        return fx - _mean(b, lambda: oracle.jvp_xy(x, y, v)), StocBiOState(y=y, v=v)
+
+    def estimate_point(
+        self, before: StocBiOState, after: StocBiOState
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(y, v)`` of the last step: ``d = grad_x f(x, y) - grad_xy g(x, y) v``."""
+        return after.y, after.v
 
 
 class SOBAState(NamedTuple):
@@ -124,3 +131,11 @@ class SOBA:
         y_new = y - self.inner_lr * oracle.grad_g(x, y)[1]
         v_new = v - self.inner_lr * (oracle.hvp_yy(x, y, v) + fy)
         return d, SOBAState(y=y_new, v=v_new)
+
+    def estimate_point(
+        self, before: SOBAState, after: SOBAState
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The step's estimate uses the state it started from: ``d = grad_x f(x, y) -
+        grad_xy g(x, y) (-v)`` at ``before`` (SOBA's ``v`` tends to ``-[grad_yy g]^{-1}
+        grad_y f``)."""
+        return before.y, -before.v
