@@ -248,7 +248,7 @@ def run_problem(name: str, args: argparse.Namespace) -> dict[str, Any]:
             rec.update(verdict=J.NO_VERDICT, note=f"finite differences: {ev.get('status')}")
         else:
             assert grads is not None
-            rec.update(judge_problem(prob, args.seed, ev, dx | {"grads": grads}))
+            rec.update(judge_problem(prob, args.seed, ev, dx | {"grads": grads, "x": x}))
             if rec["verdict"] == J.WRONG and rec["source"] == "fd" and flagged(dx):
                 rec.update(_piece(prob, name, ev, grads, args))
             ref = ev.get("reference") or {}

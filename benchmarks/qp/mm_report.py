@@ -74,6 +74,13 @@ def summarize(records: list[dict], args_timeout: float) -> dict[str, Any]:
         "gradient_coverage": 100.0 * len(with_grad) / max(len(solved), 1),
         "verdictable": len(verdictable),
         "verdictable_matching": sum(r["verdict"] in PASSING for r in verdictable),
+        "nonunique_names": [r["problem"] for r in records if r.get("source") == "non-unique"],
+        "raw_solved": sum(any(v.get("success") for v in r["raw"].values()) for r in records),
+        "raw_solved_dxopt_failed": [
+            r["problem"]
+            for r in records
+            if any(v.get("success") for v in r["raw"].values()) and not r["forward_success"]
+        ],
         "refused_names": [r["problem"] for r in records if r["verdict"] == "refused"],
         "wrong_names": [r["problem"] for r in records if r["verdict"] == J.WRONG],
         "failed_names": [r["problem"] for r in records if r["verdict"] == "forward failed"],
@@ -99,9 +106,15 @@ def summary_table(summaries: dict[str, dict]) -> str:
     row("problems", lambda s: s["problems"])
     for v in VERDICTS:
         row(f"verdict: {v}", lambda s, v=v: s["verdicts"].get(v, 0))
+    row("  of which x* not unique (evidence about another optimal point)",
+        lambda s: len(s.get("nonunique_names", [])))  # fmt: skip
     row("silently wrong (wrong, not flagged)", lambda s: s["silently_wrong"])
     row("flagged degenerate", lambda s: s["flagged"])
     row("SOLVED but residuals above tolerance", lambda s: s["silent_forward_errors"])
+    row("forward solved: dxopt / any raw backend",
+        lambda s: f"{s['forward_solved']} / {s.get('raw_solved', '-')}")  # fmt: skip
+    row("forward solved by a raw backend, not by dxopt",
+        lambda s: len(s.get("raw_solved_dxopt_failed", [])))  # fmt: skip
     row("forward success, dxopt (%)", lambda s: f"{s['success_rate']['dxopt']:.1f}")
     row("forward success, best raw backend (%)",
         lambda s: f"{s['success_rate'][s['best_raw']]:.1f} ({s['best_raw']})")  # fmt: skip
@@ -121,6 +134,9 @@ def targets_table(summary: dict) -> str:
         ("zero silently wrong gradients", summary["silently_wrong"], not summary["silently_wrong"]),
         (f"forward success >= best raw ({best}, {rate[best]:.1f}%) + 5 points",
          f"{rate['dxopt']:.1f}%", rate["dxopt"] >= rate[best] + 5.0),
+        ("every problem a raw backend solves, dxopt solves",
+         ", ".join(summary["raw_solved_dxopt_failed"]) or "all",
+         not summary["raw_solved_dxopt_failed"]),
         (">= 95% of forward-solved problems get a gradient",
          f"{summary['gradient_coverage']:.1f}%", summary["gradient_coverage"] >= 95.0),
         ("every verdict-able gradient matches (match, clarke or piece)",
@@ -175,7 +191,8 @@ def problem_table(records: list[dict], before: dict | None = None) -> str:
             "fastest raw": f"{r.get('fastest_raw') or '-'} {_fmt(r.get('fastest_raw_s'))}",
             "ratio": _fmt(ratio),
             "before": old.get(r["problem"], "not run"),
-            "verdict": r["verdict"] + (f" ({r['source']})" if r.get("source") == "ref" else ""),
+            "verdict": r["verdict"]
+            + (f" ({r['source']})" if r.get("source") in ("ref", "non-unique") else ""),
             "q/hb/shift": "/".join(dirs.get(k, "-").replace("no verdict", "nv")
                                    for k in mmp.DIRECTION_KINDS) if dirs else "-",
             "ref err": _fmt(r.get("ref_err")),
@@ -279,6 +296,7 @@ def section(payloads: dict[str, dict]) -> str:
                 solved_by(r) for r in pl["records"] if r["dxopt"].get("info")
             ).most_common()) + ". "
             f"Wrong: {', '.join(s['wrong_names']) or 'none'}. "
+            f"No verdict as x* is not unique: {', '.join(s['nonunique_names']) or 'none'}. "
             f"Refused: {', '.join(s['refused_names']) or 'none'}. "
             f"Forward failed: {', '.join(s['failed_names']) or 'none'}.",
         ]  # fmt: skip

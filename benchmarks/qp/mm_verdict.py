@@ -41,6 +41,47 @@ def flagged(dx: dict) -> bool:
 
 
 ROUNDOFF = 1e-13  # relative accuracy of a polished solution (its KKT solve's residual)
+NONUNIQUE_MOVE = 1e-6  # relative distance of two accepted solutions that is not solver error
+FLAT = 1e-10  # curvature of P along their difference, relative to max|P_ij| |d|^2: flat
+SAME_OBJECTIVE = 1e-8  # relative difference of their objectives: equal
+
+
+def not_unique(prob: mmp.MMProblem, x: np.ndarray | None, x0: np.ndarray | None) -> str:
+    """Why the solution set is not one point, or ``""``: dxopt's accepted ``x`` and the
+    finite-difference base point ``x0`` are far apart (relative distance above
+    ``NONUNIQUE_MOVE``), ``P`` is flat along their difference ``d``
+    (``d' P d <= FLAT max|P_ij| |d|^2``) and their objectives
+    are equal (within ``SAME_OBJECTIVE``). The optimal set of a convex QP is convex, so the
+    whole segment is optimal, ``w . x*`` is not a function of the data there, and the one-sided
+    differences of another solver describe another point of the set (they can jump: the
+    re-solve lands elsewhere on the face): they are no evidence for or against dxopt's
+    gradient, whichever way they read. Two accepted points of a problem with a unique but
+    ill-conditioned solution differ along directions where ``P`` curves, so they are not
+    taken for non-uniqueness."""
+    if x is None or x0 is None:
+        return ""
+    x, x0 = np.asarray(x, dtype=np.float64), np.asarray(x0, dtype=np.float64)
+    d = x - x0
+    move = float(np.abs(d).max(initial=0.0)) / (1.0 + float(np.abs(x0).max(initial=0.0)))
+    if move <= NONUNIQUE_MOVE:
+        return ""
+    pmax = float(abs(prob.P).max()) if prob.P.nnz else 0.0
+    curvature = float(d @ (prob.P @ d))
+    if curvature > FLAT * pmax * float(d @ d):
+        return ""
+
+    def objective(v: np.ndarray) -> tuple[float, float]:
+        quad, lin = 0.5 * float(v @ (prob.P @ v)), float(prob.q @ v)
+        return quad + lin, max(abs(quad), abs(lin))
+
+    (fx, sx), (f0, s0) = objective(x), objective(x0)
+    if abs(fx - f0) > SAME_OBJECTIVE * max(1.0, sx, s0):
+        return ""
+    return (
+        f"x* not unique: dxopt's solution and the finite-difference solver's differ by "
+        f"{move:.2g} (relative) with equal objective ({abs(fx - f0):.2g} apart) and "
+        f"d'Pd = {curvature:.2g} along their difference d (|d|^2 = {float(d @ d):.2g})"
+    )
 
 
 def evaluation_noise(prob: mmp.MMProblem, seed: int, ev: dict) -> float:
@@ -63,7 +104,9 @@ def evaluation_noise(prob: mmp.MMProblem, seed: int, ev: dict) -> float:
 
 
 def judge_problem(prob: mmp.MMProblem, seed: int, ev: dict, dx: dict) -> dict[str, Any]:
-    """Verdict of dxopt's gradient (``dx["grads"]``) against the evidence ``ev``."""
+    """Verdict of dxopt's gradient (``dx["grads"]``) at its solution (``dx["x"]``, optional)
+    against the evidence ``ev``; ``no verdict`` (source ``"non-unique"``) where the two points
+    show that the solution is not unique (:func:`not_unique`)."""
     grads = dx["grads"]
     noise = evaluation_noise(prob, seed, ev)
     dirs = mmp.directions(prob, seed)
@@ -80,6 +123,10 @@ def judge_problem(prob: mmp.MMProblem, seed: int, ev: dict, dx: dict) -> dict[st
         "fd_rel_error": {k: v.rel_error for k, v in per},
     }
     verdict, source = fd, "fd"
+    why = not_unique(prob, dx.get("x"), ev.get("x0"))
+    if why:  # the evidence is about another optimal point: no verdict, whatever it reads
+        out.update(verdict=J.NO_VERDICT, source="non-unique", nonunique=why)
+        return out
     ref = ev.get("reference") or {}
     if ref.get("verified"):
         # the reference must itself pass the judge wherever finite differences can tell

@@ -321,3 +321,108 @@ def test_render_only_merges_size_ranges_into_one_before_after_table(tmp_path):
         assert f"| {r['problem']} | {r['n']} |" in text
     assert text.count("| not run |") == 2
     assert "verdict: piece" in text
+
+
+# ------------------------------------------------- issue 28: HS268/S268, QBEACONF, uniqueness
+
+
+@needs_data
+@pytest.mark.parametrize("name", ["HS268", "S268"])
+def test_hs268_gradient_is_the_exact_derivative_of_the_piece_without_the_weak_row(name):
+    """HS268/S268: the unconstrained minimiser x = (1, 2, -1, 3, -4) lies exactly on row 5
+    (slack 0, multiplier 0): a kink of the solution map. dxopt drops the weakly active row, so
+    its gradient is that of the piece where row 5 is inactive, x*(q) = -P^{-1} q: in closed
+    form dL/dq = -P^{-1} w, dL/dh = 0. That piece is entered by every line on one side, and the
+    polished one-sided difference of that side matches the claim to 1e-5 (cond(P) = 1.2e6: a
+    re-solve errs by ~eps cond(P) |x| / t in the slope; at eps 1e-9 that is the 4e-5 an
+    independent judge read as a disagreement)."""
+    from benchmarks.qp.mm_dxopt import run_dxopt
+
+    prob = mmp.load(name)
+    P = prob.P.toarray()
+    assert np.linalg.cond(P) > 1e6  # the ill-conditioning behind the unpolished judge's misread
+    dx = run_dxopt(prob, 0, accept_tol=1e-6, repeats=1)
+    assert dx["status"] == "ok" and dx["accepted"], dx
+    w = mmp.loss_weights(prob, 0)
+    np.testing.assert_allclose(dx["x"], [1.0, 2.0, -1.0, 3.0, -4.0], atol=1e-9)
+    assert prob.h is not None and prob.G is not None
+    slack = prob.h - prob.G @ np.array([1.0, 2.0, -1.0, 3.0, -4.0])
+    assert slack[4] == 0.0 and slack[:4].min() >= 4.0  # row 5 weakly active, the rest slack
+    ref = -np.linalg.solve(P, w)
+    assert np.abs(dx["grads"]["q"] - ref).max() <= 1e-9 * np.abs(ref).max()
+    assert np.abs(dx["grads"]["h"]).max() == 0.0
+    # the claim along a unit q direction is one polished one-sided slope (the side that leaves
+    # row 5 inactive), the other side is the piece with row 5 active: a kink, either is valid
+    d = np.random.default_rng(3).standard_normal(prob.n)
+    d /= np.linalg.norm(d)
+    line = {"q": d, "h": None, "b": None}
+    claimed = float(dx["grads"]["q"] @ d)
+    f0 = float(w @ mmp.solve_polished(prob)[0])
+    sides = []
+    for sign in (1.0, -1.0):
+        # even a polished re-solve carries ~2.5e-9 of round-off in x here (cond(P) 1.2e6),
+        # i.e. ~1e-9 / t in the slope: t = 1e-3 keeps that below 1e-5 of the claim
+        t = 1e-3
+        x_t, solver = mmp.fd_solve(prob, line, sign * t)
+        assert x_t is not None and solver.endswith("+polish")
+        sides.append(sign * (float(w @ x_t) - f0) / t)
+    assert min(abs(s - claimed) for s in sides) <= 1e-5 * abs(claimed), (claimed, sides)
+    assert max(abs(s - claimed) for s in sides) > 1e-2 * abs(claimed), (claimed, sides)  # kink
+
+
+def _face_problem():
+    import scipy.sparse as sp
+
+    # min x1 + 0 x2 s.t. x1 >= 0, 0 <= x2 <= 1: the optimal set is the segment x1 = 0, x2 in
+    # [0, 1]; P is zero, so w . x* is not a function of q (any x2 is optimal)
+    G = sp.csc_matrix(np.array([[-1.0, 0.0], [0.0, -1.0], [0.0, 1.0]]))
+    P = sp.csc_matrix(np.diag([1.0, 0.0]))
+    return mmp.MMProblem("toy-face", P, np.array([1.0, 0.0]), G, np.array([0.0, 0.0, 1.0]),
+                         None, None)  # fmt: skip
+
+
+def test_two_optimal_points_of_a_face_are_not_unique_and_get_no_verdict():
+    from benchmarks.qp.mm_verdict import judge_problem, not_unique
+
+    prob = _face_problem()
+    a, b = np.array([0.0, 0.0]), np.array([0.0, 0.7])  # both optimal, 0.7 apart, P flat
+    assert "not unique" in not_unique(prob, a, b)
+    assert not_unique(prob, a, a + 1e-9) == ""  # solver error, not another point
+    # a unique solution: x1 differs (P curves along it) -> not taken for non-uniqueness
+    assert not_unique(prob, np.array([0.3, 0.0]), a) == ""
+    # whatever the evidence at the other point reads, it gives no verdict
+    f0 = 0.3
+    ev = {"noise": 0.0, "x0": b, "f0": f0, "directions": [
+        {"kind": k, "plus": {t: f0 + 5.0 * t for t in STEPS},
+         "minus": {t: f0 - 5.0 * t for t in STEPS}} for k in mmp.DIRECTION_KINDS]}  # fmt: skip
+    grads = {"q": np.zeros(2), "h": np.zeros(3)}
+    at_b = judge_problem(prob, 0, ev, {"grads": grads})  # no x: judged on the evidence
+    assert at_b["verdict"] == J.WRONG, at_b
+    at_a = judge_problem(prob, 0, ev, {"grads": grads, "x": a})
+    assert at_a["verdict"] == J.NO_VERDICT and at_a["source"] == "non-unique", at_a
+    assert at_a["fd_verdict"] == J.WRONG  # the line reading is kept, not counted
+
+
+@needs_data
+def test_qbeaconf_solution_is_not_unique_and_dxopt_returns_a_vertex():
+    """QBEACONF: the optimal set is a face (the interior-point solution has 122 tight rows,
+    rank 212 with the equalities, n = 262); dxopt's daqp vertex and clarabel's point differ by
+    ~3400 with equal objective and P flat between them. The judge gives no verdict (not a
+    jump read as a slope); dxopt's point is a vertex (tight rows and equalities of rank n),
+    which does not move with q wherever it stays optimal, so its dL/dq is 0."""
+    from benchmarks.qp.mm_dxopt import run_dxopt
+    from benchmarks.qp.mm_verdict import flagged, judge_problem
+
+    prob = mmp.load("QBEACONF")
+    dx = run_dxopt(prob, 0, accept_tol=1e-6, repeats=1)
+    assert dx["status"] == "ok" and dx["accepted"], dx
+    assert flagged(dx)  # degenerate: dependent active rows
+    ev = mmp.fd_evidence(prob, 0)
+    result = judge_problem(prob, 0, ev, dx)
+    assert result["verdict"] == J.NO_VERDICT and result["source"] == "non-unique", result
+    assert prob.G is not None and prob.h is not None and prob.A is not None
+    x = dx["x"]
+    tight = (prob.h - prob.G @ x) <= 1e-6 * (1.0 + np.abs(prob.h))
+    rows = np.vstack([prob.G.toarray()[tight], prob.A.toarray()])
+    assert np.linalg.matrix_rank(rows) == prob.n  # a vertex
+    assert np.abs(dx["grads"]["q"]).max() <= 1e-10 * np.abs(mmp.loss_weights(prob, 0)).max()
