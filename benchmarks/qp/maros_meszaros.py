@@ -15,7 +15,7 @@ process with a time limit (a hang or a crash is recorded, never stops the run):
   only; ``h`` and ``b`` in the range of ``A``; a translation of the feasible set), from
   one-sided finite differences of tight-tolerance clarabel/piqp re-solves at five steps, plus
   the exact reduced-KKT reference gradient where the active set is verified
-  (:func:`benchmarks.qp.mm_problems.reference_gradient`); a flagged gradient judged ``wrong``
+  (:func:`benchmarks.qp.mm_evidence.reference_gradient`); a flagged gradient judged ``wrong``
   there gets the piece check (:func:`judge_piece`: B-subdifferential membership at a nearby
   point of its piece).
 
@@ -28,8 +28,9 @@ RUN.json`` combines runs over different size ranges into one table (before/after
 
 This module is the runner (isolated tasks, caching, the command line); the verdict of one
 problem is :mod:`benchmarks.qp.mm_verdict`, the summary, tables and BENCHMARKS.md section
-:mod:`benchmarks.qp.mm_report`, the data and the finite-difference evidence
-:mod:`benchmarks.qp.mm_problems`, dxopt's side :mod:`benchmarks.qp.mm_dxopt`.
+:mod:`benchmarks.qp.mm_report`, the data :mod:`benchmarks.qp.mm_problems`, the
+finite-difference evidence :mod:`benchmarks.qp.mm_evidence`, dxopt's side
+:mod:`benchmarks.qp.mm_dxopt`.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from tqdm import tqdm
 
 from benchmarks.common import machine_info, results_dir, set_threads, write_json
 from benchmarks.qp import judge as J
+from benchmarks.qp import mm_evidence as mme
 from benchmarks.qp import mm_problems as mmp
 from benchmarks.qp.mm_report import (  # noqa: F401  (re-exported: the runner's public names)
     SECTION,
@@ -75,7 +77,7 @@ from benchmarks.qp.mm_verdict import (  # noqa: F401
 
 COMMAND = "dxopt bench qp --suite maros-meszaros"
 QUICK = ("HS21", "HS35", "HS76", "QAFIRO", "DUALC1", "HS21" + mmp.ZERO_ROW)
-EVIDENCE_VERSION = 2
+EVIDENCE_VERSION = 3  # 3: the line re-solves start with the solver of f(0)
 
 
 # ------------------------------------------------------------------------- isolated tasks
@@ -84,9 +86,9 @@ EVIDENCE_VERSION = 2
 def _task(kind: str, name: str, seed: int, accept_tol: float, extra: Any = None) -> Any:
     prob = mmp.load(name)
     if kind == "fd":
-        return mmp.fd_evidence(prob, seed)
+        return mme.fd_evidence(prob, seed)
     if kind == "piece":
-        return mmp.piece_evidence(prob, seed, *extra)
+        return mme.piece_evidence(prob, seed, *extra)
     if kind == "dxopt":
         from benchmarks.qp.mm_dxopt import run_dxopt
 

@@ -1,5 +1,5 @@
 """The gradient verdict of one Maros-Meszaros problem: dxopt's claim against the
-finite-difference evidence (:mod:`benchmarks.qp.mm_problems`) through the judge of
+finite-difference evidence (:mod:`benchmarks.qp.mm_evidence`) through the judge of
 :mod:`benchmarks.qp.judge`, the verified reduced-KKT reference, the piece check of a flagged
 degenerate gradient, and the uniqueness check of the solution (a loss ``w . x*`` over a
 non-unique solution set is not a function of the data, so no difference can judge it)."""
@@ -163,7 +163,7 @@ def judge_piece(prob: mmp.MMProblem, seed: int, piece_ev: dict, grads: dict) -> 
     derivative of a third piece (an element of the B-subdifferential, so of Clarke's
     generalised gradient) can lie outside them, because ``w . x*`` is not convex and
     :math:`\\partial_C f(0) \\subseteq \\partial_C F(\\theta) d` is only an inclusion. The
-    check (:func:`benchmarks.qp.mm_problems.piece_evidence`) moves to the point of the piece the
+    check (:func:`benchmarks.qp.mm_evidence.piece_evidence`) moves to the point of the piece the
     gradient names (the tight rows outside its support relaxed, :math:`x^\\star` unchanged)
     and judges the same claim there along the same directions: ``piece`` if it matches (or
     lies between the one-sided slopes) there, else the verdict stays ``wrong``. A gradient that

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from benchmarks.common import REPO_ROOT
 from benchmarks.qp import judge as J
+from benchmarks.qp import mm_evidence as mme
 from benchmarks.qp import mm_problems as mmp
 
 STEPS = mmp.STEPS
@@ -118,12 +119,12 @@ def test_piece_check_certifies_every_piece_and_only_pieces():
     from benchmarks.qp.maros_meszaros import PASSING, judge_piece, judge_problem
 
     prob, pieces = _pieces_problem()
-    ev = mmp.fd_evidence(prob, 0)
+    ev = mme.fd_evidence(prob, 0)
     assert ev["base_solver"].endswith("+polish")
     line = {}
     for name, grads in pieces.items():
         line[name] = judge_problem(prob, 0, ev, {"grads": grads})["verdict"]
-        pev = mmp.piece_evidence(prob, 0, ev["x0"], grads)
+        pev = mme.piece_evidence(prob, 0, ev["x0"], grads)
         assert pev["relaxed_rows"] == 3 - int((grads["h"] != 0).sum()), pev
         assert pev["move"] <= 1e-12
         out = judge_piece(prob, 0, pev, grads)
@@ -134,11 +135,11 @@ def test_piece_check_certifies_every_piece_and_only_pieces():
     # a claim with a piece's support but the wrong values stays wrong ...
     bad = {"q": np.zeros(2), "h": -pieces["13"]["h"]}
     assert judge_problem(prob, 0, ev, {"grads": bad})["verdict"] == J.WRONG
-    out = judge_piece(prob, 0, mmp.piece_evidence(prob, 0, ev["x0"], bad), bad)
+    out = judge_piece(prob, 0, mme.piece_evidence(prob, 0, ev["x0"], bad), bad)
     assert out["piece_verdict"] == J.WRONG and "verdict" not in out, out
     # ... and so does one spread over all dependent rows (nothing to relax)
     spread = {"q": np.zeros(2), "h": np.full(3, pieces["3"]["h"][2] / 1.5)}
-    pev = mmp.piece_evidence(prob, 0, ev["x0"], spread)
+    pev = mme.piece_evidence(prob, 0, ev["x0"], spread)
     assert "directions" not in pev and "support" in pev["why"]
     assert judge_piece(prob, 0, pev, spread)["piece_verdict"] == J.WRONG
 
@@ -146,9 +147,9 @@ def test_piece_check_certifies_every_piece_and_only_pieces():
 def test_piece_check_refuses_a_support_that_is_not_a_piece():
     # claim supported on row 1 only: relaxing rows 2 and 3 moves x* (x2 is then free)
     prob, _ = _pieces_problem()
-    ev = mmp.fd_evidence(prob, 0)
+    ev = mme.fd_evidence(prob, 0)
     grads = {"q": np.zeros(2), "h": np.array([1.0, 0.0, 0.0])}
-    pev = mmp.piece_evidence(prob, 0, ev["x0"], grads)
+    pev = mme.piece_evidence(prob, 0, ev["x0"], grads)
     assert "directions" not in pev and "moves" in pev["why"], pev
 
 
@@ -225,7 +226,7 @@ def test_subset_gets_no_wrong_gradient_and_a_corrupted_one_is_caught(name):
     if dx["status"] != "ok":
         pytest.skip(f"{name}: dxopt refused the gradient ({dx.get('error', '')[:80]})")
     assert dx["accepted"], dx["residuals"]
-    ev = mmp.fd_evidence(prob, 0)
+    ev = mme.fd_evidence(prob, 0)
     result = judge_problem(prob, 0, ev, dx)
     assert result["verdict"] != J.WRONG, result
     if name == "PRIMALC8":  # a vertex piece that both one-sided slopes of every line accept
@@ -249,7 +250,7 @@ def test_subset_gets_no_wrong_gradient_and_a_corrupted_one_is_caught(name):
 @needs_data
 def test_reference_gradient_is_exact_on_a_smooth_problem():
     prob = mmp.load("HS35")
-    ev = mmp.fd_evidence(prob, 0)
+    ev = mme.fd_evidence(prob, 0)
     ref = ev["reference"]
     assert ref["verified"], ref["why"]
     assert ev["base_solver"].endswith("+polish") and ev["noise"] < 1e-12
@@ -267,7 +268,7 @@ def test_fixed_pairs_and_polish_make_degenerate_differences_exact():
     prob = mmp.MMProblem("toy", sp.csc_matrix(np.eye(2)), np.array([-3.0, -3.0]), G, h, None, None)
     assert mmp.fixed_pairs(G, h).tolist() == [1, 0, -1, -1]
     assert mmp.fixed_rows(G, h).tolist() == [True, True, False, False]
-    x, _, z, solver = mmp.solve_polished(prob)
+    x, _, z, solver = mme.solve_polished(prob)
     assert solver.endswith("+polish")
     np.testing.assert_allclose(x, [1.0, 1.0], atol=1e-14)
     assert z is not None and z.min() >= 0.0
@@ -357,13 +358,13 @@ def test_hs268_gradient_is_the_exact_derivative_of_the_piece_without_the_weak_ro
     d /= np.linalg.norm(d)
     line = {"q": d, "h": None, "b": None}
     claimed = float(dx["grads"]["q"] @ d)
-    f0 = float(w @ mmp.solve_polished(prob)[0])
+    f0 = float(w @ mme.solve_polished(prob)[0])
     sides = []
     for sign in (1.0, -1.0):
         # even a polished re-solve carries ~2.5e-9 of round-off in x here (cond(P) 1.2e6),
         # i.e. ~1e-9 / t in the slope: t = 1e-3 keeps that below 1e-5 of the claim
         t = 1e-3
-        x_t, solver = mmp.fd_solve(prob, line, sign * t)
+        x_t, solver = mme.fd_solve(prob, line, sign * t)
         assert x_t is not None and solver.endswith("+polish")
         sides.append(sign * (float(w @ x_t) - f0) / t)
     assert min(abs(s - claimed) for s in sides) <= 1e-5 * abs(claimed), (claimed, sides)
@@ -417,7 +418,7 @@ def test_qbeaconf_solution_is_not_unique_and_dxopt_returns_a_vertex():
     dx = run_dxopt(prob, 0, accept_tol=1e-6, repeats=1)
     assert dx["status"] == "ok" and dx["accepted"], dx
     assert flagged(dx)  # degenerate: dependent active rows
-    ev = mmp.fd_evidence(prob, 0)
+    ev = mme.fd_evidence(prob, 0)
     result = judge_problem(prob, 0, ev, dx)
     assert result["verdict"] == J.NO_VERDICT and result["source"] == "non-unique", result
     assert prob.G is not None and prob.h is not None and prob.A is not None
