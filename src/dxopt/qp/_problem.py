@@ -21,7 +21,16 @@ from torch import Tensor
 
 from dxopt.linalg.threads import small_work
 
-__all__ = ["NotPSDError", "QPProblem", "canonical_problem", "check_psd", "to_scipy_csr"]
+__all__ = [
+    "NotPSDError",
+    "QPProblem",
+    "canonical_problem",
+    "check_psd",
+    "check_psd_sparse",
+    "ldl_inertia",
+    "sparse_positive_definite",
+    "to_scipy_csr",
+]
 
 _NAMES = ("P", "q", "A", "b", "G", "h")
 _SPARSE_LAYOUTS = (torch.sparse_coo, torch.sparse_csr)
@@ -264,11 +273,125 @@ def _check_symmetric(
         )
 
 
+def psd_shift(n: int, eps: float, scale: float) -> float:
+    """The shift :math:`\\delta` under which ``P`` counts as positive semidefinite (dense and
+    sparse alike): :math:`\\lambda_{\\min}(P) \\ge -\\delta`, :math:`\\delta = \\max(10^{-10},
+    10\\,n\\,\\varepsilon)\\cdot\\max(1, \\max|P_{ij}|)`."""
+    return max(1e-10, 10 * n * eps) * max(1.0, scale)
+
+
+def ldl_inertia(P: sp.spmatrix) -> tuple[int, int] | None:
+    """``(negative, zero)`` pivot counts of a symmetric LDLᵀ of sparse symmetric ``P``, which
+    by Sylvester's law of inertia are the numbers of negative and zero eigenvalues of ``P``;
+    ``None`` when the factorization could not be done without pivoting (undecided).
+
+    SuperLU (:func:`scipy.sparse.linalg.splu`) run as a symmetric LDLᵀ: a fill-reducing
+    ordering of :math:`P + P^\\top` applied to rows and columns alike (``SymmetricMode``) and
+    no numerical pivoting (``diag_pivot_thresh=0``), so :math:`\\Pi^\\top P \\Pi = LU` with
+    :math:`U = DL^\\top` and the diagonal of ``U`` is ``D``. SuperLU still swaps rows at an
+    exactly zero diagonal pivot; the row and column permutations then differ and the pivots
+    are no inertia count (``None``). An LU with its default partial pivoting is no inertia
+    count either: the signs of its pivots are not the signs of the eigenvalues."""
+    import scipy.sparse.linalg as spla
+
+    M = sp.csc_matrix(P, dtype=np.float64)
+    try:
+        lu = spla.splu(
+            M,
+            permc_spec="MMD_AT_PLUS_A",
+            diag_pivot_thresh=0.0,
+            options={"SymmetricMode": True},
+        )
+    except RuntimeError:  # an exactly zero column during the elimination
+        return None
+    if not np.array_equal(lu.perm_r, lu.perm_c):
+        return None
+    d = lu.U.diagonal()
+    return int((d < 0).sum()), int((d == 0).sum())
+
+
+def sparse_positive_definite(P: sp.spmatrix) -> bool:
+    """Whether sparse symmetric ``P`` is positive definite: its LDLᵀ (:func:`ldl_inertia`)
+    has only positive pivots (undecided counts as not)."""
+    inertia = ldl_inertia(P)
+    return inertia is not None and inertia == (0, 0)
+
+
+SPARSE_PSD_DENSE_MAX_N = 2000
+"""Sparse ``P`` whose LDLᵀ needs pivoting is checked by dense eigenvalues up to this size."""
+
+
+def check_psd_sparse(P: sp.spmatrix, eps: float) -> None:
+    """Sparse symmetric ``P`` positive semidefinite, :math:`\\lambda_{\\min}(P) \\ge -\\delta`
+    (:func:`psd_shift`), or :class:`NotPSDError`; cheapest test first:
+
+    1. Gershgorin: :math:`P_{ii} - \\sum_{j \ne i}|P_{ij}| \\ge -\\delta` on every row
+       (diagonal ``P``, LPs): one pass over the entries;
+    2. the inertia of :math:`P + \\delta I` by a sparse LDLᵀ (:func:`ldl_inertia`): no negative
+       or zero pivot proves :math:`\\lambda_{\\min}(P) > -\\delta`, ``k`` of them prove ``k``
+       eigenvalues at or below :math:`-\\delta` (refused);
+    3. only if that LDLᵀ needed pivoting: the dense eigenvalues (``n <= 2000``), else a Lanczos
+       estimate of the smallest eigenvalue (ARPACK, ``which="SA"``, at most ``20 n``
+       iterations); when it does not converge ``P`` is accepted with a
+       :class:`~dxopt.DxoptWarning` (not certified).
+
+    Measured on the 125 Maros-Meszaros problems (n up to 20200, 1 thread): 1.4 s for all,
+    the largest single cost 0.26 s (CVXQP3_L, n = 10000, LDLᵀ); 74 pass by step 1, 50 by
+    step 2, and VALUES is refused (smallest eigenvalue -1.27e-5 of a largest 10.8, which the
+    dense check refuses too)."""
+    M = sp.csr_matrix(P, dtype=np.float64)
+    n = M.shape[0]
+    scale = float(np.abs(M.data).max()) if M.nnz else 0.0
+    delta = psd_shift(n, eps, scale)
+    diag = M.diagonal()
+    off = np.asarray(abs(M).sum(axis=1)).reshape(-1) - np.abs(diag)
+    if bool((diag - off >= -delta).all()):
+        return
+    inertia = ldl_inertia(M + delta * sp.identity(n, format="csr"))
+    if inertia is not None:
+        bad = inertia[0] + inertia[1]
+        if bad == 0:
+            return
+        raise NotPSDError(
+            f"P: expected a positive semidefinite matrix (convex QP), got a sparse P with {bad} "
+            f"eigenvalue(s) below -{delta:.3g} (the inertia of a sparse LDL^T of P + "
+            f"{delta:.3g} I). Use a convex objective, e.g. P = M @ M.T + eps * I."
+        )
+    if n <= SPARSE_PSD_DENSE_MAX_N:
+        lowest = float(np.linalg.eigvalsh(M.toarray()).min())
+    else:
+        import warnings
+
+        import scipy.sparse.linalg as spla
+
+        try:
+            lowest = float(spla.eigsh(M, k=1, which="SA", maxiter=20 * n, tol=1e-8)[0][0])
+        except spla.ArpackNoConvergence:
+            from dxopt._core import DxoptWarning
+
+            warnings.warn(
+                "P: the convexity of this sparse P could not be certified (its LDL^T needed "
+                "pivoting and the Lanczos estimate of its smallest eigenvalue did not "
+                "converge); it is accepted as positive semidefinite.",
+                DxoptWarning,
+                stacklevel=4,
+            )
+            return
+    if lowest < -delta:
+        raise NotPSDError(
+            "P: expected a positive semidefinite matrix (convex QP), got a sparse P with "
+            f"smallest eigenvalue {lowest:.3g}. Use a convex objective, e.g. "
+            "P = M @ M.T + eps * I."
+        )
+
+
 def _check_psd_dense(P: Tensor, eps: float) -> None:
     """Dense (batched) ``P`` positive semidefinite: one Cholesky, a shifted one for
-    semidefinite ``P``, the eigenvalues only to word the error."""
+    semidefinite ``P``, the eigenvalues only to word the error (sparse ``P``:
+    :func:`check_psd_sparse`)."""
     if P.layout == torch.sparse_coo:
-        return  # sparse P: symmetry and diagonal only
+        check_psd_sparse(to_scipy_csr(P), eps)
+        return
     n = P.shape[-1]
     with small_work(P.numel() * n):  # batch * n^3: one thread for small factorizations
         _, info = torch.linalg.cholesky_ex(P)  # positive definite: done
@@ -292,7 +415,10 @@ def check_psd(problem: QPProblem, index: int | None = None) -> None:
     whole ``P``) is positive semidefinite, or :class:`NotPSDError` (a ``ValueError``)."""
     P = problem.P
     if P.layout == torch.sparse_coo:
-        return  # sparse P: symmetry and diagonal only, checked already
+        pair = problem.csr.get("P")
+        mat = pair[0] if pair is not None else to_scipy_csr(P)
+        check_psd_sparse(mat, float(torch.finfo(problem.dtype).eps))
+        return
     if index is not None and P.ndim == 3:
         P = P[index]
     _check_psd_dense(P, float(torch.finfo(problem.dtype).eps))
