@@ -170,10 +170,8 @@ def dxopt_oracle(inst: Instance) -> Any:
 
 
 def oracle_calls(oracle: Any) -> int:
-    """The oracle calls in a dxopt oracle's cost record."""
-    cost = oracle.cost
-    calls = getattr(cost, "oracle_calls", 0) or 0
-    return int(calls) or int(cost.forwards)
+    """The cost vectors a dxopt oracle has solved (``oracle.cost.forwards``)."""
+    return int(oracle.cost.forwards)
 
 
 def qptl_layer(inst: Instance, hp: Hyper) -> Any:
@@ -202,15 +200,11 @@ def dxopt_loss(method: str, oracle: Any, inst: Instance, hp: Hyper, seed: int) -
         dbb = dfl.DBB(oracle, lambd=hp.lambd)
         return lambda c_hat, c, w, z: _regret_loss(dbb(c_hat), c, z, inst.minimize)
     if method == "PFYL":
-        gen = torch.Generator().manual_seed(seed)
-        pfy = dfl.PerturbedFenchelYoung(
-            oracle, n_samples=hp.n_samples, sigma=hp.sigma, generator=gen
-        )
+        pfy = dfl.PerturbedFenchelYoung(oracle, n_samples=hp.n_samples, sigma=hp.sigma, seed=seed)
         return lambda c_hat, c, w, z: pfy(c_hat, w)
     if method == "NCE":
-        gen = torch.Generator().manual_seed(seed)
-        pool = dfl.SolutionPool(inst.w_train)
-        nce = dfl.NCE(oracle, pool, solve_ratio=hp.solve_ratio, generator=gen)
+        pool = dfl.SolutionPool(inst.w_train, sense=oracle.sense)
+        nce = dfl.NCE(oracle, pool, solve_ratio=hp.solve_ratio, seed=seed)
         return lambda c_hat, c, w, z: nce(c_hat, w)
     if method == "QPTL":
         layer = qptl_layer(inst, hp)
@@ -229,35 +223,49 @@ def linear_model(inst: Instance, seed: int) -> nn.Linear:
     return nn.Linear(inst.x_train.shape[1], inst.num_vars)
 
 
-def train(
-    model: nn.Module,
-    loss_fn: Loss,
-    inst: Instance,
-    hp: Hyper,
-    *,
-    epochs: int,
-    seed: int,
-    count_calls: Callable[[], int],
-) -> TrainRecord:
-    """Adam on ``loss_fn`` for ``epochs`` epochs; each epoch is timed and its oracle calls
-    counted (``count_calls()`` returns the running total)."""
-    opt = torch.optim.Adam(model.parameters(), lr=hp.lr)
-    gen = torch.Generator().manual_seed(seed)
-    n = inst.x_train.shape[0]
-    record = TrainRecord()
-    for _ in range(epochs):
-        order = torch.randperm(n, generator=gen)
-        calls0 = count_calls()
+class Trainer:
+    """Adam on ``loss_fn``, one epoch per :meth:`epoch` call, each timed and its oracle calls
+    counted (``count_calls()`` returns the running total). The mini-batch order depends on the
+    seed only, so two trainers of the same seed see the same batches."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        loss_fn: Loss,
+        inst: Instance,
+        hp: Hyper,
+        *,
+        seed: int,
+        count_calls: Callable[[], int],
+    ) -> None:
+        self.model, self.loss_fn, self.inst, self.hp = model, loss_fn, inst, hp
+        self.count_calls = count_calls
+        self.opt = torch.optim.Adam(model.parameters(), lr=hp.lr)
+        self.gen = torch.Generator().manual_seed(seed)
+        self.record = TrainRecord()
+
+    def epoch(self) -> None:
+        inst, hp = self.inst, self.hp
+        n = inst.x_train.shape[0]
+        order = torch.randperm(n, generator=self.gen)
+        calls0 = self.count_calls()
         total, t0 = 0.0, time.perf_counter()
         for start in range(0, n, hp.batch):
             idx = order[start : start + hp.batch]
-            c_hat = model(inst.x_train[idx])
-            loss = loss_fn(c_hat, inst.c_train[idx], inst.w_train[idx], inst.z_train[idx])
-            opt.zero_grad()
+            c_hat = self.model(inst.x_train[idx])
+            loss = self.loss_fn(c_hat, inst.c_train[idx], inst.w_train[idx], inst.z_train[idx])
+            self.opt.zero_grad()
             loss.backward()
-            opt.step()
+            self.opt.step()
             total += float(loss.detach()) * len(idx)
-        record.epoch_seconds.append(time.perf_counter() - t0)
-        record.epoch_oracle_calls.append(count_calls() - calls0)
-        record.losses.append(total / n)
-    return record
+        self.record.epoch_seconds.append(time.perf_counter() - t0)
+        self.record.epoch_oracle_calls.append(self.count_calls() - calls0)
+        self.record.losses.append(total / n)
+
+
+def train_lockstep(trainers: list[Trainer], epochs: int) -> None:
+    """Run the trainers' epochs interleaved (epoch 1 of each, then epoch 2, ...), so that a
+    change in the machine's load during the run reaches every library alike."""
+    for _ in range(epochs):
+        for trainer in trainers:
+            trainer.epoch()
