@@ -266,6 +266,20 @@ def section(payloads: dict[str, dict]) -> str:
         "/ fastest successful solve of the problem, shifted geometric mean (shift 10, a failure "
         "counts as the time limit), as in qpbenchmark.",
         "",
+        "A problem whose solution is not unique gets `no verdict (non-unique)` whatever the "
+        "lines read (`benchmarks/qp/mm_verdict.py::not_unique`: dxopt's accepted point and "
+        "the finite-difference solver's are far apart, P is flat between them and their "
+        "objectives are equal): `w . x*` is then not a function of the data, and differences "
+        "taken at one optimal point say nothing about the gradient at another. At a kink "
+        "(a weakly active row: zero slack, zero multiplier) dxopt returns the derivative of "
+        "the piece where the row is inactive, one of the two one-sided derivatives; a central "
+        "difference averages the two pieces there and is no judge. Three cases an independent "
+        "judge read differently are worked through in `benchmarks/qp/FINDINGS.md` section 8: "
+        "HS268/S268 (such a kink; dxopt's gradient is the closed form -P^{-1} w of its piece "
+        "to 3e-12, cond(P) = 1.2e6 makes re-solves at 1e-9 err by 4e-5 in a slope), QBEACONF "
+        "(x* not unique: two optimal points 3374 apart) and QSHELL (its finite-difference "
+        "evidence, not dxopt, took over 240 s; now about 1 minute).",
+        "",
     ]
     for lab, pl in payloads.items():
         info = pl["machine"]
