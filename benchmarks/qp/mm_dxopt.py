@@ -25,6 +25,7 @@ def _csr(M: sp.spmatrix) -> Any:
             torch.from_numpy(c.indices.astype(np.int64)),
             torch.from_numpy(c.data.astype(np.float64)),
             size=c.shape,
+            check_invariants=False,  # scipy's CSR is valid; says so (no warning per call)
         )
 
 
