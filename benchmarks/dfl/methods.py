@@ -175,40 +175,50 @@ def oracle_calls(oracle: Any) -> int:
 
 
 def qptl_layer(inst: Instance, hp: Hyper) -> Any:
-    """dxopt's QPTL layer over the LP relaxation of the instance's feasible set."""
+    """dxopt's QPTL layer over the LP relaxation of the instance's feasible set: the path
+    polytope (flow conservation, ``0 <= x <= 1``) or the knapsack's ``W x <= C, 0 <= x <= 1``."""
     from dxopt import dfl
 
+    d = inst.num_vars
     if inst.problem == "sp":
-        A, b = dfl.graphs.flow_conservation(5 * 5, dfl.graphs.grid_graph(5, 5), source=0, sink=24)
-        return dfl.QPTL(A=A, b=b, lb=0.0, ub=1.0, eps=hp.eps)
+        A, b = dfl.flow_conservation(25, dfl.grid_graph(5, 5), 0, 24)
+        return dfl.QPTL(A=A, b=b, lb=torch.zeros(d), ub=torch.ones(d), eps=hp.eps)
     assert inst.weights is not None and inst.capacity is not None
-    G = torch.as_tensor(inst.weights, dtype=torch.float64)
-    h = torch.as_tensor(inst.capacity, dtype=torch.float64)
-    return dfl.QPTL(G=G, h=h, lb=0.0, ub=1.0, eps=hp.eps, sense="max")
+    return dfl.QPTL(
+        G=torch.as_tensor(inst.weights, dtype=torch.float64),
+        h=torch.as_tensor(inst.capacity, dtype=torch.float64),
+        lb=torch.zeros(d),
+        ub=torch.ones(d),
+        eps=hp.eps,
+        sense="max",
+    )
 
 
-def dxopt_loss(method: str, oracle: Any, inst: Instance, hp: Hyper, seed: int) -> Loss:
-    """dxopt's implementation of ``method`` (``dxopt.dfl``)."""
+def dxopt_loss(method: str, inst: Instance, hp: Hyper, seed: int) -> tuple[Loss, Callable[[], int]]:
+    """dxopt's implementation of ``method`` (``dxopt.dfl``) and a counter of its solves (the
+    oracle's cost vectors; QPTL: the QPs solved by its layer)."""
     from dxopt import dfl
 
+    if method == "QPTL":
+        layer = qptl_layer(inst, hp)
+        return (lambda c_hat, c, w, z: layer.regret_loss(c_hat, c, z)), lambda: layer.cost.forwards
+    oracle = dxopt_oracle(inst)
+    count = lambda: oracle_calls(oracle)  # noqa: E731
     if method == "2S":
-        return _mse
+        return _mse, count
     if method == "SPO+":
         spo = dfl.SPOPlus(oracle)
-        return lambda c_hat, c, w, z: spo(c_hat, c, w, z)
+        return (lambda c_hat, c, w, z: spo(c_hat, c, w, z)), count
     if method == "DBB":
         dbb = dfl.DBB(oracle, lambd=hp.lambd)
-        return lambda c_hat, c, w, z: _regret_loss(dbb(c_hat), c, z, inst.minimize)
+        return (lambda c_hat, c, w, z: _regret_loss(dbb(c_hat), c, z, inst.minimize)), count
     if method == "PFYL":
         pfy = dfl.PerturbedFenchelYoung(oracle, n_samples=hp.n_samples, sigma=hp.sigma, seed=seed)
-        return lambda c_hat, c, w, z: pfy(c_hat, w)
+        return (lambda c_hat, c, w, z: pfy(c_hat, w)), count
     if method == "NCE":
         pool = dfl.SolutionPool(inst.w_train, sense=oracle.sense)
         nce = dfl.NCE(oracle, pool, solve_ratio=hp.solve_ratio, seed=seed)
-        return lambda c_hat, c, w, z: nce(c_hat, w)
-    if method == "QPTL":
-        layer = qptl_layer(inst, hp)
-        return lambda c_hat, c, w, z: _regret_loss(layer(c_hat), c, z, inst.minimize)
+        return (lambda c_hat, c, w, z: nce(c_hat, w)), count
     raise ValueError(f"method: expected one of {METHODS}, got {method!r}.")
 
 

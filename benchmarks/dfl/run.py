@@ -15,6 +15,7 @@ import io
 import os
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -38,9 +39,7 @@ from benchmarks.dfl.methods import (
     SolveCounter,
     Trainer,
     dxopt_loss,
-    dxopt_oracle,
     linear_model,
-    oracle_calls,
     pyepo_loss,
     train_lockstep,
 )
@@ -91,12 +90,15 @@ def run_method(
                 model, loss, inst, hp, seed=seed, count_calls=lambda c=pe_counter: c.calls
             )
         else:
-            oracle = dxopt_oracle(inst)
-            loss = dxopt_loss(method, oracle, inst, hp, seed)
-            trainers[library] = Trainer(
-                model, loss, inst, hp, seed=seed, count_calls=lambda o=oracle: oracle_calls(o)
-            )
-    train_lockstep(list(trainers.values()), epochs)
+            loss, count = dxopt_loss(method, inst, hp, seed)
+            trainers[library] = Trainer(model, loss, inst, hp, seed=seed, count_calls=count)
+    from dxopt.qp import QPDegenerateWarning
+
+    # Degenerate QPs are the rule in DFL (QPTL): count dxopt.qp's warnings instead of printing.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", QPDegenerateWarning)
+        train_lockstep(list(trainers.values()), epochs)
+    degenerate = sum(issubclass(w.category, QPDegenerateWarning) for w in caught)
     if counter is not None:
         del optmodel.solve  # back to the class's method
     rows = []
@@ -115,6 +117,7 @@ def run_method(
                 "calls_per_epoch": record.oracle_calls_per_epoch,
                 "epoch_seconds": record.epoch_seconds,
                 "train_loss": record.losses,
+                "degenerate_warnings": degenerate if library == "dxopt" else 0,
             }
         )
     return rows
