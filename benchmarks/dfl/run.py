@@ -187,6 +187,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         seeds, degs, epochs = args.seeds, args.degs, args.epochs
         num_train, num_test = args.num_train, args.num_test
     out.mkdir(parents=True, exist_ok=True)
+    info = machine_info()  # the commit the run started from
     load_start, t_start = _loadavg(), time.perf_counter()
     runs: list[dict[str, Any]] = []
     configs = [(p, d, s) for p in args.problems for d in degs for s in seeds]
@@ -213,7 +214,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     bar.close()
     wall = time.perf_counter() - t_start
     load_end = _loadavg()
-    info = machine_info()
     regrets, speeds = regret_rows(runs), speed_rows(runs)
     checks = targets(regrets, speeds)
     settings = {
