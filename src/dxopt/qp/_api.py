@@ -655,7 +655,8 @@ def solve(
             return solve_torch(
                 None, (P, q, A, b, G, h), eps_abs=eps_abs, eps_rel=eps_rel,
                 on_failure=on_failure, solver_options=solver_options, polish=polish,
-                m_user=m_user, bounds=bounds, validate=validate,
+                m_user=m_user, bounds=bounds, validate=validate, backward=backward,
+                fallback=fallback,
             )  # fmt: skip
     if not under_func and _torch_route(solver, backward, P, q, A, G):
         problem = canonical_problem(P, q, A, b, G, h, check_psd=check_psd, keep_device=True)
@@ -667,7 +668,7 @@ def solve(
             return solve_torch(
                 problem, (P, q, A, b, G, h), eps_abs=eps_abs, eps_rel=eps_rel,
                 on_failure=on_failure, solver_options=solver_options, polish=polish,
-                m_user=m_user, bounds=bounds,
+                m_user=m_user, bounds=bounds, backward=backward, fallback=fallback,
             )  # fmt: skip
     if under_func:
         for mat_name, mat in (("P", P), ("A", A), ("G", G)):

@@ -66,8 +66,8 @@ from dxopt.qp._types import BackwardDiagnostics, QPBackwardError
 
 __all__ = ["TorchCall", "TorchKKTSolve", "TorchQPFunction", "torch_qp_differentiable"]
 
-_N_OUT = 13  # outputs of TorchQPFunction
-_NOT_SOLVER = ("diagnostics", "call")  # options that are not the solver's
+_N_OUT = 14  # outputs of TorchQPFunction
+_NOT_SOLVER = ("diagnostics", "call", "reroute")  # options that are not the solver's
 _REPEAT_BUDGET = 1 << 25
 """Entries (256 MiB in float64) of the factor and data a vmapped KKT solve may repeat at once."""
 
@@ -85,12 +85,15 @@ class TorchCall:
 @dataclass(frozen=True)
 class _How:
     """Non-tensor settings of one :class:`TorchKKTSolve`: ``"vjp"`` or ``"jvp"``, the
-    refinement steps, float64 or not, and the diagnostics to fill (vjp only)."""
+    refinement steps, float64 or not, the diagnostics to fill (vjp only), and ``reroute``:
+    the caller (:func:`dxopt.qp._torch_layer.solve_torch`) replaces the samples that are not
+    regular by the CPU path's, so they are treated as not solved here."""
 
     mode: str
     steps: int
     f64: bool
     diagnostics: BackwardDiagnostics | None = None
+    reroute: bool = False
 
 
 def _reduce(g: Tensor, like: Tensor | None, base: int) -> Tensor | None:
@@ -150,6 +153,7 @@ class TorchQPFunction(torch.autograd.Function):
             r.primal_residual,
             r.dual_residual,
             r.polished,
+            r.regular,
             f.L,
             f.w_ineq,
             f.w_eq,
@@ -160,15 +164,16 @@ class TorchQPFunction(torch.autograd.Function):
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, ...]) -> None:
         P, q, A, b, G, h, options = inputs
         x, y, z, _, status = output[:5]
-        polished = output[8]
+        polished, regular = output[8], output[9]
         L, w_ineq, w_eq, active = output[-4:]
         ctx.mark_non_differentiable(*output[3:])
         ctx.steps = options["refine_steps"]
+        ctx.reroute = bool(options.get("reroute", False))
         ctx.diagnostics = options.get("diagnostics")
         ctx.present = tuple(t is not None for t in (A, G))
         ctx.f64 = P.dtype == torch.float64
         saved = [t for t in (P, q, A, b, G, h) if t is not None]
-        saved += [x, y, z, status, polished, L, w_ineq, w_eq, active]
+        saved += [x, y, z, status, polished, regular, L, w_ineq, w_eq, active]
         ctx.save_for_backward(*saved)
         ctx.save_for_forward(*saved)
 
@@ -181,7 +186,7 @@ class TorchQPFunction(torch.autograd.Function):
         gx = torch.zeros_like(x) if gx is None else gx
         gy = torch.zeros_like(y) if gy is None else gy
         gz = torch.zeros_like(z) if gz is None else gz
-        how = _How("vjp", ctx.steps, ctx.f64, ctx.diagnostics)
+        how = _How("vjp", ctx.steps, ctx.f64, ctx.diagnostics, ctx.reroute)
         anchors = [t for t in inputs if t is not None]
         if torch.is_grad_enabled() or functorch_active():  # anchored: second order refused
             u, v, w = TorchKKTSolve.apply(gx, gy, gz, Pf, Af, Gf, *rest, how, *anchors)
@@ -225,7 +230,7 @@ class TorchQPFunction(torch.autograd.Function):
             r1, r3 = r1 - _bmv(dG.mT, z), r3 - _bmv(dG, x)
         if dh is not None:
             r3 = r3 + dh
-        how = _How("jvp", ctx.steps, ctx.f64)
+        how = _How("jvp", ctx.steps, ctx.f64, reroute=ctx.reroute)
         anchors = [t for t in inputs if t is not None]
         dx, dy, dz = TorchKKTSolve.apply(r1, r2, r3, Pf, Af, Gf, *rest, how, *anchors)
         return (dx, dy, dz, *([None] * (_N_OUT - 3)))
@@ -244,28 +249,31 @@ _Inputs = tuple[Tensor, Tensor, Tensor | None, Tensor | None, Tensor | None, Ten
 
 
 def _unpack(ctx: Any) -> tuple[_Inputs, tuple[Tensor, ...], tuple[Tensor, ...]]:
-    """``(P, q, A, b, G, h)``, ``(x, y, z)`` and ``(status, polished, L, w_ineq, w_eq,
-    active)`` from the saved tensors."""
+    """``(P, q, A, b, G, h)``, ``(x, y, z)`` and ``(status, polished, regular, L, w_ineq,
+    w_eq, active)`` from the saved tensors."""
     saved = list(ctx.saved_tensors)
-    ins = iter(saved[:-9])
+    ins = iter(saved[:-10])
     P, q = next(ins), next(ins)
     A, b = (next(ins), next(ins)) if ctx.present[0] else (None, None)
     G, h = (next(ins), next(ins)) if ctx.present[1] else (None, None)
-    return (P, q, A, b, G, h), tuple(saved[-9:-6]), tuple(saved[-6:])
+    return (P, q, A, b, G, h), tuple(saved[-10:-7]), tuple(saved[-7:])
 
 
 class TorchKKTSolve(_FirstOrderOnly):
-    """``(r1, r2, r3, P, A, G, status, polished, L, w_ineq, w_eq, active, how, *anchors) ->
+    """``(r1, r2, r3, P, A, G, status, polished, regular, L, w_ineq, w_eq, active, how,
+    *anchors) ->
     (u, v, w)``: the refined reduced-KKT solve of the module docstring for the adjoint
     (``how.mode == "vjp"``) or the tangent (``"jvp"``), on ``(B, ...)`` tensors, with the
     refusals checked on plain tensors. ``w`` is zero off the active set."""
 
     @staticmethod
     def forward(*args: Any) -> tuple[Tensor, Tensor, Tensor]:
-        r1, r2, r3, P, A, G, status, polished, L, w_ineq, w_eq, active = args[:12]
-        how: _How = args[12]
+        r1, r2, r3, P, A, G, status, polished, regular, L, w_ineq, w_eq, active = args[:13]
+        how: _How = args[13]
         with small_threads(L.shape[-1], w_ineq.shape[-1], L.device):
             solved = status == TorchQPStatus.SOLVED
+            if how.reroute:  # the caller differentiates the other samples on the CPU path
+                solved = solved & regular
             if how.mode == "jvp":  # no derivative where nothing was solved: NaN, below
                 r1, r2, r3 = (torch.where(solved[:, None], r, 0.0) for r in (r1, r2, r3))
             used = (r1 != 0).any(-1) | (r2 != 0).any(-1) | (r3 != 0).any(-1)
@@ -303,7 +311,7 @@ class TorchKKTSolve(_FirstOrderOnly):
         V = info.batch_size
         status, d = args[6], in_dims[6]
         B = int(status.shape[0] if d is None else status.movedim(d, 0).shape[1])
-        tensors, dims = args[:12], in_dims[:12]
+        tensors, dims = args[:13], in_dims[:13]
         repeated = sum(t.numel() for t, d in zip(tensors, dims) if d is None)
         step = V if repeated == 0 else max(1, min(V, _REPEAT_BUDGET // repeated))
         parts = []
@@ -311,7 +319,7 @@ class TorchKKTSolve(_FirstOrderOnly):
             c = min(step, V - lo)
             part = [t if d is None else t.narrow(d, lo, c) for t, d in zip(tensors, dims)]
             folded = [fold(c, t, d, t.ndim - 1 - (d is not None), B) for t, d in zip(part, dims)]
-            outs = TorchKKTSolve.apply(*folded, *args[12:])
+            outs = TorchKKTSolve.apply(*folded, *args[13:])
             parts.append([unfold(c, t, B) for t in outs])
         return tuple(torch.cat(ts, 0) for ts in zip(*parts)), (0, 0, 0)
 
@@ -364,7 +372,7 @@ def torch_qp_differentiable(
     steps = options.get("refine_steps")
     options = dict(options, refine_steps=steps if steps is not None else 4)
     out: tuple[Tensor, ...] = TorchQPFunction.apply(P, q, A, b, G, h, options)
-    x, y, z, slacks, status, iters, pres, dres, polished, L, w_ineq, w_eq, active = out
+    x, y, z, slacks, status, iters, pres, dres, polished, regular, L, w_ineq, w_eq, active = out
     factor = PenaltyFactor(
         L=L, w_ineq=w_ineq, w_eq=w_eq, active=active, steps=options["refine_steps"]
     )
@@ -379,4 +387,5 @@ def torch_qp_differentiable(
         dual_residual=dres,
         polished=polished,
         factor=factor,
+        regular=regular,
     )

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from dxopt.qp._function import BackwardMethod
 from dxopt.qp._problem import QPProblem
 from dxopt.qp._tangent import BASES, forward_ad_dual
 from dxopt.qp._torch_backward import TorchCall, torch_qp_differentiable
@@ -41,6 +42,8 @@ from dxopt.qp._torch_solver import TorchQPStatus, _check_inputs, solve_detached
 from dxopt.qp._types import BackwardDiagnostics, QPInfo, QPSolution, QPSolveError, QPStatus
 
 __all__ = ["TORCH_OPTIONS", "solve_torch"]
+
+_Inputs = tuple[Tensor, Tensor, Tensor | None, Tensor | None, Tensor | None, Tensor | None]
 
 TORCH_OPTIONS = ("eps_inf", "max_iter", "check_every", "refine_steps")
 """The ``solver_options`` the torch solver takes (see :func:`torch_qp_solve`)."""
@@ -50,6 +53,9 @@ _TO_STATUS = {
     int(TorchQPStatus.PRIMAL_INFEASIBLE): QPStatus.INFEASIBLE,
     int(TorchQPStatus.DUAL_INFEASIBLE): QPStatus.UNBOUNDED,
 }
+
+
+_CERTIFIED_FAILURES = (QPStatus.INFEASIBLE, QPStatus.UNBOUNDED)
 
 
 def _options(solver_options: dict[str, Any] | None) -> dict[str, Any]:
@@ -67,7 +73,7 @@ def _options(solver_options: dict[str, Any] | None) -> dict[str, Any]:
 
 def solve_torch(
     problem: QPProblem | None,
-    inputs: tuple[Tensor, Tensor, Tensor | None, Tensor | None, Tensor | None, Tensor | None],
+    inputs: _Inputs,
     *,
     eps_abs: float,
     eps_rel: float,
@@ -77,6 +83,8 @@ def solve_torch(
     m_user: int | None,
     bounds: tuple[int, int, bool, bool] | None = None,
     validate: Callable[..., Any] | None = None,
+    backward: str | BackwardMethod = "penalty",
+    fallback: bool = True,
 ) -> QPSolution:
     """Solve and differentiate a dense batch with the torch solver, on the inputs' device.
 
@@ -89,6 +97,11 @@ def solve_torch(
         m_user: the number of rows of the user's ``G`` (``None`` without ``G``).
         bounds: ``(k_lb, k_ub, has_lb, has_ub)`` when ``lb``/``ub`` were given: the
             multipliers of the appended bound rows are split off into ``lb_duals``/``ub_duals``.
+        backward: the backward's name (``"penalty"`` or ``"kkt"``) for the samples sent to
+            the CPU path.
+        fallback: send the samples the torch solver does not certify through the CPU path's
+            fallback chain (module docstring); ``False``: they stay failed (the samples it
+            certifies but cannot differentiate on the device still go to the CPU path).
 
     The other arguments are those of :func:`dxopt.qp.solve`.
     """
@@ -103,7 +116,7 @@ def solve_torch(
         call = TorchCall(validate=validate)
         r = torch_qp_differentiable(
             P, q, A, b, G, h, eps_abs=eps_abs, eps_rel=eps_rel, polish=polish,
-            diagnostics=diagnostics, call=call, **opts,
+            diagnostics=diagnostics, call=call, reroute=True, **opts,
         )  # fmt: skip
         plain = call.result
         assert plain is not None
@@ -112,43 +125,88 @@ def solve_torch(
             *_check_inputs(P, q, A, b, G, h), eps_abs=eps_abs, eps_rel=eps_rel, polish=polish,
             **opts,
         )  # fmt: skip
-    codes = plain.status.tolist()  # the one transfer to the host: statuses and residuals
-    elapsed = time.perf_counter() - start
-    status = tuple(_TO_STATUS.get(c, QPStatus.FAILED) for c in codes)
-    failed = tuple(i for i, s in enumerate(status) if not s.ok)
-    if failed and on_failure == "raise":
-        kinds = {i: status[i].value for i in failed}
-        raise QPSolveError(
-            f"{len(failed)} of {len(codes)} QPs not solved by 'torch' (batch index: status) "
-            f"{kinds}. Fix the data, or pass on_failure='nan' to get NaN for those samples.",
-            failed,
-            status,
-        )
-    ok = r.status == TorchQPStatus.SOLVED  # batched by a transform like x
-    x, mu, nu = (torch.where(ok[:, None], t, float("nan")) for t in (r.x, r.eq_duals, r.ineq_duals))
+    # the one transfer to the host: statuses, flags and residuals (4B numbers), never the data
+    codes, regular = plain.status.tolist(), plain.regular.tolist()
     okp = plain.status == TorchQPStatus.SOLVED
     nan = torch.full_like(plain.primal_residual, float("nan"))
     residuals = torch.stack(
         [torch.where(okp, plain.primal_residual, nan), torch.where(okp, plain.dual_residual, nan)]
     ).tolist()
+    status = [_TO_STATUS.get(c, QPStatus.FAILED) for c in codes]
+    # a sample the device cannot certify (fallback) or differentiate goes to the CPU path;
+    # infeasible and unbounded verdicts carry their checked certificates (a Farkas ray, a
+    # direction of unbounded descent) and stay
+    moved = [i for i, reg in enumerate(regular) if not reg and (fallback or status[i].ok)]
+    moved = [i for i in moved if status[i] not in _CERTIFIED_FAILURES]
+    if moved and problem is None:  # [func] one solve for the whole transformed call
+        cpu = _cpu_solve(inputs, None, eps_abs, eps_rel, polish, backward, fallback)
+        dev, dt = q.device, q.dtype
+        x = cpu.x.to(device=dev, dtype=dt)
+        mu = None if cpu.eq_duals is None else cpu.eq_duals.to(device=dev, dtype=dt)
+        nu = None if cpu.ineq_duals is None else cpu.ineq_duals.to(device=dev, dtype=dt)
+        info = cpu.info
+        status = list(cpu.status)
+        info = QPInfo(
+            solver="torch", solve_time=time.perf_counter() - start,
+            primal_residual=info.primal_residual, dual_residual=info.dual_residual,
+            backward=info.backward, sample_solvers=info.sample_solvers,
+            sample_tolerances=info.sample_tolerances, polished=info.polished,
+        )  # fmt: skip
+    else:
+        x, mu, nu = r.x, r.eq_duals, r.ineq_duals
+        solvers = ["torch" if s.ok else "" for s in status]
+        tolerances = [eps_abs if s.ok else float("nan") for s in status]
+        polished = [bool(v) for v in plain.polished.tolist()]
+        if moved:
+            cpu = _cpu_solve(inputs, moved, eps_abs, eps_rel, polish, backward, fallback)
+            idx = torch.tensor(moved, device=x.device)
+            n = x.shape[-1]
+            x = x.index_copy(0, idx, cpu.x.reshape(len(moved), n).to(x))
+            if cpu.eq_duals is not None:
+                mu = mu.index_copy(0, idx, cpu.eq_duals.reshape(len(moved), -1).to(mu))
+            if cpu.ineq_duals is not None:
+                nu = nu.index_copy(0, idx, cpu.ineq_duals.reshape(len(moved), -1).to(nu))
+            for k, i in enumerate(moved):
+                status[i] = cpu.status[k]
+                solvers[i] = cpu.info.sample_solvers[k]
+                tolerances[i] = cpu.info.sample_tolerances[k]
+                polished[i] = cpu.info.polished[k]
+                residuals[0][i] = cpu.info.primal_residual[k]
+                residuals[1][i] = cpu.info.dual_residual[k]
+            if len(moved) == len(regular):  # every sample's backward is the CPU path's
+                diagnostics = cpu.info.backward
+        info = QPInfo(
+            solver="torch", solve_time=time.perf_counter() - start,
+            primal_residual=tuple(residuals[0]), dual_residual=tuple(residuals[1]),
+            backward=diagnostics, sample_solvers=tuple(solvers),
+            sample_tolerances=tuple(tolerances), polished=tuple(polished),
+        )  # fmt: skip
+    failed = tuple(i for i, s in enumerate(status) if not s.ok)
+    if failed and on_failure == "raise":
+        kinds = {i: status[i].value for i in failed}
+        raise QPSolveError(
+            f"{len(failed)} of {len(status)} QPs not solved by 'torch' nor by the CPU fallback "
+            f"chain (batch index: status) {kinds}. Fix the data, or pass on_failure='nan' to "
+            "get NaN for those samples.",
+            failed,
+            tuple(status),
+        )
+    if failed and problem is None and not moved:  # [func] status is batched like x
+        ok = (r.status == TorchQPStatus.SOLVED)[:, None]
+    elif failed and problem is not None:  # the CPU path's samples are NaN already
+        ok = torch.tensor([s.ok for s in status], device=q.device)[:, None]
+    if failed and (problem is not None or not moved):
+        x = torch.where(ok, x, float("nan"))
+        mu, nu = (t if t is None else torch.where(ok, t, float("nan")) for t in (mu, nu))
     if problem is not None:
         batched = problem.batch is not None
     else:
         batched = any(t is not None and t.ndim > k for t, k in zip(inputs, BASES))
     if not batched:
-        x, mu, nu = x[0], mu[0], nu[0]
-    info = QPInfo(
-        solver="torch",
-        solve_time=elapsed,
-        primal_residual=tuple(residuals[0]),
-        dual_residual=tuple(residuals[1]),
-        backward=diagnostics,
-        sample_solvers=tuple("torch" if s.ok else "" for s in status),
-        sample_tolerances=tuple(eps_abs if s.ok else float("nan") for s in status),
-        polished=tuple(bool(v) for v in plain.polished.tolist()),
-    )
+        x = x if x.ndim == 1 else x[0]
+        mu, nu = (t if t is None or t.ndim == 1 else t[0] for t in (mu, nu))
     lb_duals = ub_duals = None
-    if bounds is not None:
+    if bounds is not None and nu is not None:
         m0, (k_lb, k_ub, has_lb, has_ub) = m_user or 0, bounds
         lb_duals = nu[..., m0 : m0 + k_lb] if has_lb else None
         ub_duals = nu[..., m0 + k_lb : m0 + k_lb + k_ub] if has_ub else None
@@ -157,8 +215,37 @@ def solve_torch(
         x=x,
         eq_duals=mu if A is not None else None,
         ineq_duals=nu if m_user is not None else None,
-        status=status,
+        status=tuple(status),
         info=info,
         lb_duals=lb_duals,
         ub_duals=ub_duals,
     )
+
+
+def _cpu_solve(
+    inputs: _Inputs,
+    samples: list[int] | None,
+    eps_abs: float,
+    eps_rel: float,
+    polish: bool,
+    backward: str | BackwardMethod,
+    fallback: bool,
+) -> QPSolution:
+    """The CPU path (:func:`dxopt.qp.solve` with ``solver="auto"``: the fallback chain, the
+    certificate, the polish and the degenerate rules of every CPU backend) on ``samples`` of
+    the batch (``None``: all), in float64; autograd carries the derivatives through the
+    device/dtype conversions both ways. ``on_failure="nan"``: the caller raises."""
+    from dxopt.qp._api import solve
+
+    idx = None if samples is None else torch.tensor(samples, device=inputs[1].device)
+    cpu: list[Tensor | None] = []
+    for t, base in zip(inputs, BASES):
+        if t is not None and idx is not None and t.ndim > base:
+            t = t.index_select(0, idx)
+        cpu.append(None if t is None else t.to(device="cpu", dtype=torch.float64))
+    P, q, A, b, G, h = cpu
+    assert P is not None and q is not None
+    return solve(
+        P, q, A=A, b=b, G=G, h=h, backward=backward, solver="auto", eps_abs=eps_abs,
+        eps_rel=eps_rel, on_failure="nan", fallback=fallback, polish=polish,
+    )  # fmt: skip

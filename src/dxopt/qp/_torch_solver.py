@@ -82,6 +82,8 @@ import torch
 from torch import Tensor
 
 from dxopt.linalg.threads import small_work
+from dxopt.qp._torch_certify import certify as _certify
+from dxopt.qp._torch_certify import regular as _regular
 
 if TYPE_CHECKING:
     from dxopt.qp._forward import ForwardResult
@@ -143,6 +145,10 @@ class TorchQPResult:
         dual_residual: :math:`\\|Px + q + A^\\top y + G^\\top z\\|_\\infty` per sample.
         polished: whether the active-set polish was accepted, ``(B,)`` bool.
         factor: the penalty factorization of the polish, reused by the backward.
+        regular: ``(B,)`` bool, solved samples whose polished active set is strictly
+            complementary and independent with ``P`` positive definite
+            (:func:`dxopt.qp._torch_certify.regular`): the exact active-set backward is the
+            derivative there; :func:`dxopt.qp.solve` sends the others to the CPU path.
     """
 
     x: Tensor
@@ -155,6 +161,7 @@ class TorchQPResult:
     dual_residual: Tensor
     polished: Tensor
     factor: PenaltyFactor
+    regular: Tensor
 
     @property
     def solved(self) -> Tensor:
@@ -267,7 +274,15 @@ def penalty_factor(
 
 
 def kkt_solve(
-    f: PenaltyFactor, P: Tensor, A: Tensor, G: Tensor, r1: Tensor, r2: Tensor, r3: Tensor
+    f: PenaltyFactor,
+    P: Tensor,
+    A: Tensor,
+    G: Tensor,
+    r1: Tensor,
+    r2: Tensor,
+    r3: Tensor,
+    *,
+    wide: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Solve the reduced KKT system on the active set, refined from the penalty factor.
 
@@ -286,7 +301,8 @@ def kkt_solve(
     residuals and the accumulated solution are float64 (mixed-precision refinement: float32
     factor, float64 residuals), so the result is accurate to float32 rounding of the exact
     solution whenever :math:`\\kappa(K)\\,\\epsilon_{32} < 1`; ``u, v, w`` come back in the
-    inputs' dtype. Returns ``u, v, w`` and the per-sample relative residual
+    inputs' dtype (``wide=True``: in the factor's float64). Returns ``u, v, w`` and the
+    per-sample relative residual
     :math:`\\|\\text{res}\\|_\\infty / (1 + \\|r\\|_\\infty)`.
     """
     low, hi = P.dtype, f.L.dtype
@@ -314,6 +330,8 @@ def kkt_solve(
             break
         du, dv, dw = reg_solve(e1, e2, e3)
         u, v, w = u + du, v + dv, w + dw
+    if wide:
+        return u, v, w, err
     return u.to(low), v.to(low), w.to(low), err.to(low)
 
 
@@ -704,47 +722,6 @@ def status_is(status: Tensor, *names: str) -> Tensor:
     return out
 
 
-def _certify(
-    P: Tensor,
-    q: Tensor,
-    A: Tensor,
-    b: Tensor,
-    G: Tensor,
-    h: Tensor,
-    x: Tensor,
-    y: Tensor,
-    z: Tensor,
-    eps_abs: float,
-    eps_rel: float,
-) -> Tensor:
-    """Samples whose ``(x, y, z)`` meet the user's tolerance, with :math:`z \\ge 0` and finite
-    values.
-
-    Primal and dual residuals are checked row by row against componentwise scales,
-    :math:`|r_i| \\le \\epsilon_{\\rm abs} + \\epsilon_{\\rm rel}\\,\\sigma_i` with
-    :math:`\\sigma^d = |P||x| + |q| + |A|^\\top|y| + |G|^\\top|z|`,
-    :math:`\\sigma^p = |G||x| + |h|` (and :math:`|A||x| + |b|`): the rounding error of
-    evaluating a residual is bounded by a multiple of :math:`\\sigma`, so a float32 point
-    accurate to float32 rounding certifies whatever the conditioning (a max-norm scale such as
-    :math:`\\|Px\\|_\\infty` can be far below the rounding noise of :math:`Px`). The
-    complementarity test is that of :func:`_kkt_residuals` at :math:`s = (h - Gx)_+`:
-    :math:`s^\\top z/m \\le \\epsilon_{\\rm abs} + \\epsilon_{\\rm rel}|f(x)|`.
-    """
-    Gx, Ax, Px = _mv(G, x), _mv(A, x), _mv(P, x)
-    s = (h - Gx).clamp_min(0.0)
-    obj = (0.5 * _dot(x, Px) + _dot(q, x)).abs()
-    gap_ok = _dot(s, z.abs()) / max(h.shape[-1], 1) <= eps_abs + eps_rel * obj
-    ax, Pa, Ga, Aa = x.abs(), P.abs(), G.abs(), A.abs()
-    rd = Px + q + _rmv(A, y) + _rmv(G, z)
-    sd = _mv(Pa, ax) + q.abs() + _rmv(Aa, y.abs()) + _rmv(Ga, z.abs())
-    ok = (rd.abs() <= eps_abs + eps_rel * sd).all(-1)
-    ok = ok & ((Gx - h).clamp_min(0.0) <= eps_abs + eps_rel * (_mv(Ga, ax) + h.abs())).all(-1)
-    ok = ok & ((Ax - b).abs() <= eps_abs + eps_rel * (_mv(Aa, ax) + b.abs())).all(-1)
-    fin = torch.isfinite(torch.cat([x, y, z], -1)).all(-1)
-    sign = (z >= 0).all(-1) if z.shape[-1] else fin
-    return ok & gap_ok & fin & sign
-
-
 def torch_qp_solve(
     P: Tensor,
     q: Tensor,
@@ -845,6 +822,7 @@ def solve_detached(
     """:func:`torch_qp_solve` on validated ``(B, ...)`` inputs, without autograd."""
     with torch.no_grad(), small_threads(P.shape[-1], G.shape[-2], P.device):
         f64 = P.dtype == torch.float64
+        user_abs, user_rel = eps_abs, eps_rel  # the polished point's certificate
         if not f64:
             eps_abs, eps_rel = max(eps_abs, 1e-5), max(eps_rel, 1e-5)
         ipm: dict[str, Any] = {
@@ -864,13 +842,14 @@ def solve_detached(
             return _ipm_null_space(P, q, A, G, h, null, {**ipm, **kw})
 
         it, status, iters, raw = run()
+        nonzero = G.abs().amax(-1) > 0  # zero rows of G are never active (multiplier 0)
         steps = refine_steps if refine_steps is not None else 4
         m, gap_abs = h.shape[-1], max(eps_abs, IPM_EPS_FLOOR)
         for attempt in range(3):
             # polish on the active set read off the iterate; where a sample's polish fails
             # certification (an ambiguous, nearly weakly active row), resume its interior
             # point with a 1000x tighter complementarity and polish again
-            active = it.z > it.s
+            active = (it.z > it.s) & nonzero
             factor, bad = penalty_factor(
                 P,
                 A,
@@ -882,16 +861,19 @@ def solve_detached(
             )
             if not (polish or m == 0):
                 break
-            xp, yp, zp, _ = kkt_solve(factor, P, A, G, -q, b, h)
-            zp = torch.where(active, zp, 0.0)
-            ok_p = _certify(P, q, A, b, G, h, xp, yp, zp, eps_abs, eps_rel) & ~bad
+            # the polished point in float64 (float32 data: its float64 solution on the active
+            # set, certified as the CPU path certifies its float64 points, then rounded)
+            xw, yw, zw, _ = kkt_solve(factor, P, A, G, -q, b, h, wide=True)
+            zw = torch.where(active, zw, 0.0)
+            ok_p = _certify(P, q, A, b, G, h, xw, yw, zw, user_abs, user_rel) & ~bad
+            xp, yp, zp = xw.to(P.dtype), yw.to(P.dtype), zw.to(P.dtype)
             retry = ~ok_p & (status == TorchQPStatus.SOLVED) & (iters < max_iter)
             if attempt == 2 or m == 0 or not bool(retry.any()):
                 break
             gap_abs *= 1e-3
             it, status_new, iters, raw = run(gap_abs=gap_abs, start=(raw, ~retry, iters))
             status = torch.where(retry, status_new, status)
-        x, y, z = it.x, it.y, it.z.clamp_min(0.0)
+        x, y, z = it.x, it.y, torch.where(nonzero, it.z.clamp_min(0.0), 0.0)
         polished = torch.zeros_like(bad)
         if polish or m == 0:
             polished = ok_p & ~status_is(status, "PRIMAL_INFEASIBLE", "DUAL_INFEASIBLE")
@@ -908,13 +890,21 @@ def solve_detached(
                 pinf, dinf = pinf & ~ok_p, dinf & ~ok_p
                 status = torch.where(pinf, int(TorchQPStatus.PRIMAL_INFEASIBLE), status)
                 status = torch.where(dinf & ~pinf, int(TorchQPStatus.DUAL_INFEASIBLE), status)
-        ok = _certify(P, q, A, b, G, h, x, y, z, eps_abs, eps_rel)
+        ok = _certify(P, q, A, b, G, h, x, y, z, eps_abs, eps_rel, settled_only=polish)
+        if polish or m == 0:  # a polished sample: its float64 point's certificate
+            ok = torch.where(polished, ok_p, ok)
         ok = ok & ~status_is(status, "PRIMAL_INFEASIBLE", "DUAL_INFEASIBLE")
         # not certified at the user's tolerance: an interior-point "SOLVED" becomes MAX_ITER
         status = torch.where(ok, int(TorchQPStatus.SOLVED), status)
         status = torch.where(
             ~ok & (status == TorchQPStatus.SOLVED), int(TorchQPStatus.MAX_ITER), status
         )
+        # where the device's exact active-set derivative is the derivative (the CPU path's
+        # rules would give the same); the other samples are sent to the CPU path
+        # (dxopt.qp._torch_layer)
+        regular = ok & polished
+        if polish or m == 0:
+            regular = regular & _regular(P, q, A, b, G, h, xw, zw, factor.active)
         slacks = h - _mv(G, x)
         pres = torch.maximum(_amax(_mv(A, x) - b), _amax((-slacks).clamp_min(0.0)))
         dres = _amax(_mv(P, x) + q + _rmv(A, y) + _rmv(G, z))
@@ -929,6 +919,7 @@ def solve_detached(
             dual_residual=dres,
             polished=polished,
             factor=factor,
+            regular=regular,
         )
 
 
