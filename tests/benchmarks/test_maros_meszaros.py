@@ -427,3 +427,32 @@ def test_qbeaconf_solution_is_not_unique_and_dxopt_returns_a_vertex():
     rows = np.vstack([prob.G.toarray()[tight], prob.A.toarray()])
     assert np.linalg.matrix_rank(rows) == prob.n  # a vertex
     assert np.abs(dx["grads"]["q"]).max() <= 1e-10 * np.abs(mmp.loss_weights(prob, 0)).max()
+
+
+def test_summary_counts_raw_solved_problems_dxopt_misses_and_non_convex_refusals():
+    from benchmarks.qp.mm_report import summarize, targets_table
+
+    def rec(name, dx_status, raw_ok, solved, verdict):
+        return {"problem": name, "n": 3, "verdict": verdict, "forward_success": solved,
+                "silently_wrong": False, "flagged": False, "silent_forward_error": False,
+                "dxopt": {"status": dx_status, "forward_s": 0.1},
+                "raw": {s: {"status": "ok", "success": raw_ok, "time_s": 0.05}
+                        for s in ("piqp", "clarabel")} | {s: {"status": "not run (--raw)"}
+                        for s in ("daqp", "proxqp", "osqp")}}  # fmt: skip
+
+    records = [
+        rec("A", "ok", True, True, J.MATCH),
+        rec("B", "forward failed", True, False, "forward failed"),  # a miss
+        rec("C", "not convex", True, False, "refused"),  # refused by design, said apart
+        rec("D", "forward failed", False, False, "forward failed"),  # nobody solves it
+    ]
+    s = summarize(records, 120.0)
+    assert s["raw_solved"] == 3 and s["forward_solved"] == 1
+    assert s["raw_solved_dxopt_failed"] == ["B"] and s["nonconvex_names"] == ["C"]
+    table = targets_table(s)
+    assert "| every problem a raw backend solves" in table
+    line = next(ln for ln in table.splitlines() if "raw backend solves" in ln)
+    assert "B" in line and "non-convex (NotPSDError): C" in line and "MISSED" in line
+    s_ok = summarize([records[0], records[2], records[3]], 120.0)
+    line = next(ln for ln in targets_table(s_ok).splitlines() if "raw backend solves" in ln)
+    assert "PASS" in line and "all; refused as non-convex" in line
