@@ -456,3 +456,30 @@ def test_summary_counts_raw_solved_problems_dxopt_misses_and_non_convex_refusals
     s_ok = summarize([records[0], records[2], records[3]], 120.0)
     line = next(ln for ln in targets_table(s_ok).splitlines() if "raw backend solves" in ln)
     assert "PASS" in line and "all; refused as non-convex" in line
+
+
+@needs_data
+def test_unpolished_line_re_solves_use_the_solver_of_f0_once(monkeypatch):
+    """QSHELL: no re-solve polishes, clarabel at 1e-11 is accepted and piqp fails after its
+    whole budget (2 s a point). The line re-solves take the solver of f(0) and its accepted
+    point at once: one solver call a point, not every solver looking for a polished one."""
+    import qpsolvers
+
+    calls: list[str] = []
+    real = qpsolvers.solve_problem
+
+    def counting(problem, solver, **opts):
+        calls.append(solver)
+        return real(problem, solver=solver, **opts)
+
+    monkeypatch.setattr(qpsolvers, "solve_problem", counting)
+    monkeypatch.setattr(mme, "polish", lambda prob, x, z: None)  # nothing polishes
+    prob = mmp.load("HS21")
+    ev = mme.fd_evidence(prob, 0, steps=(1e-3, 1e-4), reference=False)
+    assert ev["base_solver"] == "clarabel"  # unpolished, the first FD solver
+    points = 3 * 2 * 2  # three directions, two steps, two sides
+    base_calls = len(mme.FD_SOLVERS[:2]) + len(mme.FD_SOLVERS)  # the noise and f(0)
+    assert len(calls) == base_calls + points, calls
+    assert calls[base_calls:] == ["clarabel"] * points
+    assert all(v is not None for e in ev["directions"] for s in ("plus", "minus")
+               for v in e[s].values())  # fmt: skip
