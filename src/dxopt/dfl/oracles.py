@@ -69,6 +69,11 @@ def _as_array(name: str, value: Any, shape: tuple[int, ...] | None = None) -> np
     return arr
 
 
+def _bound(name: str, value: Any, d: int) -> np.ndarray:
+    arr = _as_array(name, value)
+    return np.full(d, float(arr)) if arr.ndim == 0 else _as_array(name, arr, (d,))
+
+
 class OracleBase:
     """Shared validation, conversion and cost accounting; subclasses write
     :meth:`_solve` ``(B, d) float64 ndarray -> (B, d) ndarray`` in their own sense."""
@@ -146,9 +151,12 @@ class LPOracle(OracleBase):
         solver: str = "auto",
     ) -> None:
         dims = [np.shape(M)[-1] for M in (A, G) if M is not None]
-        dims += [np.shape(v)[-1] for v in (lb, ub) if v is not None]
+        dims += [np.shape(v)[-1] for v in (lb, ub) if v is not None and np.ndim(v) > 0]
         if not dims:
-            raise ValueError("LPOracle: give at least one of A, G, lb, ub to fix the dimension.")
+            raise ValueError(
+                "LPOracle: give A, G, or an lb / ub vector to fix the dimension (numbers are "
+                "bounds of every entry)."
+            )
         super().__init__(dim=int(dims[0]), sense=sense)
         d = self.dim
         if (A is None) != (b is None) or (G is None) != (h is None):
@@ -160,8 +168,8 @@ class LPOracle(OracleBase):
                 raise ValueError(f"{name}: expected a 2-D matrix with {d} columns, got {M.shape}.")
         self.b = None if self.A is None else _as_array("b", b, (self.A.shape[0],))
         self.h = None if self.G is None else _as_array("h", h, (self.G.shape[0],))
-        self.lb = np.full(d, -np.inf) if lb is None else _as_array("lb", lb, (d,))
-        self.ub = np.full(d, np.inf) if ub is None else _as_array("ub", ub, (d,))
+        self.lb = np.full(d, -np.inf) if lb is None else _bound("lb", lb, d)
+        self.ub = np.full(d, np.inf) if ub is None else _bound("ub", ub, d)
         if solver == "auto":
             try:
                 import highspy  # noqa: F401
@@ -186,7 +194,7 @@ class LPOracle(OracleBase):
         rows = [M for M in (self.A, self.G) if M is not None]
         lower = [self.b] if self.b is not None else []
         upper = [self.b] if self.b is not None else []
-        if self.G is not None:
+        if self.G is not None and self.h is not None:
             lower.append(np.full(self.G.shape[0], -np.inf))
             upper.append(self.h)
         mat = sp.csc_matrix(np.vstack(rows) if rows else np.zeros((0, self.dim)))
@@ -224,9 +232,11 @@ class LPOracle(OracleBase):
         import scipy.sparse as sp
 
         P = sp.csc_matrix((self.dim, self.dim))
+        G = None if self.G is None else sp.csc_matrix(self.G)
+        A = None if self.A is None else sp.csc_matrix(self.A)
         for i in range(c.shape[0]):
             problem = qpsolvers.Problem(
-                P, c[i], self.G, self.h, self.A, self.b,
+                P, c[i], G, self.h, A, self.b,
                 None if np.isinf(self.lb).all() else self.lb,
                 None if np.isinf(self.ub).all() else self.ub,
             )  # fmt: skip

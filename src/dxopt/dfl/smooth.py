@@ -69,9 +69,17 @@ class QPTL(nn.Module):
         }
         mats = [t for t in (self.constraints["A"], self.constraints["G"]) if t is not None]
         vecs = [t for t in (self.constraints["lb"], self.constraints["ub"]) if t is not None]
+        vecs = [t for t in vecs if t.ndim > 0]
         if not mats and not vecs:
-            raise ValueError("QPTL: give the LP's constraints (A, b / G, h / lb, ub).")
+            raise ValueError(
+                "QPTL: give the LP's constraints (A, b / G, h, or lb / ub vectors) to fix the "
+                "dimension."
+            )
         self.dim = int(mats[0].shape[-1] if mats else vecs[0].shape[-1])
+        for name in ("lb", "ub"):  # a number bounds every entry
+            bound = self.constraints[name]
+            if bound is not None and bound.ndim == 0:
+                self.constraints[name] = bound.expand(self.dim).clone()
         self.qp_options = qp_options
         self.cost = Cost()
 
@@ -83,7 +91,7 @@ class QPTL(nn.Module):
             raise ValueError(
                 f"c_hat: expected shape ({self.dim},) or (B, {self.dim}), got {tuple(c_hat.shape)}."
             )
-        kw = {
+        kw: dict[str, Any] = {
             k: (None if v is None else v.to(c_hat.device, c_hat.dtype))
             for k, v in self.constraints.items()
         }
