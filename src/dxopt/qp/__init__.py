@@ -17,6 +17,8 @@ same minimum-norm multiplier adjoint (exact :math:`\\partial L/\\partial q`,
 :class:`QPDegenerateWarning`.
 """
 
+from typing import TYPE_CHECKING
+
 from dxopt.qp._api import QPLayer as QPLayer
 from dxopt.qp._api import solve as solve
 from dxopt.qp._backward_base import BackwardBase as BackwardBase
@@ -31,10 +33,28 @@ from dxopt.qp._types import QPSolution as QPSolution
 from dxopt.qp._types import QPSolveError as QPSolveError
 from dxopt.qp._types import QPStatus as QPStatus
 
+if TYPE_CHECKING:
+    from dxopt.qp.frontend import CvxpyQPLayer as CvxpyQPLayer
+    from dxopt.qp.frontend import CvxpyQPSolution as CvxpyQPSolution
+    from dxopt.qp.frontend import from_cvxpy as from_cvxpy
+
+_FRONTEND = ("CvxpyQPLayer", "CvxpyQPSolution", "from_cvxpy")  # CVXPY front end: lazy (cvxpy extra)
+
+
+def __getattr__(name: str) -> object:
+    if name in _FRONTEND:
+        from dxopt.qp import frontend
+
+        return getattr(frontend, name)
+    raise AttributeError(f"module 'dxopt.qp' has no attribute {name!r}")
+
+
 __all__ = [
     "BackwardBase",
     "BackwardDiagnostics",
     "BackwardMethod",
+    "CvxpyQPLayer",
+    "CvxpyQPSolution",
     "KKTBackward",
     "PenaltyBackward",
     "QPBackwardError",
@@ -44,5 +64,6 @@ __all__ = [
     "QPSolution",
     "QPSolveError",
     "QPStatus",
+    "from_cvxpy",
     "solve",
 ]

@@ -1,0 +1,352 @@
+"""``CvxpyQPLayer``: a CVXPY problem as a differentiable, batched dxopt QP layer.
+
+The problem is compiled once (:mod:`dxopt.qp.frontend._compile`) into the sparse affine map
+:math:`M` with ``[vec(P); q; vec(A); b; vec(G); h] = M [\\theta; 1]``. Each call stacks the
+parameter tensors into :math:`\\theta` (C order, a leading batch dimension where a parameter
+has one), applies :math:`M` (:class:`dxopt.qp.frontend._affine.AffineMap`), and calls
+:func:`dxopt.qp.solve`. Gradients reach the parameters through the same map: for a loss
+:math:`L`, :math:`\\bar\\theta = M^\\top [\\bar P; \\bar q; \\bar A; \\bar b; \\bar G; \\bar h]`
+with the QP data's adjoints from the solve's backward (dXPP penalty or exact KKT).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from dxopt._core import Status
+from dxopt.qp._api import QPLayer
+from dxopt.qp._types import QPSolution
+from dxopt.qp.frontend._affine import AffineMap, SparseLinear
+from dxopt.qp.frontend._compile import Block, CompiledQP, compile_problem
+
+__all__ = ["CvxpyQPLayer", "CvxpyQPSolution", "from_cvxpy"]
+
+_MATRICES = ("P", "A", "G")
+
+
+@dataclass(frozen=True)
+class CvxpyQPSolution:
+    """The result of :meth:`CvxpyQPLayer.solve`.
+
+    Attributes:
+        values: the requested variables and multipliers, in the order and shapes they were
+            named (a leading batch dimension when any parameter has one); differentiable.
+        status: one :class:`dxopt.Status` per sample.
+        solutions: the :class:`dxopt.qp.QPSolution` of the canonical QP (one; one per sample
+            when sparse matrices depend on batched parameters), with ``info``.
+    """
+
+    values: tuple[Tensor, ...]
+    status: tuple[Status, ...]
+    solutions: tuple[QPSolution, ...]
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """How one batching pattern splits the map: rows needed per sample and shared rows."""
+
+    batched: SparseLinear | None
+    shared: SparseLinear | None
+    where: dict[str, tuple[bool, int]]  # block -> (batched?, first row in its part)
+
+
+def _fortran_unflatten(vec: Tensor, shape: tuple[int, ...]) -> Tensor:
+    """``(..., size)`` entries in Fortran order -> ``(..., *shape)`` (CVXPY's layout)."""
+    lead = vec.shape[:-1]
+    if len(shape) <= 1:
+        return vec.reshape((*lead, *shape))
+    out = vec.reshape(*lead, *reversed(shape))
+    k, nl = len(shape), len(lead)
+    return out.permute(*range(nl), *(nl + k - 1 - i for i in range(k)))
+
+
+class CvxpyQPLayer(nn.Module):
+    """A CVXPY problem whose canonical form is a QP, as a differentiable layer.
+
+    ``CvxpyQPLayer(problem, parameters=[...], variables=[...])`` takes cvxpylayers' calling
+    convention (``CvxpyLayer``): ``layer(*values)`` takes one tensor per parameter, in the order
+    of ``parameters``, each of the parameter's shape or with one leading batch dimension
+    (batched and unbatched values mix; the batched ones share the batch size), and returns a
+    tuple with one tensor per entry of ``variables``. The problem must be DPP (parameters enter
+    affinely; ``cp.quad_form(x, P)`` with a parameter ``P`` is allowed in the objective) and a
+    QP: quadratic or affine objective, affine equalities and inequalities, variable bounds.
+
+    An entry of ``variables`` is a variable of the problem, a constraint of the problem (its
+    multiplier, CVXPY's ``constraint.dual_value`` convention: :math:`\\ge 0` for inequalities)
+    or one of its dual variables (``constraint.dual_variables[0]``, as cvxpylayers takes them).
+
+    The problem is canonicalised once, by CVXPY (:meth:`cvxpy.Problem.get_problem_data` for a
+    QP solver), into a sparse affine map from the parameters to the data of
+    :func:`dxopt.qp.solve`; each call is one batched ``solve`` and gradients flow back through
+    the map. Symmetric/PSD parameters follow CVXPY's lowering to the upper triangle, as in
+    cvxpylayers: the gradient lands on the upper triangle.
+
+    Args:
+        problem: a :class:`cvxpy.Problem`.
+        parameters: all of its :class:`cvxpy.Parameter` objects, in the order the values are
+            passed.
+        variables: what the layer returns (see above).
+        sparse: pass ``P``, ``A``, ``G`` to the solver as torch sparse matrices (``None``:
+            when the canonical problem has more than 200 variables and its matrices are under
+            5% full). A sparse matrix that depends on a batched parameter is solved sample by
+            sample (dxopt's sparse matrices are shared by a batch).
+        backward, solver, eps_abs, eps_rel, on_failure, max_workers, solver_options, check_psd,
+            fallback, polish: forwarded to :func:`dxopt.qp.solve`.
+
+    Raises:
+        ImportError: cvxpy is missing (``pip install 'dxopt[cvxpy]'``).
+        ValueError: not DCP, not a QP (cones: use cvxpylayers), not DPP, parameters that do not
+            match the problem's, bad options.
+
+    Example:
+        >>> import cvxpy as cp, torch
+        >>> from dxopt.qp import CvxpyQPLayer
+        >>> x, y = cp.Variable(3), cp.Parameter(3)
+        >>> simplex = cp.Problem(cp.Minimize(cp.sum_squares(x - y)), [cp.sum(x) == 1, x >= 0])
+        >>> layer = CvxpyQPLayer(simplex, parameters=[y], variables=[x])
+        >>> (x_star,) = layer(torch.tensor([0.5, 0.2, -1.0], dtype=torch.float64))
+        >>> x_star.round(decimals=6)
+        tensor([0.6500, 0.3500, 0.0000], dtype=torch.float64)
+    """
+
+    def __init__(
+        self,
+        problem: Any,
+        parameters: list[Any] | tuple[Any, ...],
+        variables: list[Any] | tuple[Any, ...],
+        *,
+        sparse: bool | None = None,
+        backward: Any = "penalty",
+        solver: str = "auto",
+        eps_abs: float = 1e-9,
+        eps_rel: float = 0.0,
+        on_failure: str = "raise",
+        max_workers: int | None = None,
+        solver_options: dict[str, Any] | None = None,
+        check_psd: bool = True,
+        fallback: bool = True,
+        polish: bool = True,
+    ) -> None:
+        super().__init__()
+        if sparse is not None and not isinstance(sparse, bool):
+            raise TypeError(f"sparse: expected True, False or None, got {sparse!r}.")
+        self.qp = QPLayer(
+            backward=backward, solver=solver, eps_abs=eps_abs, eps_rel=eps_rel,
+            on_failure=on_failure, max_workers=max_workers, solver_options=solver_options,
+            check_psd=check_psd, fallback=fallback, polish=polish,
+        )  # fmt: skip
+        self.compiled: CompiledQP = compile_problem(problem, parameters, variables)
+        self.sparse = self._auto_sparse() if sparse is None else sparse
+        self._patterns: dict[tuple[bool, ...], _Plan] = {}
+        self._constants: dict[tuple[torch.device, torch.dtype], dict[str, Tensor | None]] = {}
+        self._sparse_patterns: dict[str, Tensor] = {}
+        if self.sparse:
+            self._sparse_rows: dict[str, np.ndarray] = {}
+            matrix = self.compiled.matrix
+            for name in _MATRICES:
+                block = self.compiled.blocks.get(name)
+                if block is None:
+                    continue
+                counts = np.diff(matrix.indptr[block.start : block.stop + 1])
+                rows = np.flatnonzero(counts)  # C-order positions with any entry: sorted
+                self._sparse_rows[name] = rows
+                cols = block.shape[1]
+                self._sparse_patterns[name] = torch.from_numpy(
+                    np.stack([rows // cols, rows % cols])
+                )
+
+    # ----------------------------------------------------------------------------- compile
+    def _auto_sparse(self) -> bool:
+        c = self.compiled
+        if c.n <= 200:
+            return False
+        entries = sum(b.stop - b.start for k, b in c.blocks.items() if k in _MATRICES)
+        used = sum(
+            int(np.count_nonzero(np.diff(c.matrix.indptr[b.start : b.stop + 1])))
+            for k, b in c.blocks.items()
+            if k in _MATRICES
+        )
+        return used < 0.05 * max(entries, 1)
+
+    def _block_rows(self, block: Block) -> np.ndarray:
+        if self.sparse and block.name in _MATRICES:
+            return block.start + self._sparse_rows[block.name]
+        return np.arange(block.start, block.stop)
+
+    def _plan(self, batched: tuple[bool, ...]) -> _Plan:
+        plan = self._patterns.get(batched)
+        if plan is not None:
+            return plan
+        parts: dict[bool, list[np.ndarray]] = {True: [], False: []}
+        sizes = {True: 0, False: 0}
+        where: dict[str, tuple[bool, int]] = {}
+        for name, block in self.compiled.blocks.items():
+            per_sample = any(batched[i] for i in block.params)
+            rows = self._block_rows(block)
+            where[name] = (per_sample, sizes[per_sample])
+            parts[per_sample].append(rows)
+            sizes[per_sample] += rows.size
+        linear = {
+            key: SparseLinear(self.compiled.matrix[np.concatenate(rows)]) if sizes[key] else None
+            for key, rows in parts.items()
+        }
+        plan = _Plan(linear[True], linear[False], where)
+        self._patterns[batched] = plan
+        return plan
+
+    # ------------------------------------------------------------------------------ calls
+    def _check(self, values: tuple[Any, ...]) -> tuple[int | None, tuple[bool, ...]]:
+        c = self.compiled
+        if len(values) != len(c.param_shapes):
+            raise ValueError(
+                f"parameters: expected {len(c.param_shapes)} tensors (one per parameter, in the "
+                f"order {list(c.param_names)}), got {len(values)}."
+            )
+        batch: int | None = None
+        flags = []
+        first = values[0] if values else None
+        for i, (value, shape, name) in enumerate(zip(values, c.param_shapes, c.param_names)):
+            label = f"parameter {i} ({name})"
+            if not isinstance(value, Tensor):
+                raise TypeError(f"{label}: expected a torch.Tensor, got {type(value).__name__}.")
+            if not value.dtype.is_floating_point or value.is_complex():
+                raise TypeError(
+                    f"{label}: expected a real floating-point tensor, got {value.dtype}; cast it "
+                    "with .double() or .float()."
+                )
+            assert first is not None
+            if value.dtype != first.dtype or value.device != first.device:
+                raise ValueError(
+                    f"{label}: expected dtype {first.dtype} on {first.device} like parameter 0, "
+                    f"got {value.dtype} on {value.device}; pass all values alike."
+                )
+            if tuple(value.shape) == shape:
+                flags.append(False)
+                continue
+            if value.ndim != len(shape) + 1 or tuple(value.shape[1:]) != shape:
+                raise ValueError(
+                    f"{label}: expected shape {shape} or (batch, {', '.join(map(str, shape))}), "
+                    f"got {tuple(value.shape)}."
+                )
+            if batch is not None and value.shape[0] != batch:
+                raise ValueError(
+                    f"{label}: expected batch size {batch} like the other batched parameters, "
+                    f"got {value.shape[0]}."
+                )
+            batch = int(value.shape[0])
+            flags.append(True)
+        return batch, tuple(flags)
+
+    def _constants_for(self, device: torch.device, dtype: torch.dtype) -> dict[str, Tensor | None]:
+        key = (device, dtype)
+        if key not in self._constants:
+            c = self.compiled
+            self._constants[key] = {
+                "lb": None if c.lb is None else torch.from_numpy(c.lb).to(device, dtype),
+                "ub": None if c.ub is None else torch.from_numpy(c.ub).to(device, dtype),
+                "one": torch.ones(1, 1, device=device, dtype=dtype),
+            }
+        return self._constants[key]
+
+    def _data(self, values: tuple[Tensor, ...]) -> tuple[dict[str, Tensor | None], int | None]:
+        batch, flags = self._check(values)
+        plan = self._plan(flags)
+        rows = batch or 1
+        consts = self._constants_for(values[0].device, values[0].dtype)
+        one = consts["one"]
+        assert one is not None
+        pieces = [
+            v.reshape(rows, -1) if flag else v.reshape(1, -1).expand(rows, -1)
+            for v, flag in zip(values, flags)
+        ]
+        theta = torch.cat([*pieces, one.expand(rows, 1)], dim=1)
+        per_sample = None if plan.batched is None else AffineMap.apply(theta, plan.batched)
+        shared = None if plan.shared is None else AffineMap.apply(theta[:1], plan.shared)[0]
+        data: dict[str, Tensor | None] = {k: None for k in ("P", "q", "A", "b", "G", "h")}
+        for name, block in self.compiled.blocks.items():
+            is_batched, start = plan.where[name]
+            sparse = self.sparse and name in _MATRICES
+            size = self._sparse_rows[name].size if sparse else block.stop - block.start
+            if is_batched:
+                assert per_sample is not None
+                flat = per_sample[:, start : start + size]
+                data[name] = flat if sparse else flat.reshape(rows, *block.shape)
+            else:
+                assert shared is not None
+                flat = shared[start : start + size]
+                data[name] = flat if sparse else flat.reshape(block.shape)
+        data["lb"], data["ub"] = consts["lb"], consts["ub"]
+        return data, batch
+
+    def _solve_data(self, data: dict[str, Tensor | None], batch: int | None) -> list[QPSolution]:
+        def call(d: dict[str, Tensor | None]) -> QPSolution:
+            P, q = d["P"], d["q"]
+            assert P is not None and q is not None
+            p, m = self.compiled.p, self.compiled.m
+            return self.qp(
+                P, q, A=d["A"] if p else None, b=d["b"] if p else None,
+                G=d["G"] if m else None, h=d["h"] if m else None, lb=d["lb"], ub=d["ub"],
+            )  # fmt: skip
+
+        if not self.sparse:
+            return [call(data)]
+        # sparse mode: matrices are value vectors, (nnz,) or (B, nnz) when they depend on a
+        # batched parameter; dxopt's sparse matrices are shared by a batch, so then loop
+        if not any(data[k] is not None and data[k].ndim == 2 for k in _MATRICES):  # type: ignore[union-attr]
+            return [call(self._with_sparse(data))]
+        assert batch is not None
+        return [
+            call(self._with_sparse({k: v[i] if v is not None and v.ndim == 2 else v
+                                    for k, v in data.items()}))
+            for i in range(batch)
+        ]  # fmt: skip
+
+    def _with_sparse(self, data: dict[str, Tensor | None]) -> dict[str, Tensor | None]:
+        """``data`` with the matrices' value vectors made torch sparse COO matrices."""
+        out = dict(data)
+        for name in _MATRICES:
+            values = data[name]
+            if values is not None:
+                pattern = self._sparse_patterns[name].to(values.device)
+                shape = self.compiled.blocks[name].shape
+                out[name] = torch.sparse_coo_tensor(pattern, values, shape, is_coalesced=True)
+        return out
+
+    def solve(self, *values: Tensor) -> CvxpyQPSolution:
+        """Solve for the given parameter values; :class:`CvxpyQPSolution` with the status."""
+        data, batch = self._data(values)
+        solutions = self._solve_data(data, batch)
+        outputs = []
+        for out in self.compiled.outputs:
+            parts = []
+            for sol in solutions:
+                vec = {"x": sol.x, "eq": sol.eq_duals, "ineq": sol.ineq_duals}[out.kind]
+                assert vec is not None
+                parts.append(vec[..., out.start : out.stop])
+            flat = parts[0] if len(parts) == 1 else torch.stack(parts)
+            outputs.append(_fortran_unflatten(flat, out.shape))
+        status = tuple(s for sol in solutions for s in sol.status)
+        return CvxpyQPSolution(tuple(outputs), status, tuple(solutions))
+
+    def forward(self, *values: Tensor) -> tuple[Tensor, ...]:
+        """The requested variables and multipliers (cvxpylayers' return convention)."""
+        return self.solve(*values).values
+
+    def extra_repr(self) -> str:
+        c = self.compiled
+        return f"n={c.n}, p={c.p}, m={c.m}, parameters={list(c.param_names)}, sparse={self.sparse}"
+
+
+def from_cvxpy(
+    problem: Any,
+    parameters: list[Any] | tuple[Any, ...],
+    variables: list[Any] | tuple[Any, ...],
+    **options: Any,
+) -> CvxpyQPLayer:
+    """Compile a CVXPY QP into a :class:`CvxpyQPLayer` (the function form; same arguments)."""
+    return CvxpyQPLayer(problem, parameters, variables, **options)
