@@ -215,14 +215,17 @@ def test_uncertified_samples_go_through_the_fallback_chain() -> None:
 
 def test_cpu_route_of_the_torch_solver_uses_the_fallback_chain() -> None:
     """solver="torch" with a backward object takes the float64 CPU route: its points are
-    polished and certified like any backend's, and what it does not solve goes on through
-    the chain."""
+    polished and certified like any backend's (the old route reported these one-iteration
+    points FAILED), and what it does not solve goes on through the chain."""
     data, xs = random_batch(6, 8, 10, seed=5, weak=2)
     sol = dqp.solve(**data, solver="torch", backward=dqp.KKTBackward(),
                     solver_options={"max_iter": 1})  # fmt: skip
     assert all(s is QPStatus.SOLVED for s in sol.status)
-    assert "torch" not in sol.info.sample_solvers
+    assert all(sol.info.polished)  # the CPU polish, from the torch solver's points
     assert float((sol.x - torch.tensor(xs)).abs().max()) <= 1e-9
+    with pytest.raises(ValueError, match="solver_options"):
+        dqp.solve(**data, solver="torch", backward=dqp.KKTBackward(),
+                  solver_options={"maxiter": 1})  # fmt: skip
     sol = dqp.solve(**data, solver="torch", backward=dqp.KKTBackward())
     assert all(s is QPStatus.SOLVED for s in sol.status)
     assert float((sol.x - torch.tensor(xs)).abs().max()) <= 1e-9

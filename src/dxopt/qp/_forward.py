@@ -287,7 +287,7 @@ def fallback_chain(problem: QPProblem, solver: str, eps_abs: float) -> tuple[Att
     others = ["piqp", "clarabel"] + (["daqp"] if dense_ok else [])
     chain += [Attempt(s, eps_abs) for s in others if s != solver and s in _available()]
     loose = max(1e3 * eps_abs, 1e-7)
-    if loose > eps_abs:
+    if loose > eps_abs and solver != "torch":  # torch: a batch solve, first attempt only
         chain.append(Attempt(solver, loose))
     return tuple(chain)
 
@@ -407,12 +407,13 @@ def solve_forward(
     with ``solver="daqp"`` on a dense ``P``, see :func:`daqp_certifies_psd`); daqp's own
     Cholesky certifies it (:mod:`dxopt.qp._daqp`), and a sample whose factorization fails is
     checked by :func:`dxopt.qp._problem.check_psd` before anything else uses it."""
-    if solver == "torch":  # the batched torch interior point (dxopt.qp._torch_solver)
-        from dxopt.qp._torch_solver import solve_forward_torch
+    batch_points = None
+    if solver == "torch":  # the batched torch interior point (dxopt.qp._torch_solver): its
+        # points are the first attempt's, polished and certified as any backend's
+        from dxopt.qp._torch_solver import torch_points
 
-        return solve_forward_torch(
-            problem, eps_abs=eps_abs, eps_rel=eps_rel, solver_options=solver_options
-        )
+        batch_points = torch_points(problem, eps_abs=eps_abs, eps_rel=eps_rel,
+                                    solver_options=solver_options)  # fmt: skip
     size, n, m, p = problem.size, problem.n, problem.m, problem.p
     chain = fallback_chain(problem, solver, eps_abs) if fallback else (Attempt(solver, eps_abs),)
     views_by_solver: dict[str, dict[str, Any]] = {}
@@ -622,7 +623,10 @@ def solve_forward(
             for i in indices:
                 fn(i)
 
-    each(first, list(range(size)))
+    if batch_points is None:
+        each(first, list(range(size)))
+    else:
+        first_points[:] = batch_points
     todo = list(range(size))
     cert = None
     if fast:

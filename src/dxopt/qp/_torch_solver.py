@@ -86,7 +86,6 @@ from dxopt.qp._torch_certify import certify as _certify
 from dxopt.qp._torch_certify import regular as _regular
 
 if TYPE_CHECKING:
-    from dxopt.qp._forward import ForwardResult
     from dxopt.qp._problem import QPProblem
 
 __all__ = [
@@ -96,7 +95,7 @@ __all__ = [
     "kkt_solve",
     "penalty_factor",
     "small_threads",
-    "solve_forward_torch",
+    "torch_points",
     "torch_qp_solve",
 ]
 
@@ -923,21 +922,20 @@ def solve_detached(
         )
 
 
-def solve_forward_torch(
+def torch_points(
     problem: QPProblem, *, eps_abs: float, eps_rel: float, solver_options: dict[str, Any] | None
-) -> ForwardResult:
-    """``solver="torch"`` for :func:`dxopt.qp.solve` on the float64 CPU route: the canonical
-    problem through :func:`torch_qp_solve` (sparse matrices densified), as a ``ForwardResult``
-    for the library's backwards. Taken only for sparse inputs or a custom backward object;
-    dense inputs with a named backward take the device path of :mod:`dxopt.qp._torch_layer`."""
-    import time
-
-    from dxopt.qp._forward import ForwardResult
-    from dxopt.qp._types import QPStatus
+) -> list[tuple[Any, ...] | None]:
+    """``solver="torch"`` on the float64 CPU route of :func:`dxopt.qp.solve` (sparse inputs,
+    densified, or a custom backward object): the canonical problem through
+    :func:`torch_qp_solve` in one batch, as the first attempt's points ``(None, x, y, z)``
+    of :func:`dxopt.qp._forward.solve_forward` (``None`` where ``x`` is not finite), which
+    polishes and certifies them as any backend's and sends the samples that do not certify
+    on through its fallback chain. Dense inputs with a named backward take the device path
+    of :mod:`dxopt.qp._torch_layer`."""
+    from dxopt.qp._torch_layer import _options
 
     P = problem.dense("P")
     assert P is not None
-    start = time.perf_counter()
     r = torch_qp_solve(
         P,
         problem.dense_vec("q"),
@@ -947,22 +945,8 @@ def solve_forward_torch(
         problem.dense("h"),
         eps_abs=eps_abs,
         eps_rel=eps_rel,
-        **(solver_options or {}),
+        **_options(solver_options),
     )
-    elapsed = time.perf_counter() - start
-    to_status = {
-        TorchQPStatus.SOLVED: QPStatus.SOLVED,
-        TorchQPStatus.PRIMAL_INFEASIBLE: QPStatus.INFEASIBLE,
-        TorchQPStatus.DUAL_INFEASIBLE: QPStatus.UNBOUNDED,
-    }
-    status = tuple(to_status.get(TorchQPStatus(c), QPStatus.FAILED) for c in r.status.tolist())
-    bad = (r.status != TorchQPStatus.SOLVED)[:, None]
-    nan = float("nan")
-    return ForwardResult(
-        x=r.x.masked_fill(bad, nan),
-        eq_duals=r.eq_duals.masked_fill(bad, nan),
-        ineq_duals=r.ineq_duals.masked_fill(bad, nan),
-        status=status,
-        solver="torch",
-        solve_time=elapsed,
-    )
+    X, Y, Z = (t.numpy() for t in (r.x, r.eq_duals, r.ineq_duals))
+    finite = torch.isfinite(r.x).all(-1).tolist()
+    return [(None, X[i], Y[i], Z[i]) if finite[i] else None for i in range(len(finite))]
