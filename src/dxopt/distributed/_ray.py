@@ -28,7 +28,7 @@ from dxopt.distributed._chunks import (
     to_wire,
 )
 from dxopt.distributed._function import DistributedCall, RayQPFunction
-from dxopt.distributed._worker import ChunkGrads, ChunkOutput, QPWorker
+from dxopt.distributed._worker import ChunkGrads, ChunkOutput, QPWorker, solve_and_backward
 from dxopt.qp import BackwardDiagnostics, QPInfo, QPSolution, QPSolveError, QPStatus
 
 __all__ = ["ExecutorStats", "RayExecutor"]
@@ -64,6 +64,8 @@ class ExecutorStats:
         restarted_workers: dead workers replaced by fresh ones.
         resolved_in_backward: chunks whose graph was gone at backward time (worker died,
             graph evicted, or a second backward) and that were re-solved on a live worker.
+        resolved_on_driver: chunks whose backward came after :meth:`RayExecutor.shutdown`
+            and that were re-solved and differentiated in the driver process.
     """
 
     calls: int = 0
@@ -72,6 +74,7 @@ class ExecutorStats:
     failed_chunks: int = 0
     restarted_workers: int = 0
     resolved_in_backward: int = 0
+    resolved_on_driver: int = 0
 
 
 def _release(workers: tuple[Any, ...], call_id: str) -> None:
@@ -114,10 +117,24 @@ class RayExecutor:
     when its outputs are garbage-collected (a weakref finalizer on the call tells the actors),
     and each actor keeps at most ``max_stored_chunks`` graphs (oldest evicted first).
 
-    ``ray.init()`` is the user's call (local or a cluster); alternatively pass ``address=``
-    and the executor calls ``ray.init(address=address)`` when it starts. Actors are created
-    on first use, or by :meth:`start`, and stopped by :meth:`shutdown` (also a context manager).
-    Each actor needs ``dxopt`` importable on its node.
+    Lifetime: ``ray.init()`` is the user's call (local or a cluster); alternatively pass
+    ``address=`` and the executor calls ``ray.init(address=address)`` when it starts. Actors
+    are created on first use, or by :meth:`start`, and killed by :meth:`shutdown` (which the
+    ``with`` block calls on exit); no actor outlives it, so ten executors opened and closed in
+    a row each find the cluster free. A later forward call restarts the actors (stop them
+    again with :meth:`shutdown`). Each actor needs ``dxopt`` importable on its node.
+
+    A backward after :meth:`shutdown` (``loss.backward()`` after the ``with`` block, a natural
+    thing to write in training) works and starts nothing: the graphs died with the actors, so
+    every chunk is re-solved and differentiated in the driver process with the same local
+    :func:`dxopt.qp.solve`, and the re-solve must reproduce the forward's status and ``x``
+    (else ``RuntimeError``), as every re-solve here. It costs one local solve of the batch
+    (``stats.resolved_on_driver`` counts the chunks); backpropagate inside the block to keep
+    that work on the cluster. The alternative, keeping the actors alive until every pending
+    graph is freed, was rejected: the outputs of a call that a variable still holds would keep
+    the actors' CPUs reserved after the block, and the next executor would wait for them for
+    its whole ``start_timeout`` (what an earlier version did, by restarting actors in such a
+    backward and never stopping them).
 
     Args:
         num_workers: number of actors.
@@ -502,7 +519,7 @@ class RayExecutor:
         from ray.exceptions import RayActorError, WorkerCrashedError
 
         lost_worker = (RayActorError, WorkerCrashedError)
-        self.start()
+        closed = not self._workers  # shut down since the forward: its graphs are gone
         cots = tuple(None if g is None else g.detach().cpu() for g in cotangents)
 
         def chunk_cots(c: int) -> tuple[Tensor | None, ...]:
@@ -514,7 +531,8 @@ class RayExecutor:
         missing: list[int] = []
         for c in active:
             owner = call.owners[c]
-            if owner is None:
+            if owner is None or closed:
+                call.owners[c] = None
                 missing.append(c)
                 continue
             call.owners[c] = None  # the worker frees the graph with this backward
@@ -547,7 +565,10 @@ class RayExecutor:
         chunks: list[int],
         chunk_cots: Callable[[int], tuple[Tensor | None, ...]],
     ) -> dict[int, ChunkGrads]:
-        """Re-solve ``chunks`` on live actors and differentiate there (graph gone)."""
+        """Re-solve ``chunks`` on live actors and differentiate there (graph gone); in this
+        process when the executor has no actors (shut down since the forward)."""
+        if not self._workers:
+            return self._resolve_on_driver(call, chunks, chunk_cots)
         ray = _import_ray()
         from ray.exceptions import RayActorError, WorkerCrashedError
 
@@ -590,6 +611,27 @@ class RayExecutor:
             "returned. Check the cluster (ray status) and the workers' logs."
         )
 
+    def _resolve_on_driver(
+        self,
+        call: DistributedCall,
+        chunks: list[int],
+        chunk_cots: Callable[[int], tuple[Tensor | None, ...]],
+    ) -> dict[int, ChunkGrads]:
+        out: dict[int, ChunkGrads] = {}
+        for c in chunks:
+            s, e = call.bounds[c]
+            inputs = [
+                to_wire(slice_chunk(t, bat, call.batch, s, e))
+                for t, bat in zip(call.inputs, call.batched)
+            ]
+            solved, grads = solve_and_backward(
+                call.needs_grad, call.options, chunk_cots(c), *inputs
+            )
+            self._check_same_point(call, c, solved)
+            self.stats.resolved_on_driver += 1
+            out[c] = grads
+        return out
+
     @staticmethod
     def _check_same_point(call: DistributedCall, c: int, solved: ChunkOutput) -> None:
         s, e = call.bounds[c]
@@ -610,9 +652,10 @@ class RayExecutor:
         if solved.status != status or (diff.numel() and float(diff.max()) > 1e-10 * scale):
             raise RuntimeError(
                 f"RayExecutor: re-solving samples {s}..{e - 1} for the backward (their worker "
-                "died or dropped the graph) did not reproduce the forward's solution (status or "
-                "x differ), so their gradient would be taken at another point; none is returned. "
-                "Use a deterministic solver, or keep the workers alive until the backward."
+                "died or dropped the graph, or the executor was shut down) did not reproduce "
+                "the forward's solution (status or x differ), so their gradient would be taken "
+                "at another point; none is returned. Use a deterministic solver, or "
+                "backpropagate inside the executor's `with` block while its workers live."
             )
 
     @staticmethod

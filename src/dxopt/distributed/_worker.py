@@ -23,7 +23,14 @@ from torch import Tensor
 import dxopt.qp as dqp
 from dxopt.distributed._chunks import WarningRecord, from_wire, to_wire
 
-__all__ = ["ChunkGrads", "ChunkOutput", "QPWorker"]
+__all__ = [
+    "ChunkGrads",
+    "ChunkOutput",
+    "QPWorker",
+    "chunk_grads",
+    "solve_and_backward",
+    "solve_chunk",
+]
 
 
 @dataclass(frozen=True)
@@ -68,6 +75,84 @@ def _records(caught: list[warnings.WarningMessage]) -> tuple[WarningRecord, ...]
     return tuple((w.category, str(w.message)) for w in caught)
 
 
+def solve_chunk(
+    inputs: tuple[Any, ...],
+    needs_grad: tuple[bool, ...],
+    options: dict[str, Any],
+    keep: bool,
+) -> tuple[ChunkOutput, _Stored | None]:
+    """Solve one chunk with :func:`dxopt.qp.solve` on fresh leaves (the graph is kept in the
+    returned record when ``keep``); warnings are recorded, not shown."""
+    leaves: list[Tensor | None] = []
+    for a, grad in zip(inputs[:8], needs_grad):
+        t = from_wire(a)  # a fresh tensor: a leaf of this process's graph
+        if t is not None:
+            t.requires_grad_(keep and grad)
+        leaves.append(t)
+    P, q, A, b, G, h, lb, ub = leaves
+    assert P is not None and q is not None
+    with warnings.catch_warnings(record=True) as caught, torch.set_grad_enabled(keep):
+        warnings.simplefilter("always")
+        sol = dqp.solve(
+            P, q, A=A, b=b, G=G, h=h, lb=lb, ub=ub, warm_start=from_wire(inputs[8]), **options
+        )
+    outs = (sol.x, sol.eq_duals, sol.ineq_duals, sol.lb_duals, sol.ub_duals)
+    x, eq, ineq, lbd, ubd = (to_wire(t) for t in outs)
+    out = ChunkOutput(
+        x=x,
+        eq_duals=eq,
+        ineq_duals=ineq,
+        lb_duals=lbd,
+        ub_duals=ubd,
+        status=sol.status,
+        solver=sol.info.solver,
+        primal_residual=sol.info.primal_residual,
+        dual_residual=sol.info.dual_residual,
+        warnings=_records(caught),
+    )
+    stored = _Stored(tuple(leaves), outs, sol.info.backward) if keep else None
+    return out, stored
+
+
+def chunk_grads(stored: _Stored, cotangents: tuple[Any, ...]) -> ChunkGrads:
+    """Vector-Jacobian product of one chunk through its kept graph (warnings recorded)."""
+    pairs = [
+        (o, g)
+        for o, g in zip(stored.outputs, (from_wire(a) for a in cotangents))
+        if o is not None and g is not None and o.requires_grad
+    ]
+    wrt = [t for t in stored.leaves if t is not None and t.requires_grad]
+    grads: list[Tensor | None] = [None] * len(stored.leaves)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if pairs and wrt:
+            got = torch.autograd.grad(
+                [o for o, _ in pairs],
+                wrt,
+                [g.to(o.dtype) for o, g in pairs],
+                allow_unused=True,
+            )
+            it = iter(got)
+            for i, t in enumerate(stored.leaves):
+                if t is not None and t.requires_grad:
+                    grads[i] = next(it)
+    wire = tuple(to_wire(g) for g in grads)
+    return ChunkGrads(wire, replace(stored.diagnostics), _records(caught))
+
+
+def solve_and_backward(
+    needs_grad: tuple[bool, ...],
+    options: dict[str, Any],
+    cotangents: tuple[Any, ...],
+    *inputs: Any,
+) -> tuple[ChunkOutput, ChunkGrads]:
+    """Re-solve a chunk whose graph is gone and run its backward at once (nothing kept): on a
+    worker, or in the driver after the executor was shut down."""
+    out, stored = solve_chunk(inputs, needs_grad, options, True)
+    assert stored is not None
+    return out, chunk_grads(stored, cotangents)
+
+
 class QPWorker:
     """Solves chunks with :func:`dxopt.qp.solve` and keeps their graphs for the backward.
 
@@ -109,43 +194,6 @@ class QPWorker:
         """Number of chunk graphs held now."""
         return len(self._graphs)
 
-    def _solve(
-        self,
-        inputs: tuple[Any, ...],
-        needs_grad: tuple[bool, ...],
-        options: dict[str, Any],
-        keep: bool,
-    ) -> tuple[ChunkOutput, _Stored | None]:
-        leaves: list[Tensor | None] = []
-        for a, grad in zip(inputs[:8], needs_grad):
-            t = from_wire(a)  # a fresh tensor: a leaf of this worker's graph
-            if t is not None:
-                t.requires_grad_(keep and grad)
-            leaves.append(t)
-        P, q, A, b, G, h, lb, ub = leaves
-        assert P is not None and q is not None
-        with warnings.catch_warnings(record=True) as caught, torch.set_grad_enabled(keep):
-            warnings.simplefilter("always")
-            sol = dqp.solve(
-                P, q, A=A, b=b, G=G, h=h, lb=lb, ub=ub, warm_start=from_wire(inputs[8]), **options
-            )
-        outs = (sol.x, sol.eq_duals, sol.ineq_duals, sol.lb_duals, sol.ub_duals)
-        x, eq, ineq, lbd, ubd = (to_wire(t) for t in outs)
-        out = ChunkOutput(
-            x=x,
-            eq_duals=eq,
-            ineq_duals=ineq,
-            lb_duals=lbd,
-            ub_duals=ubd,
-            status=sol.status,
-            solver=sol.info.solver,
-            primal_residual=sol.info.primal_residual,
-            dual_residual=sol.info.dual_residual,
-            warnings=_records(caught),
-        )
-        stored = _Stored(tuple(leaves), outs, sol.info.backward) if keep else None
-        return out, stored
-
     def forward(
         self,
         key: tuple[str, int],
@@ -162,7 +210,7 @@ class QPWorker:
         """
         if crash:
             os._exit(1)
-        out, stored = self._solve(inputs, needs_grad, options, keep)
+        out, stored = solve_chunk(inputs, needs_grad, options, keep)
         if stored is not None:
             self._graphs[key] = stored
             while len(self._graphs) > self._max_stored:
@@ -170,38 +218,13 @@ class QPWorker:
                 self.evicted += 1
         return out
 
-    @staticmethod
-    def _grad(stored: _Stored, cotangents: tuple[Any, ...]) -> ChunkGrads:
-        pairs = [
-            (o, g)
-            for o, g in zip(stored.outputs, (from_wire(a) for a in cotangents))
-            if o is not None and g is not None and o.requires_grad
-        ]
-        wrt = [t for t in stored.leaves if t is not None and t.requires_grad]
-        grads: list[Tensor | None] = [None] * len(stored.leaves)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            if pairs and wrt:
-                got = torch.autograd.grad(
-                    [o for o, _ in pairs],
-                    wrt,
-                    [g.to(o.dtype) for o, g in pairs],
-                    allow_unused=True,
-                )
-                it = iter(got)
-                for i, t in enumerate(stored.leaves):
-                    if t is not None and t.requires_grad:
-                        grads[i] = next(it)
-        wire = tuple(to_wire(g) for g in grads)
-        return ChunkGrads(wire, replace(stored.diagnostics), _records(caught))
-
     def backward(self, key: tuple[str, int], cotangents: tuple[Any, ...]) -> ChunkGrads | None:
         """Vector-Jacobian product through the stored graph of ``key`` (then freed);
         ``None`` if that graph is not held (released or evicted)."""
         stored = self._graphs.pop(key, None)
         if stored is None:
             return None
-        return self._grad(stored, cotangents)
+        return chunk_grads(stored, cotangents)
 
     def solve_and_backward(
         self,
@@ -211,9 +234,7 @@ class QPWorker:
         *inputs: Any,
     ) -> tuple[ChunkOutput, ChunkGrads]:
         """Re-solve a chunk whose graph is gone and run its backward at once (nothing kept)."""
-        out, stored = self._solve(inputs, needs_grad, options, True)
-        assert stored is not None
-        return out, self._grad(stored, cotangents)
+        return solve_and_backward(needs_grad, options, cotangents, *inputs)
 
     def release(self, call_id: str) -> int:
         """Drop every graph of ``call_id``; returns how many were dropped."""
