@@ -14,6 +14,7 @@ from dxopt._core import positional_deprecated
 from dxopt.qp._backward_kkt import KKTBackward
 from dxopt.qp._backward_penalty import PenaltyBackward
 from dxopt.qp._bounds import append_bounds
+from dxopt.qp._certificates import unsolved_message
 from dxopt.qp._forward import (
     ForwardResult,
     daqp_certifies_psd,
@@ -693,13 +694,8 @@ def solve(
     problem, result, name = state.problem, state.result, state.solver
     if on_failure == "raise" and not all(s.ok for s in result.status):
         failed = tuple(i for i, s in enumerate(result.status) if not s.ok)
-        kinds = {i: result.status[i].value for i in failed}
-        raise QPSolveError(
-            f"{len(failed)} of {problem.size} QPs not solved by {name!r} (batch index: status) "
-            f"{kinds}. Fix the data, or pass on_failure='nan' to get NaN for those samples.",
-            failed,
-            result.status,
-        )
+        message = unsolved_message(name, result.status, result.reasons)
+        raise QPSolveError(message, failed, result.status)
     diagnostics = state.diagnostics
     primal, dual = state.residuals
     info = QPInfo(

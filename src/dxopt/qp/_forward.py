@@ -38,10 +38,12 @@ Why: on the Maros-Meszaros set piqp reports ``failed``/``infeasible`` on some fe
 problems that clarabel solves, and the reverse; an early stop at a looser tolerance followed
 by an exact polish rescues problems where the backend stalls near the optimum. Which backend
 and stopping tolerance produced each sample is recorded (``QPInfo.sample_solvers``,
-``QPInfo.sample_tolerances``). A sample that no attempt certifies is classified by two cheap
-re-solves with the requested backend: the projection of the origin onto the feasible set
-(fails: ``INFEASIBLE``) and the problem inside the box :math:`\\|x\\|_\\infty \\le 10^6`
-(solution on that box: ``UNBOUNDED``, otherwise ``FAILED``).
+``QPInfo.sample_tolerances``). A sample that no attempt certifies is ``INFEASIBLE`` or
+``UNBOUNDED`` only with a certificate checked by :mod:`dxopt.qp._certificates` (a Farkas ray,
+or a feasible point and a direction of unbounded descent; the backend's own, else one from a
+small LP); without one it is ``MAX_ITER`` (an attempt stopped at its iteration limit),
+``INACCURATE`` (an attempt's point missed the tolerance) or ``FAILED`` (no point at all), and
+``ForwardResult.reasons`` says what to change.
 
 Parallelism: ``max_workers > 1`` solves samples on a thread pool. Measured on the shared
 2-core machine (load average about 10 from other jobs; batch 128, n = 50, m = 50, p = 25, daqp
@@ -65,6 +67,7 @@ import torch
 from torch import Tensor
 
 from dxopt.qp._active import row_inf_np
+from dxopt.qp._certificates import diagnose, hit_iteration_limit
 from dxopt.qp._daqp import FACTORED_FLAGS, DaqpBatch, DaqpPoint
 from dxopt.qp._polish import BatchCertificate, batch_accept_exact, row_inf
 from dxopt.qp._polish import polish as polish_solution
@@ -84,6 +87,8 @@ __all__ = [
 ]
 
 _EXACT_WORKING_SET = ("daqp",)  # active-set backends: polish only if the point fails
+DAQP_ITERATION_LIMIT = -4  # DAQP's exit flag at its iteration limit (dxopt.qp._daqp)
+DAQP_CLAIMS = {-1: "daqp: infeasible", -3: "daqp: unbounded"}  # claims, without a ray
 
 BACKEND_RELATIVE_FLOOR = 1e-12
 """The least relative stopping tolerance passed to a backend (module docstring)."""
@@ -164,7 +169,8 @@ class ForwardResult:
     ``P`` (S, n, n), the rows :math:`L^{-1}c_r` of ``[G; A]`` (S, m + p, n), the final working
     set (S, w) and its Schur complement's factor (S, w, w) of every sample when the forward
     computed them (the compiled solver of :mod:`dxopt.qp._dual_active_set`),
-    for the backward to reuse, else ``None``.
+    for the backward to reuse, else ``None``. ``reasons``: per sample, why it was not solved
+    and what to change (``""`` for solved samples; empty when every sample is solved).
     """
 
     x: Tensor
@@ -180,6 +186,7 @@ class ForwardResult:
     settled: tuple[bool, ...] = ()
     residuals: tuple[np.ndarray, np.ndarray] | None = None
     factors: tuple[np.ndarray, ...] | None = None
+    reasons: tuple[str, ...] = ()
 
 
 SPARSE_ONLY = ("clarabel", "osqp", "scs")
@@ -242,28 +249,6 @@ def _recover_duals(
     if G is not None:
         nu[active] = np.maximum(lam[:k], 0.0)
     return (lam[k:] if A is not None else np.zeros(0)), nu
-
-
-def _classify_failure(problem_kwargs: dict[str, Any], n: int, solver: str, **kw: Any) -> QPStatus:
-    feas = dict(problem_kwargs)
-    sparse = any(sp.issparse(problem_kwargs.get(k)) for k in ("P", "A", "G"))
-    feas["P"] = sp.identity(n, format="csc") if sparse else np.eye(n)
-    feas["q"] = np.zeros(n)
-    try:
-        sol = qpsolvers.solve_problem(qpsolvers.Problem(**feas), solver=solver, **kw)
-    except Exception:  # the backend crashed: the sample stays FAILED
-        return QPStatus.FAILED
-    if not sol.found:
-        return QPStatus.INFEASIBLE
-    boxed = dict(problem_kwargs)
-    boxed["lb"], boxed["ub"] = np.full(n, -1e6), np.full(n, 1e6)
-    try:
-        sol = qpsolvers.solve_problem(qpsolvers.Problem(**boxed), solver=solver, **kw)
-    except Exception:
-        return QPStatus.FAILED
-    if sol.found and sol.x is not None and np.abs(sol.x).max() > 0.99e6:
-        return QPStatus.UNBOUNDED
-    return QPStatus.FAILED
 
 
 def _finite_or_zero(v: np.ndarray) -> np.ndarray:
@@ -489,6 +474,10 @@ def solve_forward(
         try:
             if step.solver == "daqp":
                 out = call_daqp(i, kw, init)
+                if out.flag == DAQP_ITERATION_LIMIT:
+                    cap_hit.add(i)
+                elif out.flag in DAQP_CLAIMS:  # a claim without a ray: diagnose decides
+                    claims.setdefault(i, []).append({"claim": DAQP_CLAIMS[out.flag]})
                 if out.x is None:
                     return None
                 x, y, z = out.x, out.eq_duals, out.ineq_duals
@@ -498,6 +487,12 @@ def solve_forward(
                 sol = qpsolvers.solve_problem(
                     qpsolvers.Problem(**args), solver=step.solver, initvals=init, **kw
                 )
+                if hit_iteration_limit(sol):
+                    cap_hit.add(i)
+                if not sol.found:  # the backend's own rays (OSQP), checked in diagnose
+                    extras = sol.extras if isinstance(sol.extras, dict) else {}
+                    rays = {k: extras.get(k) for k in ("prim_inf_cert", "dual_inf_cert")}
+                    claims.setdefault(i, []).append({"claim": step.solver, **rays})
                 if sol.x is None:
                     return None
                 x = np.asarray(sol.x, dtype=np.float64)
@@ -536,6 +531,12 @@ def solve_forward(
 
     candidates: dict[int, tuple[Attempt, Any]] = {}
     gap_certified: dict[int, set[str]] = {}  # backends whose point certified, unsettled
+    # what the attempts of an unsolved sample saw (for diagnose): an iteration limit, a point
+    # that missed the tolerance, the backends' infeasibility certificates
+    cap_hit: set[int] = set()
+    missed: set[int] = set()
+    claims: dict[int, list[dict[str, Any]]] = {}
+    reasons: dict[int, str] = {}
 
     def finish(
         i: int, step: Attempt, point: tuple[Any, ...], last: bool
@@ -562,9 +563,11 @@ def solve_forward(
             g_inf=row_norm("G"),
             a_inf=row_norm("A"),
         )
-        if pol.certificate.zero_row_infeasible:
+        if pol.certificate.zero_row_infeasible:  # 0'x <= h_i < 0: the ray e_i, checked
+            reasons[i] = "a zero row of G with h_i < 0 (0 <= h_i is false)"
             return False, QPStatus.INFEASIBLE
         if not pol.certificate.ok:
+            missed.add(i)
             return False, None
         if not pol.certificate.settled and not last:
             candidates.setdefault(i, (step, pol))  # certified by the gap only: look further
@@ -603,8 +606,14 @@ def solve_forward(
             store(i, *candidates[i])
             return
         ensure_psd(i)
-        kw = backend_kwargs(solver, eps_abs, eps_rel, solver_options)
-        status[i] = _classify_failure(sample_args(solver, i), n, solver, **kw)
+        verdict = diagnose(
+            sample_args(solver, i),
+            claims=claims.get(i, []),
+            hit_cap=i in cap_hit,
+            had_point=i in missed,
+            eps_abs=eps_abs,
+        )
+        status[i], reasons[i] = verdict.status, verdict.reason
 
     start = time.perf_counter()
     first_points: list[tuple[Any, ...] | None] = [None] * size
@@ -685,4 +694,5 @@ def solve_forward(
         sample_eps=tuple(used_eps),
         polished=tuple(polished),
         settled=tuple(settled),
+        reasons=() if not reasons else tuple(reasons.get(i, "") for i in range(size)),
     )
