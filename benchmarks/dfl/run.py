@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import json
 import os
 import tempfile
 import time
@@ -123,6 +124,35 @@ def run_method(
     return rows
 
 
+def run_config(
+    problem: str,
+    deg: int,
+    seed: int,
+    *,
+    methods: list[str],
+    libraries: list[str],
+    epochs: int,
+    num_train: int,
+    num_test: int,
+    bar: Any,
+) -> list[dict[str, Any]]:
+    """Every method on the data set ``(problem, deg, seed)``."""
+    import pyepo
+
+    inst, optmodel, train_ds = make_instance(
+        problem, deg, seed, num_train=num_train, num_test=num_test
+    )
+    with contextlib.redirect_stderr(io.StringIO()):
+        test_ds = pyepo.data.dataset.optDataset(optmodel, inst.x_test, inst.c_test)
+    runs: list[dict[str, Any]] = []
+    for method in methods:
+        runs += run_method(
+            inst, optmodel, train_ds, test_ds, method=method, libraries=libraries, epochs=epochs
+        )
+        bar.update()
+    return runs
+
+
 def _loadavg() -> list[float]:
     try:
         return [round(v, 2) for v in os.getloadavg()]
@@ -169,6 +199,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--num-test", type=int, default=1000, help="test samples")
     parser.add_argument("--out", type=Path, default=None, help="output folder override")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument(
+        "--from-runs",
+        type=Path,
+        default=None,
+        help="rebuild the report from a run's dfl_runs.json (written after every data set)",
+    )
     args = parser.parse_args(argv)
     try:
         import pyepo
@@ -187,33 +223,53 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         seeds, degs, epochs = args.seeds, args.degs, args.epochs
         num_train, num_test = args.num_train, args.num_test
     out.mkdir(parents=True, exist_ok=True)
-    info = machine_info()  # the commit the run started from
-    load_start, t_start = _loadavg(), time.perf_counter()
-    runs: list[dict[str, Any]] = []
-    configs = [(p, d, s) for p in args.problems for d in degs for s in seeds]
-    bar = tqdm(total=len(configs) * len(args.methods), desc="dfl", unit="method")
-    for problem, deg, seed in configs:
-        inst, optmodel, train_ds = make_instance(
-            problem, deg, seed, num_train=num_train, num_test=num_test
-        )
-        import pyepo
-
-        with contextlib.redirect_stderr(io.StringIO()):
-            test_ds = pyepo.data.dataset.optDataset(optmodel, inst.x_test, inst.c_test)
-        for method in args.methods:
-            runs += run_method(
-                inst,
-                optmodel,
-                train_ds,
-                test_ds,
-                method=method,
+    partial = out / "dfl_runs.json"
+    if args.from_runs is not None:
+        # rebuild the report from a (possibly cut short) run's record
+        saved = json.loads(args.from_runs.read_text())
+        info, runs = saved["machine"], saved["runs"]
+        load_start, load_end, wall = saved["load_start"], saved["load_now"], saved["wall_s"]
+        epochs = saved["epochs"]
+        num_train, num_test = saved["num_train"], saved["num_test"]
+    else:
+        info = machine_info()  # the commit the run started from
+        load_start, t_start = _loadavg(), time.perf_counter()
+        runs = []
+        # seeds outermost: a run cut short still holds whole seeds of every (problem, deg)
+        configs = [(p, d, s) for s in seeds for p in args.problems for d in degs]
+        bar = tqdm(total=len(configs) * len(args.methods), desc="dfl", unit="method")
+        for problem, deg, seed in configs:
+            runs += run_config(
+                problem,
+                deg,
+                seed,
+                methods=args.methods,
                 libraries=args.libraries,
                 epochs=epochs,
+                num_train=num_train,
+                num_test=num_test,
+                bar=bar,
             )
-            bar.update()
-    bar.close()
-    wall = time.perf_counter() - t_start
-    load_end = _loadavg()
+            write_json(
+                partial,
+                {
+                    "machine": info,
+                    "epochs": epochs,
+                    "num_train": num_train,
+                    "num_test": num_test,
+                    "load_start": load_start,
+                    "load_now": _loadavg(),
+                    "wall_s": time.perf_counter() - t_start,
+                    "runs": runs,
+                },
+            )
+        bar.close()
+        wall = time.perf_counter() - t_start
+        load_end = _loadavg()
+    seeds = sorted({r["seed"] for r in runs})
+    degs = sorted({r["deg"] for r in runs})
+    problems = list(dict.fromkeys(r["problem"] for r in runs))
+    methods = list(dict.fromkeys(r["method"] for r in runs))
     regrets, speeds = regret_rows(runs), speed_rows(runs)
     checks = targets(regrets, speeds)
     settings = {
@@ -230,9 +286,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 "NCE": f", solve ratio {h.solve_ratio}",
                 "QPTL": f", eps {h.eps}",
             }.get(m, "")
-            for p in args.problems
+            for p in problems
             for m, h in HYPER[p].items()
-            if m in args.methods
+            if m in methods
         ),
     }
     notes = [
