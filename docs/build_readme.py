@@ -14,6 +14,7 @@ ORDER = (
     "_head",
     "qp",
     "portfolio",
+    "dfl",
     "distributed",
     "natgrad",
     "estimators",

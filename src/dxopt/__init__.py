@@ -12,6 +12,8 @@ Subpackages
   attempt-level weights) for Verification@K, with an exactly solvable tabular policy.
 - :mod:`dxopt.linearize`: linearized (tangent-space) fine-tuning, task vectors, and distilling a
   curvature-regularised linearized teacher into an ordinary student (DELTA).
+- :mod:`dxopt.dfl`: decision-focused learning for linear and combinatorial problems (SPO+, DBB,
+  perturbed optimizers, NCE, learning to rank, QPTL; batched oracles, PyEPO's data and metrics).
 - :mod:`dxopt.linalg`: the linear solves they share (checked Cholesky, CG).
 
 Shared by all of them (from :mod:`dxopt._core`): :class:`Status` (why a solver stopped, with a
@@ -33,7 +35,7 @@ if TYPE_CHECKING:
 
 __version__ = "0.2.0"
 
-_SUBPACKAGES = ("qp", "natgrad", "estimators", "bilevel", "rl", "linearize", "linalg")
+_SUBPACKAGES = ("qp", "natgrad", "estimators", "bilevel", "rl", "linearize", "linalg", "dfl")
 _CORE = ("Cost", "DxoptError", "DxoptWarning", "Status", "release_host_buffers")
 
 __all__ = [
@@ -43,6 +45,7 @@ __all__ = [
     "Status",
     "__version__",
     "bilevel",
+    "dfl",
     "estimators",
     "linalg",
     "linearize",
