@@ -33,7 +33,11 @@ class HypergradientMethod(Protocol):
     """A method: ``init`` builds its state at ``x`` with the lower level started at ``y0``;
     ``step`` returns ``(d, state)``.
 
-    The state must expose ``y``, the method's current lower-level estimate.
+    The state must expose ``y``, the method's current lower-level estimate. A method may also
+    define ``estimate_point(before, after) -> (y, v)``, the lower-level point and adjoint its
+    last estimate used (``d = grad_x f(x, y) - grad_xy g(x, y) v``), so that
+    :func:`dxopt.bilevel.hypergradient` can certify it; without it the one-shot estimate is
+    reported ``INACCURATE``.
     """
 
     outer_lr: float
