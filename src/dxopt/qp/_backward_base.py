@@ -57,20 +57,27 @@ behaviour (:class:`~dxopt.qp.QPBackwardError`).
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import warnings
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from dxopt.linalg.sparse import lstsq_saddle
 from dxopt.linalg.threads import small_work
 from dxopt.qp._active import WEAK_POLICIES, ActiveSet, identify_active
 from dxopt.qp._adjoint import AdjointInput, AdjointSolution, kkt_residual
-from dxopt.qp._degenerate import dependent_weak_rows, vertex_rows
+from dxopt.qp._degenerate import count_dependent_dense, dependent_weak_rows, vertex_rows
+from dxopt.qp._degenerate_rule import (
+    DegenerateRule,
+    dependent_weak_rows_dense,
+    independent_rows_dense,
+    project_multiplier_rhs,
+    rule_multipliers,
+    warn_degenerate,
+)
 from dxopt.qp._problem import QPProblem
 from dxopt.qp._types import BackwardDiagnostics, QPBackwardError, QPDegenerateWarning
 
@@ -184,21 +191,10 @@ class BackwardBase:
     def _solve_adjoint(
         self, data: AdjointInput, diagnostics: BackwardDiagnostics
     ) -> AdjointSolution:
-        active = identify_active(
-            data.problem,
-            data.x,
-            data.eq_duals,
-            data.ineq_duals,
-            active_tol=self.active_tol,
-            weak_policy=self.weak_policy,
-            forward_active=data.active,
-        )
-        if self.weak_policy == "inactive" and (active.weak.numpy() & ~active.used.numpy()).any():
-            adopt = dependent_weak_rows(data.problem, active.used, active.weak & ~active.used)
-            if bool(adopt.any()):  # duplicated/dependent weak rows join the active set
-                active = replace(active, used=active.used | adopt)
+        active = self._identify(data)
         diagnostics.pseudo_inverse = (False,) * data.x.shape[0]
         diagnostics.weak_kept = False
+        diagnostics.vertex_dropped = (0,) * data.x.shape[0]
         if data.settled is not None and (~data.settled.numpy() & data.ok.numpy()).any():
             bad = torch.nonzero(~data.settled & data.ok).flatten().tolist()
             diagnostics.unsettled = tuple(bool(not v) for v in data.settled)
@@ -218,9 +214,7 @@ class BackwardBase:
             if regular is not None:
                 return regular
         try:
-            if self.degenerate in ("auto", "vertex"):
-                return self._vertex_adjoint(data, active, diagnostics)
-            return self._adjoint_or_exact(data, active, diagnostics)
+            return self._degenerate_adjoint(data, active, diagnostics)
         except QPBackwardError as err:
             if self.degenerate == "raise":
                 raise
@@ -229,107 +223,172 @@ class BackwardBase:
             # dropping the weak rows left x undetermined: keep them (the face derivative)
             kept = replace(active, used=active.used | active.weak)
             try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore", QPDegenerateWarning)
-                    out = self._adjoint_or_exact(data, kept, diagnostics)
+                out = self._degenerate_adjoint(data, kept, diagnostics, warn=False)
                 diagnostics.weak_kept = True
-                warnings.warn(
+                warn_degenerate(
                     f"{self.name} backward: P is singular on the null space of the strongly "
                     "active rows, so the weakly active rows (zero slack, zero multiplier) are "
                     "kept as equalities to determine the derivative (see BackwardDiagnostics."
-                    "weak_kept).",
-                    QPDegenerateWarning,
-                    stacklevel=3,
+                    "weak_kept)."
                 )
                 return out
             except QPBackwardError as err:
                 cause = err
         return pseudo_inverse_adjoint(data, active, diagnostics, self.name, cause)
 
-    def _vertex_adjoint(
-        self, data: AdjointInput, active: ActiveSet, diagnostics: BackwardDiagnostics
-    ) -> AdjointSolution:
-        """``degenerate="vertex"``: the adjoint of the QP restricted to a vertex of the
-        multiplier set where the active rows are dependent (samples whose multiplier outputs
-        have a nonzero cotangent keep the minimum-norm adjoint)."""
-        failed: QPBackwardError | None = None
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", QPDegenerateWarning)
-            try:
-                out = self._adjoint_or_exact(data, active, diagnostics)
-            except QPBackwardError as err:
-                # the minimum-norm adjoint can fail its residual check where the dependent
-                # rows leave K badly conditioned; the vertex's independent rows may not
-                failed = err
-        full = copy.copy(diagnostics)  # the state of the full active set's solve
-        if failed is None and not any(diagnostics.dependent_rows or ()):
-            for w in caught:
-                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-            return out
-        if failed is None:
-            counts = torch.tensor(diagnostics.dependent_rows)
-        else:
-            from dxopt.qp._backward_kkt import dependent_rows_sparse
-
-            counts = dependent_rows_sparse(data, active.used)
-        if not bool((counts > 0).any()):
-            if failed is not None:
-                raise failed
-            for w in caught:
-                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-            return out
-        dual_cot = (data.grad_ineq != 0).any(-1) | (data.grad_eq != 0).any(-1)
-        skip = (counts == 0) | dual_cot | ~data.ok
-        used, dropped = vertex_rows(
+    def _identify(self, data: AdjointInput) -> ActiveSet:
+        """The active set of the backward: the forward's (polished) rows, with the weakly
+        active rows in the span of the active ones joining them (so that LICQ detection and
+        the degenerate rule do not depend on which copy of a duplicated row the backend put
+        the multiplier on); ``data.rule_fixed``: the rows in ``data.active`` as they are."""
+        active = identify_active(
             data.problem,
-            active.used,
-            data.ineq_duals,
+            data.x,
             data.eq_duals,
-            skip,
-            keep_parallel=self.degenerate == "auto",
-            retry=failed is not None,
+            data.ineq_duals,
+            active_tol=None if data.rule_fixed else self.active_tol,
+            weak_policy=self.weak_policy,
+            forward_active=data.active,
         )
-        if not bool((dropped > 0).any()):
-            if failed is not None:
-                raise failed
-            for w in caught:
-                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-            return out
-        full_caught, vertex_failed = caught, False
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", QPDegenerateWarning)
-            try:
-                out_v = self._adjoint_or_exact(data, replace(active, used=used), diagnostics)
-            except QPBackwardError:  # the vertex leaves x undetermined
-                if failed is not None:
-                    diagnostics.dependent_rows = tuple(int(c) for c in counts)
-                    diagnostics.licq = False
-                    raise
-                vertex_failed = True
-        if vertex_failed:  # the full active set's minimum-norm adjoint stands
-            for f in dataclasses.fields(diagnostics):
-                setattr(diagnostics, f.name, getattr(full, f.name))
-            for w in full_caught:
-                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-            return out
-        out = out_v
-        left = torch.tensor(diagnostics.dependent_rows or (0,) * data.x.shape[0])
-        diagnostics.dependent_rows = tuple(int(c) for c in counts)
+        if data.rule_fixed and data.active is not None:
+            return replace(active, used=data.active & data.ok[:, None])
+        if self.weak_policy == "inactive" and (active.weak.numpy() & ~active.used.numpy()).any():
+            if data.problem.any_sparse:
+                adopt = dependent_weak_rows(data.problem, active.used, active.weak & ~active.used)
+            else:
+                adopt = dependent_weak_rows_dense(
+                    data.problem, active.used, active.weak & ~active.used
+                )
+            if bool(adopt.any()):  # duplicated/dependent weak rows join the active set
+                active = replace(active, used=active.used | adopt)
+        return active
+
+    def degenerate_rule(
+        self, data: AdjointInput, active: ActiveSet | None = None
+    ) -> DegenerateRule:
+        """The rows and multipliers of the degenerate rule (:mod:`dxopt.qp._degenerate_rule`)
+        for the active set ``active`` (``None``: identified from ``data``). It depends on the
+        point, the problem and the rows only, never on the cotangents, so the vjp and the jvp
+        (:mod:`dxopt.qp._tangent`) use the same linear map."""
+        if active is None:
+            active = self._identify(data)
+        problem, ok = data.problem, data.ok
+        S = data.x.shape[0]
+        zero = torch.zeros(S, dtype=torch.int64)
+        counts = _dependent_counts(data, active.used)
+        used, dropped = active.used, zero
+        dual_rhs = _dual_rhs(data, active.used)
+        if bool((counts > 0).any()) and not data.rule_fixed:
+            if not (data.needs_rows or bool(dual_rhs.any())) and not problem.any_sparse:
+                # only dL/dq, dL/dP: every rule gives the same u; drop dependent rows cheaply
+                used = independent_rows_dense(problem, active.used, ok & (counts > 0))
+            elif self.degenerate in ("auto", "vertex"):
+                used, dropped = vertex_rows(
+                    problem, active.used, data.ineq_duals, data.eq_duals, (counts == 0) | ~ok,
+                    keep_parallel=self.degenerate == "auto",
+                )  # fmt: skip
+        changed = (used != active.used).any(-1)
+        left = counts.clone()
+        if bool(changed.any()):
+            left[changed] = _dependent_counts(data, used, changed)[changed]
+        nu, mu = data.ineq_duals, data.eq_duals
+        if data.needs_rows:
+            nu, mu = rule_multipliers(problem, data.x, used, (counts > 0) & ok, nu, mu)
+        return DegenerateRule(
+            replace(active, used=used), active.used, counts, dropped, left, nu, mu
+        )
+
+    def _degenerate_adjoint(
+        self,
+        data: AdjointInput,
+        active: ActiveSet,
+        diagnostics: BackwardDiagnostics,
+        *,
+        warn: bool = True,
+    ) -> AdjointSolution:
+        """The adjoint on the rows of :meth:`degenerate_rule`: the vertex's independent rows,
+        or (minimum-norm samples) the dependent rows with the multiplier right-hand side
+        projected onto their range. Should the vertex's solve fail (round-off), the full
+        rows' minimum-norm adjoint is used."""
+        rule = self.degenerate_rule(data, active)
+        if not bool((rule.counts > 0).any()):
+            return self._adjoint_or_exact(data, active, diagnostics)
+        dual_rhs = _dual_rhs(data, rule.active.used)
+        try:
+            out = self._solve_projected(data, rule.active, rule.left, dual_rhs, diagnostics)
+            dropped = rule.dropped
+        except QPBackwardError:
+            if not bool((rule.active.used != rule.full).any()):
+                raise
+            full = replace(rule.active, used=rule.full)
+            out = self._solve_projected(data, full, rule.counts, _dual_rhs(data, rule.full),
+                                        diagnostics)  # fmt: skip
+            dropped = torch.zeros_like(rule.dropped)
+        diagnostics.dependent_rows = tuple(int(c) for c in rule.counts)
         diagnostics.licq = False
-        bad = torch.nonzero(dropped > 0).flatten().tolist()
-        warnings.warn(
-            f"{self.name} backward: the active constraint rows are linearly dependent (LICQ "
-            f"fails) at batch indices {torch.nonzero(counts > 0).flatten().tolist()}; at "
-            f"{bad} {[int(dropped[i]) for i in bad]} dependent inequality rows were dropped "
-            f"to a vertex of the multiplier set (degenerate={self.degenerate!r}), so the "
-            "gradient is the derivative of one affine piece (a B-subdifferential element).",
-            QPDegenerateWarning,
-            stacklevel=4,
-        )
-        if bool((left > 0).any()):  # min-norm left (dual cotangents, equality dependencies)
-            for w in caught:
-                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-        return out
+        diagnostics.vertex_dropped = tuple(int(c) for c in dropped)
+        if warn:
+            self._warn_rule(dropped, rule.counts - dropped)
+        if not data.needs_rows:
+            return out
+        return replace(out, ineq_duals=rule.ineq_duals, eq_duals=rule.eq_duals)
+
+    def _solve_projected(
+        self,
+        data: AdjointInput,
+        active: ActiveSet,
+        left: Tensor,
+        dual_rhs: Tensor,
+        diagnostics: BackwardDiagnostics,
+    ) -> AdjointSolution:
+        project = (left > 0) & dual_rhs & data.ok
+        if bool(project.any()):
+            gi, ge = project_multiplier_rhs(
+                data.problem, active.used, data.grad_ineq, data.grad_eq, project
+            )
+            data = replace(data, grad_ineq=gi, grad_eq=ge)
+        return self._adjoint_or_exact(data, active, diagnostics)
+
+    def _warn_rule(self, dropped: Tensor, left: Tensor) -> None:
+        """One stable message per rule that ran (Python's filter: once per call site)."""
+        if bool((dropped > 0).any()):
+            warn_degenerate(
+                f"{self.name} backward: the active constraint rows are linearly dependent "
+                f"(LICQ fails); dependent inequality rows were dropped to a vertex of the "
+                f"multiplier set (degenerate={self.degenerate!r}), so the gradient is the "
+                "derivative of one affine piece (a B-subdifferential element). Per-sample "
+                "counts: sol.info.backward.dependent_rows / .vertex_dropped."
+            )
+        if bool((left > 0).any()):
+            warn_degenerate(
+                f"{self.name} backward: the active constraint rows are linearly dependent "
+                "(LICQ fails); the multiplier adjoint is not unique and the minimum-norm one "
+                "is used (dL/dq and dL/dP are exact; the b/h/A/G gradients are the "
+                "minimum-norm choice with the minimum-norm multipliers, the equal split on "
+                "duplicated rows; for general dependent rows degenerate='vertex' returns a "
+                "B-subdifferential element). Per-sample counts: "
+                "sol.info.backward.dependent_rows."
+            )
+
+
+def _dual_rhs(data: AdjointInput, used: Tensor) -> Tensor:
+    """Per sample, True where the multiplier cotangents on the rows ``used`` are nonzero."""
+    out = (data.grad_eq != 0).any(-1)
+    if data.grad_ineq.shape[1]:
+        out = out | ((data.grad_ineq != 0) & used).any(-1)
+    return out
+
+
+def _dependent_counts(data: AdjointInput, used: Tensor, samples: Tensor | None = None) -> Tensor:
+    """Per-sample number of dependent rows of ``[G_used; A]`` (0 for failed samples and, with
+    ``samples``, for the samples not in it)."""
+    from dxopt.qp._backward_kkt import dense_rows, dependent_rows_sparse
+
+    ok = data.ok if samples is None else data.ok & samples
+    if data.problem.any_sparse:
+        return dependent_rows_sparse(replace(data, ok=ok), used)
+    rows = dense_rows(replace(data, ok=ok), used)
+    return count_dependent_dense(rows.C) * ok
 
 
 def _sample_matrices(problem: QPProblem, used: torch.Tensor, i: int) -> tuple[Any, Any]:
@@ -394,13 +453,10 @@ def pseudo_inverse_adjoint(
     diagnostics.n_active = active.n_active
     diagnostics.n_weak = active.n_weak
     diagnostics.pseudo_inverse = tuple(flagged)
-    bad = [i for i, f in enumerate(flagged) if f]
-    warnings.warn(
-        f"{method} backward: the reduced KKT matrix is singular at batch indices {bad} (P is "
-        "singular on the null space of the active rows, so the solution is not unique); the "
-        f"Moore-Penrose (minimum-norm least-squares) adjoint is used ({cause}). Pass "
-        "degenerate='raise' to refuse instead.",
-        QPDegenerateWarning,
-        stacklevel=4,
+    warn_degenerate(
+        f"{method} backward: the reduced KKT matrix is singular (P is singular on the null "
+        "space of the active rows, so the solution is not unique); the Moore-Penrose "
+        "(minimum-norm least-squares) adjoint is used. Per-sample flags: "
+        "sol.info.backward.pseudo_inverse. Pass degenerate='raise' to refuse instead."
     )
     return AdjointSolution(u, w_ineq, w_eq, active, residual)

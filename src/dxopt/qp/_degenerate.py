@@ -41,7 +41,6 @@ are the squared distances of each row to the span of the previous ones; a pivot 
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import numpy as np
@@ -53,7 +52,7 @@ from torch import Tensor
 
 from dxopt.linalg.sparse import FactorizationError, UnitRows, kkt_factor, splu, unit_rows
 from dxopt.qp._problem import QPProblem
-from dxopt.qp._types import BackwardDiagnostics, QPBackwardError, QPDegenerateWarning
+from dxopt.qp._types import BackwardDiagnostics, QPBackwardError
 
 __all__ = [
     "DEPENDENT_TOL",
@@ -289,21 +288,10 @@ def min_norm_sparse(P: sp.spmatrix, C: sp.csr_matrix, rhs: np.ndarray) -> np.nda
 
 
 def record_degenerate(diagnostics: BackwardDiagnostics, counts: Tensor, method: str) -> None:
-    """Store the per-sample dependent-row counts and warn (:class:`QPDegenerateWarning`)."""
+    """Store the per-sample dependent-row counts (the warning is issued once, by the
+    degenerate rule of :class:`~dxopt.qp.BackwardBase`, which knows what it chose)."""
     diagnostics.dependent_rows = tuple(counts.tolist())
     diagnostics.licq = not any(diagnostics.dependent_rows)
-    if not diagnostics.licq:
-        bad = torch.nonzero(counts > 0).flatten().tolist()
-        warnings.warn(
-            f"{method} backward: the active constraint rows are linearly dependent (LICQ fails) "
-            f"at batch indices {bad} ({[int(counts[i]) for i in bad]} dependent rows); the "
-            "multiplier adjoint is not unique and the minimum-norm one is used (dL/dq and "
-            "dL/dP are exact; the b/h/A/G gradients are the minimum-norm choice, which for general "
-            "dependent rows can lie outside the one-sided derivatives; degenerate='vertex' "
-            "returns a B-subdifferential element).",
-            QPDegenerateWarning,
-            stacklevel=3,
-        )
 
 
 MAX_WEAK_TESTED = 64  # weak rows tested per sample for dependence on the active rows
@@ -462,10 +450,72 @@ def vertex_rows(
             if N.shape[1]:
                 q, _ = np.linalg.qr(N)
                 N = q
+        keep = _min_cost_vertex(Cn, k, lam, keep)
         gone = act[~keep[:k]]
         out[i, torch.from_numpy(gone)] = False
         dropped[i] = gone.size
     return out, dropped
+
+
+def vertex_cost(k: int) -> np.ndarray:
+    """The linear cost whose minimising vertex of the multiplier set the vertex rule picks:
+    the l1 norm of the normalised inequality multipliers, :math:`c_i = 1 + 10^{-6} i/k`
+    (the tie-break by row order makes the minimiser unique where copies tie)."""
+    return 1.0 + 1e-6 * np.arange(k) / max(k, 1)
+
+
+def _min_cost_vertex(Cn: np.ndarray, k: int, lam: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    """From the vertex ``keep`` (a basis of the rows of the row-normalised ``Cn``, first ``k``
+    inequality rows, multipliers ``lam`` >= 0 on them) to the vertex that minimises
+    :func:`vertex_cost` over the multiplier set (primal simplex, Bland's rule), then the
+    canonical basis of that vertex: its support completed in row order. The result depends on
+    the multiplier set only, not on the starting vertex (the backend's multipliers)."""
+    cost = np.concatenate([vertex_cost(k), np.zeros(Cn.shape[0] - k)])
+    keep, lam = keep.copy(), lam.copy()
+    for _ in range(4 * Cn.shape[0] + 20):
+        B = np.flatnonzero(keep)
+        N = np.flatnonzero(~keep[:k])
+        if N.size == 0:
+            break
+        T = np.linalg.lstsq(Cn[B].T, Cn[N].T, rcond=None)[0]  # c_j = sum_B T_ij c_i
+        reduced = cost[N] - cost[B] @ T
+        enter = np.flatnonzero(reduced < -1e-12)
+        if enter.size == 0:
+            break
+        e = int(enter[0])  # Bland: the first improving row
+        alpha = T[:, e]
+        pos = np.flatnonzero((alpha > 1e-12) & np.less(B, k))
+        if pos.size == 0:
+            break  # (unbounded: impossible for a cost > 0 on the inequality rows)
+        ratios = lam[B[pos]] / alpha[pos]
+        t = float(ratios.min())
+        leave = int(B[pos[ratios <= t + 1e-15 * (1.0 + abs(t))]].min())
+        lam[B] -= t * alpha
+        lam[N[e]] = t
+        lam[leave] = 0.0
+        lam[:k] = np.maximum(lam[:k], 0.0)
+        keep[leave], keep[N[e]] = False, True
+    target = int(keep[:k].sum())  # inequality rows of a basis
+    scale = max(float(lam[:k].max(initial=0.0)), 1e-300)
+    canon = np.zeros_like(keep)
+    canon[k:] = keep[k:]
+    canon[:k] = keep[:k] & (lam[:k] > 1e-9 * scale)
+    q = np.zeros((Cn.shape[1], 0))
+    if canon.any():  # an orthonormal basis of the support's span (equality rows may depend)
+        U, sigma, _ = np.linalg.svd(Cn[canon].T, full_matrices=False)
+        q = U[:, sigma > 1e-8 * max(float(sigma.max(initial=0.0)), 1e-300)]
+    for i in range(k):
+        if int(canon[:k].sum()) >= target:
+            break
+        if canon[i]:
+            continue
+        v = Cn[i] - q @ (q.T @ Cn[i])
+        v = v - q @ (q.T @ v)
+        d = float(v @ v)
+        if d > DEPENDENT_TOL:
+            canon[i] = True
+            q = np.column_stack([q, v / np.sqrt(d)])
+    return canon
 
 
 def lp_vertex(
@@ -501,7 +551,7 @@ def lp_vertex(
         return None
     lam = np.concatenate([np.maximum(z, 0.0), y]) * norms
     r = Cn.T @ lam
-    cost = np.concatenate([np.ones(k), np.zeros(Cn.shape[0] - k)])
+    cost = np.concatenate([vertex_cost(k), np.zeros(Cn.shape[0] - k)])
     bounds = [(0.0, None)] * k + [(None, None)] * (Cn.shape[0] - k)
     # HiGHS' presolve declares this feasible-by-construction system infeasible when the rows
     # are dependent (its redundancy test has absolute tolerances); the simplex alone does not
@@ -522,8 +572,7 @@ def lp_vertex(
     # it is on ker C (an incomplete one can leave x undetermined: Maros-Meszaros STADAT2)
     missing = Cn.shape[0] - dependent - kept.shape[0]
     if missing > 0:
-        order = np.argsort(-lam[:k], kind="stable")
-        order = order[~keep[order]].astype(np.int64)
+        order = np.flatnonzero(~keep).astype(np.int64)  # row order, as the dense branch
         for j in complete_basis(kept, Cn[:k], order, missing):
             keep[j] = True
     return keep

@@ -24,7 +24,7 @@ raise the same error when differentiated (:mod:`dxopt.qp._tangent`).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -235,6 +235,8 @@ def eager_gradients(
     """The parameter gradients of every sample of ``state`` for the output cotangents, by the
     state's backward method (plain autograd, outside torch.func)."""
     data = adjoint_input(state, None, grad_x, grad_eq, grad_ineq)
+    if not any(needs[2:]):  # only dL/dP, dL/dq: the degenerate rule's rows cannot matter
+        data = replace(data, needs_rows=False)
     return parameter_gradients(data, run_adjoint(state, data), needs)
 
 

@@ -5,7 +5,9 @@
     \\bar h_J = w_J,\\quad \\bar G_J = -(\\nu_J u^\\top + w_J x^\\top),\\quad
     \\bar b = w_E,\\quad \\bar A = -(\\mu u^\\top + w_E x^\\top),
 
-zero on the rows off :math:`J`. Parameters shared by the batch get the *sum* over samples.
+zero on the rows off :math:`J`, with :math:`(\\nu, \\mu)` the multipliers of the degenerate
+rule where the active rows are dependent (:mod:`dxopt.qp._degenerate_rule`). Parameters shared
+by the batch get the *sum* over samples.
 Sparse matrices get a gradient with exactly their own sparsity pattern (the values of the
 dense formula at the stored entries), in their own layout (COO or CSR).
 """
@@ -88,14 +90,15 @@ def parameter_gradients(
     if problem.A is not None and problem.b is not None:
         w_eq = adj.w_eq
         if needs[2]:
-            grads[2] = _outer_sum([(data.eq_duals, u), (w_eq, x)], problem.A)
+            mu = data.eq_duals if adj.eq_duals is None else adj.eq_duals
+            grads[2] = _outer_sum([(mu, u), (w_eq, x)], problem.A)
         if needs[3]:
             grads[3] = _vector(w_eq, problem.b)
     if problem.G is not None and problem.h is not None:
         used = adj.active.used.to(torch.float64)
         w_ineq = adj.w_ineq * used
         if needs[4]:
-            nu_J = data.ineq_duals * used
+            nu_J = (data.ineq_duals if adj.ineq_duals is None else adj.ineq_duals) * used
             grads[4] = _outer_sum([(nu_J, u), (w_ineq, x)], problem.G)
         if needs[5]:
             grads[5] = _vector(w_ineq, problem.h)

@@ -328,7 +328,9 @@ class AdjointSolve(_FirstOrderOnly):
         adj = run_adjoint(state, data)
         used = adj.active.used.to(_F64)
         shape = tuple(idx.shape)
-        outs = (adj.u, adj.w_ineq * used, adj.w_eq, data.x, data.ineq_duals * used, data.eq_duals)
+        nu = data.ineq_duals if adj.ineq_duals is None else adj.ineq_duals
+        mu = data.eq_duals if adj.eq_duals is None else adj.eq_duals
+        outs = (adj.u, adj.w_ineq * used, adj.w_eq, data.x, nu * used, mu)
         return tuple(t.reshape(*shape, t.shape[-1]) for t in outs)
 
     @staticmethod
@@ -399,6 +401,26 @@ def tangent_rhs(
     return tuple(torch.where(ok, r, torch.zeros_like(r)) for r in (r1, r2, r3))  # type: ignore[return-value]
 
 
+def _rule(state: QPState, base: AdjointInput) -> Any:
+    """The degenerate rule of the state's backward method for the samples of ``base``
+    (:meth:`dxopt.qp.BackwardBase.degenerate_rule`), or ``None`` (a custom method without
+    one, or nothing to differentiate)."""
+    rule = getattr(state.method, "degenerate_rule", None)
+    if rule is None or base.x.shape[0] == 0 or base.problem.n == 0:
+        return None
+    return rule(base)
+
+
+def _tangent_outputs(state: QPState, idx: Tensor, adj: AdjointSolution) -> tuple[Tensor, ...]:
+    """``(dx, dmu, dnu)`` of the tangent solve in the inputs' shape, dtype and device."""
+    problem = state.problem
+    shape = tuple(idx.shape)
+    outs = (adj.u, adj.w_eq, adj.w_ineq * adj.active.used.to(_F64))
+    return tuple(
+        t.reshape(*shape, t.shape[-1]).to(dtype=problem.dtype, device=problem.device) for t in outs
+    )
+
+
 class TangentSolve(_FirstOrderOnly):
     """``(dP, dq, dA, db, dG, dh, idx, call, *anchors) -> (dx, dmu, dnu)``: the jvp of the
     samples ``idx`` of the saved solve, in the inputs' dtype and device."""
@@ -409,6 +431,15 @@ class TangentSolve(_FirstOrderOnly):
         idx, call = args[6], args[7]
         state = call.state
         base = adjoint_input(state, idx.reshape(-1), None, None, None)
+        rule = _rule(state, base)
+        if rule is not None:  # the vjp's rows and multipliers: the jvp is its transpose
+            used = rule.active.used
+            base = replace(base, ineq_duals=rule.ineq_duals, eq_duals=rule.eq_duals)
+            r1, r2, r3 = tangent_rhs(base, tangents, used.to(_F64))
+            fixed = replace(base, grad_x=r1, grad_ineq=r2, grad_eq=r3, active=used,
+                            rule_fixed=True)  # fmt: skip
+            adj = run_adjoint(state, fixed)
+            return _tangent_outputs(state, idx, adj)
         r1, r2, r3 = tangent_rhs(base, tangents, None)
         adj = run_adjoint(state, replace(base, grad_x=r1, grad_ineq=r2, grad_eq=r3))
         used = adj.active.used
@@ -417,13 +448,7 @@ class TangentSolve(_FirstOrderOnly):
             r1, r2, r3 = tangent_rhs(base, tangents, used.to(_F64))
             adj = run_adjoint(state, replace(base, grad_x=r1, grad_ineq=r2, grad_eq=r3))
             used = adj.active.used
-        problem = state.problem
-        shape = tuple(idx.shape)
-        outs = (adj.u, adj.w_eq, adj.w_ineq * used.to(_F64))
-        return tuple(  # type: ignore[return-value]
-            t.reshape(*shape, t.shape[-1]).to(dtype=problem.dtype, device=problem.device)
-            for t in outs
-        )
+        return _tangent_outputs(state, idx, adj)
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:

@@ -52,9 +52,12 @@ class QPDegenerateWarning(DxoptWarning, UserWarning):
     """The active constraint rows of some samples are linearly dependent (LICQ fails).
 
     The gradient is still returned: :math:`\\partial L/\\partial q` and
-    :math:`\\partial L/\\partial P` are exact, and the gradients for ``b, h, A, G`` use the
-    minimum-norm multiplier adjoint (see :mod:`dxopt.qp._degenerate`). The message names the
-    batch indices; ``BackwardDiagnostics.dependent_rows`` has the per-sample counts.
+    :math:`\\partial L/\\partial P` are exact, and the gradients for ``b, h, A, G`` follow the
+    documented rule (a vertex of the multiplier set, or the minimum-norm multiplier adjoint;
+    :mod:`dxopt.qp._degenerate_rule`). The message text is the same for every call, so
+    Python's default filter shows it once per call site; the per-sample facts are in
+    ``sol.info.backward`` (``dependent_rows``, ``vertex_dropped``) and ``sol.info.degenerate``.
+    Silence it with ``warnings.filterwarnings("ignore", category=dxopt.qp.QPDegenerateWarning)``.
     """
 
 
@@ -83,6 +86,8 @@ class BackwardDiagnostics:
             singular on the null space of the strongly active rows.
         unsettled: per sample, True if the forward point was certified only by its duality gap
             (the active set is a guess; a ``QPDegenerateWarning`` is issued).
+        vertex_dropped: per sample, the dependent inequality rows the vertex rule dropped
+            (``degenerate="auto"``/``"vertex"``; 0 where the minimum-norm adjoint was used).
     """
 
     method: str = ""
@@ -98,6 +103,7 @@ class BackwardDiagnostics:
     pseudo_inverse: tuple[bool, ...] = ()
     weak_kept: bool = False
     unsettled: tuple[bool, ...] = ()
+    vertex_dropped: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -127,6 +133,12 @@ class QPInfo:
     sample_solvers: tuple[str, ...] = ()
     sample_tolerances: tuple[float, ...] = ()
     polished: tuple[bool, ...] = ()
+
+    @property
+    def degenerate(self) -> tuple[bool, ...]:
+        """Per sample, True where the last backward found linearly dependent active rows
+        (LICQ fails; counts in ``backward.dependent_rows``); empty before a backward."""
+        return tuple(c > 0 for c in self.backward.dependent_rows)
 
     @classmethod
     def _every_field(

@@ -1,0 +1,57 @@
+"""The QPTL shortest-path case of ``dxopt bench qp_speed`` (issue 30).
+
+QPTL (Wilder, Dilkina & Tambe, arXiv 1809.05504) smooths the shortest-path LP on PyEPO's
+5 x 5 grid with a small quadratic term: :math:`\\min_x \\tfrac{\\varepsilon}{2}\\|x\\|^2 +
+\\hat c^\\top x` subject to flow conservation :math:`Ax = b` (the node-arc incidence matrix of
+the grid DAG with right and down moves: 25 nodes, 40 arcs; one unit from the top-left node to
+the bottom-right one) and :math:`0 \\le x \\le 1`. Every such QP is degenerate by structure: a
+node whose arcs all sit at a bound has a conservation row that depends on those bound rows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+__all__ = ["grid_incidence", "qptl_batch"]
+
+
+def grid_incidence(side: int = 5, *, drop_last: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """``(A, b)``: flow conservation on the ``side x side`` grid DAG (arcs right, then down,
+    in row-major node order; ``A[v, a]`` is +1 where arc ``a`` leaves ``v``, -1 where it
+    enters), supply 1 at the top-left node and demand 1 at the bottom-right one.
+    ``drop_last`` drops the (redundant) row of the sink node."""
+    arcs = []
+    for r in range(side):
+        for c in range(side):
+            v = r * side + c
+            if c + 1 < side:
+                arcs.append((v, v + 1))
+            if r + 1 < side:
+                arcs.append((v, v + side))
+    A = np.zeros((side * side, len(arcs)))
+    for a, (tail, head) in enumerate(arcs):
+        A[tail, a], A[head, a] = 1.0, -1.0
+    b = np.zeros(side * side)
+    b[0], b[-1] = 1.0, -1.0
+    return (A[:-1], b[:-1]) if drop_last else (A, b)
+
+
+def qptl_batch(
+    batch: int = 32, *, eps: float = 0.1, seed: int = 0, drop_last: bool = True
+) -> dict[str, torch.Tensor]:
+    """One QPTL batch: ``P = eps I``, ``q`` (``batch``, 40) positive random costs (PyEPO-like:
+    a unit-mean positive spread), shared ``A, b`` and the box ``lb = 0, ub = 1``."""
+    A, b = grid_incidence(drop_last=drop_last)
+    n = A.shape[1]
+    rng = np.random.default_rng(seed)
+    q = rng.uniform(0.1, 2.0, size=(batch, n))
+    f64 = torch.float64
+    return {
+        "P": eps * torch.eye(n, dtype=f64),
+        "q": torch.tensor(q, dtype=f64),
+        "A": torch.tensor(A, dtype=f64),
+        "b": torch.tensor(b, dtype=f64),
+        "lb": torch.zeros(n, dtype=f64),
+        "ub": torch.ones(n, dtype=f64),
+    }
