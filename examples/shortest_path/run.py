@@ -258,7 +258,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="smoke run (one seed, 100 samples, 3 epochs) into a temporary folder",
+        help="smoke run (one seed, 64 samples, 2 epochs) into a temporary folder",
     )
     parser.add_argument(
         "--out",
