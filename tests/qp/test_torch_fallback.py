@@ -255,3 +255,22 @@ def test_device_certificate_is_the_cpu_certificate() -> None:
             agree += got == want
             disagree += got != want
     assert disagree == 0 and agree == 100
+
+
+def test_failure_table_script_smoke(tmp_path, monkeypatch) -> None:
+    """benchmarks/qp_torch/failures.py on a few problems: every configuration row, no
+    failure another backend solves, no backward refusal; BENCHMARKS.md untouched."""
+    from benchmarks.common import BENCHMARKS_MD
+    from benchmarks.qp_torch import failures
+
+    before = BENCHMARKS_MD.read_text()
+    monkeypatch.setattr(failures, "results_dir", lambda area: tmp_path)
+    failures.main(["--size", "12", "--chunk", "12", "--no-md"])
+    text = (tmp_path / "failures.md").read_text()
+    rows = [r for r in text.splitlines() if r.startswith("| 20 ") or r.startswith("| 50 ")]
+    assert len(rows) == 8
+    for r in rows:
+        cells = [c.strip() for c in r.strip("|").split("|")]
+        row = dict(zip(failures.COLUMNS, cells))
+        assert row["others_solve"] == "0" and row["refusals"] == "0", r
+    assert BENCHMARKS_MD.read_text() == before

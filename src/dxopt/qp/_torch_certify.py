@@ -39,9 +39,9 @@ import torch
 from torch import Tensor
 
 from dxopt.qp._degenerate import count_dependent_dense
-from dxopt.qp._polish import RELATIVE_FLOOR
+from dxopt.qp._polish import RELATIVE_FLOOR, ROUNDOFF
 
-__all__ = ["certify", "regular"]
+__all__ = ["certify", "polish_update", "regular"]
 
 
 def _mv(M: Tensor, v: Tensor) -> Tensor:
@@ -121,6 +121,26 @@ def certify(
             settled = settled | (gap <= eps_abs + rel * obj)
         ok = ok & settled
     return ok
+
+
+def polish_update(
+    P: Tensor, q: Tensor, G: Tensor, h: Tensor, x: Tensor, z: Tensor, active: Tensor
+) -> Tensor:
+    """The next active set of the CPU polish's rule (:func:`dxopt.qp._polish.polish`, step 3):
+    drop the rows of ``active`` whose multiplier is negative beyond round-off, add the rows
+    violated beyond round-off (``ROUNDOFF`` times the norm scales, independent of the
+    requested tolerance), for the polished float64 point ``(x, z)``."""
+    P, q, G, h, x, z = _wide(P, q, G, h, x, z)
+    gx = _mv(G, x)
+    s = h - gx
+    g_inf = G.abs().amax(-1)
+    p_scale = torch.maximum(_amax(gx), _amax(h)).clamp_min(1e-300)
+    violated = (s < -ROUNDOFF * p_scale[:, None]) & ~active & (g_inf > 0)
+    nu_g = z * g_inf
+    dual_scale = torch.maximum(torch.maximum(_amax(_mv(P, x)), _amax(q)), _amax(_rmv(G, z)))
+    dual_scale = torch.maximum(dual_scale, _amax(nu_g)).clamp_min(1e-300)
+    negative = active & (nu_g < -ROUNDOFF * dual_scale[:, None])
+    return (active & ~negative) | violated
 
 
 def regular(

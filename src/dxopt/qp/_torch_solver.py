@@ -83,6 +83,7 @@ from torch import Tensor
 
 from dxopt.linalg.threads import small_work
 from dxopt.qp._torch_certify import certify as _certify
+from dxopt.qp._torch_certify import polish_update as _polish_update
 from dxopt.qp._torch_certify import regular as _regular
 
 if TYPE_CHECKING:
@@ -216,6 +217,9 @@ def _cho_solve(L: Tensor, r: Tensor) -> Tensor:
 
 
 SMALL_THREADS_MAX_DIM = 256
+POLISH_ROUNDS = 4
+"""Active sets each polish tries: the interior point's, then the CPU polish's corrections
+(:func:`dxopt.qp._torch_certify.polish_update`) for the samples that do not certify."""
 IPM_EPS_FLOOR = 1e-6
 """The interior point stops at ``max(eps_abs, IPM_EPS_FLOOR)``: the polish solves the identified
 active set exactly and certifies it at the user's ``eps_abs``; a sample whose polish fails
@@ -849,22 +853,28 @@ def solve_detached(
             # certification (an ambiguous, nearly weakly active row), resume its interior
             # point with a 1000x tighter complementarity and polish again
             active = (it.z > it.s) & nonzero
-            factor, bad = penalty_factor(
-                P,
-                A,
-                G,
-                active,
-                omega=1e6,
-                sigma=1e-9,
-                steps=steps,
-            )
+            for _ in range(POLISH_ROUNDS):
+                factor, bad = penalty_factor(
+                    P, A, G, active, omega=1e6, sigma=1e-9, steps=steps
+                )  # fmt: skip
+                if not (polish or m == 0):
+                    break
+                # the polished point in float64 (float32 data: its float64 solution on the
+                # active set, certified as the CPU path certifies its float64 points, then
+                # rounded)
+                xw, yw, zw, _ = kkt_solve(factor, P, A, G, -q, b, h, wide=True)
+                zw = torch.where(active, zw, 0.0)
+                ok_p = _certify(P, q, A, b, G, h, xw, yw, zw, user_abs, user_rel) & ~bad
+                if m == 0 or bool(ok_p.all()):
+                    break
+                # the CPU polish's rule: drop wrong-signed multipliers, add violated rows
+                new = _polish_update(P, q, G, h, xw, zw, active)
+                change = ~ok_p & ~bad & (new != active).any(-1)
+                if not bool(change.any()):
+                    break
+                active = torch.where(change[:, None], new, active)
             if not (polish or m == 0):
                 break
-            # the polished point in float64 (float32 data: its float64 solution on the active
-            # set, certified as the CPU path certifies its float64 points, then rounded)
-            xw, yw, zw, _ = kkt_solve(factor, P, A, G, -q, b, h, wide=True)
-            zw = torch.where(active, zw, 0.0)
-            ok_p = _certify(P, q, A, b, G, h, xw, yw, zw, user_abs, user_rel) & ~bad
             xp, yp, zp = xw.to(P.dtype), yw.to(P.dtype), zw.to(P.dtype)
             retry = ~ok_p & (status == TorchQPStatus.SOLVED) & (iters < max_iter)
             if attempt == 2 or m == 0 or not bool(retry.any()):
