@@ -292,14 +292,13 @@ def compile_problem(problem: Any, parameters: Any, variables: Any) -> CompiledQP
     matrix.eliminate_zeros()
 
     blocks: dict[str, Block] = {}
-    csc = matrix.tocsc()
     owner = np.repeat(np.arange(len(parameters)), sizes)
     for name, shape in layout.items():
         size = int(np.prod(shape))
         if size == 0 and name not in ("P", "q"):
             continue
         start = starts[name]
-        used = np.unique(csc[start : start + size].indices) if size else np.zeros(0, np.int64)
+        used = np.unique(matrix.indices[matrix.indptr[start] : matrix.indptr[start + size]])
         used = used[used < num_columns - 1]
         blocks[name] = Block(name, shape, start, start + size, frozenset(owner[used].tolist()))
 

@@ -314,7 +314,9 @@ class CvxpyQPLayer(nn.Module):
             if values is not None:
                 pattern = self._sparse_patterns[name].to(values.device)
                 shape = self.compiled.blocks[name].shape
-                out[name] = torch.sparse_coo_tensor(pattern, values, shape, is_coalesced=True)
+                out[name] = torch.sparse_coo_tensor(
+                    pattern, values, shape, is_coalesced=True, check_invariants=False
+                )
         return out
 
     def solve(self, *values: Tensor) -> CvxpyQPSolution:
