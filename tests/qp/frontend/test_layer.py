@@ -11,15 +11,16 @@ import pytest
 import scipy.sparse as sp
 import torch
 
-cp = pytest.importorskip("cvxpy")
+pytest.importorskip("cvxpy")
 
+import cvxpy as cp
 from qp_zoo import simplex_projection
 
 from dxopt.qp import CvxpyQPLayer, CvxpyQPSolution, from_cvxpy
 from dxopt.qp.frontend._affine import AffineMap, SparseLinear
 
+from ._central import central_quotient
 from ._problems import box_least_squares, cvxpy_solution, optnet, simplex
-from .test_reference import central_quotient
 
 F64 = torch.float64
 
@@ -205,7 +206,7 @@ def test_dpp_violations_are_refused() -> None:
         CvxpyQPLayer(problem, [a, b], [x])
     P = cp.Parameter((2, 2), PSD=True)
     in_constraint = cp.Problem(cp.Minimize(cp.sum(x)), [cp.quad_form(x, P) <= 1])
-    with pytest.raises(ValueError, match="DPP|quadratic program"):
+    with pytest.raises(ValueError, match=r"DPP|quadratic program"):
         CvxpyQPLayer(in_constraint, [P], [x])
 
 

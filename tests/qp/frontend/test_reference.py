@@ -27,30 +27,12 @@ from _ref_problems import relative_error
 
 from dxopt.qp import CvxpyQPLayer
 
+from ._central import central_quotient
 from ._problems import Case, box_least_squares, mpc, optnet, simplex
 
 SOLUTION_ATOL = 1e-7
 GRADIENT_RTOL = {"kkt": 1e-7, "penalty": 1.1e-6}
 CASES = {"optnet": optnet, "box_lsq": box_least_squares, "simplex": simplex, "mpc": mpc}
-
-
-STEPS = (1e-4, 1e-5, 1e-6)
-
-
-def central_quotient(f, x0: np.ndarray, direction: np.ndarray, *, rtol: float = 1e-6):
-    """The central difference quotient of ``f`` along ``direction``, or ``None`` (no verdict)
-    when the quotients at ``STEPS`` disagree or a one-sided quotient shows a kink at ``x0``."""
-    f0 = f(x0)
-    plus = [f(x0 + t * direction) for t in STEPS]
-    minus = [f(x0 - t * direction) for t in STEPS]
-    central = [(a - b) / (2 * t) for a, b, t in zip(plus, minus, STEPS)]
-    scale = 1 + max(abs(c) for c in central)
-    if max(central) - min(central) > rtol * scale:
-        return None
-    sides = ((plus[-1] - f0) / STEPS[-1], (f0 - minus[-1]) / STEPS[-1])
-    if max(abs(s - central[-1]) for s in sides) > 1e-4 * scale:  # a kink at x0
-        return None
-    return central[-1]
 
 
 def _weights(outputs: tuple[Tensor, ...], seed: int) -> list[Tensor]:
