@@ -353,8 +353,8 @@ def _refusal(
             if idx_b
             else ""
         )
-        + f"give those samples a zero {seed}, or use dxopt.qp.solve with "
-        "backward=KKTBackward() for a diagnosed fallback"
+        + f"give those samples a zero {seed}, or call dxopt.qp.solve(..., solver='torch'), "
+        "which differentiates such samples by the CPU path's degenerate rules"
     )
 
 

@@ -12,6 +12,20 @@ few checks (finite values, the PSD test's Cholesky flags), the solver's converge
 and at the end the per-sample status, polish flags and residuals (``4B`` numbers), never
 the data.
 
+**The CPU path for what the device cannot do.** The solver certifies and polishes every
+sample by the CPU path's rules (:mod:`dxopt.qp._torch_certify`) and flags the *regular*
+samples (strictly complementary, independent active rows, ``P`` positive definite), where its
+exact active-set backward is the derivative. Every other sample (``fallback=True``: also one
+it does not certify) is solved again by :func:`dxopt.qp.solve` with ``solver="auto"`` on the
+CPU in float64 (:func:`_cpu_solve`: the fallback chain, the certificate, the polish and the
+degenerate rules of every CPU backend, the same ``backward``), and its ``x`` and duals are
+written back into the device outputs with ``index_copy``: autograd carries the derivatives
+through the dtype/device conversions both ways, and the device backward sees a zero
+cotangent (a NaN tangent it never returns) on those samples. Infeasible and unbounded verdicts
+of the torch solver carry checked certificates and stay. Under torch.func the batch of a
+transform is not indexable by sample, so when any sample needs the CPU path the whole call
+takes it. ``info.sample_solvers`` names the backend of each sample.
+
 ``on_failure="nan"``: failed samples get NaN ``x`` and duals through a ``torch.where``, so
 their cotangents are zero and the backward skips them (it refuses only a sample that was not
 solved yet receives a nonzero cotangent).

@@ -42,23 +42,27 @@ primal infeasible if :math:`(\\hat y, \\hat z) = (y, z)/\\|(y, z)\\|_\\infty` ha
 OSQP's polish (Stellato et al., arXiv 1711.08013, section 4): factor the penalty matrix
 :math:`P + \\sigma I + C^\\top W C` (the quasi-definite :math:`K_\\delta` with
 :math:`\\delta = W^{-1}` after eliminating the multipliers) and refine against :math:`K`. The
-polished point replaces the interior-point iterate only when it passes the same
-certification as the final status (primal and dual residuals within ``eps_abs + eps_rel *
-scale`` on every row, multipliers non-negative); where it does not (an ambiguous, nearly
-weakly active row), the sample's interior point resumes with a 1000x tighter complementarity
+polished point replaces the interior-point iterate only when it passes the CPU path's
+certificate (:func:`dxopt.qp._torch_certify.certify`: norm-scaled residuals, signs and the
+row-by-row complementarity); where it does not, the CPU polish's rule corrects the active set
+(rows with negative multipliers leave, violated rows join, judged at round-off;
+:data:`POLISH_ROUNDS` active sets in all), and where that fails too (an ambiguous, nearly
+weakly active row) the sample's interior point resumes with a 1000x tighter complementarity
 and is polished again (at most twice). A sample whose polish never certifies keeps its
-interior-point iterate and is refused by the backward. That penalty factorization
-is kept in :class:`TorchQPResult.factor` and is the one the backward reuses: one batched
-Cholesky serves the polish and every adjoint solve.
+interior-point iterate, gets ``MAX_ITER`` unless that iterate certifies, and is refused by this
+module's backward (:func:`dxopt.qp.solve` sends it to the CPU fallback chain). That penalty
+factorization is kept in :class:`TorchQPResult.factor` and is the one the backward reuses:
+one batched Cholesky serves the polish and every adjoint solve.
 
 **float32.** Iterates, residuals and certificates are float32 (``eps_abs`` and ``eps_rel``
 raised to at least ``1e-5``); every factorization is float64 (mixed precision): the Newton
 systems, whose :math:`D = z/s` spans many orders of magnitude near the solution (a float32
 Cholesky of them stopped the iteration after 4 steps at cond(P) = 1e4), and the polish's
 penalty matrix, whose refinement residuals and solution are accumulated in float64 and then
-rounded; the backward reuses that factor. The certificate compares each residual row with
-its componentwise scale (:func:`_certify`), which bounds the rounding error of evaluating it,
-so a point accurate to float32 rounding certifies at any conditioning. Measured against daqp
+rounded; the backward reuses that factor. The polished point is certified in float64 at the
+user's tolerance before it is rounded (what the CPU path does with float32 data: it certifies
+its float64 solution and returns its rounding); the interior point alone stops at ``eps_abs``
+and ``eps_rel`` raised to at least ``1e-5``. Measured against daqp
 in float64 on the same float32-rounded data (``tests/qp/test_float32_device.py``): relative
 errors 2e-8 to 7e-8 for ``x``, the multipliers and every gradient, cond(P) from 1 to 1e6. This
 is the choice made here in place of qpax's relaxed interior point (which differentiates a
