@@ -11,9 +11,10 @@ on the quality of the decisions :math:`x(\\hat c)` rather than on the accuracy o
   (Elmachtoub & Grigas, Management Science 2022), :class:`DBB` (Vlastelica et al., ICLR 2020),
   :class:`PerturbedOptimizer` and :class:`PerturbedFenchelYoung` (Berthet et al., NeurIPS
   2020), :class:`NCE` (Mulamba et al., IJCAI 2021), :class:`ListwiseLTR`,
-  :class:`PairwiseLTR`, :class:`PointwiseLTR` (Mandi et al., ICML 2022), and :class:`QPTL`
+  :class:`PairwiseLTR`, :class:`PointwiseLTR` (Mandi et al., ICML 2022), :class:`QPTL`
   (Wilder, Dilkina & Tambe, AAAI 2019), the quadratically smoothed LP differentiated exactly by
-  :func:`dxopt.qp.solve`;
+  :func:`dxopt.qp.solve`, and :class:`LogBarrierLP` (Mandi & Guns, NeurIPS 2020), the
+  log-barrier smoothed LP (:mod:`dxopt.dfl.barrier`), differentiated exactly too;
 - oracles (:mod:`dxopt.dfl.oracles`), all batched with a :class:`dxopt.Cost` record:
   :class:`LPOracle` (HiGHS or any qpsolvers backend), :class:`ShortestPathOracle` (exact DP on
   a DAG), :class:`KnapsackOracle` (exact branch and bound), :class:`TSPOracle` (2-opt heuristic
@@ -32,6 +33,7 @@ solved cost vectors in ``forwards`` (``Cost`` has no separate oracle-solve field
 path generator scales as PyEPO's, :math:`[(\\cdot + 3)^{\\deg} + 1] / 3.5^{\\deg}`.
 """
 
+from dxopt.dfl.barrier import LogBarrierLP as LogBarrierLP
 from dxopt.dfl.data import DFLData as DFLData
 from dxopt.dfl.data import knapsack as knapsack
 from dxopt.dfl.data import portfolio as portfolio
@@ -72,6 +74,7 @@ __all__ = [
     "KnapsackOracle",
     "LPOracle",
     "ListwiseLTR",
+    "LogBarrierLP",
     "Oracle",
     "OracleBase",
     "OracleError",

@@ -8,7 +8,7 @@ solved and differentiated through :func:`dxopt.qp.solve` (``P = \\epsilon I``, b
 derivative is the implicit one of the KKT conditions on the active set, exact (no sampling, no
 finite differences), and :math:`x_\\epsilon \\to x(\\hat c)` as :math:`\\epsilon \\to 0`.
 
-The log-barrier layer of Mandi & Guns (NeurIPS 2020) is not provided yet.
+The log-barrier layer of Mandi & Guns (NeurIPS 2020) is :class:`dxopt.dfl.LogBarrierLP`.
 """
 
 from __future__ import annotations

@@ -1,0 +1,92 @@
+"""The log-barrier LP layer against exact answers: the box (a closed-form quadratic root per
+coordinate), the simplex (x_i = mu / (c_i + nu) with nu from a 1-D root), and central
+differences on a grid's path polytope in float64."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy import optimize
+
+from dxopt._core import NotConvergedError
+from dxopt.dfl import flow_conservation, grid_graph
+from dxopt.dfl.barrier import LogBarrierLP
+
+MU = 0.1
+
+
+def _box_closed_form(c: torch.Tensor) -> torch.Tensor:
+    """argmin c x - mu (log x + log(1 - x)) on (0, 1): the root of c x^2 - (c + 2 mu) x + mu."""
+    safe = torch.where(c.abs() > 1e-8, c, torch.ones_like(c))
+    root = ((safe + 2 * MU) - torch.sqrt(safe**2 + 4 * MU**2)) / (2 * safe)
+    return torch.where(c.abs() > 1e-8, root, torch.full_like(c, 0.5))
+
+
+@pytest.mark.parametrize("sense", ["min", "max"])
+def test_box_matches_closed_form_value_and_gradient(sense):
+    layer = LogBarrierLP(lb=torch.zeros(5), ub=1.0, mu=MU, sense=sense)
+    s = 1.0 if sense == "min" else -1.0
+    gen = torch.Generator().manual_seed(0)
+    c = (2 * torch.randn(3, 5, generator=gen, dtype=torch.float64)).requires_grad_(True)
+    w = torch.randn(3, 5, generator=gen, dtype=torch.float64)
+    x = layer(c)
+    assert torch.allclose(x, _box_closed_form(s * c.detach()), atol=1e-12)
+    (x * w).sum().backward()
+    c_ref = c.detach().clone().requires_grad_(True)
+    (_box_closed_form(s * c_ref) * w).sum().backward()
+    assert torch.allclose(c.grad, c_ref.grad, atol=1e-9)
+
+
+def test_simplex_matches_the_dual_root_and_central_differences():
+    d = 4
+    layer = LogBarrierLP(A=torch.ones(2, d), b=torch.ones(2), lb=0.0, mu=MU)  # a repeated row
+    c = torch.tensor([0.3, -0.5, 1.2, 0.1], dtype=torch.float64)
+    x = layer(c.unsqueeze(0))[0]
+    # stationarity: c_i - mu / x_i + nu = 0, sum x = 1
+    nu = optimize.brentq(
+        lambda v: (MU / (c.numpy() + v)).sum() - 1, -c.min().item() + 1e-12, 1e3, xtol=1e-15
+    )
+    assert torch.allclose(x, torch.tensor(MU / (c.numpy() + nu)), atol=1e-10)
+    w = torch.tensor([1.0, -2.0, 0.5, 3.0], dtype=torch.float64)
+    cg = c.clone().requires_grad_(True)
+    (layer(cg) * w).sum().backward()
+    for k in range(d):
+        e = torch.zeros(d, dtype=torch.float64)
+        e[k] = 1e-5
+        fd = ((layer(c + e) - layer(c - e)) * w).sum() / 2e-5
+        assert abs(fd.item() - cg.grad[k].item()) < 1e-6
+
+
+def test_grid_path_polytope_gradient_matches_central_differences():
+    edges = grid_graph(3, 3)
+    A, b = flow_conservation(9, edges, 0, 8)  # one redundant row, dropped by the layer
+    layer = LogBarrierLP(A=A, b=b, lb=0.0, ub=1.0, mu=0.05)
+    gen = torch.Generator().manual_seed(1)
+    c = torch.rand(3, edges.shape[0], generator=gen, dtype=torch.float64)
+    w = torch.randn(3, edges.shape[0], generator=gen, dtype=torch.float64)
+    cg = c.clone().requires_grad_(True)
+    x = layer(cg)
+    assert torch.allclose(x.detach() @ A.T, b.expand(3, -1), atol=1e-12)
+    assert (x > 0).all() and (x < 1).all()
+    (x * w).sum().backward()
+    direction = torch.randn(c.shape, generator=gen, dtype=torch.float64)
+    h = 1e-5
+    fd = ((layer(c + h * direction) - layer(c - h * direction)) * w).sum(1) / (2 * h)
+    assert torch.allclose(fd, (cg.grad * direction).sum(1), atol=1e-6)
+
+
+def test_barrier_failures_and_bad_inputs():
+    with pytest.raises(NotConvergedError, match="max_iter"):
+        LogBarrierLP(lb=torch.zeros(3), ub=1.0, mu=1e-3, max_iter=1)(torch.ones(1, 3) * 5)
+    layer = LogBarrierLP(lb=torch.zeros(3), ub=1.0, mu=1e-3, max_iter=1, on_failure="nan")
+    assert torch.isnan(layer(torch.ones(2, 3, dtype=torch.float64) * 5)).all()
+    with pytest.raises(ValueError, match="interior"):
+        LogBarrierLP(lb=torch.zeros(3), ub=torch.tensor([1.0, 0.0, 1.0]))
+    with pytest.raises(ValueError, match="mu"):
+        LogBarrierLP(lb=torch.zeros(3), ub=1.0, mu=0.0)
+    with pytest.raises(ValueError, match="inconsistent"):
+        LogBarrierLP(A=torch.ones(2, 3), b=torch.tensor([1.0, 2.0]), lb=0.0)
+    with pytest.raises(ValueError, match="c_hat"):
+        LogBarrierLP(lb=torch.zeros(3), ub=1.0)(torch.zeros(2, 4))
+    assert np.isfinite(LogBarrierLP(lb=torch.zeros(3), ub=1.0)(torch.zeros(3)).numpy()).all()
