@@ -19,6 +19,7 @@ from dxopt.qp._forward import (
     ForwardResult,
     daqp_certifies_psd,
     default_solver,
+    routes_lp_to_piqp,
     solve_forward,
     trivial_forward,
 )
@@ -437,7 +438,9 @@ def solve(
             :mod:`dxopt.qp._torch_solver`: dense inputs stay on their device and dtype, and
             its own backward reuses the forward's factorization; :mod:`dxopt.qp._torch_layer`),
             or ``"auto"``: ``"torch"`` for dense inputs off the CPU, ``"piqp"`` when a matrix
-            is sparse, and on the CPU ``"daqp"`` for one dense problem with n <= 64 (or with
+            is sparse or for a pure LP (``P = 0``) with ``n >= 65`` (measured faster than
+            daqp's proximal iterations there, :func:`dxopt.qp._forward.routes_lp_to_piqp`),
+            and on the CPU ``"daqp"`` for one dense problem with n <= 64 (or with
             options the lean paths do not take), else, for a dense batch or one dense problem
             with n > 64 with the default options and no warm start, the compiled dual
             active-set solver of :mod:`dxopt.qp._dual_active_set` (``info.solver ==
@@ -535,6 +538,8 @@ def solve(
         and (solver_options is None or solver_options.__class__ is dict)
     ):
         _check_options(solver, check_psd, fallback, polish, solver_options)
+    if solver == "auto" and routes_lp_to_piqp(P, q):  # a larger pure LP: piqp is faster
+        solver = "piqp"
     method = _backward_method(backward)
     if not (type(eps_abs) is float and type(eps_rel) is float and 0.0 <= eps_abs < math.inf
             and 0.0 <= eps_rel < math.inf):  # fmt: skip
