@@ -186,7 +186,12 @@ def regular(
         strong = J & (nu_inf > 1e-10 * dual_scale[:, None])
         weak = (J | candidate) & ~strong & (nu_inf <= (base * dual_scale)[:, None])
         ok = ok & ~weak.any(-1)
-        C = torch.cat([A, G * J.unsqueeze(-1).to(G.dtype)], -2)
+        # the active rows first (zero rows pad samples with fewer): the Gram matrix of the
+        # p + max|J| rows, not of all p + m
+        k = int(J.sum(-1).amax()) if J.numel() else 0
+        order = torch.argsort((~J).to(torch.int8), dim=-1, stable=True)[:, :k]
+        rows = G.gather(1, order.unsqueeze(-1).expand(-1, -1, G.shape[-1]))
+        C = torch.cat([A, rows * J.gather(1, order).unsqueeze(-1).to(G.dtype)], -2)
     else:
         C = A
     if C.shape[-2]:
