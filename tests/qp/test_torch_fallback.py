@@ -274,3 +274,46 @@ def test_failure_table_script_smoke(tmp_path, monkeypatch) -> None:
         row = dict(zip(failures.COLUMNS, cells))
         assert row["others_solve"] == "0" and row["refusals"] == "0", r
     assert BENCHMARKS_MD.read_text() == before
+
+
+def test_mixed_batch_keeps_regular_samples_on_the_device() -> None:
+    """A batch of regular and weakly active samples: the regular ones stay with the torch
+    solver, the others take the CPU path; gradients (reverse and forward mode) of the whole
+    batch equal the CPU path's."""
+    from torch.autograd import forward_ad
+
+    a, xa = random_batch(5, 10, 14, seed=7)
+    b, xb = random_batch(5, 10, 14, seed=8, weak=2)
+    data = {k: torch.cat([a[k], b[k]]) for k in a}
+    sol, grads = _grads(data, "torch", "kkt")
+    assert sol.info.sample_solvers[:5] == ("torch",) * 5
+    assert "torch" not in sol.info.sample_solvers[5:]
+    torch.testing.assert_close(sol.x.detach(), torch.tensor(np.concatenate([xa, xb])),
+                               atol=1e-9, rtol=0)  # fmt: skip
+    _, ref_grads = _grads(data, "daqp", "kkt")
+    for k in grads:
+        torch.testing.assert_close(grads[k], ref_grads[k], atol=1e-8, rtol=1e-7, msg=k)
+    t = torch.randn(data["h"].shape, generator=torch.Generator().manual_seed(1), dtype=D)
+    tangents = {}
+    for solver in ("torch", "daqp"):
+        with forward_ad.dual_level():
+            h = forward_ad.make_dual(data["h"], t)
+            x = dqp.solve(**{**data, "h": h}, solver=solver, backward="kkt").x
+            tangents[solver] = forward_ad.unpack_dual(x).tangent
+    torch.testing.assert_close(tangents["torch"], tangents["daqp"], atol=1e-8, rtol=1e-7)
+
+
+def test_singular_P_takes_the_cpu_path() -> None:
+    """An LP (P = 0) and a P singular on the feasible face: the device backward would not be
+    the derivative there; the CPU path solves and differentiates them."""
+    c = torch.tensor([[1.0, 2.0, -1.0], [0.5, -1.0, 1.0]], dtype=D, requires_grad=True)
+    box = {"lb": -torch.ones(3, dtype=D), "ub": torch.ones(3, dtype=D)}
+    grads = {}
+    for solver in ("torch", "daqp"):
+        sol = dqp.solve(P=torch.zeros(2, 3, 3, dtype=D), q=c, **box, solver=solver)
+        assert all(s is QPStatus.SOLVED for s in sol.status)
+        torch.testing.assert_close(sol.x.detach(), -torch.sign(c.detach()))
+        if solver == "torch":
+            assert "torch" not in sol.info.sample_solvers
+        (grads[solver],) = torch.autograd.grad(sol.lb_duals.sum(), c)
+    torch.testing.assert_close(grads["torch"], grads["daqp"], atol=1e-10, rtol=0)
