@@ -55,7 +55,9 @@ class Oracle(Protocol):
 
     sense: str
     dim: int
-    cost: Cost
+
+    @property
+    def cost(self) -> Cost: ...
 
     def __call__(self, c: Tensor) -> Tensor: ...
 
@@ -81,8 +83,12 @@ class OracleBase:
     def __init__(self, *, dim: int, sense: Sense = "min") -> None:
         self.dim = check_int("dim", dim)
         self.sense = check_choice("sense", sense, ("min", "max"))
-        self.cost = Cost()
-        self.calls = 0
+        self._solved, self._seconds, self.calls = 0, 0.0, 0
+
+    @property
+    def cost(self) -> Cost:
+        """What the oracle cost so far: ``forwards`` = cost vectors solved, ``seconds``."""
+        return Cost(forwards=self._solved, seconds=self._seconds)
 
     @property
     def sign(self) -> float:
@@ -110,7 +116,8 @@ class OracleBase:
         start = time.perf_counter()
         x = self._solve(np.ascontiguousarray(flat))
         seconds = time.perf_counter() - start
-        self.cost = self.cost + Cost(forwards=flat.shape[0], seconds=seconds)
+        self._solved += flat.shape[0]
+        self._seconds += seconds
         self.calls += 1
         return torch.as_tensor(x).to(c.device, c.dtype).reshape(c.shape)
 
@@ -120,7 +127,8 @@ class OracleBase:
 
     def reset_cost(self) -> Cost:
         """Return the cost so far and start a new record."""
-        cost, self.cost, self.calls = self.cost, Cost(), 0
+        cost = self.cost
+        self._solved, self._seconds, self.calls = 0, 0.0, 0
         return cost
 
 

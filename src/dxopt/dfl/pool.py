@@ -100,14 +100,19 @@ class PoolSolver:
             )
         self.pool = pool
         self.rng = np.random.default_rng(seed)
-        self.cost = Cost()
+        self._solved, self._seconds = 0, 0.0
+
+    @property
+    def cost(self) -> Cost:
+        """Oracle calls made through this solver (``forwards``) and their seconds."""
+        return Cost(forwards=self._solved, seconds=self._seconds)
 
     def __call__(self, c: Tensor, *, force: bool = False) -> Tensor:
         if force or self.solve_ratio >= 1.0 or self.rng.uniform() < self.solve_ratio:
             start = time.perf_counter()
             x = self.oracle(c)
-            n = 1 if c.ndim == 1 else int(c.shape[0])
-            self.cost = self.cost + Cost(forwards=n, seconds=time.perf_counter() - start)
+            self._solved += 1 if c.ndim == 1 else int(c.shape[0])
+            self._seconds += time.perf_counter() - start
             if self.pool is not None:
                 self.pool.add(x)
             return x
