@@ -87,14 +87,15 @@ def test_spo_plus_gradient_matches_one_sided_differences():
     assert verdicts >= 20
 
 
-def test_spo_plus_gradient_equals_pyepo():
-    pyepo_func = pytest.importorskip("pyepo.func", reason="pyepo (test-only reference) missing")
+def _pyepo_model(oracle):
+    """PyEPO's optModel interface over one of our oracles (test-only reference)."""
+    from pyepo import EPO
     from pyepo.model.opt import optModel
 
-    oracle, c_hat, c, x, z = _sp_batch(seed=5, n=10, grid=(5, 5))
-
-    class DPModel(optModel):  # PyEPO's interface over our oracle
+    class OracleModel(optModel):
         def _getModel(self):
+            if oracle.sense == "max":
+                self.modelSense = EPO.MAXIMIZE
             return None, None
 
         def setObj(self, cost):
@@ -108,15 +109,27 @@ def test_spo_plus_gradient_equals_pyepo():
         def num_cost(self):
             return oracle.dim
 
-    theirs = pyepo_func.SPOPlus(DPModel(), processes=1)
-    a = c_hat.clone().requires_grad_(True)
-    b = c_hat.clone().requires_grad_(True)
-    ours = SPOPlus(oracle)(a, c, x, z)
-    ref = theirs(b, c, x, z.unsqueeze(1))
-    ours.backward()
-    ref.backward()
-    assert torch.allclose(ours, ref.to(ours.dtype), atol=1e-10)
-    assert torch.allclose(a.grad, b.grad.to(a.dtype), atol=1e-10)
+    return OracleModel()
+
+
+def test_spo_plus_and_dbb_equal_pyepo():
+    pyepo_func = pytest.importorskip("pyepo.func", reason="pyepo (test-only reference) missing")
+    for oracle, c_hat, c, x, z in (_sp_batch(seed=5, n=10, grid=(5, 5)), _knapsack_batch(5)):
+        theirs = pyepo_func.SPOPlus(_pyepo_model(oracle), processes=1)
+        a = c_hat.clone().requires_grad_(True)
+        b = c_hat.clone().requires_grad_(True)
+        ours = SPOPlus(oracle)(a, c, x, z)
+        ref = theirs(b, c, x, z.unsqueeze(1))
+        ours.backward()
+        ref.backward()
+        assert torch.allclose(ours, ref.to(ours.dtype), atol=1e-10)
+        assert torch.allclose(a.grad, b.grad.to(a.dtype), atol=1e-10)
+        dbb_theirs = pyepo_func.blackboxOpt(_pyepo_model(oracle), lambd=5.0, processes=1)
+        a.grad, b.grad = None, None
+        g = torch.randn(c.shape, generator=torch.Generator().manual_seed(6), dtype=c.dtype)
+        (DBB(oracle, lambd=5.0)(a) * g).sum().backward()
+        (dbb_theirs(b) * g).sum().backward()
+        assert torch.allclose(a.grad, b.grad.to(a.dtype), atol=1e-9)
 
 
 def test_dbb_forward_and_backward_equal_the_definition():

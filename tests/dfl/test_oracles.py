@@ -15,6 +15,7 @@ from dxopt.dfl import (
     CallableOracle,
     KnapsackOracle,
     LPOracle,
+    Oracle,
     ShortestPathOracle,
     SolutionPool,
     TSPOracle,
@@ -48,6 +49,8 @@ def test_shortest_path_dp_equals_lp(solver):
     A, b = flow_conservation(25, oracle.edges, 0, 24)
     assert torch.allclose(x @ A.T, b.expand(40, -1))
     assert oracle.cost == Cost(forwards=40) and oracle.calls == 1
+    assert isinstance(oracle, Oracle) and isinstance(lp, Oracle)
+    assert oracle.reset_cost() == Cost(forwards=40) and oracle.cost == Cost()
 
 
 def test_shortest_path_general_dag_and_single_vector():
