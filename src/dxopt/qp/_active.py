@@ -78,7 +78,8 @@ def row_norms(M: Tensor) -> Tensor:
 @dataclass(frozen=True)
 class ActiveSet:
     """Per-sample row classification (masks are (S, m)), accuracy (S,), and the normalised
-    slack :math:`\\hat s` (S, m) and signed equality residual :math:`(Ax - b)/\\|a_j\\|` (S, p)."""
+    slack :math:`\\hat s` (S, m) and signed equality residual :math:`(Ax - b)/\\|a_j\\|` (S, p);
+    ``adopted`` (S, m) the weak rows the backward added to ``used`` (in the span of the others)."""
 
     active: Tensor
     weak: Tensor
@@ -88,6 +89,9 @@ class ActiveSet:
     a_norm: Tensor | None
     slack: Tensor | None = None
     eq_residual: Tensor | None = None
+    #: weak rows that joined ``used`` because they lie in the span of the active rows (the
+    #: backward's rule, :mod:`dxopt.qp._backward_base`), or None
+    adopted: Tensor | None = None
 
     @property
     def n_active(self) -> tuple[int, ...]:

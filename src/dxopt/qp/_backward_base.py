@@ -72,6 +72,7 @@ from dxopt.qp._adjoint import AdjointInput, AdjointSolution, kkt_residual
 from dxopt.qp._degenerate import count_dependent_dense, dependent_weak_rows, vertex_rows
 from dxopt.qp._degenerate_rule import (
     DegenerateRule,
+    dependent_flags_dense,
     dependent_weak_rows_dense,
     independent_rows_dense,
     project_multiplier_rhs,
@@ -209,7 +210,8 @@ class BackwardBase:
         # the common dense case (LICQ holds, P positive definite, the refined solve converges):
         # batched Schur solves (up to three groups of similar active counts); anything else
         # takes the general path below
-        if not self.use_sparse(data.problem):
+        q_only_weak = self._q_only(data, active) and bool((active.weak & ~active.used).any())
+        if not (self.use_sparse(data.problem) or q_only_weak):
             regular = self._regular_adjoint(data, active, diagnostics)
             if regular is not None:
                 return regular
@@ -253,6 +255,8 @@ class BackwardBase:
         if data.rule_fixed and data.active is not None:
             return replace(active, used=data.active & data.ok[:, None])
         if self.weak_policy == "inactive" and (active.weak.numpy() & ~active.used.numpy()).any():
+            if self._q_only(data, active) and not data.problem.any_sparse:
+                return active  # degenerate_rule counts them with its one factorization
             if data.problem.any_sparse:
                 adopt = dependent_weak_rows(data.problem, active.used, active.weak & ~active.used)
             else:
@@ -260,8 +264,13 @@ class BackwardBase:
                     data.problem, active.used, active.weak & ~active.used
                 )
             if bool(adopt.any()):  # duplicated/dependent weak rows join the active set
-                active = replace(active, used=active.used | adopt)
+                active = replace(active, used=active.used | adopt, adopted=adopt)
         return active
+
+    def _q_only(self, data: AdjointInput, active: ActiveSet) -> bool:
+        """Only dL/dq and dL/dP are wanted (no row gradients, zero multiplier cotangents): the
+        degenerate rule's choice of rows cannot change them (same row space, same u)."""
+        return not (data.needs_rows or data.rule_fixed or bool(_dual_rhs(data, active.used).any()))
 
     def degenerate_rule(
         self, data: AdjointInput, active: ActiveSet | None = None
@@ -275,22 +284,29 @@ class BackwardBase:
         problem, ok = data.problem, data.ok
         S = data.x.shape[0]
         zero = torch.zeros(S, dtype=torch.int64)
-        counts = _dependent_counts(data, active.used)
         used, dropped = active.used, zero
-        dual_rhs = _dual_rhs(data, active.used)
-        if bool((counts > 0).any()) and not data.rule_fixed:
-            if not (data.needs_rows or bool(dual_rhs.any())) and not problem.any_sparse:
-                # only dL/dq, dL/dP: every rule gives the same u; drop dependent rows cheaply
-                used = independent_rows_dense(problem, active.used, ok & (counts > 0))
-            elif self.degenerate in ("auto", "vertex"):
-                used, dropped = vertex_rows(
-                    problem, active.used, data.ineq_duals, data.eq_duals, (counts == 0) | ~ok,
-                    keep_parallel=self.degenerate == "auto",
-                )  # fmt: skip
-        changed = (used != active.used).any(-1)
-        left = counts.clone()
-        if bool(changed.any()):
-            left[changed] = _dependent_counts(data, used, changed)[changed]
+        q_only = self._q_only(data, active)
+        left: Tensor | None = None
+        if q_only and not problem.any_sparse:
+            # only dL/dq, dL/dP: every rule gives the same u; drop dependent rows cheaply (one
+            # batched Cholesky gives the counts, the rows and the weak rows in their span)
+            weak = active.weak & ~active.used if self.weak_policy == "inactive" else None
+            counts, used, left, adopt = independent_rows_dense(problem, active.used, ok, weak)
+            if bool(adopt.any()):
+                active = replace(active, used=active.used | adopt, adopted=adopt)
+        else:
+            counts = _dependent_counts(data, active.used)
+        vertex = self.degenerate in ("auto", "vertex") and not (q_only or data.rule_fixed)
+        if vertex and bool((counts > 0).any()):
+            used, dropped = vertex_rows(
+                problem, active.used, data.ineq_duals, data.eq_duals, (counts == 0) | ~ok,
+                keep_parallel=self.degenerate == "auto",
+            )  # fmt: skip
+        if left is None:
+            changed = (used != active.used).any(-1)
+            left = counts.clone()
+            if bool(changed.any()):
+                left[changed] = _dependent_counts(data, used, changed)[changed]
         nu, mu = data.ineq_duals, data.eq_duals
         if data.needs_rows:
             nu, mu = rule_multipliers(problem, data.x, used, (counts > 0) & ok, nu, mu)
@@ -312,10 +328,25 @@ class BackwardBase:
         rows' minimum-norm adjoint is used."""
         rule = self.degenerate_rule(data, active)
         if not bool((rule.counts > 0).any()):
-            return self._adjoint_or_exact(data, active, diagnostics)
+            if not self.use_sparse(data.problem):
+                regular = self._regular_adjoint(data, rule.active, diagnostics)
+                if regular is not None:
+                    return regular
+            return self._adjoint_or_exact(data, rule.active, diagnostics)
         dual_rhs = _dual_rhs(data, rule.active.used)
+        reduced = None
+        if not (data.needs_rows or bool(dual_rhs.any())) and bool((rule.left > 0).any()):
+            reduced = _independent_equalities(data)
         try:
-            out = self._solve_projected(data, rule.active, rule.left, dual_rhs, diagnostics)
+            if reduced is not None:  # dL/dq, dL/dP only: the dependent equality rows go too
+                sub, keep = reduced
+                zero = torch.zeros_like(rule.left)
+                out = self._solve_projected(sub, rule.active, zero, dual_rhs, diagnostics)
+                w_eq = torch.zeros_like(data.grad_eq)
+                w_eq[:, keep] = out.w_eq
+                out = replace(out, w_eq=w_eq)
+            else:
+                out = self._solve_projected(data, rule.active, rule.left, dual_rhs, diagnostics)
             dropped = rule.dropped
         except QPBackwardError:
             if not bool((rule.active.used != rule.full).any()):
@@ -347,6 +378,10 @@ class BackwardBase:
                 data.problem, active.used, data.grad_ineq, data.grad_eq, project
             )
             data = replace(data, grad_ineq=gi, grad_eq=ge)
+        if not bool((left > 0).any()) and not self.use_sparse(data.problem):
+            regular = self._regular_adjoint(data, active, diagnostics)  # independent rows
+            if regular is not None:
+                return regular
         return self._adjoint_or_exact(data, active, diagnostics)
 
     def _warn_rule(self, dropped: Tensor, left: Tensor) -> None:
@@ -369,6 +404,26 @@ class BackwardBase:
                 "B-subdifferential element). Per-sample counts: "
                 "sol.info.backward.dependent_rows."
             )
+
+
+def _independent_equalities(data: AdjointInput) -> tuple[AdjointInput, Tensor] | None:
+    """``data`` without the equality rows of a shared dense ``A`` that depend on the rows
+    before them, and the mask of the rows kept (``None``: nothing to drop, or ``A`` batched
+    or sparse). Only for an adjoint whose multiplier part is not used (the row space, hence
+    :math:`u`, is unchanged)."""
+    problem = data.problem
+    A, b = problem.A, problem.b
+    if A is None or b is None or A.layout != torch.strided or A.ndim != 2:
+        return None
+    flags = dependent_flags_dense(A.to(torch.float64)[None])[0]
+    if not bool(flags.any()):
+        return None
+    keep = ~flags
+    sub = replace(problem, A=A[keep], b=b[..., keep], p=int(keep.sum()))
+    return replace(
+        data, problem=sub, eq_duals=data.eq_duals[:, keep], grad_eq=data.grad_eq[:, keep],
+        factors=None,
+    ), keep  # fmt: skip
 
 
 def _dual_rhs(data: AdjointInput, used: Tensor) -> Tensor:

@@ -83,6 +83,25 @@ class DegenerateRule:
     eq_duals: Tensor
 
 
+def _unit_gram_factor(C: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(Cn, L, nonzero, info)``: the rows of ``C`` (S, k, n) normalised and the Cholesky
+    factor of their Gram matrix shifted by 1e-14 (zero rows: a unit pivot)."""
+    norms = torch.linalg.vector_norm(C, dim=-1)
+    nonzero = norms > 0
+    Cn = C / norms.clamp_min(torch.finfo(C.dtype).tiny)[..., None]
+    gram = torch.bmm(Cn, Cn.mT)
+    gram.diagonal(dim1=-2, dim2=-1).add_((~nonzero).to(C.dtype) + 1e-14)
+    L, info = torch.linalg.cholesky_ex(gram)
+    return Cn, L, nonzero, info
+
+
+def _flags(Cn: Tensor, L: Tensor, nonzero: Tensor, info: Tensor) -> Tensor:
+    flags = (L.diagonal(dim1=-2, dim2=-1).pow(2) < _TOL) & nonzero
+    for i in torch.nonzero(info != 0).flatten().tolist():  # round-off: Gram-Schmidt
+        flags[i] = _flags_qr(Cn[i].numpy(), nonzero[i].numpy())
+    return flags
+
+
 def dependent_flags_dense(C: Tensor) -> Tensor:
     """Per row of ``C`` (S, k, n), True where the row is (to ``DEPENDENT_TOL``) in the span of
     the rows before it: the squared Cholesky pivots of the row-normalised Gram matrix (zero
@@ -90,16 +109,7 @@ def dependent_flags_dense(C: Tensor) -> Tensor:
     S, k, _ = C.shape
     if k == 0:
         return torch.zeros(S, 0, dtype=torch.bool)
-    norms = torch.linalg.vector_norm(C, dim=-1)
-    nonzero = norms > 0
-    Cn = C / norms.clamp_min(torch.finfo(C.dtype).tiny)[..., None]
-    gram = torch.bmm(Cn, Cn.mT)
-    gram.diagonal(dim1=-2, dim2=-1).add_((~nonzero).to(C.dtype) + 1e-14)
-    L, info = torch.linalg.cholesky_ex(gram)
-    flags = (L.diagonal(dim1=-2, dim2=-1).pow(2) < _TOL) & nonzero
-    for i in torch.nonzero(info != 0).flatten().tolist():  # round-off: Gram-Schmidt
-        flags[i] = _flags_qr(Cn[i].numpy(), nonzero[i].numpy())
-    return flags
+    return _flags(*_unit_gram_factor(C))
 
 
 def _flags_qr(Cn: np.ndarray, nonzero: np.ndarray) -> Tensor:
@@ -143,18 +153,34 @@ def _stack(problem: QPProblem, used: Tensor, *, eq_first: bool) -> tuple[Tensor,
     return torch.cat(parts, 1), index
 
 
-def independent_rows_dense(problem: QPProblem, used: Tensor, ok: Tensor) -> Tensor:
-    """``used`` without the inequality rows that depend on the equality rows and the used rows
-    before them (row order): same row space, independent rows where the equality rows are."""
+def independent_rows_dense(
+    problem: QPProblem, used: Tensor, ok: Tensor, weak: Tensor | None = None
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(counts, rows, left, adopt)`` from one batched factorization of ``[A; G_used]``:
+    the per-sample number of its dependent rows plus the ``weak`` rows in its span (``adopt``,
+    as :func:`dependent_weak_rows_dense`), ``used`` without the inequality rows that depend on
+    the equality rows and the used rows before them (row order; the same row space,
+    ``used`` itself where nothing is dropped), and the dependent rows ``left`` among the
+    equality rows (0 for samples not ``ok``)."""
     C, index = _stack(problem, used, eq_first=True)
-    flags = dependent_flags_dense(C)[:, problem.p if problem.A is not None else 0 :]
-    flags = flags & ok[:, None]
-    out = used.clone()
-    if index.shape[1]:
-        drop = torch.zeros_like(used)
-        drop.scatter_(1, index, flags)
-        out &= ~drop
-    return out
+    S = used.shape[0]
+    adopt = torch.zeros_like(used)
+    if C.shape[1] == 0:
+        zero = torch.zeros(S, dtype=torch.int64)
+        return zero, used, zero, adopt
+    factor = _unit_gram_factor(C)
+    flags = _flags(*factor) & ok[:, None]
+    p = problem.p if problem.A is not None else 0
+    left = flags[:, :p].sum(-1)
+    if weak is not None and bool(weak.any()):
+        adopt = _in_span(problem, factor, weak) & ok[:, None]
+    counts = flags.sum(-1) + adopt.sum(-1)
+    ineq = flags[:, p:]
+    if not bool(ineq.any()):
+        return counts, used, left, adopt
+    drop = torch.zeros_like(used)
+    drop.scatter_(1, index, ineq)
+    return counts, used & ~drop, left, adopt
 
 
 def dependent_weak_rows_dense(problem: QPProblem, used: Tensor, weak: Tensor) -> Tensor:
@@ -162,24 +188,33 @@ def dependent_weak_rows_dense(problem: QPProblem, used: Tensor, weak: Tensor) ->
     batched (:func:`dxopt.qp._degenerate.dependent_weak_rows` for dense problems: squared
     distance of the normalised row to that span below ``DEPENDENT_TOL``)."""
     C, _ = _stack(problem, used, eq_first=True)
-    G = problem.G.to_dense() if problem.G.layout != torch.strided else problem.G  # type: ignore[union-attr]
-    G = G.to(torch.float64)
-    W = G.expand(used.shape[0], -1, -1) if G.ndim == 2 else G  # (S, m, n)
-    wn = torch.linalg.vector_norm(W, dim=-1)
-    Wn = W / wn.clamp_min(1e-300)[..., None]
-    if C.shape[1] == 0:
+    if C.shape[1] == 0 or not bool(weak.any()):
         return torch.zeros_like(weak)
-    cn = torch.linalg.vector_norm(C, dim=-1)
-    Cn = C / cn.clamp_min(1e-300)[..., None]
-    gram = torch.bmm(Cn, Cn.mT)
-    gram.diagonal(dim1=-2, dim2=-1).add_((cn == 0).to(C.dtype) + 1e-14)
-    L, info = torch.linalg.cholesky_ex(gram)
+    return _in_span(problem, _unit_gram_factor(C), weak)
+
+
+def _in_span(
+    problem: QPProblem, factor: tuple[Tensor, Tensor, Tensor, Tensor], weak: Tensor
+) -> Tensor:
+    """The rows ``weak`` of ``G`` whose squared distance (normalised) to the span of the
+    factored rows is below ``DEPENDENT_TOL``: :math:`1 - \\|L^{-1}\\hat C\\hat w\\|^2`."""
+    from dxopt.qp._active import compress_rows, gather_rows
+
+    Cn, L, _, info = factor
     if bool((info != 0).any()):  # pragma: no cover - the shift keeps the Gram matrix PD
+        gram = torch.bmm(Cn, Cn.mT)
         gram.diagonal(dim1=-2, dim2=-1).add_(1e-12)
         L = torch.linalg.cholesky(gram)
+    G = problem.G.to_dense() if problem.G.layout != torch.strided else problem.G  # type: ignore[union-attr]
+    index, valid = compress_rows(weak)
+    W = gather_rows(G.to(torch.float64), index)  # (S, kw, n): the weak rows only
+    wn = torch.linalg.vector_norm(W, dim=-1)
+    Wn = W / wn.clamp_min(1e-300)[..., None]
     proj = torch.linalg.solve_triangular(L, torch.bmm(Cn, Wn.mT), upper=False)
-    dist = 1.0 - proj.pow(2).sum(1)  # (S, m): squared distance of each unit row to the span
-    return weak & (wn > 0) & (dist <= _TOL)
+    dist = 1.0 - proj.pow(2).sum(1)  # (S, kw): squared distance of each unit row to the span
+    out = torch.zeros_like(weak)
+    out.scatter_(1, index, valid & (wn > 0) & (dist <= _TOL))
+    return out & weak
 
 
 def _sample_rows(problem: QPProblem, used: Tensor, i: int) -> tuple[object, np.ndarray]:
