@@ -82,12 +82,11 @@ class _OracleLoss(nn.Module):
         seed: int = 0,
     ) -> None:
         super().__init__()
-        for attr in ("sense", "dim", "cost"):
-            if not hasattr(oracle, attr) or not callable(oracle):
-                raise TypeError(
-                    f"oracle: expected a dxopt.dfl oracle (callable with .sense, .dim, .cost), "
-                    f"got {type(oracle).__name__}; wrap a function with CallableOracle."
-                )
+        if not callable(oracle) or not all(hasattr(oracle, a) for a in ("sense", "dim", "cost")):
+            raise TypeError(
+                f"oracle: expected a dxopt.dfl oracle (callable with .sense, .dim, .cost), "
+                f"got {type(oracle).__name__}; wrap a function with CallableOracle."
+            )
         self.oracle = oracle
         self.sign = 1.0 if oracle.sense == "min" else -1.0
         self.reduction = check_choice("reduction", reduction, ("mean", "sum", "none"))
