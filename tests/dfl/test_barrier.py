@@ -90,3 +90,19 @@ def test_barrier_failures_and_bad_inputs():
     with pytest.raises(ValueError, match="c_hat"):
         LogBarrierLP(lb=torch.zeros(3), ub=1.0)(torch.zeros(2, 4))
     assert np.isfinite(LogBarrierLP(lb=torch.zeros(3), ub=1.0)(torch.zeros(3)).numpy()).all()
+
+
+def test_knapsack_relaxation_with_inequalities_matches_central_differences():
+    rng = np.random.default_rng(0)
+    W = torch.tensor(rng.integers(300, 800, (2, 10)) / 100.0)
+    layer = LogBarrierLP(G=W, h=torch.tensor([12.0, 12.0]), lb=0.0, ub=1.0, mu=0.05, sense="max")
+    c = torch.tensor(rng.uniform(1, 5, (2, 10)))
+    w = torch.tensor(rng.normal(size=(2, 10)))
+    cg = c.clone().requires_grad_(True)
+    x = layer(cg)
+    assert (x.detach() @ W.T < 12).all() and (x > 0).all() and (x < 1).all()
+    (x * w).sum().backward()
+    direction = torch.tensor(rng.normal(size=(2, 10)))
+    h = 1e-5
+    fd = ((layer(c + h * direction) - layer(c - h * direction)) * w).sum(1) / (2 * h)
+    assert torch.allclose(fd, (cg.grad * direction).sum(1), atol=1e-6)

@@ -10,12 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-from dxopt import Cost
+from dxopt import Cost, DxoptError
 from dxopt.dfl import (
     CallableOracle,
     KnapsackOracle,
     LPOracle,
     Oracle,
+    OracleError,
     ShortestPathOracle,
     SolutionPool,
     TSPOracle,
@@ -151,3 +152,10 @@ def test_bad_inputs_name_the_argument():
         CallableOracle(3, dim=2)
     with pytest.raises(ValueError, match="edges"):
         incidence_matrix(3, [[0, 5]])
+    assert issubclass(OracleError, DxoptError)
+    unreachable = ShortestPathOracle(None, edges=[[1, 0]], num_nodes=2, source=0, sink=1)
+    with pytest.raises(OracleError, match="unreachable"):
+        unreachable(torch.ones(1))
+    infeasible = LPOracle(A=torch.ones(1, 2), b=torch.tensor([5.0]), lb=0.0, ub=1.0)
+    with pytest.raises(OracleError):
+        infeasible(torch.ones(2))
