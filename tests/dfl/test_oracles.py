@@ -111,6 +111,12 @@ def test_tsp_exact_equals_brute_force_and_heuristic_is_a_tour():
                 seen.add(node)
             assert len(seen) == m
     assert (heur.objective(c, xh) >= exact.objective(c, xe) - 1e-12).all()
+    coords = torch.rand(m, 2, generator=gen, dtype=torch.float64)
+    from_coords = TSPOracle.edge_costs(coords=coords)
+    assert torch.allclose(from_coords, TSPOracle.edge_costs(distances=torch.cdist(coords, coords)))
+    with pytest.raises(ValueError, match="distances"):
+        TSPOracle.edge_costs(distances=torch.rand(3, 3, dtype=torch.float64) + torch.eye(3))
+    assert from_coords[index[(2, 5)]] == torch.linalg.norm(coords[2] - coords[5])
 
 
 def test_lp_oracle_max_sense_and_callable_oracle():

@@ -402,6 +402,26 @@ class TSPOracle(OracleBase):
         self.max_iter = check_int("max_iter", max_iter)
         super().__init__(dim=num_nodes * (num_nodes - 1) // 2)
 
+    @staticmethod
+    def edge_costs(*, coords: Tensor | None = None, distances: Tensor | None = None) -> Tensor:
+        """The edge-cost vector ``(m(m-1)/2,)`` (the pairs ``i < j`` in this oracle's order)
+        from node ``coords`` ``(m, k)`` (Euclidean distances) or a symmetric ``distances``
+        matrix ``(m, m)``; give exactly one."""
+        if (coords is None) == (distances is None):
+            raise ValueError("coords, distances: give exactly one of them.")
+        if coords is not None:
+            check_tensor("coords", coords, ndim=2, floating=True)
+            D = torch.cdist(coords, coords)
+        else:
+            D = check_tensor("distances", distances, ndim=2, floating=True)
+            if D.shape[0] != D.shape[1] or not torch.allclose(D, D.T):
+                raise ValueError(
+                    f"distances: expected a symmetric (m, m) matrix, got shape {tuple(D.shape)}"
+                    " (or an asymmetric one); this oracle solves the symmetric TSP."
+                )
+        i, j = torch.triu_indices(D.shape[0], D.shape[0], offset=1)
+        return D[i, j]
+
     def _solve(self, c: np.ndarray) -> np.ndarray:
         x = np.zeros_like(c)
         if self.method == "exact":
