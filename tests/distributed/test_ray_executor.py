@@ -364,7 +364,7 @@ def test_ten_executors_in_a_row_free_their_actors(executor):
 
     loss_of(sol_l).backward()
     for i in range(10):
-        after_exit = i % 2 == 1
+        after_exit = i % 2 == 0  # the first one already: the old code failed there
         leaves = {k: v.detach().clone().requires_grad_(True) for k, v in data.items()}
         with RayExecutor(
             num_workers=1, chunk_size=3, num_cpus_per_worker=2.0, start_timeout=60
