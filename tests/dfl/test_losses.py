@@ -15,6 +15,7 @@ from scipy import integrate, stats
 
 from dxopt import Cost
 from dxopt.dfl import (
+    CMAP,
     DBB,
     NCE,
     CallableOracle,
@@ -281,6 +282,12 @@ def test_nce_and_ltr_hand_computed(solve_ratio):
     assert nce.item() == pytest.approx(1.0, abs=1e-14)
     nce.backward()
     assert torch.allclose(c_hat.grad, torch.tensor([[-2 / 3, 1 / 3, 1 / 3]], dtype=c_hat.dtype))
+    # CMAP: the largest of the gaps 5 - 4, 5 - 5, 5 - 3; its gradient x* - w3
+    c_hat.grad = None
+    cmap = make(CMAP)(c_hat, X_TRUE)
+    assert cmap.item() == pytest.approx(2.0, abs=1e-14)
+    cmap.backward()
+    assert torch.equal(c_hat.grad, X_TRUE - POOL[2:3])
     # listwise: - sum_w softmax(-c.w)_w log softmax(-c_hat.w)_w
     t = [math.exp(-3), math.exp(-2), math.exp(-3)]
     p = [math.exp(-4), math.exp(-5), math.exp(-3)]

@@ -10,7 +10,7 @@ on the quality of the decisions :math:`x(\\hat c)` rather than on the accuracy o
 - losses and layers (:mod:`dxopt.dfl.losses`, :mod:`dxopt.dfl.smooth`): :class:`SPOPlus`
   (Elmachtoub & Grigas, Management Science 2022), :class:`DBB` (Vlastelica et al., ICLR 2020),
   :class:`PerturbedOptimizer` and :class:`PerturbedFenchelYoung` (Berthet et al., NeurIPS
-  2020), :class:`NCE` (Mulamba et al., IJCAI 2021), :class:`ListwiseLTR`,
+  2020), :class:`NCE` and :class:`CMAP` (Mulamba et al., IJCAI 2021), :class:`ListwiseLTR`,
   :class:`PairwiseLTR`, :class:`PointwiseLTR` (Mandi et al., ICML 2022), :class:`QPTL`
   (Wilder, Dilkina & Tambe, AAAI 2019), the quadratically smoothed LP differentiated exactly by
   :func:`dxopt.qp.solve`, and :class:`LogBarrierLP` (Mandi & Guns, NeurIPS 2020), the
@@ -46,6 +46,7 @@ from dxopt.dfl.data import tsp as tsp
 from dxopt.dfl.graphs import flow_conservation as flow_conservation
 from dxopt.dfl.graphs import grid_graph as grid_graph
 from dxopt.dfl.graphs import incidence_matrix as incidence_matrix
+from dxopt.dfl.losses import CMAP as CMAP
 from dxopt.dfl.losses import DBB as DBB
 from dxopt.dfl.losses import NCE as NCE
 from dxopt.dfl.losses import ListwiseLTR as ListwiseLTR
@@ -70,6 +71,7 @@ from dxopt.dfl.pool import SolutionPool as SolutionPool
 from dxopt.dfl.smooth import QPTL as QPTL
 
 __all__ = [
+    "CMAP",
     "DBB",
     "NCE",
     "QPTL",

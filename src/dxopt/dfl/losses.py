@@ -17,9 +17,9 @@ answer and :math:`x^*`, :math:`z^* = c^\\top x^*` the true optimum:
   \\sigma Z)^\\top x(\\hat c + \\sigma Z)])` (:math:`\\ge 0`), gradient
   :math:`s\\,(x^* - \\mathbb E[x(\\hat c + \\sigma Z)])` (in Berthet's maximisation convention:
   :math:`\\mathbb E[y] - y^*`).
-- :class:`NCE`, :class:`ListwiseLTR`, :class:`PairwiseLTR`, :class:`PointwiseLTR` over a
-  :class:`~dxopt.dfl.pool.SolutionPool` :math:`\\Gamma` (Mulamba et al., IJCAI 2021; Mandi et
-  al., ICML 2022).
+- :class:`NCE`, :class:`CMAP`, :class:`ListwiseLTR`, :class:`PairwiseLTR`,
+  :class:`PointwiseLTR` over a :class:`~dxopt.dfl.pool.SolutionPool` :math:`\\Gamma` (Mulamba
+  et al., IJCAI 2021; Mandi et al., ICML 2022).
 
 Every oracle call is batched (the ``n_samples`` perturbations of a batch are one call) and each
 loss keeps a :attr:`cost` (:class:`dxopt.Cost`: ``forwards`` = cost vectors sent to the oracle,
@@ -39,6 +39,7 @@ from dxopt.dfl.oracles import OracleBase
 from dxopt.dfl.pool import PoolSolver, SolutionPool
 
 __all__ = [
+    "CMAP",
     "DBB",
     "NCE",
     "ListwiseLTR",
@@ -285,6 +286,18 @@ class NCE(_PoolLoss):
         pool = self._refreshed_pool(c_hat)
         gap = (c_hat * x_true).sum(-1, keepdim=True) - c_hat @ pool.T
         return _reduce(self.sign * gap.mean(-1), self.reduction)
+
+
+class CMAP(_PoolLoss):
+    """Contrastive MAP (Mulamba et al. 2021), the hardest negative of :class:`NCE`:
+    :math:`\\ell = \\max_{w \\in \\Gamma} s\\,(\\hat c^\\top x^* - \\hat c^\\top w)` (:math:`\\ge 0`
+    when :math:`x^* \\in \\Gamma`). Call: ``loss(c_hat, x_true)``."""
+
+    def forward(self, c_hat: Tensor, x_true: Tensor) -> Tensor:
+        _check_pair(self.oracle, c_hat, x_true, "x_true")
+        pool = self._refreshed_pool(c_hat)
+        gap = (c_hat * x_true).sum(-1, keepdim=True) - c_hat @ pool.T
+        return _reduce((self.sign * gap).amax(-1), self.reduction)
 
 
 class ListwiseLTR(_PoolLoss):
