@@ -14,10 +14,12 @@ $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 
-# One stamp per extras set, refreshed when pyproject.toml changes.
+# One stamp per extras set, refreshed when pyproject.toml changes. The demo's install step
+# also compiles (or loads) the QP kernels (dxopt.qp.warmup), so the demo's first call is fast.
 $(VENV)/.installed-%: pyproject.toml | $(VENV)/bin/python
 	$(PIP) install -q "$(TORCH)"
 	$(PIP) install -q -e ".[$*]" "$(TORCH)"
+	if [ "$*" = demo ]; then $(PY) -c "import dxopt.qp; dxopt.qp.warmup(verbose=True)"; fi
 	touch $@
 
 venv: $(VENV)/.installed-dev

@@ -32,6 +32,8 @@ from dxopt.qp._types import QPInfo as QPInfo
 from dxopt.qp._types import QPSolution as QPSolution
 from dxopt.qp._types import QPSolveError as QPSolveError
 from dxopt.qp._types import QPStatus as QPStatus
+from dxopt.qp._warmup import WarmupReport as WarmupReport
+from dxopt.qp._warmup import warmup as warmup
 
 if TYPE_CHECKING:
     from dxopt.qp.frontend import CvxpyQPLayer as CvxpyQPLayer
@@ -64,6 +66,8 @@ __all__ = [
     "QPSolution",
     "QPSolveError",
     "QPStatus",
+    "WarmupReport",
     "from_cvxpy",
     "solve",
+    "warmup",
 ]
