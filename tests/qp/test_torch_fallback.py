@@ -317,3 +317,17 @@ def test_singular_P_takes_the_cpu_path() -> None:
             assert "torch" not in sol.info.sample_solvers
         (grads[solver],) = torch.autograd.grad(sol.lb_duals.sum(), c)
     torch.testing.assert_close(grads["torch"], grads["daqp"], atol=1e-10, rtol=0)
+
+
+def test_ill_conditioned_vertex_backward_is_refined_not_refused() -> None:
+    """A sample of the failure table (20 active rows in R^20, normalised smallest singular
+    value 4e-3): four refinement passes left the device adjoint residual at 1.4e-10 and the
+    backward refused it; the refinement now runs to round-off (the CPU path's gradient)."""
+    from benchmarks.qp_torch.failures import random_batch as table_batch
+
+    data = {k: v[423:424] for k, v in table_batch(1000, 20, 30, 7000, weak=0).items()}
+    sol, grads = _grads(data, "torch", "kkt")
+    assert sol.info.sample_solvers == ("torch",)
+    _, ref_grads = _grads(data, "daqp", "kkt")
+    for k in grads:
+        torch.testing.assert_close(grads[k], ref_grads[k], atol=1e-9, rtol=1e-7, msg=k)

@@ -54,6 +54,7 @@ from torch import Tensor
 
 from dxopt.qp._tangent import BASES, _FirstOrderOnly, fold, functorch_active, logical_batch, unfold
 from dxopt.qp._torch_solver import (
+    REFINE_STEPS,
     PenaltyFactor,
     TorchQPResult,
     TorchQPStatus,
@@ -370,7 +371,7 @@ def torch_qp_differentiable(
     """:func:`dxopt.qp._torch_solver.torch_qp_solve` with derivatives through ``x, y, z``
     (``options``: see :class:`TorchQPFunction`)."""
     steps = options.get("refine_steps")
-    options = dict(options, refine_steps=steps if steps is not None else 4)
+    options = dict(options, refine_steps=steps if steps is not None else REFINE_STEPS)
     out: tuple[Tensor, ...] = TorchQPFunction.apply(P, q, A, b, G, h, options)
     x, y, z, slacks, status, iters, pres, dres, polished, regular, L, w_ineq, w_eq, active = out
     factor = PenaltyFactor(
