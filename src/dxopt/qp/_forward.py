@@ -641,14 +641,14 @@ def solve_forward(
             store(i, *candidates[i])
             return
         ensure_psd(i)
-        verdict = diagnose(
+        diagnosis = diagnose(
             sample_args(solver, i),
             claims=claims.get(i, []),
             hit_cap=i in cap_hit,
             had_point=i in missed,
             eps_abs=eps_abs,
         )
-        status[i], reasons[i] = verdict.status, verdict.reason
+        status[i], reasons[i] = diagnosis.status, diagnosis.reason
 
     start = time.perf_counter()
     first_points: list[tuple[Any, ...] | None] = [None] * size
