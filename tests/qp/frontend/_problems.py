@@ -102,13 +102,21 @@ def simplex(n: int = 6, *, batch: int | None = None, seed: int = 0) -> Case:
 
 
 def mpc(
-    horizon: int = 5, nx: int = 3, nu: int = 2, *, batch: int | None = None, seed: int = 0
+    horizon: int = 5,
+    nx: int = 3,
+    nu: int = 2,
+    *,
+    batch: int | None = None,
+    seed: int = 0,
+    dynamics_parameter: bool = False,
 ) -> Case:
     """Linear MPC: min sum ||x_t||^2 + ||u_t||^2 s.t. x_{t+1} = A x_t + B u_t, x_0 = x_init,
-    -1 <= u_t <= 1; the initial state is the parameter (fixed A, B)."""
+    -1 <= u_t <= 1; the initial state is the parameter (and ``A`` with
+    ``dynamics_parameter``: then the defining rows of the states depend on a parameter)."""
     rng = np.random.default_rng(100)
-    Am = np.eye(nx) + 0.1 * rng.standard_normal((nx, nx))
+    A0 = np.eye(nx) + 0.1 * rng.standard_normal((nx, nx))
     Bm = rng.standard_normal((nx, nu))
+    Am = cp.Parameter((nx, nx), name="A") if dynamics_parameter else A0
     X, U = cp.Variable((nx, horizon + 1)), cp.Variable((nu, horizon))
     x_init = cp.Parameter(nx, name="x_init")
     dynamics = [X[:, t + 1] == Am @ X[:, t] + Bm @ U[:, t] for t in range(horizon)]
@@ -116,9 +124,11 @@ def mpc(
     problem = cp.Problem(cp.Minimize(cp.sum_squares(X) + cp.sum_squares(U)), constraints)
 
     def draw(rng: np.random.Generator) -> list[np.ndarray]:
-        return [rng.uniform(-2.0, 2.0, nx)]
+        x0 = rng.uniform(-2.0, 2.0, nx)
+        return [x0, A0 + 0.05 * rng.standard_normal((nx, nx))] if dynamics_parameter else [x0]
 
-    return Case("mpc", problem, [x_init], [U, X, constraints[0]], _batch(draw, batch, seed))
+    parameters = [x_init, Am] if dynamics_parameter else [x_init]
+    return Case("mpc", problem, parameters, [U, X, constraints[0]], _batch(draw, batch, seed))
 
 
 def cvxpy_solution(case: Case, values: list[Tensor]) -> list[np.ndarray]:

@@ -20,7 +20,7 @@ from dxopt.qp import CvxpyQPLayer, CvxpyQPSolution, from_cvxpy
 from dxopt.qp.frontend._affine import AffineMap, SparseLinear
 
 from ._central import central_quotient
-from ._problems import box_least_squares, cvxpy_solution, optnet, simplex
+from ._problems import box_least_squares, cvxpy_solution, mpc, optnet, simplex
 
 F64 = torch.float64
 
@@ -73,6 +73,38 @@ def test_mixed_batching_equals_a_loop_and_sums_shared_gradients() -> None:
                 loop_grads[k][i] = gk
     for mine, loop in zip(grads, loop_grads):
         assert float((mine - loop).abs().max()) <= 1e-8 * (1 + float(loop.abs().max()))
+
+
+@pytest.mark.parametrize(
+    ("make", "mode"),
+    [
+        (lambda b: optnet(batch=b, seed=9), "reduced"),
+        (lambda b: simplex(batch=b, seed=9), "folded"),
+        (lambda b: mpc(batch=b, seed=9), "folded"),
+        (lambda b: mpc(batch=b, seed=9, dynamics_parameter=True), "triangular"),
+    ],
+)
+def test_elimination_is_the_same_qp(make, mode) -> None:  # type: ignore[no-untyped-def]
+    """Eliminating CVXPY's defined variables (per call, folded into the map, or through a
+    parameter-dependent triangular solve) changes neither outputs nor gradients, and the
+    canonical problem's multipliers of the defining rows are recovered."""
+    case = make(3)
+    plain = CvxpyQPLayer(case.problem, case.parameters, case.outputs, eliminate=False)
+    reduced = CvxpyQPLayer(case.problem, case.parameters, case.outputs)
+    e = reduced.elimination
+    assert e is not None and e.gone.size > 0
+    assert (reduced._folded is not None) == (mode == "folded")
+    assert (e.inverse is None) == (mode == "triangular")
+    results = []
+    for layer in (plain, reduced):
+        leaves = [v.clone().requires_grad_() for v in case.values]
+        outputs = layer(*leaves)
+        loss = sum((o * (k + 1)).sum() for k, o in enumerate(outputs))
+        results.append(([o.detach() for o in outputs], torch.autograd.grad(loss, leaves)))
+    for a, b in zip(results[0][0], results[1][0]):
+        assert float((a - b).abs().max()) <= 1e-8
+    for a, b in zip(results[0][1], results[1][1]):
+        assert float((a - b).abs().max()) <= 1e-7 * (1 + float(a.abs().max()))
 
 
 def _spy_layouts(layer: CvxpyQPLayer) -> list[torch.layout]:

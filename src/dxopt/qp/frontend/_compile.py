@@ -106,6 +106,8 @@ class CompiledQP:
         param_names: the parameters' names, for messages.
         outputs: the requested variables and multipliers, in the user's order.
         lb, ub: constant bounds of the canonical variable (``None`` where there are none).
+        user_columns: boolean ``(n,)``: the canonical columns of the problem's own variables
+            (the others are CVXPY's).
     """
 
     matrix: sp.csr_array
@@ -119,6 +121,7 @@ class CompiledQP:
     outputs: tuple[Output, ...]
     lb: np.ndarray | None
     ub: np.ndarray | None
+    user_columns: np.ndarray
 
     @property
     def num_columns(self) -> int:
@@ -315,7 +318,19 @@ def compile_problem(problem: Any, parameters: Any, variables: Any) -> CompiledQP
         outputs=tuple(_output(cp, problem, pp, chain, v) for v in variables),
         lb=lb,
         ub=ub,
+        user_columns=_user_columns(problem, pp, chain, n),
     )
+
+
+def _user_columns(problem: Any, pp: Any, chain: Any, n: int) -> np.ndarray:
+    var_map = chain.compose_var_id_map()
+    mask = np.zeros(n, dtype=bool)
+    for v in problem.variables():
+        for canon_id in var_map.get(v.id, [v.id]):
+            if canon_id in pp.var_id_to_col:
+                start = int(pp.var_id_to_col[canon_id])
+                mask[start : start + v.size] = True
+    return mask
 
 
 def _bounds(pp: Any, n: int) -> tuple[np.ndarray | None, np.ndarray | None]:

@@ -11,6 +11,7 @@ with the QP data's adjoints from the solve's backward (dXPP penalty or exact KKT
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +23,16 @@ from dxopt._core import Status
 from dxopt.qp._api import QPLayer
 from dxopt.qp._types import QPSolution
 from dxopt.qp.frontend._affine import AffineMap, SparseLinear
-from dxopt.qp.frontend._compile import Block, CompiledQP, compile_problem
+from dxopt.qp.frontend._compile import CompiledQP, compile_problem
+from dxopt.qp.frontend._eliminate import (
+    Folded,
+    Reduction,
+    find_elimination,
+    fold,
+    piece_rows,
+    recover,
+    reduce,
+)
 
 __all__ = ["CvxpyQPLayer", "CvxpyQPSolution", "from_cvxpy"]
 
@@ -47,12 +57,21 @@ class CvxpyQPSolution:
 
 
 @dataclass(frozen=True)
+class _Piece:
+    """A piece of the QP data the map produces: its map rows, shape and parameters."""
+
+    rows: np.ndarray
+    shape: tuple[int, ...]
+    params: frozenset[int]
+
+
+@dataclass(frozen=True)
 class _Plan:
     """How one batching pattern splits the map: rows needed per sample and shared rows."""
 
     batched: SparseLinear | None
     shared: SparseLinear | None
-    where: dict[str, tuple[bool, int]]  # block -> (batched?, first row in its part)
+    where: dict[str, tuple[bool, int]]  # piece -> (per sample?, first row in its part)
 
 
 def _fortran_unflatten(vec: Tensor, shape: tuple[int, ...]) -> Tensor:
@@ -121,6 +140,7 @@ class CvxpyQPLayer(nn.Module):
         variables: list[Any] | tuple[Any, ...],
         *,
         sparse: bool | None = None,
+        eliminate: bool = True,
         backward: Any = "penalty",
         solver: str = "auto",
         eps_abs: float = 1e-9,
@@ -135,48 +155,86 @@ class CvxpyQPLayer(nn.Module):
         super().__init__()
         if sparse is not None and not isinstance(sparse, bool):
             raise TypeError(f"sparse: expected True, False or None, got {sparse!r}.")
+        if not isinstance(eliminate, bool):
+            raise TypeError(f"eliminate: expected True or False, got {eliminate!r}.")
         self.qp = QPLayer(
             backward=backward, solver=solver, eps_abs=eps_abs, eps_rel=eps_rel,
             on_failure=on_failure, max_workers=max_workers, solver_options=solver_options,
             check_psd=check_psd, fallback=fallback, polish=polish,
         )  # fmt: skip
         self.compiled: CompiledQP = compile_problem(problem, parameters, variables)
+        c = self.compiled
         self.sparse = self._auto_sparse() if sparse is None else sparse
+        self.elimination = (
+            None if self.sparse or not eliminate else find_elimination(c, c.user_columns)
+        )
+        self._eq_duals = any(o.kind == "eq" for o in c.outputs)
+        self._pieces = self._make_pieces()
         self._patterns: dict[tuple[bool, ...], _Plan] = {}
         self._constants: dict[tuple[torch.device, torch.dtype], dict[str, Tensor | None]] = {}
-        self._sparse_patterns: dict[str, Tensor] = {}
-        if self.sparse:
-            self._sparse_rows: dict[str, np.ndarray] = {}
-            matrix = self.compiled.matrix
-            for name in _MATRICES:
-                block = self.compiled.blocks.get(name)
-                if block is None:
-                    continue
-                counts = np.diff(matrix.indptr[block.start : block.stop + 1])
-                rows = np.flatnonzero(counts)  # C-order positions with any entry: sorted
-                self._sparse_rows[name] = rows
-                cols = block.shape[1]
-                self._sparse_patterns[name] = torch.from_numpy(
-                    np.stack([rows // cols, rows % cols])
-                )
 
     # ----------------------------------------------------------------------------- compile
     def _auto_sparse(self) -> bool:
         c = self.compiled
         if c.n <= 200:
             return False
-        entries = sum(b.stop - b.start for k, b in c.blocks.items() if k in _MATRICES)
+        matrices = [b for k, b in c.blocks.items() if k in _MATRICES]
+        entries = sum(b.stop - b.start for b in matrices)
         used = sum(
-            int(np.count_nonzero(np.diff(c.matrix.indptr[b.start : b.stop + 1])))
-            for k, b in c.blocks.items()
-            if k in _MATRICES
+            int(np.count_nonzero(np.diff(c.matrix.indptr[b.start : b.stop + 1]))) for b in matrices
         )
         return used < 0.05 * max(entries, 1)
 
-    def _block_rows(self, block: Block) -> np.ndarray:
-        if self.sparse and block.name in _MATRICES:
-            return block.start + self._sparse_rows[block.name]
-        return np.arange(block.start, block.stop)
+    def _make_pieces(self) -> dict[str, _Piece | None]:
+        """The map's pieces: the dxopt blocks (dense), their nonzero values (sparse
+        matrices), or the blocks the elimination reads (``None``: structurally zero), or the
+        reduced blocks when the elimination folds into the map."""
+        c = self.compiled
+        self._matrix = c.matrix
+        self._folded: Folded | None = None
+        layout: dict[str, tuple[np.ndarray, tuple[int, ...]]] = {}
+        if self.elimination is not None:
+            layout = piece_rows(c, self.elimination)
+            pieces = self._pieces_of(layout)
+            constant = {k: v is None or not v.params for k, v in pieces.items()}
+            self._folded = fold(c.matrix, layout, constant, self.elimination)
+            if self._folded is None:
+                return pieces
+            self._matrix = self._folded.matrix
+            return self._pieces_of(self._folded.layout)
+        for name, block in c.blocks.items():
+            rows = np.arange(block.start, block.stop)
+            if self.sparse and name in _MATRICES:
+                counts = np.diff(c.matrix.indptr[block.start : block.stop + 1])
+                rows = block.start + np.flatnonzero(counts)  # sorted C-order positions
+            layout[name] = (rows, block.shape)
+        pieces = self._pieces_of(layout, drop_zero=False)
+        self._sparse_patterns = {}
+        if self.sparse:
+            for name in _MATRICES:
+                piece = pieces.get(name)
+                if piece is not None:
+                    start, cols = c.blocks[name].start, c.blocks[name].shape[1]
+                    positions = np.stack(divmod(piece.rows - start, cols))
+                    self._sparse_patterns[name] = torch.from_numpy(positions)
+        return pieces
+
+    def _pieces_of(
+        self, layout: dict[str, tuple[np.ndarray, tuple[int, ...]]], *, drop_zero: bool = True
+    ) -> dict[str, _Piece | None]:
+        c, matrix = self.compiled, self._matrix
+        sizes = [int(np.prod(s)) for s in c.param_shapes]
+        owner = np.repeat(np.arange(len(sizes)), sizes)
+        pieces: dict[str, _Piece | None] = {}
+        for name, (rows, shape) in layout.items():
+            starts, stops = matrix.indptr[rows], matrix.indptr[rows + 1]
+            if drop_zero and not (stops > starts).any():
+                pieces[name] = None
+                continue
+            cols = np.concatenate([matrix.indices[a:b] for a, b in zip(starts, stops)] or [[]])
+            cols = cols[cols < c.num_columns - 1].astype(np.int64)
+            pieces[name] = _Piece(rows, shape, frozenset(owner[cols].tolist()))
+        return pieces
 
     def _plan(self, batched: tuple[bool, ...]) -> _Plan:
         plan = self._patterns.get(batched)
@@ -185,14 +243,15 @@ class CvxpyQPLayer(nn.Module):
         parts: dict[bool, list[np.ndarray]] = {True: [], False: []}
         sizes = {True: 0, False: 0}
         where: dict[str, tuple[bool, int]] = {}
-        for name, block in self.compiled.blocks.items():
-            per_sample = any(batched[i] for i in block.params)
-            rows = self._block_rows(block)
+        for name, piece in self._pieces.items():
+            if piece is None:
+                continue
+            per_sample = any(batched[i] for i in piece.params)
             where[name] = (per_sample, sizes[per_sample])
-            parts[per_sample].append(rows)
-            sizes[per_sample] += rows.size
+            parts[per_sample].append(piece.rows)
+            sizes[per_sample] += piece.rows.size
         linear = {
-            key: SparseLinear(self.compiled.matrix[np.concatenate(rows)]) if sizes[key] else None
+            key: SparseLinear(self._matrix[np.concatenate(rows)]) if sizes[key] else None
             for key, rows in parts.items()
         }
         plan = _Plan(linear[True], linear[False], where)
@@ -254,6 +313,8 @@ class CvxpyQPLayer(nn.Module):
         return self._constants[key]
 
     def _data(self, values: tuple[Tensor, ...]) -> tuple[dict[str, Tensor | None], int | None]:
+        """The pieces for these parameter values (a leading batch dimension where they depend
+        on a batched parameter; sparse matrices as value vectors)."""
         batch, flags = self._check(values)
         plan = self._plan(flags)
         rows = batch or 1
@@ -267,72 +328,129 @@ class CvxpyQPLayer(nn.Module):
         theta = torch.cat([*pieces, one.expand(rows, 1)], dim=1)
         per_sample = None if plan.batched is None else AffineMap.apply(theta, plan.batched)
         shared = None if plan.shared is None else AffineMap.apply(theta[:1], plan.shared)[0]
-        data: dict[str, Tensor | None] = {k: None for k in ("P", "q", "A", "b", "G", "h")}
-        for name, block in self.compiled.blocks.items():
+        data: dict[str, Tensor | None] = {}
+        for name, piece in self._pieces.items():
+            if piece is None:
+                data[name] = None
+                continue
             is_batched, start = plan.where[name]
-            sparse = self.sparse and name in _MATRICES
-            size = self._sparse_rows[name].size if sparse else block.stop - block.start
+            size = piece.rows.size
+            flat_shape = (size,) if self.sparse and name in _MATRICES else piece.shape
             if is_batched:
                 assert per_sample is not None
-                flat = per_sample[:, start : start + size]
-                data[name] = flat if sparse else flat.reshape(rows, *block.shape)
+                data[name] = per_sample[:, start : start + size].reshape(rows, *flat_shape)
             else:
                 assert shared is not None
-                flat = shared[start : start + size]
-                data[name] = flat if sparse else flat.reshape(block.shape)
-        data["lb"], data["ub"] = consts["lb"], consts["ub"]
+                data[name] = shared[start : start + size].reshape(flat_shape)
         return data, batch
 
-    def _solve_data(self, data: dict[str, Tensor | None], batch: int | None) -> list[QPSolution]:
-        def call(d: dict[str, Tensor | None]) -> QPSolution:
-            P, q = d["P"], d["q"]
-            assert P is not None and q is not None
-            p, m = self.compiled.p, self.compiled.m
-            return self.qp(
-                P, q, A=d["A"] if p else None, b=d["b"] if p else None,
-                G=d["G"] if m else None, h=d["h"] if m else None, lb=d["lb"], ub=d["ub"],
-            )  # fmt: skip
+    def _constant(self, name: str, value: np.ndarray | None, like: Tensor) -> Tensor | None:
+        """A compile-time array as a tensor of ``like``'s dtype and device (cached)."""
+        if value is None:
+            return None
+        cache = self._constants_for(like.device, like.dtype)
+        key = "const:" + name
+        if key not in cache:
+            cache[key] = torch.from_numpy(value).to(like.device, like.dtype)
+        return cache[key]
 
+    def _bounds(self, like: Tensor) -> tuple[Tensor | None, Tensor | None]:
+        consts = self._constants_for(like.device, like.dtype)
+        lb, ub = consts["lb"], consts["ub"]
+        if self.elimination is not None:
+            kept = self.elimination.kept
+            lb = None if lb is None else lb[kept]
+            ub = None if ub is None else ub[kept]
+        return lb, ub
+
+    def _call(self, d: dict[str, Tensor | None], like: Tensor) -> QPSolution:
+        P, q = d["P"], d["q"]
+        n = self.compiled.n if self.elimination is None else self.elimination.kept.size
+        p = self.compiled.p if self.elimination is None else self.elimination.rest.size
+        zeros = functools.partial(torch.zeros, dtype=like.dtype, device=like.device)
+        P = zeros(n, n) if P is None else P
+        q = zeros(n) if q is None else q
+        A, b, G, h = d.get("A"), d.get("b"), d.get("G"), d.get("h")
+        if p:
+            A = zeros(p, n) if A is None else A
+            b = zeros(p) if b is None else b
+        if self.compiled.m:
+            G = zeros(self.compiled.m, n) if G is None else G
+            h = zeros(self.compiled.m) if h is None else h
+        lb, ub = self._bounds(like)
+        return self.qp(
+            P, q, A=A if p else None, b=b if p else None, G=G if self.compiled.m else None,
+            h=h if self.compiled.m else None, lb=lb, ub=ub,
+        )  # fmt: skip
+
+    def _solve_data(
+        self, data: dict[str, Tensor | None], batch: int | None, like: Tensor
+    ) -> list[QPSolution]:
         if not self.sparse:
-            return [call(data)]
+            return [self._call(data, like)]
         # sparse mode: matrices are value vectors, (nnz,) or (B, nnz) when they depend on a
         # batched parameter; dxopt's sparse matrices are shared by a batch, so then loop
-        if not any(data[k] is not None and data[k].ndim == 2 for k in _MATRICES):  # type: ignore[union-attr]
-            return [call(self._with_sparse(data))]
+        if not any((v := data.get(k)) is not None and v.ndim == 2 for k in _MATRICES):
+            return [self._call(self._with_sparse(data), like)]
         assert batch is not None
         return [
-            call(self._with_sparse({k: v[i] if v is not None and v.ndim == 2 else v
-                                    for k, v in data.items()}))
+            self._call(self._with_sparse({k: v[i] if v is not None and v.ndim == 2 else v
+                                          for k, v in data.items()}), like)
             for i in range(batch)
         ]  # fmt: skip
 
     def _with_sparse(self, data: dict[str, Tensor | None]) -> dict[str, Tensor | None]:
         """``data`` with the matrices' value vectors made torch sparse COO matrices."""
         out = dict(data)
-        for name in _MATRICES:
+        for name, pattern in self._sparse_patterns.items():
             values = data[name]
-            if values is not None:
-                pattern = self._sparse_patterns[name].to(values.device)
-                shape = self.compiled.blocks[name].shape
-                out[name] = torch.sparse_coo_tensor(
-                    pattern, values, shape, is_coalesced=True, check_invariants=False
-                )
+            assert values is not None
+            out[name] = torch.sparse_coo_tensor(
+                pattern.to(values.device), values, self.compiled.blocks[name].shape,
+                is_coalesced=True, check_invariants=False,
+            )  # fmt: skip
         return out
 
     def solve(self, *values: Tensor) -> CvxpyQPSolution:
         """Solve for the given parameter values; :class:`CvxpyQPSolution` with the status."""
-        data, batch = self._data(values)
-        solutions = self._solve_data(data, batch)
+        pieces, batch = self._data(values)
+        like = values[0]
+        e = self.elimination
+        if e is None:
+            solutions = self._solve_data(pieces, batch, like)
+            vectors = [{"x": s.x, "eq": s.eq_duals, "ineq": s.ineq_duals} for s in solutions]
+        else:
+            inverse = None
+            if e.inverse is not None and not e.identity:
+                inverse = self._constant("inverse", e.inverse, like)
+            if self._folded is None:
+                data, reduction = reduce(pieces, e, inverse, like)
+                known = pieces
+            else:
+                data = pieces
+                consts = self._folded.constants
+                W = self._constant("W", consts["W"], like)
+                assert W is not None
+                reduction = Reduction(W, pieces["w0"], None)
+                known = {k: self._constant(k, consts[k], like) for k in consts}
+                known["q_T"] = pieces["q_T"]
+            solutions = [self._call(data, like)]
+            s = solutions[0]
+            z, eq = recover(
+                s.x, s.eq_duals, s.ineq_duals, known, reduction, e, inverse,
+                defining_duals=self._eq_duals,
+            )  # fmt: skip
+            vectors = [{"x": z, "eq": eq, "ineq": s.ineq_duals}]
         outputs = []
         for out in self.compiled.outputs:
             parts = []
-            for sol in solutions:
-                vec = {"x": sol.x, "eq": sol.eq_duals, "ineq": sol.ineq_duals}[out.kind]
-                assert vec is not None
-                parts.append(vec[..., out.start : out.stop])
+            for vec in vectors:
+                v = vec[out.kind]
+                assert v is not None
+                parts.append(v[..., out.start : out.stop])
             flat = parts[0] if len(parts) == 1 else torch.stack(parts)
             outputs.append(_fortran_unflatten(flat, out.shape))
-        status = tuple(s for sol in solutions for s in sol.status)
+        status = tuple(st for sol in solutions for st in sol.status)
         return CvxpyQPSolution(tuple(outputs), status, tuple(solutions))
 
     def forward(self, *values: Tensor) -> tuple[Tensor, ...]:
@@ -341,7 +459,11 @@ class CvxpyQPLayer(nn.Module):
 
     def extra_repr(self) -> str:
         c = self.compiled
-        return f"n={c.n}, p={c.p}, m={c.m}, parameters={list(c.param_names)}, sparse={self.sparse}"
+        gone = 0 if self.elimination is None else self.elimination.gone.size
+        return (
+            f"n={c.n}, p={c.p}, m={c.m}, eliminated={gone}, parameters={list(c.param_names)}, "
+            f"sparse={self.sparse}"
+        )
 
 
 def from_cvxpy(
