@@ -92,13 +92,23 @@ def _task(kind: str, name: str, seed: int, accept_tol: float, extra: Any = None)
     if kind == "dxopt":
         from benchmarks.qp.mm_dxopt import run_dxopt
 
-        return run_dxopt(prob, seed, accept_tol=accept_tol)
+        def checkpoint(state: dict) -> None:  # the forward's record, kept if the backward hangs
+            if _STAGE_PATH:
+                with open(_STAGE_PATH, "wb") as fh:
+                    pickle.dump(state, fh)
+
+        return run_dxopt(prob, seed, accept_tol=accept_tol, on_forward=checkpoint)
     if kind.startswith("raw_"):
         return mmp.raw_solve(prob, kind[4:], accept_tol=accept_tol)
     raise ValueError(f"unknown task {kind!r}")
 
 
+_STAGE_PATH = ""  # in a child: where a task saves its state between stages
+
+
 def _child(args: tuple, path: str, mem_gb: float) -> None:
+    global _STAGE_PATH
+    _STAGE_PATH = path + ".stage"
     limit = int(mem_gb * 2**30)
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     try:
@@ -127,10 +137,20 @@ def isolated(kind: str, name: str, seed: int, accept_tol: float, timeout_s: floa
     proc.start()
     proc.join(timeout_s)
     wall = time.perf_counter() - t0
+    stage = path + ".stage"
     if proc.is_alive():
         proc.kill()
         proc.join()
+        if os.path.exists(stage):  # the forward finished, the backward ran out of time
+            with open(stage, "rb") as fh:
+                result = pickle.load(fh)
+            os.unlink(stage)
+            if result.get("status") == "ok":
+                result["status"] = f"backward timeout (> {timeout_s:g} s)"
+                return result, wall
         return {"status": f"timeout (> {timeout_s:g} s)"}, wall
+    with contextlib.suppress(OSError):
+        os.unlink(stage)
     try:
         with open(path, "rb") as fh:
             result = pickle.load(fh)
@@ -230,7 +250,8 @@ def run_problem(name: str, args: argparse.Namespace) -> dict[str, Any]:
         min((r["time_s"], s) for s, r in raws.items() if r.get("success"))[1] if ok_times else None
     )
     status = dx.get("status", "error")
-    solved = status in ("ok", "refused") and bool(dx.get("accepted"))
+    backward_timeout = status.startswith("backward timeout")
+    solved = (status in ("ok", "refused") or backward_timeout) and bool(dx.get("accepted"))
     rec["forward_success"] = solved
     rec["silent_forward_error"] = (
         status in ("ok", "refused") and not dx.get("accepted")
@@ -241,6 +262,8 @@ def run_problem(name: str, args: argparse.Namespace) -> dict[str, Any]:
         rec["verdict"] = "forward failed"
     elif status == "refused":
         rec["verdict"] = "refused"
+    elif backward_timeout:  # the forward is recorded; the gradient is missing, not refused
+        rec.update(verdict="error", note=status)
     elif status == "not convex":  # refused input (NotPSDError): no forward, no gradient
         rec.update(verdict="refused", note=str(dx.get("error", ""))[:200])
     elif status != "ok":

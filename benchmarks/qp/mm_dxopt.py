@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -46,13 +47,24 @@ def _plain(obj: Any) -> Any:
     return repr(obj)[:200]
 
 
-def run_dxopt(prob: MMProblem, seed: int, *, accept_tol: float, repeats: int = 3) -> dict:
+def run_dxopt(
+    prob: MMProblem,
+    seed: int,
+    *,
+    accept_tol: float,
+    repeats: int = 3,
+    on_forward: Callable[[dict], None] | None = None,
+) -> dict:
     """Forward (best of up to ``repeats`` runs when one is < 1 s) and one backward of dxopt.
 
     Returns ``status`` (``"ok"``, ``"forward failed"``, ``"refused"``, ``"not convex"``: the
     forward refused an indefinite ``P`` with ``NotPSDError``, or ``"error"``), the
     forward time, dxopt's per-sample status and info, the acceptance residuals of its solution,
-    the gradients of ``L`` w.r.t. ``q, h, b`` and the warnings it raised.
+    the gradients of ``L`` w.r.t. ``q, h, b``, the warnings it raised and the CPU seconds of
+    the last forward and of the backward (``forward_cpu_s``, ``backward_cpu_s``: on a shared
+    machine the wall times grow with the load, these much less). ``on_forward`` receives a
+    copy of the record once the forward is done (the runner keeps it in case the backward
+    runs out of time).
     """
     import torch
 
@@ -75,9 +87,10 @@ def run_dxopt(prob: MMProblem, seed: int, *, accept_tol: float, repeats: int = 3
                 q = torch.tensor(prob.q, requires_grad=True)
                 h = None if prob.h is None else torch.tensor(prob.h, requires_grad=True)
                 b = None if prob.b is None else torch.tensor(prob.b, requires_grad=True)
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 sol = dqp.solve(P, q, A=A, b=b, G=G, h=h)
                 times.append(time.perf_counter() - t0)
+                out["forward_cpu_s"] = time.process_time() - c0
                 if times[-1] > 1.0:
                     break
         except dqp.QPSolveError as exc:
@@ -101,12 +114,15 @@ def run_dxopt(prob: MMProblem, seed: int, *, accept_tol: float, repeats: int = 3
     z = None if sol.ineq_duals is None else sol.ineq_duals.detach().numpy()
     res = residuals(prob, x, y, z)
     out.update(x=x, residuals=res, accepted=accepted(res, accept_tol))
+    if on_forward is not None:
+        on_forward(dict(out, warnings=sorted(set(caught))))
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         try:
             (w * sol.x).sum().backward()
             out["backward_s"] = time.perf_counter() - t0
+            out["backward_cpu_s"] = time.process_time() - c0
         except dqp.QPBackwardError as exc:
             out.update(status="refused", error=str(exc)[:300])
         except Exception as exc:

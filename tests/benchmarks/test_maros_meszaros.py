@@ -483,3 +483,27 @@ def test_unpolished_line_re_solves_use_the_solver_of_f0_once(monkeypatch):
     assert calls[base_calls:] == ["clarabel"] * points
     assert all(v is not None for e in ev["directions"] for s in ("plus", "minus")
                for v in e[s].values())  # fmt: skip
+
+
+def test_a_backward_that_runs_out_of_time_keeps_its_forward_record(monkeypatch):
+    """A dxopt task killed at its time limit after the forward: the record says which stage
+    (``backward timeout``) and keeps the forward's status, so a slow backward is not counted
+    as a forward failure; a task killed before any stage is a plain timeout."""
+    import pickle
+    import time
+
+    from benchmarks.qp import maros_meszaros as mm
+
+    def forward_then_hang(kind, name, seed, accept_tol, extra=None):
+        with open(mm._STAGE_PATH, "wb") as fh:
+            pickle.dump({"status": "ok", "accepted": True, "forward_s": 0.01}, fh)
+        time.sleep(60)
+
+    monkeypatch.setattr(mm, "_task", forward_then_hang)
+    res, wall = mm.isolated("dxopt", "toy", 0, 1e-6, 2.0)
+    assert res["status"] == "backward timeout (> 2 s)" and res["accepted"], res
+    assert wall < 30
+
+    monkeypatch.setattr(mm, "_task", lambda *args, **kw: time.sleep(60))
+    res, _ = mm.isolated("dxopt", "toy", 0, 1e-6, 2.0)
+    assert res == {"status": "timeout (> 2 s)"}
