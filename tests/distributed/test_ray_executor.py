@@ -328,66 +328,6 @@ def test_graphs_of_calls_never_backpropagated_are_freed(executor):
     assert stored() == before
 
 
-def wait_cpus_free(total: float = 2.0, timeout: float = 60.0) -> float:
-    """Seconds until the cluster reports all ``total`` CPUs free (``ray.kill`` is asynchronous,
-    so the resources of a killed actor come back a moment later)."""
-    t0 = time.monotonic()
-    while ray.available_resources().get("CPU", 0.0) < total:
-        if time.monotonic() - t0 > timeout:
-            raise AssertionError(
-                f"CPUs still held after {timeout:g} s: {ray.available_resources()} (leaked actors)"
-            )
-        time.sleep(0.05)
-    return time.monotonic() - t0
-
-
-@pytest.mark.slow  # ten actor starts: about 40 s on an idle 2-core machine
-def test_ten_executors_in_a_row_free_their_actors(executor):
-    """Issue 28 item 7. Ten executors opened and closed in a row in one process, on one
-    ``ray.init``; each asks for the whole 2-CPU cluster (one actor of 2 CPUs: the test pays
-    ten actor starts, each a fresh process importing torch and dxopt), so an actor left
-    behind by the previous executor keeps the next from starting (``start_timeout``). Every
-    other executor is backpropagated only after its ``with`` block has exited, the case that
-    leaked before (the backward restarted the actors and nobody stopped them): that backward
-    must start nothing, re-solve on the driver, and give the local path's gradients."""
-    executor.shutdown()  # leave the cluster's 2 CPUs to the executors below (restarted later)
-    wait_cpus_free()
-    data = make_batch(B=6, infeasible=(2,))  # sample 2 is infeasible: NaN there, zero gradient
-    local = {k: v.detach().clone().requires_grad_(True) for k, v in data.items()}
-    sol_l = dqp.solve(**local, on_failure="nan")
-    g = torch.Generator().manual_seed(1)
-    weights = {n: torch.randn(getattr(sol_l, n).shape, generator=g, dtype=torch.float64)
-               for n in ("x", "eq_duals", "ineq_duals")}  # fmt: skip
-
-    def loss_of(sol):
-        return sum((w * getattr(sol, n).nan_to_num()).sum() for n, w in weights.items())
-
-    loss_of(sol_l).backward()
-    for i in range(10):
-        after_exit = i % 2 == 0  # the first one already: the old code failed there
-        leaves = {k: v.detach().clone().requires_grad_(True) for k, v in data.items()}
-        with RayExecutor(
-            num_workers=1, chunk_size=3, num_cpus_per_worker=2.0, start_timeout=60
-        ) as ex:
-            sol = dqp.solve(**leaves, executor=ex, on_failure="nan")
-            if not after_exit:
-                loss_of(sol).backward()
-        assert ex.workers == ()
-        if after_exit:
-            loss_of(sol).backward()  # after the block: nothing restarts
-            assert ex.workers == ()
-            assert ex.stats.resolved_on_driver == 2 and ex.stats.resolved_in_backward == 0
-        else:
-            assert ex.stats.resolved_on_driver == 0
-        assert sol.status == sol_l.status
-        for name, leaf in local.items():
-            assert leaf.grad is not None and leaves[name].grad is not None
-            torch.testing.assert_close(
-                leaves[name].grad, leaf.grad, atol=TOL, rtol=0, msg=f"{i}: {name}"
-            )
-    wait_cpus_free()  # and nothing is left behind by the last one
-
-
 def test_qplayer_with_executor(executor):
     data = make_batch(infeasible=())
     layer = dqp.QPLayer(backward="kkt", executor=executor)
@@ -449,3 +389,63 @@ def test_readme_example_output_matches(executor):
     with contextlib.redirect_stdout(buffer):
         exec(compile(source, str(readme), "exec"), {"__name__": "readme_example"})
     assert buffer.getvalue() == output.group(1)
+
+
+def wait_cpus_free(total: float = 2.0, timeout: float = 60.0) -> float:
+    """Seconds until the cluster reports all ``total`` CPUs free (``ray.kill`` is asynchronous,
+    so the resources of a killed actor come back a moment later)."""
+    t0 = time.monotonic()
+    while ray.available_resources().get("CPU", 0.0) < total:
+        if time.monotonic() - t0 > timeout:
+            raise AssertionError(
+                f"CPUs still held after {timeout:g} s: {ray.available_resources()} (leaked actors)"
+            )
+        time.sleep(0.05)
+    return time.monotonic() - t0
+
+
+@pytest.mark.slow  # ten actor starts: about 40 s on an idle 2-core machine
+def test_ten_executors_in_a_row_free_their_actors(executor):
+    """Issue 28 item 7. Ten executors opened and closed in a row in one process, on one
+    ``ray.init``; each asks for the whole 2-CPU cluster (one actor of 2 CPUs: the test pays
+    ten actor starts, each a fresh process importing torch and dxopt), so an actor left
+    behind by the previous executor keeps the next from starting (``start_timeout``). Every
+    other executor is backpropagated only after its ``with`` block has exited, the case that
+    leaked before (the backward restarted the actors and nobody stopped them): that backward
+    must start nothing, re-solve on the driver, and give the local path's gradients."""
+    executor.shutdown()  # leave the cluster's 2 CPUs to the executors below (last test here)
+    wait_cpus_free()
+    data = make_batch(B=6, infeasible=(2,))  # sample 2 is infeasible: NaN there, zero gradient
+    local = {k: v.detach().clone().requires_grad_(True) for k, v in data.items()}
+    sol_l = dqp.solve(**local, on_failure="nan")
+    g = torch.Generator().manual_seed(1)
+    weights = {n: torch.randn(getattr(sol_l, n).shape, generator=g, dtype=torch.float64)
+               for n in ("x", "eq_duals", "ineq_duals")}  # fmt: skip
+
+    def loss_of(sol):
+        return sum((w * getattr(sol, n).nan_to_num()).sum() for n, w in weights.items())
+
+    loss_of(sol_l).backward()
+    for i in range(10):
+        after_exit = i % 2 == 0  # the first one already: the old code failed there
+        leaves = {k: v.detach().clone().requires_grad_(True) for k, v in data.items()}
+        with RayExecutor(
+            num_workers=1, chunk_size=3, num_cpus_per_worker=2.0, start_timeout=60
+        ) as ex:
+            sol = dqp.solve(**leaves, executor=ex, on_failure="nan")
+            if not after_exit:
+                loss_of(sol).backward()
+        assert ex.workers == ()
+        if after_exit:
+            loss_of(sol).backward()  # after the block: nothing restarts
+            assert ex.workers == ()
+            assert ex.stats.resolved_on_driver == 2 and ex.stats.resolved_in_backward == 0
+        else:
+            assert ex.stats.resolved_on_driver == 0
+        assert sol.status == sol_l.status
+        for name, leaf in local.items():
+            assert leaf.grad is not None and leaves[name].grad is not None
+            torch.testing.assert_close(
+                leaves[name].grad, leaf.grad, atol=TOL, rtol=0, msg=f"{i}: {name}"
+            )
+    wait_cpus_free()  # and nothing is left behind by the last one
