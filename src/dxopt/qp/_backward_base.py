@@ -311,7 +311,7 @@ class BackwardBase:
         if data.needs_rows:
             nu, mu = rule_multipliers(problem, data.x, used, (counts > 0) & ok, nu, mu)
         return DegenerateRule(
-            replace(active, used=used), active.used, counts, dropped, left, nu, mu
+            replace(active, used=used), active.used, counts, dropped, left, nu, mu, q_only
         )
 
     def _degenerate_adjoint(
@@ -355,11 +355,7 @@ class BackwardBase:
             out = self._solve_projected(data, full, rule.counts, _dual_rhs(data, rule.full),
                                         diagnostics)  # fmt: skip
             dropped = torch.zeros_like(rule.dropped)
-        diagnostics.dependent_rows = tuple(int(c) for c in rule.counts)
-        diagnostics.licq = False
-        diagnostics.vertex_dropped = tuple(int(c) for c in dropped)
-        if warn:
-            self._warn_rule(dropped, rule.counts - dropped)
+        self.record_rule(replace(rule, dropped=dropped), diagnostics, warn=warn)
         if not data.needs_rows:
             return out
         return replace(out, ineq_duals=rule.ineq_duals, eq_duals=rule.eq_duals)
@@ -384,8 +380,29 @@ class BackwardBase:
                 return regular
         return self._adjoint_or_exact(data, active, diagnostics)
 
+    def record_rule(
+        self, rule: DegenerateRule, diagnostics: BackwardDiagnostics, *, warn: bool = True
+    ) -> None:
+        """Put the rule's per-sample counts in ``diagnostics`` and issue its warning (one
+        stable message per rule that ran: Python's filter shows it once per call site)."""
+        if not bool((rule.counts > 0).any()):
+            return
+        diagnostics.dependent_rows = tuple(int(c) for c in rule.counts)
+        diagnostics.licq = False
+        diagnostics.vertex_dropped = tuple(int(c) for c in rule.dropped)
+        if not warn:
+            return
+        if rule.q_only:
+            warn_degenerate(
+                f"{self.name} backward: the active constraint rows are linearly dependent "
+                "(LICQ fails); only dL/dq and dL/dP are requested, and these do not depend on "
+                "the choice of multipliers (exact). Per-sample counts: "
+                "sol.info.backward.dependent_rows."
+            )
+            return
+        self._warn_rule(rule.dropped, rule.counts - rule.dropped)
+
     def _warn_rule(self, dropped: Tensor, left: Tensor) -> None:
-        """One stable message per rule that ran (Python's filter: once per call site)."""
         if bool((dropped > 0).any()):
             warn_degenerate(
                 f"{self.name} backward: the active constraint rows are linearly dependent "

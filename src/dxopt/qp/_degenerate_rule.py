@@ -72,6 +72,7 @@ class DegenerateRule:
         dropped: per sample, the inequality rows the vertex reduction dropped.
         left: per sample, the dependent rows left in :math:`B` (minimum-norm samples).
         ineq_duals, eq_duals: the multipliers of the rule (the backend's where ``counts`` is 0).
+        q_only: only dL/dq, dL/dP wanted: the rows are any basis of the row space.
     """
 
     active: ActiveSet
@@ -81,6 +82,7 @@ class DegenerateRule:
     left: Tensor
     ineq_duals: Tensor
     eq_duals: Tensor
+    q_only: bool = False
 
 
 def _unit_gram_factor(C: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:

@@ -439,6 +439,7 @@ class TangentSolve(_FirstOrderOnly):
             fixed = replace(base, grad_x=r1, grad_ineq=r2, grad_eq=r3, active=used,
                             rule_fixed=True)  # fmt: skip
             adj = run_adjoint(state, fixed)
+            state.method.record_rule(rule, state.diagnostics)
             return _tangent_outputs(state, idx, adj)
         r1, r2, r3 = tangent_rhs(base, tangents, None)
         adj = run_adjoint(state, replace(base, grad_x=r1, grad_ineq=r2, grad_eq=r3))
