@@ -10,10 +10,15 @@ node whose arcs all sit at a bound has a conservation row that depends on those 
 
 from __future__ import annotations
 
+import warnings
+from typing import Any
+
 import numpy as np
 import torch
 
-__all__ = ["grid_incidence", "qptl_batch"]
+from dxopt.qp import QPDegenerateWarning
+
+__all__ = ["CASE", "grid_incidence", "qptl_batch", "run_qptl"]
 
 
 def grid_incidence(side: int = 5, *, drop_last: bool = True) -> tuple[np.ndarray, np.ndarray]:
@@ -55,3 +60,59 @@ def qptl_batch(
         "lb": torch.zeros(n, dtype=f64),
         "ub": torch.ones(n, dtype=f64),
     }
+
+
+CASE = "QPTL shortest path 5x5, batch 32"
+TARGET = 2.0  # issue 30: backward <= 2x forward
+
+
+def run_qptl(threads: int, rounds: int) -> list[dict[str, Any]]:
+    """Rows of the QPTL case at ``threads`` torch threads: ``dxopt auto`` forward and
+    forward+backward (``L = sum(w * x)``, gradient for ``q``, the DFL layer's input), timed
+    interleaved by :func:`benchmarks.qp_speed.run._rounds`; ``note`` has backward/forward
+    (backward = fwd+bwd - fwd). Two variants: ``A`` without the sink's redundant row, and all
+    25 rows (dependent equality rows too)."""
+    from benchmarks.qp_speed.run import _rounds
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    rows: list[dict[str, Any]] = []
+    try:
+        fns: dict[str, Any] = {}
+        for drop in (True, False):
+            d = qptl_batch(32, drop_last=drop)
+            w = torch.from_numpy(np.random.default_rng(1).standard_normal((32, d["q"].shape[1])))
+            fns[f"{drop} fwd"] = _call(d, w, backward=False)
+            fns[f"{drop} fwd+bwd"] = _call(d, w, backward=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", QPDegenerateWarning)
+            secs, _, _ = _rounds(fns, rounds)
+    finally:
+        torch.set_num_threads(previous)
+    for drop in (True, False):
+        fwd, both = secs[f"{drop} fwd"], secs[f"{drop} fwd+bwd"]
+        ratio = (both - fwd) / fwd
+        rows.append({
+            "case": CASE + ("" if drop else " (all 25 flow rows)"),
+            "threads": threads,
+            "method": "dxopt auto",
+            "forward_ms": 1e3 * fwd,
+            "fwd_bwd_ms": 1e3 * both,
+            "bwd_over_fwd": ratio,
+            "note": f"backward/forward {ratio:.2f}",
+        })  # fmt: skip
+    return rows
+
+
+def _call(d: dict[str, torch.Tensor], w: torch.Tensor, *, backward: bool) -> Any:
+    import dxopt.qp as dqp
+
+    def run() -> Any:
+        q = d["q"].clone().requires_grad_(backward)
+        sol = dqp.solve(d["P"], q, A=d["A"], b=d["b"], lb=d["lb"], ub=d["ub"])
+        if backward:
+            (w * sol.x).sum().backward()
+            return sol.x.detach(), q.grad
+        return sol.x, None
+
+    return run

@@ -25,7 +25,9 @@ Problems are dQP's random dense QPs (:func:`benchmarks.qp.generators.random_dens
   when it is importable (``make bench-peers``).
 
 Cases: one tiny QP (n = 10, m = 5, no equalities), batch 128 x n=50 (m = 50, p = 25), and
-batches 1024 x n=20 and 1024 x n=100, each at every ``--threads`` count; plus the dense
+batches 1024 x n=20 and 1024 x n=100, each at every ``--threads`` count; the QPTL shortest
+path 5x5, batch 32 (:mod:`benchmarks.qp_speed.qptl`: a degenerate QP by structure; its row
+reports backward/forward, target <= 2, issue 30); plus the dense
 n = 1000/2000 rows of :mod:`benchmarks.qp_speed.dense` when that module exists. ``x_err`` is
 ``max |x - x_raw|``; ``grad_err`` the relative error of dxopt's ``(q, h, b)`` gradient against the
 exact reduced-KKT reference (:mod:`benchmarks.qp.reference`) on the first samples.
@@ -60,6 +62,9 @@ from benchmarks.common import (
     write_json,
 )
 from benchmarks.qp.generators import QPProblem, random_dense
+from benchmarks.qp_speed.qptl import CASE as QPTL_CASE
+from benchmarks.qp_speed.qptl import TARGET as QPTL_TARGET
+from benchmarks.qp_speed.qptl import run_qptl
 
 COMMAND = "dxopt bench qp_speed"
 TINY_TARGET = 10.0  # tiny fwd+bwd over the raw qpsolvers daqp solve
@@ -387,7 +392,16 @@ def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     "verdict": "MET" if speedup >= 3 else "MISSED",
                 }
             )
-    return out
+    return out + _qptl_targets(rows)
+
+
+def _qptl_targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Issue 30: the QPTL case's backward over its forward (1 thread)."""
+    return [
+        _target(f"{r['case']}: backward / forward", r["bwd_over_fwd"], QPTL_TARGET)
+        for r in rows
+        if r["threads"] == 1 and "bwd_over_fwd" in r
+    ]
 
 
 def _target(label: str, value: float, limit: float) -> dict[str, Any]:
@@ -513,6 +527,8 @@ def main(argv: list[str] | None = None) -> None:
         for batch, n, m, p, rounds in plan:
             rows += run_case(batch, n, m, p, t, rounds, qpth=not (args.quick and batch == 1))
             print(f"done {batch} x n={n} at {t} threads", flush=True)
+        rows += run_qptl(t, args.rounds or (5 if args.quick else 21))
+        print(f"done {QPTL_CASE} at {t} threads", flush=True)
     dense, dense_note = (
         ([], "skipped (--no-dense)") if args.no_dense else _dense_rows(threads, args.quick)
     )
