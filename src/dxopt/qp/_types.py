@@ -21,7 +21,9 @@ __all__ = [
 
 QPStatus = Status
 """Outcome of the forward solve of one sample: the library-wide :class:`dxopt.Status` (qp uses
-``SOLVED``, ``INFEASIBLE``, ``UNBOUNDED`` and ``FAILED``); the name is kept for 0.1 code."""
+``SOLVED``; ``INFEASIBLE`` and ``UNBOUNDED`` only with a checked certificate,
+:mod:`dxopt.qp._certificates`; else ``MAX_ITER``, ``INACCURATE`` or ``FAILED``); the name is kept
+for 0.1 code."""
 
 
 class QPSolveError(DxoptError):
