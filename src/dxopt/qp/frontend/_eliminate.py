@@ -176,6 +176,14 @@ def _sub(a: Tensor | None, b: Tensor | None) -> Tensor | None:
     return -b if a is None else a - b
 
 
+def _ptt(x: dict[str, Tensor | None], v: Tensor | None, *, vector: bool) -> Tensor | None:
+    """:math:`P_{TT} v` (a constant diagonal :math:`P_{TT}`, ``P_TT_diag``, scales rows)."""
+    diag = x.get("P_TT_diag")
+    if diag is not None and v is not None:
+        return diag * v if vector else diag.unsqueeze(-1) * v
+    return _mv(x["P_TT"], v) if vector else _mm(x["P_TT"], v)
+
+
 @dataclass
 class Reduction:
     """The per-call quantities that :func:`recover` needs."""
@@ -205,16 +213,16 @@ def reduce(
         rhs = a_ex if b_e is None else torch.cat([a_ex, b_e.unsqueeze(-1)], -1)
         sol = torch.linalg.solve_triangular(a_et, rhs, upper=False)
         W, w0 = (sol, None) if b_e is None else (sol[..., :-1], sol[..., -1])
-    p_xt, p_tt = x["P_XT"], x["P_TT"]
+    p_xt = x["P_XT"]
     pw = _mm(p_xt, W)
-    ptt_w = _mm(p_tt, W)
+    ptt_w = _ptt(x, W, vector=False)
     P = _sub(x["P_XX"], None if pw is None else pw + pw.mT)
     if ptt_w is not None:
         quad = W.mT @ ptt_w
         P = quad if P is None else P + quad
     # q' = q_X + P_XT w0 - W^T (P_TT w0 + q_T)
     inner = x["q_T"]
-    ptt_w0 = _mv(p_tt, w0)
+    ptt_w0 = _ptt(x, w0, vector=True)
     if ptt_w0 is not None:
         inner = ptt_w0 if inner is None else inner + ptt_w0
     q = x["q_X"]
@@ -254,7 +262,7 @@ def recover(
     # r_T = P_TX z_X + P_TT z_T + q_T + A_RT^T mu_R + G_T^T nu ;  mu_E = -A_ET^{-T} r_T
     terms = [
         _mv(None if x["P_XT"] is None else x["P_XT"].mT, z_kept),
-        _mv(x["P_TT"], z_t),
+        _ptt(x, z_t, vector=True),
         x["q_T"],
         _mv(None if x["A_RT"] is None else x["A_RT"].mT, eq_rest),
         _mv(None if x.get("G_T") is None else x["G_T"].mT, ineq),  # type: ignore[union-attr]

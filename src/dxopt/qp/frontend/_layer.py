@@ -71,7 +71,8 @@ class _Plan:
 
     batched: SparseLinear | None
     shared: SparseLinear | None
-    where: dict[str, tuple[bool, int]]  # piece -> (per sample?, first row in its part)
+    where: dict[str, tuple[bool, int]]  # piece -> (per sample?, its index in that part)
+    sizes: dict[bool, list[int]]  # the pieces' sizes in each part
 
 
 def _fortran_unflatten(vec: Tensor, shape: tuple[int, ...]) -> Tensor:
@@ -170,10 +171,27 @@ class CvxpyQPLayer(nn.Module):
         )
         self._eq_duals = any(o.kind == "eq" for o in c.outputs)
         self._pieces = self._make_pieces()
+        self._sources = [self._source(o.kind, o.start, o.stop) for o in c.outputs]
         self._patterns: dict[tuple[bool, ...], _Plan] = {}
         self._constants: dict[tuple[torch.device, torch.dtype], dict[str, Tensor | None]] = {}
 
     # ----------------------------------------------------------------------------- compile
+    def _source(self, kind: str, start: int, stop: int) -> tuple[str, int, int]:
+        """Where an output is read: a variable whose columns were all kept is read straight
+        from the reduced solution (``"kept"``), with no recovery of the eliminated ones."""
+        e = self.elimination
+        if e is None or kind != "x":
+            return kind, start, stop
+        at = int(np.searchsorted(e.kept, start))
+        if (
+            stop - start
+            and at + stop - start <= e.kept.size
+            and e.kept[at + stop - start - 1] == stop - 1
+            and e.kept[at] == start
+        ):
+            return "kept", at, at + stop - start
+        return kind, start, stop
+
     def _auto_sparse(self) -> bool:
         c = self.compiled
         if c.n <= 200:
@@ -241,20 +259,19 @@ class CvxpyQPLayer(nn.Module):
         if plan is not None:
             return plan
         parts: dict[bool, list[np.ndarray]] = {True: [], False: []}
-        sizes = {True: 0, False: 0}
         where: dict[str, tuple[bool, int]] = {}
         for name, piece in self._pieces.items():
-            if piece is None:
-                continue
+            if piece is None or not piece.params:
+                continue  # zero or constant: _constant_pieces
             per_sample = any(batched[i] for i in piece.params)
-            where[name] = (per_sample, sizes[per_sample])
+            where[name] = (per_sample, len(parts[per_sample]))
             parts[per_sample].append(piece.rows)
-            sizes[per_sample] += piece.rows.size
         linear = {
-            key: SparseLinear(self._matrix[np.concatenate(rows)]) if sizes[key] else None
+            key: SparseLinear(self._matrix[np.concatenate(rows)]) if rows else None
             for key, rows in parts.items()
         }
-        plan = _Plan(linear[True], linear[False], where)
+        sizes = {key: [r.size for r in rows] for key, rows in parts.items()}
+        plan = _Plan(linear[True], linear[False], where, sizes)
         self._patterns[batched] = plan
         return plan
 
@@ -328,21 +345,42 @@ class CvxpyQPLayer(nn.Module):
         theta = torch.cat([*pieces, one.expand(rows, 1)], dim=1)
         per_sample = None if plan.batched is None else AffineMap.apply(theta, plan.batched)
         shared = None if plan.shared is None else AffineMap.apply(theta[:1], plan.shared)[0]
-        data: dict[str, Tensor | None] = {}
-        for name, piece in self._pieces.items():
-            if piece is None:
-                data[name] = None
-                continue
-            is_batched, start = plan.where[name]
-            size = piece.rows.size
-            flat_shape = (size,) if self.sparse and name in _MATRICES else piece.shape
-            if is_batched:
-                assert per_sample is not None
-                data[name] = per_sample[:, start : start + size].reshape(rows, *flat_shape)
-            else:
-                assert shared is not None
-                data[name] = shared[start : start + size].reshape(flat_shape)
+        # one split per part: one backward node (torch's split_backward), not one per piece
+        parts = {
+            True: () if per_sample is None else per_sample.split(plan.sizes[True], dim=1),
+            False: () if shared is None else shared.split(plan.sizes[False]),
+        }
+        data: dict[str, Tensor | None] = dict(self._constant_pieces(values[0]))
+        for name, (is_batched, index) in plan.where.items():
+            piece = self._pieces[name]
+            assert piece is not None
+            flat_shape = (piece.rows.size,) if self.sparse and name in _MATRICES else piece.shape
+            part = parts[is_batched][index]
+            data[name] = part.reshape(rows, *flat_shape) if is_batched else part.reshape(flat_shape)
         return data, batch
+
+    def _constant_pieces(self, like: Tensor) -> dict[str, Tensor | None]:
+        """The pieces that depend on no parameter (and ``None`` for the zero ones), computed
+        once per dtype and device; ``P_TT_diag`` when the eliminated block of P is diagonal."""
+        cache = self._constants_for(like.device, like.dtype)
+        key = "const:pieces"
+        if key not in cache:
+            out: dict[str, Tensor | None] = {}
+            for name, piece in self._pieces.items():
+                if piece is None or not piece.params:
+                    value = None
+                    if piece is not None:
+                        column = self._matrix[piece.rows][:, [-1]].toarray()
+                        shape = (
+                            (piece.rows.size,) if self.sparse and name in _MATRICES else piece.shape
+                        )
+                        value = torch.from_numpy(column.reshape(shape)).to(like.device, like.dtype)
+                    out[name] = value
+            ptt = out.get("P_TT", self._pieces.get("P_TT"))
+            if isinstance(ptt, Tensor) and bool((ptt == torch.diag(torch.diagonal(ptt))).all()):
+                out["P_TT_diag"] = torch.diagonal(ptt).clone()
+            cache[key] = out  # type: ignore[assignment]
+        return dict(cache[key])  # type: ignore[arg-type]
 
     def _constant(self, name: str, value: np.ndarray | None, like: Tensor) -> Tensor | None:
         """A compile-time array as a tensor of ``like``'s dtype and device (cached)."""
@@ -436,18 +474,20 @@ class CvxpyQPLayer(nn.Module):
                 known["q_T"] = pieces["q_T"]
             solutions = [self._call(data, like)]
             s = solutions[0]
-            z, eq = recover(
-                s.x, s.eq_duals, s.ineq_duals, known, reduction, e, inverse,
-                defining_duals=self._eq_duals,
-            )  # fmt: skip
-            vectors = [{"x": z, "eq": eq, "ineq": s.ineq_duals}]
+            z, eq = None, None
+            if any(kind != "kept" for kind, _, _ in self._sources):
+                z, eq = recover(
+                    s.x, s.eq_duals, s.ineq_duals, known, reduction, e, inverse,
+                    defining_duals=self._eq_duals,
+                )  # fmt: skip
+            vectors = [{"x": z, "eq": eq, "ineq": s.ineq_duals, "kept": s.x}]
         outputs = []
-        for out in self.compiled.outputs:
+        for out, (kind, start, stop) in zip(self.compiled.outputs, self._sources):
             parts = []
             for vec in vectors:
-                v = vec[out.kind]
+                v = vec[kind]
                 assert v is not None
-                parts.append(v[..., out.start : out.stop])
+                parts.append(v[..., start:stop])
             flat = parts[0] if len(parts) == 1 else torch.stack(parts)
             outputs.append(_fortran_unflatten(flat, out.shape))
         status = tuple(st for sol in solutions for st in sol.status)
