@@ -14,21 +14,30 @@ regular (independent active rows, positive definite :math:`P`, refined residual 
 elimination) before any of the policy below applies; the result is the one the general path
 gives on such a batch.
 
-**Degenerate problems** (``degenerate="auto"``, the default). Dependent active rows (LICQ
-fails) are reduced to a vertex of the multiplier set (:func:`dxopt.qp._degenerate.vertex_rows`:
-the derivative of one affine piece, an element of the B-subdifferential), except where the only
+**Degenerate problems** (``degenerate="auto"``, the default). Where the regular path declines,
+:meth:`BackwardBase.degenerate_rule` fixes the rows and multipliers from the point and the
+active set alone (never from the backend's multipliers or the cotangents;
+:mod:`dxopt.qp._degenerate_rule`): dependent active rows (LICQ fails) are reduced to the
+minimum-cost vertex of the multiplier set (:func:`dxopt.qp._degenerate.vertex_rows`: the
+derivative of one affine piece, an element of the B-subdifferential), except where the only
 dependencies are parallel copies of rows (duplicated or opposite rows), which keep the
-minimum-norm multiplier adjoint (the equal split between the copies, inside Clarke's hull and
-independent of the backend). ``degenerate="min_norm"`` uses the minimum-norm adjoint for every
-dependency; for general dependent rows it can lie outside the hull of the one-sided
-derivatives (rows :math:`e_1, e_2, e_1 + e_2`), so it is no longer the default. If the adjoint
-on the full dependent active set fails its residual check, the vertex is still tried (samples
-up to ``MAX_RETRY_ENTRIES`` dense entries) before the pseudo-inverse below; samples too big for
-a dense null space get the minimum-l1 vertex by linear programming, completed to a basis of the
-active rows (:func:`dxopt.qp._degenerate.lp_vertex`). A vertex keeps the row space of the
-active rows, so it determines :math:`x` wherever the full active set does; should its solve
-fail nonetheless, the full set's minimum-norm adjoint is kept (never the pseudo-inverse, which
-on a consistent system is the same adjoint less accurately computed).
+minimum-norm multiplier adjoint (the equal split between the copies, inside Clarke's hull).
+``degenerate="min_norm"`` uses the minimum-norm adjoint for every dependency; for general
+dependent rows it can lie outside the hull of the one-sided derivatives (rows
+:math:`e_1, e_2, e_1 + e_2`). The gradient formulas for ``G`` and ``A`` use the rule's
+minimum-norm multipliers on the final rows (the vertex's own multipliers, the equal split on
+copies), and on minimum-norm samples the multiplier cotangents are projected onto the range of
+the rows (the adjoint is then :math:`K^+` applied to them, exactly the transpose of the
+tangent solve). When only :math:`\bar q, \bar P` are wanted, any basis of the row space gives
+the same adjoint: the dependent rows are dropped in one batched factorization (the
+decision-focused QPs of ``benchmarks/qp_speed/qptl.py``). Samples too big for a dense null space
+get the minimum-cost vertex by linear programming, completed to a basis of the active rows
+(:func:`dxopt.qp._degenerate.lp_vertex`). A vertex keeps the row space of the active rows, so
+it determines :math:`x` wherever the full active set does; should its solve fail nonetheless,
+the full set's minimum-norm adjoint is used. One :class:`~dxopt.qp.QPDegenerateWarning` with a
+stable text per rule that ran, attributed to the user's line (once per call site under
+Python's default filter); the counts are in ``BackwardDiagnostics.dependent_rows`` /
+``vertex_dropped``.
 A method whose own solve is an iterative refinement (the penalty backward) can stall on a
 nonsingular :math:`K` (dependent rows of very different norms, long ill-conditioned chains of
 rows as on Maros-Meszaros STADAT2/3); its failure is then arbitrated by the exact reduced-KKT

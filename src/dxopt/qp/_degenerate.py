@@ -369,7 +369,11 @@ def vertex_rows(
     from the solver's multipliers, each step moves along a null vector :math:`\\nu` of
     :math:`C^\\top` with a positive inequality entry by the ratio test
     :math:`t = \\min_{\\nu_i > 0} z_i/\\nu_i` and drops the row that reaches zero
-    (Carathéodory's reduction). The end point is a vertex of :math:`\\Lambda`; its support
+    (Carathéodory's reduction). The end point is a vertex of :math:`\\Lambda`; from it the
+    primal simplex moves to the vertex minimising :func:`vertex_cost` (the l1 norm of the
+    normalised multipliers, ties broken by row order), whose support is completed in row
+    order to a basis (:func:`_min_cost_vertex`): a function of :math:`\\Lambda` alone, so the
+    choice does not depend on the backend's multipliers. Its support
     :math:`B` has independent rows and nonnegative multipliers, so the derivative of the
     QP restricted to :math:`B` (the other rows inactive) is the derivative of one of the
     affine pieces of the solution map at this point, an element of its B-subdifferential

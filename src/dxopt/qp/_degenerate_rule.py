@@ -35,6 +35,7 @@ import os
 import sys
 import warnings
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -207,7 +208,8 @@ def _in_span(
         gram = torch.bmm(Cn, Cn.mT)
         gram.diagonal(dim1=-2, dim2=-1).add_(1e-12)
         L = torch.linalg.cholesky(gram)
-    G = problem.G.to_dense() if problem.G.layout != torch.strided else problem.G  # type: ignore[union-attr]
+    assert problem.G is not None
+    G = problem.G.to_dense() if problem.G.layout != torch.strided else problem.G
     index, valid = compress_rows(weak)
     W = gather_rows(G.to(torch.float64), index)  # (S, kw, n): the weak rows only
     wn = torch.linalg.vector_norm(W, dim=-1)
@@ -219,7 +221,7 @@ def _in_span(
     return out & weak
 
 
-def _sample_rows(problem: QPProblem, used: Tensor, i: int) -> tuple[object, np.ndarray]:
+def _sample_rows(problem: QPProblem, used: Tensor, i: int) -> tuple[Any, np.ndarray]:
     """``([G_used; A] of sample i (dense or scipy sparse), used row indices)``."""
     from dxopt.qp._backward_kkt import active_rows_sparse
 
@@ -256,9 +258,9 @@ def rule_multipliers(
             mu[chosen] = lam[:, k:]
         return nu, mu
     for i in chosen.tolist():
-        C, rows = _sample_rows(problem, used, i)
-        lam = spla.lsmr(sp.csr_matrix(C).T, r[i].numpy(), atol=_LSMR_TOL, btol=_LSMR_TOL,
-                        maxiter=10 * max(C.shape))[0]  # fmt: skip
+        Ci, rows = _sample_rows(problem, used, i)
+        lam = spla.lsmr(sp.csr_matrix(Ci).T, r[i].numpy(), atol=_LSMR_TOL, btol=_LSMR_TOL,
+                        maxiter=10 * max(Ci.shape))[0]  # fmt: skip
         if m:
             nu[i] = 0.0
             nu[i, torch.from_numpy(rows)] = torch.from_numpy(lam[: rows.size])

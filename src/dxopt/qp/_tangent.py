@@ -15,12 +15,15 @@ symmetric matrix of the adjoint system (:mod:`dxopt.qp._adjoint`), so the tangen
 backward method's own ``solve_adjoint`` applied to this right-hand side: the same active set,
 factorization, refinement and residual check, and (penalty: the symmetric regularised system;
 kkt: :math:`K` itself) the jvp is the transpose of the vjp. Degenerate samples (dependent
-active rows) follow the method's policy for this right-hand side: tangents of ``h, G, b, A``
-put multiplier entries in it, which selects the minimum-norm adjoint, so moving one of two
-duplicated rows moves :math:`x` by half (the mean of the one-sided derivatives, the transpose
-of the vjp's equal split); where ``degenerate="auto"``/``"vertex"`` reduces the vjp of
-:math:`x` to a vertex of the multiplier set (general dependent rows), jvp and vjp can differ
-in those directions. Failed samples (``on_failure="nan"``) get zero tangents, as they give
+active rows) use the rows and multipliers of the method's degenerate rule
+(:meth:`dxopt.qp.BackwardBase.degenerate_rule`, :mod:`dxopt.qp._degenerate_rule`), which
+depends on the point and the active set only, never on the (co)tangents: the tangent system is
+solved on the rule's final rows (``rule_fixed``) with the rule's multipliers in its right-hand
+side, and where those rows are still dependent (minimum-norm samples) the multiplier part is
+projected onto their range, so the solve is :math:`K^+` on both sides and the jvp is exactly
+the transpose of the vjp under ``"auto"``, ``"vertex"`` and ``"min_norm"`` (moving one of two
+duplicated rows moves :math:`x` by half, the transpose of the vjp's equal split).
+Failed samples (``on_failure="nan"``) get zero tangents, as they give
 zero gradients.
 
 **vmap.** The solve and the linear solves are CPU/SciPy code that torch.func cannot batch
@@ -411,14 +414,17 @@ def _rule(state: QPState, base: AdjointInput) -> Any:
     return rule(base)
 
 
-def _tangent_outputs(state: QPState, idx: Tensor, adj: AdjointSolution) -> tuple[Tensor, ...]:
+def _tangent_outputs(
+    state: QPState, idx: Tensor, adj: AdjointSolution
+) -> tuple[Tensor, Tensor, Tensor]:
     """``(dx, dmu, dnu)`` of the tangent solve in the inputs' shape, dtype and device."""
     problem = state.problem
     shape = tuple(idx.shape)
-    outs = (adj.u, adj.w_eq, adj.w_ineq * adj.active.used.to(_F64))
-    return tuple(
-        t.reshape(*shape, t.shape[-1]).to(dtype=problem.dtype, device=problem.device) for t in outs
-    )
+
+    def out(t: Tensor) -> Tensor:
+        return t.reshape(*shape, t.shape[-1]).to(dtype=problem.dtype, device=problem.device)
+
+    return out(adj.u), out(adj.w_eq), out(adj.w_ineq * adj.active.used.to(_F64))
 
 
 class TangentSolve(_FirstOrderOnly):
