@@ -134,7 +134,7 @@ def run(
     num_train: int,
     num_test: int,
     epochs: int,
-    lr: float = 1e-2,
+    lr: float = 5e-2,
     batch: int = 32,
     eps: float = 0.5,
     out_dir: Path,
@@ -254,6 +254,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--num-train", type=int, default=500, help="training samples")
     parser.add_argument("--num-test", type=int, default=1000, help="test samples")
     parser.add_argument("--epochs", type=int, default=8, help="training epochs")
+    parser.add_argument("--lr", type=float, default=5e-2, help="Adam's learning rate")
     parser.add_argument("--eps", type=float, default=0.5, help="QPTL's quadratic weight")
     parser.add_argument(
         "--quick",
@@ -280,6 +281,7 @@ def main(argv: list[str] | None = None) -> dict:
         num_train=args.num_train,
         num_test=args.num_test,
         epochs=args.epochs,
+        lr=args.lr,
         eps=args.eps,
         out_dir=args.out,
     )
