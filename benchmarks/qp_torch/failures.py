@@ -42,12 +42,19 @@ from benchmarks.common import machine_info, machine_line, markdown_table, publis
 COMMAND = "python -m benchmarks.qp_torch.failures"
 COLUMNS = (
     "n", "dtype", "weak", "size", "torch_unsolved", "to_cpu", "failures", "others_solve",
-    "auto_cpu_failures", "x_err", "grad_err", "refusals", "seconds",
+    "auto_cpu_failures", "x_err", "x_err_known", "grad_err", "refusals", "seconds",
 )  # fmt: skip
 
 
 def random_batch(B: int, n: int, m: int, seed: int, *, weak: int) -> dict[str, torch.Tensor]:
     """Random inequality QPs with a known solution (see the module docstring), float64."""
+    return _random_batch(B, n, m, seed, weak=weak)[0]
+
+
+def _random_batch(
+    B: int, n: int, m: int, seed: int, *, weak: int
+) -> tuple[dict[str, torch.Tensor], np.ndarray]:
+    """:func:`random_batch` and the known solutions ``(B, n)``."""
     rng = np.random.default_rng(seed)
     Q = np.linalg.qr(rng.standard_normal((B, n, n)))[0]
     ev = np.exp(rng.uniform(0.0, np.log(7.0), (B, n)))
@@ -64,7 +71,7 @@ def random_batch(B: int, n: int, m: int, seed: int, *, weak: int) -> dict[str, t
         np.put_along_axis(nu, rows, 0.0, -1)
     h = np.einsum("bmn,bn->bm", G, x) + s
     q = -np.einsum("bij,bj->bi", P, x) - np.einsum("bmn,bm->bn", G, nu)
-    return {k: torch.tensor(v) for k, v in zip("PqGh", (P, q, G, h))}
+    return {k: torch.tensor(v) for k, v in zip("PqGh", (P, q, G, h))}, x
 
 
 def _others_solve(data: dict[str, torch.Tensor], samples: list[int]) -> int:
@@ -91,10 +98,12 @@ def run_config(
     m = 3 * n // 2
     row: dict[str, Any] = {"n": n, "dtype": str(dtype).replace("torch.", ""), "weak": weak}
     row.update(size=size, torch_unsolved=0, to_cpu=0, failures=0, others_solve=0)
-    row.update(auto_cpu_failures=0, x_err=0.0, grad_err=0.0, refusals=0, seconds=0.0)
+    row.update(auto_cpu_failures=0, x_err=0.0, x_err_known=None, grad_err=0.0, refusals=0)
+    row["seconds"] = 0.0
     for k, lo in enumerate(range(0, size, chunk)):
         B = min(chunk, size - lo)
-        data = {k: v.to(dtype) for k, v in random_batch(B, n, m, seed + lo, weak=weak).items()}
+        exact, known = _random_batch(B, n, m, seed + lo, weak=weak)
+        data = {k: v.to(dtype) for k, v in exact.items()}
         on_dev = {k: v.to(device) for k, v in data.items()}
         raw = torch_qp_solve(on_dev["P"], on_dev["q"], G=on_dev["G"], h=on_dev["h"])
         row["torch_unsolved"] += int((~raw.solved).sum())
@@ -121,6 +130,10 @@ def run_config(
         xs, xr = sol.x.detach().cpu().double()[ok], ref.x[ok]
         err = (xs - xr).abs().amax(-1) / (1.0 + xr.abs().amax(-1))
         row["x_err"] = max(row["x_err"], float(err.max()) if err.numel() else 0.0)
+        if dtype == torch.float64:  # the known solution (float32 rounds the data: another QP)
+            xk = torch.from_numpy(known)[ok]
+            err = (xs - xk).abs().amax(-1) / (1.0 + xk.abs().amax(-1))
+            row["x_err_known"] = max(row["x_err_known"] or 0.0, float(err.max()))
         if k == 0 and grads is not None:
             cpu = {k: v.double().clone().requires_grad_(k in "qh") for k, v in data.items()}
             csol = dqp.solve(**cpu, solver="daqp", on_failure="nan")
@@ -176,9 +189,12 @@ def main(argv: list[str] | None = None) -> None:
             "and degenerate rules (uncertified or degenerate); `failures`: final status not "
             "SOLVED, `others_solve`: of those, solved by daqp or piqp in float64 (target 0); "
             '`auto_cpu_failures`: `solver="auto"` on the CPU, same data; `x_err`: max '
-            "relative x error against daqp in float64 on the same data; `grad_err`: q/h "
-            "gradients against the CPU path (first chunk); `refusals`: backward refusals "
-            "(target 0); `seconds`: forward+backward of the device path.",
+            "relative x error against daqp in float64 on the same data; `x_err_known`: against "
+            "the known solution (float64 rows; float32 rounding makes another QP); "
+            "`grad_err`: q/h gradients against the CPU path (first chunk; where every sample "
+            "takes the CPU path this compares the CPU path with itself, hence 0 or round-off); "
+            "`refusals`: backward refusals (target 0); `seconds`: forward+backward of the "
+            "device path (the CPU path's share included).",
             "",
             markdown_table(rows, COLUMNS),
         ]
