@@ -145,8 +145,8 @@ def test_check_farkas_accepts_exact_rays_and_refuses_near_misses() -> None:
     assert check_farkas(G, h, None, None, y, np.zeros(0))
     assert check_farkas(G, h, None, None, 1e-9 * y, np.zeros(0))  # scale free
     assert not check_farkas(G, h, None, None, -y, np.zeros(0))  # y < 0
-    assert not check_farkas(G, h, None, None, y + [0, 1e-4, 0], np.zeros(0))  # G'y != 0
-    assert not check_farkas(G, h + [1.0, 0, 0], None, None, y, np.zeros(0))  # h'y = 0
+    assert not check_farkas(G, h, None, None, y + np.array([0, 1e-4, 0]), np.zeros(0))  # G'y != 0
+    assert not check_farkas(G, h + np.array([1.0, 0, 0]), None, None, y, np.zeros(0))  # h'y = 0
     assert not check_farkas(G, h, None, None, np.zeros(3), np.zeros(0))  # no ray
     # with equalities: x1 = 1 and x1 <= 0; sparse data give the same verdict
     A, b, G1, h1 = np.array([[1.0, 0.0]]), np.array([1.0]), np.array([[1.0, 0.0]]), np.zeros(1)
@@ -172,3 +172,27 @@ def test_diagnose_without_any_evidence_is_failed_and_strict_convexity_blocks_unb
     fake = [{"claim": "x", "dual_inf_cert": np.array([1.0, 0.0])}]
     verdict = diagnose(args, claims=fake, hit_cap=False, had_point=False, eps_abs=1e-9)
     assert verdict.status is QPStatus.INACCURATE
+
+
+@pytest.mark.parametrize("cond", [1e9, 1e12])
+def test_the_torch_path_never_calls_a_strictly_convex_problem_unbounded(cond: float) -> None:
+    """solver="torch": its interior point's own test (absolute, no convexity check) said
+    UNBOUNDED for cond(P) = 1e9 and 1e12 (old code); its verdicts now go through the CPU
+    path's checked certificates, and real infeasible/unbounded problems keep their status."""
+    data = {
+        "P": np.diag([1.0, 1.0 / cond]),
+        "q": np.array([1.0, 1.0]),
+        "G": np.array([[1.0, 0.0]]),
+        "h": np.array([1.0]),
+    }
+    sol = _solve(data, solver="torch")
+    assert sol.status == (QPStatus.SOLVED,)
+    torch.testing.assert_close(sol.x, torch.tensor([-1.0, -cond], dtype=F64), rtol=1e-6, atol=0)
+    strict = _solve(data, solver="torch", fallback=False)
+    assert strict.status[0] not in (QPStatus.UNBOUNDED, QPStatus.INFEASIBLE)
+    bad = {"P": np.eye(2), "q": np.ones(2), "G": np.array([[-1.0, 0.0], [1.0, 0.0]])}
+    assert _solve(bad | {"h": np.array([-1.0, 0.0])}, solver="torch").status == (
+        QPStatus.INFEASIBLE,
+    )
+    ray = {"P": np.diag([1.0, 0.0]), "q": np.array([0.0, -1.0]), "G": np.array([[-1.0, 0.0]])}
+    assert _solve(ray | {"h": np.zeros(1)}, solver="torch").status == (QPStatus.UNBOUNDED,)

@@ -147,11 +147,15 @@ def solve_torch(
         [torch.where(okp, plain.primal_residual, nan), torch.where(okp, plain.dual_residual, nan)]
     ).tolist()
     status = [_TO_STATUS.get(c, QPStatus.FAILED) for c in codes]
-    # a sample the device cannot certify (fallback) or differentiate goes to the CPU path;
-    # infeasible and unbounded verdicts carry their checked certificates (a Farkas ray, a
-    # direction of unbounded descent) and stay
-    moved = [i for i, reg in enumerate(regular) if not reg and (fallback or status[i].ok)]
-    moved = [i for i in moved if status[i] not in _CERTIFIED_FAILURES]
+    # a sample the device cannot certify (fallback) or differentiate goes to the CPU path, and
+    # so does an infeasible/unbounded verdict: the interior point's test (absolute, no
+    # convexity or feasibility check) called cond(P) = 1e9 problems unbounded; the CPU path
+    # claims one only with a checked certificate (dxopt.qp._certificates)
+    moved = [
+        i
+        for i, reg in enumerate(regular)
+        if not reg and (fallback or status[i].ok or status[i] in _CERTIFIED_FAILURES)
+    ]
     if moved and problem is None:  # [func] one solve for the whole transformed call
         cpu = _cpu_solve(inputs, None, eps_abs, eps_rel, polish, backward, fallback)
         dev, dt = q.device, q.dtype
