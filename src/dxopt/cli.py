@@ -36,6 +36,7 @@ BENCH_AREAS = (
     "qp_torch",
     "qp_ray",
     "qp_speed",
+    "qp_cvxpy",
     "dfl",
 )
 _PACKAGE_DIR = Path(__file__).resolve().parent
