@@ -187,6 +187,8 @@ def routes_lp_to_piqp(P: object, q: object) -> bool:
         and P.layout == torch.strided
         and P.device.type == "cpu"
         and not functorch_active()
+        # a nonzero P has a nonzero diagonal entry if it is PSD (O(n)); the full scan only then
+        and not bool(P.detach().diagonal(dim1=-2, dim2=-1).any())
         and not bool(P.detach().any())
     )
 
