@@ -90,6 +90,10 @@ def speed_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             def med(rs: list[dict[str, Any]], key: str) -> float | None:
                 return statistics.median(r[key] for r in rs) if rs else None
 
+            def calls(rs: list[dict[str, Any]]) -> int | None:
+                value = med(rs, "calls_per_epoch")
+                return None if value is None else round(value)
+
             rows.append(
                 {
                     "problem": problem,
@@ -98,8 +102,8 @@ def speed_rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     "dxopt s/epoch": med(dx, "s_per_epoch"),
                     "speed-up": speedup,
                     "target >= 3x": {True: "yes", False: "NO", None: "-"}[met],
-                    "PyEPO calls/epoch": med(pe, "calls_per_epoch"),
-                    "dxopt calls/epoch": med(dx, "calls_per_epoch"),
+                    "PyEPO calls/epoch": calls(pe),
+                    "dxopt calls/epoch": calls(dx),
                     "_met": met,
                 }
             )

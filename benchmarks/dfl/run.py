@@ -202,8 +202,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--from-runs",
         type=Path,
+        nargs="+",
         default=None,
-        help="rebuild the report from a run's dfl_runs.json (written after every data set)",
+        help="rebuild the report from runs' dfl_runs.json (written after every data set); "
+        "several files are merged (seeds run in separate processes)",
     )
     args = parser.parse_args(argv)
     try:
@@ -224,13 +226,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         num_train, num_test = args.num_train, args.num_test
     out.mkdir(parents=True, exist_ok=True)
     partial = out / "dfl_runs.json"
-    if args.from_runs is not None:
-        # rebuild the report from a (possibly cut short) run's record
-        saved = json.loads(args.from_runs.read_text())
-        info, runs = saved["machine"], saved["runs"]
-        load_start, load_end, wall = saved["load_start"], saved["load_now"], saved["wall_s"]
-        epochs = saved["epochs"]
-        num_train, num_test = saved["num_train"], saved["num_test"]
+    if args.from_runs:
+        # rebuild the report from the records of one or more (possibly cut short) runs
+        saved = [json.loads(path.read_text()) for path in args.from_runs]
+        info, runs = saved[0]["machine"], [r for part in saved for r in part["runs"]]
+        load_start, load_end = saved[0]["load_start"], saved[-1]["load_now"]
+        wall = sum(part["wall_s"] for part in saved)
+        epochs, num_train, num_test = (saved[0][k] for k in ("epochs", "num_train", "num_test"))
+        for part in saved[1:]:
+            if (part["epochs"], part["num_train"], part["num_test"]) != (
+                epochs,
+                num_train,
+                num_test,
+            ):
+                raise SystemExit("--from-runs: the records have different settings.")
     else:
         info = machine_info()  # the commit the run started from
         load_start, t_start = _loadavg(), time.perf_counter()
