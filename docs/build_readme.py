@@ -13,6 +13,7 @@ PARTS = ROOT / "docs" / "readme"
 ORDER = (
     "_head",
     "qp",
+    "cvxpy",
     "portfolio",
     "dfl",
     "distributed",
