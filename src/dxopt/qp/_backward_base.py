@@ -242,10 +242,11 @@ class BackwardBase:
                     "kept as equalities to determine the derivative (see BackwardDiagnostics."
                     "weak_kept)."
                 )
-                return out
+                return _rule_multipliers(data, out)
             except QPBackwardError as err:
                 cause = err
-        return pseudo_inverse_adjoint(data, active, diagnostics, self.name, cause)
+        out = pseudo_inverse_adjoint(data, active, diagnostics, self.name, cause)
+        return _rule_multipliers(data, out)
 
     def _identify(self, data: AdjointInput) -> ActiveSet:
         """The active set of the backward: the forward's (polished) rows, with the weakly
@@ -450,6 +451,21 @@ def _independent_equalities(data: AdjointInput) -> tuple[AdjointInput, Tensor] |
         data, problem=sub, eq_duals=data.eq_duals[:, keep], grad_eq=data.grad_eq[:, keep],
         factors=None,
     ), keep  # fmt: skip
+
+
+def _rule_multipliers(data: AdjointInput, out: AdjointSolution) -> AdjointSolution:
+    """``out`` with the rule's multipliers (minimum-norm on its rows) where those rows are
+    dependent and none were chosen yet (the fallbacks: weak rows kept, pseudo-inverse)."""
+    if not data.needs_rows or out.ineq_duals is not None:
+        return out
+    counts = _dependent_counts(data, out.active.used)
+    if not bool((counts > 0).any()):
+        return out
+    nu, mu = rule_multipliers(
+        data.problem, data.x, out.active.used, (counts > 0) & data.ok, data.ineq_duals,
+        data.eq_duals,
+    )  # fmt: skip
+    return replace(out, ineq_duals=nu, eq_duals=mu)
 
 
 def _dual_rhs(data: AdjointInput, used: Tensor) -> Tensor:

@@ -270,13 +270,29 @@ def rule_multipliers(
 
 
 def _min_norm_lstsq(M: Tensor, r: Tensor) -> Tensor:
-    """Minimum-norm least-squares solutions of ``M (s, a, b) y = r (s, a)`` (SVD, singular
-    values below ``_RCOND`` times the largest dropped)."""
-    U, sigma, Vh = torch.linalg.svd(M, full_matrices=False)
-    big = sigma > _RCOND * sigma.amax(-1, keepdim=True).clamp_min(1e-300)
-    inv = torch.where(big, 1.0 / sigma.clamp_min(1e-300), torch.zeros_like(sigma))
-    coef = inv * torch.bmm(U.mT, r.unsqueeze(-1)).squeeze(-1)
-    return torch.bmm(Vh.mT, coef.unsqueeze(-1)).squeeze(-1)
+    """Minimum-norm solutions of ``M (s, a, b) y = r (s, a)`` for consistent systems whose
+    columns (the rows of ``C``) may have very different norms: the rank is decided on the
+    normalised columns (a relative cut on the unnormalised ones would drop every direction of
+    a row 1e8 times shorter than another), a particular solution comes from them, and its part
+    in :math:`\\ker M` (spanned by ``D^{-1}`` times the normalised null vectors) is removed."""
+    norms = torch.linalg.vector_norm(M, dim=-2)
+    norms = torch.where(norms > 0, norms, torch.ones_like(norms))
+    Mn = M / norms[:, None, :]
+    U, sigma, Vh = torch.linalg.svd(Mn, full_matrices=True)
+    b = M.shape[-1]
+    big = torch.zeros(M.shape[0], b, dtype=torch.bool)
+    big[:, : sigma.shape[-1]] = sigma > _RCOND * sigma.amax(-1, keepdim=True).clamp_min(1e-300)
+    inv = torch.zeros(M.shape[0], b, dtype=M.dtype)
+    k = sigma.shape[-1]
+    inv[:, :k] = torch.where(big[:, :k], 1.0 / sigma.clamp_min(1e-300), torch.zeros_like(sigma))
+    coef = inv[:, :k] * torch.bmm(U.mT[:, :k], r.unsqueeze(-1)).squeeze(-1)
+    y = torch.bmm(Vh.mT[:, :, :k], coef.unsqueeze(-1)).squeeze(-1) / norms
+    V = Vh.mT  # (s, b, b): its columns off ``big`` span the null space of Mn
+    N = torch.where(big[:, None, :], torch.zeros_like(V), V) / norms[:, :, None]
+    if bool((~big).any()):
+        c = torch.linalg.lstsq(N, y.unsqueeze(-1), driver="gelsd").solution
+        y = y - torch.bmm(N, c).squeeze(-1)
+    return y
 
 
 def project_multiplier_rhs(
@@ -298,10 +314,14 @@ def project_multiplier_rhs(
         if sp.issparse(C):
             v = spla.lsmr(C, g, atol=_LSMR_TOL, btol=_LSMR_TOL, maxiter=10 * max(C.shape))[0]
             proj = C @ v
-        else:
-            U, sigma, _ = np.linalg.svd(np.asarray(C), full_matrices=False)
-            U = U[:, sigma > _RCOND * max(float(sigma.max(initial=0.0)), 1e-300)]
-            proj = U @ (U.T @ g)
+        else:  # g minus its part in ker C^T = D^{-1} ker Cn^T (rank on the normalised rows)
+            Cd = np.asarray(C)
+            norms = np.linalg.norm(Cd, axis=1)
+            norms = np.where(norms > 0, norms, 1.0)
+            U, sigma, _ = np.linalg.svd(Cd / norms[:, None], full_matrices=True)
+            rank = int((sigma > _RCOND * max(float(sigma.max(initial=0.0)), 1e-300)).sum())
+            N = U[:, rank:] / norms[:, None]
+            proj = g - N @ np.linalg.lstsq(N, g, rcond=None)[0] if N.shape[1] else g
         if m:
             gi[i, torch.from_numpy(rows)] = torch.from_numpy(np.ascontiguousarray(proj[:k]))
         if p:
