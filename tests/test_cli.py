@@ -10,7 +10,8 @@ import pytest
 import dxopt
 from dxopt import cli
 
-AREAS = ("bilevel", "estimators", "natgrad", "qp")
+AREAS = ("bilevel", "dfl", "estimators", "natgrad", "qp")
+DEMOS = ("portfolio", "shortest_path", "transportation")
 
 
 def _help(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
@@ -32,12 +33,13 @@ def test_top_level_and_demo_and_bench_help(capsys: pytest.CaptureFixture[str]) -
     top = _help(capsys, "--help")
     assert "{bench,demo}" in top and "--version" in top
     demo = _help(capsys, "demo", "--help")
-    assert demo.startswith("usage: dxopt demo {portfolio,ray_qp}")
+    assert demo.startswith("usage: dxopt demo {portfolio,ray_qp,shortest_path,transportation}")
     assert re.search(r"^\s+portfolio\s+Multi-period portfolio", demo, flags=re.M)
     bench = _help(capsys, "bench", "--help")
     assert bench.startswith(
         "usage: dxopt bench "
-        "{bilevel,estimators,linearize,multi_attempt,natgrad,qp,qp_ray,qp_speed,qp_torch,all}"
+        "{bilevel,dfl,estimators,linearize,multi_attempt,natgrad,qp,qp_cvxpy,qp_ray,qp_speed,"
+        "qp_torch,all}"
     )
     for area in AREAS:
         assert re.search(rf"^\s+{area}\s+\S", bench, flags=re.M), area
@@ -45,7 +47,7 @@ def test_top_level_and_demo_and_bench_help(capsys: pytest.CaptureFixture[str]) -
         _assert_plain(text)
 
 
-@pytest.mark.parametrize("command", [("demo", "portfolio"), *(("bench", a) for a in AREAS)])
+@pytest.mark.parametrize("command", [*(("demo", d) for d in DEMOS), *(("bench", a) for a in AREAS)])
 def test_every_script_has_one_usage_style_and_help_on_every_option(
     command: tuple[str, str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
