@@ -17,7 +17,7 @@ import cvxpy as cp
 from qp_zoo import simplex_projection
 
 from dxopt.qp import CvxpyQPLayer, CvxpyQPSolution, from_cvxpy
-from dxopt.qp.frontend._affine import AffineMap, SparseLinear
+from dxopt.qp.frontend._affine import AffineMap, SparseLinear, device_product
 
 from ._central import central_quotient
 from ._problems import box_least_squares, cvxpy_solution, mpc, optnet, simplex
@@ -199,6 +199,7 @@ def test_affine_map_derivatives() -> None:
     """The sparse product's vjp, jvp (forward AD) and second derivative (it is linear)."""
     M = sp.random(7, 5, density=0.4, random_state=np.random.default_rng(0), format="csr")
     linear = SparseLinear(M)
+    dense = torch.tensor(M.toarray())
     theta = torch.randn(3, 5, dtype=F64, requires_grad=True)
     assert torch.allclose(AffineMap.apply(theta, linear), theta @ torch.tensor(M.toarray()).T)
     assert torch.autograd.gradcheck(lambda t: AffineMap.apply(t, linear), (theta,))
@@ -210,6 +211,9 @@ def test_affine_map_derivatives() -> None:
         out = AffineMap.apply(fwAD.make_dual(theta.detach(), tangent), linear)
         jvp = fwAD.unpack_dual(out).tangent
     assert torch.allclose(jvp, tangent @ torch.tensor(M.toarray()).T)
+    # the off-CPU product (torch.sparse.mm), here on the CPU: the same numbers
+    assert torch.allclose(device_product(theta.detach(), linear), theta.detach() @ dense.T)
+    assert torch.allclose(device_product(theta.detach().float(), linear), (theta @ dense.T).float())
 
 
 def _problem_with(objective, constraints):  # type: ignore[no-untyped-def]

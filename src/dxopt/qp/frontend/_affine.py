@@ -78,10 +78,15 @@ class SparseLinear:
         return self._device[key]
 
 
+def device_product(theta: Tensor, linear: SparseLinear) -> Tensor:
+    """``theta @ M^T`` by ``torch.sparse.mm`` with :math:`M` on ``theta``'s device."""
+    return torch.sparse.mm(linear.on(theta.device, theta.dtype), theta.mT).mT.contiguous()
+
+
 def apply_linear(theta: Tensor, linear: SparseLinear) -> Tensor:
     """``theta @ M^T`` for ``theta`` of shape ``(B, columns)`` (no autograd)."""
     if theta.device.type != "cpu":
-        return torch.sparse.mm(linear.on(theta.device, theta.dtype), theta.mT).mT.contiguous()
+        return device_product(theta, linear)
     source = theta.detach().contiguous().numpy()
     out = np.empty((source.shape[0], linear.shape[0]), dtype=source.dtype)
     _csr_rows(linear.indptr, linear.indices, linear.data, source, out)

@@ -78,8 +78,10 @@ class _Plan:
 def _fortran_unflatten(vec: Tensor, shape: tuple[int, ...]) -> Tensor:
     """``(..., size)`` entries in Fortran order -> ``(..., *shape)`` (CVXPY's layout)."""
     lead = vec.shape[:-1]
-    if len(shape) <= 1:
-        return vec.reshape((*lead, *shape))
+    if len(shape) == 1:
+        return vec
+    if len(shape) == 0:
+        return vec.reshape(lead)
     out = vec.reshape(*lead, *reversed(shape))
     k, nl = len(shape), len(lead)
     return out.permute(*range(nl), *(nl + k - 1 - i for i in range(k)))
@@ -338,11 +340,15 @@ class CvxpyQPLayer(nn.Module):
         consts = self._constants_for(values[0].device, values[0].dtype)
         one = consts["one"]
         assert one is not None
-        pieces = [
-            v.reshape(rows, -1) if flag else v.reshape(1, -1).expand(rows, -1)
-            for v, flag in zip(values, flags)
-        ]
-        theta = torch.cat([*pieces, one.expand(rows, 1)], dim=1)
+        if batch is None:  # one sample: a flat theta, views only where a reshape is needed
+            flat = [v if v.ndim == 1 else v.reshape(-1) for v in values]
+            theta = torch.cat([*flat, one[0]]).unsqueeze(0)
+        else:
+            pieces = [
+                v.reshape(rows, -1) if flag else v.reshape(1, -1).expand(rows, -1)
+                for v, flag in zip(values, flags)
+            ]
+            theta = torch.cat([*pieces, one.expand(rows, 1)], dim=1)
         per_sample = None if plan.batched is None else AffineMap.apply(theta, plan.batched)
         shared = None if plan.shared is None else AffineMap.apply(theta[:1], plan.shared)[0]
         # one split per part: one backward node (torch's split_backward), not one per piece
@@ -356,7 +362,9 @@ class CvxpyQPLayer(nn.Module):
             assert piece is not None
             flat_shape = (piece.rows.size,) if self.sparse and name in _MATRICES else piece.shape
             part = parts[is_batched][index]
-            data[name] = part.reshape(rows, *flat_shape) if is_batched else part.reshape(flat_shape)
+            if len(flat_shape) > 1:  # a vector piece is already in its shape
+                part = part.reshape(rows, *flat_shape) if is_batched else part.reshape(flat_shape)
+            data[name] = part
         return data, batch
 
     def _constant_pieces(self, like: Tensor) -> dict[str, Tensor | None]:
