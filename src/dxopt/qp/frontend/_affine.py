@@ -12,6 +12,7 @@ number of times. Off the CPU the product is ``torch.sparse.mm`` with a CSR copy 
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
@@ -69,12 +70,15 @@ class SparseLinear:
         """:math:`M` as a torch CSR tensor on ``device`` (cached)."""
         key = (device, dtype)
         if key not in self._device:
-            self._device[key] = torch.sparse_csr_tensor(
-                torch.from_numpy(self.indptr),
-                torch.from_numpy(self.indices),
-                torch.from_numpy(self.data),
-                self.shape,
-            ).to(device=device, dtype=dtype)
+            with warnings.catch_warnings():  # torch: "Sparse CSR tensor support is in beta"
+                warnings.simplefilter("ignore", UserWarning)
+                self._device[key] = torch.sparse_csr_tensor(
+                    torch.from_numpy(self.indptr),
+                    torch.from_numpy(self.indices),
+                    torch.from_numpy(self.data),
+                    self.shape,
+                    check_invariants=False,
+                ).to(device=device, dtype=dtype)
         return self._device[key]
 
 
