@@ -49,6 +49,8 @@ def _loss(h: torch.Tensor) -> float:
 def test_vertex_gradient_is_a_piece_and_min_norm_is_not(method, sparse: bool) -> None:
     g = _grad(method(degenerate="vertex"), sparse)
     assert any(torch.allclose(g, p, atol=1e-7) for p in PIECES), g
+    # the rule's vertex (minimum cost, ties by row order) drops row 0: the piece {1, 2}
+    torch.testing.assert_close(g, PIECES[1], atol=1e-7, rtol=0)
     # the minimum-norm element is outside the hull of the pieces (e.g. entry 0 is -1 < 0)
     g_mn = _grad(method(degenerate="min_norm"), sparse)
     torch.testing.assert_close(g_mn, torch.tensor([-1.0, 3.0, 2.0], dtype=F64), atol=1e-7, rtol=0)
@@ -118,3 +120,13 @@ def test_default_keeps_the_equal_split_on_duplicated_rows(solver: str) -> None:
         (W * sol.x).sum().backward()
     assert h.grad is not None
     torch.testing.assert_close(h.grad, torch.tensor([0.5, 0.5, 5.0], dtype=F64), atol=1e-7, rtol=0)
+
+
+def test_dropped_rows_are_named_in_the_diagnostics() -> None:
+    h = torch.zeros(3, dtype=F64, requires_grad=True)
+    sol = dqp.solve(P, Q, G=G, h=h, backward=dqp.KKTBackward(degenerate="vertex"))
+    with pytest.warns(dqp.QPDegenerateWarning, match="dropped_rows"):
+        (W * sol.x).sum().backward()
+    diag = sol.info.backward
+    assert diag.vertex_dropped == (1,) and diag.dropped_rows == ((0,),), diag
+    assert sol.info.degenerate == (True,)

@@ -205,6 +205,7 @@ class BackwardBase:
         diagnostics.pseudo_inverse = (False,) * data.x.shape[0]
         diagnostics.weak_kept = False
         diagnostics.vertex_dropped = (0,) * data.x.shape[0]
+        diagnostics.dropped_rows = ((),) * data.x.shape[0]
         if data.settled is not None and (~data.settled.numpy() & data.ok.numpy()).any():
             bad = torch.nonzero(~data.settled & data.ok).flatten().tolist()
             diagnostics.unsettled = tuple(bool(not v) for v in data.settled)
@@ -400,6 +401,11 @@ class BackwardBase:
         diagnostics.dependent_rows = tuple(int(c) for c in rule.counts)
         diagnostics.licq = False
         diagnostics.vertex_dropped = tuple(int(c) for c in rule.dropped)
+        gone = (rule.full & ~rule.active.used).numpy()
+        diagnostics.dropped_rows = tuple(
+            tuple(int(j) for j in np.flatnonzero(row)) if c else ()
+            for row, c in zip(gone, rule.dropped.tolist())
+        )
         if not warn:
             return
         if rule.q_only:
@@ -418,8 +424,9 @@ class BackwardBase:
                 f"{self.name} backward: the active constraint rows are linearly dependent "
                 f"(LICQ fails); dependent inequality rows were dropped to a vertex of the "
                 f"multiplier set (degenerate={self.degenerate!r}), so the gradient is the "
-                "derivative of one affine piece (a B-subdifferential element). Per-sample "
-                "counts: sol.info.backward.dependent_rows / .vertex_dropped."
+                "derivative of one affine piece (a B-subdifferential element). Per sample: "
+                "sol.info.backward.dependent_rows, .vertex_dropped and .dropped_rows (the "
+                "rows of G dropped)."
             )
         if bool((left > 0).any()):
             warn_degenerate(

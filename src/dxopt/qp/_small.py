@@ -536,6 +536,7 @@ def _record(
     diagnostics.n_weak = (0,) * size
     diagnostics.pseudo_inverse = (False,) * size
     diagnostics.vertex_dropped = (0,) * size
+    diagnostics.dropped_rows = ((),) * size
     diagnostics.weak_kept = False
     if regular.penalty:  # its fixed beta, or max(10 eps, beta_min) (PenaltyBackward._beta)
         diagnostics.jitter = 0.0

@@ -90,6 +90,7 @@ class BackwardDiagnostics:
             (the active set is a guess; a ``QPDegenerateWarning`` is issued).
         vertex_dropped: per sample, the dependent inequality rows the vertex rule dropped
             (``degenerate="auto"``/``"vertex"``; 0 where the minimum-norm adjoint was used).
+        dropped_rows: per sample, the indices (rows of ``G``) of those dropped rows.
     """
 
     method: str = ""
@@ -106,6 +107,7 @@ class BackwardDiagnostics:
     weak_kept: bool = False
     unsettled: tuple[bool, ...] = ()
     vertex_dropped: tuple[int, ...] = ()
+    dropped_rows: tuple[tuple[int, ...], ...] = ()
 
 
 @dataclass(frozen=True)
