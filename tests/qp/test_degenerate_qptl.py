@@ -110,3 +110,14 @@ def test_one_warning_per_call_site_and_counts_in_info() -> None:
         h = torch.zeros(3, dtype=F64, requires_grad=True)
         dqp.solve(P, q, G=G, h=h).x.sum().backward()
     assert not [w for w in caught if issubclass(w.category, dqp.QPDegenerateWarning)]
+
+
+def test_qp_speed_has_the_qptl_case_and_its_target() -> None:
+    from benchmarks.qp_speed.qptl import CASE, run_qptl
+    from benchmarks.qp_speed.run import targets
+
+    rows = run_qptl(1, 1)
+    assert [r["case"] for r in rows] == [CASE, CASE + " (all 25 flow rows)"]
+    assert all(r["forward_ms"] > 0 and r["fwd_bwd_ms"] > r["forward_ms"] for r in rows)
+    found = [t for t in targets(rows) if t["target"].startswith(CASE)]
+    assert len(found) == 2 and all(t["verdict"] in ("MET", "MISSED") for t in found)
