@@ -36,7 +36,7 @@ import scipy.sparse as sp
 import torch
 
 import dxopt.qp as dqp
-import dxopt.qp._degenerate as deg
+import dxopt.qp._vertex as vx
 
 F64 = torch.float64
 N, SLOPE, BIG = 6, 1.0, 1e5
@@ -90,9 +90,8 @@ def _loss(q: torch.Tensor, h: torch.Tensor) -> float:
 @pytest.mark.parametrize("sparse", [False, True])
 @pytest.mark.parametrize("backward", ["kkt", "penalty"])
 def test_pinned_variable_gets_the_exact_gradient(monkeypatch, backward, sparse, big_sample):
-    if big_sample:  # the path of a sample as big as STADAT's: LP vertex, no vertex retry
-        monkeypatch.setattr(deg, "MAX_VERTEX_ENTRIES", 0)
-        monkeypatch.setattr(deg, "MAX_RETRY_ENTRIES", 0)
+    if big_sample:  # the path of a sample as big as STADAT's: the LP vertex
+        monkeypatch.setattr(vx, "MAX_VERTEX_ENTRIES", 0)
     _, q0, _, h0 = _problem()
     q, h = q0.clone().requires_grad_(), h0.clone().requires_grad_()
     sol = _solve(q, h, sparse, backward)
@@ -140,7 +139,7 @@ def test_lp_vertex_is_completed_to_a_basis_that_pins_the_variable() -> None:
     rows = [0, 1, 2, 2 * (N - 1), 2 * (N - 1) + 1]  # three slope rows, two convexity rows
     C = sp.csr_matrix(G[rows].numpy())
     z = np.array([0.86, 1.25, 0.39, 0.86, 0.28])  # positive multipliers (interior point)
-    keep = deg.lp_vertex([C], z, np.zeros(0), keep_parallel=False)
+    keep = vx.lp_vertex([C], z, np.zeros(0), keep_parallel=False)
     assert keep is not None
     kept = C[keep].toarray()
     assert kept.shape[0] == np.linalg.matrix_rank(C.toarray()) == 3
@@ -150,15 +149,15 @@ def test_lp_vertex_is_completed_to_a_basis_that_pins_the_variable() -> None:
 
 @pytest.mark.parametrize("chunk", [1, 2, 256])
 def test_complete_basis_takes_independent_rows_in_order(monkeypatch, chunk: int) -> None:
-    monkeypatch.setattr(deg, "BASIS_CHUNK", chunk)
+    monkeypatch.setattr(vx, "BASIS_CHUNK", chunk)
     e = np.eye(4)
     rows = np.array([e[0], e[1], (e[0] + e[1]) / np.sqrt(2), e[2], (e[2] + e[3]) / np.sqrt(2)])
     kept = sp.csr_matrix(e[:1])
     # order: e1+e2 (independent of e1: taken), e2 (in span{e1, e1+e2}: skipped), e3 (taken)
     order = np.array([2, 1, 3, 4])
-    assert deg.complete_basis(kept, sp.csr_matrix(rows), order, 2) == [2, 3]
-    assert deg.complete_basis(kept, sp.csr_matrix(rows), order, 3) == [2, 3, 4]
-    assert deg.complete_basis(kept, sp.csr_matrix(rows), np.array([1, 2]), 2) == [1]
+    assert vx.complete_basis(kept, sp.csr_matrix(rows), order, 2) == [2, 3]
+    assert vx.complete_basis(kept, sp.csr_matrix(rows), order, 3) == [2, 3, 4]
+    assert vx.complete_basis(kept, sp.csr_matrix(rows), np.array([1, 2]), 2) == [1]
 
 
 def _chain(n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -248,8 +247,8 @@ def test_a_vertex_that_frees_x_keeps_the_full_sets_minimum_norm_adjoint(monkeypa
     # minimum-l1 vertex drops both rows through x0 (the mechanism on STADAT2/3), its reduced
     # KKT matrix is singular, and the full active set's minimum-norm adjoint (exact in q) is
     # returned instead of the pseudo-inverse
-    monkeypatch.setattr(deg, "MAX_VERTEX_ENTRIES", 0)
-    monkeypatch.setattr(deg, "complete_basis", lambda *args: [])
+    monkeypatch.setattr(vx, "MAX_VERTEX_ENTRIES", 0)
+    monkeypatch.setattr(vx, "complete_basis", lambda *args: [])
     _, q0, _, h0 = _problem()
     q = q0.clone().requires_grad_()
     # h too: with dL/dq alone any basis of the rows serves and the vertex is not computed

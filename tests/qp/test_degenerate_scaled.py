@@ -92,9 +92,9 @@ def test_lp_vertex_branch_is_the_minimum_l1_piece(monkeypatch, method, sparse: b
     # with normalised rows the vertices {1,2} (z = (1, 2, 0)) and {2,3} (z = (0, 1, 1), i.e.
     # normalised (0, 1, sqrt 2)) have l1 norms 3 and 1 + sqrt 2, so the piece {2,3}, whose
     # gradient is (0, 4, 1), is the minimum-l1 vertex
-    import dxopt.qp._degenerate as deg
+    import dxopt.qp._vertex as vx
 
-    monkeypatch.setattr(deg, "MAX_VERTEX_ENTRIES", 0)
+    monkeypatch.setattr(vx, "MAX_VERTEX_ENTRIES", 0)
     G1 = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]], dtype=F64)
     h = torch.zeros(3, dtype=F64, requires_grad=True)
     Pm, Gm = (P.to_sparse_csr(), G1.to_sparse_csr()) if sparse else (P, G1)

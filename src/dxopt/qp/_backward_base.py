@@ -18,7 +18,7 @@ gives on such a batch.
 :meth:`BackwardBase.degenerate_rule` fixes the rows and multipliers from the point and the
 active set alone (never from the backend's multipliers or the cotangents;
 :mod:`dxopt.qp._degenerate_rule`): dependent active rows (LICQ fails) are reduced to the
-minimum-cost vertex of the multiplier set (:func:`dxopt.qp._degenerate.vertex_rows`: the
+minimum-cost vertex of the multiplier set (:func:`dxopt.qp._vertex.vertex_rows`: the
 derivative of one affine piece, an element of the B-subdifferential), except where the only
 dependencies are parallel copies of rows (duplicated or opposite rows), which keep the
 minimum-norm multiplier adjoint (the equal split between the copies, inside Clarke's hull).
@@ -32,7 +32,7 @@ tangent solve). When only :math:`\bar q, \bar P` are wanted, any basis of the ro
 the same adjoint: the dependent rows are dropped in one batched factorization (the
 decision-focused QPs of ``benchmarks/qp_speed/qptl.py``). Samples too big for a dense null space
 get the minimum-cost vertex by linear programming, completed to a basis of the active rows
-(:func:`dxopt.qp._degenerate.lp_vertex`). A vertex keeps the row space of the active rows, so
+(:func:`dxopt.qp._vertex.lp_vertex`). A vertex keeps the row space of the active rows, so
 it determines :math:`x` wherever the full active set does; should its solve fail nonetheless,
 the full set's minimum-norm adjoint is used. One :class:`~dxopt.qp.QPDegenerateWarning` with a
 stable text per rule that ran, attributed to the user's line (once per call site under
@@ -78,7 +78,7 @@ from dxopt.linalg.sparse import lstsq_saddle
 from dxopt.linalg.threads import small_work
 from dxopt.qp._active import WEAK_POLICIES, ActiveSet, identify_active
 from dxopt.qp._adjoint import AdjointInput, AdjointSolution, kkt_residual
-from dxopt.qp._degenerate import count_dependent_dense, dependent_weak_rows, vertex_rows
+from dxopt.qp._degenerate import count_dependent_dense, dependent_weak_rows
 from dxopt.qp._degenerate_rule import (
     DegenerateRule,
     dependent_flags_dense,
@@ -90,6 +90,7 @@ from dxopt.qp._degenerate_rule import (
 )
 from dxopt.qp._problem import QPProblem
 from dxopt.qp._types import BackwardDiagnostics, QPBackwardError, QPDegenerateWarning
+from dxopt.qp._vertex import vertex_rows
 
 __all__ = ["DEGENERATE_POLICIES", "BackwardBase", "pseudo_inverse_adjoint"]
 
@@ -114,7 +115,7 @@ class BackwardBase:
         degenerate: ``"auto"`` (default: ``"vertex"`` except where the only dependencies are
             duplicated/opposite rows, which keep ``"min_norm"``; module docstring),
             ``"vertex"`` (dependent active inequality rows are dropped down to a vertex of the
-            multiplier set, :func:`dxopt.qp._degenerate.vertex_rows`: an element of the
+            multiplier set, :func:`dxopt.qp._vertex.vertex_rows`: an element of the
             B-subdifferential), ``"min_norm"`` (the minimum-norm multiplier adjoint for every
             dependency) or ``"raise"``.
     """

@@ -146,7 +146,7 @@ class KKTBackward(BackwardBase):
             warned; see :mod:`dxopt.qp._backward_base`), ``"min_norm"`` (minimum-norm
             multiplier adjoint for every dependency), ``"vertex"`` (dependent active rows
             dropped to a vertex of the multiplier set, a B-subdifferential element;
-            :func:`dxopt.qp._degenerate.vertex_rows`) or
+            :func:`dxopt.qp._vertex.vertex_rows`) or
             ``"raise"`` (:class:`~dxopt.qp.QPBackwardError`).
     """
 

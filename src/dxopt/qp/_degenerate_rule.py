@@ -9,7 +9,7 @@ makes is therefore a function of the point :math:`x` and the rows :math:`J` only
 
 - **the rows**: ``degenerate="auto"``/``"vertex"`` reduce :math:`J` to the support of the
   vertex of :math:`\\Lambda` that minimises a fixed linear cost
-  (:func:`dxopt.qp._degenerate.vertex_rows`), completed in row order to a basis of the row
+  (:func:`dxopt.qp._vertex.vertex_rows`), completed in row order to a basis of the row
   space; ``"min_norm"`` keeps :math:`J`;
 - **the multipliers** in the gradient formulas :math:`\\bar G_J = -(\\nu_J u^\\top +
   w_J x^\\top)`, :math:`\\bar A = -(\\mu u^\\top + w_E x^\\top)` and in the tangent system: the
