@@ -24,7 +24,9 @@ through the dtype/device conversions both ways, and the device backward sees a z
 cotangent (a NaN tangent it never returns) on those samples. Infeasible and unbounded verdicts
 of the torch solver carry checked certificates and stay. Under torch.func the batch of a
 transform is not indexable by sample, so when any sample needs the CPU path the whole call
-takes it. ``info.sample_solvers`` names the backend of each sample.
+takes it. ``info.sample_solvers`` names the backend of each sample. With ``polish=False`` no
+sample is regular (its active set is not confirmed), so the whole batch takes the CPU path
+and its ``polish=False`` rules.
 
 ``on_failure="nan"``: failed samples get NaN ``x`` and duals through a ``torch.where``, so
 their cotangents are zero and the backward skips them (it refuses only a sample that was not
