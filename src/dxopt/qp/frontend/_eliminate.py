@@ -61,6 +61,8 @@ class Elimination:
         rows, rest: defining equality rows (:math:`E`, in the order of ``gone``) and the rest.
         inverse: :math:`A_{ET}^{-1}` when :math:`A_{ET}` is a constant (``None`` otherwise).
         identity: :math:`A_{ET} = I` (no solve at all).
+        diagonal: the diagonal of :math:`A_{ET}^{-1}` when it is a constant diagonal matrix
+            (CVXPY writes most defining rows as :math:`-t + \\ldots = 0`): rows are scaled.
         order: the inverse permutation of ``[kept, gone]`` (rebuilds :math:`z`).
     """
 
@@ -71,6 +73,7 @@ class Elimination:
     inverse: np.ndarray | None
     identity: bool
     order: np.ndarray
+    diagonal: np.ndarray | None = None
 
 
 def _entries_of_a(compiled: CompiledQP) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -132,7 +135,14 @@ def find_elimination(compiled: CompiledQP, user_columns: np.ndarray) -> Eliminat
         identity = bool(np.array_equal(a_et, np.eye(len(rows))))
         inverse = np.linalg.inv(a_et)
     order = np.argsort(np.concatenate([kept, gone_a]))
-    return Elimination(kept, gone_a, rows_a, rest, inverse, identity, order)
+    diagonal = None
+    if (
+        inverse is not None
+        and not identity
+        and np.count_nonzero(inverse - np.diag(np.diag(inverse))) == 0
+    ):
+        diagonal = np.diag(inverse).copy()
+    return Elimination(kept, gone_a, rows_a, rest, inverse, identity, order, diagonal)
 
 
 def piece_rows(
@@ -198,13 +208,16 @@ def reduce(
 ) -> tuple[dict[str, Tensor | None], Reduction]:
     """The reduced data ``P, q, A, b, G, h`` from the pieces ``x`` (``None``: structurally
     zero; so may be the results) and what recovery needs. ``inverse``: :math:`A_{ET}^{-1}` as
-    a tensor when constant; ``like``: the parameters' dtype and device."""
+    a tensor when constant (its diagonal when ``e.diagonal`` is set); ``like``: the
+    parameters' dtype and device."""
     a_ex, b_e = x["A_EX"], x["b_E"]
     a_et = None
     if a_ex is None:  # the defining rows do not involve the kept variables: z_T = w0
         a_ex = torch.zeros(e.rows.size, e.kept.size, dtype=like.dtype, device=like.device)
     if e.identity:
         W, w0 = a_ex, b_e
+    elif e.diagonal is not None and inverse is not None:
+        W, w0 = inverse.unsqueeze(-1) * a_ex, None if b_e is None else inverse * b_e
     elif inverse is not None:
         W, w0 = inverse @ a_ex, _mv(inverse, b_e)
     else:
@@ -271,6 +284,8 @@ def recover(
     assert isinstance(r_t, Tensor)
     if e.identity:
         mu_e = -r_t
+    elif e.diagonal is not None and inverse is not None:
+        mu_e = -inverse * r_t
     elif inverse is not None:
         mu_e = -_mv(inverse.mT, r_t)  # type: ignore[operator]
     else:
@@ -323,7 +338,9 @@ def fold(
     rows = np.concatenate([layout[k][0] for k in names])
     linear = SparseLinear(matrix[rows])
     columns = int(matrix.shape[1])
-    inverse = None if e.inverse is None or e.identity else torch.from_numpy(e.inverse)
+    inverse = None
+    if e.inverse is not None and not e.identity:
+        inverse = torch.from_numpy(e.inverse if e.diagonal is None else e.diagonal)
     like = torch.zeros((), dtype=torch.float64)
 
     def evaluate(

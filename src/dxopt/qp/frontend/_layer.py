@@ -6,7 +6,9 @@ parameter tensors into :math:`\\theta` (C order, a leading batch dimension where
 has one), applies :math:`M` (:class:`dxopt.qp.frontend._affine.AffineMap`), and calls
 :func:`dxopt.qp.solve`. Gradients reach the parameters through the same map: for a loss
 :math:`L`, :math:`\\bar\\theta = M^\\top [\\bar P; \\bar q; \\bar A; \\bar b; \\bar G; \\bar h]`
-with the QP data's adjoints from the solve's backward (dXPP penalty or exact KKT).
+with the QP data's adjoints from the solve's backward (dXPP penalty or exact KKT). CVXPY's
+defined variables are eliminated first (:mod:`dxopt.qp.frontend._eliminate`), inside the map
+when the reduction stays affine in the parameters, else by a few torch products per call.
 """
 
 from __future__ import annotations
@@ -117,6 +119,11 @@ class CvxpyQPLayer(nn.Module):
             when the canonical problem has more than 200 variables and its matrices are under
             5% full). A sparse matrix that depends on a batched parameter is solved sample by
             sample (dxopt's sparse matrices are shared by a batch).
+        eliminate: remove the variables CVXPY defines by equality rows (``sum_squares``'s
+            residuals, states of a dynamics chain) before the solve
+            (:mod:`dxopt.qp.frontend._eliminate`; dense problems only): the solver then sees the
+            QP in the original variables, with a nonsingular ``P`` where the problem has one.
+            The outputs, multipliers included, are those of the canonical problem either way.
         backward, solver, eps_abs, eps_rel, on_failure, max_workers, solver_options, check_psd,
             fallback, polish: forwarded to :func:`dxopt.qp.solve`.
 
@@ -468,7 +475,8 @@ class CvxpyQPLayer(nn.Module):
         else:
             inverse = None
             if e.inverse is not None and not e.identity:
-                inverse = self._constant("inverse", e.inverse, like)
+                matrix = e.inverse if e.diagonal is None else e.diagonal
+                inverse = self._constant("inverse", matrix, like)
             if self._folded is None:
                 data, reduction = reduce(pieces, e, inverse, like)
                 known = pieces
