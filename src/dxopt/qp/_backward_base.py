@@ -207,6 +207,7 @@ class BackwardBase:
         diagnostics.weak_kept = False
         diagnostics.vertex_dropped = (0,) * data.x.shape[0]
         diagnostics.dropped_rows = ((),) * data.x.shape[0]
+        diagnostics.dependent_rows, diagnostics.licq = (0,) * data.x.shape[0], True
         if data.settled is not None and (~data.settled.numpy() & data.ok.numpy()).any():
             bad = torch.nonzero(~data.settled & data.ok).flatten().tolist()
             diagnostics.unsettled = tuple(bool(not v) for v in data.settled)

@@ -46,6 +46,7 @@ QP's second-order term.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -56,6 +57,7 @@ from torch import Tensor
 from dxopt.qp._active import ActiveSet
 from dxopt.qp._adjoint import AdjointInput, AdjointSolution
 from dxopt.qp._problem import QPProblem
+from dxopt.qp._types import QPBackwardError
 
 if TYPE_CHECKING:
     from dxopt.qp._function import QPState
@@ -404,6 +406,32 @@ def tangent_rhs(
     return tuple(torch.where(ok, r, torch.zeros_like(r)) for r in (r1, r2, r3))  # type: ignore[return-value]
 
 
+def _regular_tangent(
+    state: QPState, base: AdjointInput, tangents: tuple[Tensor | None, ...]
+) -> AdjointSolution | None:
+    """The tangent solve of a batch whose backward finds no dependent active rows and no
+    singular reduced KKT matrix (its warnings, if any, are replayed), else ``None`` (then the
+    degenerate rule's rows and multipliers are fixed first). A method without
+    ``degenerate_rule`` always returns here."""
+    if getattr(state.method, "degenerate_rule", None) is None:
+        return None
+    r1, r2, r3 = tangent_rhs(base, tangents, None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            adj = run_adjoint(state, replace(base, grad_x=r1, grad_ineq=r2, grad_eq=r3))
+        except QPBackwardError:
+            return None
+    diag = state.diagnostics
+    if any(diag.dependent_rows or ()) or any(diag.pseudo_inverse or ()) or diag.weak_kept:
+        return None
+    if tangents[4] is not None and bool(((base.ineq_duals != 0) & ~adj.active.used).any()):
+        return None  # multipliers of rows left out must not enter the stationarity row
+    for w in caught:
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return adj
+
+
 def _rule(state: QPState, base: AdjointInput) -> Any:
     """The degenerate rule of the state's backward method for the samples of ``base``
     (:meth:`dxopt.qp.BackwardBase.degenerate_rule`), or ``None`` (a custom method without
@@ -437,6 +465,9 @@ class TangentSolve(_FirstOrderOnly):
         idx, call = args[6], args[7]
         state = call.state
         base = adjoint_input(state, idx.reshape(-1), None, None, None)
+        regular = _regular_tangent(state, base, tangents)
+        if regular is not None:  # independent active rows: the rule plays no part
+            return _tangent_outputs(state, idx, regular)
         rule = _rule(state, base)
         if rule is not None:  # the vjp's rows and multipliers: the jvp is its transpose
             used = rule.active.used
