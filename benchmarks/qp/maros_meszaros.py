@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 from tqdm import tqdm
 
 from benchmarks.common import machine_info, results_dir, set_threads, write_json
@@ -366,6 +367,10 @@ def main(argv: list[str] | None = None) -> None:
     elif args.cache is None:
         args.cache = (out if args.quick else results_dir("qp")) / "mm_cache"
     preimport()
+    # one BLAS thread in every task (forked children inherit it): OMP_NUM_THREADS set above
+    # comes after numpy loaded OpenBLAS, which then runs 2 threads; on a loaded machine those
+    # spin, and a dense degenerate backward took 12x its CPU time (QETAMACR: 91 s against 7.5 s)
+    blas_limit = threadpool_limits(limits=1)  # noqa: F841  (kept for the run's lifetime)
     if args.evidence_only:  # fill the finite-difference cache (independent of dxopt)
         for name, _ in tqdm(names, desc="evidence", unit="problem", file=sys.stderr):
             t0 = time.perf_counter()

@@ -4,6 +4,7 @@ subset: dxopt's gradients get no "wrong" verdict, and a corrupted gradient does.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -507,3 +508,36 @@ def test_a_backward_that_runs_out_of_time_keeps_its_forward_record(monkeypatch):
     monkeypatch.setattr(mm, "_task", lambda *args, **kw: time.sleep(60))
     res, _ = mm.isolated("dxopt", "toy", 0, 1e-6, 2.0)
     assert res == {"status": "timeout (> 2 s)"}
+
+
+CPU_BUDGET_S = 30  # QETAMACR forward + backward: about 1-2 s of CPU when the rule is cheap
+
+
+@needs_data
+def test_degenerate_backward_of_a_mid_size_problem_stays_within_a_cpu_budget():
+    """QETAMACR (n = 688, 335 active rows and 272 equalities, 156 of them dependent): forward and
+    backward took 0.6 s in the earlier benchmark run; with the min-cost vertex rule 7.5 s of CPU
+    on one thread, 2 s with the sparse LP vertex, and 91-166 s with numpy's two OpenBLAS
+    threads spinning on a loaded machine (every flagged problem from n ~ 700 up then timed out
+    in the benchmark). A guard against the dense null-space loop growing further; CPU time, not
+    wall time, so the check does not depend on the machine's load."""
+    import resource
+
+    code = (
+        "from benchmarks.qp import mm_problems as m\n"
+        "from benchmarks.qp.mm_dxopt import run_dxopt\n"
+        "dx = run_dxopt(m.load('QETAMACR'), 0, accept_tol=1e-6, repeats=1)\n"
+        "print(dx['status'], dx['accepted'])\n"
+    )
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_CPU, (CPU_BUDGET_S, CPU_BUDGET_S + 5))
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True,
+                          text=True, timeout=1800, preexec_fn=limit, env=env)  # fmt: skip
+    assert proc.returncode == 0, (
+        f"QETAMACR forward + backward ran out of its {CPU_BUDGET_S} s CPU budget "
+        f"(exit {proc.returncode}): {proc.stderr[-500:]}"
+    )
+    assert proc.stdout.split()[-2:] == ["ok", "True"], proc.stdout
