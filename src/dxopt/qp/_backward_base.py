@@ -66,7 +66,6 @@ behaviour (:class:`~dxopt.qp.QPBackwardError`).
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -89,7 +88,7 @@ from dxopt.qp._degenerate_rule import (
     warn_degenerate,
 )
 from dxopt.qp._problem import QPProblem
-from dxopt.qp._types import BackwardDiagnostics, QPBackwardError, QPDegenerateWarning
+from dxopt.qp._types import BackwardDiagnostics, QPBackwardError
 from dxopt.qp._vertex import vertex_rows
 
 __all__ = ["DEGENERATE_POLICIES", "BackwardBase", "pseudo_inverse_adjoint"]
@@ -209,15 +208,13 @@ class BackwardBase:
         diagnostics.dropped_rows = ((),) * data.x.shape[0]
         diagnostics.dependent_rows, diagnostics.licq = (0,) * data.x.shape[0], True
         if data.settled is not None and (~data.settled.numpy() & data.ok.numpy()).any():
-            bad = torch.nonzero(~data.settled & data.ok).flatten().tolist()
             diagnostics.unsettled = tuple(bool(not v) for v in data.settled)
-            warnings.warn(
-                f"{self.name} backward: at batch indices {bad} the solution was certified only "
-                "by its duality gap (the polish failed; some rows have slack and multiplier "
-                "both small), so the active set is a guess and the gradient is one of the "
-                "one-sided derivatives at best. Tighten eps_abs or check the problem.",
-                QPDegenerateWarning,
-                stacklevel=3,
+            warn_degenerate(
+                f"{self.name} backward: some solutions were certified only by their duality gap "
+                "(the polish failed; some rows have slack and multiplier both small), so the "
+                "active set is a guess and the gradient is one of the one-sided derivatives at "
+                "best. Tighten eps_abs or check the problem. Per sample: "
+                "sol.info.backward.unsettled."
             )
         # the common dense case (LICQ holds, P positive definite, the refined solve converges):
         # batched Schur solves (up to three groups of similar active counts); anything else
