@@ -13,7 +13,6 @@ when the reduction stays affine in the parameters, else by a few torch products 
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +38,7 @@ from dxopt.qp.frontend._eliminate import (
 __all__ = ["CvxpyQPLayer", "CvxpyQPSolution", "from_cvxpy"]
 
 _MATRICES = ("P", "A", "G")
+_FLOATS = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 
 
 @dataclass(frozen=True)
@@ -180,6 +180,7 @@ class CvxpyQPLayer(nn.Module):
         )
         self._eq_duals = any(o.kind == "eq" for o in c.outputs)
         self._pieces = self._make_pieces()
+        self._unbatched = (False,) * len(c.param_shapes)
         self._sources = [self._source(o.kind, o.start, o.stop) for o in c.outputs]
         self._patterns: dict[tuple[bool, ...], _Plan] = {}
         self._constants: dict[tuple[torch.device, torch.dtype], dict[str, Tensor | None]] = {}
@@ -292,9 +293,17 @@ class CvxpyQPLayer(nn.Module):
                 f"parameters: expected {len(c.param_shapes)} tensors (one per parameter, in the "
                 f"order {list(c.param_names)}), got {len(values)}."
             )
+        # the common case in one pass: tensors of one float dtype and device, unbatched shapes
+        first = values[0] if values else None
+        if isinstance(first, Tensor) and first.dtype in _FLOATS:
+            dtype, device = first.dtype, first.device
+            if all(
+                isinstance(v, Tensor) and v.dtype == dtype and v.device == device and v.shape == s
+                for v, s in zip(values, c.param_shapes)
+            ):
+                return None, self._unbatched
         batch: int | None = None
         flags = []
-        first = values[0] if values else None
         for i, (value, shape, name) in enumerate(zip(values, c.param_shapes, c.param_names)):
             label = f"parameter {i} ({name})"
             if not isinstance(value, Tensor):
@@ -420,7 +429,16 @@ class CvxpyQPLayer(nn.Module):
         P, q = d["P"], d["q"]
         n = self.compiled.n if self.elimination is None else self.elimination.kept.size
         p = self.compiled.p if self.elimination is None else self.elimination.rest.size
-        zeros = functools.partial(torch.zeros, dtype=like.dtype, device=like.device)
+        cache = self._constants_for(like.device, like.dtype)
+
+        def zeros(*shape: int) -> Tensor:  # a structurally zero block, made once
+            key = f"zeros{shape}"
+            if key not in cache:
+                cache[key] = torch.zeros(shape, dtype=like.dtype, device=like.device)
+            value = cache[key]
+            assert value is not None
+            return value
+
         P = zeros(n, n) if P is None else P
         q = zeros(n) if q is None else q
         A, b, G, h = d.get("A"), d.get("b"), d.get("G"), d.get("h")
@@ -431,7 +449,7 @@ class CvxpyQPLayer(nn.Module):
             G = zeros(self.compiled.m, n) if G is None else G
             h = zeros(self.compiled.m) if h is None else h
         lb, ub = self._bounds(like)
-        return self.qp(
+        return self.qp.forward(
             P, q, A=A if p else None, b=b if p else None, G=G if self.compiled.m else None,
             h=h if self.compiled.m else None, lb=lb, ub=ub,
         )  # fmt: skip
