@@ -35,34 +35,39 @@ def _by(runs: list[dict], **keys) -> dict:
 
 
 def test_exact_methods_match_pyepo_run_for_run(tmp_path: Path, monkeypatch) -> None:
-    payload = _quick(tmp_path, monkeypatch, "--methods", "2S", "SPO+", "DBB")
+    payload = _quick(tmp_path, monkeypatch, "--problems", "sp", "--methods", "2S", "SPO+", "DBB")
     runs = payload["runs"]
     assert {(r["problem"], r["method"], r["library"]) for r in runs} == {
-        (p, m, lib) for p in ("sp", "ks") for m in ("2S", "SPO+", "DBB") for lib in run.LIBRARIES
+        ("sp", m, lib) for m in ("2S", "SPO+", "DBB") for lib in run.LIBRARIES
     }
-    for problem in ("sp", "ks"):
-        for method in ("2S", "SPO+", "DBB"):
-            pe = _by(runs, problem=problem, method=method, library="pyepo")
-            dx = _by(runs, problem=problem, method=method, library="dxopt")
-            # same data, initial weights and batches, exact oracles on both sides: the same
-            # decisions, so the same test regret (ties aside, which these costs do not have)
-            assert 0 <= dx["regret"] < 2 and dx["regret"] == pytest.approx(pe["regret"], abs=1e-4)
-            assert dx["train_loss"] == pytest.approx(pe["train_loss"], rel=1e-3, abs=1e-5)
-            calls = {"2S": 0, "SPO+": NUM_TRAIN, "DBB": 2 * NUM_TRAIN}[method]
-            assert pe["calls_per_epoch"] == dx["calls_per_epoch"] == calls
-            assert dx["s_per_epoch"] > 0 and len(dx["epoch_seconds"]) == 3
+    problem = "sp"
+    for method in ("2S", "SPO+", "DBB"):
+        pe = _by(runs, problem=problem, method=method, library="pyepo")
+        dx = _by(runs, problem=problem, method=method, library="dxopt")
+        # same data, initial weights and batches, exact oracles on both sides: the same
+        # decisions, so the same test regret (ties aside, which these costs do not have)
+        assert 0 <= dx["regret"] < 2 and dx["regret"] == pytest.approx(pe["regret"], abs=1e-4)
+        assert dx["train_loss"] == pytest.approx(pe["train_loss"], rel=1e-3, abs=1e-5)
+        calls = {"2S": 0, "SPO+": NUM_TRAIN, "DBB": 2 * NUM_TRAIN}[method]
+        assert pe["calls_per_epoch"] == dx["calls_per_epoch"] == calls
+        assert dx["s_per_epoch"] > 0 and len(dx["epoch_seconds"]) == 3
     rows = {(r["problem"], r["method"]): r for r in payload["speed"]}
-    assert rows[("ks", "SPO+")]["PyEPO calls/epoch"] == NUM_TRAIN
+    assert rows[("sp", "SPO+")]["PyEPO calls/epoch"] == NUM_TRAIN
     assert {r["within spread"] for r in payload["regret"]} <= {"yes", "NO"}
     text = (tmp_path / "dfl.md").read_text()
-    assert "| ks | DBB | 6 |" in text and "Load average" in text
+    assert "| sp | DBB | 6 |" in text and "Load average" in text
 
 
 @pytest.mark.slow
-def test_sampled_and_smooth_methods_count_their_solves(tmp_path: Path, monkeypatch) -> None:
-    payload = _quick(tmp_path, monkeypatch, "--problems", "ks", "--methods", "PFYL", "NCE", "QPTL")
+def test_knapsack_and_the_sampled_and_smooth_methods(tmp_path: Path, monkeypatch) -> None:
+    payload = _quick(
+        tmp_path, monkeypatch, "--problems", "ks", "--methods", "DBB", "PFYL", "NCE", "QPTL"
+    )
     runs = payload["runs"]
     hp = HYPER["ks"]
+    pe, dx = (_by(runs, method="DBB", library=lib) for lib in ("pyepo", "dxopt"))
+    assert dx["regret"] == pytest.approx(pe["regret"], abs=1e-4)  # exact oracles both
+    assert pe["calls_per_epoch"] == dx["calls_per_epoch"] == 2 * NUM_TRAIN
     for library in run.LIBRARIES:
         pfy = _by(runs, method="PFYL", library=library)
         assert pfy["calls_per_epoch"] == hp["PFYL"].n_samples * NUM_TRAIN
