@@ -207,6 +207,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         help="rebuild the report from runs' dfl_runs.json (written after every data set); "
         "several files are merged (seeds run in separate processes)",
     )
+    parser.add_argument(
+        "--notes", nargs="+", default=[], help="extra lines for the report's notes, space separated"
+    )
     args = parser.parse_args(argv)
     try:
         import pyepo
@@ -308,6 +311,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "libraries' epochs run interleaved, so load changes reach both.",
         "PyEPO has no QPTL: its row compares dxopt's QPTL with the other methods only. "
         "Two-stage (2S) is the same PyTorch loop in both columns (no oracle), a timing control.",
+        *args.notes,
     ]
     payload = {
         "machine": info,
