@@ -22,7 +22,8 @@ degenerate rules of every CPU backend, the same ``backward``), and its ``x`` and
 written back into the device outputs with ``index_copy``: autograd carries the derivatives
 through the dtype/device conversions both ways, and the device backward sees a zero
 cotangent (a NaN tangent it never returns) on those samples. Infeasible and unbounded verdicts
-of the torch solver carry checked certificates and stay. Under torch.func the batch of a
+of the interior point go to the CPU path too (even with ``fallback=False``), which claims them
+only with a checked certificate (:mod:`dxopt.qp._certificates`). Under torch.func the batch of a
 transform is not indexable by sample, so when any sample needs the CPU path the whole call
 takes it. ``info.sample_solvers`` names the backend of each sample. With ``polish=False`` no
 sample is regular (its active set is not confirmed), so the whole batch takes the CPU path
@@ -71,7 +72,7 @@ _TO_STATUS = {
 }
 
 
-_CERTIFIED_FAILURES = (QPStatus.INFEASIBLE, QPStatus.UNBOUNDED)
+_VERDICTS = (QPStatus.INFEASIBLE, QPStatus.UNBOUNDED)
 
 
 def _options(solver_options: dict[str, Any] | None) -> dict[str, Any]:
@@ -156,7 +157,7 @@ def solve_torch(
     moved = [
         i
         for i, reg in enumerate(regular)
-        if not reg and (fallback or status[i].ok or status[i] in _CERTIFIED_FAILURES)
+        if not reg and (fallback or status[i].ok or status[i] in _VERDICTS)
     ]
     if moved and problem is None:  # [func] one solve for the whole transformed call
         cpu = _cpu_solve(inputs, None, eps_abs, eps_rel, polish, backward, fallback)
