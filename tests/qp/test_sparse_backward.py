@@ -17,7 +17,7 @@ from qp_zoo import simplex_projection, simplex_qp, simplex_vjp, sparse_complemen
 
 import dxopt.qp as dqp
 from dxopt.linalg.sparse import FactorizationError, kkt_factor, take_rows, unit_rows
-from dxopt.qp import _degenerate
+from dxopt.qp import _degenerate, _vertex
 
 F64 = torch.float64
 N = 8
@@ -324,11 +324,11 @@ def test_parallel_groups_sparse_equals_a_row_by_row_reference() -> None:
         C = sp.vstack([B, -1.0 * B[:2], 1e-8 * B[1:3], 1e8 * B[:1]], format="csr")
         norms = np.sqrt(np.asarray(C.multiply(C).sum(1)).ravel())
         Cn = sp.csr_matrix(sp.diags(1.0 / np.where(norms > 0, norms, 1.0)) @ C)
-        groups = _degenerate._parallel_groups_sparse(Cn)
+        groups = _vertex._parallel_groups_sparse(Cn)
         assert groups == _parallel_groups_reference(Cn), trial
         if (norms > 0).all():
-            assert groups == _degenerate._parallel_groups(Cn.toarray())
-    assert _degenerate._parallel_groups_sparse(sp.csr_matrix((0, 4))) == 0
+            assert groups == _vertex._parallel_groups(Cn.toarray())
+    assert _vertex._parallel_groups_sparse(sp.csr_matrix((0, 4))) == 0
 
 
 def test_penalty_preconditioner_stays_factorable_on_chains() -> None:
