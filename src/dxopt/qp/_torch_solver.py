@@ -227,8 +227,8 @@ matrix is taken as numerically nonsingular (a regular sample; else the CPU path)
 backward's own acceptance threshold (:mod:`dxopt.qp._torch_backward`)."""
 REFINE_STEPS = 16
 """Default cap on the refinement passes of a KKT solve (polish and backward). Each pass after
-the first runs only while some sample is above round-off, so a well-conditioned batch takes
-one or two; measured: an active set of 20 rows in R^20 with a normalised smallest singular
+the first runs only while some sample is above round-off and still halving its residual, so a
+well-conditioned batch takes one or two; measured: an active set of 20 rows in R^20 with a normalised smallest singular
 value of 4e-3 needs 5-8 passes to reach 1e-14 (4 left the adjoint residual at 1.4e-10)."""
 POLISH_ROUNDS = 4
 """Active sets each polish tries: the interior point's, then the CPU polish's corrections
@@ -312,8 +312,8 @@ def kkt_solve(
     adjoint). Each pass solves the regularised :math:`K_\\delta` (:math:`\\delta = W^{-1}`
     in the multiplier blocks, :math:`\\sigma` on :math:`u`) by eliminating
     :math:`v = W_A(Au - r_2)`, :math:`w = W_G(Gu - r_3)`; ``f.steps`` refinement passes on the
-    residual of the exact system remove the regularisation bias (fewer when every sample's
-    residual is already at round-off). With a float32 factor the
+    residual of the exact system remove the regularisation bias (at most; a sample stops at
+    round-off or when a pass no longer halves its residual). With a float32 factor the
     residuals and the accumulated solution are float64 (mixed-precision refinement: float32
     factor, float64 residuals), so the result is accurate to float32 rounding of the exact
     solution whenever :math:`\\kappa(K)\\,\\epsilon_{32} < 1`; ``u, v, w`` come back in the
@@ -338,14 +338,20 @@ def kkt_solve(
 
     size = 1.0 + torch.maximum(torch.maximum(_amax(r1), _amax(r2)), _amax(r3 * act))
     u, v, w = reg_solve(r1, r2, r3)
+    prev = torch.full_like(size, float("inf"))
     for k in range(f.steps + 1):
         e1, e2, e3 = residual(u, v, w)
         err = torch.maximum(torch.maximum(_amax(e1), _amax(e2)), _amax(e3)) / size
-        # stop early (one host sync per pass) once every sample is at round-off
-        if k == f.steps or bool((err <= 8 * torch.finfo(hi).eps).all()):
+        # a sample keeps refining while it is above round-off and its residual still at least
+        # halves per pass (a stagnating one would only spend passes); stop (one host sync per
+        # pass) when none does
+        moving = (err > 8 * torch.finfo(hi).eps) & (err <= 0.5 * prev)
+        if k == f.steps or not bool(moving.any()):
             break
         du, dv, dw = reg_solve(e1, e2, e3)
-        u, v, w = u + du, v + dv, w + dw
+        keep = moving[:, None]
+        u, v, w = (torch.where(keep, t + dt, t) for t, dt in ((u, du), (v, dv), (w, dw)))
+        prev = torch.where(moving, err, prev)
     if wide:
         return u, v, w, err
     return u.to(low), v.to(low), w.to(low), err.to(low)
