@@ -113,8 +113,12 @@ def vertex_rows(
         rank = int((sigma > 1e-8 * max(float(sigma.max(initial=0.0)), 1e-300)).sum())
         if keep_parallel and rank == _parallel_groups(Cn):
             continue  # only duplicated/opposite rows: the minimum-norm split stays
-        N = Vt[rank:].T  # null space of Cn^T, (rows, d)
-        keep = np.ones(C.shape[0], dtype=bool)
+        keep, independent = _support_basis(Cn, k, lam, rank)
+        # a support (positive multipliers, equality rows) that is independent is a vertex
+        # already (completed by zero-multiplier rows): Carathéodory's reduction only otherwise
+        N = Vt[rank:].T if not independent else np.zeros((C.shape[0], 0))  # null of Cn^T
+        if not independent:
+            keep = np.ones(C.shape[0], dtype=bool)
         while N.shape[1]:
             ineq = np.abs(N[:k]) * keep[:k, None]
             col = int(np.argmax(ineq.max(0)))
@@ -136,7 +140,7 @@ def vertex_rows(
             if N.shape[1]:
                 q, _ = np.linalg.qr(N)
                 N = q
-        keep = _min_cost_vertex(Cn, k, lam, keep)
+        keep = _min_cost_vertex(Cn, k, lam, keep, rank)
         gone = act[~keep[:k]]
         out[i, torch.from_numpy(gone)] = False
         dropped[i] = gone.size
@@ -150,7 +154,9 @@ def vertex_cost(k: int) -> np.ndarray:
     return 1.0 + 1e-6 * np.arange(k) / max(k, 1)
 
 
-def _min_cost_vertex(Cn: np.ndarray, k: int, lam: np.ndarray, keep: np.ndarray) -> np.ndarray:
+def _min_cost_vertex(
+    Cn: np.ndarray, k: int, lam: np.ndarray, keep: np.ndarray, rank: int
+) -> np.ndarray:
     """From the vertex ``keep`` (a basis of the rows of the row-normalised ``Cn``, first ``k``
     inequality rows, multipliers ``lam`` >= 0 on them) to the vertex that minimises
     :func:`vertex_cost` over the multiplier set (primal simplex, Bland's rule), then the
@@ -163,7 +169,9 @@ def _min_cost_vertex(Cn: np.ndarray, k: int, lam: np.ndarray, keep: np.ndarray) 
         N = np.flatnonzero(~keep[:k])
         if N.size == 0:
             break
-        T = np.linalg.lstsq(Cn[B].T, Cn[N].T, rcond=None)[0]  # c_j = sum_B T_ij c_i
+        T = sla.lstsq(Cn[B].T, Cn[N].T, lapack_driver="gelsy", check_finite=False)[
+            0
+        ]  # c_j = sum_B T_ij c_i
         reduced = cost[N] - cost[B] @ T
         enter = np.flatnonzero(reduced < -1e-12)
         if enter.size == 0:
@@ -181,17 +189,24 @@ def _min_cost_vertex(Cn: np.ndarray, k: int, lam: np.ndarray, keep: np.ndarray) 
         lam[leave] = 0.0
         lam[:k] = np.maximum(lam[:k], 0.0)
         keep[leave], keep[N[e]] = False, True
-    target = int(keep[:k].sum())  # inequality rows of a basis
+    lam = np.where(keep, lam, 0.0)
+    return _support_basis(Cn, k, lam, rank)[0]
+
+
+def _support_basis(Cn: np.ndarray, k: int, lam: np.ndarray, rank: int) -> tuple[np.ndarray, bool]:
+    """The equality rows and the inequality rows with a positive multiplier ``lam``,
+    completed in row order by inequality rows until they span the ``rank``-dimensional row
+    space of ``Cn``; and whether those support rows are independent modulo the equality rows
+    (then the support is a vertex of the multiplier set)."""
     scale = max(float(lam[:k].max(initial=0.0)), 1e-300)
-    canon = np.zeros_like(keep)
-    canon[k:] = keep[k:]
-    canon[:k] = keep[:k] & (lam[:k] > 1e-9 * scale)
-    q = np.zeros((Cn.shape[1], 0))
-    if canon.any():  # an orthonormal basis of the support's span (equality rows may depend)
-        U, sigma, _ = np.linalg.svd(Cn[canon].T, full_matrices=False)
-        q = U[:, sigma > 1e-8 * max(float(sigma.max(initial=0.0)), 1e-300)]
+    canon = np.zeros(Cn.shape[0], dtype=bool)
+    canon[k:] = True
+    q_eq = _orthonormal(Cn[canon])
+    canon[:k] = lam[:k] > 1e-9 * scale
+    q = _orthonormal(Cn[canon])
+    independent = q.shape[1] == q_eq.shape[1] + int(canon[:k].sum())
     for i in range(k):
-        if int(canon[:k].sum()) >= target:
+        if q.shape[1] >= rank:
             break
         if canon[i]:
             continue
@@ -201,7 +216,15 @@ def _min_cost_vertex(Cn: np.ndarray, k: int, lam: np.ndarray, keep: np.ndarray) 
         if d > DEPENDENT_TOL:
             canon[i] = True
             q = np.column_stack([q, v / np.sqrt(d)])
-    return canon
+    return canon, independent
+
+
+def _orthonormal(rows: np.ndarray) -> np.ndarray:
+    """An orthonormal basis (columns) of the span of ``rows`` (rank cut 1e-8, relative)."""
+    if rows.shape[0] == 0:
+        return np.zeros((rows.shape[1], 0))
+    U, sigma, _ = np.linalg.svd(rows.T, full_matrices=False)
+    return U[:, sigma > 1e-8 * max(float(sigma.max(initial=0.0)), 1e-300)]
 
 
 def lp_vertex(
