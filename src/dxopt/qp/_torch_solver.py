@@ -228,8 +228,9 @@ backward's own acceptance threshold (:mod:`dxopt.qp._torch_backward`)."""
 REFINE_STEPS = 16
 """Default cap on the refinement passes of a KKT solve (polish and backward). Each pass after
 the first runs only while some sample is above round-off and still halving its residual, so a
-well-conditioned batch takes one or two; measured: an active set of 20 rows in R^20 with a normalised smallest singular
-value of 4e-3 needs 5-8 passes to reach 1e-14 (4 left the adjoint residual at 1.4e-10)."""
+well-conditioned batch takes one or two; measured: an active set of 20 rows in R^20 with a
+normalised smallest singular value of 4e-3 needs 5-8 passes to reach 1e-14 (4 left the
+adjoint residual at 1.4e-10)."""
 POLISH_ROUNDS = 4
 """Active sets each polish tries: the interior point's, then the CPU polish's corrections
 (:func:`dxopt.qp._torch_certify.polish_update`) for the samples that do not certify."""
