@@ -234,7 +234,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         saved = [json.loads(path.read_text()) for path in args.from_runs]
         info, runs = saved[0]["machine"], [r for part in saved for r in part["runs"]]
         load_start, load_end = saved[0]["load_start"], saved[-1]["load_now"]
-        wall = sum(part["wall_s"] for part in saved)
+        walls = [part["wall_s"] for part in saved]
+        wall = max(walls)  # records of processes that ran side by side: the longest
         epochs, num_train, num_test = (saved[0][k] for k in ("epochs", "num_train", "num_test"))
         for part in saved[1:]:
             if (part["epochs"], part["num_train"], part["num_test"]) != (
@@ -244,6 +245,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             ):
                 raise SystemExit("--from-runs: the records have different settings.")
     else:
+        walls = []
         info = machine_info()  # the commit the run started from
         load_start, t_start = _loadavg(), time.perf_counter()
         runs = []
@@ -305,7 +307,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     notes = [
         f"Load average (1, 5, 15 min) at start {load_start}, at end {load_end}; wall time "
-        f"{wall / 60:.1f} min; torch threads {torch.get_num_threads()}.",
+        f"{wall / 60:.1f} min"
+        + (
+            f" (the longest of the merged records: {', '.join(f'{w / 60:.1f}' for w in walls)})"
+            if len(walls) > 1
+            else ""
+        )
+        + f"; torch threads {torch.get_num_threads()}.",
         "s/epoch is the median over the epochs after the first (the first pays JIT compiles); "
         "speed-up is the median of the paired (same deg, seed) ratios PyEPO / dxopt; the two "
         "libraries' epochs run interleaved, so load changes reach both.",
