@@ -67,7 +67,7 @@ def _grad_error(grads: dict[str, np.ndarray], refs: list[dict[str, np.ndarray]])
 
 
 def run_torch(base: list[torch.Tensor], w: torch.Tensor, repeats: int) -> dict[str, Any]:
-    from dxopt.qp._torch_solver import torch_qp_solve
+    from dxopt.qp._torch_entry import torch_qp_solve
 
     dev = base[0].device
 

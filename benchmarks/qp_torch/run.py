@@ -80,7 +80,7 @@ def _grads(inputs: list[Any]) -> dict[str, np.ndarray]:
 def run_torch(probs: list[QPProblem], w: np.ndarray, repeats: int) -> dict[str, Any]:
     import torch
 
-    from dxopt.qp._torch_solver import torch_qp_solve
+    from dxopt.qp._torch_entry import torch_qp_solve
 
     base = _inputs(probs)
     w_t = torch.from_numpy(w)

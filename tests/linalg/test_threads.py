@@ -40,6 +40,7 @@ def test_torch_qp_solver_runs_small_matrices_at_one_thread(two_threads, monkeypa
     """The torch QP solver's factorizations see one thread for small batched matrices (n and
     m at most 256) and the caller's threads for larger ones."""
     import dxopt.qp._torch_solver as ts
+    from dxopt.qp._torch_entry import torch_qp_solve
 
     seen = []
     chol = ts._chol
@@ -51,7 +52,7 @@ def test_torch_qp_solver_runs_small_matrices_at_one_thread(two_threads, monkeypa
     monkeypatch.setattr(ts, "_chol", spy)
     d = torch.float64
     eye = torch.eye(n, dtype=d)
-    ts.torch_qp_solve(eye, torch.ones(n, dtype=d), G=-eye, h=torch.zeros(n, dtype=d))
+    torch_qp_solve(eye, torch.ones(n, dtype=d), G=-eye, h=torch.zeros(n, dtype=d))
     assert seen and set(seen) == expected
     assert torch.get_num_threads() == 2
 

@@ -297,9 +297,10 @@ def test_refinement_never_returns_a_worse_iterate_than_the_first_solve() -> None
     residual (rows scaled by 1e8 put the residual at the round-off floor, where the last
     iterate alone would wander)."""
     from dxopt.qp._active import identify_active
-    from dxopt.qp._adjoint import AdjointInput
-    from dxopt.qp._backward_kkt import dense_rows, schur_refine
+    from dxopt.qp._backward_kkt import schur_refine
+    from dxopt.qp._contracts import AdjointInput
     from dxopt.qp._problem import canonical_problem
+    from dxopt.qp._rows import dense_rows
 
     problems = [
         _scaled_rows(complementary_qp(14, m=11, p=3, n_active=a, seed=s), 1e8)
@@ -472,7 +473,8 @@ def test_grouped_regular_adjoint_with_a_failed_sample_equals_one_group(
     zero on the failed sample, and the exact reduced-KKT solution on the others."""
     from dxopt.qp import _backward_kkt as bk
     from dxopt.qp._active import identify_active
-    from dxopt.qp._adjoint import AdjointInput, kkt_residual
+    from dxopt.qp._adjoint import kkt_residual
+    from dxopt.qp._contracts import AdjointInput
     from dxopt.qp._problem import canonical_problem
 
     actives = (0, 9, 1, 10, 2, 8)

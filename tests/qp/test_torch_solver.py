@@ -13,7 +13,8 @@ import qpsolvers
 import torch
 
 from dxopt.qp import QPBackwardError, QPStatus, solve
-from dxopt.qp._torch_solver import TorchQPStatus, torch_qp_solve
+from dxopt.qp._torch_entry import torch_qp_solve
+from dxopt.qp._torch_solver import TorchQPStatus
 
 NAMES = ("P", "q", "A", "b", "G", "h")
 

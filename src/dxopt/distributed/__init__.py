@@ -5,10 +5,14 @@ actors in chunks; each actor keeps the graphs (and with them the backward's data
 it solved, so the backward goes back to the actor that owns each chunk. Results, per-sample
 status and gradients are those of the local call. Ray is an optional extra
 (``pip install 'dxopt[distributed]'``) imported only when an executor starts.
+
+Owns the Ray executor, its chunking, stitching and worker side. May import ``dxopt.qp`` (the
+executor protocol :class:`QPExecutor` is defined there, in :mod:`dxopt.qp._executor`, and
+re-exported here) and nothing else of dxopt; ``dxopt.qp`` never imports it.
 """
 
-from dxopt.distributed._protocol import QPExecutor as QPExecutor
 from dxopt.distributed._ray import ExecutorStats as ExecutorStats
 from dxopt.distributed._ray import RayExecutor as RayExecutor
+from dxopt.qp._executor import QPExecutor as QPExecutor
 
 __all__ = ["ExecutorStats", "QPExecutor", "RayExecutor"]

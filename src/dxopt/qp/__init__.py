@@ -24,7 +24,7 @@ from dxopt.qp._api import solve as solve
 from dxopt.qp._backward_base import BackwardBase as BackwardBase
 from dxopt.qp._backward_kkt import KKTBackward as KKTBackward
 from dxopt.qp._backward_penalty import PenaltyBackward as PenaltyBackward
-from dxopt.qp._function import BackwardMethod as BackwardMethod
+from dxopt.qp._contracts import BackwardMethod as BackwardMethod
 from dxopt.qp._types import BackwardDiagnostics as BackwardDiagnostics
 from dxopt.qp._types import QPBackwardError as QPBackwardError
 from dxopt.qp._types import QPDegenerateWarning as QPDegenerateWarning

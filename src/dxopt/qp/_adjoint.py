@@ -13,60 +13,14 @@ and every parameter gradient follows from :math:`(u, w_J, w_E)` (see ``_grads.py
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import numpy as np
 import torch
 from torch import Tensor
 
 from dxopt.qp._active import ActiveSet
+from dxopt.qp._contracts import AdjointInput
 from dxopt.qp._problem import QPProblem
 
-__all__ = ["AdjointInput", "AdjointSolution", "kkt_apply", "kkt_residual"]
-
-
-@dataclass(frozen=True)
-class AdjointInput:
-    """Everything a backward method needs, float64 CPU, one row per sample.
-
-    Failed samples (``ok`` False) carry zero cotangents and a zero ``x``. ``active`` (S, m)
-    is the forward's certified active set (``None``: identify it from the point); ``settled``
-    (S,) is False where that set is only a guess (see :mod:`dxopt.qp._polish`); ``factors``
-    the forward's Cholesky factor of ``P`` and rows :math:`L^{-1}c_r` of ``[G; A]`` per sample
-    (:class:`dxopt.qp._forward.ForwardResult`), or ``None``. ``needs_rows`` is False when no
-    gradient of ``A, b, G, h`` is wanted (then the degenerate rule's choice of rows cannot
-    change the result, :mod:`dxopt.qp._degenerate_rule`); ``rule_fixed`` says that ``active``
-    already holds the degenerate rule's final rows (the tangent solve's second pass).
-    """
-
-    problem: QPProblem
-    x: Tensor
-    eq_duals: Tensor
-    ineq_duals: Tensor
-    grad_x: Tensor
-    grad_eq: Tensor
-    grad_ineq: Tensor
-    ok: Tensor
-    active: Tensor | None = None
-    settled: Tensor | None = None
-    factors: tuple[np.ndarray, ...] | None = None
-    needs_rows: bool = True
-    rule_fixed: bool = False
-
-
-@dataclass(frozen=True)
-class AdjointSolution:
-    """:math:`(u, w_J, w_E)` with :math:`w_J` zero off the rows in ``active.used``;
-    ``ineq_duals``/``eq_duals`` the multipliers the gradient formulas use where the degenerate
-    rule chose them (``None``: the forward's)."""
-
-    u: Tensor
-    w_ineq: Tensor
-    w_eq: Tensor
-    active: ActiveSet
-    residual: Tensor
-    ineq_duals: Tensor | None = None
-    eq_duals: Tensor | None = None
+__all__ = ["kkt_apply", "kkt_residual"]
 
 
 def kkt_apply(

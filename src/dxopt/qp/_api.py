@@ -15,15 +15,15 @@ from dxopt.qp._backward_kkt import KKTBackward
 from dxopt.qp._backward_penalty import PenaltyBackward
 from dxopt.qp._bounds import append_bounds
 from dxopt.qp._certificates import unsolved_message
+from dxopt.qp._contracts import BackwardMethod, ForwardResult, QPState
 from dxopt.qp._forward import (
-    ForwardResult,
     daqp_certifies_psd,
     default_solver,
     routes_lp_to_piqp,
     solve_forward,
     trivial_forward,
 )
-from dxopt.qp._function import BackwardMethod, QPCall, QPFunction, QPState
+from dxopt.qp._function import QPCall, QPFunction
 from dxopt.qp._problem import QPProblem, canonical_problem
 from dxopt.qp._problem import check_psd as check_psd_of
 from dxopt.qp._small import (
@@ -41,7 +41,7 @@ from dxopt.qp._tangent import BASES, forward_ad_dual, functorch_active, sparse_u
 from dxopt.qp._types import BackwardDiagnostics, QPInfo, QPSolution, QPSolveError, QPStatus
 
 if TYPE_CHECKING:
-    from dxopt.distributed import QPExecutor
+    from dxopt.qp._executor import QPExecutor
 
 __all__ = ["QPLayer", "solve"]
 
@@ -662,7 +662,7 @@ def solve(
                 None, (P, q, A, b, G, h), eps_abs=eps_abs, eps_rel=eps_rel,
                 on_failure=on_failure, solver_options=solver_options, polish=polish,
                 m_user=m_user, bounds=bounds, validate=validate, backward=backward,
-                fallback=fallback,
+                fallback=fallback, cpu_solve=solve,
             )  # fmt: skip
     if not under_func and _torch_route(solver, backward, P, q, A, G):
         problem = canonical_problem(P, q, A, b, G, h, check_psd=check_psd, keep_device=True)
@@ -675,6 +675,7 @@ def solve(
                 problem, (P, q, A, b, G, h), eps_abs=eps_abs, eps_rel=eps_rel,
                 on_failure=on_failure, solver_options=solver_options, polish=polish,
                 m_user=m_user, bounds=bounds, backward=backward, fallback=fallback,
+                cpu_solve=solve,
             )  # fmt: skip
     if under_func:
         for mat_name, mat in (("P", P), ("A", A), ("G", G)):

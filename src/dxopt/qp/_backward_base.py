@@ -3,7 +3,7 @@
 A backward method turns the saved solution and the output cotangents into the adjoint
 :math:`(u, w_J, w_E)` of the reduced KKT system (:mod:`dxopt.qp._adjoint`). Anything with a
 ``name`` and a ``solve_adjoint(data, diagnostics)`` method is one (the
-:class:`~dxopt.qp._function.BackwardMethod` protocol); :class:`BackwardBase` is the convenient
+:class:`~dxopt.qp._contracts.BackwardMethod` protocol); :class:`BackwardBase` is the convenient
 way to write one: it validates the common options, identifies the active set and hands the
 problem to ``_adjoint``, and it owns the policy for degenerate problems. Weakly active rows that
 lie in the span of the active rows (a duplicated row whose multiplier the backend put on the
@@ -67,7 +67,7 @@ behaviour (:class:`~dxopt.qp.QPBackwardError`).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -76,7 +76,8 @@ from torch import Tensor
 from dxopt.linalg.sparse import lstsq_saddle
 from dxopt.linalg.threads import small_work
 from dxopt.qp._active import WEAK_POLICIES, ActiveSet, identify_active
-from dxopt.qp._adjoint import AdjointInput, AdjointSolution, kkt_residual
+from dxopt.qp._adjoint import kkt_residual
+from dxopt.qp._contracts import AdjointInput, AdjointSolution
 from dxopt.qp._degenerate import count_dependent_dense, dependent_weak_rows
 from dxopt.qp._degenerate_rule import (
     DegenerateRule,
@@ -88,6 +89,7 @@ from dxopt.qp._degenerate_rule import (
     warn_degenerate,
 )
 from dxopt.qp._problem import QPProblem
+from dxopt.qp._rows import active_rows_sparse, dense_rows, dependent_rows_sparse, scipy_matrix
 from dxopt.qp._types import BackwardDiagnostics, QPBackwardError
 from dxopt.qp._vertex import vertex_rows
 
@@ -124,6 +126,16 @@ class BackwardBase:
     weak_policy: str = "inactive"
     max_residual: float = 1e-8
     degenerate: str = "auto"
+
+    _exact_method: ClassVar[type[BackwardBase] | None] = None
+    """The exact reduced-KKT method of :meth:`_adjoint_or_exact`, registered by the subclass
+    that declares itself with ``class KKTBackward(BackwardBase, exact_fallback=True)`` (this
+    module sits below the methods and never imports one)."""
+
+    def __init_subclass__(cls, *, exact_fallback: bool = False, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if exact_fallback:
+            BackwardBase._exact_method = cls
 
     def __post_init__(self) -> None:
         if self.linear_solver not in ("auto", "dense", "sparse"):
@@ -167,11 +179,10 @@ class BackwardBase:
         try:
             return self._adjoint(data, active, diagnostics)
         except QPBackwardError as err:
-            if self.name == "kkt":
+            exact_method = BackwardBase._exact_method
+            if self.name == "kkt" or exact_method is None:
                 raise
-            from dxopt.qp._backward_kkt import KKTBackward
-
-            exact = KKTBackward(linear_solver=self.linear_solver, max_residual=self.max_residual)
+            exact = exact_method(linear_solver=self.linear_solver, max_residual=self.max_residual)
             try:
                 out = exact._adjoint(data, active, diagnostics)
             except QPBackwardError:
@@ -485,8 +496,6 @@ def _dual_rhs(data: AdjointInput, used: Tensor) -> Tensor:
 def _dependent_counts(data: AdjointInput, used: Tensor, samples: Tensor | None = None) -> Tensor:
     """Per-sample number of dependent rows of ``[G_used; A]`` (0 for failed samples and, with
     ``samples``, for the samples not in it)."""
-    from dxopt.qp._backward_kkt import dense_rows, dependent_rows_sparse
-
     ok = data.ok if samples is None else data.ok & samples
     if data.problem.any_sparse:
         return dependent_rows_sparse(replace(data, ok=ok), used)
@@ -495,8 +504,6 @@ def _dependent_counts(data: AdjointInput, used: Tensor, samples: Tensor | None =
 
 
 def _sample_matrices(problem: QPProblem, used: torch.Tensor, i: int) -> tuple[Any, Any]:
-    from dxopt.qp._backward_kkt import active_rows_sparse, scipy_matrix
-
     P = scipy_matrix(problem, "P", i)
     C = active_rows_sparse(problem, used, i)
     if not problem.any_sparse:

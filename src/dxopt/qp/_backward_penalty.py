@@ -71,17 +71,16 @@ from torch import Tensor
 
 from dxopt.linalg.schur import schur_factor
 from dxopt.qp._active import ActiveSet, compress_rows, gather_rows
-from dxopt.qp._adjoint import AdjointInput, AdjointSolution, kkt_residual
+from dxopt.qp._adjoint import kkt_residual
 from dxopt.qp._backward_base import BackwardBase
 from dxopt.qp._backward_kkt import (
     _regular_diagnostics,
     check_residual,
-    dense_rows,
-    dependent_rows_sparse,
     regular_dense_adjoint,
     schur_refine,
     solve_sparse,
 )
+from dxopt.qp._contracts import AdjointInput, AdjointSolution
 from dxopt.qp._degenerate import (
     DEPENDENT_TOL,
     count_dependent_dense,
@@ -91,6 +90,7 @@ from dxopt.qp._degenerate import (
 )
 from dxopt.qp._dense_large import large_dense_adjoint, reused_dense_adjoint
 from dxopt.qp._penalty_sparse import SparseKKTSolve, SparsePenaltySolve, gmres_refine
+from dxopt.qp._rows import dense_rows, dependent_rows_sparse
 from dxopt.qp._types import BackwardDiagnostics, QPBackwardError
 
 __all__ = ["PenaltyBackward"]

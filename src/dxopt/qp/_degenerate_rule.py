@@ -45,6 +45,7 @@ from torch import Tensor
 
 from dxopt.qp._active import ActiveSet
 from dxopt.qp._problem import QPProblem
+from dxopt.qp._rows import active_rows_sparse
 from dxopt.qp._types import QPDegenerateWarning
 
 __all__ = [
@@ -223,8 +224,6 @@ def _in_span(
 
 def _sample_rows(problem: QPProblem, used: Tensor, i: int) -> tuple[Any, np.ndarray]:
     """``([G_used; A] of sample i (dense or scipy sparse), used row indices)``."""
-    from dxopt.qp._backward_kkt import active_rows_sparse
-
     rows = torch.nonzero(used[i]).flatten().numpy() if problem.m else np.zeros(0, np.int64)
     C = active_rows_sparse(problem, used, i)
     if C is None:

@@ -34,9 +34,9 @@ from torch import Tensor
 from dxopt.linalg.augmented import augmented_solve, certify_independent_rows
 from dxopt.linalg.threads import blas_threads
 from dxopt.qp._active import ActiveSet
-from dxopt.qp._adjoint import AdjointInput
-from dxopt.qp._backward_kkt import dense_rows
+from dxopt.qp._contracts import AdjointInput
 from dxopt.qp._degenerate import DEPENDENT_TOL
+from dxopt.qp._rows import dense_rows
 
 __all__ = ["LARGE_N", "MAX_BATCH", "large_dense_adjoint", "reused_dense_adjoint"]
 

@@ -68,6 +68,7 @@ from torch import Tensor
 
 from dxopt.qp._active import row_inf_np
 from dxopt.qp._certificates import diagnose, hit_iteration_limit
+from dxopt.qp._contracts import ForwardResult
 from dxopt.qp._daqp import FACTORED_FLAGS, DaqpBatch, DaqpPoint
 from dxopt.qp._polish import BatchCertificate, batch_accept_exact, row_inf
 from dxopt.qp._polish import polish as polish_solution
@@ -77,7 +78,6 @@ from dxopt.qp._types import QPStatus
 __all__ = [
     "SPARSE_ONLY",
     "Attempt",
-    "ForwardResult",
     "backend_kwargs",
     "daqp_certifies_psd",
     "default_solver",
@@ -191,39 +191,6 @@ def routes_lp_to_piqp(P: object, q: object) -> bool:
         and not bool(P.detach().diagonal(dim1=-2, dim2=-1).any())
         and not bool(P.detach().any())
     )
-
-
-@dataclass(frozen=True)
-class ForwardResult:
-    """Float64 CPU solution of every sample (NaN rows for failed samples).
-
-    ``active`` (S, m) is the certified active set of each sample (the polished one), and
-    ``sample_solvers``/``sample_eps``/``polished`` record which attempt of the fallback chain
-    produced each sample (``""``/NaN for failed samples); ``settled`` is False where the point
-    was certified only by the duality gap (its active set is a guess). ``residuals`` are the
-    per-sample primal and dual residuals of :class:`~dxopt.qp.QPInfo` when the forward already
-    computed them (the batch certificate), else ``None``. ``factors``: the Cholesky factor of
-    ``P`` (S, n, n), the rows :math:`L^{-1}c_r` of ``[G; A]`` (S, m + p, n), the final working
-    set (S, w) and its Schur complement's factor (S, w, w) of every sample when the forward
-    computed them (the compiled solver of :mod:`dxopt.qp._dual_active_set`),
-    for the backward to reuse, else ``None``. ``reasons``: per sample, why it was not solved
-    and what to change (``""`` for solved samples; empty when every sample is solved).
-    """
-
-    x: Tensor
-    eq_duals: Tensor
-    ineq_duals: Tensor
-    status: tuple[QPStatus, ...]
-    solver: str
-    solve_time: float
-    active: Tensor | None = None
-    sample_solvers: tuple[str, ...] = ()
-    sample_eps: tuple[float, ...] = ()
-    polished: tuple[bool, ...] = ()
-    settled: tuple[bool, ...] = ()
-    residuals: tuple[np.ndarray, np.ndarray] | None = None
-    factors: tuple[np.ndarray, ...] | None = None
-    reasons: tuple[str, ...] = ()
 
 
 SPARSE_ONLY = ("clarabel", "osqp", "scs")
@@ -432,7 +399,7 @@ def solve_forward(
     batch_points = None
     if solver == "torch":  # the batched torch interior point (dxopt.qp._torch_solver): its
         # points are the first attempt's, polished and certified as any backend's
-        from dxopt.qp._torch_solver import torch_points
+        from dxopt.qp._torch_entry import torch_points
 
         batch_points = torch_points(problem, eps_abs=eps_abs, eps_rel=eps_rel,
                                     solver_options=solver_options)  # fmt: skip

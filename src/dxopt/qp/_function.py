@@ -25,15 +25,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from dxopt.qp._adjoint import AdjointInput, AdjointSolution
-from dxopt.qp._forward import ForwardResult
+from dxopt.qp._contracts import QPState
 from dxopt.qp._grads import parameter_gradients
-from dxopt.qp._problem import QPProblem
 from dxopt.qp._tangent import (
     BASES,
     AdjointSolve,
@@ -46,14 +44,11 @@ from dxopt.qp._tangent import (
     run_adjoint,
     unfold,
 )
-from dxopt.qp._types import BackwardDiagnostics
 
 __all__ = [
-    "BackwardMethod",
     "NoDoubleBackward",
     "QPCall",
     "QPFunction",
-    "QPState",
     "eager_gradients",
     "refuse_batched_cotangents",
     "refuse_second_order",
@@ -63,37 +58,6 @@ try:  # the private helper torch's own Function.apply calls; without it, no shor
     from torch._functorch.utils import unwrap_dead_wrappers
 except ImportError:  # pragma: no cover - a torch without it
     unwrap_dead_wrappers = None  # type: ignore[assignment]
-
-
-@runtime_checkable
-class BackwardMethod(Protocol):
-    """A backward method: computes the adjoint from the saved solution.
-
-    The extension point of :func:`dxopt.qp.solve`: any object with these two members can be
-    passed as ``backward=``; :class:`dxopt.qp.BackwardBase` provides the shared options, the
-    active set and the degenerate-problem policy.
-    """
-
-    @property
-    def name(self) -> str: ...
-
-    def solve_adjoint(
-        self, data: AdjointInput, diagnostics: BackwardDiagnostics
-    ) -> AdjointSolution: ...
-
-
-@dataclass(frozen=True)
-class QPState:
-    """Non-tensor context of one call: the canonical problem, its solution, the backward
-    method and its diagnostics, the backend's name and the per-sample (primal, dual)
-    residuals of the solution."""
-
-    problem: QPProblem
-    result: ForwardResult
-    method: BackwardMethod
-    diagnostics: BackwardDiagnostics
-    solver: str = ""
-    residuals: tuple[tuple[float, ...], tuple[float, ...]] = ((), ())
 
 
 @dataclass

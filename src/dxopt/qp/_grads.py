@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from dxopt._core.memory import host_array
-from dxopt.qp._adjoint import AdjointInput, AdjointSolution
+from dxopt.qp._contracts import AdjointInput, AdjointSolution
 from dxopt.qp._problem import QPProblem
 
 __all__ = ["parameter_gradients"]

@@ -32,8 +32,9 @@ from torch import Tensor
 
 from dxopt.linalg.sparse import FactorizationError, KKTFactor, kkt_factor
 from dxopt.qp._active import ActiveSet
-from dxopt.qp._adjoint import AdjointInput, kkt_apply
-from dxopt.qp._backward_kkt import scipy_matrix, sparse_factor, sparse_rows
+from dxopt.qp._adjoint import kkt_apply
+from dxopt.qp._contracts import AdjointInput
+from dxopt.qp._rows import scipy_matrix, sparse_factor, sparse_rows
 from dxopt.qp._types import QPBackwardError
 
 __all__ = ["SparseKKTSolve", "SparsePenaltySolve", "gmres_refine"]

@@ -55,12 +55,12 @@ import torch
 from torch import Tensor
 
 from dxopt.qp._active import ActiveSet
-from dxopt.qp._adjoint import AdjointInput, AdjointSolution
+from dxopt.qp._contracts import AdjointInput, AdjointSolution
 from dxopt.qp._problem import QPProblem
 from dxopt.qp._types import QPBackwardError
 
 if TYPE_CHECKING:
-    from dxopt.qp._function import QPState
+    from dxopt.qp._contracts import QPState
 
 __all__ = [
     "BASES",

@@ -1,4 +1,4 @@
-"""Differentiating :func:`dxopt.qp._torch_solver.torch_qp_solve`: the exact active-set adjoint.
+"""Differentiating :func:`dxopt.qp._torch_entry.torch_qp_solve`: the exact active-set adjoint.
 
 At a solution with active inequality rows :math:`\\mathcal A`, the solution map satisfies the
 reduced KKT system (Amos & Kolter, arXiv 1703.00443, with the multipliers of inactive rows held
@@ -368,7 +368,7 @@ def torch_qp_differentiable(
     h: Tensor | None,
     **options: Any,
 ) -> TorchQPResult:
-    """:func:`dxopt.qp._torch_solver.torch_qp_solve` with derivatives through ``x, y, z``
+    """:func:`dxopt.qp._torch_entry.torch_qp_solve` with derivatives through ``x, y, z``
     (``options``: see :class:`TorchQPFunction`)."""
     steps = options.get("refine_steps")
     options = dict(options, refine_steps=steps if steps is not None else REFINE_STEPS)

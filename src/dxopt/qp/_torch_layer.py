@@ -2,7 +2,7 @@
 
 The inputs are validated by :func:`dxopt.qp._problem.canonical_problem` with
 ``keep_device=True`` (the same checks, no copy to a float64 CPU form), solved by
-:func:`dxopt.qp._torch_solver.torch_qp_solve` where they live (CUDA tensors stay on the GPU,
+:func:`dxopt.qp._torch_entry.torch_qp_solve` where they live (CUDA tensors stay on the GPU,
 float32 stays float32) and differentiated by :class:`dxopt.qp._torch_backward.TorchQPFunction`,
 whose backward reuses the forward polish's penalty factorization and refines against the exact
 reduced KKT system: the same exact active-set adjoint as ``backward="kkt"`` and the refined
@@ -51,19 +51,18 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from dxopt.qp._function import BackwardMethod
+from dxopt.qp._contracts import BackwardMethod
 from dxopt.qp._problem import QPProblem
 from dxopt.qp._tangent import BASES, forward_ad_dual
 from dxopt.qp._torch_backward import TorchCall, torch_qp_differentiable
+from dxopt.qp._torch_entry import torch_options
 from dxopt.qp._torch_solver import TorchQPStatus, _check_inputs, solve_detached
 from dxopt.qp._types import BackwardDiagnostics, QPInfo, QPSolution, QPSolveError, QPStatus
 
-__all__ = ["TORCH_OPTIONS", "solve_torch"]
+__all__ = ["solve_torch"]
 
 _Inputs = tuple[Tensor, Tensor, Tensor | None, Tensor | None, Tensor | None, Tensor | None]
 
-TORCH_OPTIONS = ("eps_inf", "max_iter", "check_every", "refine_steps")
-"""The ``solver_options`` the torch solver takes (see :func:`torch_qp_solve`)."""
 
 _TO_STATUS = {
     int(TorchQPStatus.SOLVED): QPStatus.SOLVED,
@@ -73,19 +72,6 @@ _TO_STATUS = {
 
 
 _VERDICTS = (QPStatus.INFEASIBLE, QPStatus.UNBOUNDED)
-
-
-def _options(solver_options: dict[str, Any] | None) -> dict[str, Any]:
-    opts = dict(solver_options or {})
-    unknown = sorted(set(opts) - set(TORCH_OPTIONS))
-    if unknown:
-        raise ValueError(
-            f"solver_options: the torch solver takes {list(TORCH_OPTIONS)}, got the unknown "
-            f"options {unknown}. Remove them (tolerances go through eps_abs/eps_rel)."
-        )
-    full = {"eps_inf": 1e-7, "max_iter": 50, "check_every": 4, "refine_steps": None}
-    full.update(opts)
-    return full
 
 
 def solve_torch(
@@ -102,6 +88,7 @@ def solve_torch(
     validate: Callable[..., Any] | None = None,
     backward: str | BackwardMethod = "penalty",
     fallback: bool = True,
+    cpu_solve: Callable[..., QPSolution],
 ) -> QPSolution:
     """Solve and differentiate a dense batch with the torch solver, on the inputs' device.
 
@@ -119,12 +106,14 @@ def solve_torch(
         fallback: send the samples the torch solver does not certify through the CPU path's
             fallback chain (module docstring); ``False``: they stay failed (the samples it
             certifies but cannot differentiate on the device still go to the CPU path).
+        cpu_solve: :func:`dxopt.qp.solve` itself, passed down by the api layer (this module
+            sits below it and never imports it) for the samples sent to the CPU path.
 
     The other arguments are those of :func:`dxopt.qp.solve`.
     """
     if problem is not None and problem.any_sparse:
         raise ValueError("solve_torch: sparse inputs take the float64 CPU route")
-    opts = _options(solver_options)
+    opts = torch_options(solver_options)
     P, q, A, b, G, h = inputs
     diagnostics = BackwardDiagnostics()
     start = time.perf_counter()
@@ -160,7 +149,7 @@ def solve_torch(
         if not reg and (fallback or status[i].ok or status[i] in _VERDICTS)
     ]
     if moved and problem is None:  # [func] one solve for the whole transformed call
-        cpu = _cpu_solve(inputs, None, eps_abs, eps_rel, polish, backward, fallback)
+        cpu = _cpu_solve(cpu_solve, inputs, None, eps_abs, eps_rel, polish, backward, fallback)
         dev, dt = q.device, q.dtype
         x = cpu.x.to(device=dev, dtype=dt)
         mu = None if cpu.eq_duals is None else cpu.eq_duals.to(device=dev, dtype=dt)
@@ -179,7 +168,7 @@ def solve_torch(
         tolerances = [eps_abs if s.ok else float("nan") for s in status]
         polished = [bool(v) for v in plain.polished.tolist()]
         if moved:
-            cpu = _cpu_solve(inputs, moved, eps_abs, eps_rel, polish, backward, fallback)
+            cpu = _cpu_solve(cpu_solve, inputs, moved, eps_abs, eps_rel, polish, backward, fallback)
             idx = torch.tensor(moved, device=x.device)
             n = x.shape[-1]
             x = x.index_copy(0, idx, cpu.x.reshape(len(moved), n).to(x))
@@ -244,6 +233,7 @@ def solve_torch(
 
 
 def _cpu_solve(
+    solve: Callable[..., QPSolution],
     inputs: _Inputs,
     samples: list[int] | None,
     eps_abs: float,
@@ -255,9 +245,8 @@ def _cpu_solve(
     """The CPU path (:func:`dxopt.qp.solve` with ``solver="auto"``: the fallback chain, the
     certificate, the polish and the degenerate rules of every CPU backend) on ``samples`` of
     the batch (``None``: all), in float64; autograd carries the derivatives through the
-    device/dtype conversions both ways. ``on_failure="nan"``: the caller raises."""
-    from dxopt.qp._api import solve
-
+    device/dtype conversions both ways. ``on_failure="nan"``: the caller raises. ``solve`` is
+    :func:`dxopt.qp.solve`, handed down by :mod:`dxopt.qp._api`."""
     idx = None if samples is None else torch.tensor(samples, device=inputs[1].device)
     cpu: list[Tensor | None] = []
     for t, base in zip(inputs, BASES):

@@ -80,7 +80,7 @@ from __future__ import annotations
 import contextlib
 import enum
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -90,9 +90,6 @@ from dxopt.qp._torch_certify import certify as _certify
 from dxopt.qp._torch_certify import polish_update as _polish_update
 from dxopt.qp._torch_certify import regular as _regular
 
-if TYPE_CHECKING:
-    from dxopt.qp._problem import QPProblem
-
 __all__ = [
     "PenaltyFactor",
     "TorchQPResult",
@@ -100,13 +97,12 @@ __all__ = [
     "kkt_solve",
     "penalty_factor",
     "small_threads",
-    "torch_points",
-    "torch_qp_solve",
 ]
 
 
 class TorchQPStatus(enum.IntEnum):
-    """Per-sample outcome codes of :func:`torch_qp_solve` (stored as an int tensor)."""
+    """Per-sample outcome codes of :func:`dxopt.qp._torch_entry.torch_qp_solve` (stored as an
+    int tensor)."""
 
     SOLVED = 0
     MAX_ITER = 1
@@ -136,7 +132,8 @@ class PenaltyFactor:
 
 @dataclass(frozen=True)
 class TorchQPResult:
-    """Solution of a batch of QPs by :func:`torch_qp_solve` (all tensors on the input device).
+    """Solution of a batch of QPs by :func:`dxopt.qp._torch_entry.torch_qp_solve` (all tensors
+    on the input device).
 
     Attributes:
         x: primal solutions ``(B, n)`` (differentiable when an input requires grad).
@@ -745,87 +742,6 @@ def status_is(status: Tensor, *names: str) -> Tensor:
     return out
 
 
-def torch_qp_solve(
-    P: Tensor,
-    q: Tensor,
-    A: Tensor | None = None,
-    b: Tensor | None = None,
-    G: Tensor | None = None,
-    h: Tensor | None = None,
-    *,
-    eps_abs: float = 1e-9,
-    eps_rel: float = 0.0,
-    eps_inf: float = 1e-7,
-    max_iter: int = 50,
-    check_every: int = 4,
-    polish: bool = True,
-    refine_steps: int | None = None,
-) -> TorchQPResult:
-    """Solve a batch of dense QPs on the inputs' device (see the module docstring).
-
-    Args:
-        P: ``(n, n)`` or ``(B, n, n)`` positive semidefinite (symmetric) cost matrix.
-        q: ``(n,)`` or ``(B, n)``.
-        A, b: equality constraints ``(p, n)``/``(B, p, n)`` and ``(p,)``/``(B, p)``, or None.
-        G, h: inequality constraints ``(m, n)``/``(B, m, n)`` and ``(m,)``/``(B, m)``, or None.
-        eps_abs, eps_rel: interior-point stopping tolerance on the primal residual, the dual
-            residual and the mean complementarity :math:`s^\\top z/m`. In float32 ``eps_abs`` is
-            raised to at least ``1e-5`` (see the module docstring).
-        eps_inf: tolerance of the infeasibility certificates.
-        max_iter: interior-point iteration limit (samples not done get ``MAX_ITER``).
-        check_every: iterations between convergence checks (each check is one host sync).
-        polish: move the solution onto the identified active set by the refined KKT solve.
-        refine_steps: the most refinement passes of each KKT solve (default
-            :data:`REFINE_STEPS`; a solve stops as soon as every sample is at round-off).
-
-    Inputs with a batch dimension of the same size ``B`` are solved together; unbatched
-    inputs are shared by every sample. Gradients flow to every input through
-    :class:`dxopt.qp._torch_backward.TorchQPFunction` when any input requires grad.
-
-    Returns:
-        :class:`TorchQPResult` with ``(B, ...)`` tensors (``B = 1`` when nothing is batched).
-    """
-    for name, val in (("max_iter", max_iter), ("check_every", check_every)):
-        if not isinstance(val, int) or val < 1:
-            raise ValueError(f"torch_qp_solve: {name} must be a positive int, got {val!r}")
-    for name, fval in (("eps_abs", eps_abs), ("eps_rel", eps_rel), ("eps_inf", eps_inf)):
-        if not isinstance(fval, (int, float)) or not fval >= 0:
-            raise ValueError(f"torch_qp_solve: {name} must be a float >= 0, got {fval!r}")
-    from dxopt.qp._tangent import forward_ad_dual, functorch_active
-
-    if functorch_active() or any(  # derivatives (torch.func, forward mode) via the Function
-        isinstance(t, Tensor) and (t.requires_grad or forward_ad_dual(t))
-        for t in (P, q, A, b, G, h)
-    ):
-        from dxopt.qp._torch_backward import torch_qp_differentiable
-
-        return torch_qp_differentiable(
-            P,
-            q,
-            A,
-            b,
-            G,
-            h,
-            eps_abs=eps_abs,
-            eps_rel=eps_rel,
-            eps_inf=eps_inf,
-            max_iter=max_iter,
-            check_every=check_every,
-            polish=polish,
-            refine_steps=refine_steps,
-        )
-    return solve_detached(
-        *_check_inputs(P, q, A, b, G, h),
-        eps_abs=eps_abs,
-        eps_rel=eps_rel,
-        eps_inf=eps_inf,
-        max_iter=max_iter,
-        check_every=check_every,
-        polish=polish,
-        refine_steps=refine_steps,
-    )
-
-
 def solve_detached(
     P: Tensor,
     q: Tensor,
@@ -951,33 +867,3 @@ def solve_detached(
             factor=factor,
             regular=regular,
         )
-
-
-def torch_points(
-    problem: QPProblem, *, eps_abs: float, eps_rel: float, solver_options: dict[str, Any] | None
-) -> list[tuple[Any, ...] | None]:
-    """``solver="torch"`` on the float64 CPU route of :func:`dxopt.qp.solve` (sparse inputs,
-    densified, or a custom backward object): the canonical problem through
-    :func:`torch_qp_solve` in one batch, as the first attempt's points ``(None, x, y, z)``
-    of :func:`dxopt.qp._forward.solve_forward` (``None`` where ``x`` is not finite), which
-    polishes and certifies them as any backend's and sends the samples that do not certify
-    on through its fallback chain. Dense inputs with a named backward take the device path
-    of :mod:`dxopt.qp._torch_layer`."""
-    from dxopt.qp._torch_layer import _options
-
-    P = problem.dense("P")
-    assert P is not None
-    r = torch_qp_solve(
-        P,
-        problem.dense_vec("q"),
-        problem.dense("A"),
-        problem.dense("b"),
-        problem.dense("G"),
-        problem.dense("h"),
-        eps_abs=eps_abs,
-        eps_rel=eps_rel,
-        **_options(solver_options),
-    )
-    X, Y, Z = (t.numpy() for t in (r.x, r.eq_duals, r.ineq_duals))
-    finite = torch.isfinite(r.x).all(-1).tolist()
-    return [(None, X[i], Y[i], Z[i]) if finite[i] else None for i in range(len(finite))]

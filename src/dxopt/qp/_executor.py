@@ -1,4 +1,11 @@
-"""What :func:`dxopt.qp.solve` needs from an ``executor=``."""
+"""What :func:`dxopt.qp.solve` needs from an ``executor=``: the :class:`QPExecutor` protocol.
+
+It lives in ``dxopt.qp`` (the caller that defines the contract) and is re-exported as
+``dxopt.distributed.QPExecutor``; :mod:`dxopt.distributed` implements it
+(:class:`dxopt.distributed.RayExecutor`) and imports ``dxopt.qp``, never the reverse.
+
+May import: ``_types`` only.
+"""
 
 from __future__ import annotations
 
