@@ -15,6 +15,14 @@ When the active constraint rows are linearly dependent (LICQ fails) both methods
 same minimum-norm multiplier adjoint (exact :math:`\\partial L/\\partial q`,
 :math:`\\partial L/\\partial P`), record it in :class:`BackwardDiagnostics` and warn with
 :class:`QPDegenerateWarning`.
+
+This package owns the QP layers: validation and problem layout, the backends and their
+fallback chain, the certificate and polish, the backward methods and degenerate rules, the
+autograd Functions, the torch device path and the executor protocol
+(:class:`dxopt.qp._executor.QPExecutor`, implemented by :mod:`dxopt.distributed`). It may
+import :mod:`dxopt._core` and :mod:`dxopt.linalg` only (never :mod:`dxopt.distributed`,
+:mod:`dxopt.dfl` or the benchmarks); inside it each module imports only the layers below it
+(``docs/architecture.md``; ``tests/test_import_graph.py`` fails on any circle).
 """
 
 from typing import TYPE_CHECKING
