@@ -8,7 +8,8 @@ status and gradients are those of the local call. Ray is an optional extra
 
 Owns the Ray executor, its chunking, stitching and worker side. May import ``dxopt.qp`` (the
 executor protocol :class:`QPExecutor` is defined there, in :mod:`dxopt.qp._executor`, and
-re-exported here) and nothing else of dxopt; ``dxopt.qp`` never imports it.
+re-exported here) and the top-level ``dxopt`` (``_worker.describe``); ``dxopt.qp`` never
+imports it.
 """
 
 from dxopt.distributed._ray import ExecutorStats as ExecutorStats
