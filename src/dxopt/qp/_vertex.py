@@ -35,7 +35,7 @@ __all__ = [
     "vertex_rows",
 ]
 
-MAX_VERTEX_ENTRIES = 4e6  # dense entries of [G_J; A] above which ``vertex_rows`` skips a sample
+MAX_VERTEX_ENTRIES = 1e5  # dense entries of [G_J; A] above which the sparse LP branch (HiGHS) runs
 
 
 def vertex_rows(
