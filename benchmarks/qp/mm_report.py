@@ -75,6 +75,11 @@ def summarize(records: list[dict], args_timeout: float) -> dict[str, Any]:
         "verdictable": len(verdictable),
         "verdictable_matching": sum(r["verdict"] in PASSING for r in verdictable),
         "nonunique_names": [r["problem"] for r in records if r.get("source") == "non-unique"],
+        "backward_timeout_names": [
+            r["problem"]
+            for r in records
+            if str(r["dxopt"].get("status", "")).startswith("backward timeout")
+        ],
         "raw_solved": sum(any(v.get("success") for v in r["raw"].values()) for r in records),
         "raw_solved_dxopt_failed": [
             r["problem"]
@@ -113,6 +118,8 @@ def summary_table(summaries: dict[str, dict]) -> str:
         row(f"verdict: {v}", lambda s, v=v: s["verdicts"].get(v, 0))
     row("  of which x* not unique (evidence about another optimal point)",
         lambda s: len(s.get("nonunique_names", [])))  # fmt: skip
+    row("  error: backward out of time (forward solved)",
+        lambda s: len(s.get("backward_timeout_names", [])))  # fmt: skip
     row("silently wrong (wrong, not flagged)", lambda s: s["silently_wrong"])
     row("flagged degenerate", lambda s: s["flagged"])
     row("SOLVED but residuals above tolerance", lambda s: s["silent_forward_errors"])
@@ -320,6 +327,8 @@ def section(payloads: dict[str, dict]) -> str:
             ).most_common()) + ". "
             f"Wrong: {', '.join(s['wrong_names']) or 'none'}. "
             f"No verdict as x* is not unique: {', '.join(s['nonunique_names']) or 'none'}. "
+            f"Backward out of time (forward solved): "
+            f"{', '.join(s.get('backward_timeout_names', [])) or 'none'}. "
             f"Refused: {', '.join(s['refused_names']) or 'none'}. "
             f"Forward failed: {', '.join(s['failed_names']) or 'none'}.",
         ]  # fmt: skip
