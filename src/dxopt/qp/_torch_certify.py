@@ -45,6 +45,8 @@ __all__ = ["certify", "polish_update", "regular"]
 
 
 def _mv(M: Tensor, v: Tensor) -> Tensor:
+    # row-vector form: torch's batched matrix-vector product (M @ v[..., None]) is about 3x
+    # slower on the CPU than the same product as a (1, n) x (n, r) batched matmul
     return (v.unsqueeze(-2) @ M.mT).squeeze(-2)
 
 
