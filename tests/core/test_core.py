@@ -133,3 +133,26 @@ def test_every_public_error_subclasses_dxopt_error(package: str) -> None:
     ]
     for err in errors:
         assert issubclass(err, DxoptError) and issubclass(err, RuntimeError), err
+
+
+def test_input_errors_reraises_validator_errors_as_the_given_classes():
+    from dxopt._core import input_errors
+
+    class MyValueError(DxoptError, ValueError):
+        pass
+
+    class MyTypeError(DxoptError, TypeError):
+        pass
+
+    as_mine = input_errors(MyValueError, MyTypeError)
+    with pytest.raises(MyValueError, match=r"k: expected an integer >= 1, got 0") as info, as_mine:
+        check_int("k", 0)
+    assert info.value.__cause__ is None and isinstance(info.value, ValueError)
+    with (
+        pytest.raises(MyTypeError, match=r"x: expected a torch\.Tensor, got list"),
+        input_errors(MyValueError, MyTypeError),
+    ):
+        check_tensor("x", [1.0])
+    # other errors pass through untouched
+    with pytest.raises(KeyError), input_errors(MyValueError, MyTypeError):
+        raise KeyError("k")

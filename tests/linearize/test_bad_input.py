@@ -55,3 +55,15 @@ def test_distillation_bad_input(tiny, images):
         alpha_range(0.5, low=1.5)
     with pytest.raises(ValueError, match=r"pretrained: .*not parameters"):
         call_along_ray(tiny, {"nope": torch.zeros(1)}, 1.0, images)
+
+
+def test_shared_validators_name_the_argument(tiny, images):
+    model, x = tiny, images
+    # a bool or a float batch size passed the old range test (True == 1, 2.0 <= n)
+    for bad in (True, 2.0):
+        with pytest.raises(ValueError, match=r"batch_size: expected an integer >= 1"):
+            CurvaturePenalty(model, x, batch_size=bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"progress: expected a number in \[0.0, 1.0\]"):
+        alpha_range(float("inf"))
+    with pytest.raises(ValueError, match="norm: expected one of 'squared_l2', 'l1', 'cosine'"):
+        distillation_loss(torch.zeros(2, 3), torch.zeros(2, 3), norm="l2")  # type: ignore[arg-type]

@@ -163,3 +163,34 @@ def test_batched_exact_verification_matches_the_class():
     torch.testing.assert_close(batched, expected)
     with pytest.raises(RLValueError, match="history states"):
         exact_verification_at_k(probs, success, 3)
+
+
+def test_errors_are_dxopt_input_errors_raised_by_the_shared_validators():
+    from dxopt import DxoptError
+
+    assert issubclass(RLValueError, DxoptError) and issubclass(RLTypeError, DxoptError)
+    # the shared validators' messages, re-raised as the rl classes
+    with pytest.raises(RLValueError, match=r"num_groups: expected an integer >= 1, got True"):
+        TabularMultiAttempt.counterexample().sample(True, 2)  # type: ignore[arg-type]
+    with pytest.raises(RLValueError, match=r"singleton: expected one of 'trajectory'"):
+        compute_weights(MultiAttemptRollout(REWARDS), "cal", singleton="drop")  # type: ignore[arg-type]
+    with pytest.raises(RLValueError, match=r"eps: expected a positive finite number, got inf"):
+        compute_weights(MultiAttemptRollout(REWARDS), "cal", eps=float("inf"))
+
+
+def test_tabular_refuses_nan_tables_and_bad_logits():
+    # a NaN pass probability slipped through the [0, 1] test before (NaN compares false)
+    success = torch.tensor([[0.5, float("nan")], [0.1, 0.2], [0.3, 0.4]], dtype=torch.float64)
+    with pytest.raises(RLValueError, match="success: expected finite values"):
+        TabularMultiAttempt(success, 2)
+    ok = torch.full((3, 2), 0.5, dtype=torch.float64)
+    with pytest.raises(RLValueError, match=r"logits: expected shape \(3, 2\), got \(2, 2\)"):
+        TabularMultiAttempt(ok, 2, logits=torch.zeros(2, 2, dtype=torch.float64))
+    with pytest.raises(RLTypeError, match=r"logits: expected a torch\.Tensor, got list"):
+        TabularMultiAttempt(ok, 2, logits=[[0.0, 0.0]] * 3)  # type: ignore[arg-type]
+    from dxopt.rl import exact_verification_at_k
+
+    with pytest.raises(RLTypeError, match="probs: expected a floating-point tensor"):
+        exact_verification_at_k(torch.ones(3, 2, dtype=torch.long), ok, 2)
+    with pytest.raises(RLValueError, match=r"num_attempts: expected an integer >= 1"):
+        exact_verification_at_k(ok, ok, 0)

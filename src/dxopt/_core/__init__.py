@@ -37,6 +37,7 @@ from dxopt._core.validate import check_int as check_int
 from dxopt._core.validate import check_positive as check_positive
 from dxopt._core.validate import check_range as check_range
 from dxopt._core.validate import check_tensor as check_tensor
+from dxopt._core.validate import input_errors as input_errors
 from dxopt._core.validate import positional_deprecated as positional_deprecated
 from dxopt._core.validate import renamed_kwargs as renamed_kwargs
 
@@ -55,6 +56,7 @@ __all__ = [
     "check_range",
     "check_tensor",
     "handle_failure",
+    "input_errors",
     "positional_deprecated",
     "release_host_buffers",
     "renamed_kwargs",

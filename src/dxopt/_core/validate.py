@@ -6,11 +6,12 @@ was expected and what came, and (through ``hint``) what to do.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import numbers
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 import numpy as np
@@ -23,6 +24,7 @@ __all__ = [
     "check_positive",
     "check_range",
     "check_tensor",
+    "input_errors",
     "positional_deprecated",
     "renamed_kwargs",
 ]
@@ -223,3 +225,22 @@ def positional_deprecated(
         return wrapper  # type: ignore[return-value]
 
     return decorate
+
+
+@contextlib.contextmanager
+def input_errors(
+    value_error: type[ValueError] = ValueError, type_error: type[TypeError] = TypeError
+) -> Iterator[None]:
+    """Re-raise the ``ValueError`` / ``TypeError`` of the validators inside the block as a
+    subpackage's own input errors (same message), e.g.
+    ``with input_errors(RLValueError, RLTypeError): check_int("num_attempts", k)``.
+
+    Errors that already have the requested type pass through unchanged."""
+    try:
+        yield
+    except (value_error, type_error):
+        raise
+    except TypeError as err:
+        raise type_error(str(err)) from None
+    except ValueError as err:
+        raise value_error(str(err)) from None

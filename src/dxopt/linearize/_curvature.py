@@ -29,6 +29,8 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, jvp
 
+from dxopt._core import check_int
+
 
 class CurvaturePenalty:
     r""":math:`R(\tau)=\frac1B\sum_{b}\|J(x_b)\tau\|_2^2` at the pretrained point.
@@ -70,7 +72,9 @@ class CurvaturePenalty:
         n_ref = reference_inputs.shape[0]
         if n_ref == 0:
             raise ValueError("reference_inputs: got no examples.")
-        if batch_size is not None and not (1 <= batch_size <= n_ref):
+        if batch_size is not None:
+            check_int("batch_size", batch_size, hint="or None for every reference input")
+        if batch_size is not None and batch_size > n_ref:
             raise ValueError(
                 f"batch_size: expected an integer in [1, {n_ref}] (the number of reference "
                 f"inputs) or None, got {batch_size}."

@@ -30,6 +30,8 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
+from dxopt._core import check_choice, check_range
+
 DistillNorm = Literal["squared_l2", "l1", "cosine"]
 _NORMS = ("squared_l2", "l1", "cosine")
 
@@ -55,8 +57,7 @@ def distillation_loss(
         )
     if student.ndim < 1 or student.shape[0] == 0:
         raise ValueError(f"student: expected a non-empty batch, got shape {tuple(student.shape)}.")
-    if norm not in _NORMS:
-        raise ValueError(f"norm: expected one of {_NORMS}, got {norm!r}.")
+    check_choice("norm", norm, _NORMS)
     s = student.reshape(student.shape[0], -1)
     t = teacher.detach().reshape(teacher.shape[0], -1)
     if norm == "squared_l2":
@@ -90,8 +91,7 @@ def alpha_range(progress: float, *, low: float = 0.5, high: float = 2.0) -> tupl
     r"""DELTA's curriculum for :math:`\alpha`: :math:`[1+(\ell-1)\sqrt\rho,\ 1+(h-1)\sqrt\rho]`
     at training progress :math:`\rho\in[0,1]`: :math:`\alpha=1` at the start, widening to
     :math:`[\ell, h]` at the end."""
-    if not (0.0 <= progress <= 1.0) or math.isnan(progress):
-        raise ValueError(f"progress: expected a fraction in [0, 1], got {progress}.")
+    check_range("progress", progress, 0.0, 1.0, closed=(True, True), hint="a training fraction")
     if not (0.0 < low <= 1.0 <= high):
         raise ValueError(f"low, high: expected 0 < low <= 1 <= high, got {low} and {high}.")
     r = math.sqrt(progress)

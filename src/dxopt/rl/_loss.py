@@ -14,7 +14,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from dxopt.rl._errors import RLTypeError, RLValueError
+from dxopt._core import check_tensor
+from dxopt.rl._errors import RLTypeError, RLValueError, rl_input_errors
 from dxopt.rl._weights import AttemptWeights
 
 
@@ -40,9 +41,8 @@ def surrogate_loss(
             f"weights: expected dxopt.rl.AttemptWeights (from compute_weights), got "
             f"{type(weights).__name__}."
         )
-    if not isinstance(log_probs, Tensor) or not log_probs.is_floating_point():
-        got = log_probs.dtype if isinstance(log_probs, Tensor) else type(log_probs).__name__
-        raise RLTypeError(f"log_probs: expected a floating torch.Tensor, got {got}.")
+    with rl_input_errors():
+        check_tensor("log_probs", log_probs, floating=True)
     shape = tuple(weights.weights.shape)
     if log_probs.ndim == 4:
         if tuple(log_probs.shape[:3]) != shape:

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from dxopt.rl._errors import RLTypeError, RLValueError
+from dxopt._core import check_tensor
+from dxopt.rl._errors import RLTypeError, RLValueError, rl_input_errors
 
 
 @dataclass(frozen=True)
@@ -56,11 +57,8 @@ class MultiAttemptRollout:
 
     def __post_init__(self) -> None:
         r = self.rewards
-        if not isinstance(r, Tensor):
-            raise RLTypeError(
-                f"rewards: expected a torch.Tensor of shape (groups, group_size, attempts), "
-                f"got {type(r).__name__}."
-            )
+        with rl_input_errors():
+            check_tensor("rewards", r, hint="pass the (groups, group_size, attempts) 0/1 rewards")
         if r.ndim != 3 or 0 in r.shape:
             raise RLValueError(
                 "rewards: expected a non-empty (groups, group_size, attempts) tensor, got shape "

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from dxopt.rl._errors import RLTypeError, RLValueError
+from dxopt._core import check_int, check_tensor
+from dxopt.rl._errors import RLValueError, rl_input_errors
 from dxopt.rl._rollout import MultiAttemptRollout
 from dxopt.rl._weights import AttemptWeights
 
@@ -43,6 +44,15 @@ def exact_verification_at_k(probs: Tensor, success: Tensor, num_attempts: int) -
     Returns:
         ``(...)`` Verification@K :math:`V(\varnothing)`.
     """
+    with rl_input_errors():
+        check_tensor("probs", probs, floating=True)
+        check_tensor("success", success, floating=True)
+        check_int("num_attempts", num_attempts)
+    if probs.ndim < 2:
+        raise RLValueError(
+            f"probs: expected shape (..., S, A) (history states x answers), got "
+            f"{tuple(probs.shape)}."
+        )
     a = probs.shape[-1]
     if probs.shape[-2] != sum(a**k for k in range(num_attempts)):
         raise RLValueError(
@@ -89,10 +99,11 @@ class TabularMultiAttempt(nn.Module):
 
     def __init__(self, success: Tensor, num_attempts: int, *, logits: Tensor | None = None):
         super().__init__()
-        if not isinstance(success, Tensor) or not success.is_floating_point():
-            raise RLTypeError("success: expected a floating torch.Tensor of shape (S, A).")
-        if isinstance(num_attempts, bool) or not isinstance(num_attempts, int) or num_attempts < 1:
-            raise RLValueError(f"num_attempts: expected an integer >= 1, got {num_attempts!r}.")
+        with rl_input_errors():
+            check_tensor(
+                "success", success, floating=True, finite=True, hint="pass an (S, A) table"
+            )
+            check_int("num_attempts", num_attempts)
         if success.ndim != 2 or success.shape[1] < 2:
             raise RLValueError(
                 f"success: expected shape (S, A) with A >= 2 answers, got {tuple(success.shape)}."
@@ -108,11 +119,11 @@ class TabularMultiAttempt(nn.Module):
             raise RLValueError("success: pass probabilities must lie in [0, 1].")
         if logits is None:
             logits = torch.zeros_like(success)
-        elif logits.shape != success.shape:
-            raise RLValueError(
-                f"logits: expected the shape of success {tuple(success.shape)}, got "
-                f"{tuple(logits.shape)}."
-            )
+        else:
+            with rl_input_errors():
+                check_tensor(
+                    "logits", logits, shape=tuple(success.shape), floating=True, finite=True
+                )
         self.num_attempts = num_attempts
         self.num_answers = a
         self.offsets = [sum(a**j for j in range(k)) for k in range(num_attempts + 1)]
@@ -191,9 +202,9 @@ class TabularMultiAttempt(nn.Module):
         self, num_groups: int, group_size: int, *, generator: torch.Generator | None = None
     ) -> TabularSample:
         """Sample ``num_groups`` groups of ``group_size`` independent rollouts."""
-        for name, v in (("num_groups", num_groups), ("group_size", group_size)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise RLValueError(f"{name}: expected an integer >= 1, got {v!r}.")
+        with rl_input_errors():
+            check_int("num_groups", num_groups)
+            check_int("group_size", group_size)
         g, n, a, kk = num_groups, group_size, self.num_answers, self.num_attempts
         pi, p = self.probs(), self.success
         code = torch.zeros(g * n, dtype=torch.long)

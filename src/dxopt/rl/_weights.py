@@ -87,7 +87,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from dxopt.rl._errors import RLTypeError, RLValueError
+from dxopt._core import check_choice, check_positive
+from dxopt.rl._errors import RLTypeError, RLValueError, rl_input_errors
 from dxopt.rl._rollout import MultiAttemptRollout
 
 Method = Literal["grpo", "naive", "cal"]
@@ -216,17 +217,13 @@ def compute_weights(
             f"rollout: expected a dxopt.rl.MultiAttemptRollout, got {type(rollout).__name__}; "
             "wrap the (groups, group_size, attempts) rewards with MultiAttemptRollout(rewards)."
         )
-    for name, value, allowed in (
-        ("method", method, METHODS),
-        ("baseline", baseline, _BASELINES),
-        ("singleton", singleton, _SINGLETONS),
-    ):
-        if value not in allowed:
-            raise RLValueError(f"{name}: expected one of {allowed}, got {value!r}.")
+    with rl_input_errors():
+        check_choice("method", method, METHODS)
+        check_choice("baseline", baseline, _BASELINES)
+        check_choice("singleton", singleton, _SINGLETONS)
+        check_positive("eps", eps)
     if not isinstance(normalize_std, bool):
         raise RLTypeError(f"normalize_std: expected a bool, got {type(normalize_std).__name__}.")
-    if not eps > 0:
-        raise RLValueError(f"eps: expected a positive number, got {eps!r}.")
 
     r = rollout.rewards
     attempted = rollout.attempted
