@@ -181,7 +181,7 @@ def qptl_layer(inst: Instance, hp: Hyper) -> Any:
 
     d = inst.num_vars
     if inst.problem == "sp":
-        A, b = dfl.flow_conservation(25, dfl.grid_graph(5, 5), 0, 24)
+        A, b = dfl.flow_conservation(25, dfl.grid_graph(5, 5), 0, 24)  # full row rank (24 rows)
         return dfl.QPTL(A=A, b=b, lb=torch.zeros(d), ub=torch.ones(d), eps=hp.eps)
     assert inst.weights is not None and inst.capacity is not None
     return dfl.QPTL(

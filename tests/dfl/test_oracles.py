@@ -34,8 +34,10 @@ def test_grid_graph_matches_pyepo_order_and_incidence():
     dense = incidence_matrix(6, edges, layout="torch")
     sparse = incidence_matrix(6, edges, layout="torch_sparse")
     assert torch.equal(dense, sparse.to_dense())
-    A, b = flow_conservation(6, edges, 0, 5)
+    A, b = flow_conservation(6, edges, 0, 5, drop_redundant=False)
     assert b.tolist() == [-1, 0, 0, 0, 0, 1] and torch.equal(A, dense)
+    A, b = flow_conservation(6, edges, 0, 5)  # the sink's (implied) row dropped
+    assert b.tolist() == [-1, 0, 0, 0, 0] and torch.equal(A, dense[:5])
 
 
 @pytest.mark.parametrize("solver", ["highs", "piqp"])

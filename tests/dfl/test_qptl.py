@@ -86,3 +86,44 @@ def test_qptl_bad_inputs():
     layer = QPTL(lb=torch.zeros(3), ub=torch.ones(3))
     with pytest.raises(ValueError, match="c_hat"):
         layer(torch.zeros(2, 4))
+
+
+def test_qptl_on_the_full_rank_5x5_grid_matches_one_sided_differences():
+    """The benchmark's layer: the 5x5 path polytope from ``flow_conservation`` (full row rank
+    by default). Its gradient equals the one through the full, rank-deficient system (the same
+    QP, there through the degenerate backward) and kink-aware one-sided differences."""
+    from tests.qp._fd import one_sided
+
+    edges = grid_graph(5, 5)
+    d = edges.shape[0]
+    gen = torch.Generator().manual_seed(4)
+    c_hat = (1.0 + 0.5 * torch.randn(6, d, generator=gen, dtype=torch.float64)).requires_grad_()
+    w = torch.randn(6, d, generator=gen, dtype=torch.float64)
+    grads = []
+    for drop in (True, False):
+        A, b = flow_conservation(25, edges, 0, 24, drop_redundant=drop)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # degeneracy warnings are not under test here
+            x = QPTL(A=A, b=b, lb=0.0, ub=1.0, eps=0.5)(c_hat)
+            (g,) = torch.autograd.grad((x * w).sum(), c_hat)
+        grads.append(g)
+    assert grads[0].abs().max() > 0.1  # a non-trivial gradient
+    torch.testing.assert_close(grads[0], grads[1], atol=1e-9, rtol=1e-9)
+    A, b = flow_conservation(25, edges, 0, 24)
+    layer = QPTL(A=A, b=b, lb=0.0, ub=1.0, eps=0.5)
+    rng = np.random.default_rng(0)
+    verdicts = 0
+    for i in range(6):
+
+        def f(c: np.ndarray, i: int = i) -> float:
+            with torch.no_grad():
+                return float((_quiet(layer, torch.from_numpy(c)) * w[i]).sum())
+
+        direction = rng.standard_normal(d)
+        sides = one_sided(f, c_hat[i].detach().numpy(), direction)
+        if not sides:
+            continue  # unstable on both sides: no verdict
+        claim = float(grads[0][i] @ torch.from_numpy(direction))
+        assert min(abs(claim - s) for s in sides) <= 1e-5 * (1 + abs(claim)), (claim, sides)
+        verdicts += 1
+    assert verdicts >= 4

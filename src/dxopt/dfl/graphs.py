@@ -17,6 +17,7 @@ from typing import cast
 import numpy as np
 import scipy.sparse as sp
 import torch
+from scipy.sparse.csgraph import connected_components
 from torch import Tensor
 
 from dxopt._core import check_choice, check_int
@@ -102,14 +103,27 @@ def flow_conservation(
     source: int,
     sink: int,
     *,
+    drop_redundant: bool = True,
     dtype: torch.dtype = torch.float64,
 ) -> tuple[Tensor, Tensor]:
     """Dense ``(A, b)`` of the unit-flow constraints :math:`A x = b` from ``source`` to
-    ``sink``: :math:`A = N` (:func:`incidence_matrix`) and :math:`b = e_{\\text{sink}} -
-    e_{\\text{source}}`. Add ``lb = 0, ub = 1`` for the path polytope.
+    ``sink``: the rows of :math:`N` (:func:`incidence_matrix`) and of :math:`b =
+    e_{\\text{sink}} - e_{\\text{source}}`. Add ``lb = 0, ub = 1`` for the path polytope.
 
-    One row is redundant (the rows of :math:`N` sum to zero); solvers that need full row rank
-    can drop any one of them.
+    The rows of :math:`N` over one weakly connected component of the graph sum to zero, so
+    :math:`\\operatorname{rank} N = n - k` for :math:`k` components (the columns of a spanning
+    forest are independent). With ``drop_redundant=True`` (the default) the row of the
+    highest-numbered node of each component is dropped (on :func:`grid_graph` from corner to
+    corner, the sink's row; an isolated node's zero row too): the dropped equation is minus
+    the sum of its component's other equations, ``b`` included, so it is implied and the
+    feasible set is the same, and the returned ``A`` has full row rank, as a QP's KKT backward
+    (:class:`~dxopt.dfl.QPTL`) and interior-point solvers want; with the redundant row every
+    QPTL problem fails LICQ and takes the slower degenerate backward. ``drop_redundant=False``
+    returns all ``num_nodes`` rows (row ``v`` is node ``v``'s equation).
+
+    Raises:
+        ValueError: ``drop_redundant=True`` and ``source`` and ``sink`` lie in different
+            components (no flow exists, and dropping a row would hide that).
     """
     num_nodes = check_int("num_nodes", num_nodes)
     source = check_int("source", source, minimum=0)
@@ -119,8 +133,26 @@ def flow_conservation(
             f"source, sink: expected two different nodes in [0, {num_nodes}), got {source} and "
             f"{sink}."
         )
+    if not isinstance(drop_redundant, bool):
+        raise TypeError(f"drop_redundant: expected a bool, got {type(drop_redundant).__name__}.")
     A = cast(Tensor, incidence_matrix(num_nodes, edges, layout="torch", dtype=dtype))
     b = torch.zeros(num_nodes, dtype=dtype)
     b[source] = -1.0
     b[sink] = 1.0
-    return A, b
+    if not drop_redundant:
+        return A, b
+    e = _check_edges(num_nodes, edges)
+    adjacency = sp.coo_matrix((np.ones(len(e)), (e[:, 0], e[:, 1])), shape=(num_nodes,) * 2)
+    count, labels = connected_components(adjacency, directed=False)
+    if labels[source] != labels[sink]:
+        raise ValueError(
+            f"source, sink: nodes {source} and {sink} are not connected (even ignoring arc "
+            "directions), so no flow exists; check the edges, or pass drop_redundant=False for "
+            "the full (infeasible) system."
+        )
+    last = np.full(count, -1, dtype=np.int64)
+    np.maximum.at(last, labels, np.arange(num_nodes))
+    keep = np.ones(num_nodes, dtype=bool)
+    keep[last] = False
+    index = torch.as_tensor(np.flatnonzero(keep))
+    return A[index], b[index]
