@@ -19,7 +19,7 @@ rounds, the cases interleaved within each round so machine load hits them alike)
 
 Targets: backward <= 3x one Cholesky of ``P``; fwd+bwd <= 1.1x the raw solve. Each row also
 records the active row count ``k`` (inequality plus equality rows), the dense backward's
-linear solver (``augmented``: :mod:`dxopt.qp._dense_large`; ``schur``: block elimination of
+linear solver (``augmented``: :mod:`dxopt.qp.backward.dense_large`; ``schur``: block elimination of
 ``P``), the largest relative error of its gradients of ``q, A, b, G, h`` against the exact
 reduced-KKT reference of :func:`benchmarks.qp.reference.reference_grads` (independent of
 dxopt) and the relative difference of the penalty and kkt gradients.

@@ -19,7 +19,8 @@ Problems are dQP's random dense QPs (:func:`benchmarks.qp.generators.random_dens
   gradients for ``q, h, b`` (the inputs a decision-focused model learns);
 - ``dxopt auto``: the same with the default ``solver="auto"`` (for a batch of small dense
   problems on the CPU: the compiled dual active-set solver of
-  :mod:`dxopt.qp._dual_active_set`, daqp for any sample it does not solve; one problem: daqp);
+  :mod:`dxopt.qp.solvers.dual_active_set`, daqp for any sample it does not solve; one problem:
+  daqp);
 - ``dxopt torch``: the same with ``solver="torch"`` (the batched torch interior point);
 - ``qpth``: qpth's batched interior point (Amos & Kolter, arXiv 1703.00443), forward+backward,
   when it is importable (``make bench-peers``).

@@ -1,4 +1,4 @@
-"""The measurement behind ``solver="auto"`` on the CPU (:func:`dxopt.qp._forward.default_solver`).
+"""The measurement behind ``solver="auto"`` on the CPU (`default_solver`).
 
 ``dxopt.qp.solve`` forward+backward (``L = w . x``) with ``solver="daqp"`` and
 ``solver="torch"`` back to back in one process at 1 torch thread, on dQP's random dense QPs

@@ -93,7 +93,7 @@ def run_config(
     n: int, dtype: torch.dtype, weak: int, size: int, chunk: int, device: str, seed: int
 ) -> dict[str, Any]:
     import dxopt.qp as dqp
-    from dxopt.qp._torch_entry import torch_qp_solve
+    from dxopt.qp.autograd.torch_entry import torch_qp_solve
 
     m = 3 * n // 2
     row: dict[str, Any] = {"n": n, "dtype": str(dtype).replace("torch.", ""), "weak": weak}

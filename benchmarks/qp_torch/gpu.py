@@ -4,7 +4,7 @@ Issue 10's GPU target: ``solver="torch"`` forward+backward on the GPU >= 10x fas
 raw daqp loop on the CPU and than qpth on the same GPU. Problems: dQP's random dense QPs
 (:func:`benchmarks.qp.generators.batched_dense`, ``m = n``, ``p = n/2``). Methods:
 
-- ``torch`` (float64 and float32): :func:`dxopt.qp._torch_solver.torch_qp_solve` on the device,
+- ``torch`` (float64 and float32): :func:`dxopt.qp.solvers.torch_ipm.torch_qp_solve` on the device,
   forward and backward of ``L = sum(w * x)`` with gradients for all six inputs;
 - ``daqp loop``: raw ``qpsolvers`` daqp solves, one per sample, on the CPU (forward only);
 - ``qpth``: qpth's batched interior point on the same device, float64, forward+backward
@@ -67,7 +67,7 @@ def _grad_error(grads: dict[str, np.ndarray], refs: list[dict[str, np.ndarray]])
 
 
 def run_torch(base: list[torch.Tensor], w: torch.Tensor, repeats: int) -> dict[str, Any]:
-    from dxopt.qp._torch_entry import torch_qp_solve
+    from dxopt.qp.autograd.torch_entry import torch_qp_solve
 
     dev = base[0].device
 

@@ -4,7 +4,7 @@ Batches of dQP's random dense QPs (:func:`benchmarks.qp.generators.batched_dense
 ``p = n/2``): 128 x n=50, 1024 x n=20 and 1024 x n=100, each at 1 and 2 torch threads
 (``torch.set_num_threads`` set explicitly). Methods, all on the CPU in float64:
 
-- ``torch``: :func:`dxopt.qp._torch_solver.torch_qp_solve`, forward and forward+backward of
+- ``torch``: :func:`dxopt.qp.solvers.torch_ipm.torch_qp_solve`, forward and forward+backward of
   ``L = sum(w * x)`` with gradients for all six inputs;
 - ``daqp loop``: a Python loop of raw ``qpsolvers`` daqp solves (forward only, the reference
   point of the targets);
@@ -80,7 +80,7 @@ def _grads(inputs: list[Any]) -> dict[str, np.ndarray]:
 def run_torch(probs: list[QPProblem], w: np.ndarray, repeats: int) -> dict[str, Any]:
     import torch
 
-    from dxopt.qp._torch_entry import torch_qp_solve
+    from dxopt.qp.autograd.torch_entry import torch_qp_solve
 
     base = _inputs(probs)
     w_t = torch.from_numpy(w)

@@ -39,8 +39,8 @@ def test_restores_when_the_block_raises(two_threads):
 def test_torch_qp_solver_runs_small_matrices_at_one_thread(two_threads, monkeypatch, n, expected):
     """The torch QP solver's factorizations see one thread for small batched matrices (n and
     m at most 256) and the caller's threads for larger ones."""
-    import dxopt.qp._torch_solver as ts
-    from dxopt.qp._torch_entry import torch_qp_solve
+    import dxopt.qp.solvers.torch_ipm as ts
+    from dxopt.qp.autograd.torch_entry import torch_qp_solve
 
     seen = []
     chol = ts._chol

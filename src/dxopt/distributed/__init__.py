@@ -7,13 +7,13 @@ status and gradients are those of the local call. Ray is an optional extra
 (``pip install 'dxopt[distributed]'``) imported only when an executor starts.
 
 Owns the Ray executor, its chunking, stitching and worker side. May import ``dxopt.qp`` (the
-executor protocol :class:`QPExecutor` is defined there, in :mod:`dxopt.qp._executor`, and
+executor protocol :class:`QPExecutor` is defined there, in :mod:`dxopt.qp.problem.executor`, and
 re-exported here) and the top-level ``dxopt`` (``_worker.describe``); ``dxopt.qp`` never
 imports it.
 """
 
 from dxopt.distributed._ray import ExecutorStats as ExecutorStats
 from dxopt.distributed._ray import RayExecutor as RayExecutor
-from dxopt.qp._executor import QPExecutor as QPExecutor
+from dxopt.qp.problem.executor import QPExecutor as QPExecutor
 
 __all__ = ["ExecutorStats", "QPExecutor", "RayExecutor"]

@@ -47,7 +47,7 @@ to judge; :func:`augmented_solve` returns ``None`` when the float32 factorizatio
 whether or not the rows of :math:`C` are independent, so it cannot tell.
 :func:`certify_independent_rows` certifies :math:`\\lambda_{\\min}(\\hat C\\hat C^\\top) \\ge`
 ``floor`` for the row-normalised :math:`\\hat C` (every squared pivot of the Gram test of
-:func:`dxopt.qp._degenerate.count_dependent_dense` is at least :math:`\\lambda_{\\min}`) by a
+:func:`dxopt.qp.certify.dependence.count_dependent_dense` is at least :math:`\\lambda_{\\min}`) by a
 float64 Cholesky of :math:`\\hat G - \\tau I`, :math:`\\hat G = fl(\\hat C\\hat C^\\top)`, with
 :math:`\\tau` = ``floor`` plus rigorous bounds of the rounding errors (Higham, *Accuracy and
 Stability of Numerical Algorithms*, 2nd ed., eqs. (3.4) and Theorem 10.3): the inner products

@@ -19,7 +19,7 @@ same minimum-norm multiplier adjoint (exact :math:`\\partial L/\\partial q`,
 This package owns the QP layers: validation and problem layout, the backends and their
 fallback chain, the certificate and polish, the backward methods and degenerate rules, the
 autograd Functions, the torch device path and the executor protocol
-(:class:`dxopt.qp._executor.QPExecutor`, implemented by :mod:`dxopt.distributed`). It may
+(:class:`dxopt.qp.problem.executor.QPExecutor`, implemented by :mod:`dxopt.distributed`). It may
 import :mod:`dxopt._core` and :mod:`dxopt.linalg` only (never :mod:`dxopt.distributed`,
 :mod:`dxopt.dfl` or the benchmarks); inside it each module imports only the layers below it
 (``docs/architecture.md``; ``tests/test_import_graph.py`` fails on any circle).
@@ -27,21 +27,21 @@ import :mod:`dxopt._core` and :mod:`dxopt.linalg` only (never :mod:`dxopt.distri
 
 from typing import TYPE_CHECKING
 
-from dxopt.qp._api import QPLayer as QPLayer
-from dxopt.qp._api import solve as solve
-from dxopt.qp._backward_base import BackwardBase as BackwardBase
-from dxopt.qp._backward_kkt import KKTBackward as KKTBackward
-from dxopt.qp._backward_penalty import PenaltyBackward as PenaltyBackward
-from dxopt.qp._contracts import BackwardMethod as BackwardMethod
-from dxopt.qp._types import BackwardDiagnostics as BackwardDiagnostics
-from dxopt.qp._types import QPBackwardError as QPBackwardError
-from dxopt.qp._types import QPDegenerateWarning as QPDegenerateWarning
-from dxopt.qp._types import QPInfo as QPInfo
-from dxopt.qp._types import QPSolution as QPSolution
-from dxopt.qp._types import QPSolveError as QPSolveError
-from dxopt.qp._types import QPStatus as QPStatus
-from dxopt.qp._warmup import WarmupReport as WarmupReport
-from dxopt.qp._warmup import warmup as warmup
+from dxopt.qp.api.solve import QPLayer as QPLayer
+from dxopt.qp.api.solve import solve as solve
+from dxopt.qp.api.warmup import WarmupReport as WarmupReport
+from dxopt.qp.api.warmup import warmup as warmup
+from dxopt.qp.backward.base import BackwardBase as BackwardBase
+from dxopt.qp.backward.kkt import KKTBackward as KKTBackward
+from dxopt.qp.backward.penalty import PenaltyBackward as PenaltyBackward
+from dxopt.qp.problem.contracts import BackwardMethod as BackwardMethod
+from dxopt.qp.problem.types import BackwardDiagnostics as BackwardDiagnostics
+from dxopt.qp.problem.types import QPBackwardError as QPBackwardError
+from dxopt.qp.problem.types import QPDegenerateWarning as QPDegenerateWarning
+from dxopt.qp.problem.types import QPInfo as QPInfo
+from dxopt.qp.problem.types import QPSolution as QPSolution
+from dxopt.qp.problem.types import QPSolveError as QPSolveError
+from dxopt.qp.problem.types import QPStatus as QPStatus
 
 if TYPE_CHECKING:
     from dxopt.qp.frontend import CvxpyQPLayer as CvxpyQPLayer

@@ -21,8 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from dxopt._core import Status
-from dxopt.qp._api import QPLayer
-from dxopt.qp._types import QPSolution
+from dxopt.qp.api.solve import QPLayer
 from dxopt.qp.frontend._affine import AffineMap, SparseLinear
 from dxopt.qp.frontend._compile import CompiledQP, compile_problem
 from dxopt.qp.frontend._eliminate import (
@@ -34,6 +33,7 @@ from dxopt.qp.frontend._eliminate import (
     recover,
     reduce,
 )
+from dxopt.qp.problem.types import QPSolution
 
 __all__ = ["CvxpyQPLayer", "CvxpyQPSolution", "from_cvxpy"]
 

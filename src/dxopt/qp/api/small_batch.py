@@ -1,0 +1,422 @@
+"""A batch of dense QPs solved without the batch machinery: the lean path of
+:func:`dxopt.qp.solve` for batches (:mod:`dxopt.qp.api.small` does one small problem).
+
+A batch of ``B`` dense CPU problems (every input batched along its first axis or shared by all
+samples) with the default options (no thread pool) and a method
+:func:`~dxopt.qp.api.small.lean_method` accepts: with ``solver="daqp"`` (warm starts allowed)
+``n <= SMALL_MAX_N``; with ``"auto"`` and no warm start any ``n`` whose buffers fit the pool,
+and one problem with ``n > SMALL_MAX_N`` as a batch of one, solved by the compiled dual
+active-set solver of :mod:`dxopt.qp.solvers.dual_active_set` (daqp for the samples it does not
+solve; the backward reuses its factors). It runs as one compiled kernel over the batch
+(:func:`dxopt.qp.solvers.kernels.prepare_batch`: the checks and daqp's layout), the solver
+(one kernel, or one :func:`daqp.solve` per sample with ``eps_prox = 0``: either's Cholesky
+certifies ``P``), one kernel for
+the certificate of every point (:func:`~dxopt.qp.solvers.kernels.certify_batch`; the compiled
+solver's checks, solve and certificate run sample by sample in one kernel,
+:func:`~dxopt.qp.solvers.kernels.forward_batch`) and, in the
+backward, one kernel for every sample's lean adjoint and gradients
+(:func:`~dxopt.qp.solvers.kernels.lean_adjoint_batch`): the steps of :mod:`dxopt.qp.api.small`
+for each sample, with no per-sample Python beyond the daqp call. Gradients of shared inputs
+are summed over the batch.
+
+The forward is all or nothing: a sample that fails any check, that daqp does not solve or
+that does not certify sends the whole batch to the general path, which gives each sample its
+own status and fallback chain. In the backward, the samples the lean path declines (an
+ambiguous active set, a dependent row, a residual above the bound) go to the general path's
+backward on their own, with its degenerate policy: its state is built at the lean forward's
+certified points (the state its own forward returns for the same data, without a second
+solve), and their gradients and diagnostics are merged in. The results are the general path's
+(``tests/qp/test_small_batch.py`` compares them).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from dxopt._core.memory import MAX_SET_BYTES, host_array, host_buffers
+from dxopt.linalg.small import lapack_kernels
+from dxopt.linalg.threads import blas_threads
+from dxopt.qp.api.small import (
+    _MARGIN,
+    _SYM_TOL,
+    SMALL_MAX_N,
+    _bounds,
+    _cotangent,
+    _daqp,
+    _record,
+    _regular,
+)
+from dxopt.qp.autograd.function import eager_gradients
+from dxopt.qp.certify.polish import RELATIVE_FLOOR, ROUNDOFF
+from dxopt.qp.problem.types import BackwardDiagnostics
+from dxopt.qp.solvers.kernels import (
+    certify_batch,
+    forward_batch,
+    lean_adjoint_batch,
+    prepare_batch,
+)
+
+__all__ = [
+    "COMPILED_MAX_ENTRIES",
+    "COMPILED_SOLVER",
+    "SmallBatch",
+    "small_batch_backward",
+    "small_batch_forward",
+    "small_batch_inputs",
+]
+
+COMPILED_SOLVER = "dual_active_set"  # the name the compiled solver's samples report
+_MAX_ITER_PER_ROW = 5  # its working-set changes: at most this many per row, plus 20
+COMPILED_MAX_ENTRIES = 1 << 25  # the compiled route's factors: at most this many float64s
+
+_BASE = (2, 1, 2, 1, 2, 1)  # unbatched ndim of P, q, A, b, G, h
+
+
+def small_batch_inputs(
+    P: object,
+    q: object,
+    A: object,
+    b: object,
+    G: object,
+    h: object,
+    *,
+    max_n: int | None = SMALL_MAX_N,
+    min_batch: int = 2,
+) -> int:
+    """The batch size ``B >= min_batch`` when ``(P, q, A, b, G, h)`` is a batch the lean
+    batch path takes (plain strided CPU tensors of one float dtype, each batched along a first
+    axis of ``B`` or shared, consistent shapes with ``1 <= n <= max_n``, ``A, b`` and ``G, h``
+    in pairs, no forward-mode AD level open), else 0 (the general path decides, bad input
+    included). ``max_n=None`` (the compiled solver's route): any ``n``, as long as its
+    workspace fits the buffer pool (a batch: fresh buffers of hundreds of MB cost more in
+    page faults than the solver saves; measured at 1024 x n=100) or, for one problem,
+    :data:`COMPILED_MAX_ENTRIES` numbers."""
+    if type(q) is not Tensor or type(P) is not Tensor or q.dtype not in _SYM_TOL:
+        return 0
+    data = (P, q, A, b, G, h)
+    batch = 0
+    for t, base in zip(data, _BASE):
+        if t is None:
+            continue
+        if type(t) is not Tensor or t.layout is not torch.strided or not t.is_cpu:
+            return 0
+        if t.dtype is not q.dtype or not base <= t.ndim <= base + 1:
+            return 0
+        if t.ndim > base:
+            if batch and t.shape[0] != batch:
+                return 0
+            batch = t.shape[0]
+    if batch < min_batch:
+        return 0
+    n = q.shape[-1]
+    if not 0 < n <= (max_n or n) or P.shape[-2:] != (n, n):
+        return 0
+    if max_n is None:  # the workspace: copies of P and C, L, the rows L^-1 c, the set's factor
+        rows = sum(M.shape[-2] for M in (A, G) if isinstance(M, Tensor) and M.ndim >= 2)
+        entries = batch * (2 * n * (n + rows) + (min(n, rows) + 1) ** 2)
+        if entries > (COMPILED_MAX_ENTRIES if batch == 1 else MAX_SET_BYTES // 8):
+            return 0
+    for M, v in ((A, b), (G, h)):
+        if (M is None) != (v is None):
+            return 0
+        if (isinstance(M, Tensor) and isinstance(v, Tensor)
+                and (M.shape[-1] != n or v.shape[-1] != M.shape[-2])):  # fmt: skip
+            return 0
+    level = getattr(torch.autograd.forward_ad, "_current_level", None)
+    return batch if level is not None and level < 0 else 0
+
+
+@dataclass
+class SmallBatch:
+    """The certified solutions of a batch and what its backward needs: float64 copies of the
+    data in daqp's layout (``C = [G; A]``, ``upper = [h; b]``, a leading batch axis), daqp's
+    points ``X`` and multipliers ``duals``, which inputs were shared (their gradients are
+    summed), and ``general(batch, samples)``, the general path's state for some samples."""
+
+    P: np.ndarray
+    q: np.ndarray
+    C: np.ndarray
+    upper: np.ndarray
+    m: int
+    X: np.ndarray
+    duals: np.ndarray
+    g_inf: np.ndarray
+    shared: tuple[bool, ...]
+    empty: tuple[bool, bool]
+    dtype: torch.dtype
+    general: Callable[..., Any]
+    diagnostics: BackwardDiagnostics = field(default_factory=BackwardDiagnostics)
+    solve_time: float = 0.0
+    primal: tuple[float, ...] = ()
+    dual: tuple[float, ...] = ()
+    outputs: Any = None  # copies of (X, MU, NU) for the caller
+    solvers: tuple[str, ...] = ()  # each sample's solver
+    L_given: np.ndarray = field(default_factory=lambda: np.zeros((0, 0, 0)))
+    Y_given: np.ndarray = field(default_factory=lambda: np.zeros((0, 0, 0)))
+    given: np.ndarray = field(default_factory=lambda: np.zeros(0, np.bool_))
+    order_given: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.int64))
+    LW_given: np.ndarray = field(default_factory=lambda: np.zeros((0, 0, 0)))
+    accuracy_given: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+    def gradients(
+        self,
+        method: Any,
+        grad_x: Tensor | None,
+        grad_eq: Tensor | None,
+        grad_ineq: Tensor | None,
+        needs: tuple[bool, ...],
+    ) -> tuple[Tensor | None, ...]:
+        """The gradients for ``(P, q, A, b, G, h)`` (:func:`small_batch_backward`)."""
+        return small_batch_backward(self, method, grad_x, grad_eq, grad_ineq, needs)
+
+    def arrays(self, samples: np.ndarray) -> tuple[Any, ...]:
+        """``(P, q, A, b, G, h)`` of ``samples`` as the caller gave them (shared ones without
+        the batch axis, absent ones ``None``), from the copies."""
+        m, p = self.m, self.C.shape[1] - self.m
+        full = (self.P, self.q, self.C[:, m:], self.upper[:, m:], self.C[:, :m],
+                self.upper[:, :m])  # fmt: skip
+        present = (True, True, p > 0 or self.empty[0], p > 0 or self.empty[0],
+                   m > 0 or self.empty[1], m > 0 or self.empty[1])  # fmt: skip
+        every = samples.size == self.q.shape[0]  # the whole batch, in order: views
+        return tuple(
+            (a[0] if shared else a if every else a[samples]) if given else None
+            for a, shared, given in zip(full, self.shared, present)
+        )
+
+
+def small_batch_forward(
+    data: tuple[Tensor | None, ...],
+    batch: int,
+    *,
+    eps_abs: float,
+    eps_rel: float,
+    general: Callable[..., Any],
+    warm_start: Tensor | None = None,
+    compiled: bool = False,
+    for_backward: bool = False,
+) -> SmallBatch | None:
+    """Solve and certify the batch ``data = (P, q, A, b, G, h)`` (:func:`small_batch_inputs`
+    is ``batch``) with daqp, each sample started from its row of ``warm_start`` (a CPU
+    tensor ``(B, n)``, or ``(n,)`` for all; anything else: the general path validates it),
+    or ``None`` for the general path (module docstring). ``compiled`` (without a warm start):
+    the compiled dual active-set solver of :mod:`dxopt.qp.solvers.dual_active_set` first, daqp for
+    the samples it does not solve; the backward reuses its factors and, with
+    ``for_backward`` (a backward is likely: some input requires grad), the accuracies of their
+    active sets, which the certificate finds from its own residuals at little cost."""
+    q = data[1]
+    assert q is not None
+    n = q.shape[-1]
+    starts = _starts(warm_start, batch, n)
+    if starts is False:
+        return None
+    try:
+        views: list[Any] = [None if t is None else (t.detach() if t.requires_grad else t).numpy()
+                            for t in data]  # fmt: skip
+    except RuntimeError:  # no numpy view (e.g. a negative-bit view): the general path
+        return None
+    shared = tuple(v is not None and v.ndim == base for v, base in zip(views, _BASE))
+    for i, base in enumerate(_BASE):
+        v = views[i]
+        if v is None:  # absent constraints: arrays without rows
+            shape = (batch, 0, n) if base == 2 else (batch, 0)
+            views[i] = np.zeros(shape, dtype=views[1].dtype)
+        elif v.ndim == base:
+            views[i] = np.broadcast_to(v, (batch, *v.shape))
+    m, p = views[4].shape[1], views[2].shape[1]
+    use_compiled = compiled and starts is None
+    Pn, qn, C, upper, g_inf, L_given, Y_given, order, LW = _workspace(batch, n, m, p, use_compiled)
+    empty = (data[2] is not None and not p, data[4] is not None and not m)  # given, no rows
+    X, duals = np.empty((batch, n)), np.empty((batch, m + p))
+    # the caller's (x, mu, nu) and the residuals
+    Xo, MU, NU = np.empty((batch, n)), np.empty((batch, p)), np.empty((batch, m))
+    primal, dual = np.zeros(batch), np.zeros(batch)
+    rel = max(eps_rel, RELATIVE_FLOOR)
+    start = time.perf_counter()
+    sym_tol = _SYM_TOL[q.dtype]
+    accuracy = np.empty(batch if use_compiled and for_backward else 0)
+    if use_compiled:  # checks, solve and certificate sample by sample (one kernel)
+        with blas_threads(1):
+            status, solved, ok = forward_batch(
+                *views, sym_tol, Pn, qn, C, upper, g_inf, eps_abs,
+                _MAX_ITER_PER_ROW * (m + p) + 20, lapack_kernels(), X, duals, L_given, Y_given,
+                order, LW, eps_abs, rel, ROUNDOFF, Xo, MU, NU, primal, dual, accuracy, _MARGIN,
+            )  # fmt: skip
+        if status or not ok:  # a failed check (NaN/Inf, asymmetric P, a zero row of G: the
+            return None  # general path's rules and errors), or a point that does not certify
+        given = solved == 0
+    else:
+        if prepare_batch(*views, sym_tol, Pn, qn, C, upper, g_inf):
+            return None  # NaN/Inf, asymmetric P, a zero row of G: the general path's
+        given = np.zeros(batch, np.bool_)
+    rest = np.flatnonzero(~given)  # daqp, then the certificate
+    lower, sense = _bounds(m, p)
+    solve = _daqp().solve
+    for i in rest.tolist():
+        init = None if starts is None else starts[i]
+        x, _, flag, info = solve(
+            Pn[i], qn[i], C[i], upper[i], lower, sense, primal_start=init, primal_tol=eps_abs,
+            eps_prox=0.0,
+        )  # fmt: skip
+        if flag != 1 and flag != 2:  # not solved, or P not positive definite
+            return None
+        X[i], duals[i] = x, info["lam"]
+    if rest.size and not certify_batch(
+        Pn, qn, C, upper, m, X, duals, g_inf, eps_abs, rel, ROUNDOFF, rest, Xo, MU, NU, primal,
+        dual,
+    ):  # fmt: skip
+        return None
+    out = SmallBatch(Pn, qn, C, upper, m, X, duals, g_inf, shared, empty, q.dtype, general)
+    out.primal, out.dual, out.outputs = tuple(primal.tolist()), tuple(dual.tolist()), (Xo, MU, NU)
+    out.solvers = tuple(COMPILED_SOLVER if g else "daqp" for g in given.tolist())
+    out.L_given, out.Y_given, out.given = L_given, Y_given, given
+    out.order_given, out.LW_given, out.accuracy_given = order, LW, accuracy
+    out.solve_time = time.perf_counter() - start
+    return out
+
+
+def _workspace(batch: int, n: int, m: int, p: int, factors: bool) -> tuple[np.ndarray, ...]:
+    """``(P, q, C, upper, g_inf, L, Yt, order, LW)``: buffers for a batch (the compiled
+    solver's ``L`` (B, n, n), ``Yt`` (B, rows, n), ``order`` (B, w) and ``LW`` (B, w, w),
+    ``w = min(n, rows) + 1``, only with ``factors``) from :func:`dxopt._core.memory.host_buffers`:
+    those of a batch that is gone, else new. Fresh multi-megabyte arrays on every call
+    page-fault on first touch (a few ms per call at 128 x n=50, varying with the heap's state);
+    reused ones do not. A batch in use keeps its own buffers (its :class:`SmallBatch` holds
+    them)."""
+    rows = m + p
+    w = min(n, rows) + 1
+    shapes = [(batch, n, n), (batch, n), (batch, rows, n), (batch, rows), (batch, m)]
+    shapes += [(batch, n, n), (batch, rows, n), (batch, w), (batch, w, w)] if factors else [
+        (0, 0, 0), (0, 0, 0), (0, 0), (0, 0, 0)]  # fmt: skip
+    return host_buffers([(s, np.int64 if i == 7 else np.float64) for i, s in enumerate(shapes)])
+
+
+def _starts(warm_start: Tensor | None, batch: int, n: int) -> Any:
+    """Each sample's float64 primal start (``(B, n)``), ``None`` without a warm start, or
+    ``False`` for one the general path must validate (not a CPU float tensor of shape
+    ``(n,)`` or ``(B, n)``)."""
+    if warm_start is None:
+        return None
+    if not (type(warm_start) is Tensor and warm_start.is_cpu and warm_start.is_floating_point()):
+        return False
+    if warm_start.shape not in ((n,), (batch, n)):
+        return False
+    start = warm_start.detach().to(torch.float64).numpy()
+    return np.array(np.broadcast_to(start, (batch, n)))  # our copy: daqp takes a writable one
+
+
+def small_batch_backward(
+    sb: SmallBatch,
+    method: Any,
+    grad_x: Tensor | None,
+    grad_eq: Tensor | None,
+    grad_ineq: Tensor | None,
+    needs: tuple[bool, ...],
+) -> tuple[Tensor | None, ...]:
+    """The gradients for ``(P, q, A, b, G, h)``: the lean backward of every sample it decides,
+    and the general path's (its state for those samples only, same points) for the others;
+    the diagnostics merged per sample."""
+    regular = _regular(method)
+    B, n = sb.X.shape
+    m, p = sb.m, sb.C.shape[1] - sb.m
+    rows = (n, n, p, p, m, m)
+    grads = [host_array((B, rows[i] if needs[i] else 0, n) if i in (0, 2, 4) else
+                        (B, rows[i] if needs[i] else 0)) for i in range(6)]  # fmt: skip
+    status, residual, steps, k, accuracy = lean_adjoint_batch(
+        sb.P, sb.q, sb.C, sb.upper, m, sb.X, sb.duals, sb.g_inf, _cotangent(grad_x, (B, n)),
+        _cotangent(grad_ineq, (B, m)), _cotangent(grad_eq, (B, p)), regular.settings,
+        np.array(needs), sb.L_given, sb.Y_given,
+        sb.order_given, sb.LW_given, sb.given, sb.accuracy_given, lapack_kernels(), tuple(grads),
+    )  # fmt: skip
+    _record(
+        sb.diagnostics, method, float(residual.max()), int(steps.max()), tuple(k.tolist()),
+        tuple(accuracy.tolist()), regular,
+    )  # fmt: skip
+    present = (True, True, p > 0, p > 0, m > 0, m > 0)
+    out: list[Any] = [None] * 6
+    for i in range(6):
+        if needs[i] and present[i]:
+            out[i] = grads[i]
+    declined = np.flatnonzero(status)
+    if declined.size:  # the general path for those samples (the kernel did not write them)
+        if declined.size < B:  # zero rows for them (every sample: the general path's arrays)
+            for a in out:
+                if a is not None:
+                    a[declined] = 0.0
+        _general_samples(sb, declined, out, (grad_x, grad_eq, grad_ineq), needs)
+        for i in range(6):  # (uninitialized memory must never come out as a gradient)
+            if declined.size == B and out[i] is not None and out[i] is grads[i]:
+                out[i][...] = 0.0
+    for i in range(6):
+        if out[i] is not None and sb.shared[i]:
+            out[i] = out[i].sum(0)
+    for i, given in ((2, sb.empty[0]), (4, sb.empty[1])):
+        if given and needs[i]:
+            out[i] = np.zeros((0, n) if sb.shared[i] else (B, 0, n))
+            out[i + 1] = np.zeros(0 if sb.shared[i + 1] else (B, 0))
+    if sb.dtype is torch.float64:
+        return tuple(None if a is None else torch.from_numpy(a) for a in out)
+    return tuple(None if a is None else torch.from_numpy(a).to(sb.dtype) for a in out)
+
+
+def _general_samples(
+    sb: SmallBatch,
+    samples: np.ndarray,
+    out: list[Any],
+    cotangents: tuple[Tensor | None, ...],
+    needs: tuple[bool, ...],
+) -> None:
+    """Run the general path's backward (its state for ``samples``, at the same points) and
+    write its gradients into the per-sample arrays
+    ``out`` (a shared input's gradient goes to the first of those samples' rows, to be summed
+    with the rest), or, when ``samples`` are the whole batch, put its arrays in ``out`` as they
+    are (at n = 2000 the copy alone touched some 100 MB of fresh pages); merge its
+    diagnostics into ``sb.diagnostics`` sample by sample."""
+    index = torch.from_numpy(samples)
+    state = sb.general(sb, samples)
+    gx, geq, gin = (None if g is None else g[index] for g in cotangents)
+    sub = eager_gradients(state, gx, geq, gin, needs)
+    whole = samples.size == sb.X.shape[0]  # every sample: its arrays as they are, no copy
+    for i, g in enumerate(sub):
+        if g is None or out[i] is None:
+            continue
+        a = g.detach().to(torch.float64).numpy()
+        if whole:  # (a shared input's gradient comes summed; the caller sums over axis 0)
+            a = np.ascontiguousarray(a)  # (a copy only for a broadcast view)
+            out[i] = a[None] if sb.shared[i] else a
+        elif sb.shared[i]:
+            out[i][samples[0]] += a
+        else:
+            out[i][samples] = a
+    _merge(sb.diagnostics, state.diagnostics, samples)
+
+
+def _merge(lean: BackwardDiagnostics, general: BackwardDiagnostics, samples: np.ndarray) -> None:
+    """``lean`` (every sample) with the general path's diagnostics of ``samples`` put in:
+    per-sample tuples at their places, the largest residual, step count and jitter, LICQ and
+    the weak rows over both, and the general path's linear solver."""
+    positions = samples.tolist()
+    for f in fields(BackwardDiagnostics):
+        value = getattr(general, f.name)
+        if not (isinstance(value, tuple) and len(value) == len(positions)):
+            continue
+        mine = getattr(lean, f.name)
+        size = len(lean.n_active)
+        # a field only the general path fills (e.g. unsettled) starts as False, 0 or 0.0
+        merged = list(mine) if len(mine) == size else [type(value[0])()] * size
+        for j, v in zip(positions, value):
+            merged[j] = v
+        setattr(lean, f.name, tuple(merged))
+    lean.residual = max(lean.residual, general.residual)
+    lean.refinement_steps = max(lean.refinement_steps, general.refinement_steps)
+    lean.jitter = max(lean.jitter, general.jitter)
+    lean.licq = lean.licq and general.licq
+    lean.weak_kept = lean.weak_kept or general.weak_kept
+    lean.linear_solver = general.linear_solver
+    lean.method = general.method

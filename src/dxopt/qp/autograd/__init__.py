@@ -1,0 +1,8 @@
+"""The autograd layer: where torch meets the solver and the backward.
+
+Owns the module-level `torch.autograd.Function`s (`function`: `QPFunction`; `torch_function`:
+`TorchQPFunction`), forward mode and the torch.func glue (`tangent`) and the entry points of
+the torch device path (`torch_entry`).
+
+May import: `dxopt.qp.backward`, `dxopt.qp.solvers`, `dxopt.qp.certify`, `dxopt.qp.problem`.
+"""

@@ -1,0 +1,9 @@
+"""The certify layer: is a point a solution, which rows are active, which depend on others.
+
+Owns the active set (`active`), the polish step and the KKT certificate of a candidate point
+(`polish`), the checked infeasibility/unboundedness certificates and failure messages
+(`certificates`), the detection of dependent active rows (`dependence`) and the certificate
+of the torch device path (`torch_certify`).
+
+May import: `dxopt.qp.problem` (and `dxopt._core`, `dxopt.linalg`, third-party code).
+"""

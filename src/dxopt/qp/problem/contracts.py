@@ -1,0 +1,141 @@
+"""The contracts between the layers of :mod:`dxopt.qp`: the typed records one layer hands
+the next.
+
+- :class:`ForwardResult`: what the forward (:func:`dxopt.qp.solvers.forward.solve_forward`, the lean
+  paths of :mod:`dxopt.qp.api.small`/:mod:`dxopt.qp.api.small_batch`) returns: the float64 solution,
+  the statuses, the certified active set and the reusable factors.
+- :class:`QPState`: the non-tensor context the autograd Function
+  (:class:`dxopt.qp.autograd.function.QPFunction`) keeps between forward and backward.
+- :class:`AdjointInput` and :class:`AdjointSolution`: what a backward method receives and
+  returns (the reduced-KKT adjoint system of :mod:`dxopt.qp.backward.adjoint`).
+- :class:`BackwardMethod`: the protocol of a backward method (the ``backward=`` extension
+  point of :func:`dxopt.qp.solve`; :class:`dxopt.qp.BackwardBase` implements it).
+
+Every layer imports them from here, so no layer imports another one's implementation to get
+a type. May import: ``_problem``, ``_active``, ``_types``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+import numpy as np
+from torch import Tensor
+
+from dxopt.qp.problem.canonical import QPProblem
+from dxopt.qp.problem.types import BackwardDiagnostics, QPStatus
+
+if TYPE_CHECKING:
+    from dxopt.qp.certify.active import ActiveSet
+
+__all__ = ["AdjointInput", "AdjointSolution", "BackwardMethod", "ForwardResult", "QPState"]
+
+
+@dataclass(frozen=True)
+class ForwardResult:
+    """Float64 CPU solution of every sample (NaN rows for failed samples).
+
+    ``active`` (S, m) is the certified active set of each sample (the polished one), and
+    ``sample_solvers``/``sample_eps``/``polished`` record which attempt of the fallback chain
+    produced each sample (``""``/NaN for failed samples); ``settled`` is False where the point
+    was certified only by the duality gap (its active set is a guess). ``residuals`` are the
+    per-sample primal and dual residuals of :class:`~dxopt.qp.QPInfo` when the forward already
+    computed them (the batch certificate), else ``None``. ``factors``: the Cholesky factor of
+    ``P`` (S, n, n), the rows :math:`L^{-1}c_r` of ``[G; A]`` (S, m + p, n), the final working
+    set (S, w) and its Schur complement's factor (S, w, w) of every sample when the forward
+    computed them (the compiled solver of :mod:`dxopt.qp.solvers.dual_active_set`),
+    for the backward to reuse, else ``None``. ``reasons``: per sample, why it was not solved
+    and what to change (``""`` for solved samples; empty when every sample is solved).
+    """
+
+    x: Tensor
+    eq_duals: Tensor
+    ineq_duals: Tensor
+    status: tuple[QPStatus, ...]
+    solver: str
+    solve_time: float
+    active: Tensor | None = None
+    sample_solvers: tuple[str, ...] = ()
+    sample_eps: tuple[float, ...] = ()
+    polished: tuple[bool, ...] = ()
+    settled: tuple[bool, ...] = ()
+    residuals: tuple[np.ndarray, np.ndarray] | None = None
+    factors: tuple[np.ndarray, ...] | None = None
+    reasons: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class AdjointInput:
+    """Everything a backward method needs, float64 CPU, one row per sample.
+
+    Failed samples (``ok`` False) carry zero cotangents and a zero ``x``. ``active`` (S, m)
+    is the forward's certified active set (``None``: identify it from the point); ``settled``
+    (S,) is False where that set is only a guess (see :mod:`dxopt.qp.certify.polish`); ``factors``
+    the forward's Cholesky factor of ``P`` and rows :math:`L^{-1}c_r` of ``[G; A]`` per sample
+    (:class:`ForwardResult`), or ``None``. ``needs_rows`` is False when no
+    gradient of ``A, b, G, h`` is wanted (then the degenerate rule's choice of rows cannot
+    change the result, :mod:`dxopt.qp.backward.degenerate_rule`); ``rule_fixed`` says that
+    ``active``
+    already holds the degenerate rule's final rows (the tangent solve's second pass).
+    """
+
+    problem: QPProblem
+    x: Tensor
+    eq_duals: Tensor
+    ineq_duals: Tensor
+    grad_x: Tensor
+    grad_eq: Tensor
+    grad_ineq: Tensor
+    ok: Tensor
+    active: Tensor | None = None
+    settled: Tensor | None = None
+    factors: tuple[np.ndarray, ...] | None = None
+    needs_rows: bool = True
+    rule_fixed: bool = False
+
+
+@dataclass(frozen=True)
+class AdjointSolution:
+    """:math:`(u, w_J, w_E)` with :math:`w_J` zero off the rows in ``active.used``;
+    ``ineq_duals``/``eq_duals`` the multipliers the gradient formulas use where the degenerate
+    rule chose them (``None``: the forward's)."""
+
+    u: Tensor
+    w_ineq: Tensor
+    w_eq: Tensor
+    active: ActiveSet
+    residual: Tensor
+    ineq_duals: Tensor | None = None
+    eq_duals: Tensor | None = None
+
+
+@runtime_checkable
+class BackwardMethod(Protocol):
+    """A backward method: computes the adjoint from the saved solution.
+
+    The extension point of :func:`dxopt.qp.solve`: any object with these two members can be
+    passed as ``backward=``; :class:`dxopt.qp.BackwardBase` provides the shared options, the
+    active set and the degenerate-problem policy.
+    """
+
+    @property
+    def name(self) -> str: ...
+
+    def solve_adjoint(
+        self, data: AdjointInput, diagnostics: BackwardDiagnostics
+    ) -> AdjointSolution: ...
+
+
+@dataclass(frozen=True)
+class QPState:
+    """Non-tensor context of one call: the canonical problem, its solution, the backward
+    method and its diagnostics, the backend's name and the per-sample (primal, dual)
+    residuals of the solution."""
+
+    problem: QPProblem
+    result: ForwardResult
+    method: BackwardMethod
+    diagnostics: BackwardDiagnostics
+    solver: str = ""
+    residuals: tuple[tuple[float, ...], tuple[float, ...]] = ((), ())
