@@ -16,13 +16,20 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from dxopt._core import Cost, check_choice, check_range, check_tensor
+from dxopt._core import Cost, check_choice, check_int, check_range, check_tensor
 
 __all__ = ["PoolSolver", "SolutionPool"]
 
 
 class SolutionPool:
-    """A de-duplicated set of feasible solutions (rows of :attr:`solutions`, float64, CPU).
+    """A de-duplicated set of feasible solutions: the rows of :attr:`solutions` (float64, CPU),
+    in the order they were first seen.
+
+    Duplicates are found by a hash set of the rows' bytes (float64, with ``-0.0`` read as
+    ``0.0``): equality is exact, as for the 0/1 answers of combinatorial oracles (an LP
+    solver's ``1 - 1e-12`` is another row). :meth:`add` hashes only the new rows, ``O(B d)``,
+    and copies the stored matrix only when one of them is new; the tensors of
+    :meth:`as_tensor` are extended with the new rows, never re-converted or sorted.
 
     Args:
         solutions: optional ``(K, d)`` initial solutions (e.g. the training set's optima).
@@ -37,38 +44,62 @@ class SolutionPool:
         if solutions is None:
             if dim is None:
                 raise ValueError("dim: give the dimension when the pool starts empty.")
-            self.solutions = torch.zeros(0, dim, dtype=torch.float64)
+            dim = check_int("dim", dim)
         else:
-            check_tensor("solutions", solutions, ndim=2)
-            self.solutions = torch.unique(solutions.detach().to("cpu", torch.float64), dim=0)
+            check_tensor("solutions", solutions, ndim=2, finite=True)
+            dim = int(solutions.shape[1])
+        self._solutions = torch.zeros(0, dim, dtype=torch.float64)
+        self._keys: set[bytes] = set()
         self._cache: dict[tuple[torch.dtype, torch.device], Tensor] = {}
+        if solutions is not None:
+            self.add(solutions)
+
+    @property
+    def solutions(self) -> Tensor:
+        """The ``(K, d)`` float64 CPU solutions (do not modify in place)."""
+        return self._solutions
 
     @property
     def dim(self) -> int:
-        return int(self.solutions.shape[1])
+        return int(self._solutions.shape[1])
 
     def __len__(self) -> int:
-        return int(self.solutions.shape[0])
+        return int(self._solutions.shape[0])
 
     def add(self, x: Tensor) -> int:
-        """Add solutions ``(d,)`` or ``(B, d)``; returns the number of new ones."""
-        check_tensor("x", x)
-        x = x.detach().reshape(-1, self.dim).to("cpu", torch.float64)
-        before = len(self)
-        self.solutions = torch.unique(torch.cat([self.solutions, x]), dim=0)
-        self._cache.clear()
-        return len(self) - before
+        """Add solutions ``(d,)`` or ``(B, d)`` (any dtype, any device); returns the number of
+        new ones."""
+        check_tensor("x", x, finite=True)
+        if x.shape[-1:] != (self.dim,) or x.ndim not in (1, 2):
+            raise ValueError(
+                f"x: expected shape ({self.dim},) or (B, {self.dim}), got {tuple(x.shape)}."
+            )
+        rows = x.detach().reshape(-1, self.dim).to("cpu", torch.float64) + 0.0  # -0.0 -> 0.0
+        flat = rows.numpy()
+        fresh = []
+        for i in range(flat.shape[0]):
+            key = flat[i].tobytes()
+            if key not in self._keys:
+                self._keys.add(key)
+                fresh.append(i)
+        if fresh:
+            new = rows[fresh]
+            self._solutions = torch.cat([self._solutions, new])
+            for (dtype, device), cached in self._cache.items():
+                self._cache[dtype, device] = torch.cat([cached, new.to(device, dtype)])
+        return len(fresh)
 
     def as_tensor(self, like: Tensor) -> Tensor:
-        """The solutions in ``like``'s dtype and device (cached until the next :meth:`add`)."""
+        """The solutions in ``like``'s dtype and device (kept, and extended by :meth:`add`)."""
         key = (like.dtype, like.device)
         if key not in self._cache:
-            self._cache[key] = self.solutions.to(like.device, like.dtype)
+            self._cache[key] = self._solutions.to(like.device, like.dtype)
         return self._cache[key]
 
     def best(self, c: Tensor) -> Tensor:
-        """:math:`\\arg\\min_{x \\in \\Gamma} c^\\top x` (``argmax`` for ``"max"``) for each row of
-        ``c`` ``(B, d)`` or ``(d,)``, in one matrix product."""
+        """:math:`\\arg\\min_{x \\in \\Gamma} c^\\top x` (``argmax`` for ``"max"``; ties: the
+        earliest solution) for each row of ``c`` ``(B, d)`` or ``(d,)``, in one matrix
+        product."""
         if len(self) == 0:
             raise ValueError("SolutionPool.best: the pool is empty; add solutions first.")
         pool = self.as_tensor(c)
