@@ -1,20 +1,24 @@
-"""dxopt: differentiable optimization and gradient estimation for PyTorch.
+r"""dxopt: differentiable optimization and gradient estimation for PyTorch.
 
 Subpackages
 -----------
-- :mod:`dxopt.qp`: differentiable quadratic-program layers (penalty/dXPP and exact KKT backward).
-- :mod:`dxopt.natgrad`: subsampled natural gradient (SNG), SPRING and ENGD for least squares.
-- :mod:`dxopt.estimators`: backprop, checkpointed backprop, forward-mode and zeroth-order
-  gradients behind one interface, with cost accounting.
-- :mod:`dxopt.bilevel`: hypergradient methods, hard instances, oracle-call accounting and an
-  implicit-differentiation layer for ``nn.Module`` inner problems.
-- :mod:`dxopt.rl`: multi-attempt policy gradients (vanilla GRPO, naive and calibrated
-  attempt-level weights) for Verification@K, with an exactly solvable tabular policy.
-- :mod:`dxopt.linearize`: linearized (tangent-space) fine-tuning, task vectors, and distilling a
-  curvature-regularised linearized teacher into an ordinary student (DELTA).
-- :mod:`dxopt.dfl`: decision-focused learning for linear and combinatorial problems (SPO+, DBB,
-  perturbed optimizers, NCE, learning to rank, QPTL; batched oracles, PyEPO's data and metrics).
-- :mod:`dxopt.linalg`: the linear solves they share (checked Cholesky, CG).
+- :mod:`dxopt.qp`: Differentiable convex quadratic programs.
+- :mod:`dxopt.natgrad`: Natural-gradient optimizers for least-squares losses
+  :math:`\tfrac12\|r(\theta)\|^2`.
+- :mod:`dxopt.estimators`: Gradient estimators behind one interface, with honest costs.
+- :mod:`dxopt.bilevel`: Bilevel optimization: hypergradient methods, hard instances and exact
+  oracle accounting.
+- :mod:`dxopt.rl`: Multi-attempt policy gradients: vanilla GRPO, naive attempt weighting and
+  calibrated (CAL).
+- :mod:`dxopt.linearize`: Linearized fine-tuning, task arithmetic, and distilling a linearized
+  teacher.
+- :mod:`dxopt.dfl`: Decision-focused learning (DFL) for linear and combinatorial problems.
+- :mod:`dxopt.distributed`: Scale-out executors for :func:`dxopt.qp.solve` and
+  :class:`dxopt.qp.QPLayer`.
+- :mod:`dxopt.linalg`: Linear solves shared across dxopt, each reporting how it went.
+
+The list above is the first line of each subpackage's docstring, written here (and into the
+README's module table) by ``python docs/build_readme.py``.
 
 Shared by all of them (from :mod:`dxopt._core`): :class:`Status` (why a solver stopped, with a
 message), :class:`Cost` (what it cost), :class:`DxoptError` (the base of every dxopt error) and
@@ -35,7 +39,17 @@ if TYPE_CHECKING:
 
 __version__ = "0.2.0"
 
-_SUBPACKAGES = ("qp", "natgrad", "estimators", "bilevel", "rl", "linearize", "linalg", "dfl")
+_SUBPACKAGES = (
+    "qp",
+    "natgrad",
+    "estimators",
+    "bilevel",
+    "rl",
+    "linearize",
+    "dfl",
+    "distributed",
+    "linalg",
+)
 _CORE = ("Cost", "DxoptError", "DxoptWarning", "Status", "release_host_buffers")
 
 __all__ = [
@@ -46,6 +60,7 @@ __all__ = [
     "__version__",
     "bilevel",
     "dfl",
+    "distributed",
     "estimators",
     "linalg",
     "linearize",
