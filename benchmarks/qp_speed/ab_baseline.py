@@ -14,6 +14,12 @@ the ratio current / baseline of the total; a case is a slowdown when that ratio 
 
 Run ``python -m benchmarks.qp_speed.ab_baseline [--quick] [--rounds R] [--families ...]
 [--max-n N]``; it writes ``results/ab_baseline{_quick}.json`` and ``.md``.
+
+The same harness checks a refactoring against the code before it: ``--baseline`` names that
+code's ``src``, ``--limit 1.05`` the allowed slowdown, ``--tiny`` adds the lean paths' cells
+(one dense QP of n = 10 and n = 30, the lean single path; a batch of 128 x n = 50 is the
+``batched`` family), and ``--section`` the BENCHMARKS.md section and result file name
+(e.g. ``--section qp_ab_layout``: the issue-29 check).
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from benchmarks.common import (
 )
 
 FAMILIES = ("dense", "batched", "simplex")
+ALL_FAMILIES = (*FAMILIES, "sparse", "chains")
 LIMIT = 1.10
 DEFAULT_BASELINE = "/work/wt/baseline/src"
 
@@ -62,8 +69,8 @@ for line in sys.stdin:
     inputs, w = cache[key]
     peers._reset(inputs)
     t0 = time.perf_counter()
-    sol = dqp.solve(inputs["P"], inputs["q"], inputs["A"], inputs["b"], inputs["G"],
-                    inputs["h"], backward=spec["backward"], solver="auto")
+    sol = dqp.solve(inputs["P"], inputs["q"], A=inputs["A"], b=inputs["b"], G=inputs["G"],
+                    h=inputs["h"], backward=spec["backward"], solver="auto")
     t1 = time.perf_counter()
     (w * sol.x).sum().backward()
     t2 = time.perf_counter()
@@ -102,11 +109,19 @@ class Worker:
         self.proc.wait(timeout=60)
 
 
-def cases(quick: bool, families: tuple[str, ...], max_n: int | None) -> list[dict[str, Any]]:
-    """The dxopt cells of ``families`` in :func:`benchmarks.qp.run.plan`."""
+def cases(
+    quick: bool, families: tuple[str, ...], max_n: int | None, tiny: bool = False
+) -> list[dict[str, Any]]:
+    """The dxopt cells of ``families`` in :func:`benchmarks.qp.run.plan` (``tiny``: first the
+    lean single path's cells, dense n = 10 and n = 30, both backward methods)."""
     from benchmarks.qp.run import plan
 
     out = []
+    if tiny:
+        for n in (10, 30):
+            for backward in ("penalty", "kkt"):
+                out.append({"family": "dense", "n": n, "backward": backward, "batch": 1,
+                            "m": 0, "p": 0})  # fmt: skip
     for c in plan(quick):
         if c.family not in families or not c.method.startswith("dxopt_"):
             continue
@@ -120,7 +135,12 @@ def cases(quick: bool, families: tuple[str, ...], max_n: int | None) -> list[dic
 
 
 def run(
-    specs: list[dict[str, Any]], src_a: str, src_b: str, threads: int, rounds: int
+    specs: list[dict[str, Any]],
+    src_a: str,
+    src_b: str,
+    threads: int,
+    rounds: int,
+    limit: float = LIMIT,
 ) -> list[dict[str, Any]]:
     workers = {"current": Worker(src_a, threads), "baseline": Worker(src_b, threads)}
     times: dict[int, dict[str, list[dict[str, float]]]] = {
@@ -148,7 +168,7 @@ def run(
             row[f"{name}_fwd_ms"] = 1e3 * fwd
             row[f"{name}_total_ms"] = 1e3 * tot
         row["ratio"] = row["current_total_ms"] / row["baseline_total_ms"]
-        row["verdict"] = "ok" if row["ratio"] <= LIMIT else "SLOWER"
+        row["verdict"] = "ok" if row["ratio"] <= limit else "SLOWER"
         rows.append(row)
     return rows
 
@@ -166,44 +186,79 @@ COLUMNS = (
 )
 
 
+def plot(rows: list[dict[str, Any]], limit: float, path: Path) -> None:
+    """Bars of current / baseline total time per cell, with the slowdown limit drawn."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"{r['family']} {r['size']} {r['backward']}" for r in rows]
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.45 * len(rows)), 4))
+    colors = ["tab:red" if r["ratio"] > limit else "tab:blue" for r in rows]
+    ax.bar(range(len(rows)), [r["ratio"] for r in rows], color=colors)
+    ax.axhline(limit, color="tab:red", linestyle="--", label=f"limit {limit:.2f}")
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks(range(len(rows)), labels, rotation=70, ha="right", fontsize=7)
+    ax.set_ylabel("current / baseline (fwd + bwd)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the quick plan's cells")
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds per case")
     parser.add_argument("--threads", type=int, default=1, help="torch threads in the workers")
     parser.add_argument("--baseline", default=DEFAULT_BASELINE, help="the 0.1 code's src/")
-    parser.add_argument("--families", nargs="+", default=list(FAMILIES), choices=FAMILIES)
+    parser.add_argument("--families", nargs="+", default=list(FAMILIES), choices=ALL_FAMILIES)
     parser.add_argument("--max-n", type=int, default=None, help="skip cells with larger n")
+    parser.add_argument("--tiny", action="store_true", help="add the lean single path's cells")
+    parser.add_argument("--limit", type=float, default=LIMIT, help="ratio above which = slower")
+    parser.add_argument(
+        "--section",
+        default="qp_ab_baseline",
+        help="result file stem and BENCHMARKS.md section (e.g. qp_ab_layout)",
+    )
+    parser.add_argument("--title", default=None, help="the section's heading")
     args = parser.parse_args(argv)
     if not Path(args.baseline, "dxopt", "qp").is_dir():
         raise SystemExit(f"--baseline: {args.baseline} has no dxopt/qp package")
-    specs = cases(args.quick, tuple(args.families), args.max_n)
+    specs = cases(args.quick, tuple(args.families), args.max_n, args.tiny)
     load0, start = os.getloadavg()[0], time.perf_counter()
-    rows = run(specs, str(REPO_ROOT / "src"), args.baseline, args.threads, args.rounds)
+    rows = run(specs, str(REPO_ROOT / "src"), args.baseline, args.threads, args.rounds, args.limit)
     load = (load0, os.getloadavg()[0])
-    full = not args.quick and set(args.families) == set(FAMILIES) and args.max_n is None
+    custom = args.section != "qp_ab_baseline"
+    full = custom or (not args.quick and set(args.families) == set(FAMILIES) and args.max_n is None)
     # a partial run never overwrites the full table (nor BENCHMARKS.md)
     suffix = "_quick" if args.quick else ("" if full else "_partial")
     out = results_dir("qp_speed")
     payload = {"load": list(load), "threads": args.threads, "rounds": args.rounds, "rows": rows,
                "duration_s": time.perf_counter() - start}  # fmt: skip
-    write_json(out / f"ab_baseline{suffix}.json", payload)
-    slower = [f"{r['family']} {r['size']} {r['backward']}" for r in rows if r["ratio"] > LIMIT]
+    stem = args.section.removeprefix("qp_") if custom else "ab_baseline" + suffix
+    write_json(out / f"{stem}.json", payload)
+    limit = args.limit
+    slower = [f"{r['family']} {r['size']} {r['backward']}" for r in rows if r["ratio"] > limit]
     command = "python -m benchmarks.qp_speed.ab_baseline " + " ".join(argv or sys.argv[1:])
     text = (
         f"Command: `{command.strip()}`.\n\n"
-        f"A/B against the 0.1 code ({args.baseline}), {args.threads} torch thread(s), median of "
+        f"A/B against {'the code at' if custom else 'the 0.1 code'} ({args.baseline}), "
+        f"{args.threads} torch thread(s), median of "
         f"{args.rounds} interleaved rounds; load average {load[0]:.2f} -> {load[1]:.2f}. "
-        f"`ratio` = current / baseline forward+backward; > {LIMIT:.2f} is a slowdown.\n\n"
+        f"`ratio` = current / baseline forward+backward; > {limit:.2f} is a slowdown.\n\n"
         + markdown_table(rows, COLUMNS)
-        + f"\n\nSlower than {LIMIT:.2f}x: {', '.join(slower) if slower else 'none'}.\n"
+        + f"\n\nSlower than {limit:.2f}x: {', '.join(slower) if slower else 'none'}.\n"
     )
-    (out / f"ab_baseline{suffix}.md").write_text(text)
+    (out / f"{stem}.md").write_text(text)
+    plot(rows, limit, out / f"{stem}.png")
+    text += f"\n![{stem}](benchmarks/qp_speed/results/{stem}.png)\n"
     print(text)
     if full:
-        heading = "## QP: no slowdown against 0.1 (issue 9)\n\n"
-        update_benchmarks_md("qp_ab_baseline", heading + text)
-        print("BENCHMARKS.md section 'qp_ab_baseline' updated")
+        title = args.title or "QP: no slowdown against 0.1 (issue 9)"
+        update_benchmarks_md(args.section, f"## {title}\n\n" + text)
+        print(f"BENCHMARKS.md section {args.section!r} updated")
 
 
 if __name__ == "__main__":
