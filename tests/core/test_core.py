@@ -109,32 +109,6 @@ def test_renamed_kwargs_function_and_dataclass():
         assert Loop(steps=3) == Loop(max_iter=3)
 
 
-@pytest.mark.parametrize(
-    "package",
-    [
-        "dxopt.bilevel",
-        "dxopt.estimators",
-        "dxopt.linalg",
-        "dxopt.natgrad",
-        "dxopt.qp",
-        "dxopt.distributed",
-    ],
-)
-def test_every_public_error_subclasses_dxopt_error(package: str) -> None:
-    import importlib
-
-    module = importlib.import_module(package)
-    errors = [
-        obj
-        for name in module.__all__
-        if isinstance(obj := getattr(module, name), type)
-        and issubclass(obj, Exception)
-        and not issubclass(obj, Warning)
-    ]
-    for err in errors:
-        assert issubclass(err, DxoptError) and issubclass(err, RuntimeError), err
-
-
 def test_input_errors_reraises_validator_errors_as_the_given_classes():
     from dxopt._core import input_errors
 

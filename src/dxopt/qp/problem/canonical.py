@@ -19,6 +19,7 @@ import scipy.sparse as sp
 import torch
 from torch import Tensor
 
+from dxopt._core import DxoptError
 from dxopt.linalg.threads import small_work
 
 __all__ = [
@@ -224,9 +225,10 @@ def _canonical_sparse(t: Tensor) -> Tensor:
     return t.detach().to("cpu", torch.float64).to_sparse_coo().coalesce()
 
 
-class NotPSDError(ValueError):
-    """``P`` is not positive semidefinite (a :class:`ValueError`; raised by :func:`check_psd`
-    also from inside the forward, where backend errors are otherwise caught)."""
+class NotPSDError(DxoptError, ValueError):
+    """``P`` is not positive semidefinite (a :class:`ValueError`, and a :class:`DxoptError`;
+    raised by :func:`check_psd` also from inside the forward, where backend errors are
+    otherwise caught)."""
 
 
 def _check_symmetric(
