@@ -8,10 +8,9 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import FlopCounterMode
 
+from dxopt._core.torch_compat import TorchDispatchMode, tree_flatten
 from dxopt.estimators._api import LossFn, check_params, check_scalar_loss, raise_unused
 
 

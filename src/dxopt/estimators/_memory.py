@@ -20,8 +20,8 @@ from types import TracebackType
 
 from torch import Tensor
 from torch.autograd.graph import saved_tensors_hooks
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
+
+from dxopt._core.torch_compat import TorchDispatchMode, tree_flatten
 
 
 @dataclass(frozen=True)

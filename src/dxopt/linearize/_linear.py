@@ -24,8 +24,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call, jvp
-from torch.nn.modules.batchnorm import _BatchNorm
-from torch.utils._pytree import tree_map
+
+from dxopt._core.torch_compat import BatchNormBase, tree_map
 
 
 def _key(name: str) -> str:
@@ -108,7 +108,7 @@ class LinearizedModel(nn.Module):
 
     def _check_buffers(self) -> None:
         for name, mod in self.base.named_modules():
-            if isinstance(mod, _BatchNorm) and mod.training and mod.track_running_stats:
+            if isinstance(mod, BatchNormBase) and mod.training and mod.track_running_stats:
                 raise ValueError(
                     f"LinearizedModel: BatchNorm {name!r} is in training mode with "
                     "track_running_stats=True and would update its running statistics, which "

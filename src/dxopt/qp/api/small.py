@@ -55,6 +55,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from dxopt._core.torch_compat import SingleLevelFunction, functorch_unwrap_if_dead
 from dxopt.qp.autograd.function import (
     eager_gradients,
     is_legacy_batched,
@@ -591,13 +592,10 @@ def _plain_apply() -> Callable[..., Any]:
     transforms, for a Function without ``setup_context`` (2 of the tiny path's 90 us). Dead
     torch.func wrappers are unwrapped as there. Falls back to ``SmallQPFunction.apply`` where
     torch's internals differ."""
-    try:
-        from torch.autograd.function import _SingleLevelFunction
-
-        base = super(_SingleLevelFunction, SmallQPFunction).apply
-        unwrap = torch._C._functorch.unwrap_if_dead
-    except (ImportError, AttributeError):  # pragma: no cover - other torch versions
-        return SmallQPFunction.apply
+    if SingleLevelFunction is None or functorch_unwrap_if_dead is None:  # pragma: no cover
+        return SmallQPFunction.apply  # other torch versions
+    base = super(SingleLevelFunction, SmallQPFunction).apply
+    unwrap = functorch_unwrap_if_dead
     if SmallQPFunction.setup_context is not torch.autograd.Function.setup_context:
         return SmallQPFunction.apply  # pragma: no cover - never: forward takes ctx
 

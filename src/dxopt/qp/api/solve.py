@@ -11,6 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from dxopt._core import positional_deprecated
+from dxopt._core.torch_compat import register_pytree_node
 from dxopt.qp.api.bounds import append_bounds
 from dxopt.qp.api.small import (
     LEAN_BACKENDS,
@@ -738,7 +739,7 @@ def _unflatten_solution(values: Any, context: Any) -> QPSolution:
 
 # a pytree (tensors as leaves, status and info as context): torch.func.vmap, jacrev(has_aux)
 # and friends can return a whole QPSolution
-torch.utils._pytree.register_pytree_node(
+register_pytree_node(
     QPSolution,
     _flatten_solution,
     _unflatten_solution,

@@ -31,6 +31,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from dxopt._core.torch_compat import (
+    functorch_transforms_active,
+    functorch_unwrap_dead_wrappers,
+    is_legacy_batched_tensor,
+)
 from dxopt.qp.autograd.tangent import (
     AdjointSolve,
     TangentSolve,
@@ -51,10 +56,8 @@ __all__ = [
     "refuse_second_order",
 ]
 
-try:  # the private helper torch's own Function.apply calls; without it, no shortcut
-    from torch._functorch.utils import unwrap_dead_wrappers
-except ImportError:  # pragma: no cover - a torch without it
-    unwrap_dead_wrappers = None  # type: ignore[assignment]
+# the private helper torch's own Function.apply calls (None: no shortcut)
+unwrap_dead_wrappers = functorch_unwrap_dead_wrappers
 
 
 @dataclass
@@ -86,7 +89,7 @@ class QPFunction(torch.autograd.Function):
             len(args) == 8
             and not kwargs
             and unwrap_dead_wrappers is not None
-            and not torch._C._are_functorch_transforms_active()
+            and not functorch_transforms_active()
         ):
             args = unwrap_dead_wrappers(args)
             return super(torch.autograd.Function, cls).apply(*args)  # type: ignore[misc]
@@ -216,7 +219,7 @@ def refuse_batched_cotangents(cotangents: tuple[Tensor | None, ...]) -> None:
         )
 
 
-_LEGACY_BATCHED = getattr(torch._C._functorch, "is_legacy_batchedtensor", None)
+_LEGACY_BATCHED = is_legacy_batched_tensor
 
 
 def is_legacy_batched(t: Tensor) -> bool:

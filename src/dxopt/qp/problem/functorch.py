@@ -13,6 +13,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from dxopt._core.torch_compat import (
+    functorch_get_unwrapped,
+    functorch_is_batched,
+    functorch_is_wrapped,
+    functorch_transforms_active,
+)
+
 __all__ = [
     "BASES",
     "fold",
@@ -30,7 +37,7 @@ BASES = (2, 1, 2, 1, 2, 1)  # unbatched ndim of P, q, A, b, G, h
 
 def functorch_active() -> bool:
     """True inside a :mod:`torch.func` transform (grad, vjp, jvp, jacrev, jacfwd, vmap)."""
-    return bool(torch._C._are_functorch_transforms_active())
+    return bool(functorch_transforms_active())
 
 
 def forward_ad_dual(t: object) -> bool:
@@ -41,11 +48,10 @@ def forward_ad_dual(t: object) -> bool:
 def vmapped(t: Tensor) -> bool:
     """True if an enclosing :func:`torch.func.vmap` batches ``t`` (at any level): its values
     then differ per vmapped sample, so no Python control flow may depend on them."""
-    F = torch._C._functorch
-    while F.is_functorch_wrapped_tensor(t):
-        if F.is_batchedtensor(t):
+    while functorch_is_wrapped(t):
+        if functorch_is_batched(t):
             return True
-        t = F.get_unwrapped(t)
+        t = functorch_get_unwrapped(t)
     return False
 
 
