@@ -153,6 +153,39 @@ def run_config(
     return runs
 
 
+def merge_runs(saved: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The runs of several records, each tagged with the commit its process started from; a
+    later record's run replaces an earlier one of the same (problem, deg, seed, method,
+    library), so a method rerun on new code is one code version."""
+    merged: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for part in saved:
+        for run in part["runs"]:
+            run = {**run, "commit": run.get("commit") or part["machine"].get("commit", "")}
+            key = tuple(run[k] for k in ("problem", "deg", "seed", "method", "library"))
+            merged.pop(key, None)  # the replacement goes to the end, in its record's order
+            merged[key] = run
+    return list(merged.values())
+
+
+def provenance_note(runs: list[dict[str, Any]]) -> str:
+    """Which commit each (method, seeds) group of the runs ran on."""
+    groups: dict[str, dict[str, set[int]]] = {}
+    for r in runs:
+        commit = r.get("commit") or "unknown"
+        groups.setdefault(commit, {}).setdefault(r["method"], set()).add(r["seed"])
+    parts = []
+    for commit, by_method in groups.items():
+        by_seeds: dict[tuple[int, ...], list[str]] = {}
+        for method, seeds in by_method.items():
+            by_seeds.setdefault(tuple(sorted(seeds)), []).append(method)
+        cells = "; ".join(
+            f"{', '.join(methods)} seeds {' '.join(map(str, seeds))}"
+            for seeds, methods in by_seeds.items()
+        )
+        parts.append(f"commit {commit}: {cells}")
+    return "Code versions (the commit each process started from): " + " | ".join(parts) + "."
+
+
 def _loadavg() -> list[float]:
     try:
         return [round(v, 2) for v in os.getloadavg()]
@@ -232,7 +265,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.from_runs:
         # rebuild the report from the records of one or more (possibly cut short) runs
         saved = [json.loads(path.read_text()) for path in args.from_runs]
-        info, runs = saved[0]["machine"], [r for part in saved for r in part["runs"]]
+        info, runs = saved[-1]["machine"], merge_runs(saved)
         load_start, load_end = saved[0]["load_start"], saved[-1]["load_now"]
         walls = [part["wall_s"] for part in saved]
         wall = max(walls)  # records of processes that ran side by side: the longest
@@ -264,6 +297,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 num_test=num_test,
                 bar=bar,
             )
+            for r in runs:
+                r.setdefault("commit", info["commit"])
             write_json(
                 partial,
                 {
@@ -319,6 +354,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "libraries' epochs run interleaved, so load changes reach both.",
         "PyEPO has no QPTL: its row compares dxopt's QPTL with the other methods only. "
         "Two-stage (2S) is the same PyTorch loop in both columns (no oracle), a timing control.",
+        provenance_note(runs),
         *args.notes,
     ]
     payload = {

@@ -21,6 +21,12 @@ def test_duplicates_within_and_across_calls_keep_the_first_seen_order():
     expected = [[1.0, 0.0, 1.0], [0.0, 1.0, 1.0], [1.0, 1.0, 0.0], [0.0, 0.0, 0.0]]
     assert pool.solutions.tolist() == expected  # first seen first (not sorted)
     assert pool.solutions.dtype == F64 and pool.dim == 3
+    mean = pool.mean(torch.zeros(1, dtype=torch.float32))
+    assert mean.dtype == torch.float32 and mean.tolist() == [0.5, 0.5, 0.5]
+    pool.add(torch.tensor([1.0, 1.0, 1.0]))  # a new row: the mean follows
+    torch.testing.assert_close(pool.mean(pool.solutions), pool.solutions.mean(0))
+    with pytest.raises(ValueError, match="empty"):
+        SolutionPool(dim=3).mean(pool.solutions)
 
 
 def test_dtypes_devices_and_the_kept_conversions():
@@ -95,3 +101,19 @@ def test_two_forwards_around_a_refresh_then_one_backward():
     total = nce(c_hat, vertices[:3]) + nce(-c_hat, vertices[:3])
     total.backward()
     assert c_hat.grad is not None and torch.isfinite(c_hat.grad).all()
+
+
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
+def test_nce_reductions_and_a_single_vector(reduction):
+    vertices = torch.tensor([[1.0, 0.0, 1.0], [0.0, 1.0, 1.0], [1.0, 1.0, 0.0]], dtype=F64)
+    oracle = CallableOracle(lambda c: vertices[(c @ vertices.T).argmin(-1)], dim=3, batched=True)
+    nce = NCE(oracle, SolutionPool(vertices), solve_ratio=0.0, reduction=reduction)
+    c_hat = torch.tensor([[1.0, 2.0, 3.0], [0.5, -1.0, 2.0]], dtype=F64)
+    x_true = vertices[[1, 0]]
+    per_row = torch.stack(
+        [sum(c_hat[b] @ x_true[b] - c_hat[b] @ w for w in vertices) / 3 for b in range(2)]
+    )
+    expected = {"none": per_row, "sum": per_row.sum(), "mean": per_row.mean()}[reduction]
+    torch.testing.assert_close(nce(c_hat, x_true), expected, atol=1e-14, rtol=0)
+    single = nce(c_hat[0], x_true[0])  # a (d,) cost vector: its own loss
+    torch.testing.assert_close(single, per_row[0], atol=1e-14, rtol=0)

@@ -51,6 +51,8 @@ class SolutionPool:
         self._solutions = torch.zeros(0, dim, dtype=torch.float64)
         self._keys: set[bytes] = set()
         self._cache: dict[tuple[torch.dtype, torch.device], Tensor] = {}
+        self._sum = torch.zeros(dim, dtype=torch.float64)
+        self._means: dict[tuple[torch.dtype, torch.device], Tensor] = {}
         if solutions is not None:
             self.add(solutions)
 
@@ -87,6 +89,8 @@ class SolutionPool:
             self._solutions = torch.cat([self._solutions, new])
             for (dtype, device), cached in self._cache.items():
                 self._cache[dtype, device] = torch.cat([cached, new.to(device, dtype)])
+            self._sum = self._sum + new.sum(0)
+            self._means.clear()
         return len(fresh)
 
     def as_tensor(self, like: Tensor) -> Tensor:
@@ -95,6 +99,17 @@ class SolutionPool:
         if key not in self._cache:
             self._cache[key] = self._solutions.to(like.device, like.dtype)
         return self._cache[key]
+
+    def mean(self, like: Tensor) -> Tensor:
+        """The mean solution :math:`\\bar w = \\frac{1}{|\\Gamma|}\\sum_{w \\in \\Gamma} w`
+        ``(d,)`` in ``like``'s dtype and device (from a float64 running sum; kept until an
+        :meth:`add` brings a new row)."""
+        if len(self) == 0:
+            raise ValueError("SolutionPool.mean: the pool is empty; add solutions first.")
+        key = (like.dtype, like.device)
+        if key not in self._means:
+            self._means[key] = (self._sum / len(self)).to(like.device, like.dtype)
+        return self._means[key]
 
     def best(self, c: Tensor) -> Tensor:
         """:math:`\\arg\\min_{x \\in \\Gamma} c^\\top x` (``argmax`` for ``"max"``; ties: the
