@@ -8,7 +8,7 @@ any error a wrong float32 path (a lost cast, a float32 factorisation) would make
 
 ``solver="torch"`` computes on the inputs' device and in their dtype (float32 iterates and
 residual checks, float64 factorizations and refinement residuals; see
-:mod:`dxopt.qp.solvers.torch_ipm`): measured against daqp in float64 on the same rounded data,
+:mod:`dxopt.qp.solvers.torch_driver`): measured against daqp in float64 on the same rounded data,
 2e-8 to 7e-8 relative for x, multipliers and every gradient with cond(P) = 1, 1e2, 1e4, 1e6,
 so the same ``FLOAT32_RTOL`` applies.
 """
@@ -193,13 +193,15 @@ def test_torch_solver_float32_stays_float32_and_matches_float64(
     """float32 through solver="torch": float32 outputs and gradients, accurate to float32
     rounding of the float64 (daqp) solution of the same data, also with cond(P) up to 1e6;
     the iteration runs in float32 and every factorization in float64."""
-    import dxopt.qp.solvers.torch_ipm as ts
+    import dxopt.qp.solvers.torch_ipm as ipm
+    import dxopt.qp.solvers.torch_kkt as kkt
 
     problem = _ill_conditioned(cond, seed=21)
     if batched:
         problem = stack([problem, _ill_conditioned(cond, seed=22)])
-    factored, chol = [], ts._chol
-    monkeypatch.setattr(ts, "_chol", lambda H: (factored.append(H.dtype), chol(H))[1])
+    factored, chol = [], kkt._chol
+    for module in (ipm, kkt):  # the Newton systems and the polish's penalty factor
+        monkeypatch.setattr(module, "_chol", lambda H: (factored.append(H.dtype), chol(H))[1])
     sol32, grads32 = _run_solver(problem, torch.float32, "torch")
     monkeypatch.undo()
     sol64, grads64 = _run_solver(problem, torch.float64, "daqp")

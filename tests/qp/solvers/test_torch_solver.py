@@ -1,4 +1,4 @@
-"""The torch-native batched QP solver (``dxopt.qp.solvers.torch_ipm``) and its backward.
+"""The torch-native batched QP solver (``dxopt.qp.solvers.torch_*``) and its backward.
 
 References: daqp through qpsolvers (solutions), an exact reduced-KKT adjoint built here with
 numpy on the active set verified from daqp's solution (gradients), float64 central finite
@@ -14,7 +14,7 @@ import torch
 
 from dxopt.qp import QPBackwardError, QPStatus, solve
 from dxopt.qp.autograd.torch_entry import torch_qp_solve
-from dxopt.qp.solvers.torch_ipm import TorchQPStatus
+from dxopt.qp.solvers.torch_types import TorchQPStatus
 
 NAMES = ("P", "q", "A", "b", "G", "h")
 

@@ -59,7 +59,8 @@ from dxopt.qp.problem.canonical import QPProblem
 from dxopt.qp.problem.contracts import BackwardMethod
 from dxopt.qp.problem.functorch import BASES, forward_ad_dual
 from dxopt.qp.problem.types import BackwardDiagnostics, QPInfo, QPSolution, QPSolveError, QPStatus
-from dxopt.qp.solvers.torch_ipm import TorchQPStatus, _check_inputs, solve_detached
+from dxopt.qp.solvers.torch_driver import _check_inputs, solve_detached
+from dxopt.qp.solvers.torch_types import TorchQPStatus
 
 __all__ = ["solve_torch"]
 

@@ -1,12 +1,12 @@
 """The torch solver's entry points: :func:`torch_qp_solve` and the CPU route's
 :func:`torch_points`.
 
-They sit above both the detached solver (:mod:`dxopt.qp.solvers.torch_ipm`) and its autograd
+They sit above both the detached solver (:mod:`dxopt.qp.solvers.torch_driver`) and its autograd
 Function (:mod:`dxopt.qp.autograd.torch_function`): :func:`torch_qp_solve` sends inputs that carry
 derivatives (or run under torch.func) through the Function and the others straight to
-:func:`dxopt.qp.solvers.torch_ipm.solve_detached`, so neither of those imports upward.
+:func:`dxopt.qp.solvers.torch_driver.solve_detached`, so neither of those imports upward.
 
-May import: ``_torch_solver``, ``_torch_backward``, ``_tangent``, ``_problem`` (types).
+May import: ``qp.solvers.torch_*``, ``qp.autograd.torch_function``, ``qp.problem``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from torch import Tensor
 
 from dxopt.qp.autograd.torch_function import torch_qp_differentiable
 from dxopt.qp.problem.functorch import forward_ad_dual, functorch_active
-from dxopt.qp.solvers.torch_ipm import TorchQPResult, _check_inputs, solve_detached
+from dxopt.qp.solvers.torch_driver import _check_inputs, solve_detached
+from dxopt.qp.solvers.torch_types import TorchQPResult
 
 if TYPE_CHECKING:
     from dxopt.qp.problem.canonical import QPProblem
@@ -73,7 +74,8 @@ def torch_qp_solve(
         check_every: iterations between convergence checks (each check is one host sync).
         polish: move the solution onto the identified active set by the refined KKT solve.
         refine_steps: the most refinement passes of each KKT solve (default
-            :data:`REFINE_STEPS`; a solve stops as soon as every sample is at round-off).
+            :data:`~dxopt.qp.solvers.torch_kkt.REFINE_STEPS`; a solve stops as soon as every
+            sample is at round-off).
 
     Inputs with a batch dimension of the same size ``B`` are solved together; unbatched
     inputs are shared by every sample. Gradients flow to every input through

@@ -19,12 +19,13 @@ A}]` gives
     \\ \\bar b = v,\\ \\bar G = -(zu^\\top + wx^\\top),\\ \\bar h = w
 
 (:math:`w = 0` off :math:`\\mathcal A`). The adjoint is solved with the penalty Cholesky factor
-the forward polish computed (:class:`dxopt.qp.solvers.torch_ipm.PenaltyFactor`) and refined against
-:math:`K` (:func:`dxopt.qp.solvers.torch_ipm.kkt_solve`): no new factorization, one batched pair of
-triangular solves per refinement pass. Inputs shared by the batch get gradients summed over the
-batch. A sample with a nonzero cotangent that was not solved, not polished (its active set
-unconfirmed, e.g. with ``polish=False``) or whose adjoint residual stays above tolerance makes
-the backward raise :class:`dxopt.qp.QPBackwardError` instead of returning a wrong gradient.
+the forward polish computed (:class:`dxopt.qp.solvers.torch_types.PenaltyFactor`) and refined
+against :math:`K` (:func:`dxopt.qp.solvers.torch_kkt.kkt_solve`): no new factorization, one
+batched pair of triangular solves per refinement pass. Inputs shared by the batch get gradients
+summed over the batch. A sample with a nonzero cotangent that was not solved, not polished (its
+active set unconfirmed, e.g. with ``polish=False``) or whose adjoint residual stays above
+tolerance makes the backward raise :class:`dxopt.qp.QPBackwardError` instead of returning a
+wrong gradient.
 
 **Forward mode and torch.func.** :math:`K` is symmetric, so the tangent
 :math:`[dx; dy; dz_{\\mathcal A}]` is the same refined solve applied to the right-hand side
@@ -56,16 +57,9 @@ from torch import Tensor
 from dxopt.qp.autograd.tangent import _FirstOrderOnly
 from dxopt.qp.problem.functorch import BASES, fold, functorch_active, logical_batch, unfold
 from dxopt.qp.problem.types import BackwardDiagnostics, QPBackwardError
-from dxopt.qp.solvers.torch_ipm import (
-    REFINE_STEPS,
-    PenaltyFactor,
-    TorchQPResult,
-    TorchQPStatus,
-    _check_inputs,
-    kkt_solve,
-    small_threads,
-    solve_detached,
-)
+from dxopt.qp.solvers.torch_driver import _check_inputs, solve_detached
+from dxopt.qp.solvers.torch_kkt import REFINE_STEPS, kkt_solve, small_threads
+from dxopt.qp.solvers.torch_types import PenaltyFactor, TorchQPResult, TorchQPStatus
 
 __all__ = ["TorchCall", "TorchKKTSolve", "TorchQPFunction", "torch_qp_differentiable"]
 

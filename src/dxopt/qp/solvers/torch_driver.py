@@ -1,0 +1,290 @@
+"""The detached solve of the batched torch QP solver: inputs to :class:`TorchQPResult`.
+
+Runs the interior point (:mod:`dxopt.qp.solvers.torch_ipm`; on the null space of ``A`` when it
+has full row rank), polishes its iterate onto the identified active set with the penalty
+factor of :mod:`dxopt.qp.solvers.torch_kkt`, certifies the polished point by the CPU path's
+rules (:mod:`dxopt.qp.certify.torch_certify`), retries the samples whose polish fails and
+sets the per-sample statuses and the *regular* flags; no autograd (the Function of
+:mod:`dxopt.qp.autograd.torch_function` wraps it).
+
+**Polish.** The active set is read off the final iterate (row :math:`i` active iff
+:math:`z_i > s_i`) and the reduced KKT system
+:math:`K = [[P, C^\\top], [C, 0]]`, :math:`C = [A; G_{\\mathcal A}]`, is solved exactly by
+OSQP's polish (Stellato et al., arXiv 1711.08013, section 4): factor the penalty matrix
+:math:`P + \\sigma I + C^\\top W C` (the quasi-definite :math:`K_\\delta` with
+:math:`\\delta = W^{-1}` after eliminating the multipliers) and refine against :math:`K`. The
+polished point replaces the interior-point iterate only when it passes the CPU path's
+certificate (:func:`dxopt.qp.certify.torch_certify.certify`: norm-scaled residuals, signs and the
+row-by-row complementarity); where it does not, the CPU polish's rule corrects the active set
+(rows with negative multipliers leave, violated rows join, judged at round-off;
+:data:`POLISH_ROUNDS` active sets in all), and where that fails too (an ambiguous, nearly
+weakly active row) the sample's interior point resumes with a 1000x tighter complementarity
+and is polished again (at most twice). A sample whose polish never certifies keeps its
+interior-point iterate, gets ``MAX_ITER`` unless that iterate certifies, and is refused by this
+module's backward (:func:`dxopt.qp.solve` sends it to the CPU fallback chain). That penalty
+factorization is kept in :class:`TorchQPResult.factor` and is the one the backward reuses:
+one batched Cholesky serves the polish and every adjoint solve.
+
+**float32.** Iterates, residuals and certificates are float32 (``eps_abs`` and ``eps_rel``
+raised to at least ``1e-5``); every factorization is float64 (mixed precision): the Newton
+systems, whose :math:`D = z/s` spans many orders of magnitude near the solution (a float32
+Cholesky of them stopped the iteration after 4 steps at cond(P) = 1e4), and the polish's
+penalty matrix, whose refinement residuals and solution are accumulated in float64 and then
+rounded; the backward reuses that factor. The polished point is certified in float64 at the
+user's tolerance before it is rounded (what the CPU path does with float32 data: it certifies
+its float64 solution and returns its rounding); the interior point alone stops at ``eps_abs``
+and ``eps_rel`` raised to at least ``1e-5``. Measured against daqp
+in float64 on the same float32-rounded data (``tests/qp/solvers/test_float32_device.py``): relative
+errors 2e-8 to 7e-8 for ``x``, the multipliers and every gradient, cond(P) from 1 to 1e6. This
+is the choice made here in place of qpax's relaxed interior point (which differentiates a
+smoothed point instead). On a GPU the float64 factorizations cost the device's float64 rate.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from dxopt.qp.certify.torch_certify import _amax, _mv, _rmv
+from dxopt.qp.certify.torch_certify import certify as _certify
+from dxopt.qp.certify.torch_certify import polish_update as _polish_update
+from dxopt.qp.certify.torch_certify import regular as _regular
+from dxopt.qp.solvers.torch_ipm import (
+    IPM_EPS_FLOOR,
+    _certificates,
+    _ipm,
+    _ipm_null_space,
+    _Iterate,
+    _null_space,
+)
+from dxopt.qp.solvers.torch_kkt import (
+    REFINE_STEPS,
+    ROUNDOFF_KKT,
+    kkt_solve,
+    penalty_factor,
+    small_threads,
+)
+from dxopt.qp.solvers.torch_types import TorchQPResult, TorchQPStatus
+
+__all__ = ["POLISH_ROUNDS", "solve_detached"]
+
+POLISH_ROUNDS = 4
+"""Active sets each polish tries: the interior point's, then the CPU polish's corrections
+(:func:`dxopt.qp.certify.torch_certify.polish_update`) for the samples that do not certify."""
+
+
+def _check_inputs(
+    P: Tensor, q: Tensor, A: Tensor | None, b: Tensor | None, G: Tensor | None, h: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Validate shapes/dtypes/devices; return every input as a (B, ...) tensor (views)."""
+    for name, t in (("P", P), ("q", q), ("A", A), ("b", b), ("G", G), ("h", h)):
+        if t is not None and not isinstance(t, Tensor):
+            raise TypeError(
+                f"torch_qp_solve: {name} must be a torch.Tensor, got {type(t).__name__}"
+            )
+    for mat, vec, mn, vn in ((A, b, "A", "b"), (G, h, "G", "h")):
+        if (mat is None) != (vec is None):
+            given, missing = (mn, vn) if vec is None else (vn, mn)
+            raise ValueError(
+                f"torch_qp_solve: {given} was given without {missing}; pass both or neither"
+            )
+    if P.dtype not in (torch.float32, torch.float64):
+        raise TypeError(
+            f"torch_qp_solve: P must be float32 or float64, got {P.dtype}; convert with .double()"
+        )
+    if P.ndim not in (2, 3) or P.shape[-1] != P.shape[-2]:
+        raise ValueError(
+            f"torch_qp_solve: P must be (n, n) or (B, n, n), got shape {tuple(P.shape)}"
+        )
+    n = P.shape[-1]
+    tensors = {"P": P, "q": q, "A": A, "b": b, "G": G, "h": h}
+    batch = {1}
+    for name, t in tensors.items():
+        if t is None:
+            continue
+        if t.dtype != P.dtype or t.device != P.device:
+            raise ValueError(
+                f"torch_qp_solve: {name} has dtype {t.dtype} on {t.device} but P has {P.dtype} "
+                f"on {P.device}; every input must share P's dtype and device"
+            )
+        base = 2 if name in ("P", "A", "G") else 1
+        if t.ndim not in (base, base + 1):
+            raise ValueError(
+                f"torch_qp_solve: {name} must have {base} dims (unbatched) or {base + 1} "
+                f"(batched), got shape {tuple(t.shape)}"
+            )
+        if t.ndim == base + 1:
+            batch.add(t.shape[0])
+        if not t.is_floating_point() or t.layout != torch.strided:
+            raise ValueError(f"torch_qp_solve: {name} must be a dense floating tensor")
+    if len(batch - {1}) > 1:
+        raise ValueError(
+            "torch_qp_solve: batched inputs disagree on the batch size "
+            f"{sorted(batch - {1})}; use one batch size (or 1 to broadcast)"
+        )
+    B = max(batch)
+    if q.shape[-1] != n:
+        raise ValueError(f"torch_qp_solve: q must have n = {n} entries, got shape {tuple(q.shape)}")
+    for mat, vec, mn, vn in ((A, b, "A", "b"), (G, h, "G", "h")):
+        if (
+            mat is not None
+            and vec is not None
+            and (mat.shape[-1] != n or mat.shape[-2] != vec.shape[-1])
+        ):
+            raise ValueError(
+                f"torch_qp_solve: {mn} must be (k, n={n}) with {vn} of length k, got "
+                f"{mn} {tuple(mat.shape)} and {vn} {tuple(vec.shape)}"
+            )
+
+    def full(t: Tensor | None, base: int, shape: tuple[int, ...]) -> Tensor:
+        if t is None:
+            return P.new_zeros((B, *shape))
+        return (t.unsqueeze(0) if t.ndim == base else t).expand(B, *t.shape[-base:])
+
+    p = 0 if b is None else b.shape[-1]
+    m = 0 if h is None else h.shape[-1]
+    return (
+        full(P, 2, (n, n)),
+        full(q, 1, (n,)),
+        full(A, 2, (p, n)),
+        full(b, 1, (p,)),
+        full(G, 2, (m, n)),
+        full(h, 1, (m,)),
+    )
+
+
+def status_is(status: Tensor, *names: str) -> Tensor:
+    """``(B,)`` mask of samples whose status is one of ``names`` (``TorchQPStatus`` names)."""
+    out = torch.zeros_like(status, dtype=torch.bool)
+    for name in names:
+        out = out | (status == int(TorchQPStatus[name]))
+    return out
+
+
+def solve_detached(
+    P: Tensor,
+    q: Tensor,
+    A: Tensor,
+    b: Tensor,
+    G: Tensor,
+    h: Tensor,
+    *,
+    eps_abs: float,
+    eps_rel: float,
+    eps_inf: float,
+    max_iter: int,
+    check_every: int,
+    polish: bool,
+    refine_steps: int | None,
+) -> TorchQPResult:
+    """:func:`torch_qp_solve` on validated ``(B, ...)`` inputs, without autograd."""
+    with torch.no_grad(), small_threads(P.shape[-1], G.shape[-2], P.device):
+        f64 = P.dtype == torch.float64
+        user_abs, user_rel = eps_abs, eps_rel  # the polished point's certificate
+        if not f64:
+            eps_abs, eps_rel = max(eps_abs, 1e-5), max(eps_rel, 1e-5)
+        ipm: dict[str, Any] = {
+            "eps_abs": max(eps_abs, IPM_EPS_FLOOR),
+            "eps_rel": max(eps_rel, 1e-10),  # residuals: the polish takes it from there
+            "eps_inf": eps_inf,
+            "max_iter": max_iter,
+            "check_every": check_every,
+            "gap_rel": 0.0,  # the complementarity decides the active set: keep it absolute
+        }
+        null = _null_space(A, b) if 0 < A.shape[-2] < A.shape[-1] and h.shape[-1] else None
+
+        def run(**kw: Any) -> tuple[_Iterate, Tensor, Tensor, _Iterate]:
+            if null is None:
+                out = _ipm(P, q, A, b, G, h, **ipm, **kw)
+                return (*out, out[0])
+            return _ipm_null_space(P, q, A, G, h, null, {**ipm, **kw})
+
+        it, status, iters, raw = run()
+        nonzero = G.abs().amax(-1) > 0  # zero rows of G are never active (multiplier 0)
+        steps = refine_steps if refine_steps is not None else REFINE_STEPS
+        m, gap_abs = h.shape[-1], max(eps_abs, IPM_EPS_FLOOR)
+        for attempt in range(3):
+            # polish on the active set read off the iterate; where a sample's polish fails
+            # certification (an ambiguous, nearly weakly active row), resume its interior
+            # point with a 1000x tighter complementarity and polish again
+            active = (it.z > it.s) & nonzero
+            for _ in range(POLISH_ROUNDS):
+                factor, bad = penalty_factor(
+                    P, A, G, active, omega=1e6, sigma=1e-9, steps=steps
+                )  # fmt: skip
+                if not (polish or m == 0):
+                    break
+                # the polished point in float64 (float32 data: its float64 solution on the
+                # active set, certified as the CPU path certifies its float64 points, then
+                # rounded)
+                xw, yw, zw, kkt_err = kkt_solve(factor, P, A, G, -q, b, h, wide=True)
+                zw = torch.where(active, zw, 0.0)
+                ok_p = _certify(P, q, A, b, G, h, xw, yw, zw, user_abs, user_rel) & ~bad
+                if m == 0 or bool(ok_p.all()):
+                    break
+                # the CPU polish's rule: drop wrong-signed multipliers, add violated rows
+                new = _polish_update(P, q, G, h, xw, zw, active)
+                change = ~ok_p & ~bad & (new != active).any(-1)
+                if not bool(change.any()):
+                    break
+                active = torch.where(change[:, None], new, active)
+            if not (polish or m == 0):
+                break
+            xp, yp, zp = xw.to(P.dtype), yw.to(P.dtype), zw.to(P.dtype)
+            retry = ~ok_p & (status == TorchQPStatus.SOLVED) & (iters < max_iter)
+            if attempt == 2 or m == 0 or not bool(retry.any()):
+                break
+            gap_abs *= 1e-3
+            it, status_new, iters, raw = run(gap_abs=gap_abs, start=(raw, ~retry, iters))
+            status = torch.where(retry, status_new, status)
+        x, y, z = it.x, it.y, torch.where(nonzero, it.z.clamp_min(0.0), 0.0)
+        polished = torch.zeros_like(bad)
+        if polish or m == 0:
+            polished = ok_p & ~status_is(status, "PRIMAL_INFEASIBLE", "DUAL_INFEASIBLE")
+            x = torch.where(polished[:, None], xp, x)
+            y = torch.where(polished[:, None], yp, y)
+            z = torch.where(polished[:, None], zp.clamp_min(0.0), z)
+            if h.shape[-1] == 0 and bool((~ok_p).any()):
+                # equality-only: the least-squares residual r = b - A A^+ b (-r is a Farkas
+                # certificate when nonzero) and the penalty solve's (diverging) x are the
+                # candidates
+                r = b - _mv(A, _mv(torch.linalg.pinv(A), b)) if A.shape[-2] else b
+                cand = _Iterate(x=xp, y=-r, z=zp, s=zp)
+                pinf, dinf = _certificates(P, q, A, b, G, h, cand, eps_inf)
+                pinf, dinf = pinf & ~ok_p, dinf & ~ok_p
+                status = torch.where(pinf, int(TorchQPStatus.PRIMAL_INFEASIBLE), status)
+                status = torch.where(dinf & ~pinf, int(TorchQPStatus.DUAL_INFEASIBLE), status)
+        ok = _certify(P, q, A, b, G, h, x, y, z, eps_abs, eps_rel, settled_only=polish)
+        if polish or m == 0:  # a polished sample: its float64 point's certificate
+            ok = torch.where(polished, ok_p, ok)
+        ok = ok & ~status_is(status, "PRIMAL_INFEASIBLE", "DUAL_INFEASIBLE")
+        # not certified at the user's tolerance: an interior-point "SOLVED" becomes MAX_ITER
+        status = torch.where(ok, int(TorchQPStatus.SOLVED), status)
+        status = torch.where(
+            ~ok & (status == TorchQPStatus.SOLVED), int(TorchQPStatus.MAX_ITER), status
+        )
+        # where the device's exact active-set derivative is the derivative (the CPU path's
+        # rules would give the same); the other samples are sent to the CPU path
+        # (dxopt.qp.api.device)
+        regular = ok & polished
+        if polish or m == 0:  # and the polish's own KKT solve reached round-off
+            regular = regular & _regular(P, q, A, b, G, h, xw, zw, factor.active)
+            regular = regular & (kkt_err <= ROUNDOFF_KKT)
+        slacks = h - _mv(G, x)
+        pres = torch.maximum(_amax(_mv(A, x) - b), _amax((-slacks).clamp_min(0.0)))
+        dres = _amax(_mv(P, x) + q + _rmv(A, y) + _rmv(G, z))
+        return TorchQPResult(
+            x=x,
+            eq_duals=y,
+            ineq_duals=z,
+            slacks=slacks,
+            status=status,
+            iterations=iters,
+            primal_residual=pres,
+            dual_residual=dres,
+            polished=polished,
+            factor=factor,
+            regular=regular,
+        )
