@@ -431,7 +431,7 @@ def test_the_forward_finds_the_backwards_active_set_accuracy(monkeypatch):
     the same gradients and diagnostics as a forward that leaves it to the backward."""
     from dxopt.qp.api import small_batch as _small_batch
     from dxopt.qp.api.small import _MARGIN
-    from dxopt.qp.solvers.kernels import _point, _point_accuracy
+    from dxopt.qp.solvers.kernels.certify import _point, _point_accuracy
 
     data = _problems(5, 12, 10, 0, seed=51)
     x_free = torch.linalg.solve(data["P"][3], -data["q"][3])

@@ -64,10 +64,11 @@ from dxopt.qp.autograd.function import (
 )
 from dxopt.qp.backward.kkt import _KKT_STEPS, _KKT_TOL, KKTBackward
 from dxopt.qp.backward.penalty import PenaltyBackward
-from dxopt.qp.certify.dependence import DEPENDENT_TOL
-from dxopt.qp.certify.polish import RELATIVE_FLOOR, ROUNDOFF
+from dxopt.qp.certify.tolerances import DEPENDENT_TOL, LEAN_MARGIN_FLOOR, RELATIVE_FLOOR, ROUNDOFF
 from dxopt.qp.problem.types import BackwardDiagnostics
-from dxopt.qp.solvers.kernels import certify_point, lean_adjoint, prepare
+from dxopt.qp.solvers.kernels.adjoint import lean_adjoint
+from dxopt.qp.solvers.kernels.batch import prepare
+from dxopt.qp.solvers.kernels.certify import certify_point
 
 __all__ = [
     "SMALL_MAX_N",
@@ -82,7 +83,7 @@ SMALL_MAX_N = 64
 """Largest ``n`` of the lean path: up to here a problem's arithmetic is cheaper than the
 general path's dispatches."""
 
-_MARGIN = 1e-8  # the active set's margin: 10 x identify_active's floor (module docstring)
+_MARGIN = LEAN_MARGIN_FLOOR  # the active set's margin floor (module docstring)
 _DTYPES = (torch.float64, torch.float32)
 _BOUNDS: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}  # (m, p) -> (lower, sense)
 _SYM_TOL = {t: 100 * float(torch.finfo(t).eps) for t in _DTYPES}  # P's asymmetry, relative
@@ -482,8 +483,8 @@ def small_backward(
     needs: tuple[bool, ...],
 ) -> tuple[Tensor | None, ...] | None:
     """The gradients for ``(P, q, A, b, G, h)`` by the lean backward (module docstring;
-    :func:`dxopt.qp.solvers.kernels.lean_adjoint`, which writes the arrays allocated here for
-    the gradients ``needs`` asks for), or ``None`` where the general path must decide."""
+    :func:`dxopt.qp.solvers.kernels.adjoint.lean_adjoint`, which writes the arrays allocated
+    here for the gradients ``needs`` asks for), or ``None`` where the general path must decide."""
     regular = _regular(method)
     C, m, x = point.C, point.g_inf.shape[0], point.x
     n, p = x.shape[0], C.shape[0] - m

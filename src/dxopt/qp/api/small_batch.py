@@ -8,14 +8,14 @@ samples) with the default options (no thread pool) and a method
 and one problem with ``n > SMALL_MAX_N`` as a batch of one, solved by the compiled dual
 active-set solver of :mod:`dxopt.qp.solvers.dual_active_set` (daqp for the samples it does not
 solve; the backward reuses its factors). It runs as one compiled kernel over the batch
-(:func:`dxopt.qp.solvers.kernels.prepare_batch`: the checks and daqp's layout), the solver
+(:func:`dxopt.qp.solvers.kernels.batch.prepare_batch`: the checks and daqp's layout), the solver
 (one kernel, or one :func:`daqp.solve` per sample with ``eps_prox = 0``: either's Cholesky
 certifies ``P``), one kernel for
-the certificate of every point (:func:`~dxopt.qp.solvers.kernels.certify_batch`; the compiled
+the certificate of every point (:func:`~dxopt.qp.solvers.kernels.batch.certify_batch`; the compiled
 solver's checks, solve and certificate run sample by sample in one kernel,
-:func:`~dxopt.qp.solvers.kernels.forward_batch`) and, in the
+:func:`~dxopt.qp.solvers.kernels.batch.forward_batch`) and, in the
 backward, one kernel for every sample's lean adjoint and gradients
-(:func:`~dxopt.qp.solvers.kernels.lean_adjoint_batch`): the steps of :mod:`dxopt.qp.api.small`
+(:func:`~dxopt.qp.solvers.kernels.batch.lean_adjoint_batch`): the steps of :mod:`dxopt.qp.api.small`
 for each sample, with no per-sample Python beyond the daqp call. Gradients of shared inputs
 are summed over the batch.
 
@@ -54,9 +54,9 @@ from dxopt.qp.api.small import (
     _regular,
 )
 from dxopt.qp.autograd.function import eager_gradients
-from dxopt.qp.certify.polish import RELATIVE_FLOOR, ROUNDOFF
+from dxopt.qp.certify.tolerances import RELATIVE_FLOOR, ROUNDOFF
 from dxopt.qp.problem.types import BackwardDiagnostics
-from dxopt.qp.solvers.kernels import (
+from dxopt.qp.solvers.kernels.batch import (
     certify_batch,
     forward_batch,
     lean_adjoint_batch,

@@ -28,7 +28,9 @@ __all__ = ["WarmupReport", "compiled_kernels", "warmup"]
 
 _KERNEL_MODULES = (
     "dxopt.linalg.small",
-    "dxopt.qp.solvers.kernels",
+    "dxopt.qp.solvers.kernels.certify",
+    "dxopt.qp.solvers.kernels.adjoint",
+    "dxopt.qp.solvers.kernels.batch",
     "dxopt.qp.solvers.dual_active_set",
 )
 

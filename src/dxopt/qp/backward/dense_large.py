@@ -105,7 +105,7 @@ def reused_dense_adjoint(
     any sample it does not pass, or a residual above ``max_residual``, returns ``None`` and
     the paths above decide."""
     from dxopt.linalg.small import lapack_kernels
-    from dxopt.qp.solvers.kernels import reused_adjoint_rows
+    from dxopt.qp.solvers.kernels.adjoint import reused_adjoint_rows
 
     problem = data.problem
     if data.factors is None or problem.any_sparse:

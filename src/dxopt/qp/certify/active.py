@@ -33,6 +33,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from dxopt.qp.certify.tolerances import STRONG_MULTIPLIER, WEAK_FACTOR, WEAK_FLOOR
 from dxopt.qp.problem.canonical import QPProblem
 from dxopt.qp.problem.types import QPBackwardError
 
@@ -270,7 +271,7 @@ def identify_active(
         comp = (np.maximum(rel_slack, 0.0) * nu_inf).max(-1) / dual_scale
         viol = np.where(nonzero, np.maximum(-rel_slack, 0.0), 0.0).max(-1)
         eps = np.maximum(eps, np.maximum(viol, comp))
-    base = np.maximum(1e3 * eps, 1e-9)
+    base = np.maximum(WEAK_FACTOR * eps, WEAK_FLOOR)
     tau_nu = base * dual_scale
     if active_tol is not None:
         candidate = (slack <= active_tol) & nonzero
@@ -280,7 +281,7 @@ def identify_active(
         # the forward's certified (polished) active set decides; rows outside it are only
         # candidates for the weak class (zero slack, zero multiplier)
         fwd = forward_active.numpy() & nonzero
-        active = fwd & (nu_inf > 1e-10 * dual_scale[:, None])
+        active = fwd & (nu_inf > STRONG_MULTIPLIER * dual_scale[:, None])
         weak = (fwd | candidate) & ~active & (nu_inf <= tau_nu[:, None])
     else:
         active = candidate & (nu_inf > tau_nu[:, None])

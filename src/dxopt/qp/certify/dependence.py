@@ -50,6 +50,7 @@ import torch
 from torch import Tensor
 
 from dxopt.linalg.sparse import FactorizationError, UnitRows, splu, unit_rows
+from dxopt.qp.certify.tolerances import DEPENDENT_TOL
 from dxopt.qp.problem.canonical import QPProblem
 from dxopt.qp.problem.types import BackwardDiagnostics, QPBackwardError
 
@@ -64,7 +65,6 @@ __all__ = [
     "refine_schur",
 ]
 
-DEPENDENT_TOL = 1e-10
 _RELATIVE_DELTA = 1e-8
 #: the relative regularisations tried in turn while the refinement stalls (module docstring)
 _DELTA_LADDER = (_RELATIVE_DELTA, 1e-11, 1e-13)

@@ -3,7 +3,8 @@
 **Certification** uses norm scales (as the backends' own stopping rules do) and never
 normalises a row, so a zero or tiny row cannot poison it. With
 :math:`r = \\max(\\varepsilon_{rel}, 10^{-10})` (the relative part never goes below a
-round-off floor), :math:`t_p = \\varepsilon_{abs} + r\\max(\\|Gx\\|_\\infty, \\|h\\|_\\infty)`,
+round-off floor; every constant of the rule is in :mod:`dxopt.qp.certify.tolerances`),
+:math:`t_p = \\varepsilon_{abs} + r\\max(\\|Gx\\|_\\infty, \\|h\\|_\\infty)`,
 :math:`t_e` likewise for :math:`Ax = b`, and :math:`t_d = \\varepsilon_{abs} +
 r\\max(\\|Px\\|_\\infty, \\|q\\|_\\infty, \\|A^\\top\\mu\\|_\\infty, \\|G^\\top\\nu\\|_\\infty)`,
 a point :math:`(x, \\mu, \\nu)` is certified when
@@ -52,6 +53,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from dxopt.linalg.sparse import FactorizationError, saddle_solve
+from dxopt.qp.certify.tolerances import AMBIGUITY, ROUNDOFF, relative_tolerance
 from dxopt.qp.problem.canonical import QPProblem
 
 __all__ = [
@@ -64,10 +66,6 @@ __all__ = [
     "polish",
     "row_inf",
 ]
-
-RELATIVE_FLOOR = 1e-10
-ROUNDOFF = 1e-12
-AMBIGUITY = 1e4
 
 
 @dataclass(frozen=True)
@@ -133,7 +131,7 @@ class _Data:
 def _make(P, q, A, b, G, h, eps_abs: float, eps_rel: float, g_inf=None, a_inf=None) -> _Data:
     g_inf = row_inf(G) if g_inf is None else g_inf
     a_inf = row_inf(A) if a_inf is None else a_inf
-    return _Data(P, q, A, b, G, h, g_inf, a_inf, eps_abs, max(eps_rel, RELATIVE_FLOOR))
+    return _Data(P, q, A, b, G, h, g_inf, a_inf, eps_abs, relative_tolerance(eps_rel))
 
 
 def _inf(v: Any) -> float:
@@ -384,7 +382,7 @@ def batch_accept_exact(
     The tests are those of :func:`_check` row for row; the norms of the dual scale are taken
     as one max-norm of the componentwise maximum :math:`\\max(|Px|, |A^\\top\\mu|,
     |G^\\top\\nu|)` (the same number, fewer passes over small arrays)."""
-    rel = max(eps_rel, RELATIVE_FLOOR)
+    rel = relative_tolerance(eps_rel)
     q = problem.q.numpy()
     px = _mv(_matrix(problem, "P"), x)
     dual = px + q

@@ -40,7 +40,13 @@ import torch
 from torch import Tensor
 
 from dxopt.qp.certify.dependence import count_dependent_dense
-from dxopt.qp.certify.polish import RELATIVE_FLOOR, ROUNDOFF
+from dxopt.qp.certify.tolerances import (
+    ROUNDOFF,
+    STRONG_MULTIPLIER,
+    WEAK_FACTOR,
+    WEAK_FLOOR,
+    relative_tolerance,
+)
 
 __all__ = ["certify", "polish_update", "regular"]
 
@@ -86,7 +92,7 @@ def certify(
     \\varepsilon_{abs} + r\\max(|x^\\top Px|, |q^\\top x|, |h^\\top\\nu|)` in place of the
     row-by-row complementarity."""
     P, q, A, b, G, h, x, y, z = _wide(P, q, A, b, G, h, x, y, z)
-    rel = max(eps_rel, RELATIVE_FLOOR)
+    rel = relative_tolerance(eps_rel)
     px = _mv(P, x)
     dual = px + q
     big = px.abs()
@@ -183,10 +189,10 @@ def regular(
         comp = (rel_slack.clamp_min(0.0) * nu_inf).amax(-1) / dual_scale
         viol = torch.where(nonzero, (-rel_slack).clamp_min(0.0), 0.0).amax(-1)
         eps = torch.maximum(eps, torch.maximum(viol, comp))
-        base = torch.clamp_min(1e3 * eps, 1e-9)
+        base = torch.clamp_min(WEAK_FACTOR * eps, WEAK_FLOOR)
         candidate = (rel_slack <= base[:, None]) & nonzero
         J = active & nonzero
-        strong = J & (nu_inf > 1e-10 * dual_scale[:, None])
+        strong = J & (nu_inf > STRONG_MULTIPLIER * dual_scale[:, None])
         weak = (J | candidate) & ~strong & (nu_inf <= (base * dual_scale)[:, None])
         ok = ok & ~weak.any(-1)
         # the active rows first (zero rows pad samples with fewer): the Gram matrix of the

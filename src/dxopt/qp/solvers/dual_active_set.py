@@ -45,7 +45,7 @@ A sample it does not solve returns a non-zero status and the caller solves it ot
 (daqp): ``P`` not positive definite, an equality row dependent on the others, a certificate
 of infeasibility, or more than ``max_iter`` working-set changes. What it returns is not
 trusted either: the caller certifies every point
-(:func:`dxopt.qp.solvers.kernels.certify_batch`).
+(:func:`dxopt.qp.solvers.kernels.batch.certify_batch`).
 
 The factors :math:`L` (LAPACK ``dpotrf``) and :math:`Y = L^{-1}C^\\top` (BLAS ``dtrsm``) are
 what the block elimination of :func:`dxopt.linalg.small.schur_factor_small` starts from, so

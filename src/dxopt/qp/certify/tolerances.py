@@ -1,0 +1,109 @@
+"""The certificate's tolerances, defined once for every route that certifies a point.
+
+Four implementations judge a candidate point :math:`(x, \\mu, \\nu)` of
+:math:`\\min \\tfrac12 x^\\top Px + q^\\top x` s.t. :math:`Ax = b`, :math:`Gx \\le h`:
+:func:`dxopt.qp.certify.polish.certify` (one sample, numpy/scipy: the general CPU path),
+:func:`dxopt.qp.certify.polish.batch_accept_exact` (a batch of daqp points, numpy), the compiled
+``_certificate`` of :mod:`dxopt.qp.solvers.kernels.certify` (the lean path, numba) and
+:func:`dxopt.qp.certify.torch_certify.certify` (the device path, torch). They share the rule
+below and take its constants from here (``tests/qp/certify/test_routes_agree.py`` checks that
+every route accepts and rejects the same samples).
+
+**Acceptance** (the backends' own stopping rules use norm scales of the same form; a row is
+never normalised, so a zero or tiny row cannot poison a threshold). With
+:math:`r = \\max(\\varepsilon_{rel}, \\text{RELATIVE\\_FLOOR})`:
+
+* primal: :math:`\\|(Gx - h)_+\\|_\\infty \\le t_p = \\varepsilon_{abs} +
+  r\\max(\\|Gx\\|_\\infty, \\|h\\|_\\infty)` and :math:`\\|Ax - b\\|_\\infty \\le t_e =
+  \\varepsilon_{abs} + r\\max(\\|Ax\\|_\\infty, \\|b\\|_\\infty)`;
+* dual: :math:`\\|Px + q + A^\\top\\mu + G^\\top\\nu\\|_\\infty \\le t_d = \\varepsilon_{abs} +
+  r\\max(\\|Px\\|_\\infty, \\|q\\|_\\infty, \\|A^\\top\\mu\\|_\\infty, \\|G^\\top\\nu\\|_\\infty)`;
+* sign: :math:`(-\\nu_i)_+\\|g_i\\|_\\infty \\le t_d`;
+* complementarity, row by row (the *settled* form): :math:`\\min((h_i - g_i^\\top x)_+/t_p,\\
+  (\\nu_i)_+\\|g_i\\|_\\infty/t_d) \\le 1`; the general path alone also accepts, as a last
+  resort, the duality-gap form :math:`\\sum_i (h_i - g_i^\\top x)_+\\nu_i \\le \\varepsilon_{abs}
+  + r\\max(|x^\\top Px|, |q^\\top x|, |h^\\top\\nu|)` (an *unsettled* point, flagged by the
+  backward);
+* zero rows: an all-zero row of ``G`` is never active and is feasible iff
+  :math:`h_i \\ge -\\varepsilon_{abs}`; an all-zero row of ``A`` needs :math:`|b_j| \\le
+  \\varepsilon_{abs}`;
+* an exact working set (daqp's) is accepted without polish only when no row outside it is
+  violated beyond round-off: :math:`g_i^\\top x - h_i > \\text{ROUNDOFF}\\max(\\|Gx\\|_\\infty,
+  \\|h\\|_\\infty)` rejects it.
+
+**Active-set thresholds** (:func:`dxopt.qp.certify.active.identify_active`, the device path's
+:func:`dxopt.qp.certify.torch_certify.regular` and the lean kernels): a row of the forward's
+set is strongly active when :math:`\\nu_i\\|g_i\\|_\\infty > \\text{STRONG\\_MULTIPLIER}\\,
+\\sigma^d`; rows with relative slack below :math:`\\tau = \\max(\\text{WEAK\\_FACTOR}\\,
+\\varepsilon, \\text{WEAK\\_FLOOR})` and multiplier below :math:`\\tau\\sigma^d` are weakly
+active. The lean path (:mod:`dxopt.qp.api.small`) keeps the forward's set only when it is clear
+of that test by the margin :math:`\\max(\\text{LEAN\\_MARGIN\\_FLOOR},
+\\text{LEAN\\_MARGIN\\_FACTOR}\\,\\varepsilon)` (ten times the weak test's factor and floor), so
+it never decides a case the general path would classify differently.
+
+The compiled kernels read ``LEAN_MARGIN_FACTOR`` as a global, fixed when they are compiled;
+numba's on-disk cache is keyed on the kernel's own file, so after changing a constant here,
+delete the ``__pycache__`` of :mod:`dxopt.qp.solvers` (or ``NUMBA_CACHE_DIR``). The other
+constants reach the kernels as arguments.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AMBIGUITY",
+    "DEPENDENT_TOL",
+    "LEAN_MARGIN_FACTOR",
+    "LEAN_MARGIN_FLOOR",
+    "RELATIVE_FLOOR",
+    "ROUNDOFF",
+    "STRONG_MULTIPLIER",
+    "WEAK_FACTOR",
+    "WEAK_FLOOR",
+    "relative_tolerance",
+]
+
+RELATIVE_FLOOR = 1e-10
+"""The least relative tolerance :math:`r` of the acceptance tests: asked for less, a badly
+scaled problem's residuals (sums of terms of size ``scale``) are round-off, not progress."""
+
+ROUNDOFF = 1e-12
+"""Round-off level, relative to the norm scales: a row violated by more than ``ROUNDOFF``
+times :math:`\\max(\\|Gx\\|_\\infty, \\|h\\|_\\infty)` is violated, and a multiplier below
+``-ROUNDOFF`` times the dual scale is negative, whatever the requested tolerance (the polish's
+active set and the exact-working-set acceptance do not depend on it)."""
+
+AMBIGUITY = 1e4
+"""A row whose slack and multiplier are both below ``AMBIGUITY`` times their tolerances is not
+settled by the point (an interior-point point): the general path polishes it."""
+
+DEPENDENT_TOL = 1e-10
+"""A row is dependent on the others when its squared distance to their span, relative to its
+squared norm (a pivot of the Cholesky factor of the row-normalised Gram matrix), is below
+this (:mod:`dxopt.qp.certify.dependence`)."""
+
+STRONG_MULTIPLIER = 1e-10
+"""A row of the forward's active set is strongly active when :math:`\\nu_i\\|g_i\\|_\\infty`
+exceeds this times the dual scale :math:`\\sigma^d` (its multiplier is above round-off)."""
+
+WEAK_FACTOR = 1e3
+"""The weak-activity threshold :math:`\\tau` is ``WEAK_FACTOR`` times the achieved accuracy
+:math:`\\varepsilon` (at least ``WEAK_FLOOR``): a relative slack or multiplier that small
+cannot be told from zero at that accuracy."""
+
+WEAK_FLOOR = 1e-9
+"""The least weak-activity threshold :math:`\\tau` (an exact point still has round-off)."""
+
+LEAN_MARGIN_FACTOR = 1e4
+"""The lean path keeps the forward's active set only when every working multiplier and every
+free row's relative slack exceeds ``max(LEAN_MARGIN_FLOOR, LEAN_MARGIN_FACTOR * eps)``: ten
+times ``WEAK_FACTOR``, clear of the general path's weak test. A working multiplier within
+``LEAN_MARGIN_FACTOR`` times the relative stationarity residual of zero also declines."""
+
+LEAN_MARGIN_FLOOR = 1e-8
+"""The lean path's margin floor: ten times ``WEAK_FLOOR``."""
+
+
+def relative_tolerance(eps_rel: float) -> float:
+    """:math:`r = \\max(\\varepsilon_{rel}, \\text{RELATIVE\\_FLOOR})`, the relative part of
+    every acceptance test."""
+    return max(eps_rel, RELATIVE_FLOOR)

@@ -1,0 +1,380 @@
+"""Compiled certificate of the lean path (numba): is a daqp point a solution, and is its active
+set clear enough of the weak-activity test for the lean backward to keep it.
+
+The data are one problem in daqp's layout: ``P`` (n, n), ``q`` (n,), the constraint rows
+``C = [G; A]`` ((m + p), n) with right-hand sides ``upper = [h; b]``, the first ``m`` rows
+inequalities :math:`Gx \\le h`, the rest equalities :math:`Ax = b`. :func:`certify_point`
+(``_certificate``) is the rule of :func:`dxopt.qp.certify.polish.batch_accept_exact`, with the
+tolerances of :mod:`dxopt.qp.certify.tolerances` (``rel``, ``roundoff`` and ``margin_min`` come
+as arguments, ``LEAN_MARGIN_FACTOR`` as a global fixed at compile time); only the order of
+floating-point operations differs. Any NaN met where a test is made fails the test (the caller
+then takes the general path). :func:`_active_accuracy` / :func:`_point_accuracy` are the
+accuracy of :func:`dxopt.qp.certify.active.identify_active` with the forward's set, or -1 when
+the set is not clear of its weak test by the lean margin.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from numba import njit
+
+from dxopt.qp.certify.tolerances import LEAN_MARGIN_FACTOR
+
+__all__ = ["certify_point"]
+
+_jit: Any = njit(cache=True, nogil=True)
+# kernels whose sums may be reassociated (vectorised; the last bits differ): the active set's
+# scales and margins (10x the general path's thresholds), the certificate's and the adjoint's
+# residuals (held against tolerances far above round-off; the certificate's loops measured
+# 2.9 -> 1.8 us a sample at n = 50, 75 rows)
+_jit_sums: Any = njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
+
+
+@_jit
+def _point(
+    x: np.ndarray, duals: np.ndarray, working: np.ndarray, m: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(x, mu, nu, working)`` as float64 arrays from the point ``x`` and the multipliers
+    ``duals = [nu; mu]`` of ``[G; A]``. ``working``: the active set; with no entries for
+    ``m > 0`` rows (daqp's point) it is read off the multipliers,
+    :math:`\\nu = \\max(\\lambda, 0) > 0`."""
+    mu = duals[m:].astype(np.float64)
+    if working.shape[0] != m:
+        nu = np.maximum(duals[:m], 0.0)
+        working = nu > 0.0
+    else:
+        nu = duals[:m].astype(np.float64)
+    return np.ascontiguousarray(x).astype(np.float64), mu, nu, working
+
+
+@_jit
+def certify_point(
+    P: np.ndarray,
+    q: np.ndarray,
+    C: np.ndarray,
+    upper: np.ndarray,
+    m: int,
+    x: np.ndarray,
+    duals: np.ndarray,
+    working: np.ndarray,
+    g_inf: np.ndarray,
+    eps_abs: float,
+    rel: float,
+    roundoff: float,
+    x_out: np.ndarray,
+    mu_out: np.ndarray,
+    nu_out: np.ndarray,
+) -> tuple[bool, float, float]:
+    """``(ok, primal, dual)``: the certificate of :func:`_certificate` for the point of
+    :func:`_point` (``ok`` and the primal and dual residuals), with copies of the point's
+    ``(x, mu, nu)`` written into the caller's ``x_out, mu_out, nu_out``. (Only these come
+    back: every array a kernel hands back to Python costs a third of a microsecond, more than
+    the caller's allocation; the backward recomputes the rest.)"""
+    ok, primal, dual, _, _, _, _, _ = _certified(
+        P, q, C, upper, m, x, duals, working, g_inf, eps_abs, rel, roundoff, x_out, mu_out,
+        nu_out,
+    )  # fmt: skip
+    return ok, primal, dual
+
+
+@_jit
+def _certified(
+    P: np.ndarray,
+    q: np.ndarray,
+    C: np.ndarray,
+    upper: np.ndarray,
+    m: int,
+    x: np.ndarray,
+    duals: np.ndarray,
+    working: np.ndarray,
+    g_inf: np.ndarray,
+    eps_abs: float,
+    rel: float,
+    roundoff: float,
+    x_out: np.ndarray,
+    mu_out: np.ndarray,
+    nu_out: np.ndarray,
+) -> tuple[bool, float, float, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`certify_point`, also handing back (within the kernels) the point ``x``, its
+    working set and the certificate's ``slack, nu_inf, eq_residual``."""
+    x, mu, nu, working = _point(x, duals, working, m)
+    ok, primal, dual, slack, nu_inf, eq_residual = _certificate(
+        P, q, C, upper, m, x, mu, nu, working, g_inf, eps_abs, rel, roundoff
+    )
+    x_out[:] = x
+    mu_out[:] = mu
+    nu_out[:] = nu
+    return ok, primal, dual, x, working, slack, nu_inf, eq_residual
+
+
+@_jit_sums
+def _certificate(
+    P: np.ndarray,
+    q: np.ndarray,
+    C: np.ndarray,
+    upper: np.ndarray,
+    m: int,
+    x: np.ndarray,
+    mu: np.ndarray,
+    nu: np.ndarray,
+    working: np.ndarray,
+    g_inf: np.ndarray,
+    eps_abs: float,
+    rel: float,
+    roundoff: float,
+) -> tuple[bool, float, float, np.ndarray, np.ndarray, np.ndarray]:
+    """``(ok, primal, dual, slack, nu_inf, eq_residual)``: the certificate of
+    :func:`dxopt.qp.certify.polish.batch_accept_exact` for one point with an exact active set
+    (``working``): the stationarity residual within :math:`\\epsilon_{abs} + \\epsilon_{rel}`
+    times the largest term, the equality residual and the inequality violation within theirs,
+    no violated row outside the set beyond round-off, and complementarity
+    (:math:`\\min(s_i/tol_p, \\nu_i\\|g_i\\|_\\infty/tol_d) \\le 1`). ``slack`` is
+    :math:`h - Gx`, ``nu_inf`` :math:`\\nu_i\\|g_i\\|_\\infty`, ``eq_residual`` :math:`Ax - b`;
+    ``rel`` is :math:`\\max(\\epsilon_{rel}, \\text{RELATIVE\\_FLOOR})`."""
+    n, rows = x.shape[0], C.shape[0]
+    p = rows - m
+    dual = np.empty(n)
+    px_inf = q_inf = 0.0
+    for i in range(n):
+        s = 0.0
+        for j in range(n):
+            s += P[i, j] * x[j]
+        px_inf = max(px_inf, abs(s))
+        q_inf = max(q_inf, abs(q[i]))
+        dual[i] = s + q[i]
+    cx = np.empty(rows)
+    for r in range(rows):
+        s = 0.0
+        for j in range(n):
+            s += C[r, j] * x[j]
+        cx[r] = s
+    # C^T [nu; mu], the two blocks apart (their max-norms are separate scales)
+    gt_nu = np.zeros(n)
+    at_mu = np.zeros(n)
+    for r in range(m):
+        f = nu[r]
+        for j in range(n):
+            gt_nu[j] += f * C[r, j]
+    for r in range(p):
+        f = mu[r]
+        for j in range(n):
+            at_mu[j] += f * C[m + r, j]
+    at_inf = gt_inf = dual_inf = 0.0
+    for j in range(n):
+        at_inf = max(at_inf, abs(at_mu[j]))
+        gt_inf = max(gt_inf, abs(gt_nu[j]))
+        dual[j] = dual[j] + at_mu[j] + gt_nu[j]
+        dual_inf = max(dual_inf, abs(dual[j]))
+        if math.isnan(dual[j]):
+            dual_inf = math.nan
+    eq_residual = np.empty(p)
+    slack = np.empty(m)
+    nu_inf = np.empty(m)
+    primal = 0.0
+    ax_inf = b_inf = 0.0
+    for r in range(p):
+        eq_residual[r] = cx[m + r] - upper[m + r]
+        ax_inf = max(ax_inf, abs(cx[m + r]))
+        b_inf = max(b_inf, abs(upper[m + r]))
+        primal = max(primal, abs(eq_residual[r]))
+        if math.isnan(eq_residual[r]):
+            return False, 0.0, 0.0, slack, nu_inf, eq_residual
+    big = px_inf
+    if p:
+        if primal > eps_abs + rel * max(ax_inf, b_inf):
+            return False, 0.0, 0.0, slack, nu_inf, eq_residual
+        big = max(big, at_inf)
+    if m:
+        big = max(big, gt_inf)
+    tol_d = eps_abs + rel * max(big, q_inf)
+    if not dual_inf <= tol_d:
+        return False, 0.0, 0.0, slack, nu_inf, eq_residual
+    if m:
+        gx_inf = h_inf = 0.0
+        low = math.inf
+        for r in range(m):
+            slack[r] = upper[r] - cx[r]
+            gx_inf = max(gx_inf, abs(cx[r]))
+            h_inf = max(h_inf, abs(upper[r]))
+            low = min(low, slack[r])
+            if math.isnan(slack[r]) or math.isnan(nu[r]):
+                return False, 0.0, 0.0, slack, nu_inf, eq_residual
+        p_scale = max(gx_inf, h_inf)
+        tol_p = eps_abs + rel * p_scale
+        viol = max(-low, 0.0)
+        primal = max(primal, viol)
+        if viol > tol_p:
+            return False, 0.0, 0.0, slack, nu_inf, eq_residual
+        noise = roundoff * max(p_scale, 1e-300)
+        if viol > noise:
+            for r in range(m):
+                if slack[r] < -noise and not working[r]:
+                    return False, 0.0, 0.0, slack, nu_inf, eq_residual
+        inv_p, inv_d = 1.0 / tol_p, 1.0 / tol_d
+        for r in range(m):
+            nu_inf[r] = nu[r] * g_inf[r]
+            if min(max(slack[r], 0.0) * inv_p, nu_inf[r] * inv_d) > 1.0:
+                return False, 0.0, 0.0, slack, nu_inf, eq_residual
+    return True, primal, dual_inf, slack, nu_inf, eq_residual
+
+
+@_jit_sums
+def _active_accuracy(
+    P: np.ndarray,
+    q: np.ndarray,
+    C: np.ndarray,
+    upper: np.ndarray,
+    m: int,
+    x: np.ndarray,
+    working: np.ndarray,
+    slack: np.ndarray,
+    nu_inf: np.ndarray,
+    g_inf: np.ndarray,
+    eq_residual: np.ndarray,
+    margin_min: float,
+) -> tuple[float, float, float]:
+    """``(eps, smallest, dual_scale)``: the accuracy :math:`\\varepsilon` of
+    :func:`dxopt.qp.certify.active.identify_active` with the forward's set when that set is
+    unambiguous by the margin :math:`\\max(10^{-8}, 10^4\\varepsilon)` (``margin_min`` the
+    floor and ``LEAN_MARGIN_FACTOR`` the factor of :mod:`dxopt.qp.certify.tolerances`;
+    :mod:`dxopt.qp.api.small`'s module docstring), else -1; and the smallest working multiplier
+    over the dual scale (``inf`` without working rows), which the caller also holds
+    against the stationarity residual, and that dual scale. The scales are
+    ``identify_active``'s; the dual scale is formed only when some row is in the set (it
+    enters nothing else)."""
+    n, rows = x.shape[0], C.shape[0]
+    p = rows - m
+    tiny = np.finfo(np.float64).tiny
+    eq_eps = 0.0
+    for r in range(p):
+        a2 = 0.0
+        for j in range(n):
+            a2 += C[m + r, j] * C[m + r, j]
+        eq_eps = max(eq_eps, abs(eq_residual[r]) / max(math.sqrt(a2), tiny))
+    if m == 0:
+        return eq_eps, math.inf, 0.0
+    k = 0
+    for r in range(m):
+        k += working[r]
+    dual_scale = comp = 0.0
+    if k:
+        for i in range(n):
+            s = abs(q[i])
+            for j in range(n):
+                s += abs(P[i, j]) * abs(x[j])
+            dual_scale = max(dual_scale, s)
+        for r in range(m):
+            dual_scale = max(dual_scale, nu_inf[r])
+        dual_scale = max(dual_scale, tiny)
+        for r in range(m):  # below the floor of the margin: declined before the pass over C
+            if working[r] and not nu_inf[r] - margin_min * dual_scale > 0.0:
+                return -1.0, 0.0, 0.0
+    ax_max = 0.0
+    for j in range(n):
+        ax_max = max(ax_max, abs(x[j]))
+    low = math.inf
+    rel_slack = np.empty(m)
+    for r in range(m):
+        s = 0.0
+        for j in range(n):
+            s += abs(C[r, j]) * abs(x[j])
+        # g_inf > 0 on every row (zero rows never reach the lean path): sigma_p > 0
+        rel_slack[r] = slack[r] / (abs(upper[r]) + s + g_inf[r] * (1.0 + ax_max))
+        low = min(low, rel_slack[r])
+    if math.isnan(low):
+        return -1.0, 0.0, 0.0
+    if k:
+        for r in range(m):
+            comp = max(comp, max(rel_slack[r], 0.0) * nu_inf[r])
+        comp = comp / dual_scale
+    eps = max(eq_eps, -low, comp)
+    margin = max(margin_min, LEAN_MARGIN_FACTOR * eps)  # 10 x identify_active's WEAK_FACTOR
+    # a working-set row with a small multiplier (weak, or near it), or a row outside the set
+    # at (or near) zero slack: the general path decides
+    if not k:
+        return (eq_eps if low > margin else -1.0), math.inf, 0.0
+    used, smallest = 0.0, math.inf
+    for r in range(m):
+        if working[r]:
+            if not nu_inf[r] - margin * dual_scale > 0.0:
+                return -1.0, 0.0, 0.0
+            smallest = min(smallest, nu_inf[r] / dual_scale)
+            g2 = 0.0
+            for j in range(n):
+                g2 += C[r, j] * C[r, j]
+            used = max(used, abs(slack[r]) / math.sqrt(g2))
+        elif not rel_slack[r] - margin > 0.0:
+            return -1.0, 0.0, 0.0
+    return max(used, eq_eps), smallest, dual_scale
+
+
+@_jit_sums
+def _point_accuracy(
+    P: np.ndarray,
+    q: np.ndarray,
+    C: np.ndarray,
+    upper: np.ndarray,
+    m: int,
+    x: np.ndarray,
+    nu: np.ndarray,
+    mu: np.ndarray,
+    working: np.ndarray,
+    g_inf: np.ndarray,
+    margin_min: float,
+) -> float:
+    """:func:`_active_accuracy` at the point ``x`` with inequality multipliers ``nu``,
+    equality multipliers ``mu`` and the working set ``working`` (its slacks and residuals
+    computed here), -1 also when a working multiplier is within 1e4 times the relative
+    stationarity residual :math:`\\|Px + q + C^\\top\\lambda\\|_\\infty` of zero (a multiplier
+    that close to zero could be the residual's doing). The residual is formed only for a set
+    that passed the other tests."""
+    n, rows = x.shape[0], C.shape[0]
+    p = rows - m
+    slack = np.empty(m)
+    nu_inf = np.empty(m)
+    eq_residual = np.empty(p)
+    for r in range(rows):
+        s = 0.0
+        for j in range(n):
+            s += C[r, j] * x[j]
+        if r < m:
+            slack[r] = upper[r] - s
+            nu_inf[r] = nu[r] * g_inf[r]
+        else:
+            eq_residual[r - m] = s - upper[r]
+    eps, smallest, dual_scale = _active_accuracy(
+        P, q, C, upper, m, x, working, slack, nu_inf, g_inf, eq_residual, margin_min
+    )
+    if eps < 0.0 or smallest == math.inf:
+        return eps
+    grad = np.empty(n)  # P x + q + C' [nu; mu]
+    for i in range(n):
+        s = q[i]
+        for j in range(n):
+            s += P[i, j] * x[j]
+        grad[i] = s
+    for r in range(rows):
+        lam = nu[r] if r < m else mu[r - m]
+        for j in range(n):
+            grad[j] += C[r, j] * lam
+    stationarity = 0.0
+    for i in range(n):
+        stationarity = max(stationarity, abs(grad[i]))
+    return _clear_of_residual(eps, smallest, dual_scale, stationarity)
+
+
+@_jit
+def _clear_of_residual(
+    eps: float, smallest: float, dual_scale: float, stationarity: float
+) -> float:
+    """``eps``, or -1 when the smallest working multiplier (over the dual scale; ``inf``
+    without working rows) is within ``LEAN_MARGIN_FACTOR`` times the relative stationarity
+    residual ``stationarity / dual_scale`` of zero (:func:`_point_accuracy`)."""
+    if eps < 0.0 or smallest == math.inf:
+        return eps
+    if smallest > LEAN_MARGIN_FACTOR * stationarity / dual_scale:
+        return eps
+    return -1.0
