@@ -25,11 +25,8 @@ difference is within the noise. Run ``dxopt demo shortest_path`` (``--quick``: s
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import statistics
 import sys
-import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -39,11 +36,18 @@ import torch
 from torch import nn
 
 from dxopt import dfl
+from dxopt._demos.report import (
+    add_output_options,
+    bar_plot,
+    output_folder,
+    paired_verdict,
+    resolve_output,
+    write_results,
+)
 from dxopt.qp import QPDegenerateWarning
 
-OUT_DIR = Path(__file__).resolve().parent / "out"
-if "site-packages" in OUT_DIR.parts or "dist-packages" in OUT_DIR.parts:
-    OUT_DIR = Path.cwd() / "dxopt-shortest-path-out"  # installed from a wheel: never write there
+INSTALLED_OUT = "dxopt-shortest-path-out"
+OUT_DIR = output_folder(__file__, INSTALLED_OUT)
 GRID = (5, 5)
 NUM_FEAT = 5
 METHODS = ("two-stage", "SPO+", "QPTL")
@@ -113,17 +117,7 @@ def held_out_regret(model: nn.Module, test_set: Any, oracle: Any) -> float:
 
 def verdict(dfl_regrets: list[float], two_stage: list[float]) -> str:
     """Compare a decision-focused method with two-stage, seed by seed (paired)."""
-    diffs = [a - b for a, b in zip(dfl_regrets, two_stage)]
-    mean = statistics.fmean(diffs)
-    if len(diffs) < 2:
-        word = "lower" if mean < 0 else "higher"
-        return f"{word} by {abs(mean):.4f} (one seed: no spread to judge it by)"
-    se = statistics.stdev(diffs) / math.sqrt(len(diffs))
-    if mean < -2 * se:
-        return f"BETTER: regret lower by {-mean:.4f} (> 2 standard errors, {se:.4f})"
-    if mean > 2 * se:
-        return f"WORSE: regret higher by {mean:.4f} (> 2 standard errors, {se:.4f})"
-    return f"no clear difference: {mean:+.4f} is within 2 standard errors ({se:.4f})"
+    return paired_verdict(dfl_regrets, two_stage, score="regret", digits=4)
 
 
 def run(
@@ -172,7 +166,6 @@ def run(
     verdicts = {
         d: {m: verdict(regrets[m][d], regrets["two-stage"][d]) for m in METHODS[1:]} for d in degs
     }
-    out_dir.mkdir(parents=True, exist_ok=True)
     plot_path = out_dir / "regret.png"
     plotted = plot(table, degs, len(seeds), plot_path)
     summary = {
@@ -186,41 +179,35 @@ def run(
         "verdicts": {str(d): v for d, v in verdicts.items()},
         "plot": str(plot_path) if plotted else None,
     }
-    (out_dir / "results.json").write_text(json.dumps(summary, indent=2))
+    write_results(out_dir, summary)
     summary["table"] = table
     return summary
 
 
 def plot(table: dict, degs: list[int], n_seeds: int, path: Path) -> bool:
     """Bars of the test regret per method and degree (error bars: sd over seeds)."""
-    try:
-        import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    fig, ax = plt.subplots(figsize=(7, 4))
-    width = 0.8 / len(METHODS)
-    for k, method in enumerate(METHODS):
-        xs = [i + (k - 1) * width for i in range(len(degs))]
-        ax.bar(
-            xs,
-            [table[method][d][0] for d in degs],
-            width=width,
-            yerr=[table[method][d][1] for d in degs],
-            capsize=3,
-            label=method,
-        )
-    ax.set_xticks(range(len(degs)), [f"deg {d}" for d in degs])
-    ax.set_ylabel("normalised test regret (lower is better)")
-    ax.set_title(f"Shortest path 5x5, linear model, {n_seeds} seed(s)")
-    ax.legend()
-    ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
+    def draw(ax: Any) -> None:
+        width = 0.8 / len(METHODS)
+        for k, method in enumerate(METHODS):
+            ax.bar(
+                [i + (k - 1) * width for i in range(len(degs))],
+                [table[method][d][0] for d in degs],
+                width=width,
+                yerr=[table[method][d][1] for d in degs],
+                capsize=3,
+                label=method,
+            )
+        ax.set_xticks(range(len(degs)), [f"deg {d}" for d in degs])
+        ax.legend()
+
+    return bar_plot(
+        path,
+        draw,
+        title=f"Shortest path 5x5, linear model, {n_seeds} seed(s)",
+        ylabel="normalised test regret (lower is better)",
+        size=(7, 4),
+    )
 
 
 def format_table(summary: dict) -> str:
@@ -255,22 +242,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--epochs", type=int, default=8, help="training epochs")
     parser.add_argument("--lr", type=float, default=5e-2, help="Adam's learning rate")
     parser.add_argument("--eps", type=float, default=0.5, help="QPTL's quadratic weight")
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="smoke run (one seed, 64 samples, 2 epochs) into a temporary folder",
-    )
-    parser.add_argument(
-        "--out",
-        type=Path,
-        default=None,
-        help="output folder (default: out/ next to this script, "
-        "./dxopt-shortest-path-out from an installed wheel; with --quick a "
-        "temporary folder)",
-    )
+    add_output_options(parser, quick="one seed, 64 samples, 2 epochs", installed_name=INSTALLED_OUT)
     args = parser.parse_args(argv)
-    if args.out is None:
-        args.out = Path(tempfile.mkdtemp(prefix="dxopt-shortest-path-")) if args.quick else OUT_DIR
+    args.out = resolve_output(args, OUT_DIR, "dxopt-shortest-path-")
     torch.set_num_threads(1)
     if args.quick:
         args.seeds, args.num_train, args.num_test, args.epochs = args.seeds[:1], 64, 200, 2

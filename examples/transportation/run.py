@@ -37,23 +37,29 @@ true demand (a lower bound). Run ``dxopt demo transportation`` (``--quick``: sec
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
-import tempfile
 import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 import dxopt.qp as dqp
+from dxopt._demos.report import (
+    add_output_options,
+    bar_plot,
+    output_folder,
+    paired_verdict,
+    resolve_output,
+    write_results,
+)
 
-OUT_DIR = Path(__file__).resolve().parent / "out"
-if "site-packages" in OUT_DIR.parts or "dist-packages" in OUT_DIR.parts:
-    OUT_DIR = Path.cwd() / "dxopt-transportation-out"  # installed from a wheel: never write there
+INSTALLED_OUT = "dxopt-transportation-out"
+OUT_DIR = output_folder(__file__, INSTALLED_OUT)
 DEPOTS, STORES, NUM_FEAT = 3, 6, 5
 SHORTAGE, HOLDING = 10.0, 1.0
 METHODS = ("two-stage", "decision-focused")
@@ -167,17 +173,7 @@ def held_out_cost(net: Network, d_hat: Tensor, d: Tensor) -> float:
 
 def verdict(dfl_costs: list[float], two_stage: list[float]) -> str:
     """Paired comparison over seeds (lower cost is better)."""
-    diffs = [a - b for a, b in zip(dfl_costs, two_stage)]
-    mean = statistics.fmean(diffs)
-    if len(diffs) < 2:
-        word = "lower" if mean < 0 else "higher"
-        return f"{word} by {abs(mean):.3f} (one seed: no spread to judge it by)"
-    se = statistics.stdev(diffs) / math.sqrt(len(diffs))
-    if mean < -2 * se:
-        return f"BETTER: cost lower by {-mean:.3f} per day (> 2 standard errors, {se:.3f})"
-    if mean > 2 * se:
-        return f"WORSE: cost higher by {mean:.3f} per day (> 2 standard errors, {se:.3f})"
-    return f"no clear difference: {mean:+.3f} is within 2 standard errors ({se:.3f})"
+    return paired_verdict(dfl_costs, two_stage, score="cost per day", digits=3)
 
 
 def run(
@@ -220,38 +216,33 @@ def run(
         "train_seconds": seconds,
         "verdict": verdict(costs["decision-focused"], costs["two-stage"]),
     }
-    out_dir.mkdir(parents=True, exist_ok=True)
     plot_path = out_dir / "cost.png"
     summary["plot"] = str(plot_path) if plot(table, len(seeds), plot_path) else None
-    (out_dir / "results.json").write_text(json.dumps(summary, indent=2))
+    write_results(out_dir, summary)
     summary["table"] = table
     return summary
 
 
 def plot(table: dict, n_seeds: int, path: Path) -> bool:
-    try:
-        import matplotlib
+    """Bars of the held-out cost per plan (error bars: sd over seeds)."""
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    fig, ax = plt.subplots(figsize=(6, 4))
-    names = list(table)
-    ax.bar(
-        names,
-        [table[n][0] for n in names],
-        yerr=[table[n][1] for n in names],
-        capsize=4,
-        color=["C0", "C1", "C7"],
+    def draw(ax: Any) -> None:
+        names = list(table)
+        ax.bar(
+            names,
+            [table[n][0] for n in names],
+            yerr=[table[n][1] for n in names],
+            capsize=4,
+            color=["C0", "C1", "C7"],
+        )
+
+    return bar_plot(
+        path,
+        draw,
+        title=f"Transportation plan from forecast demands, {n_seeds} seed(s)",
+        ylabel="realised cost per day (held out; lower is better)",
+        size=(6, 4),
     )
-    ax.set_ylabel("realised cost per day (held out; lower is better)")
-    ax.set_title(f"Transportation plan from forecast demands, {n_seeds} seed(s)")
-    ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -264,22 +255,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--num-train", type=int, default=400, help="training days")
     parser.add_argument("--num-test", type=int, default=1000, help="held-out days")
     parser.add_argument("--epochs", type=int, default=20, help="training epochs")
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="smoke run (one seed, 96 days, 2 epochs) into a temporary folder",
-    )
-    parser.add_argument(
-        "--out",
-        type=Path,
-        default=None,
-        help="output folder (default: out/ next to this script, "
-        "./dxopt-transportation-out from an installed wheel; with --quick a "
-        "temporary folder)",
-    )
+    add_output_options(parser, quick="one seed, 96 days, 2 epochs", installed_name=INSTALLED_OUT)
     args = parser.parse_args(argv)
-    if args.out is None:
-        args.out = Path(tempfile.mkdtemp(prefix="dxopt-transport-")) if args.quick else OUT_DIR
+    args.out = resolve_output(args, OUT_DIR, "dxopt-transport-")
     torch.set_num_threads(1)
     if args.quick:
         args.seeds, args.num_train, args.num_test, args.epochs = args.seeds[:1], 96, 200, 2
