@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from dxopt.linalg.sparse import FactorizationError, kkt_factor
+from dxopt.qp.backward.vertex_batch import vertex_cost, vertex_rows_batched
 from dxopt.qp.certify.dependence import DEPENDENT_TOL, _matrix, count_dependent_sparse
 from dxopt.qp.problem.canonical import QPProblem
 
@@ -46,6 +47,7 @@ def vertex_rows(
     skip: Tensor,
     *,
     keep_parallel: bool = False,
+    batched: bool = True,
 ) -> tuple[Tensor, Tensor]:
     """Drop dependent active inequality rows until the rest are independent, keeping the
     multipliers feasible: the ``degenerate="vertex"`` policy.
@@ -75,10 +77,20 @@ def vertex_rows(
     multipliers the backend returned. Samples in ``skip`` are left unchanged; samples too big
     for a dense null space (more than ``MAX_VERTEX_ENTRIES`` entries in :math:`[G_J; A]`) get
     the minimum-l1 multiplier vertex of :func:`lp_vertex` instead. Returns the new ``used``
-    mask (S, m) and the per-sample number of dropped rows.
+    mask (S, m) and the per-sample number of dropped rows. ``batched`` (dense problems):
+    the samples of the dense branch are first solved together
+    (:func:`~dxopt.qp.backward.vertex_batch.vertex_rows_batched`, the same rule), and only
+    those it does not settle run through the per-sample loop below.
     """
     out = used.clone()
     dropped = torch.zeros(used.shape[0], dtype=torch.int64)
+    if batched and not problem.any_sparse and problem.G is not None:
+        p = problem.p if problem.A is not None else 0
+        small = (used.sum(-1) + p) * problem.n <= MAX_VERTEX_ENTRIES
+        out, dropped, done = vertex_rows_batched(
+            problem, used, ineq_duals, eq_duals, ~skip & small, keep_parallel=keep_parallel
+        )
+        skip = skip | done
     for i in range(used.shape[0]):
         if bool(skip[i]):
             continue
@@ -145,13 +157,6 @@ def vertex_rows(
         out[i, torch.from_numpy(gone)] = False
         dropped[i] = gone.size
     return out, dropped
-
-
-def vertex_cost(k: int) -> np.ndarray:
-    """The linear cost whose minimising vertex of the multiplier set the vertex rule picks:
-    the l1 norm of the normalised inequality multipliers, :math:`c_i = 1 + 10^{-6} i/k`
-    (the tie-break by row order makes the minimiser unique where copies tie)."""
-    return 1.0 + 1e-6 * np.arange(k) / max(k, 1)
 
 
 def _min_cost_vertex(

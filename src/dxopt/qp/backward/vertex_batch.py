@@ -1,0 +1,250 @@
+"""The vertex rule of :func:`dxopt.qp.backward.vertex.vertex_rows` for a batch of small dense
+samples at once (decision-focused QPs such as QPTL, where every sample is degenerate).
+
+The rule picks the vertex of the multiplier set :math:`\\Lambda = \\{(z, y): \\hat G_J^\\top z
++ \\hat A^\\top y = r,\\ z \\ge 0\\}` (rows normalised) that minimises the cost
+:math:`c^\\top z` of :func:`~dxopt.qp.backward.vertex.vertex_cost`, then completes its support
+in row order to a basis of the active rows. Both steps are functions of :math:`\\Lambda` alone,
+so any exact method gives the per-sample loop's answer; here every step is one batched array
+operation over the samples:
+
+1. the equality multipliers are eliminated with the projector :math:`\\Pi` onto the orthogonal
+   complement of :math:`\\operatorname{range}\\hat A^\\top`: with the thin SVD
+   :math:`\\hat G_J\\Pi = U\\Sigma V^\\top` of rank :math:`\\rho`, :math:`(z, y) \\in \\Lambda`
+   for some :math:`y` iff :math:`U_\\rho^\\top z = U_\\rho^\\top z_0` and :math:`z \\ge 0`
+   (:math:`z_0` the backend's multipliers, which define :math:`r`), a standard-form linear
+   program with orthonormal constraint rows;
+2. that program is solved by the two-phase tableau simplex with Bland's rule (Dantzig,
+   *Linear Programming and Extensions*, 1963; Bland, Math. Oper. Res. 2(2), 1977: no cycling),
+   every pivot applied to all unfinished samples at once;
+3. the support of the optimal vertex is completed in row order by the squared Cholesky pivots
+   of the Gram matrix of :math:`[\\hat A; \\hat G_{\\text{support}}; \\hat G_{\\text{rest}}]`
+   (a pivot is the squared distance of a row to the span of the rows before it; below
+   ``DEPENDENT_TOL`` the row is dependent), the criterion of the per-sample completion.
+
+Each sample's result is checked (the vertex is feasible to round-off, its support independent
+and the kept rows of full rank); a sample that fails a check, or whose simplex does not finish
+within its pivot budget, is left to the per-sample loop (``done`` False).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from dxopt.qp.backward.degenerate_rule import dependent_flags_dense
+from dxopt.qp.certify.active import compress_rows, gather_rows
+from dxopt.qp.problem.canonical import QPProblem
+
+__all__ = ["vertex_cost", "vertex_rows_batched"]
+
+_RANK_CUT = 1e-8  # relative singular value below which a direction counts as dependent
+_PIVOT_TOL = 1e-12  # entries and reduced costs below this are zero (as the per-sample simplex)
+_SQRT2 = 2.0**0.5
+_FEASIBLE_TOL = 1e-9  # relative: vertex residual and negative entries accepted as round-off
+
+
+def vertex_cost(k: int) -> np.ndarray:
+    """The linear cost whose minimising vertex of the multiplier set the vertex rule picks:
+    the l1 norm of the normalised inequality multipliers, :math:`c_i = 1 + 10^{-6}(i +
+    \\tfrac12\\{\\sqrt2\\, i^2\\})/k` (:math:`\\{\\cdot\\}` the fractional part). The
+    tie-break increases with the row index (of two copies the earlier row is kept), and its
+    irrational part makes the minimiser unique also where an exchange of several rows balances
+    in the index alone: QPTL's two pairs of bound rows ``(7, 8)`` and ``(31, 32)`` on a path
+    tied under :math:`1 + 10^{-6} i/k` (``7 - 8 - 31 + 32 = 0``), leaving the choice to the
+    simplex path, but not here (``7^2 - 8^2 - 31^2 + 32^2 \\ne 0``)."""
+    i = np.arange(k, dtype=np.float64)
+    return 1.0 + 1e-6 * (i + 0.5 * np.modf(i * i * _SQRT2)[0]) / max(k, 1)
+
+
+def vertex_rows_batched(
+    problem: QPProblem,
+    used: Tensor,
+    ineq_duals: Tensor,
+    eq_duals: Tensor,
+    samples: Tensor,
+    *,
+    keep_parallel: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The vertex rule (:func:`~dxopt.qp.backward.vertex.vertex_rows`) of the dense
+    ``samples`` (S,) in one batch (module docstring). Returns ``(used, dropped, done)``:
+    the new mask (S, m) (unchanged off ``done``), the per-sample number of dropped rows and
+    ``done`` (S,), the samples settled here (the others go to the per-sample loop)."""
+    S = used.shape[0]
+    out, dropped = used.clone(), torch.zeros(S, dtype=torch.int64)
+    done = torch.zeros(S, dtype=torch.bool)
+    chosen = torch.nonzero(samples & used.any(-1)).flatten()
+    if chosen.numel() == 0 or problem.G is None:
+        return out, dropped, done
+    sub = used[chosen]
+    index, valid = compress_rows(sub)
+    G = problem.G.to_dense() if problem.G.layout != torch.strided else problem.G
+    G = G.to(torch.float64)
+    G = G[chosen] if G.ndim == 3 else G
+    Gk = gather_rows(G, index).numpy() * valid.numpy()[..., None]  # (s, K, n), zero padding
+    z0 = ineq_duals[chosen].gather(1, index).numpy() * valid.numpy()
+    _, K, n = Gk.shape
+    norms = np.linalg.norm(Gk, axis=-1)
+    Gn = Gk / np.where(norms > 0, norms, 1.0)[..., None]
+    z0 = np.maximum(z0 * norms, 0.0)  # multipliers of the normalised rows
+    An, Ua = _equality_rows(problem, chosen, n)
+    C = torch.from_numpy(np.concatenate([An, Gn], 1))  # equality rows first
+    flags = dependent_flags_dense(C).numpy()
+    nonzero = np.concatenate([np.linalg.norm(An, axis=-1) > 0, norms > 0], 1)
+    rank = (nonzero & ~flags).sum(-1)
+    work = np.asarray(flags.any(-1))  # only dependent samples change
+    if keep_parallel:
+        work &= rank != _parallel_groups(C.numpy(), nonzero)
+    # 1. eliminate y: the rows projected onto the complement of range A^T
+    B = Gn - (Gn @ Ua) @ np.swapaxes(Ua, -1, -2) if Ua.shape[-1] else Gn
+    U, sigma, _ = np.linalg.svd(B, full_matrices=False)  # U (s, K, min(K, n))
+    rho = (sigma > _RANK_CUT * np.maximum(sigma.max(-1, keepdims=True), 1e-300)).sum(-1)
+    M = np.swapaxes(U, 1, 2) * (np.arange(U.shape[2])[None, :] < rho[:, None])[..., None]
+    cost = np.where(valid.numpy(), vertex_cost(K)[None, :], 1.0)
+    z, solved = _simplex(M, M @ z0[..., None], cost, work)
+    # 2. checks: a feasible vertex (nonnegative, same constraints as z0)
+    scale = np.maximum(np.abs(z0).max(-1), 1e-300)
+    resid = np.linalg.norm((M @ (z - z0)[..., None])[..., 0], axis=-1)
+    ok = solved & (z.min(-1) >= -_FEASIBLE_TOL * scale) & (resid <= _FEASIBLE_TOL * scale)
+    # 3. the support, completed in row order: [A; support rows; other rows] in row order
+    support = (z > 1e-9 * np.maximum(z.max(-1, keepdims=True), 1e-300)) & valid.numpy()
+    order = np.argsort(~support, axis=1, kind="stable")  # support first, each in row order
+    Go = np.take_along_axis(Gn, order[..., None], 1)
+    flags_o = dependent_flags_dense(torch.from_numpy(np.concatenate([An, Go], 1))).numpy()
+    dep = np.zeros_like(support)
+    np.put_along_axis(dep, order, flags_o[:, An.shape[1] :], 1)
+    keep = valid.numpy() & ~dep
+    ok &= ~(dep & support).any(-1)  # the support of a vertex is independent
+    eq_rank = (np.linalg.norm(An, axis=-1) > 0).sum(-1) - flags_o[:, : An.shape[1]].sum(-1)
+    ok &= keep.sum(-1) + eq_rank == rank  # the kept rows span the row space
+    settled = ok | ~work
+    gone = torch.from_numpy(valid.numpy() & ~keep & (ok & work)[:, None])
+    rows_gone = torch.zeros_like(sub)
+    rows_gone.scatter_(1, index, gone)
+    out[chosen] = sub & ~rows_gone
+    dropped[chosen] = gone.sum(-1)
+    done[chosen] = torch.from_numpy(settled)
+    return out, dropped, done
+
+
+def _equality_rows(problem: QPProblem, chosen: Tensor, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(An, Ua)``: the normalised equality rows of the ``chosen`` samples (s, p, n) and an
+    orthonormal basis of their span, (n, r) for a shared ``A`` (one SVD), else (s, n, r)
+    (padded with zero columns)."""
+    s = int(chosen.numel())
+    if problem.A is None or not problem.p:
+        return np.zeros((s, 0, n)), np.zeros((n, 0))
+    A_t = problem.A.to_dense() if problem.A.layout != torch.strided else problem.A
+    A = A_t.to(torch.float64).numpy()
+    A = A[chosen.numpy()] if A.ndim == 3 else A
+    norms = np.linalg.norm(A, axis=-1)
+    An = A / np.where(norms > 0, norms, 1.0)[..., None]
+    U, sigma, _ = np.linalg.svd(np.swapaxes(An, -1, -2), full_matrices=False)
+    big = sigma > _RANK_CUT * np.maximum(sigma.max(-1, keepdims=True), 1e-300)
+    if An.ndim == 2:
+        return np.broadcast_to(An, (s, *An.shape)), U[:, big]
+    return An, U * big[:, None, :]
+
+
+def _parallel_groups(C: np.ndarray, nonzero: np.ndarray) -> np.ndarray:
+    """Per sample, the number of distinct nonzero unit rows of ``C`` (s, k, n) up to sign
+    (duplicated or opposite rows count once): rows with no earlier parallel row."""
+    gram = np.abs(C @ np.swapaxes(C, 1, 2))
+    parallel = (1.0 - gram <= 1e-12) & nonzero[:, None, :] & nonzero[:, :, None]
+    earlier = np.tril(np.ones(gram.shape[1:], dtype=bool), -1)
+    has_earlier = (parallel & earlier[None]).any(-1)
+    return (nonzero & ~has_earlier).sum(-1)
+
+
+def _simplex(
+    M: np.ndarray, b: np.ndarray, cost: np.ndarray, work: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """``min cost . z`` s.t. ``M z = b``, ``z >= 0`` for each sample with ``work`` (``M``
+    (s, R, K), zero rows allowed; ``b`` (s, R, 1)): the two-phase tableau simplex with
+    Bland's rule, pivots batched over the unfinished samples. Returns ``(z, solved)``."""
+    s, R, K = M.shape
+    sign = np.where(b[..., 0] < 0, -1.0, 1.0)
+    T = np.zeros((s, R + 1, K + R + 1))
+    T[:, :R, :K] = M * sign[..., None]
+    T[:, :R, K : K + R] = np.eye(R)[None]
+    T[:, :R, -1] = b[..., 0] * sign
+    T[:, R, :K] = -T[:, :R, :K].sum(1)  # phase 1: minimise the sum of the artificials
+    T[:, R, -1] = -T[:, :R, -1].sum(1)
+    basis = np.broadcast_to(K + np.arange(R), (s, R)).copy()
+    budget = 8 * (K + R) + 50
+    solved = np.zeros(s, dtype=bool)
+    active = work.copy()
+    _pivots(T, basis, active, K, budget, solved)  # phase 1
+    feasible = np.abs(T[:, R, -1]) <= 1e-9 * np.maximum(np.abs(T[:, :R, -1]).max(-1), 1.0)
+    active = work & solved & feasible
+    _drive_out(T, basis, active, K)
+    # phase 2: the objective row for the cost
+    cb = np.where(basis < K, np.take_along_axis(cost, np.minimum(basis, K - 1), 1), 0.0)
+    T[:, R, :K] = cost - np.einsum("sr,srk->sk", cb, T[:, :R, :K])
+    T[:, R, K:-1] = 0.0
+    T[:, R, -1] = -np.einsum("sr,sr->s", cb, T[:, :R, -1])
+    solved = np.zeros(s, dtype=bool)
+    _pivots(T, basis, active, K, budget, solved)
+    z = np.zeros((s, K))
+    rows = basis < K
+    si, ri = np.nonzero(rows)
+    z[si, basis[si, ri]] = T[si, ri, -1]
+    return z, solved & work & feasible
+
+
+def _pivots(
+    T: np.ndarray, basis: np.ndarray, active: np.ndarray, K: int, budget: int, solved: np.ndarray
+) -> None:
+    """Bland pivots on the z columns of the unfinished ``active`` samples until optimal
+    (``solved`` set) or the ``budget`` of pivots runs out."""
+    R = basis.shape[1]
+    active = active.copy()
+    for _ in range(budget):
+        a = np.flatnonzero(active)
+        if a.size == 0:
+            return
+        improving = T[a, R, :K] < -_PIVOT_TOL
+        has = improving.any(-1)
+        solved[a[~has]] = True
+        active[a[~has]] = False
+        a, improving = a[has], improving[has]
+        if a.size == 0:
+            return
+        e = improving.argmax(-1)  # Bland: the first improving column
+        col = T[a, :R, e]
+        pos = col > _PIVOT_TOL
+        unbounded = ~pos.any(-1)
+        active[a[unbounded]] = False  # impossible for a positive cost: left unsolved
+        a, e, col, pos = a[~unbounded], e[~unbounded], col[~unbounded], pos[~unbounded]
+        ratio = np.where(pos, T[a, :R, -1] / np.where(pos, col, 1.0), np.inf)
+        t = ratio.min(-1, keepdims=True)
+        ties = ratio <= t + 1e-15 * (1.0 + np.abs(t))
+        leave = np.where(ties, basis[a], np.iinfo(np.int64).max).argmin(-1)  # Bland
+        _pivot(T, basis, a, leave, e)
+
+
+def _drive_out(T: np.ndarray, basis: np.ndarray, active: np.ndarray, K: int) -> None:
+    """After phase 1, pivot the artificials still basic (at zero) out on any z column with a
+    nonzero entry in their row; rows without one are redundant and keep their artificial."""
+    R = basis.shape[1]
+    for _ in range(R):
+        art = (basis >= K) & active[:, None]
+        row_max = np.abs(T[:, :R, :K]).max(-1)
+        movable = art & (row_max > 1e-9)
+        a = np.flatnonzero(movable.any(-1))
+        if a.size == 0:
+            return
+        leave = movable[a].argmax(-1)
+        e = np.abs(T[a, leave, :K]).argmax(-1)
+        _pivot(T, basis, a, leave, e)
+
+
+def _pivot(
+    T: np.ndarray, basis: np.ndarray, a: np.ndarray, leave: np.ndarray, e: np.ndarray
+) -> None:
+    row = T[a, leave] / T[a, leave, e][:, None]
+    col = T[a, :, e]
+    T[a] -= col[:, :, None] * row[:, None, :]
+    T[a, leave] = row
+    basis[a, leave] = e
