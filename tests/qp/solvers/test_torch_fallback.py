@@ -210,6 +210,9 @@ def test_uncertified_samples_go_through_the_fallback_chain() -> None:
                     on_failure="nan")  # fmt: skip
     failed = [not s.ok for s in off.status]
     assert sum(failed) == 6 - sol.info.sample_solvers.count("torch")
+    # the shared vocabulary: an interior point stopped at its iteration limit is MAX_ITER, as a
+    # CPU backend's attempt would be (the device path used to report it FAILED)
+    assert {s for s in off.status if not s.ok} == {QPStatus.MAX_ITER}
     assert torch.isnan(off.x[torch.tensor(failed)]).all()
 
 

@@ -14,7 +14,7 @@ import torch
 
 from dxopt.qp import QPBackwardError, QPStatus, solve
 from dxopt.qp.autograd.torch_entry import torch_qp_solve
-from dxopt.qp.solvers.torch_types import TorchQPStatus
+from dxopt.qp.solvers.torch_types import STATUS_CODES
 
 NAMES = ("P", "q", "A", "b", "G", "h")
 
@@ -85,7 +85,7 @@ def kkt_reference(pr: dict[str, np.ndarray], gx: np.ndarray) -> dict[str, np.nda
 def test_matches_daqp_float64(n, m, p):
     probs = batch(n, m, p, 12, seed=n + m)
     r = torch_qp_solve(*tensors(probs))
-    assert (r.status == TorchQPStatus.SOLVED).all()
+    assert all(s is QPStatus.SOLVED for s in r.statuses)
     assert r.polished.all()
     for i, pr in enumerate(probs):
         sol = daqp(pr)
@@ -211,12 +211,8 @@ def test_infeasible_and_unbounded_samples_in_a_batch(dtype):
     """Sample 1: x <= -1 and x >= 1 (infeasible); sample 2: x_2 -> inf decreases the cost."""
     P, q, G, h = _mixed_batch(dtype)
     r = torch_qp_solve(P, q, G=G, h=h)
-    assert r.status.tolist() == [
-        TorchQPStatus.SOLVED,
-        TorchQPStatus.PRIMAL_INFEASIBLE,
-        TorchQPStatus.DUAL_INFEASIBLE,
-        TorchQPStatus.SOLVED,
-    ]
+    assert r.statuses == (QPStatus.SOLVED, QPStatus.INFEASIBLE, QPStatus.UNBOUNDED, QPStatus.SOLVED)
+    assert r.solved.tolist() == [True, False, False, True]
     tol = 1e-10 if dtype == torch.float64 else 1e-5
     torch.testing.assert_close(r.x[0], torch.tensor([-1.0, -1.0], dtype=dtype), atol=tol, rtol=0)
     torch.testing.assert_close(r.x[3], torch.tensor([0.5, 0.5], dtype=dtype), atol=tol, rtol=0)
@@ -226,11 +222,35 @@ def test_equality_only_infeasible_and_unbounded():
     d = torch.float64
     A, b = torch.tensor([[1.0, 0.0], [1.0, 0.0]], dtype=d), torch.tensor([0.0, 1.0], dtype=d)
     r = torch_qp_solve(torch.eye(2, dtype=d), torch.zeros(2, dtype=d), A, b)
-    assert r.status.tolist() == [TorchQPStatus.PRIMAL_INFEASIBLE]
+    assert r.statuses == (QPStatus.INFEASIBLE,)
     r = torch_qp_solve(
         torch.diag(torch.tensor([1.0, 0.0], dtype=d)), torch.tensor([0.0, -1.0], dtype=d)
     )
-    assert r.status.tolist() == [TorchQPStatus.DUAL_INFEASIBLE]
+    assert r.statuses == (QPStatus.UNBOUNDED,)
+
+
+def test_statuses_are_the_shared_status_and_the_old_enum_warns():
+    """The torch solver speaks dxopt.qp.QPStatus: its int codes index one table, and the old
+    TorchQPStatus enum still works for one release, with a DeprecationWarning."""
+    P, q, G, h = _mixed_batch(torch.float64)
+    r = torch_qp_solve(P, q, G=G, h=h, max_iter=1)  # one iteration: nothing certified yet
+    assert all(isinstance(s, QPStatus) for s in r.statuses)
+    assert r.statuses == tuple(STATUS_CODES[c] for c in r.status.tolist())
+    assert QPStatus.MAX_ITER in r.statuses  # the CPU path's name for an iteration limit
+    import dxopt.qp.solvers.torch_ipm as ipm
+
+    with pytest.warns(DeprecationWarning, match="TorchQPStatus is deprecated"):
+        old = ipm.TorchQPStatus
+    names = ("SOLVED", "MAX_ITER", "PRIMAL_INFEASIBLE", "DUAL_INFEASIBLE", "NUMERICAL_ERROR")
+    assert [STATUS_CODES[int(old[name])] for name in names] == [
+        QPStatus.SOLVED,
+        QPStatus.MAX_ITER,
+        QPStatus.INFEASIBLE,
+        QPStatus.UNBOUNDED,
+        QPStatus.FAILED,
+    ]
+    with pytest.raises(AttributeError):
+        _ = ipm.NoSuchName
 
 
 def test_backward_refuses_unsolved_samples_and_passes_zero_cotangents():
@@ -253,7 +273,7 @@ def test_backward_refuses_unsolved_samples_and_passes_zero_cotangents():
 def test_float32_accuracy():
     probs = batch(20, 20, 10, 16, seed=5)
     r = torch_qp_solve(*tensors(probs, torch.float32))
-    assert (r.status == TorchQPStatus.SOLVED).all()
+    assert all(s is QPStatus.SOLVED for s in r.statuses)
     x64 = np.stack([daqp(pr).x for pr in probs])
     scale = np.abs(x64).max()
     assert np.abs(r.x.numpy() - x64).max() <= 1e-3 * scale
@@ -265,36 +285,90 @@ def test_float32_accuracy():
     assert err < 1e-3
 
 
+_F64 = torch.float64
+BAD_INPUTS = {
+    "A without b": {"A": torch.ones(1, 3, dtype=_F64)},
+    "h without G": {"h": torch.ones(2, dtype=_F64)},
+    "G of 4 columns": {"G": torch.ones(2, 4, dtype=_F64), "h": torch.ones(2, dtype=_F64)},
+    "h of the wrong length": {"G": torch.ones(2, 3, dtype=_F64), "h": torch.ones(3, dtype=_F64)},
+    "float32 q, float64 P": {"q": torch.ones(3, dtype=torch.float32)},
+    "batch sizes 4 and 2": {
+        "q": torch.ones(4, 3, dtype=_F64),
+        "P": torch.eye(3, dtype=_F64).expand(2, 3, 3),
+    },
+    "int64 P": {"P": torch.eye(3, dtype=torch.int64)},
+    "q a list": {"q": [1.0, 2.0, 3.0]},
+    "P a vector": {"P": torch.ones(3, dtype=_F64)},
+    "q a column": {"q": torch.ones(3, 1, dtype=_F64)},
+    "NaN in h": {"G": torch.eye(3, dtype=_F64), "h": torch.tensor([1.0, float("nan"), 1.0])},
+    "Inf in q": {"q": torch.tensor([1.0, float("inf"), 1.0], dtype=_F64)},
+    "P indefinite": {"P": torch.diag(torch.tensor([1.0, -1.0, 1.0], dtype=_F64))},
+    "P not symmetric": {"P": torch.eye(3, dtype=_F64) + torch.triu(torch.ones(3, 3), 1).double()},
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_bad_inputs_raise_the_cpu_paths_errors(case):
+    """One validator: the same bad input gives the same exception type and message from the
+    default solver, from solve(solver="torch") and from torch_qp_solve."""
+    args = {"P": torch.eye(3, dtype=_F64), "q": torch.ones(3, dtype=_F64)}
+    args.update(BAD_INPUTS[case])
+    errors = []
+    for call in (
+        lambda: solve(**args),
+        lambda: solve(**args, solver="torch"),
+        lambda: torch_qp_solve(**args),
+    ):
+        with pytest.raises((ValueError, TypeError)) as info:
+            call()
+        errors.append(info.value)
+    assert len({type(e) for e in errors}) == 1, [type(e) for e in errors]
+    assert len({str(e) for e in errors}) == 1, [str(e) for e in errors]
+
+
 @pytest.mark.parametrize(
-    ("kwargs", "error", "match"),
+    ("kwargs", "match"),
     [
-        ({"A": torch.ones(1, 3, dtype=torch.float64)}, ValueError, "A was given without b"),
-        (
-            {"G": torch.ones(2, 4, dtype=torch.float64), "h": torch.ones(2, dtype=torch.float64)},
-            ValueError,
-            r"G must be \(k, n=3\)",
-        ),
-        ({"h": torch.ones(2, dtype=torch.float64)}, ValueError, "h was given without G"),
-        ({"q": torch.ones(3, dtype=torch.float32)}, ValueError, "q has dtype torch.float32"),
-        (
-            {
-                "q": torch.ones(4, 3, dtype=torch.float64),
-                "P": torch.eye(3, dtype=torch.float64).expand(2, 3, 3),
-            },
-            ValueError,
-            "disagree on the batch size",
-        ),
-        ({"P": torch.eye(3, dtype=torch.int64)}, TypeError, "P must be float32 or float64"),
-        ({"q": [1.0, 2.0, 3.0]}, TypeError, "q must be a torch.Tensor"),
-        ({"max_iter": 0}, ValueError, "max_iter must be a positive int"),
-        ({"eps_abs": -1.0}, ValueError, "eps_abs must be a float >= 0"),
+        ({"max_iter": 0}, "max_iter: expected an integer >= 1, got 0"),
+        ({"check_every": 1.5}, "check_every: expected an integer >= 1"),
+        ({"max_refine": -1}, "max_refine: expected an integer >= 0"),
+        ({"eps_abs": -1.0}, "eps_abs: expected a non-negative finite number"),
+        ({"eps_inf": float("nan")}, "eps_inf: expected a non-negative finite number"),
     ],
 )
-def test_bad_inputs_raise_clear_errors(kwargs, error, match):
-    args = {"P": torch.eye(3, dtype=torch.float64), "q": torch.ones(3, dtype=torch.float64)}
-    args.update(kwargs)
-    with pytest.raises(error, match=match):
-        torch_qp_solve(**args)
+def test_bad_options_raise_value_errors_naming_them(kwargs, match):
+    args = {"P": torch.eye(3, dtype=_F64), "q": torch.ones(3, dtype=_F64)}
+    with pytest.raises(ValueError, match=match):
+        torch_qp_solve(**args, **kwargs)
+
+
+def test_max_refine_and_its_deprecated_names():
+    """``max_refine`` caps the refinement passes of the polish's KKT solve (keyword and
+    solver_options); the old name ``refine_steps`` still works, with a DeprecationWarning,
+    and passing both is a TypeError."""
+    probs = batch(8, 6, 2, 3, seed=11)
+    data = tensors(probs, torch.float64)
+    new = torch_qp_solve(*data, max_refine=3)
+    assert new.factor.max_refine == 3
+    with pytest.warns(DeprecationWarning, match="'refine_steps' is renamed 'max_refine'"):
+        old = torch_qp_solve(*data, refine_steps=3)
+    assert old.factor.max_refine == 3
+    torch.testing.assert_close(old.x, new.x, rtol=0, atol=0)
+    with pytest.raises(TypeError, match="refine_steps"):
+        torch_qp_solve(*data, refine_steps=3, max_refine=3)
+    P, q, A, b, G, h = data
+    kw = {"A": A, "b": b, "G": G, "h": h, "solver": "torch"}
+    sol = solve(P, q, **kw, solver_options={"max_refine": 2})
+    with pytest.warns(DeprecationWarning, match="'refine_steps' is renamed 'max_refine'"):
+        sol_old = solve(P, q, **kw, solver_options={"refine_steps": 2})
+    torch.testing.assert_close(sol_old.x, sol.x, rtol=0, atol=0)
+    q_grad = q.clone().requires_grad_()
+    with_grad = solve(P, q_grad, **kw, solver_options={"max_refine": 2})
+    with_grad.x.sum().backward()
+    assert with_grad.info.backward.method == "torch"
+    assert with_grad.info.backward.refinement_steps == 2  # the backward's cap too
+    with pytest.raises(ValueError, match="max_refine: expected an integer >= 0"):
+        solve(P, q, **kw, solver_options={"max_refine": -1})
 
 
 def test_dispatch_through_dxopt_qp_solve():

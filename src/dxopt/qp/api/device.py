@@ -59,19 +59,12 @@ from dxopt.qp.problem.canonical import QPProblem
 from dxopt.qp.problem.contracts import BackwardMethod
 from dxopt.qp.problem.functorch import BASES, forward_ad_dual
 from dxopt.qp.problem.types import BackwardDiagnostics, QPInfo, QPSolution, QPSolveError, QPStatus
-from dxopt.qp.solvers.torch_driver import _check_inputs, solve_detached
-from dxopt.qp.solvers.torch_types import TorchQPStatus
+from dxopt.qp.solvers.torch_driver import batch_inputs, solve_detached
+from dxopt.qp.solvers.torch_types import code, decode
 
 __all__ = ["solve_torch"]
 
 _Inputs = tuple[Tensor, Tensor, Tensor | None, Tensor | None, Tensor | None, Tensor | None]
-
-
-_TO_STATUS = {
-    int(TorchQPStatus.SOLVED): QPStatus.SOLVED,
-    int(TorchQPStatus.PRIMAL_INFEASIBLE): QPStatus.INFEASIBLE,
-    int(TorchQPStatus.DUAL_INFEASIBLE): QPStatus.UNBOUNDED,
-}
 
 
 _VERDICTS = (QPStatus.INFEASIBLE, QPStatus.UNBOUNDED)
@@ -131,17 +124,16 @@ def solve_torch(
         assert plain is not None
     else:
         r = plain = solve_detached(
-            *_check_inputs(P, q, A, b, G, h), eps_abs=eps_abs, eps_rel=eps_rel, polish=polish,
+            *batch_inputs(P, q, A, b, G, h), eps_abs=eps_abs, eps_rel=eps_rel, polish=polish,
             **opts,
         )  # fmt: skip
     # the one transfer to the host: statuses, flags and residuals (4B numbers), never the data
-    codes, regular = plain.status.tolist(), plain.regular.tolist()
-    okp = plain.status == TorchQPStatus.SOLVED
+    status, regular = list(decode(plain.status)), plain.regular.tolist()
+    okp = plain.status == code(QPStatus.SOLVED)
     nan = torch.full_like(plain.primal_residual, float("nan"))
     residuals = torch.stack(
         [torch.where(okp, plain.primal_residual, nan), torch.where(okp, plain.dual_residual, nan)]
     ).tolist()
-    status = [_TO_STATUS.get(c, QPStatus.FAILED) for c in codes]
     # a sample the device cannot certify (fallback) or differentiate goes to the CPU path, and
     # so does an infeasible/unbounded verdict: the interior point's test (absolute, no
     # convexity or feasibility check) called cond(P) = 1e9 problems unbounded; the CPU path
@@ -205,7 +197,7 @@ def solve_torch(
             tuple(status),
         )
     if failed and problem is None and not moved:  # [func] status is batched like x
-        ok = (r.status == TorchQPStatus.SOLVED)[:, None]
+        ok = (r.status == code(QPStatus.SOLVED))[:, None]
     elif failed and problem is not None:  # the CPU path's samples are NaN already
         ok = torch.tensor([s.ok for s in status], device=q.device)[:, None]
     if failed and (problem is not None or not moved):

@@ -54,12 +54,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from dxopt._core import Status
 from dxopt.qp.autograd.tangent import _FirstOrderOnly
 from dxopt.qp.problem.functorch import BASES, fold, functorch_active, logical_batch, unfold
 from dxopt.qp.problem.types import BackwardDiagnostics, QPBackwardError
-from dxopt.qp.solvers.torch_driver import _check_inputs, solve_detached
+from dxopt.qp.solvers.torch_driver import batch_inputs, solve_detached
 from dxopt.qp.solvers.torch_kkt import REFINE_STEPS, kkt_solve, small_threads
-from dxopt.qp.solvers.torch_types import PenaltyFactor, TorchQPResult, TorchQPStatus
+from dxopt.qp.solvers.torch_types import PenaltyFactor, TorchQPResult, code, decode
 
 __all__ = ["TorchCall", "TorchKKTSolve", "TorchQPFunction", "torch_qp_differentiable"]
 
@@ -87,7 +88,7 @@ class _How:
     regular by the CPU path's, so they are treated as not solved here."""
 
     mode: str
-    steps: int
+    max_refine: int
     f64: bool
     diagnostics: BackwardDiagnostics | None = None
     reroute: bool = False
@@ -134,7 +135,7 @@ class TorchQPFunction(torch.autograd.Function):
         call = options.get("call")
         if call is not None and call.validate is not None:
             call.validate(P, q, A, b, G, h)
-        full = _check_inputs(P, q, A, b, G, h)
+        full = batch_inputs(P, q, A, b, G, h)
         opts = {k: v for k, v in options.items() if k not in _NOT_SOLVER}
         r = solve_detached(*(t.detach() for t in full), **opts)
         if call is not None:
@@ -164,7 +165,7 @@ class TorchQPFunction(torch.autograd.Function):
         polished, regular = output[8], output[9]
         L, w_ineq, w_eq, active = output[-4:]
         ctx.mark_non_differentiable(*output[3:])
-        ctx.steps = options["refine_steps"]
+        ctx.max_refine = options["max_refine"]
         ctx.reroute = bool(options.get("reroute", False))
         ctx.diagnostics = options.get("diagnostics")
         ctx.present = tuple(t is not None for t in (A, G))
@@ -179,11 +180,11 @@ class TorchQPFunction(torch.autograd.Function):
         ctx: Any, gx: Tensor | None, gy: Tensor | None, gz: Tensor | None, *_unused: Any
     ) -> tuple[Tensor | None, ...]:
         inputs, (x, y, z), rest = _unpack(ctx)
-        Pf, _, Af, _, Gf, _ = _check_inputs(*inputs)
+        Pf, _, Af, _, Gf, _ = batch_inputs(*inputs)
         gx = torch.zeros_like(x) if gx is None else gx
         gy = torch.zeros_like(y) if gy is None else gy
         gz = torch.zeros_like(z) if gz is None else gz
-        how = _How("vjp", ctx.steps, ctx.f64, ctx.diagnostics, ctx.reroute)
+        how = _How("vjp", ctx.max_refine, ctx.f64, ctx.diagnostics, ctx.reroute)
         anchors = [t for t in inputs if t is not None]
         if torch.is_grad_enabled() or functorch_active():  # anchored: second order refused
             u, v, w = TorchKKTSolve.apply(gx, gy, gz, Pf, Af, Gf, *rest, how, *anchors)
@@ -212,7 +213,7 @@ class TorchQPFunction(torch.autograd.Function):
     @staticmethod
     def jvp(ctx: Any, *tangents: Any) -> tuple[Tensor | None, ...]:
         inputs, (x, y, z), rest = _unpack(ctx)
-        Pf, _, Af, _, Gf, _ = _check_inputs(*inputs)
+        Pf, _, Af, _, Gf, _ = batch_inputs(*inputs)
         dP, dq, dA, db, dG, dh = tangents[:6]
         r1, r2, r3 = torch.zeros_like(x), torch.zeros_like(y), torch.zeros_like(z)
         if dP is not None:
@@ -227,7 +228,7 @@ class TorchQPFunction(torch.autograd.Function):
             r1, r3 = r1 - _bmv(dG.mT, z), r3 - _bmv(dG, x)
         if dh is not None:
             r3 = r3 + dh
-        how = _How("jvp", ctx.steps, ctx.f64, reroute=ctx.reroute)
+        how = _How("jvp", ctx.max_refine, ctx.f64, reroute=ctx.reroute)
         anchors = [t for t in inputs if t is not None]
         dx, dy, dz = TorchKKTSolve.apply(r1, r2, r3, Pf, Af, Gf, *rest, how, *anchors)
         return (dx, dy, dz, *([None] * (_N_OUT - 3)))
@@ -268,7 +269,7 @@ class TorchKKTSolve(_FirstOrderOnly):
         r1, r2, r3, P, A, G, status, polished, regular, L, w_ineq, w_eq, active = args[:13]
         how: _How = args[13]
         with small_threads(L.shape[-1], w_ineq.shape[-1], L.device):
-            solved = status == TorchQPStatus.SOLVED
+            solved = status == code(Status.SOLVED)
             if how.reroute:  # the caller differentiates the other samples on the CPU path
                 solved = solved & regular
             if how.mode == "jvp":  # no derivative where nothing was solved: NaN, below
@@ -276,7 +277,9 @@ class TorchKKTSolve(_FirstOrderOnly):
             used = (r1 != 0).any(-1) | (r2 != 0).any(-1) | (r3 != 0).any(-1)
             # an unpolished sample's active set is not confirmed by an exact KKT solve
             failed = used & (~solved | ~polished)
-            factor = PenaltyFactor(L=L, w_ineq=w_ineq, w_eq=w_eq, active=active, steps=how.steps)
+            factor = PenaltyFactor(
+                L=L, w_ineq=w_ineq, w_eq=w_eq, active=active, max_refine=how.max_refine
+            )
             u, v, w, res = kkt_solve(factor, P, A, G, r1, r2, r3)
             tol = 1e-10 if how.f64 else 1e-4
             bad = used & ~failed & ~(res <= tol)
@@ -286,7 +289,7 @@ class TorchKKTSolve(_FirstOrderOnly):
             if diag is not None:  # dxopt.qp.solve's BackwardDiagnostics: what the backward did
                 diag.method, diag.linear_solver = "torch", "cholesky (the forward polish's factor)"
                 diag.residual = float(torch.where(used, res, 0.0).amax()) if res.numel() else 0.0
-                diag.refinement_steps = how.steps
+                diag.refinement_steps = how.max_refine
                 diag.n_active = tuple(active.sum(-1).tolist())
             w = w * active
             # a zero right-hand side has the exact solution 0 (whatever a failed factor holds)
@@ -338,7 +341,7 @@ def _refusal(
         f"torch QP {what} refused: "
         + (
             f"samples {idx_f} were not solved or not polished onto a verified active "
-            f"set (status codes {status[failed].tolist()}, see TorchQPStatus; "
+            f"set (statuses {[s.value for s in decode(status[failed])]}; "
             f"polished {polished[failed].tolist()}); "
             if idx_f
             else ""
@@ -366,12 +369,12 @@ def torch_qp_differentiable(
 ) -> TorchQPResult:
     """:func:`dxopt.qp.autograd.torch_entry.torch_qp_solve` with derivatives through ``x, y, z``
     (``options``: see :class:`TorchQPFunction`)."""
-    steps = options.get("refine_steps")
-    options = dict(options, refine_steps=steps if steps is not None else REFINE_STEPS)
+    steps = options.get("max_refine")
+    options = dict(options, max_refine=REFINE_STEPS if steps is None else steps)
     out: tuple[Tensor, ...] = TorchQPFunction.apply(P, q, A, b, G, h, options)
     x, y, z, slacks, status, iters, pres, dres, polished, regular, L, w_ineq, w_eq, active = out
     factor = PenaltyFactor(
-        L=L, w_ineq=w_ineq, w_eq=w_eq, active=active, steps=options["refine_steps"]
+        L=L, w_ineq=w_ineq, w_eq=w_eq, active=active, max_refine=options["max_refine"]
     )
     return TorchQPResult(
         x=x,

@@ -47,6 +47,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from dxopt._core import Status
 from dxopt.qp.certify.torch_certify import _amax, _mv, _rmv
 from dxopt.qp.certify.torch_certify import certify as _certify
 from dxopt.qp.certify.torch_certify import polish_update as _polish_update
@@ -66,77 +67,27 @@ from dxopt.qp.solvers.torch_kkt import (
     penalty_factor,
     small_threads,
 )
-from dxopt.qp.solvers.torch_types import TorchQPResult, TorchQPStatus
+from dxopt.qp.solvers.torch_types import TorchQPResult, code, status_mask
 
-__all__ = ["POLISH_ROUNDS", "solve_detached"]
+__all__ = ["POLISH_ROUNDS", "batch_inputs", "solve_detached"]
 
 POLISH_ROUNDS = 4
 """Active sets each polish tries: the interior point's, then the CPU polish's corrections
 (:func:`dxopt.qp.certify.torch_certify.polish_update`) for the samples that do not certify."""
 
 
-def _check_inputs(
+def batch_inputs(
     P: Tensor, q: Tensor, A: Tensor | None, b: Tensor | None, G: Tensor | None, h: Tensor | None
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """Validate shapes/dtypes/devices; return every input as a (B, ...) tensor (views)."""
-    for name, t in (("P", P), ("q", q), ("A", A), ("b", b), ("G", G), ("h", h)):
-        if t is not None and not isinstance(t, Tensor):
-            raise TypeError(
-                f"torch_qp_solve: {name} must be a torch.Tensor, got {type(t).__name__}"
-            )
-    for mat, vec, mn, vn in ((A, b, "A", "b"), (G, h, "G", "h")):
-        if (mat is None) != (vec is None):
-            given, missing = (mn, vn) if vec is None else (vn, mn)
-            raise ValueError(
-                f"torch_qp_solve: {given} was given without {missing}; pass both or neither"
-            )
-    if P.dtype not in (torch.float32, torch.float64):
-        raise TypeError(
-            f"torch_qp_solve: P must be float32 or float64, got {P.dtype}; convert with .double()"
-        )
-    if P.ndim not in (2, 3) or P.shape[-1] != P.shape[-2]:
-        raise ValueError(
-            f"torch_qp_solve: P must be (n, n) or (B, n, n), got shape {tuple(P.shape)}"
-        )
+    """Every input as a ``(B, ...)`` tensor (broadcast views; zero-row ``A, b`` / ``G, h``
+    where absent). The inputs must be validated already: by
+    :func:`dxopt.qp.problem.canonical.canonical_problem` (``keep_device=True``), the one
+    validator of every route, which :func:`dxopt.qp.solve` and
+    :func:`dxopt.qp.autograd.torch_entry.torch_qp_solve` run first."""
     n = P.shape[-1]
-    tensors = {"P": P, "q": q, "A": A, "b": b, "G": G, "h": h}
-    batch = {1}
-    for name, t in tensors.items():
-        if t is None:
-            continue
-        if t.dtype != P.dtype or t.device != P.device:
-            raise ValueError(
-                f"torch_qp_solve: {name} has dtype {t.dtype} on {t.device} but P has {P.dtype} "
-                f"on {P.device}; every input must share P's dtype and device"
-            )
-        base = 2 if name in ("P", "A", "G") else 1
-        if t.ndim not in (base, base + 1):
-            raise ValueError(
-                f"torch_qp_solve: {name} must have {base} dims (unbatched) or {base + 1} "
-                f"(batched), got shape {tuple(t.shape)}"
-            )
-        if t.ndim == base + 1:
-            batch.add(t.shape[0])
-        if not t.is_floating_point() or t.layout != torch.strided:
-            raise ValueError(f"torch_qp_solve: {name} must be a dense floating tensor")
-    if len(batch - {1}) > 1:
-        raise ValueError(
-            "torch_qp_solve: batched inputs disagree on the batch size "
-            f"{sorted(batch - {1})}; use one batch size (or 1 to broadcast)"
-        )
-    B = max(batch)
-    if q.shape[-1] != n:
-        raise ValueError(f"torch_qp_solve: q must have n = {n} entries, got shape {tuple(q.shape)}")
-    for mat, vec, mn, vn in ((A, b, "A", "b"), (G, h, "G", "h")):
-        if (
-            mat is not None
-            and vec is not None
-            and (mat.shape[-1] != n or mat.shape[-2] != vec.shape[-1])
-        ):
-            raise ValueError(
-                f"torch_qp_solve: {mn} must be (k, n={n}) with {vn} of length k, got "
-                f"{mn} {tuple(mat.shape)} and {vn} {tuple(vec.shape)}"
-            )
+    sizes = [t.shape[0] for t, base in ((P, 2), (q, 1), (A, 2), (b, 1), (G, 2), (h, 1))
+             if t is not None and t.ndim > base]  # fmt: skip
+    B = max(sizes, default=1)
 
     def full(t: Tensor | None, base: int, shape: tuple[int, ...]) -> Tensor:
         if t is None:
@@ -155,14 +106,6 @@ def _check_inputs(
     )
 
 
-def status_is(status: Tensor, *names: str) -> Tensor:
-    """``(B,)`` mask of samples whose status is one of ``names`` (``TorchQPStatus`` names)."""
-    out = torch.zeros_like(status, dtype=torch.bool)
-    for name in names:
-        out = out | (status == int(TorchQPStatus[name]))
-    return out
-
-
 def solve_detached(
     P: Tensor,
     q: Tensor,
@@ -177,9 +120,12 @@ def solve_detached(
     max_iter: int,
     check_every: int,
     polish: bool,
-    refine_steps: int | None,
+    max_refine: int | None,
 ) -> TorchQPResult:
-    """:func:`torch_qp_solve` on validated ``(B, ...)`` inputs, without autograd."""
+    """:func:`~dxopt.qp.autograd.torch_entry.torch_qp_solve` on validated ``(B, ...)`` inputs
+    (:func:`batch_inputs`), without autograd. ``max_iter``: interior-point iterations at most;
+    ``max_refine``: refinement passes of each KKT solve at most (``None``:
+    :data:`~dxopt.qp.solvers.torch_kkt.REFINE_STEPS`)."""
     with torch.no_grad(), small_threads(P.shape[-1], G.shape[-2], P.device):
         f64 = P.dtype == torch.float64
         user_abs, user_rel = eps_abs, eps_rel  # the polished point's certificate
@@ -203,7 +149,7 @@ def solve_detached(
 
         it, status, iters, raw = run()
         nonzero = G.abs().amax(-1) > 0  # zero rows of G are never active (multiplier 0)
-        steps = refine_steps if refine_steps is not None else REFINE_STEPS
+        max_refine = REFINE_STEPS if max_refine is None else max_refine
         m, gap_abs = h.shape[-1], max(eps_abs, IPM_EPS_FLOOR)
         for attempt in range(3):
             # polish on the active set read off the iterate; where a sample's polish fails
@@ -212,7 +158,7 @@ def solve_detached(
             active = (it.z > it.s) & nonzero
             for _ in range(POLISH_ROUNDS):
                 factor, bad = penalty_factor(
-                    P, A, G, active, omega=1e6, sigma=1e-9, steps=steps
+                    P, A, G, active, omega=1e6, sigma=1e-9, max_refine=max_refine
                 )  # fmt: skip
                 if not (polish or m == 0):
                     break
@@ -233,7 +179,7 @@ def solve_detached(
             if not (polish or m == 0):
                 break
             xp, yp, zp = xw.to(P.dtype), yw.to(P.dtype), zw.to(P.dtype)
-            retry = ~ok_p & (status == TorchQPStatus.SOLVED) & (iters < max_iter)
+            retry = ~ok_p & (status == code(Status.SOLVED)) & (iters < max_iter)
             if attempt == 2 or m == 0 or not bool(retry.any()):
                 break
             gap_abs *= 1e-3
@@ -242,7 +188,7 @@ def solve_detached(
         x, y, z = it.x, it.y, torch.where(nonzero, it.z.clamp_min(0.0), 0.0)
         polished = torch.zeros_like(bad)
         if polish or m == 0:
-            polished = ok_p & ~status_is(status, "PRIMAL_INFEASIBLE", "DUAL_INFEASIBLE")
+            polished = ok_p & ~status_mask(status, Status.INFEASIBLE, Status.UNBOUNDED)
             x = torch.where(polished[:, None], xp, x)
             y = torch.where(polished[:, None], yp, y)
             z = torch.where(polished[:, None], zp.clamp_min(0.0), z)
@@ -254,17 +200,15 @@ def solve_detached(
                 cand = _Iterate(x=xp, y=-r, z=zp, s=zp)
                 pinf, dinf = _certificates(P, q, A, b, G, h, cand, eps_inf)
                 pinf, dinf = pinf & ~ok_p, dinf & ~ok_p
-                status = torch.where(pinf, int(TorchQPStatus.PRIMAL_INFEASIBLE), status)
-                status = torch.where(dinf & ~pinf, int(TorchQPStatus.DUAL_INFEASIBLE), status)
+                status = torch.where(pinf, code(Status.INFEASIBLE), status)
+                status = torch.where(dinf & ~pinf, code(Status.UNBOUNDED), status)
         ok = _certify(P, q, A, b, G, h, x, y, z, eps_abs, eps_rel, settled_only=polish)
         if polish or m == 0:  # a polished sample: its float64 point's certificate
             ok = torch.where(polished, ok_p, ok)
-        ok = ok & ~status_is(status, "PRIMAL_INFEASIBLE", "DUAL_INFEASIBLE")
+        ok = ok & ~status_mask(status, Status.INFEASIBLE, Status.UNBOUNDED)
         # not certified at the user's tolerance: an interior-point "SOLVED" becomes MAX_ITER
-        status = torch.where(ok, int(TorchQPStatus.SOLVED), status)
-        status = torch.where(
-            ~ok & (status == TorchQPStatus.SOLVED), int(TorchQPStatus.MAX_ITER), status
-        )
+        status = torch.where(ok, code(Status.SOLVED), status)
+        status = torch.where(~ok & (status == code(Status.SOLVED)), code(Status.MAX_ITER), status)
         # where the device's exact active-set derivative is the derivative (the CPU path's
         # rules would give the same); the other samples are sent to the CPU path
         # (dxopt.qp.api.device)

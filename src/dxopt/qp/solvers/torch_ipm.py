@@ -50,9 +50,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from dxopt._core import Status
 from dxopt.qp.certify.torch_certify import _amax, _mv, _rmv
 from dxopt.qp.solvers.torch_kkt import _cho_solve, _chol, _dot, _gram
-from dxopt.qp.solvers.torch_types import TorchQPStatus
+from dxopt.qp.solvers.torch_types import code, deprecated_status_enum
 
 IPM_EPS_FLOOR = 1e-6
 """The interior point stops at ``max(eps_abs, IPM_EPS_FLOOR)``: the polish solves the identified
@@ -210,7 +211,7 @@ def _ipm(
     f64 = P.dtype == torch.float64
     delta = scale * 1e-10  # the Newton systems are factored in float64 (see _Newton)
     mu_floor = 1e-15 if f64 else 1e-7  # relative: no progress is possible below this
-    status = torch.full((B,), int(TorchQPStatus.MAX_ITER), dtype=torch.long, device=dev)
+    status = torch.full((B,), code(Status.MAX_ITER), dtype=torch.long, device=dev)
     if start is None:
         it = _initial_point(P, q, A, b, G, h, delta)
         done = torch.zeros(B, dtype=torch.bool, device=dev)
@@ -220,7 +221,7 @@ def _ipm(
     if m == 0:
         return it, status, iters  # equality-only: the polish solves it exactly
     tiny = torch.finfo(q.dtype).tiny ** 0.5
-    SOLVED, NUMERICAL = int(TorchQPStatus.SOLVED), int(TorchQPStatus.NUMERICAL_ERROR)
+    SOLVED, FAILED = code(Status.SOLVED), code(Status.FAILED)
     # On the CPU a host sync is free, so every iteration tests for completion and the working
     # set shrinks to the samples still running (their data gathered once per shrink): each
     # sample costs its own iterations, not the slowest sample's. On other devices the batch
@@ -256,8 +257,8 @@ def _ipm(
         if certify:
             pinf, dinf = _certificates(P, q, A, b, G, h, it, eps_inf)
             pinf, dinf = pinf & ~done, dinf & ~done
-            status = torch.where(pinf, int(TorchQPStatus.PRIMAL_INFEASIBLE), status)
-            status = torch.where(dinf & ~pinf, int(TorchQPStatus.DUAL_INFEASIBLE), status)
+            status = torch.where(pinf, code(Status.INFEASIBLE), status)
+            status = torch.where(dinf & ~pinf, code(Status.UNBOUNDED), status)
             done = done | pinf | dinf
         if certify or compact:
             if k == max_iter or bool(done.all()):  # the one host sync per chunk
@@ -296,7 +297,7 @@ def _ipm(
         fine = torch.isfinite(torch.cat([new.x, new.y], -1)).all(-1)
         fine = fine & (new.s > 0).all(-1) & (new.z > 0).all(-1) & ~newton.bad
         broken = ~done & ~fine
-        status = torch.where(broken, NUMERICAL, status)
+        status = torch.where(broken, FAILED, status)
         move = (~done & fine)[:, None]
         done = done | broken
         iters = iters + move.squeeze(-1).long()
@@ -355,3 +356,9 @@ def _ipm_null_space(
     grad = _mv(P, x) + q + _rmv(G, it.z)
     y = -torch.linalg.solve_triangular(R1, _rmv(Q1, grad).unsqueeze(-1), upper=True).squeeze(-1)
     return _Iterate(x=x, y=y, z=it.z, s=it.s), status, iters, it
+
+
+def __getattr__(name: str) -> object:
+    if name == "TorchQPStatus":  # deprecated: the statuses are dxopt.qp.QPStatus
+        return deprecated_status_enum(__name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

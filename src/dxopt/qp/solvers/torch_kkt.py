@@ -99,7 +99,7 @@ def small_threads(n: int, m: int, device: torch.device) -> contextlib.AbstractCo
 
 
 def penalty_factor(
-    P: Tensor, A: Tensor, G: Tensor, active: Tensor, *, omega: float, sigma: float, steps: int
+    P: Tensor, A: Tensor, G: Tensor, active: Tensor, *, omega: float, sigma: float, max_refine: int
 ) -> tuple[PenaltyFactor, Tensor]:
     """Factor :math:`P + \\sigma s I + G_{\\mathcal A}^\\top W_G G_{\\mathcal A} + A^\\top W_A A`.
 
@@ -123,7 +123,7 @@ def penalty_factor(
     H = P + _gram(G, w_ineq) + _gram(A, w_eq)
     H.diagonal(dim1=-2, dim2=-1).add_((sigma * scale)[:, None])
     L, bad = _chol(H)
-    return PenaltyFactor(L=L, w_ineq=w_ineq, w_eq=w_eq, active=active, steps=steps), bad
+    return PenaltyFactor(L=L, w_ineq=w_ineq, w_eq=w_eq, active=active, max_refine=max_refine), bad
 
 
 def kkt_solve(
@@ -148,7 +148,7 @@ def kkt_solve(
     (symmetric, so the same routine serves the polish, with :math:`r = (-q, b, h)`, and the
     adjoint). Each pass solves the regularised :math:`K_\\delta` (:math:`\\delta = W^{-1}`
     in the multiplier blocks, :math:`\\sigma` on :math:`u`) by eliminating
-    :math:`v = W_A(Au - r_2)`, :math:`w = W_G(Gu - r_3)`; ``f.steps`` refinement passes on the
+    :math:`v = W_A(Au - r_2)`, :math:`w = W_G(Gu - r_3)`; ``f.max_refine`` refinement passes on the
     residual of the exact system remove the regularisation bias (at most; a sample stops at
     round-off or when a pass no longer halves its residual). With a float32 factor the
     residuals and the accumulated solution are float64 (mixed-precision refinement: float32
@@ -176,14 +176,14 @@ def kkt_solve(
     size = 1.0 + torch.maximum(torch.maximum(_amax(r1), _amax(r2)), _amax(r3 * act))
     u, v, w = reg_solve(r1, r2, r3)
     prev = torch.full_like(size, float("inf"))
-    for k in range(f.steps + 1):
+    for k in range(f.max_refine + 1):
         e1, e2, e3 = residual(u, v, w)
         err = torch.maximum(torch.maximum(_amax(e1), _amax(e2)), _amax(e3)) / size
         # a sample keeps refining while it is above round-off and its residual still at least
         # halves per pass (a stagnating one would only spend passes); stop (one host sync per
         # pass) when none does
         moving = (err > 8 * torch.finfo(hi).eps) & (err <= 0.5 * prev)
-        if k == f.steps or not bool(moving.any()):
+        if k == f.max_refine or not bool(moving.any()):
             break
         du, dv, dw = reg_solve(e1, e2, e3)
         keep = moving[:, None]

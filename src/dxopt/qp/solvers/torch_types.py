@@ -2,28 +2,75 @@
 
 Owns :class:`TorchQPResult` (the per-sample solution, statuses, residuals and flags, all on
 the inputs' device), :class:`PenaltyFactor` (the polish's penalty Cholesky factor that the
-backward reuses) and the solver's per-sample status codes. Imports nothing of the solver.
+backward reuses) and the one table that encodes the shared :class:`dxopt.qp.QPStatus`
+(:class:`dxopt._core.Status`) as int codes on the device (:data:`STATUS_CODES`): the iteration
+keeps its statuses in an int tensor and never syncs for them; :attr:`TorchQPResult.statuses`
+decodes them. Imports nothing of the solver.
 """
 
 from __future__ import annotations
 
 import enum
+import warnings
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor
 
-__all__ = ["PenaltyFactor", "TorchQPResult", "TorchQPStatus"]
+from dxopt._core import Status
+
+__all__ = ["STATUS_CODES", "PenaltyFactor", "TorchQPResult", "code", "status_mask"]
+
+STATUS_CODES: tuple[Status, ...] = (
+    Status.SOLVED,
+    Status.MAX_ITER,
+    Status.INFEASIBLE,
+    Status.UNBOUNDED,
+    Status.FAILED,
+)
+"""The device encoding of the per-sample statuses: a status tensor holds the index of each
+sample's :class:`~dxopt._core.Status` in this table (``FAILED``: a Newton system could not be
+factored or a step left the finite numbers)."""
 
 
-class TorchQPStatus(enum.IntEnum):
-    """Per-sample outcome codes of :func:`~dxopt.qp.autograd.torch_entry.torch_qp_solve`
-    (stored as an int tensor)."""
+def code(status: Status) -> int:
+    """The int code of ``status`` in a status tensor (:data:`STATUS_CODES`)."""
+    return STATUS_CODES.index(status)
+
+
+def status_mask(codes: Tensor, *statuses: Status) -> Tensor:
+    """``(B,)`` bool mask of the samples whose status is one of ``statuses``."""
+    out = torch.zeros_like(codes, dtype=torch.bool)
+    for status in statuses:
+        out = out | (codes == code(status))
+    return out
+
+
+def decode(codes: Tensor) -> tuple[Status, ...]:
+    """The :class:`~dxopt._core.Status` of every sample (one host transfer)."""
+    return tuple(STATUS_CODES[c] for c in codes.tolist())
+
+
+class _TorchQPStatus(enum.IntEnum):
+    """The int codes of :data:`STATUS_CODES` under their pre-0.2 names (deprecated)."""
 
     SOLVED = 0
     MAX_ITER = 1
     PRIMAL_INFEASIBLE = 2
     DUAL_INFEASIBLE = 3
     NUMERICAL_ERROR = 4
+
+
+def deprecated_status_enum(module: str) -> type[enum.IntEnum]:
+    """``TorchQPStatus`` for one release, with a DeprecationWarning (module ``__getattr__``)."""
+    warnings.warn(
+        f"{module}.TorchQPStatus is deprecated and will be removed in the next release: the "
+        "torch solver's statuses are dxopt.qp.QPStatus (TorchQPResult.statuses; the int "
+        "codes of TorchQPResult.status index dxopt.qp.solvers.torch_types.STATUS_CODES).",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return _TorchQPStatus
 
 
 @dataclass(frozen=True)
@@ -35,14 +82,14 @@ class PenaltyFactor:
         w_ineq: weights :math:`W_G`, ``(B, m)``; zero on inactive rows.
         w_eq: weights :math:`W_A`, ``(B, p)``.
         active: active inequality rows, ``(B, m)`` bool.
-        steps: refinement steps each solve takes.
+        max_refine: the most refinement passes each solve takes.
     """
 
     L: Tensor
     w_ineq: Tensor
     w_eq: Tensor
     active: Tensor
-    steps: int
+    max_refine: int
 
 
 @dataclass(frozen=True)
@@ -55,7 +102,8 @@ class TorchQPResult:
         eq_duals: multipliers :math:`y` of :math:`Ax = b`, ``(B, p)``.
         ineq_duals: multipliers :math:`z \\ge 0` of :math:`Gx \\le h`, ``(B, m)``.
         slacks: :math:`s = h - Gx`, ``(B, m)``.
-        status: :class:`TorchQPStatus` codes, int64 ``(B,)``.
+        status: int64 ``(B,)`` codes of each sample's :class:`dxopt.qp.QPStatus` (indices
+            into :data:`STATUS_CODES`; :attr:`statuses` decodes them).
         iterations: interior-point iterations per sample, int64 ``(B,)``.
         primal_residual: :math:`\\max(\\|Ax-b\\|_\\infty, \\max(Gx-h)_+)` per sample.
         dual_residual: :math:`\\|Px + q + A^\\top y + G^\\top z\\|_\\infty` per sample.
@@ -81,5 +129,10 @@ class TorchQPResult:
 
     @property
     def solved(self) -> Tensor:
-        """``(B,)`` bool: status is :attr:`TorchQPStatus.SOLVED`."""
-        return self.status == TorchQPStatus.SOLVED
+        """``(B,)`` bool: status is ``QPStatus.SOLVED``."""
+        return self.status == code(Status.SOLVED)
+
+    @property
+    def statuses(self) -> tuple[Status, ...]:
+        """Each sample's :class:`dxopt.qp.QPStatus` (one host transfer)."""
+        return decode(self.status)
