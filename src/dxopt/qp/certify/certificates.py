@@ -26,7 +26,15 @@ LP solved by clarabel (the Farkas LP :math:`\\min h^\\top y + b^\\top z` s.t.
 LP :math:`\\min q^\\top d` s.t. :math:`Pd = 0`, :math:`Gd \\le 0`, :math:`Ad = 0`,
 :math:`|d| \\le 1`), sparse where the data are; either way it is checked here.
 
-Without a certificate the status says what happened: ``MAX_ITER`` when an attempt stopped at
+Without a certificate the status says what happened: ``INACCURATE`` first when some attempt's
+point missed the tolerance by at most ``NEAR_MISS`` (the worst residual over its tolerance):
+no attempt of the chain got closer, typically because the residuals stopped at the round-off
+of the data's scale, where more iterations do not help; the reason names the factor to loosen
+the tolerance by (Maros-Meszaros
+LISWET7: multipliers up to 2e6 on rows :math:`(1, -2, 1)`, the float64 sum
+:math:`G^\\top\\nu` carries round-off up to :math:`u\\,|G|^\\top|\\nu| \\approx 2\\cdot10^{-9}`
+while the dual tolerance at ``eps_abs = 1e-9`` is :math:`1.1\\cdot10^{-9}`; piqp's point misses
+it by a factor 1.02, the polish by 1.24); else ``MAX_ITER`` when an attempt stopped at
 its iteration limit (raise ``max_iter`` in ``solver_options``, or loosen ``eps_abs``),
 ``INACCURATE`` when an attempt returned a point that does not meet the tolerance (loosen
 ``eps_abs``/``eps_rel`` or rescale the data), ``FAILED`` when no attempt returned a point.
@@ -45,6 +53,7 @@ from dxopt.qp.problem.types import QPStatus
 
 __all__ = [
     "CERT_TOL",
+    "NEAR_MISS",
     "Diagnosis",
     "check_descent",
     "check_farkas",
@@ -54,6 +63,10 @@ __all__ = [
 
 CERT_TOL = 1e-7
 """Relative tolerance of the certificate checks (module docstring)."""
+
+NEAR_MISS = 10.0
+"""A point whose worst residual is at most this times its tolerance is a near miss: the
+status is ``INACCURATE`` with the factor to loosen by, not ``MAX_ITER`` (module docstring)."""
 
 _LP_SOLVER = "clarabel"  # a core dependency: interior point, sparse, LPs with P = 0
 
@@ -285,6 +298,8 @@ def diagnose(
     had_point: bool,
     eps_abs: float,
     convex_known: bool | None = None,
+    best_miss: float = float("inf"),
+    best_from: str = "",
 ) -> Diagnosis:
     """The status of a sample that no attempt solved (module docstring).
 
@@ -293,7 +308,8 @@ def diagnose(
     (the rays where the backend gives them, OSQP's layout: the rows of ``[G; A]``);
     ``hit_cap``: some attempt stopped at its iteration limit; ``had_point``: some attempt
     returned a point that did not certify; ``convex_known``: whether ``P`` is already known to
-    be positive definite (``None``: test it here)."""
+    be positive definite (``None``: test it here); ``best_miss``: the least worst-residual /
+    tolerance ratio of those points, ``best_from`` the attempt that gave it."""
     P, q, A, b, G, h = (_dense(args[k]) for k in ("P", "q", "A", "b", "G", "h"))
     m = 0 if G is None else G.shape[0]
     # 1. infeasible: the backends' rays first, then the Farkas LP; each one checked
@@ -323,6 +339,14 @@ def diagnose(
                 "a feasible point and a direction d with Pd = 0, q'd < 0, Gd <= 0, Ad = 0, checked",
             )
     # 3. no certificate: say what stopped the solve and what to change
+    if best_miss <= NEAR_MISS:  # round-off of the data's scale, not an iteration limit
+        return Diagnosis(
+            QPStatus.INACCURATE,
+            f"the best point ({best_from or 'a backend'}) misses the requested tolerance by a "
+            f"factor {best_miss:.3g} only, and no attempt of the chain got closer (typical of "
+            "residuals at the round-off of badly scaled data, where more iterations do not "
+            f"help); loosen eps_abs (and eps_rel) by a factor of at least {best_miss:.3g}",
+        )
     if hit_cap:
         return Diagnosis(
             QPStatus.MAX_ITER,

@@ -83,11 +83,14 @@ the backend did not need them (daqp), and rebuilt on demand."""
 @dataclass
 class SampleLog:
     """What the attempts of one sample saw: an iteration limit, a point that missed the
-    tolerance, the backends' infeasibility claims (for :func:`diagnose`), the first point
-    certified by its duality gap only, and one line per failed attempt (the reason)."""
+    tolerance (the least worst-residual / tolerance ratio and which attempt gave it), the
+    backends' infeasibility claims (for :func:`diagnose`), the first point certified by its
+    duality gap only, and one line per failed attempt (the reason)."""
 
     hit_cap: bool = False
     missed: bool = False
+    best_miss: float = float("inf")
+    best_from: str = ""
     claims: list[dict[str, Any]] = field(default_factory=list)
     candidate: tuple[Attempt, PolishResult] | None = None
     gap_certified: set[str] = field(default_factory=set)
@@ -308,6 +311,9 @@ class FallbackChain:
         if not cert.ok:
             log = self.log(i)
             log.missed = True
+            miss = max(cert.primal, cert.dual, cert.sign, min(cert.complementarity, cert.gap))
+            if miss < log.best_miss:
+                log.best_miss, log.best_from = miss, step.label()
             log.trail.append(
                 f"{step.label()}: a point that misses the tolerance (residual / tolerance: "
                 f"primal {cert.primal:.2g}, dual {cert.dual:.2g}, complementarity "
@@ -378,6 +384,8 @@ class FallbackChain:
             hit_cap=log.hit_cap,
             had_point=log.missed,
             eps_abs=self.eps_abs,
+            best_miss=log.best_miss,
+            best_from=log.best_from,
         )
         self.status[i] = diagnosis.status
         trail = f" (attempts: {'; '.join(log.trail)})" if log.trail else ""
