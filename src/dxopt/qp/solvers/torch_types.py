@@ -19,7 +19,7 @@ from torch import Tensor
 
 from dxopt._core import Status
 
-__all__ = ["STATUS_CODES", "PenaltyFactor", "TorchQPResult", "code", "status_mask"]
+__all__ = ["STATUS_CODES", "PenaltyFactor", "TorchQPResult", "code", "decode", "status_mask"]
 
 STATUS_CODES: tuple[Status, ...] = (
     Status.SOLVED,
