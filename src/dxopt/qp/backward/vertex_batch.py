@@ -14,9 +14,10 @@ operation over the samples:
    for some :math:`y` iff :math:`U_\\rho^\\top z = U_\\rho^\\top z_0` and :math:`z \\ge 0`
    (:math:`z_0` the backend's multipliers, which define :math:`r`), a standard-form linear
    program with orthonormal constraint rows;
-2. that program is solved by the two-phase tableau simplex with Bland's rule (Dantzig,
-   *Linear Programming and Extensions*, 1963; Bland, Math. Oper. Res. 2(2), 1977: no cycling),
-   every pivot applied to all unfinished samples at once;
+2. that program is solved by the two-phase tableau simplex (Dantzig, *Linear Programming and
+   Extensions*, 1963), Dantzig's pivot rule switching to Bland's (Bland, Math. Oper. Res.
+   2(2), 1977: no cycling) after a run of degenerate pivots, every pivot applied to all
+   unfinished samples at once (the minimiser is unique, so the pivot rule does not change it);
 3. the support of the optimal vertex is completed in row order by the squared Cholesky pivots
    of the Gram matrix of :math:`[\\hat A; \\hat G_{\\text{support}}; \\hat G_{\\text{rest}}]`
    (a pivot is the squared distance of a row to the span of the rows before it; below
@@ -42,6 +43,7 @@ __all__ = ["vertex_cost", "vertex_rows_batched"]
 _RANK_CUT = 1e-8  # relative singular value below which a direction counts as dependent
 _PIVOT_TOL = 1e-12  # entries and reduced costs below this are zero (as the per-sample simplex)
 _SQRT2 = 2.0**0.5
+_STALL = 8  # degenerate pivots in a row after which a sample pivots by Bland's rule
 _FEASIBLE_TOL = 1e-9  # relative: vertex residual and negative entries accepted as round-off
 
 
@@ -161,8 +163,8 @@ def _simplex(
     M: np.ndarray, b: np.ndarray, cost: np.ndarray, work: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
     """``min cost . z`` s.t. ``M z = b``, ``z >= 0`` for each sample with ``work`` (``M``
-    (s, R, K), zero rows allowed; ``b`` (s, R, 1)): the two-phase tableau simplex with
-    Bland's rule, pivots batched over the unfinished samples. Returns ``(z, solved)``."""
+    (s, R, K), zero rows allowed; ``b`` (s, R, 1)): the two-phase tableau simplex of
+    :func:`_pivots`, pivots batched over the unfinished samples. Returns ``(z, solved)``."""
     s, R, K = M.shape
     sign = np.where(b[..., 0] < 0, -1.0, 1.0)
     T = np.zeros((s, R + 1, K + R + 1))
@@ -196,31 +198,39 @@ def _simplex(
 def _pivots(
     T: np.ndarray, basis: np.ndarray, active: np.ndarray, K: int, budget: int, solved: np.ndarray
 ) -> None:
-    """Bland pivots on the z columns of the unfinished ``active`` samples until optimal
-    (``solved`` set) or the ``budget`` of pivots runs out."""
+    """Pivots on the z columns of the unfinished ``active`` samples until optimal (``solved``
+    set) or the ``budget`` of pivots runs out: Dantzig's rule (the most negative reduced cost),
+    and for a sample that made ``_STALL`` degenerate pivots in a row Bland's rule from then on
+    (the first improving column, the smallest basic index on ratio ties), which cannot cycle."""
     R = basis.shape[1]
     active = active.copy()
+    stall = np.zeros(basis.shape[0], dtype=np.int64)
     for _ in range(budget):
         a = np.flatnonzero(active)
         if a.size == 0:
             return
-        improving = T[a, R, :K] < -_PIVOT_TOL
+        reduced = T[a, R, :K]
+        improving = reduced < -_PIVOT_TOL
         has = improving.any(-1)
         solved[a[~has]] = True
         active[a[~has]] = False
-        a, improving = a[has], improving[has]
+        a, improving, reduced = a[has], improving[has], reduced[has]
         if a.size == 0:
             return
-        e = improving.argmax(-1)  # Bland: the first improving column
+        bland = stall[a] >= _STALL
+        e = np.where(bland, improving.argmax(-1), reduced.argmin(-1))
         col = T[a, :R, e]
         pos = col > _PIVOT_TOL
         unbounded = ~pos.any(-1)
         active[a[unbounded]] = False  # impossible for a positive cost: left unsolved
-        a, e, col, pos = a[~unbounded], e[~unbounded], col[~unbounded], pos[~unbounded]
+        keep = ~unbounded
+        a, e, col, pos, bland = a[keep], e[keep], col[keep], pos[keep], bland[keep]
         ratio = np.where(pos, T[a, :R, -1] / np.where(pos, col, 1.0), np.inf)
         t = ratio.min(-1, keepdims=True)
         ties = ratio <= t + 1e-15 * (1.0 + np.abs(t))
         leave = np.where(ties, basis[a], np.iinfo(np.int64).max).argmin(-1)  # Bland
+        degenerate = t[:, 0] <= 1e-15
+        stall[a] = np.where(degenerate | bland, stall[a] + 1, 0)
         _pivot(T, basis, a, leave, e)
 
 
