@@ -300,7 +300,10 @@ BAD_INPUTS = {
     "q a list": {"q": [1.0, 2.0, 3.0]},
     "P a vector": {"P": torch.ones(3, dtype=_F64)},
     "q a column": {"q": torch.ones(3, 1, dtype=_F64)},
-    "NaN in h": {"G": torch.eye(3, dtype=_F64), "h": torch.tensor([1.0, float("nan"), 1.0])},
+    "NaN in h": {
+        "G": torch.eye(3, dtype=_F64),
+        "h": torch.tensor([1.0, float("nan"), 1.0], dtype=_F64),
+    },
     "Inf in q": {"q": torch.tensor([1.0, float("inf"), 1.0], dtype=_F64)},
     "P indefinite": {"P": torch.diag(torch.tensor([1.0, -1.0, 1.0], dtype=_F64))},
     "P not symmetric": {"P": torch.eye(3, dtype=_F64) + torch.triu(torch.ones(3, 3), 1).double()},
