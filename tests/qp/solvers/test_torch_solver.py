@@ -541,3 +541,20 @@ def test_torch_qp_solve_under_torch_func():
         want = -torch.diag((-q < 1.0).to(d))
         for transform in (jacfwd, jacrev):
             torch.testing.assert_close(transform(x_of)(q), want, atol=1e-10, rtol=0)
+
+
+def test_torch_qp_solve_validates_under_vmap():
+    """Under torch.func the inputs are validated inside the Function on the plain tensors (a
+    value check cannot branch on a batched tensor): the same NotPSDError as outside, and the
+    vmapped solutions are the per-sample ones (x = min(-q, 0) for P = I, x <= 0)."""
+    from torch.func import vmap
+
+    from dxopt.qp.problem.canonical import NotPSDError
+
+    eye = torch.eye(3, dtype=_F64)
+    h = torch.zeros(3, dtype=_F64)
+    qs = torch.tensor([[1.0, -1.0, 2.0], [-1.0, -2.0, 0.5]], dtype=_F64)
+    x = vmap(lambda q: torch_qp_solve(eye, q, G=eye, h=h).x[0])(qs)
+    torch.testing.assert_close(x, (-qs).clamp(max=0.0), atol=1e-12, rtol=0)
+    with pytest.raises(NotPSDError, match="positive semidefinite"):
+        vmap(lambda q: torch_qp_solve(-eye, q, G=eye, h=h).x)(qs)
