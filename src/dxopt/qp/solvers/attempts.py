@@ -6,7 +6,6 @@ docstring there."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -59,14 +58,18 @@ def fallback_chain(
        the requested tolerance.
 
     ``fallback=False``: the first attempt alone."""
-    chain = [Attempt(solver, eps_abs, options)]
-    if fallback:
-        dense_ok = not problem.any_sparse or problem.n <= DENSE_FALLBACK_MAX_N
-        others = ["piqp", "clarabel"] + (["daqp"] if dense_ok else [])
-        installed = available_backends()
-        chain += [Attempt(s, eps_abs) for s in others if s != solver and s in installed]
-        loose = max(1e3 * eps_abs, 1e-7)
-        if loose > eps_abs and solver != "torch":  # torch: a batch solve, first attempt only
-            chain.append(Attempt(solver, loose, loose=True))
-    chain[-1] = dataclasses.replace(chain[-1], final=True)
-    return tuple(chain)
+    if not fallback:
+        return (Attempt(solver, eps_abs, options, final=True),)
+    steps: list[tuple[str, float, bool]] = [(solver, eps_abs, False)]
+    dense_ok = not problem.any_sparse or problem.n <= DENSE_FALLBACK_MAX_N
+    others = ("piqp", "clarabel", "daqp") if dense_ok else ("piqp", "clarabel")
+    installed = available_backends()
+    steps += [(s, eps_abs, False) for s in others if s != solver and s in installed]
+    loose = max(1e3 * eps_abs, 1e-7)
+    if loose > eps_abs and solver != "torch":  # torch: a batch solve, first attempt only
+        steps.append((solver, loose, True))
+    last = len(steps) - 1
+    return tuple(
+        Attempt(s, eps, options if k == 0 else None, loose=is_loose, final=k == last)
+        for k, (s, eps, is_loose) in enumerate(steps)
+    )
