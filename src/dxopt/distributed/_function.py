@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from dxopt.qp import BackwardDiagnostics, QPStatus
+from dxopt.qp.problem.options import QPOptions
 
 __all__ = ["DistributedCall", "RayQPFunction"]
 
@@ -41,7 +42,7 @@ class DistributedCall:
         batched: which of the nine inputs carry the batch dimension.
         inputs: the inputs, detached and on the CPU (for a re-solve in the backward).
         needs_grad: which differentiable inputs require a gradient.
-        options: keyword options each worker passes to :func:`dxopt.qp.solve`.
+        options: the checked options each worker passes to :func:`dxopt.qp.solve`.
         outputs: the five stitched outputs on the CPU (``x``, duals), ``None`` where absent.
         status: per-sample status.
         diagnostics: filled in by the backward (the object in ``sol.info.backward``).
@@ -56,7 +57,7 @@ class DistributedCall:
     batched: tuple[bool, ...]
     inputs: tuple[Tensor | None, ...]
     needs_grad: tuple[bool, ...]
-    options: dict[str, Any]
+    options: QPOptions
     outputs: tuple[Tensor | None, ...]
     status: tuple[QPStatus, ...]
     diagnostics: BackwardDiagnostics

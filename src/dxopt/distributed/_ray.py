@@ -6,6 +6,7 @@ Ray is imported only when an executor starts, so importing dxopt never imports R
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 import uuid
 import weakref
@@ -33,6 +34,7 @@ from dxopt.distributed._stitch import (
 )
 from dxopt.distributed._worker import ChunkGrads, ChunkOutput, QPWorker, solve_and_backward
 from dxopt.qp import BackwardDiagnostics, QPInfo, QPSolution, QPSolveError
+from dxopt.qp.problem.options import QPOptions
 
 __all__ = ["ExecutorStats", "RayExecutor"]
 
@@ -296,11 +298,12 @@ class RayExecutor:
         lb: Tensor | None = None,
         ub: Tensor | None = None,
         warm_start: Tensor | None = None,
-        options: dict[str, Any],
+        options: QPOptions,
     ) -> QPSolution:
         """Solve the batch on the actors; called by ``dqp.solve(..., executor=self)``.
 
-        ``options`` are the other keyword options of :func:`dxopt.qp.solve` (already checked).
+        ``options``: the other keyword options of :func:`dxopt.qp.solve`, checked
+        (:class:`~dxopt.qp.problem.options.QPOptions`, ``executor=None``).
         """
         ray = _import_ray()
         self.start()
@@ -311,8 +314,8 @@ class RayExecutor:
         needs_grad = tuple(t is not None and t.requires_grad for t in inputs[:8])
         keep = torch.is_grad_enabled() and any(needs_grad)
         bounds = chunk_bounds(layout.batch, self.chunk_size)
-        on_failure = options.get("on_failure", "raise")
-        worker_options = {**options, "on_failure": "nan"}
+        on_failure = options.on_failure
+        worker_options = dataclasses.replace(options, executor=None, on_failure="nan")
         shared = tuple(
             ray.put(to_wire(t)) if t is not None and not bat else None
             for t, bat in zip(cpu, layout.batched)
@@ -335,7 +338,7 @@ class RayExecutor:
         holders = tuple({id(w): w for w in owners if w is not None}.values())
         try:
             outputs, status, primal, dual, solver = stitch_outputs(
-                results, bounds, layout.batch, cpu, str(options.get("solver", "auto"))
+                results, bounds, layout.batch, cpu, str(options.solver)
             )
         except BaseException:
             _release(holders, call_id)
@@ -384,6 +387,7 @@ class RayExecutor:
             primal_residual=primal,
             dual_residual=dual,
             backward=diagnostics,
+            route="executor",
         )
         return QPSolution(
             x=x,
@@ -402,7 +406,7 @@ class RayExecutor:
         chunk_inputs: Callable[[int], list[Any]],
         keep: bool,
         needs_grad: tuple[bool, ...],
-        options: dict[str, Any],
+        options: QPOptions,
         batch: int | None,
     ) -> tuple[list[ChunkOutput | None], list[Any], set[int]]:
         """Schedule the chunks over the actors: a free actor takes the next chunk; a chunk

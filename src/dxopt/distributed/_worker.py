@@ -22,6 +22,8 @@ from torch import Tensor
 
 import dxopt.qp as dqp
 from dxopt.distributed._chunks import WarningRecord, from_wire, to_wire
+from dxopt.qp.api.solve import solve_with
+from dxopt.qp.problem.options import QPOptions
 
 __all__ = [
     "ChunkGrads",
@@ -78,7 +80,7 @@ def _records(caught: list[warnings.WarningMessage]) -> tuple[WarningRecord, ...]
 def solve_chunk(
     inputs: tuple[Any, ...],
     needs_grad: tuple[bool, ...],
-    options: dict[str, Any],
+    options: QPOptions,
     keep: bool,
 ) -> tuple[ChunkOutput, _Stored | None]:
     """Solve one chunk with :func:`dxopt.qp.solve` on fresh leaves (the graph is kept in the
@@ -93,9 +95,7 @@ def solve_chunk(
     assert P is not None and q is not None
     with warnings.catch_warnings(record=True) as caught, torch.set_grad_enabled(keep):
         warnings.simplefilter("always")
-        sol = dqp.solve(
-            P, q, A=A, b=b, G=G, h=h, lb=lb, ub=ub, warm_start=from_wire(inputs[8]), **options
-        )
+        sol = solve_with(P, q, A, b, G, h, lb, ub, from_wire(inputs[8]), options)
     outs = (sol.x, sol.eq_duals, sol.ineq_duals, sol.lb_duals, sol.ub_duals)
     x, eq, ineq, lbd, ubd = (to_wire(t) for t in outs)
     out = ChunkOutput(
@@ -142,7 +142,7 @@ def chunk_grads(stored: _Stored, cotangents: tuple[Any, ...]) -> ChunkGrads:
 
 def solve_and_backward(
     needs_grad: tuple[bool, ...],
-    options: dict[str, Any],
+    options: QPOptions,
     cotangents: tuple[Any, ...],
     *inputs: Any,
 ) -> tuple[ChunkOutput, ChunkGrads]:
@@ -199,7 +199,7 @@ class QPWorker:
         key: tuple[str, int],
         keep: bool,
         needs_grad: tuple[bool, ...],
-        options: dict[str, Any],
+        options: QPOptions,
         crash: bool,
         *inputs: Any,
     ) -> ChunkOutput:
@@ -229,7 +229,7 @@ class QPWorker:
     def solve_and_backward(
         self,
         needs_grad: tuple[bool, ...],
-        options: dict[str, Any],
+        options: QPOptions,
         cotangents: tuple[Any, ...],
         *inputs: Any,
     ) -> tuple[ChunkOutput, ChunkGrads]:

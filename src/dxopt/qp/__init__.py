@@ -27,7 +27,7 @@ import :mod:`dxopt._core` and :mod:`dxopt.linalg` only (never :mod:`dxopt.distri
 
 from typing import TYPE_CHECKING
 
-from dxopt.qp.api.solve import QPLayer as QPLayer
+from dxopt.qp.api.layer import QPLayer as QPLayer
 from dxopt.qp.api.solve import solve as solve
 from dxopt.qp.api.warmup import WarmupReport as WarmupReport
 from dxopt.qp.api.warmup import warmup as warmup

@@ -7,7 +7,7 @@ import io
 import re
 from pathlib import Path
 
-README = Path(__file__).resolve().parents[2] / "docs" / "readme" / "qp.md"
+README = Path(__file__).resolve().parents[3] / "docs" / "readme" / "qp.md"
 
 
 def test_readme_example_output_matches() -> None:

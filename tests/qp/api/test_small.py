@@ -13,7 +13,7 @@ import torch
 from _fd import directional_verdicts
 
 import dxopt.qp as dqp
-import dxopt.qp.api.solve as api
+import dxopt.qp.api.route as api
 from dxopt.qp.api import small as _small
 
 NAMES = ("P", "q", "A", "b", "G", "h")

@@ -14,7 +14,7 @@ import torch
 from _fd import directional_verdicts
 
 import dxopt.qp as dqp
-import dxopt.qp.api.solve as api
+import dxopt.qp.api.route as api
 from dxopt.qp.api import small_batch as _small_batch
 
 NAMES = ("P", "q", "A", "b", "G", "h")

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from dxopt._core import Status
-from dxopt.qp.api.solve import QPLayer
+from dxopt.qp.api.layer import QPLayer
 from dxopt.qp.frontend._affine import AffineMap, SparseLinear
 from dxopt.qp.frontend._compile import CompiledQP, compile_problem
 from dxopt.qp.frontend._eliminate import (

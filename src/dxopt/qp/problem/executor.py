@@ -4,15 +4,16 @@ It lives in ``dxopt.qp`` (the caller that defines the contract) and is re-export
 ``dxopt.distributed.QPExecutor``; :mod:`dxopt.distributed` implements it
 (:class:`dxopt.distributed.RayExecutor`) and imports ``dxopt.qp``, never the reverse.
 
-May import: ``_types`` only.
+May import: ``types`` and ``options`` only.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from torch import Tensor
 
+from dxopt.qp.problem.options import QPOptions
 from dxopt.qp.problem.types import QPSolution
 
 __all__ = ["QPExecutor"]
@@ -35,5 +36,8 @@ class QPExecutor(Protocol):
         lb: Tensor | None = None,
         ub: Tensor | None = None,
         warm_start: Tensor | None = None,
-        options: dict[str, Any],
-    ) -> QPSolution: ...
+        options: QPOptions,
+    ) -> QPSolution:
+        """Solve with the checked ``options`` of the call (``executor=None``) and return the
+        same solution as the local :func:`dxopt.qp.solve`."""
+        ...

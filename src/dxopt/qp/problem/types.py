@@ -128,6 +128,9 @@ class QPInfo:
         sample_tolerances: per sample, the stopping tolerance ``eps_abs`` passed to that
             backend (the certificate always uses the requested one).
         polished: per sample, whether the returned point is the polished one.
+        route: the path that produced the answer (:mod:`dxopt.qp.api.route`): ``"lean_single"``,
+            ``"lean_batch"``, ``"device"``, ``"general"`` or ``"executor"`` (a lean route that
+            declines at run time hands the call to the general one, recorded as ``"general"``).
     """
 
     solver: str
@@ -138,6 +141,7 @@ class QPInfo:
     sample_solvers: tuple[str, ...] = ()
     sample_tolerances: tuple[float, ...] = ()
     polished: tuple[bool, ...] = ()
+    route: str = "general"
 
     @property
     def degenerate(self) -> tuple[bool, ...]:
@@ -156,6 +160,7 @@ class QPInfo:
         sample_solvers: tuple[str, ...],
         sample_tolerances: tuple[float, ...],
         polished: tuple[bool, ...],
+        route: str,
     ) -> QPInfo:
         """What ``QPInfo(...)`` makes of every field, without the frozen dataclass's
         ``object.__setattr__`` per field (1.8 against 0.4 us: the lean paths' per-call cost;
@@ -164,7 +169,7 @@ class QPInfo:
         info.__dict__.update(
             solver=solver, solve_time=solve_time, primal_residual=primal_residual,
             dual_residual=dual_residual, backward=backward, sample_solvers=sample_solvers,
-            sample_tolerances=sample_tolerances, polished=polished,
+            sample_tolerances=sample_tolerances, polished=polished, route=route,
         )  # fmt: skip
         return info
 
