@@ -40,22 +40,11 @@ from dxopt._core import (
     check_int,
     check_on_failure,
     check_positive,
-    check_tensor,
     handle_failure,
 )
+from dxopt.dfl._checks import as_array, check_cost_vectors, lp_bounds, lp_dimension, lp_matrix
 
 __all__ = ["LogBarrierLP"]
-
-
-def _array(name: str, value: Any, shape: tuple[int, ...] | None = None) -> np.ndarray | None:
-    if value is None:
-        return None
-    arr = np.asarray(value.detach().cpu() if isinstance(value, Tensor) else value, dtype=float)
-    if shape is not None and arr.ndim == 0 and len(shape) == 1:
-        arr = np.full(shape, float(arr))
-    if shape is not None and arr.shape != shape:
-        raise ValueError(f"{name}: expected shape {shape}, got {arr.shape}.")
-    return arr
 
 
 def _independent_rows(A: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -133,20 +122,12 @@ class LogBarrierLP(nn.Module):
         self.max_iter = check_int("max_iter", max_iter)
         self.tol = check_positive("tol", tol)
         self.on_failure = check_on_failure(on_failure, ("raise", "warn", "nan"))
-        shapes = [np.shape(M)[-1] for M in (A, G) if M is not None]
-        shapes += [np.shape(v)[-1] for v in (lb, ub) if v is not None and np.ndim(v) > 0]
-        if not shapes:
-            raise ValueError("LogBarrierLP: give A, G or an lb / ub vector to fix the dimension.")
-        d = self.dim = int(shapes[0])
-        if (A is None) != (b is None) or (G is None) != (h is None):
-            raise ValueError("A, b / G, h: give both matrices and right-hand sides, or neither.")
-        A_ = _array("A", A)
-        G_ = _array("G", G)
-        lb_ = np.full(d, -np.inf) if lb is None else _array("lb", lb, (d,))
-        ub_ = np.full(d, np.inf) if ub is None else _array("ub", ub, (d,))
-        assert lb_ is not None and ub_ is not None
-        b_ = None if A_ is None else _array("b", b, (A_.shape[0],))
-        h_ = None if G_ is None else _array("h", h, (G_.shape[0],))
+        d = self.dim = lp_dimension("LogBarrierLP", A=A, b=b, G=G, h=h, lb=lb, ub=ub)
+        A_ = None if A is None else lp_matrix("A", A, d)
+        G_ = None if G is None else lp_matrix("G", G, d)
+        lb_, ub_ = lp_bounds(lb, ub, d)
+        b_ = None if A_ is None else as_array("b", b, (A_.shape[0],))
+        h_ = None if G_ is None else as_array("h", h, (G_.shape[0],))
         if A_ is not None and b_ is not None:
             A_, b_ = _independent_rows(A_, b_)
         self._lower, self._upper = np.isfinite(lb_), np.isfinite(ub_)
@@ -285,11 +266,7 @@ class LogBarrierLP(nn.Module):
         return x.to(c_hat.device, c_hat.dtype).reshape(c_hat.shape)
 
     def forward(self, c_hat: Tensor) -> Tensor:
-        check_tensor("c_hat", c_hat, floating=True, finite=True)
-        if c_hat.ndim not in (1, 2) or c_hat.shape[-1] != self.dim:
-            raise ValueError(
-                f"c_hat: expected shape ({self.dim},) or (B, {self.dim}), got {tuple(c_hat.shape)}."
-            )
+        check_cost_vectors("c_hat", c_hat, self.dim)
         flat = c_hat.reshape(-1, self.dim)
         out: Tensor = _BarrierFunction.apply(flat, self)
         return out.reshape(c_hat.shape)

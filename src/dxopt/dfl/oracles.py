@@ -29,6 +29,7 @@ from torch import Tensor
 
 from dxopt._core import Cost, DxoptError, check_choice, check_int, check_tensor
 from dxopt.dfl import _kernels
+from dxopt.dfl._checks import as_array, check_cost_vectors, lp_bounds, lp_dimension, lp_matrix
 from dxopt.dfl.graphs import _check_edges, grid_graph
 
 __all__ = [
@@ -64,18 +65,6 @@ class Oracle(Protocol):
     def objective(self, c: Tensor, x: Tensor) -> Tensor: ...
 
 
-def _as_array(name: str, value: Any, shape: tuple[int, ...] | None = None) -> np.ndarray:
-    arr = np.asarray(value.detach().cpu() if isinstance(value, Tensor) else value, dtype=float)
-    if shape is not None and arr.shape != shape:
-        raise ValueError(f"{name}: expected shape {shape}, got {arr.shape}.")
-    return arr
-
-
-def _bound(name: str, value: Any, d: int) -> np.ndarray:
-    arr = _as_array(name, value)
-    return np.full(d, float(arr)) if arr.ndim == 0 else _as_array(name, arr, (d,))
-
-
 class OracleBase:
     """Shared validation, conversion and cost accounting; subclasses write
     :meth:`_solve` ``(B, d) float64 ndarray -> (B, d) ndarray`` in their own sense."""
@@ -100,14 +89,7 @@ class OracleBase:
 
     def check_costs(self, c: Any, name: str = "c") -> Tensor:
         """Require a floating ``(d,)`` or ``(B, d)`` tensor of finite costs."""
-        check_tensor(name, c, floating=True)
-        if c.ndim not in (1, 2) or c.shape[-1] != self.dim:
-            raise ValueError(
-                f"{name}: expected shape ({self.dim},) or (B, {self.dim}) for this oracle of "
-                f"dimension {self.dim}, got {tuple(c.shape)}."
-            )
-        check_tensor(name, c, finite=True, hint="predictions must be finite")
-        return c
+        return check_cost_vectors(name, c, self.dim)
 
     def __call__(self, c: Tensor) -> Tensor:
         """Solve for every cost vector: ``(d,)`` or ``(B, d)`` in, same shape out."""
@@ -158,26 +140,13 @@ class LPOracle(OracleBase):
         sense: Sense = "min",
         solver: str = "auto",
     ) -> None:
-        dims = [np.shape(M)[-1] for M in (A, G) if M is not None]
-        dims += [np.shape(v)[-1] for v in (lb, ub) if v is not None and np.ndim(v) > 0]
-        if not dims:
-            raise ValueError(
-                "LPOracle: give A, G, or an lb / ub vector to fix the dimension (numbers are "
-                "bounds of every entry)."
-            )
-        super().__init__(dim=int(dims[0]), sense=sense)
-        d = self.dim
-        if (A is None) != (b is None) or (G is None) != (h is None):
-            raise ValueError("A, b / G, h: give both matrices and right-hand sides, or neither.")
-        self.A = None if A is None else _as_array("A", A)
-        self.G = None if G is None else _as_array("G", G)
-        for name, M in (("A", self.A), ("G", self.G)):
-            if M is not None and (M.ndim != 2 or M.shape[1] != d):
-                raise ValueError(f"{name}: expected a 2-D matrix with {d} columns, got {M.shape}.")
-        self.b = None if self.A is None else _as_array("b", b, (self.A.shape[0],))
-        self.h = None if self.G is None else _as_array("h", h, (self.G.shape[0],))
-        self.lb = np.full(d, -np.inf) if lb is None else _bound("lb", lb, d)
-        self.ub = np.full(d, np.inf) if ub is None else _bound("ub", ub, d)
+        d = lp_dimension("LPOracle", A=A, b=b, G=G, h=h, lb=lb, ub=ub)
+        super().__init__(dim=d, sense=sense)
+        self.A = None if A is None else lp_matrix("A", A, d)
+        self.G = None if G is None else lp_matrix("G", G, d)
+        self.b = None if self.A is None else as_array("b", b, (self.A.shape[0],))
+        self.h = None if self.G is None else as_array("h", h, (self.G.shape[0],))
+        self.lb, self.ub = lp_bounds(lb, ub, d)
         if solver == "auto":
             try:
                 import highspy  # noqa: F401
@@ -355,14 +324,14 @@ class KnapsackOracle(OracleBase):
     """
 
     def __init__(self, weights: Any, capacity: Any, *, sense: Sense = "max") -> None:
-        W = _as_array("weights", weights)
+        W = as_array("weights", weights)
         if W.ndim == 1:
             W = W[None]
         if W.ndim != 2 or W.shape[1] == 0:
             raise ValueError(f"weights: expected a (dim, num_items) matrix, got shape {W.shape}.")
         if not np.isfinite(W).all() or (W < 0).any():
             raise ValueError("weights: expected finite non-negative weights, got negative/NaN.")
-        cap = np.broadcast_to(_as_array("capacity", capacity), (W.shape[0],)).copy()
+        cap = np.broadcast_to(as_array("capacity", capacity), (W.shape[0],)).copy()
         if not np.isfinite(cap).all() or (cap <= 0).any():
             raise ValueError(f"capacity: expected positive finite capacities, got {cap}.")
         super().__init__(dim=W.shape[1], sense=sense)

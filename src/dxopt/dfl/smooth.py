@@ -20,6 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from dxopt._core import Cost, check_choice, check_positive, check_tensor
+from dxopt.dfl._checks import check_cost_vectors, lp_dimension
 
 __all__ = ["QPTL"]
 
@@ -67,15 +68,7 @@ class QPTL(nn.Module):
             name: _as_tensor(name, value)
             for name, value in (("A", A), ("b", b), ("G", G), ("h", h), ("lb", lb), ("ub", ub))
         }
-        mats = [t for t in (self.constraints["A"], self.constraints["G"]) if t is not None]
-        vecs = [t for t in (self.constraints["lb"], self.constraints["ub"]) if t is not None]
-        vecs = [t for t in vecs if t.ndim > 0]
-        if not mats and not vecs:
-            raise ValueError(
-                "QPTL: give the LP's constraints (A, b / G, h, or lb / ub vectors) to fix the "
-                "dimension."
-            )
-        self.dim = int(mats[0].shape[-1] if mats else vecs[0].shape[-1])
+        self.dim = lp_dimension("QPTL", **self.constraints)
         for name in ("lb", "ub"):  # a number bounds every entry
             bound = self.constraints[name]
             if bound is not None and bound.ndim == 0:
@@ -86,11 +79,7 @@ class QPTL(nn.Module):
     def forward(self, c_hat: Tensor) -> Tensor:
         from dxopt.qp import solve
 
-        check_tensor("c_hat", c_hat, floating=True, finite=True)
-        if c_hat.ndim not in (1, 2) or c_hat.shape[-1] != self.dim:
-            raise ValueError(
-                f"c_hat: expected shape ({self.dim},) or (B, {self.dim}), got {tuple(c_hat.shape)}."
-            )
+        check_cost_vectors("c_hat", c_hat, self.dim)
         kw: dict[str, Any] = {
             k: (None if v is None else v.to(c_hat.device, c_hat.dtype))
             for k, v in self.constraints.items()
