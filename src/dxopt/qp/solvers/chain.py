@@ -316,8 +316,8 @@ class FallbackChain:
                 log.best_miss, log.best_from = miss, step.label()
             log.trail.append(
                 f"{step.label()}: a point that misses the tolerance (residual / tolerance: "
-                f"primal {cert.primal:.2g}, dual {cert.dual:.2g}, complementarity "
-                f"{min(cert.complementarity, cert.gap):.2g}; "
+                f"primal {cert.primal:.3g}, dual {cert.dual:.3g}, complementarity "
+                f"{min(cert.complementarity, cert.gap):.3g}; "
                 f"{'polished' if pol.polished else 'the polish did not certify it'})"
             )
             return False
