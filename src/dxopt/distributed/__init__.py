@@ -12,8 +12,18 @@ re-exported here) and the top-level ``dxopt`` (``_worker.describe``); ``dxopt.qp
 imports it.
 """
 
+from dxopt.distributed._errors import DistributedError as DistributedError
+from dxopt.distributed._errors import DistributedTypeError as DistributedTypeError
+from dxopt.distributed._errors import DistributedValueError as DistributedValueError
 from dxopt.distributed._ray import ExecutorStats as ExecutorStats
 from dxopt.distributed._ray import RayExecutor as RayExecutor
 from dxopt.qp.problem.executor import QPExecutor as QPExecutor
 
-__all__ = ["ExecutorStats", "QPExecutor", "RayExecutor"]
+__all__ = [
+    "DistributedError",
+    "DistributedTypeError",
+    "DistributedValueError",
+    "ExecutorStats",
+    "QPExecutor",
+    "RayExecutor",
+]

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from dxopt.distributed._errors import DistributedTypeError, DistributedValueError
 from dxopt.qp import BackwardDiagnostics
 
 __all__ = [
@@ -64,9 +65,11 @@ def layout_of(inputs: tuple[Tensor | None, ...]) -> Layout:
             batched.append(False)
             continue
         if not isinstance(t, Tensor):
-            raise TypeError(f"{name}: expected a torch.Tensor or None, got {type(t).__name__}.")
+            raise DistributedTypeError(
+                f"{name}: expected a torch.Tensor or None, got {type(t).__name__}."
+            )
         if t.layout != torch.strided:
-            raise ValueError(
+            raise DistributedValueError(
                 f"{name}: the executor takes dense tensors, got layout {t.layout}. Pass "
                 f"{name}.to_dense(), or solve sparse problems locally (executor=None)."
             )
@@ -75,7 +78,7 @@ def layout_of(inputs: tuple[Tensor | None, ...]) -> Layout:
         if is_batched:
             sizes[name] = int(t.shape[0])
     if len(set(sizes.values())) > 1:
-        raise ValueError(
+        raise DistributedValueError(
             f"batch sizes: batched inputs must share the leading dimension, got {sizes}. "
             "Give every batched input the same batch size (unbatched inputs are broadcast)."
         )

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from dxopt._core import Cost, check_callable, check_int, check_positive
 from dxopt.distributed._chunks import (
     chunk_bounds,
     layout_of,
@@ -25,6 +26,11 @@ from dxopt.distributed._chunks import (
     reemit_warnings,
     slice_chunk,
     to_wire,
+)
+from dxopt.distributed._errors import (
+    DistributedError,
+    DistributedTypeError,
+    distributed_input_errors,
 )
 from dxopt.distributed._function import DistributedCall, RayQPFunction
 from dxopt.distributed._stitch import (
@@ -51,12 +57,6 @@ def _import_ray() -> Any:
     return ray
 
 
-def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name}: expected a positive int, got {value!r}.")
-    return value
-
-
 @dataclass
 class ExecutorStats:
     """Counters of one executor since it was created (or since :meth:`RayExecutor.reset_stats`).
@@ -71,6 +71,8 @@ class ExecutorStats:
             graph evicted, or a second backward) and that were re-solved on a live worker.
         resolved_on_driver: chunks whose backward came after :meth:`RayExecutor.shutdown`
             and that were re-solved and differentiated in the driver process.
+        backward_chunks: chunks differentiated in backward calls (re-solved ones included).
+        seconds: wall-clock seconds of the forward and backward calls.
     """
 
     calls: int = 0
@@ -80,6 +82,14 @@ class ExecutorStats:
     restarted_workers: int = 0
     resolved_in_backward: int = 0
     resolved_on_driver: int = 0
+    backward_chunks: int = 0
+    seconds: float = 0.0
+
+    @property
+    def cost(self) -> Cost:
+        """The work as the library's cost record: a forward per chunk solved, a backward per
+        chunk differentiated, and the calls' wall-clock seconds."""
+        return Cost(forwards=self.chunks, backwards=self.backward_chunks, seconds=self.seconds)
 
 
 def _release(workers: tuple[Any, ...], call_id: str) -> None:
@@ -172,29 +182,20 @@ class RayExecutor:
         progress: Callable[[int, int], None] | None = None,
         start_timeout: float = 300.0,
     ) -> None:
-        self.num_workers = _positive_int("num_workers", num_workers)
-        self.chunk_size = _positive_int("chunk_size", chunk_size)
-        self.torch_threads = _positive_int("torch_threads", torch_threads)
-        self.max_inflight = _positive_int("max_inflight", max_inflight)
-        self.max_stored_chunks = _positive_int("max_stored_chunks", max_stored_chunks)
-        if address is not None and not isinstance(address, str):
-            raise TypeError(f"address: expected a str or None, got {type(address).__name__}.")
-        if (
-            isinstance(num_cpus_per_worker, bool)
-            or not isinstance(num_cpus_per_worker, (int, float))
-            or not num_cpus_per_worker > 0
-        ):
-            raise ValueError(
-                f"num_cpus_per_worker: expected a positive number, got {num_cpus_per_worker!r}."
-            )
-        if isinstance(start_timeout, bool) or not (
-            isinstance(start_timeout, (int, float)) and start_timeout > 0
-        ):
-            raise ValueError(
-                f"start_timeout: expected a positive number of seconds, got {start_timeout!r}."
-            )
-        if progress is not None and not callable(progress):
-            raise TypeError(f"progress: expected a callable or None, got {progress!r}.")
+        with distributed_input_errors():
+            self.num_workers = check_int("num_workers", num_workers)
+            self.chunk_size = check_int("chunk_size", chunk_size)
+            self.torch_threads = check_int("torch_threads", torch_threads)
+            self.max_inflight = check_int("max_inflight", max_inflight)
+            self.max_stored_chunks = check_int("max_stored_chunks", max_stored_chunks)
+            if address is not None and not isinstance(address, str):
+                raise DistributedTypeError(
+                    f"address: expected a str or None, got {type(address).__name__}."
+                )
+            check_positive("num_cpus_per_worker", num_cpus_per_worker)
+            check_positive("start_timeout", start_timeout, hint="seconds to wait for the actors")
+            if progress is not None:
+                check_callable("progress", progress, signature="(done, total) or None")
         self.address = address
         self.num_cpus_per_worker = float(num_cpus_per_worker)
         self.spread = spread
@@ -233,7 +234,7 @@ class RayExecutor:
         ray = _import_ray()
         if not ray.is_initialized():
             if self.address is None:
-                raise RuntimeError(
+                raise DistributedError(
                     "RayExecutor: Ray is not initialised. Call ray.init() first (a local "
                     "cluster, or ray.init(address=...) for a running one), or pass "
                     "RayExecutor(address=...)."
@@ -248,7 +249,7 @@ class RayExecutor:
                     with contextlib.suppress(Exception):
                         ray.kill(worker)
                 cpus = ray.cluster_resources().get("CPU", 0.0)
-                raise RuntimeError(
+                raise DistributedError(
                     f"RayExecutor: only {len(ready)} of {len(new)} new actors came up within "
                     f"start_timeout={self.start_timeout:g} s (the cluster has {cpus:g} CPUs; each "
                     f"actor asks for num_cpus_per_worker={self.num_cpus_per_worker:g}). Lower "
@@ -335,6 +336,7 @@ class RayExecutor:
         )
         elapsed = time.perf_counter() - t0
         self.stats.calls += 1
+        self.stats.seconds += elapsed
         holders = tuple({id(w): w for w in owners if w is not None}.values())
         try:
             outputs, status, primal, dual, solver = stitch_outputs(
@@ -474,6 +476,7 @@ class RayExecutor:
         self, call: DistributedCall, cotangents: tuple[Tensor | None, ...]
     ) -> tuple[Tensor | None, ...]:
         """Gradients of the eight differentiable inputs for the output cotangents."""
+        t0 = time.perf_counter()
         ray = _import_ray()
         from ray.exceptions import RayActorError, WorkerCrashedError
 
@@ -516,7 +519,10 @@ class RayExecutor:
         for c in sorted(grads):
             reemit_warnings(grads[c].warnings, *call.bounds[c])
         merge_diagnostics(call.diagnostics, [grads[c].diagnostics for c in sorted(grads)])
-        return assemble_grads(call, grads)
+        out = assemble_grads(call, grads)
+        self.stats.backward_chunks += len(grads)
+        self.stats.seconds += time.perf_counter() - t0
+        return out
 
     def _resolve(
         self,
@@ -564,7 +570,7 @@ class RayExecutor:
                 return out
             chunks = retry
         s, e = call.bounds[chunks[0]]
-        raise RuntimeError(
+        raise DistributedError(
             f"RayExecutor: the workers holding samples {s}..{e - 1} (and {len(chunks) - 1} other "
             "chunks) died, and re-solving them for the backward failed twice; no gradient is "
             "returned. Check the cluster (ray status) and the workers' logs."

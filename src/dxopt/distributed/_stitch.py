@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from dxopt.distributed._chunks import DIFF_NAMES, from_wire, to_wire
+from dxopt.distributed._errors import DistributedError
 from dxopt.distributed._function import DistributedCall
 from dxopt.distributed._worker import ChunkGrads, ChunkOutput
 from dxopt.qp import QPStatus
@@ -88,7 +89,7 @@ def check_same_point(call: DistributedCall, c: int, solved: ChunkOutput) -> None
     elif not bool(ok.all()):
         diff = diff[:0]
     if solved.status != status or (diff.numel() and float(diff.max()) > 1e-10 * scale):
-        raise RuntimeError(
+        raise DistributedError(
             f"RayExecutor: re-solving samples {s}..{e - 1} for the backward (their worker "
             "died or dropped the graph, or the executor was shut down) did not reproduce "
             "the forward's solution (status or x differ), so their gradient would be taken "
@@ -119,7 +120,7 @@ def assemble_grads(
             else:
                 total += part
         if total.shape != t.shape:  # pragma: no cover - guarded by the workers
-            raise RuntimeError(f"{name}: gradient shape {total.shape} != {t.shape}.")
+            raise DistributedError(f"{name}: gradient shape {total.shape} != {t.shape}.")
         result.append(total.to(call.device))
     return tuple(result)
 
