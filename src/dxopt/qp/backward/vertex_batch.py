@@ -202,36 +202,30 @@ def _pivots(
     set) or the ``budget`` of pivots runs out: Dantzig's rule (the most negative reduced cost),
     and for a sample that made ``_STALL`` degenerate pivots in a row Bland's rule from then on
     (the first improving column, the smallest basic index on ratio ties), which cannot cycle."""
-    R = basis.shape[1]
+    s, R = basis.shape
+    rows = np.arange(s)
     active = active.copy()
-    stall = np.zeros(basis.shape[0], dtype=np.int64)
+    stall = np.zeros(s, dtype=np.int64)
     for _ in range(budget):
-        a = np.flatnonzero(active)
-        if a.size == 0:
-            return
-        reduced = T[a, R, :K]
-        improving = reduced < -_PIVOT_TOL
+        reduced = T[:, R, :K]
+        improving = (reduced < -_PIVOT_TOL) & active[:, None]
         has = improving.any(-1)
-        solved[a[~has]] = True
-        active[a[~has]] = False
-        a, improving, reduced = a[has], improving[has], reduced[has]
-        if a.size == 0:
+        solved |= active & ~has
+        active &= has
+        if not active.any():
             return
-        bland = stall[a] >= _STALL
-        e = np.where(bland, improving.argmax(-1), reduced.argmin(-1))
-        col = T[a, :R, e]
+        bland = stall >= _STALL
+        dantzig = np.where(improving, reduced, np.inf).argmin(-1)
+        e = np.where(bland, improving.argmax(-1), dantzig)
+        col = T[rows, :R, e]
         pos = col > _PIVOT_TOL
-        unbounded = ~pos.any(-1)
-        active[a[unbounded]] = False  # impossible for a positive cost: left unsolved
-        keep = ~unbounded
-        a, e, col, pos, bland = a[keep], e[keep], col[keep], pos[keep], bland[keep]
-        ratio = np.where(pos, T[a, :R, -1] / np.where(pos, col, 1.0), np.inf)
+        active &= pos.any(-1)  # unbounded: impossible for a positive cost, left unsolved
+        ratio = np.where(pos, T[:, :R, -1] / np.where(pos, col, 1.0), np.inf)
         t = ratio.min(-1, keepdims=True)
         ties = ratio <= t + 1e-15 * (1.0 + np.abs(t))
-        leave = np.where(ties, basis[a], np.iinfo(np.int64).max).argmin(-1)  # Bland
-        degenerate = t[:, 0] <= 1e-15
-        stall[a] = np.where(degenerate | bland, stall[a] + 1, 0)
-        _pivot(T, basis, a, leave, e)
+        leave = np.where(ties, basis, np.iinfo(np.int64).max).argmin(-1)  # Bland
+        stall = np.where(active & ((t[:, 0] <= 1e-15) | bland), stall + 1, 0)
+        _pivot(T, basis, active, leave, e)
 
 
 def _drive_out(T: np.ndarray, basis: np.ndarray, active: np.ndarray, K: int) -> None:
@@ -242,19 +236,25 @@ def _drive_out(T: np.ndarray, basis: np.ndarray, active: np.ndarray, K: int) -> 
         art = (basis >= K) & active[:, None]
         row_max = np.abs(T[:, :R, :K]).max(-1)
         movable = art & (row_max > 1e-9)
-        a = np.flatnonzero(movable.any(-1))
-        if a.size == 0:
+        moving = movable.any(-1)
+        if not moving.any():
             return
-        leave = movable[a].argmax(-1)
-        e = np.abs(T[a, leave, :K]).argmax(-1)
-        _pivot(T, basis, a, leave, e)
+        leave = movable.argmax(-1)
+        e = np.abs(T[np.arange(T.shape[0]), leave, :K]).argmax(-1)
+        _pivot(T, basis, moving, leave, e)
 
 
 def _pivot(
-    T: np.ndarray, basis: np.ndarray, a: np.ndarray, leave: np.ndarray, e: np.ndarray
+    T: np.ndarray, basis: np.ndarray, active: np.ndarray, leave: np.ndarray, e: np.ndarray
 ) -> None:
-    row = T[a, leave] / T[a, leave, e][:, None]
-    col = T[a, :, e]
-    T[a] -= col[:, :, None] * row[:, None, :]
-    T[a, leave] = row
-    basis[a, leave] = e
+    """One pivot on ``(leave, e)`` (row, column) in the tableau of every ``active`` sample,
+    as one masked update of the whole batch."""
+    rows = np.arange(T.shape[0])
+    pivot = np.where(active, T[rows, leave, e], 1.0)
+    row = T[rows, leave] / pivot[:, None]
+    col = T[rows, :, e] * active[:, None]
+    col[rows, leave] = 0.0
+    T -= col[:, :, None] * row[:, None, :]
+    a = np.flatnonzero(active)
+    T[a, leave[a]] = row[a]
+    basis[a, leave[a]] = e[a]
