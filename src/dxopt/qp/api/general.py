@@ -17,6 +17,7 @@ from torch import Tensor
 from dxopt.qp.api.result import solution
 from dxopt.qp.api.route import Route, check_warm_start
 from dxopt.qp.autograd.function import QPCall, QPFunction
+from dxopt.qp.autograd.torch_entry import torch_points
 from dxopt.qp.backward.kkt import KKTBackward
 from dxopt.qp.backward.penalty import PenaltyBackward
 from dxopt.qp.certify.certificates import unsolved_message
@@ -94,10 +95,17 @@ def forward_state(
     if check_psd and solvable and not psd_pending:
         check_psd_of(problem)
     if solvable:
+        device_points = None
+        if solver == "torch":  # the batched torch interior point's points, in one batch
+            device_points = torch_points(
+                problem, eps_abs=options.eps_abs, eps_rel=options.eps_rel,
+                solver_options=solver_options,
+            )  # fmt: skip
         result = solve_forward(
             problem, solver=solver, warm_start=warm_start, psd_pending=psd_pending,
             eps_abs=options.eps_abs, eps_rel=options.eps_rel, max_workers=options.max_workers,
             solver_options=solver_options, fallback=options.fallback, polish=options.polish,
+            device_points=device_points,
         )  # fmt: skip
     else:
         result = trivial_forward(problem, options.eps_abs, solver)

@@ -124,25 +124,6 @@ def _accept_exact_batch(
     return refused, cert, (X, MU, NU)
 
 
-def _device_points(
-    problem: QPProblem,
-    solver: str,
-    *,
-    eps_abs: float,
-    eps_rel: float,
-    solver_options: dict[str, Any] | None,
-) -> list[Any] | None:
-    """The first attempt's points of the batched torch interior point (``solver="torch"``;
-    :mod:`dxopt.qp.autograd.torch_entry`), polished and certified as any backend's, else
-    ``None``. The one place where the forward routes by device: it belongs to the router and
-    goes there (issue 29), with the upward import it needs."""
-    if solver != "torch":
-        return None
-    from dxopt.qp.autograd.torch_entry import torch_points
-
-    return torch_points(problem, eps_abs=eps_abs, eps_rel=eps_rel, solver_options=solver_options)
-
-
 def solve_forward(
     problem: QPProblem,
     *,
@@ -155,18 +136,21 @@ def solve_forward(
     fallback: bool = True,
     polish: bool = True,
     psd_pending: bool = False,
+    device_points: list[Any] | None = None,
 ) -> ForwardResult:
     """Solve, polish and certify every sample, walking the fallback chain where an attempt
     fails; failed samples get NaN rows and a non-``SOLVED`` status.
+
+    ``device_points``: the first attempt's points ``(None, x, y, z)`` per sample when the
+    router computed them in one batch (``solver="torch"`` on the general route,
+    :func:`dxopt.qp.autograd.torch_entry.torch_points`), polished and certified here as any
+    backend's; ``None``: the first attempt runs per sample.
 
     ``psd_pending=True``: ``P`` has not been checked for positive semidefiniteness yet (only
     with ``solver="daqp"`` on a dense ``P``, see :func:`daqp_certifies_psd`); daqp's own
     Cholesky certifies it (:mod:`dxopt.qp.solvers.daqp`), and a sample whose factorization
     fails is checked by :func:`dxopt.qp.problem.canonical.check_psd` before anything else
     uses it."""
-    device_points = _device_points(
-        problem, solver, eps_abs=eps_abs, eps_rel=eps_rel, solver_options=solver_options
-    )
     size = problem.size
     attempts = fallback_chain(problem, solver, eps_abs, solver_options, fallback=fallback)
     warm = None if warm_start is None else warm_start.detach().to("cpu", torch.float64).numpy()
