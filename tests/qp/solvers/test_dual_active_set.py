@@ -470,7 +470,7 @@ def test_the_forward_finds_the_backwards_active_set_accuracy(monkeypatch):
         def fixed(*a, ahead=ahead, **k):
             return forward(*a, **{**k, "for_backward": ahead})
 
-        monkeypatch.setattr(dqp.api.solve, "small_batch_forward", fixed)
+        monkeypatch.setattr(dqp.api.lean, "small_batch_forward", fixed)
         results[ahead] = _run(data, True, monkeypatch, solver="auto")
     (sol_a, g_a, used_a), (sol_b, g_b, used_b) = results[True], results[False]
     assert used_a and used_b
