@@ -5,10 +5,12 @@ With :math:`C = [G_J; A]` dependent, the optimal multipliers form the polyhedron
 rule reduces :math:`J` to the support of one of its vertices, the one minimising
 :func:`vertex_cost` (the l1 norm of the normalised multipliers, ties broken by row order), so
 the gradient is the derivative of one affine piece of the solution map and depends on
-:math:`\\Lambda` only, not on the multipliers a backend returned. Dense samples: Carathéodory's
-reduction of the backend's multipliers to some vertex, then the primal simplex to the
-minimising one (:func:`vertex_rows`); samples too big for a dense null space: the same linear
-program by HiGHS (:func:`lp_vertex`). The support is completed in row order to a basis of the
+:math:`\\Lambda` only, not on the multipliers a backend returned. Dense problems: all small
+samples at once by a batched two-phase simplex (:mod:`dxopt.qp.backward.vertex_batch`); a sample
+it does not settle, and the small samples of sparse problems: Carathéodory's reduction of the
+backend's multipliers to some vertex, then the primal simplex to the minimising one
+(:func:`vertex_rows`); samples too big for a dense null space: the same linear program by
+HiGHS (:func:`lp_vertex`). The support is completed in row order to a basis of the
 active rows (:func:`complete_basis`), so the rows kept span the same space.
 """
 
