@@ -42,8 +42,6 @@ def _grads(data: QPData, backward: Any, grad_x: torch.Tensor) -> tuple[dict, Any
 def _general(monkeypatch: pytest.MonkeyPatch) -> None:
     """Switch the regular path off (every batch takes the general path)."""
     monkeypatch.setattr(BackwardBase, "_regular_adjoint", lambda self, *a: None)
-    for cls in (dqp.KKTBackward, dqp.PenaltyBackward):
-        monkeypatch.delattr(cls, "_regular_adjoint")
 
 
 def _reference(prob: QPData, sol: Any, i: int | None, grad_x: torch.Tensor) -> dict:
@@ -296,7 +294,7 @@ def test_refinement_never_returns_a_worse_iterate_than_the_first_solve() -> None
     """``schur_refine`` keeps each sample's best iterate: more steps never raise a sample's
     residual (rows scaled by 1e8 put the residual at the round-off floor, where the last
     iterate alone would wander)."""
-    from dxopt.qp.backward.kkt import schur_refine
+    from dxopt.qp.backward.regular import schur_refine
     from dxopt.qp.backward.rows import dense_rows
     from dxopt.qp.certify.active import identify_active
     from dxopt.qp.problem.canonical import canonical_problem
@@ -351,7 +349,7 @@ def _partition_cost(
 def test_active_groups_minimise_the_estimated_cost_over_every_split(seed: int) -> None:
     """``active_groups`` against an exhaustive search over every split of the sorted samples
     into one to three groups (the exact minimum of the documented cost model)."""
-    from dxopt.qp.backward import kkt as bk
+    from dxopt.qp.backward import regular as bk
 
     gen = torch.Generator().manual_seed(seed)
     S, n, p = 40, 30, 7
@@ -383,7 +381,7 @@ def test_grouped_batch_equals_one_group_and_the_reference(
 ) -> None:
     """A batch split by active count (forced: no fixed group cost) gives the gradients of
     the unsplit batch and of the exact reduced-KKT reference, sample by sample."""
-    from dxopt.qp.backward import kkt as bk
+    from dxopt.qp.backward import regular as bk
 
     actives = (0, 9, 1, 10, 2, 8)
     problems = [
@@ -442,7 +440,7 @@ def test_grouped_batch_with_shared_matrices_equals_one_group_and_the_reference(
     """``P``, ``G``, ``A`` shared by the batch (2-D) and the batch split by active count:
     the per-sample gradients of ``q``, ``h``, ``b`` and the batch-summed gradients of the
     shared matrices equal the exact reduced-KKT reference and the unsplit batch."""
-    from dxopt.qp.backward import kkt as bk
+    from dxopt.qp.backward import regular as bk
 
     actives = (1, 7, 0, 8, 2, 6)
     data, problems = _shared_batch(actives, 12, 10, 2)
@@ -471,7 +469,7 @@ def test_grouped_regular_adjoint_with_a_failed_sample_equals_one_group(
     """``regular_dense_adjoint`` split into groups (forced) with a failed sample inside (zero
     cotangents, identity ``P`` and zero rows for it): the same adjoint as the unsplit batch,
     zero on the failed sample, and the exact reduced-KKT solution on the others."""
-    from dxopt.qp.backward import kkt as bk
+    from dxopt.qp.backward import regular as bk
     from dxopt.qp.backward.adjoint import kkt_residual
     from dxopt.qp.certify.active import identify_active
     from dxopt.qp.problem.canonical import canonical_problem

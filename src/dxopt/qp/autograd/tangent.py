@@ -46,7 +46,6 @@ QP's second-order term.
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +53,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from dxopt.qp.backward.notices import collect_warnings, trial_warnings
 from dxopt.qp.certify.active import ActiveSet
 from dxopt.qp.problem.canonical import QPProblem
 from dxopt.qp.problem.contracts import AdjointInput, AdjointSolution
@@ -324,14 +324,13 @@ def _regular_tangent(
     state: QPState, base: AdjointInput, tangents: tuple[Tensor | None, ...]
 ) -> AdjointSolution | None:
     """The tangent solve of a batch whose backward finds no dependent active rows and no
-    singular reduced KKT matrix (its warnings, if any, are replayed), else ``None`` (then the
+    singular reduced KKT matrix (its warnings, if any, join the call's), else ``None`` (then the
     degenerate rule's rows and multipliers are fixed first). A method without
     ``degenerate_rule`` always returns here."""
     if getattr(state.method, "degenerate_rule", None) is None:
         return None
     r1, r2, r3 = tangent_rhs(base, tangents, None)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+    with trial_warnings() as trial:
         try:
             adj = run_adjoint(state, replace(base, grad_x=r1, grad_ineq=r2, grad_eq=r3))
         except QPBackwardError:
@@ -341,8 +340,7 @@ def _regular_tangent(
         return None
     if tangents[4] is not None and bool(((base.ineq_duals != 0) & ~adj.active.used).any()):
         return None  # multipliers of rows left out must not enter the stationarity row
-    for w in caught:
-        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    trial.commit()
     return adj
 
 
@@ -375,6 +373,11 @@ class TangentSolve(_FirstOrderOnly):
 
     @staticmethod
     def forward(*args: Any) -> tuple[Tensor, Tensor, Tensor]:
+        with collect_warnings():  # one warning per message and call
+            return TangentSolve._solve(*args)
+
+    @staticmethod
+    def _solve(*args: Any) -> tuple[Tensor, Tensor, Tensor]:
         tangents = args[:6]
         idx, call = args[6], args[7]
         state = call.state

@@ -67,42 +67,45 @@ behaviour (:class:`~dxopt.qp.QPBackwardError`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from dxopt.linalg.sparse import lstsq_saddle
 from dxopt.linalg.threads import small_work
-from dxopt.qp.backward.adjoint import kkt_residual
 from dxopt.qp.backward.degenerate_rule import (
     DegenerateRule,
-    dependent_flags_dense,
     dependent_weak_rows_dense,
     independent_rows_dense,
     project_multiplier_rhs,
     rule_multipliers,
-    warn_degenerate,
 )
-from dxopt.qp.backward.rows import (
-    active_rows_sparse,
-    dense_rows,
-    dependent_rows_sparse,
-    scipy_matrix,
+from dxopt.qp.backward.fallbacks import (
+    dependent_counts,
+    dual_rhs,
+    independent_equalities,
+    pseudo_inverse_adjoint,
+    with_rule_multipliers,
 )
+from dxopt.qp.backward.notices import collect_warnings, note_degenerate, trial_warnings
+from dxopt.qp.backward.regular import RegularAdjoint, RegularBudget, regular_adjoint
 from dxopt.qp.backward.vertex import vertex_rows
 from dxopt.qp.certify.active import WEAK_POLICIES, ActiveSet, identify_active
-from dxopt.qp.certify.dependence import count_dependent_dense, dependent_weak_rows
+from dxopt.qp.certify.dependence import dependent_weak_rows
 from dxopt.qp.problem.canonical import QPProblem
 from dxopt.qp.problem.contracts import AdjointInput, AdjointSolution
 from dxopt.qp.problem.types import BackwardDiagnostics, QPBackwardError
 
-__all__ = ["DEGENERATE_POLICIES", "BackwardBase", "pseudo_inverse_adjoint"]
+__all__ = [
+    "DEGENERATE_POLICIES",
+    "BackwardBase",
+    "DegenerateAttempt",
+    "pseudo_inverse_adjoint",
+]
 
 DEGENERATE_POLICIES = ("auto", "min_norm", "vertex", "raise")
-_NORMAL_LIMIT = 1e-9  # relative residual of the normal equations accepted for K^+ r
 _SMALL_SAMPLE = 2e7  # n^2 (n + m + p) per sample below which the backward runs on one thread
 
 
@@ -132,16 +135,6 @@ class BackwardBase:
     weak_policy: str = "inactive"
     max_residual: float = 1e-8
     degenerate: str = "auto"
-
-    _exact_method: ClassVar[type[BackwardBase] | None] = None
-    """The exact reduced-KKT method of :meth:`_adjoint_or_exact`, registered by the subclass
-    that declares itself with ``class KKTBackward(BackwardBase, exact_fallback=True)`` (this
-    module sits below the methods and never imports one)."""
-
-    def __init_subclass__(cls, *, exact_fallback: bool = False, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        if exact_fallback:
-            BackwardBase._exact_method = cls
 
     def __post_init__(self) -> None:
         if self.linear_solver not in ("auto", "dense", "sparse"):
@@ -175,20 +168,38 @@ class BackwardBase:
     ) -> AdjointSolution:
         raise NotImplementedError
 
+    def regular_budget(self) -> RegularBudget | None:
+        """The refinement budget of this method on the regular-adjoint ladder
+        (:func:`dxopt.qp.backward.regular.regular_adjoint`); ``None`` skips the ladder."""
+        return None
+
+    def exact_fallback(self) -> BackwardBase | None:
+        """The exact method that arbitrates where this method's own solve fails its residual
+        check (an iterative refinement can stall on a nonsingular :math:`K`), or ``None``
+        (the method is exact itself)."""
+        return None
+
+    def _record_regular(
+        self,
+        data: AdjointInput,
+        active: ActiveSet,
+        solved: RegularAdjoint,
+        diagnostics: BackwardDiagnostics,
+    ) -> None:
+        """The method's own diagnostics of a batch the ladder solved."""
+
     def _adjoint_or_exact(
         self, data: AdjointInput, active: ActiveSet, diagnostics: BackwardDiagnostics
     ) -> AdjointSolution:
-        """:meth:`_adjoint`, or where it fails its residual check the exact reduced-KKT solve
-        of :class:`~dxopt.qp.KKTBackward` on the same rows (an iterative refinement can stall
-        on a nonsingular :math:`K`; ``diagnostics.method`` then says ``"kkt"``). The method's
-        own error is raised if both fail."""
+        """:meth:`_adjoint`, or where it fails its residual check the exact solve of
+        :meth:`exact_fallback` on the same rows (``diagnostics.method`` then names it). The
+        method's own error is raised if both fail."""
         try:
             return self._adjoint(data, active, diagnostics)
         except QPBackwardError as err:
-            exact_method = BackwardBase._exact_method
-            if self.name == "kkt" or exact_method is None:
+            exact = self.exact_fallback()
+            if exact is None:
                 raise
-            exact = exact_method(linear_solver=self.linear_solver, max_residual=self.max_residual)
             try:
                 out = exact._adjoint(data, active, diagnostics)
             except QPBackwardError:
@@ -200,8 +211,25 @@ class BackwardBase:
         self, data: AdjointInput, active: ActiveSet, diagnostics: BackwardDiagnostics
     ) -> AdjointSolution | None:
         """The adjoint of a dense batch in which every solved sample is regular (independent
-        active rows, positive definite ``P``), or ``None`` (then the general path runs)."""
-        return None
+        active rows, positive definite ``P``) by the shared ladder
+        (:func:`dxopt.qp.backward.regular.regular_adjoint`), or ``None`` (then the general
+        path runs)."""
+        budget = self.regular_budget()
+        if budget is None:
+            return None
+        solved = regular_adjoint(data, active, budget)
+        if solved is None:
+            return None
+        residual = solved.residual
+        diagnostics.method = self.name
+        diagnostics.linear_solver = solved.solver
+        diagnostics.dependent_rows = (0,) * residual.shape[0]
+        diagnostics.licq = True
+        diagnostics.residual = float(residual.numpy().max()) if residual.numel() else 0.0
+        diagnostics.n_active = active.n_active
+        diagnostics.n_weak = active.n_weak
+        self._record_regular(data, active, solved, diagnostics)
+        return AdjointSolution(solved.u, solved.w_ineq, solved.w_eq, active, residual)
 
     def solve_adjoint(
         self, data: AdjointInput, diagnostics: BackwardDiagnostics
@@ -209,11 +237,20 @@ class BackwardBase:
         """Identify the active set, solve the adjoint, apply the degenerate policy (on one
         intra-op thread when each sample is small, :func:`dxopt.linalg.small_work`: batched
         small factorizations gain nothing from intra-op threads and lose badly to
-        oversubscription on a loaded machine)."""
+        oversubscription on a loaded machine). Its warnings are gathered and issued once at
+        the end (:mod:`dxopt.qp.backward.notices`)."""
         problem = data.problem
         per_sample = problem.n * problem.n * (problem.n + problem.m + problem.p)
-        with small_work(float(per_sample), limit=_SMALL_SAMPLE):
+        with collect_warnings(), small_work(float(per_sample), limit=_SMALL_SAMPLE):
             return self._solve_adjoint(data, diagnostics)
+
+    def degenerate_attempts(self) -> tuple[DegenerateAttempt, ...]:
+        """The degenerate policy as the attempts tried in order once the regular ladder
+        declines (module docstring): the degenerate rule, then (not with
+        ``degenerate="raise"``) the weakly active rows kept and the pseudo-inverse."""
+        if self.degenerate == "raise":
+            return (RULE_ATTEMPT,)
+        return (RULE_ATTEMPT, WEAK_KEPT_ATTEMPT, PSEUDO_INVERSE_ATTEMPT)
 
     def _solve_adjoint(
         self, data: AdjointInput, diagnostics: BackwardDiagnostics
@@ -226,7 +263,7 @@ class BackwardBase:
         diagnostics.dependent_rows, diagnostics.licq = (0,) * data.x.shape[0], True
         if data.settled is not None and (~data.settled.numpy() & data.ok.numpy()).any():
             diagnostics.unsettled = tuple(bool(not v) for v in data.settled)
-            warn_degenerate(
+            note_degenerate(
                 f"{self.name} backward: some solutions were certified only by their duality gap "
                 "(the polish failed; some rows have slack and multiplier both small), so the "
                 "active set is a guess and the gradient is one of the one-sided derivatives at "
@@ -234,36 +271,25 @@ class BackwardBase:
                 "sol.info.backward.unsettled."
             )
         # the common dense case (LICQ holds, P positive definite, the refined solve converges):
-        # batched Schur solves (up to three groups of similar active counts); anything else
-        # takes the general path below
+        # the regular ladder; anything else takes the degenerate attempts below
         q_only_weak = self._q_only(data, active) and bool((active.weak & ~active.used).any())
         if not (self.use_sparse(data.problem) or q_only_weak):
             regular = self._regular_adjoint(data, active, diagnostics)
             if regular is not None:
                 return regular
-        try:
-            return self._degenerate_adjoint(data, active, diagnostics)
-        except QPBackwardError as err:
-            if self.degenerate == "raise":
-                raise
-            cause = err
-        if self.weak_policy == "inactive" and bool((active.weak & ~active.used).any()):
-            # dropping the weak rows left x undetermined: keep them (the face derivative)
-            kept = replace(active, used=active.used | active.weak)
-            try:
-                out = self._degenerate_adjoint(data, kept, diagnostics, warn=False)
-                diagnostics.weak_kept = True
-                warn_degenerate(
-                    f"{self.name} backward: P is singular on the null space of the strongly "
-                    "active rows, so the weakly active rows (zero slack, zero multiplier) are "
-                    "kept as equalities to determine the derivative (see BackwardDiagnostics."
-                    "weak_kept)."
-                )
-                return _rule_multipliers(data, out)
-            except QPBackwardError as err:
-                cause = err
-        out = pseudo_inverse_adjoint(data, active, diagnostics, self.name, cause)
-        return _rule_multipliers(data, out)
+        cause: QPBackwardError | None = None
+        for attempt in self.degenerate_attempts():
+            with trial_warnings() as trial:  # a failed attempt's warnings are dropped
+                try:
+                    out = attempt.run(self, data, active, diagnostics, cause)
+                except QPBackwardError as err:
+                    cause = err
+                    continue
+            if out is not None:
+                trial.commit()
+                return out
+        assert cause is not None  # the rule attempt always answers or raises
+        raise cause
 
     def _identify(self, data: AdjointInput) -> ActiveSet:
         """The active set of the backward: the forward's (polished) rows, with the weakly
@@ -297,7 +323,7 @@ class BackwardBase:
     def _q_only(self, data: AdjointInput, active: ActiveSet) -> bool:
         """Only dL/dq and dL/dP are wanted (no row gradients, zero multiplier cotangents): the
         degenerate rule's choice of rows cannot change them (same row space, same u)."""
-        return not (data.needs_rows or data.rule_fixed or bool(_dual_rhs(data, active.used).any()))
+        return not (data.needs_rows or data.rule_fixed or bool(dual_rhs(data, active.used).any()))
 
     def degenerate_rule(
         self, data: AdjointInput, active: ActiveSet | None = None
@@ -322,7 +348,7 @@ class BackwardBase:
             if bool(adopt.any()):
                 active = replace(active, used=active.used | adopt, adopted=adopt)
         else:
-            counts = _dependent_counts(data, active.used)
+            counts = dependent_counts(data, active.used)
         vertex = self.degenerate in ("auto", "vertex") and not (q_only or data.rule_fixed)
         if vertex and bool((counts > 0).any()):
             used, dropped = vertex_rows(
@@ -333,7 +359,7 @@ class BackwardBase:
             changed = (used != active.used).any(-1)
             left = counts.clone()
             if bool(changed.any()):
-                left[changed] = _dependent_counts(data, used, changed)[changed]
+                left[changed] = dependent_counts(data, used, changed)[changed]
         nu, mu = data.ineq_duals, data.eq_duals
         if data.needs_rows:
             nu, mu = rule_multipliers(problem, data.x, used, (counts > 0) & ok, nu, mu)
@@ -360,26 +386,26 @@ class BackwardBase:
                 if regular is not None:
                     return regular
             return self._adjoint_or_exact(data, rule.active, diagnostics)
-        dual_rhs = _dual_rhs(data, rule.active.used)
+        rhs_on_rows = dual_rhs(data, rule.active.used)
         reduced = None
-        if not (data.needs_rows or bool(dual_rhs.any())) and bool((rule.left > 0).any()):
-            reduced = _independent_equalities(data)
+        if not (data.needs_rows or bool(rhs_on_rows.any())) and bool((rule.left > 0).any()):
+            reduced = independent_equalities(data)
         try:
             if reduced is not None:  # dL/dq, dL/dP only: the dependent equality rows go too
                 sub, keep = reduced
                 zero = torch.zeros_like(rule.left)
-                out = self._solve_projected(sub, rule.active, zero, dual_rhs, diagnostics)
+                out = self._solve_projected(sub, rule.active, zero, rhs_on_rows, diagnostics)
                 w_eq = torch.zeros_like(data.grad_eq)
                 w_eq[:, keep] = out.w_eq
                 out = replace(out, w_eq=w_eq)
             else:
-                out = self._solve_projected(data, rule.active, rule.left, dual_rhs, diagnostics)
+                out = self._solve_projected(data, rule.active, rule.left, rhs_on_rows, diagnostics)
             dropped = rule.dropped
         except QPBackwardError:
             if not bool((rule.active.used != rule.full).any()):
                 raise
             full = replace(rule.active, used=rule.full)
-            out = self._solve_projected(data, full, rule.counts, _dual_rhs(data, rule.full),
+            out = self._solve_projected(data, full, rule.counts, dual_rhs(data, rule.full),
                                         diagnostics)  # fmt: skip
             dropped = torch.zeros_like(rule.dropped)
         self.record_rule(replace(rule, dropped=dropped), diagnostics, warn=warn)
@@ -392,10 +418,10 @@ class BackwardBase:
         data: AdjointInput,
         active: ActiveSet,
         left: Tensor,
-        dual_rhs: Tensor,
+        rhs_on_rows: Tensor,
         diagnostics: BackwardDiagnostics,
     ) -> AdjointSolution:
-        project = (left > 0) & dual_rhs & data.ok
+        project = (left > 0) & rhs_on_rows & data.ok
         if bool(project.any()):
             gi, ge = project_multiplier_rhs(
                 data.problem, active.used, data.grad_ineq, data.grad_eq, project
@@ -425,7 +451,7 @@ class BackwardBase:
         if not warn:
             return
         if rule.q_only:
-            warn_degenerate(
+            note_degenerate(
                 f"{self.name} backward: the active constraint rows are linearly dependent "
                 "(LICQ fails); only dL/dq and dL/dP are requested, and these do not depend on "
                 "the choice of multipliers (exact). Per-sample counts: "
@@ -436,7 +462,7 @@ class BackwardBase:
 
     def _warn_rule(self, dropped: Tensor, left: Tensor) -> None:
         if bool((dropped > 0).any()):
-            warn_degenerate(
+            note_degenerate(
                 f"{self.name} backward: the active constraint rows are linearly dependent "
                 f"(LICQ fails); dependent inequality rows were dropped to a vertex of the "
                 f"multiplier set (degenerate={self.degenerate!r}), so the gradient is the "
@@ -445,7 +471,7 @@ class BackwardBase:
                 "rows of G dropped)."
             )
         if bool((left > 0).any()):
-            warn_degenerate(
+            note_degenerate(
                 f"{self.name} backward: the active constraint rows are linearly dependent "
                 "(LICQ fails); the multiplier adjoint is not unique and the minimum-norm one "
                 "is used (dL/dq and dL/dP are exact; the b/h/A/G gradients are the "
@@ -456,123 +482,68 @@ class BackwardBase:
             )
 
 
-def _independent_equalities(data: AdjointInput) -> tuple[AdjointInput, Tensor] | None:
-    """``data`` without the equality rows of a shared dense ``A`` that depend on the rows
-    before them, and the mask of the rows kept (``None``: nothing to drop, or ``A`` batched
-    or sparse). Only for an adjoint whose multiplier part is not used (the row space, hence
-    :math:`u`, is unchanged)."""
-    problem = data.problem
-    A, b = problem.A, problem.b
-    if A is None or b is None or A.layout != torch.strided or A.ndim != 2:
-        return None
-    flags = dependent_flags_dense(A.to(torch.float64)[None])[0]
-    if not bool(flags.any()):
-        return None
-    keep = ~flags
-    sub = replace(problem, A=A[keep], b=b[..., keep], p=int(keep.sum()))
-    return replace(
-        data, problem=sub, eq_duals=data.eq_duals[:, keep], grad_eq=data.grad_eq[:, keep],
-        factors=None,
-    ), keep  # fmt: skip
+AttemptRun = Callable[
+    [BackwardBase, AdjointInput, ActiveSet, BackwardDiagnostics, "QPBackwardError | None"],
+    "AdjointSolution | None",
+]
 
 
-def _rule_multipliers(data: AdjointInput, out: AdjointSolution) -> AdjointSolution:
-    """``out`` with the rule's multipliers (minimum-norm on its rows) where those rows are
-    dependent and none were chosen yet (the fallbacks: weak rows kept, pseudo-inverse)."""
-    if not data.needs_rows or out.ineq_duals is not None:
-        return out
-    counts = _dependent_counts(data, out.active.used)
-    if not bool((counts > 0).any()):
-        return out
-    nu, mu = rule_multipliers(
-        data.problem, data.x, out.active.used, (counts > 0) & data.ok, data.ineq_duals,
-        data.eq_duals,
-    )  # fmt: skip
-    return replace(out, ineq_duals=nu, eq_duals=mu)
+@dataclass(frozen=True)
+class DegenerateAttempt:
+    """One step of the degenerate policy (:meth:`BackwardBase.degenerate_attempts`):
+    ``run(method, data, active, diagnostics, cause)`` returns the adjoint, ``None`` where it
+    does not apply, or raises :class:`~dxopt.qp.QPBackwardError` (``cause``: the error of the
+    attempt before, to chain)."""
+
+    name: str
+    run: AttemptRun
 
 
-def _dual_rhs(data: AdjointInput, used: Tensor) -> Tensor:
-    """Per sample, True where the multiplier cotangents on the rows ``used`` are nonzero."""
-    out = (data.grad_eq != 0).any(-1)
-    if data.grad_ineq.shape[1]:
-        out = out | ((data.grad_ineq != 0) & used).any(-1)
-    return out
-
-
-def _dependent_counts(data: AdjointInput, used: Tensor, samples: Tensor | None = None) -> Tensor:
-    """Per-sample number of dependent rows of ``[G_used; A]`` (0 for failed samples and, with
-    ``samples``, for the samples not in it)."""
-    ok = data.ok if samples is None else data.ok & samples
-    if data.problem.any_sparse:
-        return dependent_rows_sparse(replace(data, ok=ok), used)
-    rows = dense_rows(replace(data, ok=ok), used)
-    return count_dependent_dense(rows.C) * ok
-
-
-def _sample_matrices(problem: QPProblem, used: torch.Tensor, i: int) -> tuple[Any, Any]:
-    P = scipy_matrix(problem, "P", i)
-    C = active_rows_sparse(problem, used, i)
-    if not problem.any_sparse:
-        P = P.toarray()
-        C = np.zeros((0, problem.n)) if C is None else C.toarray()
-    elif C is None:
-        import scipy.sparse as sp
-
-        C = sp.csr_matrix((0, problem.n))
-    return P, C
-
-
-def pseudo_inverse_adjoint(
+def _rule_attempt(
+    method: BackwardBase,
     data: AdjointInput,
     active: ActiveSet,
     diagnostics: BackwardDiagnostics,
-    method: str,
-    cause: Exception | None = None,
+    cause: QPBackwardError | None,
 ) -> AdjointSolution:
-    """The Moore-Penrose adjoint :math:`K^+ r` of every solved sample (module docstring)."""
-    problem = data.problem
-    S, n, m, p = data.x.shape[0], problem.n, problem.m, problem.p
-    u = torch.zeros(S, n, dtype=torch.float64)
-    w_ineq = torch.zeros(S, m, dtype=torch.float64)
-    w_eq = torch.zeros(S, p, dtype=torch.float64)
-    flagged = [False] * S
-    for i in range(S):
-        if not bool(data.ok[i]):
-            continue
-        rows = torch.nonzero(active.used[i]).flatten() if m else torch.zeros(0, dtype=torch.int64)
-        P, C = _sample_matrices(problem, active.used, i)
-        rhs = np.concatenate(
-            [
-                data.grad_x[i].numpy(),
-                data.grad_ineq[i, rows].numpy(),
-                data.grad_eq[i].numpy(),
-            ]
-        )
-        z, normal = lstsq_saddle(P, C, rhs)
-        if not normal <= _NORMAL_LIMIT:
-            raise QPBackwardError(
-                f"{method} backward: the reduced KKT matrix is singular at batch index {i} and "
-                f"even its least-squares (pseudo-inverse) adjoint is inaccurate (normal-equation "
-                f"residual {normal:.3g}). Regularise P or check the problem."
-            ) from cause
-        flagged[i] = True
-        u[i] = torch.from_numpy(z[:n])
-        k = int(rows.numel())
-        if k:
-            w_ineq[i, rows] = torch.from_numpy(z[n : n + k])
-        if p:
-            w_eq[i] = torch.from_numpy(z[n + k :])
-    *_, residual = kkt_residual(data, active, u, w_ineq, w_eq)
-    diagnostics.method = method
-    diagnostics.linear_solver = "pseudo-inverse"
-    diagnostics.residual = float(residual.max()) if residual.numel() else 0.0
-    diagnostics.n_active = active.n_active
-    diagnostics.n_weak = active.n_weak
-    diagnostics.pseudo_inverse = tuple(flagged)
-    warn_degenerate(
-        f"{method} backward: the reduced KKT matrix is singular (P is singular on the null "
-        "space of the active rows, so the solution is not unique); the Moore-Penrose "
-        "(minimum-norm least-squares) adjoint is used. Per-sample flags: "
-        "sol.info.backward.pseudo_inverse. Pass degenerate='raise' to refuse instead."
+    """The degenerate rule's rows and multipliers (:meth:`BackwardBase.degenerate_rule`)."""
+    return method._degenerate_adjoint(data, active, diagnostics)
+
+
+def _weak_kept_attempt(
+    method: BackwardBase,
+    data: AdjointInput,
+    active: ActiveSet,
+    diagnostics: BackwardDiagnostics,
+    cause: QPBackwardError | None,
+) -> AdjointSolution | None:
+    """Dropping the weakly active rows left :math:`x` undetermined: keep them as equalities
+    (the derivative on the face); only with ``weak_policy="inactive"`` and such rows."""
+    if method.weak_policy != "inactive" or not bool((active.weak & ~active.used).any()):
+        return None
+    kept = replace(active, used=active.used | active.weak)
+    out = method._degenerate_adjoint(data, kept, diagnostics, warn=False)
+    diagnostics.weak_kept = True
+    note_degenerate(
+        f"{method.name} backward: P is singular on the null space of the strongly active "
+        "rows, so the weakly active rows (zero slack, zero multiplier) are kept as "
+        "equalities to determine the derivative (see BackwardDiagnostics.weak_kept)."
     )
-    return AdjointSolution(u, w_ineq, w_eq, active, residual)
+    return with_rule_multipliers(data, out)
+
+
+def _pseudo_inverse_attempt(
+    method: BackwardBase,
+    data: AdjointInput,
+    active: ActiveSet,
+    diagnostics: BackwardDiagnostics,
+    cause: QPBackwardError | None,
+) -> AdjointSolution:
+    """The Moore-Penrose adjoint :math:`K^+ r` (:func:`pseudo_inverse_adjoint`)."""
+    out = pseudo_inverse_adjoint(data, active, diagnostics, method.name, cause)
+    return with_rule_multipliers(data, out)
+
+
+RULE_ATTEMPT = DegenerateAttempt("rule", _rule_attempt)
+WEAK_KEPT_ATTEMPT = DegenerateAttempt("weak_kept", _weak_kept_attempt)
+PSEUDO_INVERSE_ATTEMPT = DegenerateAttempt("pseudo_inverse", _pseudo_inverse_attempt)

@@ -44,7 +44,7 @@ reduced KKT. Beyond the reference:
   :math:`k\\times k` Schur complement :math:`CP^{-1}C^\\top`); the refinement typically
   stops after the first solve, and the linear dependence of the active rows is read off the
   same factorization (a batch in which every sample is regular this way returns at once:
-  :func:`dxopt.qp.backward.kkt.regular_dense_adjoint`, shared with the KKT method). One
+  :func:`dxopt.qp.backward.regular.regular_adjoint`, shared with the KKT method). One
   large system (:math:`n \\ge 256`, at most four samples) with certified independent active
   rows is first solved exactly by float64 GMRES preconditioned with the float32 augmented
   matrix :math:`P + C^\\top WC` (:mod:`dxopt.qp.backward.dense_large`, also shared).
@@ -73,15 +73,9 @@ from torch import Tensor
 from dxopt.linalg.schur import schur_factor
 from dxopt.qp.backward.adjoint import kkt_residual
 from dxopt.qp.backward.base import BackwardBase
-from dxopt.qp.backward.dense_large import large_dense_adjoint, reused_dense_adjoint
-from dxopt.qp.backward.kkt import (
-    _regular_diagnostics,
-    check_residual,
-    regular_dense_adjoint,
-    schur_refine,
-    solve_sparse,
-)
+from dxopt.qp.backward.kkt import KKTBackward, solve_sparse
 from dxopt.qp.backward.penalty_sparse import SparseKKTSolve, SparsePenaltySolve, gmres_refine
+from dxopt.qp.backward.regular import RegularAdjoint, RegularBudget, check_residual, schur_refine
 from dxopt.qp.backward.rows import dense_rows, dependent_rows_sparse
 from dxopt.qp.certify.active import ActiveSet, compress_rows, gather_rows
 from dxopt.qp.certify.dependence import (
@@ -121,14 +115,9 @@ class PenaltyBackward(BackwardBase):
         max_residual: if the final relative residual of the exact adjoint system exceeds this,
             the ``degenerate`` policy applies. With ``max_refinement=0`` the check is skipped
             (plain dXPP has an O(β) residual by design).
-        degenerate: ``"auto"`` (default: dependent active rows dropped to a vertex of the
-            multiplier set except for duplicated/opposite rows, which get the minimum-norm
-            split; a singular reduced KKT matrix gets the pseudo-inverse adjoint; flagged and
-            warned; see :mod:`dxopt.qp.backward.base`), ``"min_norm"`` (minimum-norm
-            multiplier adjoint for every dependency), ``"vertex"`` (dependent active rows
-            dropped to a vertex of the multiplier set, a B-subdifferential element;
-            :func:`dxopt.qp.backward.vertex.vertex_rows`) or
-            ``"raise"`` (:class:`~dxopt.qp.QPBackwardError`).
+        degenerate: ``"auto"`` (default), ``"min_norm"``, ``"vertex"`` or ``"raise"``: what
+            dependent active rows and a singular reduced KKT matrix get, the same policy as
+            :class:`~dxopt.qp.KKTBackward`'s (:class:`~dxopt.qp.BackwardBase`).
     """
 
     beta: float | None = None
@@ -192,41 +181,24 @@ class PenaltyBackward(BackwardBase):
             W_E = rho_e * (sp_ * (1 - sp_) + sm * (1 - sm)) / beta[:, None] / active.a_norm**2
         return beta, W, W_E
 
-    def _regular_adjoint(
-        self, data: AdjointInput, active: ActiveSet, diagnostics: BackwardDiagnostics
-    ) -> AdjointSolution | None:
+    def regular_budget(self) -> RegularBudget | None:
         if self.max_refinement == 0:  # plain dXPP keeps the penalty matrix
             return None
-        # the forward's factors (compiled solver), else for large n, one or a few samples:
-        # augmented matrix in float32 + GMRES (_dense_large)
-        solver = "forward_factors"
-        solved = reused_dense_adjoint(
-            data, active, tol=self.refine_tol, max_residual=self.max_residual,
-            max_steps=self.max_refinement,
-        )  # fmt: skip
-        if solved is None:
-            solver = "augmented"
-            solved = large_dense_adjoint(
-                data, active, tol=self.refine_tol, max_residual=self.max_residual
-            )
-        if solved is None:
-            solver = "schur"
-            solved = regular_dense_adjoint(
-                data,
-                active,
-                max_steps=self.max_refinement,
-                tol=self.refine_tol,
-                max_residual=self.max_residual,
-            )
-        if solved is None:
-            return None
-        u, w_ineq, w_eq, residual, steps = solved
-        _regular_diagnostics(diagnostics, "penalty", residual, active)
-        diagnostics.linear_solver = solver
+        return RegularBudget(self.refine_tol, self.max_refinement, self.max_residual)
+
+    def exact_fallback(self) -> BackwardBase | None:
+        return KKTBackward(linear_solver=self.linear_solver, max_residual=self.max_residual)
+
+    def _record_regular(
+        self,
+        data: AdjointInput,
+        active: ActiveSet,
+        solved: RegularAdjoint,
+        diagnostics: BackwardDiagnostics,
+    ) -> None:
         diagnostics.jitter = 0.0
-        diagnostics.refinement_steps = steps
+        diagnostics.refinement_steps = solved.steps
         diagnostics.beta = tuple(self._beta(data, active).tolist())
-        return AdjointSolution(u, w_ineq, w_eq, active, residual)
 
     def _adjoint(
         self, data: AdjointInput, active: ActiveSet, diagnostics: BackwardDiagnostics
