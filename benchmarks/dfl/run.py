@@ -186,6 +186,25 @@ def provenance_note(runs: list[dict[str, Any]]) -> str:
     return "Code versions (the commit each process started from): " + " | ".join(parts) + "."
 
 
+def coverage_note(runs: list[dict[str, Any]]) -> str | None:
+    """Which seeds each (problem, deg, method) has, when that is not every seed (a record cut
+    short at a data set); ``None`` when every combination has every seed."""
+    seeds = sorted({r["seed"] for r in runs})
+    have: dict[tuple[str, int, str], set[int]] = {}
+    for r in runs:
+        have.setdefault((r["problem"], r["deg"], r["method"]), set()).add(r["seed"])
+    short: dict[tuple[int, ...], list[str]] = {}
+    for (problem, deg, method), got in have.items():
+        if len(got) < len(seeds):
+            short.setdefault(tuple(sorted(got)), []).append(f"{problem} {method} deg {deg}")
+    if not short:
+        return None
+    cells = "; ".join(
+        f"{', '.join(names)}: seeds {' '.join(map(str, got))}" for got, names in short.items()
+    )
+    return f"Not every row has all of seeds {' '.join(map(str, seeds))}: {cells}."
+
+
 def _loadavg() -> list[float]:
     try:
         return [round(v, 2) for v in os.getloadavg()]
@@ -355,6 +374,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "PyEPO has no QPTL: its row compares dxopt's QPTL with the other methods only. "
         "Two-stage (2S) is the same PyTorch loop in both columns (no oracle), a timing control.",
         provenance_note(runs),
+        *[note for note in (coverage_note(runs),) if note],
         *args.notes,
     ]
     payload = {

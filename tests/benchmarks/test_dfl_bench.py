@@ -80,3 +80,28 @@ def test_knapsack_and_the_sampled_and_smooth_methods(tmp_path: Path, monkeypatch
     # QPTL has no PyEPO counterpart: no verdict, not a pass
     (row,) = [r for r in payload["regret"] if r["method"] == "QPTL"]
     assert row["within spread"] == "-" and row["PyEPO regret"] == "-"
+
+
+def test_merged_records_replace_reruns_and_name_their_commits() -> None:
+    def rec(commit: str, method: str, seed: int, regret: float) -> dict:
+        keys = {"problem": "sp", "deg": 6, "seed": seed, "method": method, "library": "dxopt"}
+        return {**keys, "regret": regret}
+
+    old = {
+        "machine": {"commit": "aaa"},
+        "runs": [rec("", m, s, 0.1) for m in ("2S", "NCE") for s in (0, 1)],
+    }
+    new = {"machine": {"commit": "bbb"}, "runs": [rec("", "NCE", s, 0.2) for s in (0, 1, 2)]}
+    runs = run.merge_runs([old, new])
+    assert len(runs) == 5  # NCE seeds 0, 1 replaced by the later record, seed 2 added
+    assert {(r["method"], r["seed"], r["commit"], r["regret"]) for r in runs} == {
+        ("2S", 0, "aaa", 0.1), ("2S", 1, "aaa", 0.1),
+        ("NCE", 0, "bbb", 0.2), ("NCE", 1, "bbb", 0.2), ("NCE", 2, "bbb", 0.2),
+    }  # fmt: skip
+    assert run.provenance_note(runs).endswith(
+        "commit aaa: 2S seeds 0 1 | commit bbb: NCE seeds 0 1 2."
+    )
+    assert (
+        run.coverage_note(runs) == "Not every row has all of seeds 0 1 2: sp 2S deg 6: seeds 0 1."
+    )
+    assert run.coverage_note(runs[2:]) is None
