@@ -48,7 +48,8 @@ def _solve_eagerly(*args: Any, **kwargs: Any) -> QPSolution:
     return solve(*args, **kwargs)
 
 
-def _check_matrices(A: object, G: object) -> None:
+def _refuse_vectors(A: object, G: object) -> None:
+    """``ValueError`` for an ``A`` or ``G`` given as a vector (a matrix was meant)."""
     for mat_name, mat in (("A", A), ("G", G)):
         if mat is not None and isinstance(mat, Tensor) and mat.ndim < 2:
             shape = "(p, n)" if mat_name == "A" else "(m, n)"
@@ -236,7 +237,8 @@ def solve_with(
     against)."""
     if torch.compiler.is_compiling():  # a graph break (QPLayer's calls)
         return _solve_eagerly(P, q, A, b, G, h, lb, ub, warm_start, options=options, route=route)
-    _check_matrices(A, G)
+    if (isinstance(A, Tensor) and A.ndim < 2) or (isinstance(G, Tensor) and G.ndim < 2):
+        _refuse_vectors(A, G)
     method = backward_method(options.backward)
     if options.executor is not None:  # the bounds travel as they came
         plan((P, q, A, b, G, h, lb, ub), options, method, warm_start=warm_start)
