@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import warnings
 
+import numpy as np
 import pytest
 import torch
 from _ref_problems import relative_error
@@ -15,7 +16,7 @@ import dxopt.qp as dqp
 import dxopt.qp.backward.base as base
 from dxopt.qp.backward.regular import RegularBudget
 from dxopt.qp.problem.canonical import canonical_problem
-from dxopt.qp.problem.contracts import AdjointInput
+from dxopt.qp.problem.contracts import AdjointInput, ForwardFactors
 from dxopt.qp.problem.types import BackwardDiagnostics
 
 F64 = torch.float64
@@ -146,3 +147,20 @@ def test_jvp_warns_once_per_call_at_the_callers_line(backward: str) -> None:
     assert len(mine) == 1, [(w.filename, str(w.message)) for w in mine]
     assert mine[0].filename == __file__
     assert torch.isfinite(dx).all()
+
+
+def test_forward_factors_take_samples_by_index_and_mask() -> None:
+    rng = np.random.default_rng(0)
+    arrays = [rng.standard_normal(s) for s in ((4, 3, 3), (4, 5, 3), (4, 2), (4, 2, 2))]
+    factors = ForwardFactors(*arrays)
+    picked = factors.take(np.array([2, 0]))
+    mask = factors.take(np.array([True, False, True, False]))
+    for got, by_mask, a in zip(
+        (picked.chol_P, picked.rows, picked.working_set, picked.schur_chol),
+        (mask.chol_P, mask.rows, mask.working_set, mask.schur_chol),
+        arrays,
+    ):
+        np.testing.assert_array_equal(got, a[[2, 0]])
+        np.testing.assert_array_equal(by_mask, a[[0, 2]])
+    with pytest.raises(AttributeError):
+        factors.chol_P = arrays[0]  # type: ignore[misc]  # frozen

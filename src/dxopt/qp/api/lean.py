@@ -19,7 +19,7 @@ from dxopt.qp.api.route import Route, general_solver
 from dxopt.qp.api.small import SmallPoint, apply_small, small_forward
 from dxopt.qp.api.small_batch import SmallBatch, small_batch_forward
 from dxopt.qp.problem.canonical import canonical_problem
-from dxopt.qp.problem.contracts import BackwardMethod, ForwardResult, QPState
+from dxopt.qp.problem.contracts import BackwardMethod, ForwardFactors, ForwardResult, QPState
 from dxopt.qp.problem.options import COMPILED_SOLVER, QPOptions
 from dxopt.qp.problem.types import BackwardDiagnostics, QPInfo, QPSolution, QPStatus
 
@@ -111,15 +111,15 @@ def _lean_outputs(
     return x, mu, nu, (QPStatus.SOLVED,) * size, info
 
 
-def _sample_factors(sb: SmallBatch, samples: np.ndarray) -> tuple[np.ndarray, ...] | None:
+def _sample_factors(sb: SmallBatch, samples: np.ndarray) -> ForwardFactors | None:
     """The compiled solver's factors of ``samples`` when it solved all of them (views when
     they are the whole batch), else ``None``."""
     if not sb.given[samples].all():
         return None
-    factors = (sb.L_given, sb.Y_given, sb.order_given, sb.LW_given)
+    factors = ForwardFactors(sb.L_given, sb.Y_given, sb.order_given, sb.LW_given)
     if samples.size == sb.given.size:  # every sample, in order
         return factors
-    return tuple(a[samples] for a in factors)
+    return factors.take(samples)
 
 
 def _batch_state(sb: SmallBatch, samples: np.ndarray, *, method: BackwardMethod,

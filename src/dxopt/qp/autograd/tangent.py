@@ -49,14 +49,13 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 from torch import Tensor
 
 from dxopt.qp.backward.notices import collect_warnings, trial_warnings
 from dxopt.qp.certify.active import ActiveSet
 from dxopt.qp.problem.canonical import QPProblem
-from dxopt.qp.problem.contracts import AdjointInput, AdjointSolution
+from dxopt.qp.problem.contracts import AdjointInput, AdjointSolution, ForwardFactors
 from dxopt.qp.problem.functorch import BASES, fold, fold_index, logical_batch, unfold
 from dxopt.qp.problem.types import QPBackwardError
 
@@ -143,14 +142,11 @@ def adjoint_input(
     )
 
 
-def _picked_factors(
-    factors: tuple[np.ndarray, ...] | None, idx: Tensor | None
-) -> tuple[np.ndarray, ...] | None:
+def _picked_factors(factors: ForwardFactors | None, idx: Tensor | None) -> ForwardFactors | None:
     """The forward's factors of the samples ``idx`` (all for ``None``)."""
     if factors is None or idx is None:
         return factors
-    index = idx.numpy()
-    return tuple(a[index] for a in factors)
+    return factors.take(idx.numpy())
 
 
 def run_adjoint(state: QPState, data: AdjointInput) -> AdjointSolution:

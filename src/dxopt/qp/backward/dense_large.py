@@ -90,9 +90,9 @@ def reused_dense_adjoint(
     data: AdjointInput, active: ActiveSet, *, tol: float, max_residual: float, max_steps: int
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, int] | None:
     """``(u, w_J, w_E, relative residual, refinement steps)`` by block elimination from the
-    forward's factors (``data.factors``: the Cholesky factor :math:`L` of ``P`` and the rows
-    :math:`L^{-1}c_r` of ``[G; A]``, from the compiled solver of
-    :mod:`dxopt.qp.solvers.dual_active_set`), else ``None``.
+    forward's factors (``data.factors``, :class:`~dxopt.qp.problem.contracts.ForwardFactors`:
+    the Cholesky factor :math:`L` of ``P`` and the rows :math:`L^{-1}c_r` of ``[G; A]``, from
+    the compiled solver of :mod:`dxopt.qp.solvers.dual_active_set`), else ``None``.
 
     With :math:`P` already factored and every row already transformed, the Schur complement
     :math:`S = Y_J^\\top Y_J` of the rows :math:`J` the backward uses is the solver's own
@@ -118,12 +118,13 @@ def reused_dense_adjoint(
         M = problem.array(name)
         return np.ascontiguousarray(M[None] if M.ndim == 2 else M, dtype=np.float64)
 
-    L, Yt, order, LW = data.factors
+    factors = data.factors
     with blas_threads(1):
         status, u, w_ineq, w_eq, residual, steps = reused_adjoint_rows(
             stacked("P", n), stacked("G", m), stacked("A", p), active.used.numpy(),
             data.grad_x.numpy(), data.grad_ineq.numpy(), data.grad_eq.numpy(), data.ok.numpy(),
-            L, Yt, order, LW, lapack_kernels(), max_steps, tol, DEPENDENT_TOL,
+            factors.chol_P, factors.rows, factors.working_set, factors.schur_chol,
+            lapack_kernels(), max_steps, tol, DEPENDENT_TOL,
         )  # fmt: skip
     ok = data.ok.numpy()
     if (status[ok] != 0).any() or not bool((residual[ok] <= max_residual).all()):

@@ -1,6 +1,8 @@
 """The contracts between the layers of :mod:`dxopt.qp`: the typed records one layer hands
 the next.
 
+- :class:`ForwardFactors`: the compiled solver's factorizations of every sample, which the
+  backward reuses instead of factoring again.
 - :class:`ForwardResult`: what the forward (:func:`dxopt.qp.solvers.forward.solve_forward`, the lean
   paths of :mod:`dxopt.qp.api.small`/:mod:`dxopt.qp.api.small_batch`) returns: the float64 solution,
   the statuses, the certified active set and the reusable factors.
@@ -12,7 +14,8 @@ the next.
   point of :func:`dxopt.qp.solve`; :class:`dxopt.qp.BackwardBase` implements it).
 
 Every layer imports them from here, so no layer imports another one's implementation to get
-a type. May import: ``_problem``, ``_active``, ``_types``.
+a type. May import: the rest of :mod:`dxopt.qp.problem` (and, for types only,
+:mod:`dxopt.qp.certify.active`).
 """
 
 from __future__ import annotations
@@ -29,7 +32,42 @@ from dxopt.qp.problem.types import BackwardDiagnostics, QPStatus
 if TYPE_CHECKING:
     from dxopt.qp.certify.active import ActiveSet
 
-__all__ = ["AdjointInput", "AdjointSolution", "BackwardMethod", "ForwardResult", "QPState"]
+__all__ = [
+    "AdjointInput",
+    "AdjointSolution",
+    "BackwardMethod",
+    "ForwardFactors",
+    "ForwardResult",
+    "QPState",
+]
+
+
+@dataclass(frozen=True)
+class ForwardFactors:
+    """The factorizations the compiled dual active-set solver
+    (:mod:`dxopt.qp.solvers.dual_active_set`) ends with, one row per sample, float64 numpy,
+    for the backward to reuse (:func:`dxopt.qp.backward.dense_large.reused_dense_adjoint`).
+
+    ``chol_P`` (S, n, n): the Cholesky factor :math:`L` of :math:`P = LL^\top`;
+    ``rows`` (S, m + p, n): the rows :math:`L^{-1}c_r` of every constraint row :math:`c_r`
+    of :math:`[G; A]`; ``working_set`` (S, w): the solver's final working set (row indices,
+    padded); ``schur_chol`` (S, w, w): the Cholesky factor of that set's Schur complement
+    :math:`C_W P^{-1} C_W^\top`.
+    """
+
+    chol_P: np.ndarray
+    rows: np.ndarray
+    working_set: np.ndarray
+    schur_chol: np.ndarray
+
+    def take(self, samples: np.ndarray) -> ForwardFactors:
+        """The factors of ``samples`` (an index array or a boolean mask over the rows)."""
+        return ForwardFactors(
+            self.chol_P[samples],
+            self.rows[samples],
+            self.working_set[samples],
+            self.schur_chol[samples],
+        )
 
 
 @dataclass(frozen=True)
@@ -41,11 +79,9 @@ class ForwardResult:
     produced each sample (``""``/NaN for failed samples); ``settled`` is False where the point
     was certified only by the duality gap (its active set is a guess). ``residuals`` are the
     per-sample primal and dual residuals of :class:`~dxopt.qp.QPInfo` when the forward already
-    computed them (the batch certificate), else ``None``. ``factors``: the Cholesky factor of
-    ``P`` (S, n, n), the rows :math:`L^{-1}c_r` of ``[G; A]`` (S, m + p, n), the final working
-    set (S, w) and its Schur complement's factor (S, w, w) of every sample when the forward
-    computed them (the compiled solver of :mod:`dxopt.qp.solvers.dual_active_set`),
-    for the backward to reuse, else ``None``. ``reasons``: per sample, why it was not solved
+    computed them (the batch certificate), else ``None``. ``factors``: the compiled solver's
+    factorizations of every sample (:class:`ForwardFactors`) when it solved them all, for the
+    backward to reuse, else ``None``. ``reasons``: per sample, why it was not solved
     and what to change (``""`` for solved samples; empty when every sample is solved).
     """
 
@@ -61,7 +97,7 @@ class ForwardResult:
     polished: tuple[bool, ...] = ()
     settled: tuple[bool, ...] = ()
     residuals: tuple[np.ndarray, np.ndarray] | None = None
-    factors: tuple[np.ndarray, ...] | None = None
+    factors: ForwardFactors | None = None
     reasons: tuple[str, ...] = ()
 
 
@@ -71,13 +107,12 @@ class AdjointInput:
 
     Failed samples (``ok`` False) carry zero cotangents and a zero ``x``. ``active`` (S, m)
     is the forward's certified active set (``None``: identify it from the point); ``settled``
-    (S,) is False where that set is only a guess (see :mod:`dxopt.qp.certify.polish`); ``factors``
-    the forward's Cholesky factor of ``P`` and rows :math:`L^{-1}c_r` of ``[G; A]`` per sample
-    (:class:`ForwardResult`), or ``None``. ``needs_rows`` is False when no
-    gradient of ``A, b, G, h`` is wanted (then the degenerate rule's choice of rows cannot
-    change the result, :mod:`dxopt.qp.backward.degenerate_rule`); ``rule_fixed`` says that
-    ``active``
-    already holds the degenerate rule's final rows (the tangent solve's second pass).
+    (S,) is False where that set is only a guess (see :mod:`dxopt.qp.certify.polish`);
+    ``factors`` the forward's factorizations of these samples (:class:`ForwardFactors`), or
+    ``None``. ``needs_rows`` is False when no gradient of ``A, b, G, h`` is wanted (then the
+    degenerate rule's choice of rows cannot change the result,
+    :mod:`dxopt.qp.backward.degenerate_rule`); ``rule_fixed`` says that ``active`` already
+    holds the degenerate rule's final rows (the tangent solve's second pass).
     """
 
     problem: QPProblem
@@ -90,7 +125,7 @@ class AdjointInput:
     ok: Tensor
     active: Tensor | None = None
     settled: Tensor | None = None
-    factors: tuple[np.ndarray, ...] | None = None
+    factors: ForwardFactors | None = None
     needs_rows: bool = True
     rule_fixed: bool = False
 
