@@ -509,8 +509,10 @@ def test_grouped_regular_adjoint_with_a_failed_sample_equals_one_group(
         assert bool((a[3] == 0).all())
     u, w_ineq, w_eq, residual, _ = split
     assert float(residual.max()) <= 1e-13
-    *_, exact = kkt_residual(adj_in, active, u, w_ineq, w_eq)  # against K itself
-    assert float(exact.max()) <= 1e-13
+    # against K itself (unequilibrated: the refinement may stop on the equilibrated residual,
+    # regular.equilibration, so the plain one is within a small factor of it)
+    *_, exact = kkt_residual(adj_in, active, u, w_ineq, w_eq)
+    assert float(exact.max()) <= 1e-12
 
 
 def _mixed_batch() -> QPData:

@@ -173,18 +173,12 @@ def _close(a: torch.Tensor, b: torch.Tensor, rtol: float, scale: float = 0.0) ->
 
 
 # Known disagreements, kept visible (strict: they must fail until fixed):
-# - scaled_inverse (objective 1e-6, rows 1e6), KKT backward, second sample: the CPU KKT
-#   backward (general and lean) judges the reduced KKT matrix singular (a scaling artefact: P
-#   is positive definite), warns QPDegenerateWarning and returns the minimum-norm adjoint with
-#   a relative residual of 0.18: its gradient of q differs from the penalty backward's, the
-#   device path's and central differences (stable at steps 1e-9..1e-11), which agree.
 # - mixed_rows (objective 1e6, inequality rows alternately 1e-6 and 1e6): daqp, piqp and the
 #   torch solver stop at a point violating a 1e-6 row by 4.8e-8 (5% of the row), accepted
 #   because the primal tolerance is eps_abs + 1e-10 max(|Gx|, |h|) = 1.5e-4 (relative to the
 #   largest row); the compiled dual active-set solver (lean batch) finds the exact solution:
 #   x differs by 4e-2 between the routes.
 KNOWN = {
-    ("scaled_inverse", "kkt"): "CPU KKT backward: spurious singular KKT, min-norm adjoint",
     ("mixed_rows", "penalty"): "primal tolerance relative to the largest row accepts 5% off",
     ("mixed_rows", "kkt"): "primal tolerance relative to the largest row accepts 5% off",
 }

@@ -540,7 +540,9 @@ def _pseudo_inverse_attempt(
     cause: QPBackwardError | None,
 ) -> AdjointSolution:
     """The Moore-Penrose adjoint :math:`K^+ r` (:func:`pseudo_inverse_adjoint`)."""
-    out = pseudo_inverse_adjoint(data, active, diagnostics, method.name, cause)
+    out = pseudo_inverse_adjoint(
+        data, active, diagnostics, method.name, cause, max_residual=method.max_residual
+    )
     return with_rule_multipliers(data, out)
 
 
