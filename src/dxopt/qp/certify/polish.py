@@ -53,7 +53,12 @@ import numpy as np
 import scipy.sparse as sp
 
 from dxopt.linalg.sparse import FactorizationError, saddle_solve
-from dxopt.qp.certify.tolerances import AMBIGUITY, ROUNDOFF, relative_tolerance
+from dxopt.qp.certify.tolerances import (
+    AMBIGUITY,
+    EVALUATION_ROUNDOFF,
+    ROUNDOFF,
+    relative_tolerance,
+)
 from dxopt.qp.problem.canonical import QPProblem
 
 __all__ = [
@@ -182,6 +187,14 @@ def _check(
             negative = J & (nu_g < -ROUNDOFF * max(dual_scale, _inf(nu_g), 1e-300))
     tol_d = d.eps_abs + d.rel * dual_scale
     dual_ratio = _inf(dual) / tol_d
+    if dual_ratio > 1.0:  # within the round-off of its own evaluation? (tolerances.py)
+        terms = _abs(d.P) @ np.abs(x) + np.abs(d.q)
+        if d.A is not None and d.A.shape[0]:
+            terms = terms + _abs(d.A).T @ np.abs(mu)
+        if d.G is not None and d.G.shape[0]:
+            terms = terms + _abs(d.G).T @ np.abs(nu)
+        allowed = tol_d + EVALUATION_ROUNDOFF * terms
+        dual_ratio = float(np.max(np.abs(dual) / allowed, initial=0.0))
     ambiguous = False
     gap = 0.0
     if d.G is not None and d.G.shape[0]:
@@ -336,6 +349,7 @@ class BatchCertificate:
 
 _max = np.maximum.reduce  # the ufunc reductions themselves (ndarray.max adds two Python calls)
 _min = np.minimum.reduce
+_all = np.logical_and.reduce
 
 
 def _rows_inf(v: np.ndarray) -> np.ndarray:
@@ -405,7 +419,16 @@ def batch_accept_exact(
         big = np.maximum(big, np.abs(gt_nu))
     tol_d = eps_abs + rel * np.maximum(_max(big, -1), _rows_inf(q))
     dual_inf = _rows_inf(dual)
-    ok = ok & (dual_inf <= tol_d)
+    dual_ok = dual_inf <= tol_d
+    if not np.all(dual_ok):  # within the round-off of its own evaluation? (tolerances.py)
+        terms = _mv(_abs(_matrix(problem, "P")), np.abs(x)) + np.abs(q)
+        if problem.A is not None and problem.p:
+            terms = terms + _rmv(_abs(A), np.abs(mu))
+        if has_g:
+            terms = terms + _rmv(_abs(G), np.abs(nu))
+        allowed = tol_d[..., None] + EVALUATION_ROUNDOFF * terms
+        dual_ok = dual_ok | _all(np.abs(dual) <= allowed, -1)
+    ok = ok & dual_ok
     if has_g:
         h = problem.h.numpy()  # type: ignore[union-attr]
         gx = _mv(G, x)

@@ -16,8 +16,11 @@ never normalised, so a zero or tiny row cannot poison a threshold). With
 * primal: :math:`\\|(Gx - h)_+\\|_\\infty \\le t_p = \\varepsilon_{abs} +
   r\\max(\\|Gx\\|_\\infty, \\|h\\|_\\infty)` and :math:`\\|Ax - b\\|_\\infty \\le t_e =
   \\varepsilon_{abs} + r\\max(\\|Ax\\|_\\infty, \\|b\\|_\\infty)`;
-* dual: :math:`\\|Px + q + A^\\top\\mu + G^\\top\\nu\\|_\\infty \\le t_d = \\varepsilon_{abs} +
-  r\\max(\\|Px\\|_\\infty, \\|q\\|_\\infty, \\|A^\\top\\mu\\|_\\infty, \\|G^\\top\\nu\\|_\\infty)`;
+* dual, componentwise: :math:`|(Px + q + A^\\top\\mu + G^\\top\\nu)_j| \\le t_d +
+  c\\,u\\,(|P||x| + |q| + |A|^\\top|\\mu| + |G|^\\top|\\nu|)_j` with :math:`t_d =
+  \\varepsilon_{abs} + r\\max(\\|Px\\|_\\infty, \\|q\\|_\\infty, \\|A^\\top\\mu\\|_\\infty,
+  \\|G^\\top\\nu\\|_\\infty)` and :math:`c\\,u` = ``EVALUATION_ROUNDOFF`` (the round-off of the
+  residual's own evaluation; see there);
 * sign: :math:`(-\\nu_i)_+\\|g_i\\|_\\infty \\le t_d`;
 * complementarity, row by row (the *settled* form): :math:`\\min((h_i - g_i^\\top x)_+/t_p,\\
   (\\nu_i)_+\\|g_i\\|_\\infty/t_d) \\le 1`; the general path alone also accepts, as a last
@@ -41,7 +44,8 @@ of that test by the margin :math:`\\max(\\text{LEAN\\_MARGIN\\_FLOOR},
 \\text{LEAN\\_MARGIN\\_FACTOR}\\,\\varepsilon)` (ten times the weak test's factor and floor), so
 it never decides a case the general path would classify differently.
 
-The compiled kernels read ``LEAN_MARGIN_FACTOR`` as a global, fixed when they are compiled;
+The compiled kernels read ``LEAN_MARGIN_FACTOR`` and ``EVALUATION_ROUNDOFF`` as globals, fixed when
+they are compiled;
 numba's on-disk cache is keyed on the kernel's own file, so after changing a constant here,
 delete the ``__pycache__`` of :mod:`dxopt.qp.solvers` (or ``NUMBA_CACHE_DIR``). The other
 constants reach the kernels as arguments.
@@ -52,6 +56,7 @@ from __future__ import annotations
 __all__ = [
     "AMBIGUITY",
     "DEPENDENT_TOL",
+    "EVALUATION_ROUNDOFF",
     "LEAN_MARGIN_FACTOR",
     "LEAN_MARGIN_FLOOR",
     "RELATIVE_FLOOR",
@@ -71,6 +76,22 @@ ROUNDOFF = 1e-12
 times :math:`\\max(\\|Gx\\|_\\infty, \\|h\\|_\\infty)` is violated, and a multiplier below
 ``-ROUNDOFF`` times the dual scale is negative, whatever the requested tolerance (the polish's
 active set and the exact-working-set acceptance do not depend on it)."""
+
+EVALUATION_ROUNDOFF = 2.0 * 2.0**-53
+"""The round-off allowance :math:`c\\,u` of the stationarity test, per component: a residual
+:math:`r_j = (Px + q + A^\\top\\mu + G^\\top\\nu)_j` evaluated in float64 carries an error
+up to :math:`\\gamma_k (|P||x| + |q| + |A|^\\top|\\mu| + |G|^\\top|\\nu|)_j`,
+:math:`\\gamma_k = ku/(1 - ku)`, :math:`u = 2^{-53}`, :math:`k` the number of terms (Higham,
+*Accuracy and Stability of Numerical Algorithms*, 2nd ed., §3.1, eq. 3.5); below that the
+point's residual cannot be told from zero, so the test cannot certify or refute it and
+counts it within tolerance. We take :math:`c = 2`, not the rigorous :math:`\\gamma_k` (:math:`k` up
+to :math:`n + m + p`, a real loosening on long dense rows) nor the probabilistic
+:math:`\\sqrt{k}\\,u` (Higham and Mary, 2019): :math:`2u` is of the order of the error that the
+final additions of the four blocks alone make, whatever the row length, so the allowance stays below
+the evaluation's round-off and accepts no residual that round-off could not have produced. It acts
+only where those terms exceed about :math:`t_d/u` (huge multipliers that cancel: LISWET7 of
+Maros-Meszaros, :math:`|G|^\\top|\\nu| \\approx 9\\cdot 10^6` against :math:`t_d \\approx 10^{-9}`);
+sign and complementarity keep :math:`t_d`."""
 
 AMBIGUITY = 1e4
 """A row whose slack and multiplier are both below ``AMBIGUITY`` times their tolerances is not

@@ -41,6 +41,7 @@ from torch import Tensor
 
 from dxopt.qp.certify.dependence import count_dependent_dense
 from dxopt.qp.certify.tolerances import (
+    EVALUATION_ROUNDOFF,
     ROUNDOFF,
     STRONG_MULTIPLIER,
     WEAK_FACTOR,
@@ -111,7 +112,14 @@ def certify(
         dual = dual + gt_nu
         big = torch.maximum(big, gt_nu.abs())
     tol_d = eps_abs + rel * torch.maximum(_amax(big), _amax(q))
-    ok = ok & (_amax(dual) <= tol_d)
+    # componentwise, with the round-off of the residual's own evaluation (tolerances.py)
+    terms = _mv(P.abs(), x.abs()) + q.abs()
+    if A.shape[-2]:
+        terms = terms + _rmv(A.abs(), y.abs())
+    if G.shape[-2]:
+        terms = terms + _rmv(G.abs(), z.abs())
+    allowed = tol_d[..., None] + EVALUATION_ROUNDOFF * terms
+    ok = ok & (dual.abs() <= allowed).all(-1)
     if G.shape[-2]:
         gx = _mv(G, x)
         s = h - gx

@@ -6,7 +6,8 @@ The data are one problem in daqp's layout: ``P`` (n, n), ``q`` (n,), the constra
 inequalities :math:`Gx \\le h`, the rest equalities :math:`Ax = b`. :func:`certify_point`
 (``_certificate``) is the rule of :func:`dxopt.qp.certify.polish.batch_accept_exact`, with the
 tolerances of :mod:`dxopt.qp.certify.tolerances` (``rel``, ``roundoff`` and ``margin_min`` come
-as arguments, ``LEAN_MARGIN_FACTOR`` as a global fixed at compile time); only the order of
+as arguments, ``LEAN_MARGIN_FACTOR`` and ``EVALUATION_ROUNDOFF`` as globals fixed at compile
+time); only the order of
 floating-point operations differs. Any NaN met where a test is made fails the test (the caller
 then takes the general path). :func:`_active_accuracy` / :func:`_point_accuracy` are the
 accuracy of :func:`dxopt.qp.certify.active.identify_active` with the forward's set, or -1 when
@@ -21,7 +22,7 @@ from typing import Any
 import numpy as np
 from numba import njit
 
-from dxopt.qp.certify.tolerances import LEAN_MARGIN_FACTOR
+from dxopt.qp.certify.tolerances import EVALUATION_ROUNDOFF, LEAN_MARGIN_FACTOR
 
 __all__ = ["certify_point"]
 
@@ -190,7 +191,7 @@ def _certificate(
     if m:
         big = max(big, gt_inf)
     tol_d = eps_abs + rel * max(big, q_inf)
-    if not dual_inf <= tol_d:
+    if not dual_inf <= tol_d and not _within_roundoff(P, q, C, m, x, mu, nu, dual, tol_d):
         return False, 0.0, 0.0, slack, nu_inf, eq_residual
     if m:
         gx_inf = h_inf = 0.0
@@ -219,6 +220,39 @@ def _certificate(
             if min(max(slack[r], 0.0) * inv_p, nu_inf[r] * inv_d) > 1.0:
                 return False, 0.0, 0.0, slack, nu_inf, eq_residual
     return True, primal, dual_inf, slack, nu_inf, eq_residual
+
+
+@_jit
+def _within_roundoff(
+    P: np.ndarray,
+    q: np.ndarray,
+    C: np.ndarray,
+    m: int,
+    x: np.ndarray,
+    mu: np.ndarray,
+    nu: np.ndarray,
+    dual: np.ndarray,
+    tol_d: float,
+) -> bool:
+    """Whether every component of the stationarity residual ``dual`` is within
+    :math:`t_d + \\text{EVALUATION\\_ROUNDOFF}\\,(|P||x| + |q| + |A|^\\top|\\mu| +
+    |G|^\\top|\\nu|)_j`, the round-off of its own evaluation
+    (:mod:`dxopt.qp.certify.tolerances`); NaN fails."""
+    n, rows = x.shape[0], C.shape[0]
+    terms = np.empty(n)
+    for i in range(n):
+        s = abs(q[i])
+        for j in range(n):
+            s += abs(P[i, j]) * abs(x[j])
+        terms[i] = s
+    for r in range(rows):
+        f = abs(nu[r]) if r < m else abs(mu[r - m])
+        for j in range(n):
+            terms[j] += f * abs(C[r, j])
+    for j in range(n):  # noqa: SIM110 (numba: a loop, no generator)
+        if not abs(dual[j]) <= tol_d + EVALUATION_ROUNDOFF * terms[j]:
+            return False
+    return True
 
 
 @_jit_sums
