@@ -142,12 +142,15 @@ def pseudo_inverse_adjoint(
                 data.grad_eq[i].numpy(),
             ]
         )
-        z, normal = lstsq_saddle(P, C, rhs)
+        z, normal = lstsq_saddle(P, C, rhs, target=_NORMAL_LIMIT)
         if not normal <= _NORMAL_LIMIT:
             raise QPBackwardError(
-                f"{method} backward: the reduced KKT matrix is singular at batch index {i} and "
-                f"even its least-squares (pseudo-inverse) adjoint is inaccurate (normal-equation "
-                f"residual {normal:.3g}). Regularise P or check the problem."
+                f"{method} backward: the reduced KKT matrix is singular or nearly so at batch "
+                f"index {i} and even its least-squares (pseudo-inverse) adjoint is inaccurate "
+                f"(normal-equation residual {normal:.3g}, limit {_NORMAL_LIMIT:.0e}; a large "
+                "sparse system stops once LSMR stalls, see dxopt.linalg.lstsq_saddle), so the "
+                "gradient is refused. Regularise P, remove nearly dependent constraint rows or "
+                "check the problem."
             ) from cause
         if not problem.any_sparse:
             _check_regular_residual(P, C, rhs, z, max_residual, f"{method} backward", i, cause)
