@@ -72,7 +72,7 @@ _DENSE_LIMIT = 3000  # lstsq_saddle: SVD-based dense solve up to this size, LSMR
 _DIAGONAL_STEPS = 20  # _diagonal_saddle: most refinement steps
 _DIAGONAL_LIMIT = 1e-10  # _diagonal_saddle: largest accepted relative residual ||Kz - r||/||r||
 _LSMR_CHUNK = 500  # lstsq_saddle: fewest LSMR iterations between two convergence checks
-_LSMR_STALL = 0.9  # lstsq_saddle: a chunk that lowers the normal residual less than 10% stalls
+_LSMR_STALL = 0.99  # lstsq_saddle: two chunks in a row lowering the normal residual < 1% stall
 
 
 class FactorizationError(DxoptError):
@@ -295,8 +295,8 @@ def lstsq_saddle(
     ``rel <= target``. LSMR runs in chunks of ``max(500, N/20)`` iterations, each warm-started
     from the last (the correction of a restart is again the minimum-norm one, in the range of
     :math:`K`, so the sum stays :math:`K^+ r`), and stops at LSMR's own convergence test
-    (``atol = btol = 1e-15``), once a chunk lowers
-    ``rel`` by less than 10% (LSMR's :math:`\\|K^\\top(Kz - r)\\|` decreases monotonically,
+    (``atol = btol = 1e-15``), at ``rel <= target``, once two chunks in a row lower
+    ``rel`` by less than 1% each (LSMR's :math:`\\|K^\\top(Kz - r)\\|` decreases monotonically,
     so a flat chunk means a stall: at that rate the target is many times :math:`N`
     iterations away), or at :math:`20N` iterations. A stalled solve returns its ``rel`` for
     the caller to refuse. Maros-Meszaros LISWET2 (:math:`P = I`, :math:`\\sigma_{\\min}(C)^2
@@ -322,15 +322,16 @@ def lstsq_saddle(
             return z, rel
     chunk = max(_LSMR_CHUNK, N // 20)
     z = np.zeros(N)
-    rel, done = float("inf"), 0
+    rel, done, flat = float("inf"), 0, 0
     while done < 20 * N:
         out = spla.lsmr(Ks, rhs, atol=1e-15, btol=1e-15, maxiter=chunk, x0=z if done else None)
         z, iterations = out[0], int(out[2])
         done += chunk
         new = float(np.linalg.norm(Ks @ (Ks @ z - rhs))) / (norm_k2 * rhs_norm)
-        stalled = new > _LSMR_STALL * rel
+        flat = flat + 1 if new > _LSMR_STALL * rel else 0
         rel = min(rel, new)
-        if iterations < chunk or stalled:  # converged by LSMR's own test, or stalled
+        # converged by LSMR's own test, at the caller's target, or two flat chunks in a row
+        if iterations < chunk or rel <= target or flat >= 2:
             break
     return z, rel
 
