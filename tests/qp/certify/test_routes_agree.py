@@ -172,12 +172,16 @@ def _close(a: torch.Tensor, b: torch.Tensor, rtol: float, scale: float = 0.0) ->
     return float((a - b).abs().max()) <= rtol * scale
 
 
-# Known disagreements, kept visible (strict: they must fail until fixed): none now.
-# mixed_rows (objective 1e6, inequality rows alternately 1e-6 and 1e6) was one: daqp, piqp and
-# the torch solver stopped at a point violating a 1e-6 row by 4.8e-8 (5% of the row), accepted
-# while the primal tolerance was relative to the largest row; it is per row now
-# (dxopt.qp.certify.tolerances).
-KNOWN: dict[tuple[str, str], str] = {}
+# Known disagreements, kept visible (strict: they must fail until fixed):
+# - mixed_rows (objective 1e6, inequality rows alternately 1e-6 and 1e6): daqp, piqp and the
+#   torch solver stop at a point violating a 1e-6 row by 4.8e-8 (5% of the row), accepted
+#   because the primal tolerance is eps_abs + 1e-10 max(|Gx|, |h|) = 1.5e-4 (relative to the
+#   largest row); the compiled dual active-set solver (lean batch) finds the exact solution:
+#   x differs by 4e-2 between the routes.
+KNOWN = {
+    ("mixed_rows", "penalty"): "primal tolerance relative to the largest row accepts 5% off",
+    ("mixed_rows", "kkt"): "primal tolerance relative to the largest row accepts 5% off",
+}
 CASES = [
     pytest.param(kind, backward, marks=pytest.mark.xfail(strict=True, reason=KNOWN[kind, backward]))
     if (kind, backward) in KNOWN
@@ -237,9 +241,8 @@ def _exact_point(data: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, n
 
 def _scales(d: dict[str, np.ndarray], x, mu, nu, eps_abs: float, rel: float):
     inf = lambda v: float(np.abs(v).max())  # noqa: E731
-    # per row (the rows' own scales |g_i||x|, |h_i|)
-    t_p = eps_abs + rel * np.maximum(np.abs(d["G"]) @ np.abs(x), np.abs(d["h"]))
-    t_e = eps_abs + rel * np.maximum(np.abs(d["A"]) @ np.abs(x), np.abs(d["b"]))
+    t_p = eps_abs + rel * max(inf(d["G"] @ x), inf(d["h"]))
+    t_e = eps_abs + rel * max(inf(d["A"] @ x), inf(d["b"]))
     t_d = eps_abs + rel * max(inf(d["P"] @ x), inf(d["q"]), inf(d["A"].T @ mu), inf(d["G"].T @ nu))
     return t_p, t_e, t_d
 
@@ -257,9 +260,9 @@ def _perturbed(kind: str, how: str, factor: float, eps_abs: float, rel: float):
     inactive = int(np.flatnonzero(nu == 0)[-1])
     g_inf = np.abs(d["G"]).max(1)
     if how == "primal":
-        d["h"][active] -= factor * t_p[active]
+        d["h"][active] -= factor * t_p
     elif how == "equality":
-        d["b"][0] += factor * t_e[0]
+        d["b"][0] += factor * t_e
     elif how == "dual":
         d["q"][0] += factor * t_d
     elif how == "complementarity":
@@ -267,10 +270,7 @@ def _perturbed(kind: str, how: str, factor: float, eps_abs: float, rel: float):
         d["q"] -= nu[inactive] * d["G"][inactive]
     elif how == "outside_set":
         p_scale = max(float(np.abs(d["G"] @ x).max()), float(np.abs(d["h"]).max()))
-        # beyond round-off (of the largest row) but within the row's own tolerance
-        violation = min(factor * ROUNDOFF * p_scale, 0.5 * float(t_p[inactive]))
-        assert violation >= min(factor, 10.0) * ROUNDOFF * p_scale, (kind, violation, p_scale)
-        d["h"][inactive] = d["G"][inactive] @ x - violation
+        d["h"][inactive] = d["G"][inactive] @ x - factor * ROUNDOFF * p_scale
     return d, x, mu, nu
 
 

@@ -13,17 +13,16 @@ every route accepts and rejects the same samples).
 never normalised, so a zero or tiny row cannot poison a threshold). With
 :math:`r = \\max(\\varepsilon_{rel}, \\text{RELATIVE\\_FLOOR})`:
 
-* primal, row by row (each row against its own scale, so a small row is not judged at the
-  scale of a large one): :math:`(g_i^\\top x - h_i)_+ \\le t_{p,i} = \\varepsilon_{abs} +
-  r\\max((|G||x|)_i, |h_i|)` and :math:`|a_j^\\top x - b_j| \\le t_{e,j} = \\varepsilon_{abs} +
-  r\\max((|A||x|)_j, |b_j|)`;
+* primal: :math:`\\|(Gx - h)_+\\|_\\infty \\le t_p = \\varepsilon_{abs} +
+  r\\max(\\|Gx\\|_\\infty, \\|h\\|_\\infty)` and :math:`\\|Ax - b\\|_\\infty \\le t_e =
+  \\varepsilon_{abs} + r\\max(\\|Ax\\|_\\infty, \\|b\\|_\\infty)`;
 * dual, componentwise: :math:`|(Px + q + A^\\top\\mu + G^\\top\\nu)_j| \\le t_d +
   c\\,u\\,(|P||x| + |q| + |A|^\\top|\\mu| + |G|^\\top|\\nu|)_j` with :math:`t_d =
   \\varepsilon_{abs} + r\\max(\\|Px\\|_\\infty, \\|q\\|_\\infty, \\|A^\\top\\mu\\|_\\infty,
   \\|G^\\top\\nu\\|_\\infty)` and :math:`c\\,u` = ``EVALUATION_ROUNDOFF`` (the round-off of the
   residual's own evaluation; see there);
 * sign: :math:`(-\\nu_i)_+\\|g_i\\|_\\infty \\le t_d`;
-* complementarity, row by row (the *settled* form): :math:`\\min((h_i - g_i^\\top x)_+/t_{p,i},\\
+* complementarity, row by row (the *settled* form): :math:`\\min((h_i - g_i^\\top x)_+/t_p,\\
   (\\nu_i)_+\\|g_i\\|_\\infty/t_d) \\le 1`; the general path alone also accepts, as a last
   resort, the duality-gap form :math:`\\sum_i (h_i - g_i^\\top x)_+\\nu_i \\le \\varepsilon_{abs}
   + r\\max(|x^\\top Px|, |q^\\top x|, |h^\\top\\nu|)` (an *unsettled* point, flagged by the

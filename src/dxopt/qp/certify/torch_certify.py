@@ -101,8 +101,7 @@ def certify(
     ok = fin
     if A.shape[-2]:
         ax = _mv(A, x)
-        tol_e = eps_abs + rel * torch.maximum(_mv(A.abs(), x.abs()), b.abs())  # per row
-        ok = ok & ((ax - b).abs() <= tol_e).all(-1)
+        ok = ok & (_amax(ax - b) <= eps_abs + rel * torch.maximum(_amax(ax), _amax(b)))
         zero_a = A.abs().amax(-1) == 0
         ok = ok & ~(zero_a & (b.abs() > eps_abs)).any(-1)
         at_mu = _rmv(A, y)
@@ -124,13 +123,13 @@ def certify(
     if G.shape[-2]:
         gx = _mv(G, x)
         s = h - gx
-        tol_p = eps_abs + rel * torch.maximum(_mv(G.abs(), x.abs()), h.abs()) + 1e-300
-        ok = ok & ((-s).clamp_min(0.0) <= tol_p).all(-1)
+        tol_p = eps_abs + rel * torch.maximum(_amax(gx), _amax(h))
+        ok = ok & ((-s).clamp_min(0.0).amax(-1) <= tol_p)
         g_inf = G.abs().amax(-1)
         ok = ok & ~((g_inf == 0) & (h < -eps_abs)).any(-1)
         nu_g = z * g_inf
         ok = ok & ((-nu_g).clamp_min(0.0).amax(-1) <= tol_d)
-        s_ratio = s.clamp_min(0.0) / tol_p
+        s_ratio = s.clamp_min(0.0) / tol_p[:, None]
         settled = torch.minimum(s_ratio, nu_g.clamp_min(0.0) / tol_d[:, None]).amax(-1) <= 1.0
         if not settled_only:
             obj = torch.maximum((x * px).sum(-1).abs(), (q * x).sum(-1).abs())
