@@ -19,10 +19,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import TypeVar
 
 import torch
 from qp_zoo import complementary_qp
@@ -30,13 +28,13 @@ from torch import Tensor, nn
 
 import dxopt.qp as dqp
 
-T = TypeVar("T")
-
 N_VARIABLES = 6
 N_FEATURES = 4
 BATCH = 8
 STEPS = 2
 LEARNING_RATE = 0.05
+STACK_DUMP_S = 45.0
+RENDEZVOUS = "gloo rendezvous (init_process_group)"
 
 
 class QPRegressor(nn.Module):
@@ -112,13 +110,28 @@ def ddp_worker(
     """One DDP rank: gloo over the loopback interface, rendezvous through the file ``store``
     (a FileStore: no TCP port to pick, so no port race with other processes); for each
     backward, train a fresh model on this rank's shard and save the records (one spawn serves
-    all backwards: start-up dominates)."""
+    all backwards: start-up dominates).
+
+    The rank writes the stage it has reached to ``rank{r}.stage`` and, if it is still running
+    after :data:`STACK_DUMP_S` seconds, the Python stacks of its threads to ``rank{r}.stacks``:
+    :func:`run_ddp` puts both into its error, so a hang says where it hung.
+    """
+    import faulthandler
+
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
+
+    folder = Path(out_dir)
+    stacks = open(folder / f"rank{rank}.stacks", "w")  # noqa: SIM115 (open until exit)
+    faulthandler.dump_traceback_later(STACK_DUMP_S, file=stacks)
+
+    def stage(text: str) -> None:
+        (folder / f"rank{rank}.stage").write_text(text)
 
     if os.path.exists("/sys/class/net/lo"):  # Linux loopback: keep gloo off other interfaces
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     torch.set_num_threads(1)
+    stage(RENDEZVOUS)
     dist.init_process_group(
         "gloo",
         init_method=f"file://{store}",
@@ -131,11 +144,32 @@ def ddp_worker(
         shard = slice(rank * BATCH // world_size, (rank + 1) * BATCH // world_size)
         records = {}
         for backward in backwards:
+            stage(f"training with backward={backward!r}")
             model = DistributedDataParallel(QPRegressor(backward))
             records[backward] = train(model, features[shard], targets[shard])
-        torch.save(records, Path(out_dir) / f"rank{rank}.pt")
+        stage("saving the records")
+        torch.save(records, folder / f"rank{rank}.pt")
+        stage("done")
     finally:
         dist.destroy_process_group()
+        faulthandler.cancel_dump_traceback_later()
+
+
+class RendezvousHang(RuntimeError):
+    """Every rank was still in the gloo rendezvous when time ran out: the machine's process
+    group set-up hung before any dxopt code ran (an environment fault, not a dxopt result)."""
+
+
+def _report(out_dir: Path, world_size: int) -> tuple[list[str], str]:
+    stages = []
+    stacks = []
+    for rank in range(world_size):
+        stage_file = out_dir / f"rank{rank}.stage"
+        stages.append(stage_file.read_text() if stage_file.exists() else "not started")
+        stack_file = out_dir / f"rank{rank}.stacks"
+        if stack_file.exists() and stack_file.stat().st_size:
+            stacks.append(f"--- rank {rank} ---\n{stack_file.read_text()}")
+    return stages, "\n".join(stacks)
 
 
 def run_ddp(
@@ -143,48 +177,48 @@ def run_ddp(
     out_dir: Path,
     *,
     world_size: int = 2,
-    timeout_s: float = 60.0,
-    while_waiting: Callable[[], T] | None = None,
-) -> tuple[list[dict[str, dict[str, Tensor]]], T | None]:
+    timeout_s: float = 120.0,
+) -> list[dict[str, dict[str, Tensor]]]:
     """Spawn ``world_size`` ranks; return per rank ``{backward: records}``.
 
-    ``while_waiting`` (e.g. the single-process reference) runs in this process while the ranks
-    start up, and its result is returned alongside. The ranks are terminated if they have not
-    finished after ``timeout_s`` seconds, and started once more with a fresh rendezvous file (a
-    TCP rendezvous on a picked free port hung in two full runs; alone the ranks finish in about
-    5 s).
+    The ranks are terminated if they have not finished after ``timeout_s`` seconds and started
+    once more with a fresh rendezvous file (a TCP rendezvous on a picked free port hung in two
+    full runs; alone the ranks finish in about 5 s). A second timeout raises
+    :class:`RendezvousHang` if every rank was still in the rendezvous, else ``TimeoutError``
+    with the stage and the Python stacks of each rank.
     """
     import torch.multiprocessing as mp
 
-    meanwhile: T | None = None
     for attempt in range(2):  # a rendezvous can hang (seen in 2 full runs): start once more
+        run_dir = out_dir / f"attempt{attempt}"
+        run_dir.mkdir(parents=True, exist_ok=True)
         context = mp.start_processes(
             ddp_worker,
-            args=(
-                world_size,
-                str(out_dir / f"rendezvous{attempt}"),
-                tuple(backwards),
-                str(out_dir),
-            ),
+            args=(world_size, str(run_dir / "rendezvous"), tuple(backwards), str(run_dir)),
             nprocs=world_size,
             join=False,
             start_method="spawn",
         )
         deadline = time.monotonic() + timeout_s
         try:
-            if attempt == 0 and while_waiting is not None:
-                meanwhile = while_waiting()
             while not context.join(timeout=1.0):
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"DDP ranks did not finish within {timeout_s} s")
+                    raise TimeoutError
             break
         except TimeoutError:
             if attempt:
-                raise
+                stages, stacks = _report(run_dir, world_size)
+                if all(stage == RENDEZVOUS for stage in stages):
+                    raise RendezvousHang(
+                        f"gloo rendezvous hung twice ({timeout_s} s each)\n{stacks}"
+                    ) from None
+                raise TimeoutError(
+                    f"DDP ranks did not finish within {timeout_s} s (twice); stage per rank: "
+                    f"{stages}\n{stacks}"
+                ) from None
         finally:
             for process in context.processes:
                 if process.is_alive():
                     process.terminate()
                     process.join(5)
-    records = [torch.load(out_dir / f"rank{rank}.pt") for rank in range(world_size)]
-    return records, meanwhile
+    return [torch.load(run_dir / f"rank{rank}.pt") for rank in range(world_size)]

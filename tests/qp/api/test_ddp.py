@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from _ref_ddp import STEPS, run_ddp, single_process
+from _ref_ddp import STEPS, RendezvousHang, run_ddp, single_process
 from torch import Tensor
 
 BACKWARDS = ("penalty", "kkt")
@@ -29,16 +29,19 @@ Records = dict[str, dict[str, Tensor]]
 
 @pytest.fixture(scope="module")
 def ddp_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[Records], Records]:
-    """Records of both ranks, and the single-process references computed while they start."""
+    """Records of both ranks, and the single-process references.
+
+    The references run first, so the compiled kernels are in numba's cache before the ranks
+    start and load them (three processes compiling at once on a 2-core machine are slow).
+    If the gloo rendezvous itself hangs on this machine (no dxopt code has run), the tests
+    skip and say so; a hang anywhere later fails with each rank's stage and stacks.
+    """
     out_dir: Path = tmp_path_factory.mktemp("ddp")
-    records, references = run_ddp(
-        BACKWARDS,
-        out_dir,
-        world_size=2,
-        timeout_s=90.0,
-        while_waiting=lambda: {backward: single_process(backward) for backward in BACKWARDS},
-    )
-    assert references is not None
+    references = {backward: single_process(backward) for backward in BACKWARDS}
+    try:
+        records = run_ddp(BACKWARDS, out_dir, world_size=2, timeout_s=120.0)
+    except RendezvousHang as hang:
+        pytest.skip(f"torch.distributed could not set up a gloo process group here: {hang}")
     return records, references
 
 
