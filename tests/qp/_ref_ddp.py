@@ -35,6 +35,7 @@ STEPS = 2
 LEARNING_RATE = 0.05
 STACK_DUMP_S = 45.0
 RENDEZVOUS = "gloo rendezvous (init_process_group)"
+NOT_STARTED = "not started (spawning the process)"
 
 
 class QPRegressor(nn.Module):
@@ -156,8 +157,9 @@ def ddp_worker(
 
 
 class RendezvousHang(RuntimeError):
-    """Every rank was still in the gloo rendezvous when time ran out: the machine's process
-    group set-up hung before any dxopt code ran (an environment fault, not a dxopt result)."""
+    """Every rank was still starting or in the gloo rendezvous when time ran out: process start
+    or process-group set-up hung before any solve ran (an environment fault, not a dxopt
+    result; the import of dxopt itself is tested everywhere else)."""
 
 
 def _report(out_dir: Path, world_size: int) -> tuple[list[str], str]:
@@ -165,7 +167,7 @@ def _report(out_dir: Path, world_size: int) -> tuple[list[str], str]:
     stacks = []
     for rank in range(world_size):
         stage_file = out_dir / f"rank{rank}.stage"
-        stages.append(stage_file.read_text() if stage_file.exists() else "not started")
+        stages.append(stage_file.read_text() if stage_file.exists() else NOT_STARTED)
         stack_file = out_dir / f"rank{rank}.stacks"
         if stack_file.exists() and stack_file.stat().st_size:
             stacks.append(f"--- rank {rank} ---\n{stack_file.read_text()}")
@@ -208,9 +210,9 @@ def run_ddp(
         except TimeoutError:
             if attempt:
                 stages, stacks = _report(run_dir, world_size)
-                if all(stage == RENDEZVOUS for stage in stages):
+                if all(stage in (NOT_STARTED, RENDEZVOUS) for stage in stages):
                     raise RendezvousHang(
-                        f"gloo rendezvous hung twice ({timeout_s} s each)\n{stacks}"
+                        f"the ranks hung twice ({timeout_s} s each) at {stages}\n{stacks}"
                     ) from None
                 raise TimeoutError(
                     f"DDP ranks did not finish within {timeout_s} s (twice); stage per rank: "
