@@ -33,7 +33,7 @@ N_FEATURES = 4
 BATCH = 8
 STEPS = 2
 LEARNING_RATE = 0.05
-STACK_DUMP_S = 45.0
+STACK_DUMP_S = 40.0
 RENDEZVOUS = "gloo rendezvous (init_process_group)"
 NOT_STARTED = "not started (spawning the process)"
 

@@ -39,7 +39,7 @@ def ddp_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[Records], Re
     out_dir: Path = tmp_path_factory.mktemp("ddp")
     references = {backward: single_process(backward) for backward in BACKWARDS}
     try:
-        records = run_ddp(BACKWARDS, out_dir, world_size=2, timeout_s=120.0)
+        records = run_ddp(BACKWARDS, out_dir, world_size=2, timeout_s=60.0)
     except RendezvousHang as hang:
         pytest.skip(f"torch.distributed could not set up a gloo process group here: {hang}")
     return records, references
