@@ -1,6 +1,7 @@
-"""The lean path for one small dense QP (dxopt.qp.api.small) against the general path and finite
-differences: same solution, status, info, gradients and diagnostics; every case it must not
-decide (degenerate, weak, zero rows, bad input, failures) goes to the general path."""
+"""The lean path for one small dense QP (dxopt.qp.api.small, small_backward, lean_check)
+against the general path and finite differences: same solution, status, info, gradients and
+diagnostics; every case it must not decide (degenerate, weak, zero rows, bad input, failures)
+goes to the general path."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from _fd import directional_verdicts
 
 import dxopt.qp as dqp
 import dxopt.qp.api.route as api
+from dxopt.qp.api import lean_check
 from dxopt.qp.api import small as _small
 
 NAMES = ("P", "q", "A", "b", "G", "h")
@@ -304,20 +306,21 @@ def test_second_order_is_refused():
 def test_inputs_outside_the_lean_path():
     P = torch.eye(3, dtype=torch.float64)
     q = torch.ones(3, dtype=torch.float64)
-    assert _small.small_inputs(P, q, None, None, None, None)
-    assert not _small.small_inputs(P[None], q[None], None, None, None, None)  # batched
+    assert lean_check.small_inputs(P, q, None, None, None, None)
+    assert not lean_check.small_inputs(P[None], q[None], None, None, None, None)  # batched
     # a sparse P passes the cheap checks; the forward finds no numpy view: the general path
     general = lambda point: None  # noqa: E731
     for sparse in (P.to_sparse(), P.to_sparse_csr()):
         data = (sparse, q, None, None, None, None)
         assert _small.small_forward(data, eps_abs=1e-9, eps_rel=0.0, general=general) is None
         assert torch.allclose(dqp.solve(**dict(zip("PqAbGh", data))).x, -q)
-    assert not _small.small_inputs(P, q.float(), None, None, None, None)  # mixed dtypes
-    big = torch.eye(_small.SMALL_MAX_N + 1, dtype=torch.float64)
-    assert not _small.small_inputs(big, big[0], None, None, None, None)
+    assert not lean_check.small_inputs(P, q.float(), None, None, None, None)  # mixed dtypes
+    big = torch.eye(lean_check.SMALL_MAX_N + 1, dtype=torch.float64)
+    assert not lean_check.small_inputs(big, big[0], None, None, None, None)
     with torch.autograd.forward_ad.dual_level():
-        assert not _small.small_inputs(P, q, None, None, None, None)
-    assert not _small.small_inputs(P, q, torch.ones(1, 3, dtype=torch.float64), None, None, None)
+        assert not lean_check.small_inputs(P, q, None, None, None, None)
+    one_row = torch.ones(1, 3, dtype=torch.float64)
+    assert not lean_check.small_inputs(P, q, one_row, None, None, None)
 
 
 def test_box_bounds_take_the_lean_path(monkeypatch):

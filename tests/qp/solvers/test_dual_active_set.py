@@ -430,7 +430,7 @@ def test_the_forward_finds_the_backwards_active_set_accuracy(monkeypatch):
     the value the backward would compute itself, the ambiguous (weak) sample declined alike, and
     the same gradients and diagnostics as a forward that leaves it to the backward."""
     from dxopt.qp.api import small_batch as _small_batch
-    from dxopt.qp.api.small import _MARGIN
+    from dxopt.qp.certify.tolerances import LEAN_MARGIN_FLOOR as _MARGIN
     from dxopt.qp.solvers.kernels.certify import _point, _point_accuracy
 
     data = _problems(5, 12, 10, 0, seed=51)

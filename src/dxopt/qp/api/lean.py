@@ -16,8 +16,9 @@ from torch import Tensor
 from dxopt.qp.api.general import rebuilt_state, residuals, run_general
 from dxopt.qp.api.result import solution
 from dxopt.qp.api.route import Route, general_solver
-from dxopt.qp.api.small import SmallPoint, apply_small, small_forward
+from dxopt.qp.api.small import SmallPoint, small_forward
 from dxopt.qp.api.small_batch import SmallBatch, small_batch_forward
+from dxopt.qp.api.small_function import apply_small
 from dxopt.qp.problem.canonical import canonical_problem
 from dxopt.qp.problem.contracts import BackwardMethod, ForwardFactors, ForwardResult, QPState
 from dxopt.qp.problem.options import COMPILED_SOLVER, QPOptions
@@ -102,7 +103,7 @@ def _lean_outputs(
 ) -> tuple[Tensor, Tensor, Tensor, tuple[QPStatus, ...], QPInfo]:
     """``(x, eq_duals, ineq_duals, status, info)`` of ``size`` problems solved by a lean route
     (every one certified; ``sample_solvers``: each one's solver, ``solver`` for all when
-    empty): the outputs through :class:`dxopt.qp.api.small.SmallQPFunction`."""
+    empty): the outputs through :class:`dxopt.qp.api.small_function.SmallQPFunction`."""
     x, mu, nu = apply_small(*data, solved, method)  # outside torch.func (the router checks)
     info = QPInfo._every_field(
         solver, solved.solve_time, primal, dual, solved.diagnostics,

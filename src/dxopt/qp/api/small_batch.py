@@ -3,7 +3,7 @@
 
 A batch of ``B`` dense CPU problems (every input batched along its first axis or shared by all
 samples) with the default options (no thread pool) and a method
-:func:`~dxopt.qp.api.small.lean_method` accepts: with ``solver="daqp"`` (warm starts allowed)
+:func:`~dxopt.qp.api.lean_check.lean_method` accepts: with ``solver="daqp"`` (warm starts allowed)
 ``n <= SMALL_MAX_N``; with ``"auto"`` and no warm start any ``n`` whose buffers fit the pool,
 and one problem with ``n > SMALL_MAX_N`` as a batch of one, solved by the compiled dual
 active-set solver of :mod:`dxopt.qp.solvers.dual_active_set` (daqp for the samples it does not
@@ -26,7 +26,7 @@ ambiguous active set, a dependent row, a residual above the bound) go to the gen
 backward on their own, with its degenerate policy: its state is built at the lean forward's
 certified points (the state its own forward returns for the same data, without a second
 solve), and their gradients and diagnostics are merged in. The results are the general path's
-(``tests/qp/test_small_batch.py`` compares them).
+(``tests/qp/api/test_small_batch.py`` compares them).
 """
 
 from __future__ import annotations
@@ -43,18 +43,11 @@ from torch import Tensor
 from dxopt._core.memory import MAX_SET_BYTES, host_array, host_buffers
 from dxopt.linalg.small import lapack_kernels
 from dxopt.linalg.threads import blas_threads
-from dxopt.qp.api.small import (
-    _MARGIN,
-    _SYM_TOL,
-    SMALL_MAX_N,
-    _bounds,
-    _cotangent,
-    _daqp,
-    _record,
-    _regular,
-)
+from dxopt.qp.api.lean_check import SMALL_MAX_N, SYMMETRY_TOL
+from dxopt.qp.api.small import daqp_bounds, daqp_module
+from dxopt.qp.api.small_backward import cotangent_array, record_diagnostics, regular_settings
 from dxopt.qp.autograd.function import eager_gradients
-from dxopt.qp.certify.tolerances import RELATIVE_FLOOR, ROUNDOFF
+from dxopt.qp.certify.tolerances import LEAN_MARGIN_FLOOR, RELATIVE_FLOOR, ROUNDOFF
 from dxopt.qp.problem.types import BackwardDiagnostics
 from dxopt.qp.solvers.kernels.batch import (
     certify_batch,
@@ -98,7 +91,7 @@ def small_batch_inputs(
     workspace fits the buffer pool (a batch: fresh buffers of hundreds of MB cost more in
     page faults than the solver saves; measured at 1024 x n=100) or, for one problem,
     :data:`COMPILED_MAX_ENTRIES` numbers."""
-    if type(q) is not Tensor or type(P) is not Tensor or q.dtype not in _SYM_TOL:
+    if type(q) is not Tensor or type(P) is not Tensor or q.dtype not in SYMMETRY_TOL:
         return 0
     data = (P, q, A, b, G, h)
     batch = 0
@@ -239,14 +232,15 @@ def small_batch_forward(
     primal, dual = np.zeros(batch), np.zeros(batch)
     rel = max(eps_rel, RELATIVE_FLOOR)
     start = time.perf_counter()
-    sym_tol = _SYM_TOL[q.dtype]
+    sym_tol = SYMMETRY_TOL[q.dtype]
     accuracy = np.empty(batch if use_compiled and for_backward else 0)
     if use_compiled:  # checks, solve and certificate sample by sample (one kernel)
         with blas_threads(1):
             status, solved, ok = forward_batch(
                 *views, sym_tol, Pn, qn, C, upper, g_inf, eps_abs,
                 _MAX_ITER_PER_ROW * (m + p) + 20, lapack_kernels(), X, duals, L_given, Y_given,
-                order, LW, eps_abs, rel, ROUNDOFF, Xo, MU, NU, primal, dual, accuracy, _MARGIN,
+                order, LW, eps_abs, rel, ROUNDOFF, Xo, MU, NU, primal, dual, accuracy,
+                LEAN_MARGIN_FLOOR,
             )  # fmt: skip
         if status or not ok:  # a failed check (NaN/Inf, asymmetric P, a zero row of G: the
             return None  # general path's rules and errors), or a point that does not certify
@@ -256,8 +250,8 @@ def small_batch_forward(
             return None  # NaN/Inf, asymmetric P, a zero row of G: the general path's
         given = np.zeros(batch, np.bool_)
     rest = np.flatnonzero(~given)  # daqp, then the certificate
-    lower, sense = _bounds(m, p)
-    solve = _daqp().solve
+    lower, sense = daqp_bounds(m, p)
+    solve = daqp_module().solve
     for i in rest.tolist():
         init = None if starts is None else starts[i]
         x, _, flag, info = solve(
@@ -322,19 +316,19 @@ def small_batch_backward(
     """The gradients for ``(P, q, A, b, G, h)``: the lean backward of every sample it decides,
     and the general path's (its state for those samples only, same points) for the others;
     the diagnostics merged per sample."""
-    regular = _regular(method)
+    regular = regular_settings(method)
     B, n = sb.X.shape
     m, p = sb.m, sb.C.shape[1] - sb.m
     rows = (n, n, p, p, m, m)
     grads = [host_array((B, rows[i] if needs[i] else 0, n) if i in (0, 2, 4) else
                         (B, rows[i] if needs[i] else 0)) for i in range(6)]  # fmt: skip
     status, residual, steps, k, accuracy = lean_adjoint_batch(
-        sb.P, sb.q, sb.C, sb.upper, m, sb.X, sb.duals, sb.g_inf, _cotangent(grad_x, (B, n)),
-        _cotangent(grad_ineq, (B, m)), _cotangent(grad_eq, (B, p)), regular.settings,
+        sb.P, sb.q, sb.C, sb.upper, m, sb.X, sb.duals, sb.g_inf, cotangent_array(grad_x, (B, n)),
+        cotangent_array(grad_ineq, (B, m)), cotangent_array(grad_eq, (B, p)), regular.settings,
         np.array(needs), sb.L_given, sb.Y_given,
         sb.order_given, sb.LW_given, sb.given, sb.accuracy_given, lapack_kernels(), tuple(grads),
     )  # fmt: skip
-    _record(
+    record_diagnostics(
         sb.diagnostics, method, float(residual.max()), int(steps.max()), tuple(k.tolist()),
         tuple(accuracy.tolist()), regular,
     )  # fmt: skip

@@ -1,0 +1,87 @@
+"""The autograd Function of the lean paths (:class:`SmallQPFunction`) and its plain apply
+(:data:`apply_small`) for calls outside torch.func transforms."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from dxopt._core.torch_compat import SingleLevelFunction, functorch_unwrap_if_dead
+from dxopt.qp.autograd.function import (
+    is_legacy_batched,
+    refuse_batched_cotangents,
+    refuse_second_order,
+)
+
+__all__ = ["SmallQPFunction", "apply_small"]
+
+
+class SmallQPFunction(torch.autograd.Function):
+    """``(P, q, A, b, G, h, solved, method) -> (x, eq_duals, ineq_duals)`` of a problem the lean
+    paths solved (a :class:`SmallPoint`, or a batch
+    :class:`~dxopt.qp.api.small_batch.SmallBatch`): the forward hands out ``solved.outputs``, the
+    backward is ``solved.gradients(...)`` (the lean backward, and the general path's where that
+    declines). Plain autograd only: :func:`small_inputs` and
+    :func:`~dxopt.qp.api.small_batch.small_batch_inputs` send torch.func and forward-mode AD to
+    :class:`dxopt.qp.autograd.function.QPFunction`."""
+
+    @staticmethod
+    def forward(ctx: Any, *args: Any) -> tuple[Tensor, Tensor, Tensor]:
+        solved, method = args[6], args[7]  # after the six data tensors (P, q, A, b, G, h)
+        ctx.solved, ctx.method = solved, method
+        ctx.set_materialize_grads(False)  # unused outputs: None, not zeros
+        x, mu, nu = solved.outputs  # the kernel's copies
+        outs = (torch.from_numpy(x), torch.from_numpy(mu), torch.from_numpy(nu))
+        if solved.dtype is not torch.float64:
+            dtype = solved.dtype
+            return outs[0].to(dtype), outs[1].to(dtype), outs[2].to(dtype)
+        return outs
+
+    @staticmethod
+    def backward(
+        ctx: Any, grad_x: Tensor | None, grad_eq: Tensor | None, grad_ineq: Tensor | None
+    ) -> Any:
+        needs = ctx.needs_input_grad[:6]
+        cotangents = (grad_x, grad_eq, grad_ineq)
+        for g in cotangents:  # (a loop: any() of a generator costs a frame per call)
+            if g is not None and (g.requires_grad or is_legacy_batched(g)):
+                refuse_batched_cotangents(cotangents)
+                grads = ctx.solved.gradients(ctx.method, grad_x, grad_eq, grad_ineq, needs)
+                return (*refuse_second_order(grads, cotangents), None, None)
+        # plain cotangents: no graph to extend, the second-order guard has nothing to tie
+        return (*ctx.solved.gradients(ctx.method, grad_x, grad_eq, grad_ineq, needs), None, None)
+
+
+def _plain_apply() -> Callable[..., Any]:
+    """:class:`SmallQPFunction`'s apply without the Python wrapper of
+    :meth:`torch.autograd.Function.apply`, whose work (binding ``setup_context``'s arguments,
+    the torch.func dispatch) the lean paths do not need: they run only outside torch.func
+    transforms, for a Function without ``setup_context`` (2 of the tiny path's 90 us). Dead
+    torch.func wrappers are unwrapped as there. Falls back to ``SmallQPFunction.apply`` where
+    torch's internals differ."""
+    if SingleLevelFunction is None or functorch_unwrap_if_dead is None:  # pragma: no cover
+        return SmallQPFunction.apply  # other torch versions
+    base = super(SingleLevelFunction, SmallQPFunction).apply
+    unwrap = functorch_unwrap_if_dead
+    if SmallQPFunction.setup_context is not torch.autograd.Function.setup_context:
+        return SmallQPFunction.apply  # pragma: no cover - never: forward takes ctx
+
+    def apply(
+        P: Tensor, q: Tensor, A: Any, b: Any, G: Any, h: Any, solved: Any, method: Any
+    ) -> Any:
+        """(what torch's ``unwrap_dead_wrappers`` does, one tensor at a time)"""
+        return base(
+            unwrap(P), unwrap(q),
+            None if A is None else unwrap(A), None if b is None else unwrap(b),
+            None if G is None else unwrap(G), None if h is None else unwrap(h),
+            solved, method,
+        )  # fmt: skip
+
+    return apply
+
+
+apply_small = _plain_apply()
+"""``SmallQPFunction.apply`` for calls outside torch.func transforms (:func:`_plain_apply`)."""
