@@ -3,7 +3,8 @@
 Owns the active set (`active`), the polish step and the KKT certificate of a candidate point
 (`polish`), the checked infeasibility/unboundedness certificates and failure messages
 (`certificates`), the detection of dependent active rows (`dependence`) and the certificate
-of the torch device path (`torch_certify`).
+of the torch device path (`torch_certify`, with the small batched tensor helpers it shares
+with the torch solver, `torch_ops`).
 
 May import: `dxopt.qp.problem` (and `dxopt._core`, `dxopt.linalg`, third-party code).
 """

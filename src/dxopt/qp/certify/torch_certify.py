@@ -48,27 +48,9 @@ from dxopt.qp.certify.tolerances import (
     WEAK_FLOOR,
     relative_tolerance,
 )
+from dxopt.qp.certify.torch_ops import amax, mv, rmv, wide
 
 __all__ = ["certify", "polish_update", "regular"]
-
-
-def _mv(M: Tensor, v: Tensor) -> Tensor:
-    # row-vector form: torch's batched matrix-vector product (M @ v[..., None]) is about 3x
-    # slower on the CPU than the same product as a (1, n) x (n, r) batched matmul
-    return (v.unsqueeze(-2) @ M.mT).squeeze(-2)
-
-
-def _rmv(M: Tensor, w: Tensor) -> Tensor:
-    return (w.unsqueeze(-2) @ M).squeeze(-2)
-
-
-def _amax(v: Tensor) -> Tensor:
-    return v.abs().amax(-1) if v.shape[-1] else v.new_zeros(v.shape[:-1])
-
-
-def _wide(*ts: Tensor) -> tuple[Tensor, ...]:
-    """float32 tensors as float64 (exact), others unchanged."""
-    return tuple(t.double() if t.dtype == torch.float32 else t for t in ts)
 
 
 def certify(
@@ -92,38 +74,38 @@ def certify(
     unpolished point, the duality-gap form :math:`\\sum_i (h_i - g_i^\\top x)_+\\nu_i \\le
     \\varepsilon_{abs} + r\\max(|x^\\top Px|, |q^\\top x|, |h^\\top\\nu|)` in place of the
     row-by-row complementarity."""
-    P, q, A, b, G, h, x, y, z = _wide(P, q, A, b, G, h, x, y, z)
+    P, q, A, b, G, h, x, y, z = wide(P, q, A, b, G, h, x, y, z)
     rel = relative_tolerance(eps_rel)
-    px = _mv(P, x)
+    px = mv(P, x)
     dual = px + q
     big = px.abs()
     fin = torch.isfinite(torch.cat([x, y, z], -1)).all(-1)
     ok = fin
     if A.shape[-2]:
-        ax = _mv(A, x)
-        ok = ok & (_amax(ax - b) <= eps_abs + rel * torch.maximum(_amax(ax), _amax(b)))
+        ax = mv(A, x)
+        ok = ok & (amax(ax - b) <= eps_abs + rel * torch.maximum(amax(ax), amax(b)))
         zero_a = A.abs().amax(-1) == 0
         ok = ok & ~(zero_a & (b.abs() > eps_abs)).any(-1)
-        at_mu = _rmv(A, y)
+        at_mu = rmv(A, y)
         dual = dual + at_mu
         big = torch.maximum(big, at_mu.abs())
     if G.shape[-2]:
-        gt_nu = _rmv(G, z)
+        gt_nu = rmv(G, z)
         dual = dual + gt_nu
         big = torch.maximum(big, gt_nu.abs())
-    tol_d = eps_abs + rel * torch.maximum(_amax(big), _amax(q))
+    tol_d = eps_abs + rel * torch.maximum(amax(big), amax(q))
     # componentwise, with the round-off of the residual's own evaluation (tolerances.py)
-    terms = _mv(P.abs(), x.abs()) + q.abs()
+    terms = mv(P.abs(), x.abs()) + q.abs()
     if A.shape[-2]:
-        terms = terms + _rmv(A.abs(), y.abs())
+        terms = terms + rmv(A.abs(), y.abs())
     if G.shape[-2]:
-        terms = terms + _rmv(G.abs(), z.abs())
+        terms = terms + rmv(G.abs(), z.abs())
     allowed = tol_d[..., None] + EVALUATION_ROUNDOFF * terms
     ok = ok & (dual.abs() <= allowed).all(-1)
     if G.shape[-2]:
-        gx = _mv(G, x)
+        gx = mv(G, x)
         s = h - gx
-        tol_p = eps_abs + rel * torch.maximum(_amax(gx), _amax(h))
+        tol_p = eps_abs + rel * torch.maximum(amax(gx), amax(h))
         ok = ok & ((-s).clamp_min(0.0).amax(-1) <= tol_p)
         g_inf = G.abs().amax(-1)
         ok = ok & ~((g_inf == 0) & (h < -eps_abs)).any(-1)
@@ -147,15 +129,15 @@ def polish_update(
     drop the rows of ``active`` whose multiplier is negative beyond round-off, add the rows
     violated beyond round-off (``ROUNDOFF`` times the norm scales, independent of the
     requested tolerance), for the polished float64 point ``(x, z)``."""
-    P, q, G, h, x, z = _wide(P, q, G, h, x, z)
-    gx = _mv(G, x)
+    P, q, G, h, x, z = wide(P, q, G, h, x, z)
+    gx = mv(G, x)
     s = h - gx
     g_inf = G.abs().amax(-1)
-    p_scale = torch.maximum(_amax(gx), _amax(h)).clamp_min(1e-300)
+    p_scale = torch.maximum(amax(gx), amax(h)).clamp_min(1e-300)
     violated = (s < -ROUNDOFF * p_scale[:, None]) & ~active & (g_inf > 0)
     nu_g = z * g_inf
-    dual_scale = torch.maximum(torch.maximum(_amax(_mv(P, x)), _amax(q)), _amax(_rmv(G, z)))
-    dual_scale = torch.maximum(dual_scale, _amax(nu_g)).clamp_min(1e-300)
+    dual_scale = torch.maximum(torch.maximum(amax(mv(P, x)), amax(q)), amax(rmv(G, z)))
+    dual_scale = torch.maximum(dual_scale, amax(nu_g)).clamp_min(1e-300)
     negative = active & (nu_g < -ROUNDOFF * dual_scale[:, None])
     return (active & ~negative) | violated
 
@@ -175,24 +157,24 @@ def regular(
     complementary, satisfies LICQ with the equality rows, and whose ``P`` is positive
     definite (module docstring): where the device's exact active-set derivative is the
     derivative, the one the CPU path's rules give too."""
-    P, q, A, b, G, h, x, z = _wide(P, q, A, b, G, h, x, z)
+    P, q, A, b, G, h, x, z = wide(P, q, A, b, G, h, x, z)
     B = q.shape[0]
     tiny = torch.finfo(torch.float64).tiny
     ok = torch.linalg.cholesky_ex(P)[1] == 0
     eps = x.new_zeros(B)
     if A.shape[-2]:
         a_norm = torch.linalg.vector_norm(A, dim=-1).clamp_min(tiny)
-        eps = torch.maximum(eps, _amax((_mv(A, x) - b) / a_norm))
+        eps = torch.maximum(eps, amax((mv(A, x) - b) / a_norm))
     m = G.shape[-2]
     if m:
         ax = x.abs()
         g_inf = G.abs().amax(-1)
         nonzero = torch.linalg.vector_norm(G, dim=-1) > tiny
-        x_inf = _amax(x)[:, None]
-        sigma_p = h.abs() + _mv(G.abs(), ax) + g_inf * (1.0 + x_inf)
-        rel_slack = (h - _mv(G, x)) / sigma_p.clamp_min(tiny)
+        x_inf = amax(x)[:, None]
+        sigma_p = h.abs() + mv(G.abs(), ax) + g_inf * (1.0 + x_inf)
+        rel_slack = (h - mv(G, x)) / sigma_p.clamp_min(tiny)
         nu_inf = z.clamp_min(0.0) * g_inf * nonzero
-        dual_scale = (_mv(P.abs(), ax) + q.abs()).amax(-1)
+        dual_scale = (mv(P.abs(), ax) + q.abs()).amax(-1)
         dual_scale = torch.maximum(dual_scale, nu_inf.amax(-1)).clamp_min(tiny)
         comp = (rel_slack.clamp_min(0.0) * nu_inf).amax(-1) / dual_scale
         viol = torch.where(nonzero, (-rel_slack).clamp_min(0.0), 0.0).amax(-1)

@@ -48,10 +48,10 @@ import torch
 from torch import Tensor
 
 from dxopt._core import Status
-from dxopt.qp.certify.torch_certify import _amax, _mv, _rmv
 from dxopt.qp.certify.torch_certify import certify as _certify
 from dxopt.qp.certify.torch_certify import polish_update as _polish_update
 from dxopt.qp.certify.torch_certify import regular as _regular
+from dxopt.qp.certify.torch_ops import amax, mv, rmv
 from dxopt.qp.solvers.torch_ipm import (
     IPM_EPS_FLOOR,
     _certificates,
@@ -196,7 +196,7 @@ def solve_detached(
                 # equality-only: the least-squares residual r = b - A A^+ b (-r is a Farkas
                 # certificate when nonzero) and the penalty solve's (diverging) x are the
                 # candidates
-                r = b - _mv(A, _mv(torch.linalg.pinv(A), b)) if A.shape[-2] else b
+                r = b - mv(A, mv(torch.linalg.pinv(A), b)) if A.shape[-2] else b
                 cand = _Iterate(x=xp, y=-r, z=zp, s=zp)
                 pinf, dinf = _certificates(P, q, A, b, G, h, cand, eps_inf)
                 pinf, dinf = pinf & ~ok_p, dinf & ~ok_p
@@ -216,9 +216,9 @@ def solve_detached(
         if polish or m == 0:  # and the polish's own KKT solve reached round-off
             regular = regular & _regular(P, q, A, b, G, h, xw, zw, factor.active)
             regular = regular & (kkt_err <= ROUNDOFF_KKT)
-        slacks = h - _mv(G, x)
-        pres = torch.maximum(_amax(_mv(A, x) - b), _amax((-slacks).clamp_min(0.0)))
-        dres = _amax(_mv(P, x) + q + _rmv(A, y) + _rmv(G, z))
+        slacks = h - mv(G, x)
+        pres = torch.maximum(amax(mv(A, x) - b), amax((-slacks).clamp_min(0.0)))
+        dres = amax(mv(P, x) + q + rmv(A, y) + rmv(G, z))
         return TorchQPResult(
             x=x,
             eq_duals=y,

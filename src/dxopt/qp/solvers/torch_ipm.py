@@ -51,8 +51,8 @@ import torch
 from torch import Tensor
 
 from dxopt._core import Status
-from dxopt.qp.certify.torch_certify import _amax, _mv, _rmv
-from dxopt.qp.solvers.torch_kkt import _cho_solve, _chol, _dot, _gram
+from dxopt.qp.certify.torch_ops import amax, dot, mv, rmv
+from dxopt.qp.solvers.torch_kkt import _cho_solve, _chol, _gram
 from dxopt.qp.solvers.torch_types import code, deprecated_status_enum
 
 IPM_EPS_FLOOR = 1e-6
@@ -103,8 +103,8 @@ class _Newton:
         u = _cho_solve(self.L, r1)
         if not self.p:
             return u.to(self.dtype), r2.to(self.dtype)
-        dy = _cho_solve(self.LS, _mv(self.A, u) - r2)
-        dx = _cho_solve(self.L, r1 - _rmv(self.A, dy))
+        dy = _cho_solve(self.LS, mv(self.A, u) - r2)
+        dx = _cho_solve(self.L, r1 - rmv(self.A, dy))
         return dx.to(self.dtype), dy.to(self.dtype)
 
 
@@ -133,17 +133,17 @@ def _kkt_residuals(
     """Residuals :math:`(r_d, r_e, r_i)` of the KKT system at ``(x, y, z, s)`` and the mask
     of samples within tolerance (primal, dual and mean complementarity, each
     :math:`\\le \\epsilon_{\\rm abs} + \\epsilon_{\\rm rel}\\cdot\\text{scale}`)."""
-    Px, Ax, Gx, Ay, Gz = _mv(P, x), _mv(A, x), _mv(G, x), _rmv(A, y), _rmv(G, z)
+    Px, Ax, Gx, Ay, Gz = mv(P, x), mv(A, x), mv(G, x), rmv(A, y), rmv(G, z)
     rd, re, ri = Px + q + Ay + Gz, Ax - b, Gx + s - h
-    pscale = torch.maximum(torch.maximum(_amax(h), _amax(b)), torch.maximum(_amax(Gx), _amax(Ax)))
-    dscale = torch.maximum(torch.maximum(_amax(q), _amax(Px)), torch.maximum(_amax(Gz), _amax(Ay)))
-    obj = (0.5 * _dot(x, Px) + _dot(q, x)).abs()
+    pscale = torch.maximum(torch.maximum(amax(h), amax(b)), torch.maximum(amax(Gx), amax(Ax)))
+    dscale = torch.maximum(torch.maximum(amax(q), amax(Px)), torch.maximum(amax(Gz), amax(Ay)))
+    obj = (0.5 * dot(x, Px) + dot(q, x)).abs()
     m = max(h.shape[-1], 1)
-    ok = torch.maximum(_amax(re), _amax(ri)) <= eps_abs + eps_rel * pscale
-    ok = ok & (_amax(rd) <= eps_abs + eps_rel * dscale)
+    ok = torch.maximum(amax(re), amax(ri)) <= eps_abs + eps_rel * pscale
+    ok = ok & (amax(rd) <= eps_abs + eps_rel * dscale)
     gap_rel = eps_rel if gap_rel is None else gap_rel
     gap_abs = eps_abs if gap_abs is None else gap_abs
-    ok = ok & (_dot(s.abs(), z.abs()) / m <= gap_abs + gap_rel * obj)
+    ok = ok & (dot(s.abs(), z.abs()) / m <= gap_abs + gap_rel * obj)
     return rd, re, ri, ok
 
 
@@ -152,14 +152,14 @@ def _certificates(
 ) -> tuple[Tensor, Tensor]:
     """Masks of samples whose iterates are primal / dual infeasibility certificates."""
     tiny = torch.finfo(q.dtype).tiny ** 0.5
-    t = torch.maximum(_amax(it.y), _amax(it.z)).clamp_min(tiny)
+    t = torch.maximum(amax(it.y), amax(it.z)).clamp_min(tiny)
     yh, zh = it.y / t[:, None], it.z / t[:, None]
-    pinf = (_amax(_rmv(A, yh) + _rmv(G, zh)) <= eps) & (_dot(b, yh) + _dot(h, zh) < -eps)
-    xh = it.x / _amax(it.x).clamp_min(tiny)[:, None]
-    gx = _mv(G, xh)
+    pinf = (amax(rmv(A, yh) + rmv(G, zh)) <= eps) & (dot(b, yh) + dot(h, zh) < -eps)
+    xh = it.x / amax(it.x).clamp_min(tiny)[:, None]
+    gx = mv(G, xh)
     gmax = gx.amax(-1) if gx.shape[-1] else torch.zeros_like(t)
-    dinf = (_amax(_mv(P, xh)) <= eps) & (_amax(_mv(A, xh)) <= eps) & (gmax <= eps)
-    return pinf, dinf & (_dot(q, xh) < -eps)
+    dinf = (amax(mv(P, xh)) <= eps) & (amax(mv(A, xh)) <= eps) & (gmax <= eps)
+    return pinf, dinf & (dot(q, xh) < -eps)
 
 
 def _initial_point(
@@ -167,8 +167,8 @@ def _initial_point(
 ) -> _Iterate:
     """CVXOPT's starting point: solve the Newton system with :math:`D = I`, then shift."""
     newton = _Newton(P, A, G, torch.ones_like(h), delta)
-    x, y = newton.solve(-q + _rmv(G, h), b)
-    zh = _mv(G, x) - h  # the multiplier of the D = I system; the slack is -zh
+    x, y = newton.solve(-q + rmv(G, h), b)
+    zh = mv(G, x) - h  # the multiplier of the D = I system; the slack is -zh
     m = h.shape[-1]
     if m:
         ap = zh.amax(-1, keepdim=True)  # = -min(s)
@@ -249,8 +249,8 @@ def _ipm(
         rd, re, ri, ok = _kkt_residuals(
             P, q, A, b, G, h, it.x, it.y, it.z, it.s, eps_abs, eps_rel, gap_rel, gap_abs
         )
-        mu = _dot(it.s, it.z) / m
-        stalled = mu <= mu_floor * (1.0 + _amax(it.x) * _amax(q) + _amax(it.z) * _amax(h))
+        mu = dot(it.s, it.z) / m
+        stalled = mu <= mu_floor * (1.0 + amax(it.x) * amax(q) + amax(it.z) * amax(h))
         status = torch.where(~done & ok, SOLVED, status)
         done = done | ok | stalled
         certify = k % check_every == 0 or k == max_iter
@@ -277,14 +277,14 @@ def _ipm(
 
         def step(rc: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
             t = ri - rc / it.z  # noqa: B023
-            dx, dy = newton.solve(-rd - _rmv(G, D * t), -re)  # noqa: B023
-            dz = D * (_mv(G, dx) + t)  # noqa: B023
+            dx, dy = newton.solve(-rd - rmv(G, D * t), -re)  # noqa: B023
+            dz = D * (mv(G, dx) + t)  # noqa: B023
             ds = -(rc + it.s * dz) / it.z  # noqa: B023
             return dx, dy, dz, ds
 
         dx, dy, dz, ds = step(it.s * it.z)
         a_aff = torch.minimum(_max_step(it.s, ds), _max_step(it.z, dz))[:, None]
-        mu_aff = _dot(it.s + a_aff * ds, it.z + a_aff * dz) / m
+        mu_aff = dot(it.s + a_aff * ds, it.z + a_aff * dz) / m
         sig = (mu_aff / mu.clamp_min(tiny)).clamp(0.0, 1.0) ** 3
         dx, dy, dz, ds = step(it.s * it.z + ds * dz - (sig * mu)[:, None])
         alpha = 0.99 * torch.minimum(_max_step(it.s, ds), _max_step(it.z, dz))
@@ -347,14 +347,14 @@ def _ipm_null_space(
     Q1, R1, Z, xp = null
     B = q.shape[0]
     Pz = Z.mT @ P @ Z
-    qz = _rmv(Z, q + _mv(P, xp))
+    qz = rmv(Z, q + mv(P, xp))
     Gz = G @ Z
-    hz = h - _mv(G, xp)
+    hz = h - mv(G, xp)
     e_mat, e_vec = P.new_zeros(B, 0, Z.shape[-1]), q.new_zeros(B, 0)
     it, status, iters = _ipm(Pz, qz, e_mat, e_vec, Gz, hz, **ipm)
-    x = xp + _mv(Z, it.x)
-    grad = _mv(P, x) + q + _rmv(G, it.z)
-    y = -torch.linalg.solve_triangular(R1, _rmv(Q1, grad).unsqueeze(-1), upper=True).squeeze(-1)
+    x = xp + mv(Z, it.x)
+    grad = mv(P, x) + q + rmv(G, it.z)
+    y = -torch.linalg.solve_triangular(R1, rmv(Q1, grad).unsqueeze(-1), upper=True).squeeze(-1)
     return _Iterate(x=x, y=y, z=it.z, s=it.s), status, iters, it
 
 

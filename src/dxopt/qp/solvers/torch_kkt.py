@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from dxopt.linalg.threads import small_work
-from dxopt.qp.certify.torch_certify import _amax, _mv, _rmv
+from dxopt.qp.certify.torch_ops import amax, mv, rmv
 from dxopt.qp.solvers.torch_types import PenaltyFactor
 
 __all__ = [
@@ -38,10 +38,6 @@ __all__ = [
 
 # ----------------------------------------------------------------------------------------
 # small batched helpers: matrices are (B, r, n), vectors (B, r)
-
-
-def _dot(u: Tensor, v: Tensor) -> Tensor:
-    return (u * v).sum(-1)
 
 
 def _gram(G: Tensor, d: Tensor) -> Tensor:
@@ -165,20 +161,20 @@ def kkt_solve(
 
     def reg_solve(s1: Tensor, s2: Tensor, s3: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         s3 = s3 * act
-        rhs = s1 + _rmv(A, w_eq * s2) + _rmv(G, w_ineq * s3)
+        rhs = s1 + rmv(A, w_eq * s2) + rmv(G, w_ineq * s3)
         u = _cho_solve(f.L, rhs)
-        return u, w_eq * (_mv(A, u) - s2), w_ineq * (_mv(G, u) - s3)
+        return u, w_eq * (mv(A, u) - s2), w_ineq * (mv(G, u) - s3)
 
     def residual(u: Tensor, v: Tensor, w: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        e1 = r1 - _mv(P, u) - _rmv(A, v) - _rmv(G, w)
-        return e1, r2 - _mv(A, u), (r3 - _mv(G, u)) * act
+        e1 = r1 - mv(P, u) - rmv(A, v) - rmv(G, w)
+        return e1, r2 - mv(A, u), (r3 - mv(G, u)) * act
 
-    size = 1.0 + torch.maximum(torch.maximum(_amax(r1), _amax(r2)), _amax(r3 * act))
+    size = 1.0 + torch.maximum(torch.maximum(amax(r1), amax(r2)), amax(r3 * act))
     u, v, w = reg_solve(r1, r2, r3)
     prev = torch.full_like(size, float("inf"))
     for k in range(f.max_refine + 1):
         e1, e2, e3 = residual(u, v, w)
-        err = torch.maximum(torch.maximum(_amax(e1), _amax(e2)), _amax(e3)) / size
+        err = torch.maximum(torch.maximum(amax(e1), amax(e2)), amax(e3)) / size
         # a sample keeps refining while it is above round-off and its residual still at least
         # halves per pass (a stagnating one would only spend passes); stop (one host sync per
         # pass) when none does
