@@ -273,7 +273,7 @@ class BackwardBase:
         # the common dense case (LICQ holds, P positive definite, the refined solve converges):
         # the regular ladder; anything else takes the degenerate attempts below
         q_only_weak = self._q_only(data, active) and bool((active.weak & ~active.used).any())
-        if not (self.use_sparse(data.problem) or q_only_weak):
+        if not (self.use_sparse(data.problem) or q_only_weak or _known_dependent(data, active)):
             regular = self._regular_adjoint(data, active, diagnostics)
             if regular is not None:
                 return regular
@@ -480,6 +480,17 @@ class BackwardBase:
                 "B-subdifferential element). Per-sample counts: "
                 "sol.info.backward.dependent_rows."
             )
+
+
+def _known_dependent(data: AdjointInput, active: ActiveSet) -> bool:
+    """True when the active set already shows dependent rows in a solved sample: weakly
+    active rows joined it because they lie in the span of the others
+    (:meth:`BackwardBase._identify`, squared distance below ``DEPENDENT_TOL``). The regular
+    ladder, which needs every sample regular, would then only fail (decision-focused QPs such
+    as QPTL with row gradients: every sample), so the degenerate rule runs at once; it
+    routes the regular samples of the batch to the same regular solve on their rows."""
+    adopted = active.adopted
+    return adopted is not None and bool((adopted & data.ok[:, None]).any())
 
 
 AttemptRun = Callable[
