@@ -66,12 +66,21 @@ CASE = "QPTL shortest path 5x5, batch 32"
 TARGET = 2.0  # issue 30: backward <= 2x forward
 
 
+VARIANTS = (  # (drop the sink's redundant row, b requires grad, case label)
+    (True, False, CASE),
+    (False, False, CASE + " (all 25 flow rows)"),
+    (True, True, CASE + ", b requires grad (row gradients)"),
+)
+
+
 def run_qptl(threads: int, rounds: int) -> list[dict[str, Any]]:
     """Rows of the QPTL case at ``threads`` torch threads: ``dxopt auto`` forward and
     forward+backward (``L = sum(w * x)``, gradient for ``q``, the DFL layer's input), timed
     interleaved by :func:`benchmarks.qp_speed.run._rounds`; ``note`` has backward/forward
-    (backward = fwd+bwd - fwd). Two variants: ``A`` without the sink's redundant row, and all
-    25 rows (dependent equality rows too)."""
+    (backward = fwd+bwd - fwd). Three variants (:data:`VARIANTS`): ``A`` without the sink's
+    redundant row, all 25 rows (dependent equality rows too), and ``b`` requiring grad as
+    well (the row gradients of a prediction entering the constraints: the degenerate vertex
+    rule runs on every sample)."""
     from benchmarks.qp_speed.run import _rounds
 
     previous = torch.get_num_threads()
@@ -79,21 +88,21 @@ def run_qptl(threads: int, rounds: int) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     try:
         fns: dict[str, Any] = {}
-        for drop in (True, False):
+        for drop, grad_b, case in VARIANTS:
             d = qptl_batch(32, drop_last=drop)
             w = torch.from_numpy(np.random.default_rng(1).standard_normal((32, d["q"].shape[1])))
-            fns[f"{drop} fwd"] = _call(d, w, backward=False)
-            fns[f"{drop} fwd+bwd"] = _call(d, w, backward=True)
+            fns[f"{case} fwd"] = _call(d, w, backward=False, grad_b=grad_b)
+            fns[f"{case} fwd+bwd"] = _call(d, w, backward=True, grad_b=grad_b)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", QPDegenerateWarning)
             secs, _, _ = _rounds(fns, rounds)
     finally:
         torch.set_num_threads(previous)
-    for drop in (True, False):
-        fwd, both = secs[f"{drop} fwd"], secs[f"{drop} fwd+bwd"]
+    for _, _, case in VARIANTS:
+        fwd, both = secs[f"{case} fwd"], secs[f"{case} fwd+bwd"]
         ratio = (both - fwd) / fwd
         rows.append({
-            "case": CASE + ("" if drop else " (all 25 flow rows)"),
+            "case": case,
             "threads": threads,
             "method": "dxopt auto",
             "forward_ms": 1e3 * fwd,
@@ -104,15 +113,20 @@ def run_qptl(threads: int, rounds: int) -> list[dict[str, Any]]:
     return rows
 
 
-def _call(d: dict[str, torch.Tensor], w: torch.Tensor, *, backward: bool) -> Any:
+def _call(
+    d: dict[str, torch.Tensor], w: torch.Tensor, *, backward: bool, grad_b: bool = False
+) -> Any:
     import dxopt.qp as dqp
 
     def run() -> Any:
         q = d["q"].clone().requires_grad_(backward)
-        sol = dqp.solve(d["P"], q, A=d["A"], b=d["b"], lb=d["lb"], ub=d["ub"])
+        b = d["b"]
+        if grad_b:  # one right-hand side per sample, as a predicted demand would be
+            b = b.expand(q.shape[0], -1).clone().requires_grad_(backward)
+        sol = dqp.solve(d["P"], q, A=d["A"], b=b, lb=d["lb"], ub=d["ub"])
         if backward:
             (w * sol.x).sum().backward()
-            return sol.x.detach(), q.grad
+            return sol.x.detach(), q.grad, b.grad
         return sol.x, None
 
     return run
