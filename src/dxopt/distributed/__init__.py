@@ -7,9 +7,9 @@ status and gradients are those of the local call. Ray is an optional extra
 (``pip install 'dxopt[distributed]'``) imported only when an executor starts.
 
 Owns the Ray executor, its chunking, stitching and worker side. May import ``dxopt.qp`` (the
-executor protocol :class:`QPExecutor` is defined there, in :mod:`dxopt.qp.problem.executor`, and
-re-exported here) and the top-level ``dxopt`` (``_worker.describe``); ``dxopt.qp`` never
-imports it.
+executor protocol :class:`QPExecutor` and the call's data it receives, :class:`QPData`, are
+defined there, in :mod:`dxopt.qp.problem.executor`, and re-exported here) and the top-level
+``dxopt`` (``_worker.describe``); ``dxopt.qp`` never imports it.
 """
 
 from dxopt.distributed._errors import DistributedError as DistributedError
@@ -17,6 +17,7 @@ from dxopt.distributed._errors import DistributedTypeError as DistributedTypeErr
 from dxopt.distributed._errors import DistributedValueError as DistributedValueError
 from dxopt.distributed._ray import ExecutorStats as ExecutorStats
 from dxopt.distributed._ray import RayExecutor as RayExecutor
+from dxopt.qp.problem.executor import QPData as QPData
 from dxopt.qp.problem.executor import QPExecutor as QPExecutor
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "DistributedTypeError",
     "DistributedValueError",
     "ExecutorStats",
+    "QPData",
     "QPExecutor",
     "RayExecutor",
 ]

@@ -40,6 +40,7 @@ from dxopt.distributed._stitch import (
 )
 from dxopt.distributed._worker import ChunkGrads, ChunkOutput, QPWorker, solve_and_backward
 from dxopt.qp import BackwardDiagnostics, QPInfo, QPSolution, QPSolveError
+from dxopt.qp.problem.executor import QPData
 from dxopt.qp.problem.options import QPOptions
 
 __all__ = ["ExecutorStats", "RayExecutor"]
@@ -287,30 +288,18 @@ class RayExecutor:
 
     # --- forward ------------------------------------------------------------------------
 
-    def solve(
-        self,
-        P: Tensor,
-        q: Tensor,
-        A: Tensor | None = None,
-        b: Tensor | None = None,
-        G: Tensor | None = None,
-        h: Tensor | None = None,
-        *,
-        lb: Tensor | None = None,
-        ub: Tensor | None = None,
-        warm_start: Tensor | None = None,
-        options: QPOptions,
-    ) -> QPSolution:
-        """Solve the batch on the actors; called by ``dqp.solve(..., executor=self)``.
+    def solve(self, data: QPData, *, options: QPOptions) -> QPSolution:
+        """Solve the batch ``data`` on the actors; called by ``dqp.solve(..., executor=self)``
+        (the :class:`~dxopt.qp.problem.executor.QPExecutor` protocol).
 
         ``options``: the other keyword options of :func:`dxopt.qp.solve`, checked
         (:class:`~dxopt.qp.problem.options.QPOptions`, ``executor=None``).
         """
         ray = _import_ray()
         self.start()
-        inputs = (P, q, A, b, G, h, lb, ub, warm_start)
+        inputs = data.tensors()
         layout = layout_of(inputs)
-        device = q.device if isinstance(q, Tensor) else torch.device("cpu")
+        device = data.q.device if isinstance(data.q, Tensor) else torch.device("cpu")
         cpu = tuple(None if t is None else t.detach().cpu() for t in inputs)
         needs_grad = tuple(t is not None and t.requires_grad for t in inputs[:8])
         keep = torch.is_grad_enabled() and any(needs_grad)

@@ -22,6 +22,7 @@ import torch
 import dxopt.qp as dqp
 from dxopt.qp.api.route import ROUTES, plan
 from dxopt.qp.api.solve import solve_with
+from dxopt.qp.problem.executor import QPData
 from dxopt.qp.problem.options import QPOptions
 
 F64 = torch.float64
@@ -193,16 +194,25 @@ def test_one_option_set_reaches_the_executor() -> None:
     """The executor receives the call's QPOptions whole (executor=None), so a new option
     reaches it without another list of names."""
     received: list[QPOptions] = []
+    received_data: list[QPData] = []
 
     class Recorder:
-        def solve(self, P, q, A=None, b=None, G=None, h=None, *, lb, ub, warm_start, options):  # type: ignore[no-untyped-def]
+        def solve(self, data: QPData, *, options: QPOptions) -> dqp.QPSolution:
             received.append(options)
+            received_data.append(data)
+            P, q, A, b, G, h, lb, ub, warm_start = data.tensors()
             return dqp.solve(P, q, A=A, b=b, G=G, h=h, lb=lb, ub=ub, warm_start=warm_start,
                              **options.as_keywords())  # fmt: skip
 
     data = _qp(4, 2, 0)
-    sol = dqp.solve(**data, executor=Recorder(), eps_abs=1e-10, polish=False, backward="kkt")
+    lb = torch.full((4,), -5.0, dtype=torch.float64)
+    sol = dqp.solve(**data, lb=lb, executor=Recorder(), eps_abs=1e-10, polish=False,
+                    backward="kkt")  # fmt: skip
     assert received == [QPOptions(eps_abs=1e-10, polish=False, backward="kkt")]
+    # the call's data arrives whole, as given (bounds not yet rows of G)
+    sent = received_data[0].tensors()
+    given = (data["P"], data["q"], data.get("A"), data.get("b"), data["G"], data["h"], lb, None)
+    assert all(a is b for a, b in zip(sent, (*given, None), strict=True))
     assert sol.info.route == "lean_single"  # the recorder's own local solve
 
 

@@ -24,6 +24,7 @@ from dxopt.qp.api.lean import declined, run_lean_batch, run_lean_single
 from dxopt.qp.api.route import Route, plan
 from dxopt.qp.problem.canonical import canonical_problem
 from dxopt.qp.problem.contracts import BackwardMethod
+from dxopt.qp.problem.executor import QPData
 from dxopt.qp.problem.options import QPOptions
 from dxopt.qp.problem.types import QPSolution
 
@@ -260,9 +261,9 @@ def _solve_planned(
     if options.executor is not None:  # the bounds travel as they came
         plan((P, q, A, b, G, h, lb, ub), options, method, warm_start=warm_start)
         return options.executor.solve(
-            P, q, A, b, G, h, lb=lb, ub=ub, warm_start=warm_start,
+            QPData(P, q, A, b, G, h, lb, ub, warm_start),
             options=dataclasses.replace(options, executor=None),
-        )  # fmt: skip
+        )
     m_user = None if G is None else G.shape[-2]
     k_lb = k_ub = 0
     if lb is not None or ub is not None:
