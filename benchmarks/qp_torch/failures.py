@@ -38,40 +38,13 @@ import numpy as np
 import torch
 
 from benchmarks.common import machine_info, machine_line, markdown_table, publish, results_dir
+from benchmarks.qp_torch.problems import known_solution_batch
 
 COMMAND = "python -m benchmarks.qp_torch.failures"
 COLUMNS = (
     "n", "dtype", "weak", "size", "torch_unsolved", "to_cpu", "failures", "others_solve",
     "auto_cpu_failures", "x_err", "x_err_known", "grad_err", "refusals", "seconds",
 )  # fmt: skip
-
-
-def random_batch(B: int, n: int, m: int, seed: int, *, weak: int) -> dict[str, torch.Tensor]:
-    """Random inequality QPs with a known solution (see the module docstring), float64."""
-    return _random_batch(B, n, m, seed, weak=weak)[0]
-
-
-def _random_batch(
-    B: int, n: int, m: int, seed: int, *, weak: int
-) -> tuple[dict[str, torch.Tensor], np.ndarray]:
-    """:func:`random_batch` and the known solutions ``(B, n)``."""
-    rng = np.random.default_rng(seed)
-    Q = np.linalg.qr(rng.standard_normal((B, n, n)))[0]
-    ev = np.exp(rng.uniform(0.0, np.log(7.0), (B, n)))
-    P = (Q * ev[:, None, :]) @ Q.transpose(0, 2, 1)
-    P = 0.5 * (P + P.transpose(0, 2, 1))
-    G = rng.standard_normal((B, m, n))
-    x = rng.standard_normal((B, n))
-    active = rng.uniform(size=(B, m)) < 0.3
-    s = np.where(active, 0.0, np.abs(rng.standard_normal((B, m))))
-    nu = np.where(active, np.abs(rng.standard_normal((B, m))), 0.0)
-    if weak:
-        rows = np.argsort(rng.uniform(size=(B, m)), -1)[:, :weak]
-        np.put_along_axis(s, rows, 0.0, -1)
-        np.put_along_axis(nu, rows, 0.0, -1)
-    h = np.einsum("bmn,bn->bm", G, x) + s
-    q = -np.einsum("bij,bj->bi", P, x) - np.einsum("bmn,bm->bn", G, nu)
-    return {k: torch.tensor(v) for k, v in zip("PqGh", (P, q, G, h))}, x
 
 
 def _others_solve(data: dict[str, torch.Tensor], samples: list[int]) -> int:
@@ -102,7 +75,7 @@ def run_config(
     row["seconds"] = 0.0
     for k, lo in enumerate(range(0, size, chunk)):
         B = min(chunk, size - lo)
-        exact, known = _random_batch(B, n, m, seed + lo, weak=weak)
+        exact, known = known_solution_batch(B, n, m, seed + lo, weak=weak)
         data = {k: v.to(dtype) for k, v in exact.items()}
         on_dev = {k: v.to(device) for k, v in data.items()}
         raw = torch_qp_solve(on_dev["P"], on_dev["q"], G=on_dev["G"], h=on_dev["h"])

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from _fd import directional_verdicts
+from benchmarks.qp_torch.problems import known_solution_batch as random_batch
 
 import dxopt.qp as dqp
 from dxopt.qp import QPStatus
@@ -21,32 +22,6 @@ from dxopt.qp.certify.torch_certify import certify as torch_certify
 D = torch.float64
 KEYS = ("P", "q", "A", "b", "G", "h")
 pytestmark = pytest.mark.filterwarnings("ignore::dxopt.qp.QPDegenerateWarning")
-
-
-def random_batch(
-    B: int, n: int, m: int, seed: int, *, weak: int = 0, cond: float = 7.0
-) -> tuple[dict[str, torch.Tensor], np.ndarray]:
-    """Well-conditioned random inequality QPs (cond(P) up to ``cond``) with a known solution
-    ``x*``: about 30% of the rows active with positive multipliers, and ``weak`` rows per
-    sample active with a zero multiplier (zero slack and zero multiplier)."""
-    rng = np.random.default_rng(seed)
-    Q = np.linalg.qr(rng.standard_normal((B, n, n)))[0]
-    ev = np.exp(rng.uniform(0.0, np.log(cond), (B, n)))
-    P = (Q * ev[:, None, :]) @ Q.transpose(0, 2, 1)
-    P = 0.5 * (P + P.transpose(0, 2, 1))
-    G = rng.standard_normal((B, m, n))
-    x = rng.standard_normal((B, n))
-    active = rng.uniform(size=(B, m)) < 0.3
-    s = np.where(active, 0.0, np.abs(rng.standard_normal((B, m))))
-    nu = np.where(active, np.abs(rng.standard_normal((B, m))), 0.0)
-    if weak:
-        rows = np.argsort(rng.uniform(size=(B, m)), -1)[:, :weak]
-        np.put_along_axis(s, rows, 0.0, -1)
-        np.put_along_axis(nu, rows, 0.0, -1)
-    h = np.einsum("bmn,bn->bm", G, x) + s
-    q = -np.einsum("bij,bj->bi", P, x) - np.einsum("bmn,bm->bn", G, nu)
-    data = {k: torch.tensor(v) for k, v in zip(("P", "q", "G", "h"), (P, q, G, h))}
-    return data, x
 
 
 def _grads(data: dict[str, torch.Tensor], solver: str, backward: str, seed: int = 3) -> tuple:
@@ -326,9 +301,8 @@ def test_ill_conditioned_vertex_backward_is_refined_not_refused() -> None:
     """A sample of the failure table (20 active rows in R^20, normalised smallest singular
     value 4e-3): four refinement passes left the device adjoint residual at 1.4e-10 and the
     backward refused it; the refinement now runs to round-off (the CPU path's gradient)."""
-    from benchmarks.qp_torch.failures import random_batch as table_batch
-
-    data = {k: v[423:424] for k, v in table_batch(1000, 20, 30, 7000, weak=0).items()}
+    table, _ = random_batch(1000, 20, 30, 7000)  # the failure table's n = 20 configuration
+    data = {k: v[423:424] for k, v in table.items()}
     sol, grads = _grads(data, "torch", "kkt")
     assert sol.info.sample_solvers == ("torch",)
     _, ref_grads = _grads(data, "daqp", "kkt")
