@@ -134,10 +134,8 @@ def solve_torch(
     residuals = torch.stack(
         [torch.where(okp, plain.primal_residual, nan), torch.where(okp, plain.dual_residual, nan)]
     ).tolist()
-    # a sample the device cannot certify (fallback) or differentiate goes to the CPU path, and
-    # so does an infeasible/unbounded verdict: the interior point's test (absolute, no
-    # convexity or feasibility check) called cond(P) = 1e9 problems unbounded; the CPU path
-    # claims one only with a checked certificate (dxopt.qp.certify.certificates)
+    # the CPU path also re-decides infeasible/unbounded verdicts: the interior point's test
+    # is absolute and unchecked, the CPU path claims one only with a checked certificate
     moved = [
         i
         for i, reg in enumerate(regular)

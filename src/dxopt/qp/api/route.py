@@ -157,9 +157,7 @@ def plan(
         and options.max_workers is None
         and (solver == "auto" or solver == "daqp" or solver == COMPILED_SOLVER)
     ):
-        # "auto" or "dual_active_set" without a warm start: the compiled solver, for batches
-        # of any n and for one problem ("auto": only one too large for the single lean
-        # route) as a batch of one
+        # the compiled solver takes no warm start; one problem runs on it as a batch of one
         compiled = solver != "daqp" and warm_start is None
         batch = small_batch_inputs(*data, max_n=None if compiled else SMALL_MAX_N)
         single = (
