@@ -132,11 +132,8 @@ class QPFunction(torch.autograd.Function):
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         ctx.call = inputs[-1]
         ctx.mark_non_differentiable(output[3])
-        # under torch.func the inputs anchor the adjoint/tangent solves (second order refused);
-        # the eager backward reads the canonical problem on ``call``, which shares memory with
-        # float64 CPU inputs: the inputs are saved either way, so autograd's version check
-        # refuses a backward after an in-place change of one of them (as for torch's own ops)
-        # instead of a gradient at data the solve never saw
+        # the inputs are saved even where the backward reads ``call`` (which may share their
+        # memory), so autograd's version check refuses a backward after an in-place change
         anchors = inputs[:6] if functorch_active() else ()
         ctx.anchored = bool(anchors)
         ctx.ndims = tuple(None if t is None else t.ndim for t in inputs[:6])
