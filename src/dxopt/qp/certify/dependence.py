@@ -249,10 +249,8 @@ def min_norm_sparse(P: sp.spmatrix, C: sp.csr_matrix, rhs: np.ndarray) -> np.nda
     best = 1.0  # relative residual of z
     for rung, relative_delta in enumerate(_DELTA_LADDER):
         delta = relative_delta * max(row_sq, 1e-300) / c_P
-        # quasi-definite (both blocks regularised): SuperLU never sees a singular matrix (with
-        # P singular on the null space of C, [[P, C'], [C, -delta I]] is, and SuperLU crashed
-        # the process on it at random: Maros-Meszaros QFORPLAN); the refinement against K
-        # still converges to the minimum-norm solution (module docstring of linalg.sparse)
+        # both blocks regularised (quasi-definite): SuperLU crashes the process on a singular
+        # [[P, C'], [C, -delta I]]; the refinement against K keeps the minimum-norm solution
         n = P.shape[0]
         M = sp.bmat(
             [[P + relative_delta * c_P * sp.eye(n), C.T], [C, -delta * sp.eye(k)]], format="csc"
