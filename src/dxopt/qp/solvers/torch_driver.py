@@ -152,9 +152,8 @@ def solve_detached(
         max_refine = REFINE_STEPS if max_refine is None else max_refine
         m, gap_abs = h.shape[-1], max(eps_abs, IPM_EPS_FLOOR)
         for attempt in range(3):
-            # polish on the active set read off the iterate; where a sample's polish fails
-            # certification (an ambiguous, nearly weakly active row), resume its interior
-            # point with a 1000x tighter complementarity and polish again
+            # a polish that fails certification (a nearly weakly active row) resumes the
+            # interior point with a 1000x tighter complementarity to settle that row's side
             active = (it.z > it.s) & nonzero
             for _ in range(POLISH_ROUNDS):
                 factor, bad = penalty_factor(
@@ -162,9 +161,7 @@ def solve_detached(
                 )  # fmt: skip
                 if not (polish or m == 0):
                     break
-                # the polished point in float64 (float32 data: its float64 solution on the
-                # active set, certified as the CPU path certifies its float64 points, then
-                # rounded)
+                # in float64 even for float32 data: certified as the CPU path's points are
                 xw, yw, zw, kkt_err = kkt_solve(factor, P, A, G, -q, b, h, wide=True)
                 zw = torch.where(active, zw, 0.0)
                 ok_p = _certify(P, q, A, b, G, h, xw, yw, zw, user_abs, user_rel) & ~bad
@@ -193,9 +190,7 @@ def solve_detached(
             y = torch.where(polished[:, None], yp, y)
             z = torch.where(polished[:, None], zp.clamp_min(0.0), z)
             if h.shape[-1] == 0 and bool((~ok_p).any()):
-                # equality-only: the least-squares residual r = b - A A^+ b (-r is a Farkas
-                # certificate when nonzero) and the penalty solve's (diverging) x are the
-                # candidates
+                # equality-only: -r, r = b - A A^+ b, is a Farkas certificate when nonzero
                 r = b - mv(A, mv(torch.linalg.pinv(A), b)) if A.shape[-2] else b
                 cand = _Iterate(x=xp, y=-r, z=zp, s=zp)
                 pinf, dinf = _certificates(P, q, A, b, G, h, cand, eps_inf)
@@ -209,9 +204,7 @@ def solve_detached(
         # not certified at the user's tolerance: an interior-point "SOLVED" becomes MAX_ITER
         status = torch.where(ok, code(Status.SOLVED), status)
         status = torch.where(~ok & (status == code(Status.SOLVED)), code(Status.MAX_ITER), status)
-        # where the device's exact active-set derivative is the derivative (the CPU path's
-        # rules would give the same); the other samples are sent to the CPU path
-        # (dxopt.qp.api.device)
+        # only there is the device's active-set derivative the CPU path's (dxopt.qp.api.device)
         regular = ok & polished
         if polish or m == 0:  # and the polish's own KKT solve reached round-off
             regular = regular & _regular(P, q, A, b, G, h, xw, zw, factor.active)

@@ -222,10 +222,8 @@ def _ipm(
         return it, status, iters  # equality-only: the polish solves it exactly
     tiny = torch.finfo(q.dtype).tiny ** 0.5
     SOLVED, FAILED = code(Status.SOLVED), code(Status.FAILED)
-    # On the CPU a host sync is free, so every iteration tests for completion and the working
-    # set shrinks to the samples still running (their data gathered once per shrink): each
-    # sample costs its own iterations, not the slowest sample's. On other devices the batch
-    # keeps its shape and syncs once per ``check_every`` iterations.
+    # a host sync is free on the CPU: the working set shrinks to the running samples each
+    # iteration (each costs its own iterations); elsewhere sync every ``check_every``
     compact = q.device.type == "cpu"
     full = (it, status, iters)
     work: Tensor | None = None  # indices of the working samples in the batch (None: all)

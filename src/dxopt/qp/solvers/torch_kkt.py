@@ -175,9 +175,8 @@ def kkt_solve(
     for k in range(f.max_refine + 1):
         e1, e2, e3 = residual(u, v, w)
         err = torch.maximum(torch.maximum(amax(e1), amax(e2)), amax(e3)) / size
-        # a sample keeps refining while it is above round-off and its residual still at least
-        # halves per pass (a stagnating one would only spend passes); stop (one host sync per
-        # pass) when none does
+        # refine while above round-off and halving per pass (a stagnating sample would only
+        # spend passes)
         moving = (err > 8 * torch.finfo(hi).eps) & (err <= 0.5 * prev)
         if k == f.max_refine or not bool(moving.any()):
             break
