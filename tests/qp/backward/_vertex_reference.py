@@ -1,10 +1,26 @@
-"""The vertex rule's two-phase simplex as it was before it was compiled (numpy, every pivot
-applied to the whole batch as masked array operations): the reference that
-:func:`dxopt.qp.backward.vertex_simplex.simplex_batch` must reproduce (test_vertex_batch.py)."""
+"""The batched vertex rule as it was before issue 30's row-gradient work: the two-phase
+simplex in numpy (every pivot applied to the whole batch as masked array operations) and the
+equality multipliers eliminated by an SVD. The reference that
+:func:`dxopt.qp.backward.vertex_simplex.simplex_batch` and
+:func:`dxopt.qp.backward.vertex_batch.vertex_rows_batched` must reproduce
+(test_vertex_compiled.py)."""
 
 from __future__ import annotations
 
 import numpy as np
+import torch
+from torch import Tensor
+
+from dxopt.qp.backward.degenerate_rule import dependent_flags_dense
+from dxopt.qp.backward.vertex_batch import (
+    _FEASIBLE_TOL,
+    _RANK_CUT,
+    _equality_rows,
+    _parallel_groups,
+    vertex_cost,
+)
+from dxopt.qp.certify.active import compress_rows, gather_rows
+from dxopt.qp.problem.canonical import QPProblem
 
 _PIVOT_TOL = 1e-12
 _STALL = 8
@@ -109,3 +125,73 @@ def _pivot(
     a = np.flatnonzero(active)
     T[a, leave[a]] = row[a]
     basis[a, leave[a]] = e[a]
+
+
+def reference_vertex_rows_batched(
+    problem: QPProblem,
+    used: Tensor,
+    ineq_duals: Tensor,
+    eq_duals: Tensor,
+    samples: Tensor,
+    *,
+    keep_parallel: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The old batched rule (numpy simplex, SVD elimination of y) of the dense
+    ``samples`` (S,) in one batch (module docstring). Returns ``(used, dropped, done)``:
+    the new mask (S, m) (unchanged off ``done``), the per-sample number of dropped rows and
+    ``done`` (S,), the samples settled here (the others go to the per-sample loop)."""
+    S = used.shape[0]
+    out, dropped = used.clone(), torch.zeros(S, dtype=torch.int64)
+    done = torch.zeros(S, dtype=torch.bool)
+    chosen = torch.nonzero(samples & used.any(-1)).flatten()
+    if chosen.numel() == 0 or problem.G is None:
+        return out, dropped, done
+    sub = used[chosen]
+    index, valid = compress_rows(sub)
+    G = problem.G.to_dense() if problem.G.layout != torch.strided else problem.G
+    G = G.to(torch.float64)
+    G = G[chosen] if G.ndim == 3 else G
+    Gk = gather_rows(G, index).numpy() * valid.numpy()[..., None]  # (s, K, n), zero padding
+    z0 = ineq_duals[chosen].gather(1, index).numpy() * valid.numpy()
+    _, K, n = Gk.shape
+    norms = np.linalg.norm(Gk, axis=-1)
+    Gn = Gk / np.where(norms > 0, norms, 1.0)[..., None]
+    z0 = np.maximum(z0 * norms, 0.0)  # multipliers of the normalised rows
+    An, Ua = _equality_rows(problem, chosen, n)
+    C = torch.from_numpy(np.concatenate([An, Gn], 1))  # equality rows first
+    flags = dependent_flags_dense(C).numpy()
+    nonzero = np.concatenate([np.linalg.norm(An, axis=-1) > 0, norms > 0], 1)
+    rank = (nonzero & ~flags).sum(-1)
+    work = np.asarray(flags.any(-1))  # only dependent samples change
+    if keep_parallel:
+        work &= rank != _parallel_groups(C.numpy(), nonzero)
+    # 1. eliminate y: the rows projected onto the complement of range A^T
+    B = Gn - (Gn @ Ua) @ np.swapaxes(Ua, -1, -2) if Ua.shape[-1] else Gn
+    U, sigma, _ = np.linalg.svd(B, full_matrices=False)  # U (s, K, min(K, n))
+    rho = (sigma > _RANK_CUT * np.maximum(sigma.max(-1, keepdims=True), 1e-300)).sum(-1)
+    M = np.swapaxes(U, 1, 2) * (np.arange(U.shape[2])[None, :] < rho[:, None])[..., None]
+    cost = np.where(valid.numpy(), vertex_cost(K)[None, :], 1.0)
+    z, solved = reference_simplex(M, M @ z0[..., None], cost, work)
+    # 2. checks: a feasible vertex (nonnegative, same constraints as z0)
+    scale = np.maximum(np.abs(z0).max(-1), 1e-300)
+    resid = np.linalg.norm((M @ (z - z0)[..., None])[..., 0], axis=-1)
+    ok = solved & (z.min(-1) >= -_FEASIBLE_TOL * scale) & (resid <= _FEASIBLE_TOL * scale)
+    # 3. the support, completed in row order: [A; support rows; other rows] in row order
+    support = (z > 1e-9 * np.maximum(z.max(-1, keepdims=True), 1e-300)) & valid.numpy()
+    order = np.argsort(~support, axis=1, kind="stable")  # support first, each in row order
+    Go = np.take_along_axis(Gn, order[..., None], 1)
+    flags_o = dependent_flags_dense(torch.from_numpy(np.concatenate([An, Go], 1))).numpy()
+    dep = np.zeros_like(support)
+    np.put_along_axis(dep, order, flags_o[:, An.shape[1] :], 1)
+    keep = valid.numpy() & ~dep
+    ok &= ~(dep & support).any(-1)  # the support of a vertex is independent
+    eq_rank = (np.linalg.norm(An, axis=-1) > 0).sum(-1) - flags_o[:, : An.shape[1]].sum(-1)
+    ok &= keep.sum(-1) + eq_rank == rank  # the kept rows span the row space
+    settled = ok | ~work
+    gone = torch.from_numpy(valid.numpy() & ~keep & (ok & work)[:, None])
+    rows_gone = torch.zeros_like(sub)
+    rows_gone.scatter_(1, index, gone)
+    out[chosen] = sub & ~rows_gone
+    dropped[chosen] = gone.sum(-1)
+    done[chosen] = torch.from_numpy(settled)
+    return out, dropped, done

@@ -117,7 +117,11 @@ def test_qp_speed_has_the_qptl_case_and_its_target() -> None:
     from benchmarks.qp_speed.run import targets
 
     rows = run_qptl(1, 1)
-    assert [r["case"] for r in rows] == [CASE, CASE + " (all 25 flow rows)"]
+    assert [r["case"] for r in rows] == [
+        CASE,
+        CASE + " (all 25 flow rows)",
+        CASE + ", b requires grad (row gradients)",
+    ]
     assert all(r["forward_ms"] > 0 and r["fwd_bwd_ms"] > r["forward_ms"] for r in rows)
     found = [t for t in targets(rows) if t["target"].startswith(CASE)]
-    assert len(found) == 2 and all(t["verdict"] in ("MET", "MISSED") for t in found)
+    assert len(found) == 3 and all(t["verdict"] in ("MET", "MISSED") for t in found)

@@ -19,13 +19,14 @@ import numpy as np
 import pytest
 import torch
 from benchmarks.qp_speed.qptl import qptl_batch
-from tests.qp.backward._vertex_reference import reference_simplex
+from tests.qp.backward._vertex_reference import reference_simplex, reference_vertex_rows_batched
 from tests.qp.backward.test_vertex_batch import _capture, _random_degenerate, _row_backward
 
 import dxopt.qp as dqp
 import dxopt.qp.backward.base as base
 import dxopt.qp.backward.vertex_batch as vb
 from dxopt.linalg import small_work
+from dxopt.qp.backward.degenerate_rule import dependent_flags_factor
 from dxopt.qp.backward.fallbacks import dependent_counts
 from dxopt.qp.backward.vertex_simplex import simplex_batch
 
@@ -72,27 +73,19 @@ def test_compiled_simplex_equals_the_array_simplex(seed: int) -> None:
         assert z[i].min() >= -1e-12
 
 
-def _with_reference_simplex(monkeypatch: pytest.MonkeyPatch) -> None:
-    def old(M, b, cost, work):  # type: ignore[no-untyped-def]
-        return reference_simplex(M, b[..., None], cost, work)
-
-    monkeypatch.setattr(vb, "simplex_batch", old)
-
-
-def _rule_outputs(calls: list[dict[str, Any]]) -> list[tuple[torch.Tensor, ...]]:
+def _rule_outputs(calls: list[dict[str, Any]], rule: Any) -> list[tuple[torch.Tensor, ...]]:
     out = []
     for c in calls:
         args = (c["problem"], c["used"], c["ineq"], c["eq"])
         for keep_parallel in (False, True):
-            out.append(vb.vertex_rows_batched(*args, ~c["skip"], keep_parallel=keep_parallel))
+            out.append(rule(*args, ~c["skip"], keep_parallel=keep_parallel))
     return out
 
 
-def test_rule_with_the_compiled_simplex_equals_the_old_rule(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """QPTL batches (three regularisations) and random dependent rows: the batched rule's
-    rows, dropped counts and settled samples are those of the rule with the old simplex."""
+def test_batched_rule_equals_the_old_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    """QPTL batches (three regularisations) and random dependent rows: the batched rule
+    (compiled simplex; equality multipliers eliminated from the Gram factor, no SVD) keeps
+    the rows, drops the counts and settles the samples of the old rule (numpy simplex, SVD)."""
     calls = _capture(monkeypatch)
     for seed, eps in enumerate((0.1, 0.5, 1.0)):
         _row_backward(qptl_batch(32, eps=eps, seed=seed), seed)
@@ -104,9 +97,8 @@ def test_rule_with_the_compiled_simplex_equals_the_old_rule(
             warnings.simplefilter("ignore", dqp.QPDegenerateWarning)
             sol.x.sum().backward()
     assert len(calls) >= 6
-    new = _rule_outputs(calls)
-    _with_reference_simplex(monkeypatch)
-    old = _rule_outputs(calls)
+    new = _rule_outputs(calls, vb.vertex_rows_batched)
+    old = _rule_outputs(calls, reference_vertex_rows_batched)
     dropped = 0
     for (used_n, drop_n, done_n), (used_o, drop_o, done_o) in zip(new, old, strict=True):
         assert torch.equal(used_n, used_o)
@@ -163,3 +155,35 @@ def test_regular_batch_still_takes_the_regular_ladder_first(
     sol.x.sum().backward()
     assert seen and seen[0] == 12
     assert sol.info.backward.licq
+
+
+def test_projected_range_from_the_gram_factor_equals_the_svd_range() -> None:
+    """The constraint rows of the rule's linear program: the orthonormal basis read off the
+    Gram factor spans the range of the SVD's (same projector, same rank) on dependent rows
+    with equality rows; a sample whose G rows all lie in the span of A gets no row."""
+    rng = np.random.default_rng(3)
+    s, n, p = 6, 7, 2
+    A = rng.standard_normal((p, n))
+    base_rows = rng.standard_normal((s, 4, n))
+    in_eq_span = rng.standard_normal((s, 1, p)) @ A  # a G row in range A^T
+    Gk = np.concatenate([base_rows, base_rows[:, :2] + base_rows[:, 2:4], in_eq_span], 1)
+    Gk[-1] = rng.standard_normal((Gk.shape[1], p)) @ A  # every row in range A^T: rank 0
+    Gn = Gk / np.linalg.norm(Gk, axis=-1, keepdims=True)
+    An = A / np.linalg.norm(A, axis=-1, keepdims=True)
+    C = torch.from_numpy(np.concatenate([np.broadcast_to(An, (s, p, n)), Gn], 1))
+    flags, L, info = dependent_flags_factor(C)
+    assert not bool(info.any())
+    K = Gn.shape[1]
+    independent = ~flags.numpy()[:, p:]
+    M = vb._projected_range(L.numpy()[:, p:, p:], independent)
+    Ua = np.linalg.svd(An.T, full_matrices=False)[0]
+    M_svd = vb._projected_range_svd(Gn, Ua)
+    for i in range(s - 1):
+        proj = M[i].T @ M[i]
+        proj_svd = M_svd[i].T @ M_svd[i]
+        np.testing.assert_allclose(proj, proj_svd, atol=1e-10)
+        assert round(float(np.trace(proj))) == int(independent[i].sum())
+    # every G row in range A^T: the range is {0}; the SVD's relative cut keeps round-off
+    # directions there (all singular values about 1e-16), the Gram pivots do not
+    assert int(independent[-1].sum()) == 0 and K > 4
+    assert not M[-1].any()

@@ -51,6 +51,7 @@ from dxopt.qp.problem.types import QPDegenerateWarning
 __all__ = [
     "DegenerateRule",
     "dependent_flags_dense",
+    "dependent_flags_factor",
     "dependent_weak_rows_dense",
     "independent_rows_dense",
     "project_multiplier_rhs",
@@ -119,6 +120,21 @@ def dependent_flags_dense(C: Tensor) -> Tensor:
     if k == 0:
         return torch.zeros(S, 0, dtype=torch.bool)
     return _flags(*_unit_gram_factor(C))
+
+
+def dependent_flags_factor(C: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``(flags, L, info)``: :func:`dependent_flags_dense` of ``C`` (S, k, n) with the
+    Cholesky factor ``L`` (S, k, k) of the shifted Gram matrix of its normalised rows that
+    gave them and LAPACK's ``info`` (S,) (nonzero: ``L`` is not usable for that sample and
+    its flags came from Gram-Schmidt). Row ``i`` of ``L`` holds the coordinates of unit row
+    ``i`` on the orthonormalised rows before it (Gram-Schmidt in row order), its unflagged
+    columns an orthonormal basis of the row space."""
+    S, k, _ = C.shape
+    if k == 0:
+        empty = torch.zeros(S, 0, dtype=torch.bool)
+        return empty, torch.zeros(S, 0, 0, dtype=C.dtype), torch.zeros(S, dtype=torch.int32)
+    Cn, L, nonzero, info = _unit_gram_factor(C)
+    return _flags(Cn, L, nonzero, info), L, info
 
 
 def _flags_qr(Cn: np.ndarray, nonzero: np.ndarray) -> Tensor:
