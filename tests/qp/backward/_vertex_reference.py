@@ -16,7 +16,6 @@ from dxopt.qp.backward.vertex_batch import (
     _FEASIBLE_TOL,
     _RANK_CUT,
     _equality_rows,
-    _parallel_groups,
     vertex_cost,
 )
 from dxopt.qp.certify.active import compress_rows, gather_rows
@@ -195,3 +194,13 @@ def reference_vertex_rows_batched(
     dropped[chosen] = gone.sum(-1)
     done[chosen] = torch.from_numpy(settled)
     return out, dropped, done
+
+
+def _parallel_groups(C: np.ndarray, nonzero: np.ndarray) -> np.ndarray:
+    """Per sample, the number of distinct nonzero unit rows of ``C`` (s, k, n) up to sign
+    (duplicated or opposite rows count once): rows with no earlier parallel row."""
+    gram = np.abs(C @ np.swapaxes(C, 1, 2))
+    parallel = (1.0 - gram <= 1e-12) & nonzero[:, None, :] & nonzero[:, :, None]
+    earlier = np.tril(np.ones(gram.shape[1:], dtype=bool), -1)
+    has_earlier = (parallel & earlier[None]).any(-1)
+    return (nonzero & ~has_earlier).sum(-1)

@@ -99,7 +99,7 @@ def test_batched_rule_equals_the_per_sample_loop_on_qptl(
         assert torch.equal(dropped_fast, dropped_loop)
         assert int(dropped_fast.sum()) > 0
         # the batch settles every degenerate sample itself (the loop is only a fallback)
-        _, _, done = vb.vertex_rows_batched(*args[:4], ~c["skip"], keep_parallel=True)
+        _, _, done, _ = vb.vertex_rows_batched(*args[:4], ~c["skip"], keep_parallel=True)
         assert bool(done[~c["skip"]].all())
 
 

@@ -100,7 +100,7 @@ def test_batched_rule_equals_the_old_rule(monkeypatch: pytest.MonkeyPatch) -> No
     new = _rule_outputs(calls, vb.vertex_rows_batched)
     old = _rule_outputs(calls, reference_vertex_rows_batched)
     dropped = 0
-    for (used_n, drop_n, done_n), (used_o, drop_o, done_o) in zip(new, old, strict=True):
+    for (used_n, drop_n, done_n, _), (used_o, drop_o, done_o) in zip(new, old, strict=True):
         assert torch.equal(used_n, used_o)
         assert torch.equal(drop_n, drop_o)
         assert torch.equal(done_n, done_o)
@@ -171,7 +171,7 @@ def test_projected_range_from_the_gram_factor_equals_the_svd_range() -> None:
     Gn = Gk / np.linalg.norm(Gk, axis=-1, keepdims=True)
     An = A / np.linalg.norm(A, axis=-1, keepdims=True)
     C = torch.from_numpy(np.concatenate([np.broadcast_to(An, (s, p, n)), Gn], 1))
-    flags, L, info = dependent_flags_factor(C)
+    flags, L, info, _ = dependent_flags_factor(C)
     assert not bool(info.any())
     K = Gn.shape[1]
     independent = ~flags.numpy()[:, p:]
@@ -187,3 +187,26 @@ def test_projected_range_from_the_gram_factor_equals_the_svd_range() -> None:
     # directions there (all singular values about 1e-16), the Gram pivots do not
     assert int(independent[-1].sum()) == 0 and K > 4
     assert not M[-1].any()
+
+
+def test_rule_counts_the_dependent_rows_it_leaves(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the batched rule changed a sample's rows, the count of dependent rows it returns
+    (the backward's ``left``, no longer recounted) is the Gram count of the new rows: all
+    25 flow rows (one dependent equality row) and without the sink's row (none)."""
+    from dxopt.qp.backward.degenerate_rule import _stack
+    from dxopt.qp.certify.dependence import count_dependent_dense
+
+    calls = _capture(monkeypatch)
+    for drop_last in (True, False):
+        _row_backward(qptl_batch(16, eps=0.2, seed=5, drop_last=drop_last), 5)
+    seen = set()
+    for c in calls:
+        args = (c["problem"], c["used"], c["ineq"], c["eq"])
+        used, _, _, left = vb.vertex_rows_batched(*args, ~c["skip"], keep_parallel=True)
+        changed = (used != c["used"]).any(-1) & (left >= 0)
+        assert bool(changed.any())
+        C, _ = _stack(c["problem"], used, eq_first=False)
+        expected = count_dependent_dense(C)
+        assert torch.equal(left[changed], expected[changed])
+        seen |= set(left[changed].tolist())
+    assert seen == {0, 1}

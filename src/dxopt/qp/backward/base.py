@@ -350,16 +350,19 @@ class BackwardBase:
         else:
             counts = dependent_counts(data, active.used)
         vertex = self.degenerate in ("auto", "vertex") and not (q_only or data.rule_fixed)
+        known = torch.full_like(counts, -1)  # dependent rows left, where the rule knows them
         if vertex and bool((counts > 0).any()):
-            used, dropped = vertex_rows(
+            used, dropped, known = vertex_rows(
                 problem, active.used, data.ineq_duals, data.eq_duals, (counts == 0) | ~ok,
-                keep_parallel=self.degenerate == "auto",
+                keep_parallel=self.degenerate == "auto", counted=True,
             )  # fmt: skip
         if left is None:
             changed = (used != active.used).any(-1)
             left = counts.clone()
-            if bool(changed.any()):
-                left[changed] = dependent_counts(data, used, changed)[changed]
+            left[changed & (known >= 0)] = known[changed & (known >= 0)]
+            count = changed & (known < 0)
+            if bool(count.any()):
+                left[count] = dependent_counts(data, used, count)[count]
         nu, mu = data.ineq_duals, data.eq_duals
         if data.needs_rows:
             nu, mu = rule_multipliers(problem, data.x, used, (counts > 0) & ok, nu, mu)

@@ -93,16 +93,17 @@ class DegenerateRule:
     q_only: bool = False
 
 
-def _unit_gram_factor(C: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _unit_gram_factor(C: Tensor, *, keep_gram: bool = False) -> Any:
     """``(Cn, L, nonzero, info)``: the rows of ``C`` (S, k, n) normalised and the Cholesky
-    factor of their Gram matrix shifted by 1e-14 (zero rows: a unit pivot)."""
+    factor of their Gram matrix shifted by 1e-14 (zero rows: a unit pivot); ``keep_gram``:
+    the shifted Gram matrix as a fifth element."""
     norms = torch.linalg.vector_norm(C, dim=-1)
     nonzero = norms > 0
     Cn = C / norms.clamp_min(torch.finfo(C.dtype).tiny)[..., None]
     gram = torch.bmm(Cn, Cn.mT)
     gram.diagonal(dim1=-2, dim2=-1).add_((~nonzero).to(C.dtype) + 1e-14)
     L, info = torch.linalg.cholesky_ex(gram)
-    return Cn, L, nonzero, info
+    return (Cn, L, nonzero, info, gram) if keep_gram else (Cn, L, nonzero, info)
 
 
 def _flags(Cn: Tensor, L: Tensor, nonzero: Tensor, info: Tensor) -> Tensor:
@@ -122,19 +123,20 @@ def dependent_flags_dense(C: Tensor) -> Tensor:
     return _flags(*_unit_gram_factor(C))
 
 
-def dependent_flags_factor(C: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """``(flags, L, info)``: :func:`dependent_flags_dense` of ``C`` (S, k, n) with the
-    Cholesky factor ``L`` (S, k, k) of the shifted Gram matrix of its normalised rows that
-    gave them and LAPACK's ``info`` (S,) (nonzero: ``L`` is not usable for that sample and
-    its flags came from Gram-Schmidt). Row ``i`` of ``L`` holds the coordinates of unit row
-    ``i`` on the orthonormalised rows before it (Gram-Schmidt in row order), its unflagged
-    columns an orthonormal basis of the row space."""
+def dependent_flags_factor(C: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(flags, L, info, gram)``: :func:`dependent_flags_dense` of ``C`` (S, k, n) with the
+    Gram matrix of its normalised rows (off the diagonal; the diagonal carries the shift) and
+    its Cholesky factor ``L`` (S, k, k) that gave them, and LAPACK's ``info`` (S,) (nonzero:
+    ``L`` is not usable for that sample and its flags came from Gram-Schmidt). Row ``i`` of
+    ``L`` holds the coordinates of unit row ``i`` on the orthonormalised rows before it
+    (Gram-Schmidt in row order); its unflagged columns are an orthonormal basis's."""
     S, k, _ = C.shape
     if k == 0:
         empty = torch.zeros(S, 0, dtype=torch.bool)
-        return empty, torch.zeros(S, 0, 0, dtype=C.dtype), torch.zeros(S, dtype=torch.int32)
-    Cn, L, nonzero, info = _unit_gram_factor(C)
-    return _flags(Cn, L, nonzero, info), L, info
+        zero = torch.zeros(S, 0, 0, dtype=C.dtype)
+        return empty, zero, torch.zeros(S, dtype=torch.int32), zero
+    Cn, L, nonzero, info, gram = _unit_gram_factor(C, keep_gram=True)
+    return _flags(Cn, L, nonzero, info), L, info, gram
 
 
 def _flags_qr(Cn: np.ndarray, nonzero: np.ndarray) -> Tensor:

@@ -50,7 +50,8 @@ def vertex_rows(
     *,
     keep_parallel: bool = False,
     batched: bool = True,
-) -> tuple[Tensor, Tensor]:
+    counted: bool = False,
+) -> tuple[Tensor, ...]:
     """Drop dependent active inequality rows until the rest are independent, keeping the
     multipliers feasible: the ``degenerate="vertex"`` policy.
 
@@ -82,14 +83,17 @@ def vertex_rows(
     mask (S, m) and the per-sample number of dropped rows. ``batched`` (dense problems):
     the samples of the dense branch are first solved together
     (:func:`~dxopt.qp.backward.vertex_batch.vertex_rows_batched`, the same rule), and only
-    those it does not settle run through the per-sample loop below.
+    those it does not settle run through the per-sample loop below. ``counted``: a third
+    element, per sample whose rows the batch changed the number of dependent rows left among
+    them (-1 where not known: the caller counts them).
     """
     out = used.clone()
     dropped = torch.zeros(used.shape[0], dtype=torch.int64)
+    left = torch.full((used.shape[0],), -1, dtype=torch.int64)
     if batched and not problem.any_sparse and problem.G is not None:
         p = problem.p if problem.A is not None else 0
         small = (used.sum(-1) + p) * problem.n <= MAX_VERTEX_ENTRIES
-        out, dropped, done = vertex_rows_batched(
+        out, dropped, done, left = vertex_rows_batched(
             problem, used, ineq_duals, eq_duals, ~skip & small, keep_parallel=keep_parallel
         )
         skip = skip | done
@@ -158,7 +162,7 @@ def vertex_rows(
         gone = act[~keep[:k]]
         out[i, torch.from_numpy(gone)] = False
         dropped[i] = gone.size
-    return out, dropped
+    return (out, dropped, left) if counted else (out, dropped)
 
 
 def _min_cost_vertex(

@@ -72,17 +72,20 @@ def vertex_rows_batched(
     samples: Tensor,
     *,
     keep_parallel: bool,
-) -> tuple[Tensor, Tensor, Tensor]:
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The vertex rule (:func:`~dxopt.qp.backward.vertex.vertex_rows`) of the dense
-    ``samples`` (S,) in one batch (module docstring). Returns ``(used, dropped, done)``:
-    the new mask (S, m) (unchanged off ``done``), the per-sample number of dropped rows and
-    ``done`` (S,), the samples settled here (the others go to the per-sample loop)."""
+    ``samples`` (S,) in one batch (module docstring). Returns ``(used, dropped, done,
+    left)``: the new mask (S, m) (unchanged off ``done``), the per-sample number of dropped
+    rows, ``done`` (S,), the samples settled here (the others go to the per-sample loop), and
+    for the samples whose rows changed the number of dependent rows left among the new rows
+    (the dependencies among the equality rows alone; -1 elsewhere)."""
     S = used.shape[0]
     out, dropped = used.clone(), torch.zeros(S, dtype=torch.int64)
     done = torch.zeros(S, dtype=torch.bool)
+    left = torch.full((S,), -1, dtype=torch.int64)
     chosen = torch.nonzero(samples & used.any(-1)).flatten()
     if chosen.numel() == 0 or problem.G is None:
-        return out, dropped, done
+        return out, dropped, done, left
     sub = used[chosen]
     index, valid = compress_rows(sub)
     G = problem.G.to_dense() if problem.G.layout != torch.strided else problem.G
@@ -96,13 +99,13 @@ def vertex_rows_batched(
     z0 = np.maximum(z0 * norms, 0.0)  # multipliers of the normalised rows
     An, Ua = _equality_rows(problem, chosen, n)
     C = torch.from_numpy(np.concatenate([An, Gn], 1))  # equality rows first
-    flags_t, L_t, info_t = dependent_flags_factor(C)
+    flags_t, L_t, info_t, gram_t = dependent_flags_factor(C)
     flags = flags_t.numpy()
     nonzero = np.concatenate([np.linalg.norm(An, axis=-1) > 0, norms > 0], 1)
     rank = (nonzero & ~flags).sum(-1)
     work = np.asarray(flags.any(-1))  # only dependent samples change
     if keep_parallel:
-        work &= rank != _parallel_groups(C.numpy(), nonzero)
+        work &= rank != _parallel_groups(gram_t.numpy(), nonzero)
     # 1. eliminate y: an orthonormal basis of the range of the rows projected onto the
     # complement of range A^T, read off the Cholesky factor (SVD where it failed)
     p = An.shape[1]
@@ -127,7 +130,8 @@ def vertex_rows_batched(
     np.put_along_axis(dep, order, flags_o[:, An.shape[1] :], 1)
     keep = valid.numpy() & ~dep
     ok &= ~(dep & support).any(-1)  # the support of a vertex is independent
-    eq_rank = (np.linalg.norm(An, axis=-1) > 0).sum(-1) - flags_o[:, : An.shape[1]].sum(-1)
+    eq_left = flags_o[:, : An.shape[1]].sum(-1)  # the kept G rows are independent
+    eq_rank = (np.linalg.norm(An, axis=-1) > 0).sum(-1) - eq_left
     ok &= keep.sum(-1) + eq_rank == rank  # the kept rows span the row space
     settled = ok | ~work
     gone = torch.from_numpy(valid.numpy() & ~keep & (ok & work)[:, None])
@@ -136,7 +140,8 @@ def vertex_rows_batched(
     out[chosen] = sub & ~rows_gone
     dropped[chosen] = gone.sum(-1)
     done[chosen] = torch.from_numpy(settled)
-    return out, dropped, done
+    left[chosen] = torch.from_numpy(np.where(ok & work, eq_left, -1).astype(np.int64))
+    return out, dropped, done, left
 
 
 def _projected_range(W: np.ndarray, independent: np.ndarray) -> np.ndarray:
@@ -195,10 +200,11 @@ def _equality_rows(problem: QPProblem, chosen: Tensor, n: int) -> tuple[np.ndarr
     return An, U * big[:, None, :]
 
 
-def _parallel_groups(C: np.ndarray, nonzero: np.ndarray) -> np.ndarray:
-    """Per sample, the number of distinct nonzero unit rows of ``C`` (s, k, n) up to sign
-    (duplicated or opposite rows count once): rows with no earlier parallel row."""
-    gram = np.abs(C @ np.swapaxes(C, 1, 2))
+def _parallel_groups(gram: np.ndarray, nonzero: np.ndarray) -> np.ndarray:
+    """Per sample, the number of distinct nonzero unit rows up to sign (duplicated or
+    opposite rows count once): rows with no earlier parallel row, read off the Gram matrix
+    ``gram`` (s, k, k) of the unit rows (its diagonal is not used)."""
+    gram = np.abs(gram)
     parallel = (1.0 - gram <= 1e-12) & nonzero[:, None, :] & nonzero[:, :, None]
     earlier = np.tril(np.ones(gram.shape[1:], dtype=bool), -1)
     has_earlier = (parallel & earlier[None]).any(-1)
