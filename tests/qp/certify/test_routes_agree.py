@@ -33,7 +33,7 @@ import torch
 import dxopt.qp as dqp
 from dxopt.qp.certify import polish as _polish
 from dxopt.qp.certify import torch_certify as _torch_certify
-from dxopt.qp.certify.tolerances import ROUNDOFF
+from dxopt.qp.certify.tolerances import ROUNDOFF, ROW_FLOOR
 from dxopt.qp.problem.canonical import canonical_problem
 from dxopt.qp.solvers.kernels import batch as _kbatch
 from dxopt.qp.solvers.kernels import certify as _kcertify
@@ -172,16 +172,12 @@ def _close(a: torch.Tensor, b: torch.Tensor, rtol: float, scale: float = 0.0) ->
     return float((a - b).abs().max()) <= rtol * scale
 
 
-# Known disagreements, kept visible (strict: they must fail until fixed):
-# - mixed_rows (objective 1e6, inequality rows alternately 1e-6 and 1e6): daqp, piqp and the
-#   torch solver stop at a point violating a 1e-6 row by 4.8e-8 (5% of the row), accepted
-#   because the primal tolerance is eps_abs + 1e-10 max(|Gx|, |h|) = 1.5e-4 (relative to the
-#   largest row); the compiled dual active-set solver (lean batch) finds the exact solution:
-#   x differs by 4e-2 between the routes.
-KNOWN = {
-    ("mixed_rows", "penalty"): "primal tolerance relative to the largest row accepts 5% off",
-    ("mixed_rows", "kkt"): "primal tolerance relative to the largest row accepts 5% off",
-}
+# Known disagreements, kept visible (strict: they must fail until fixed): none now.
+# mixed_rows (objective 1e6, inequality rows alternately 1e-6 and 1e6) was one: daqp, piqp and
+# the torch solver stopped at a point violating a 1e-6 row by 4.8e-8 (5% of the row), accepted
+# while the primal tolerance was relative to the largest row; each row is now also held to its
+# own scale (dxopt.qp.certify.tolerances, ROW_FLOOR).
+KNOWN: dict[tuple[str, str], str] = {}
 CASES = [
     pytest.param(kind, backward, marks=pytest.mark.xfail(strict=True, reason=KNOWN[kind, backward]))
     if (kind, backward) in KNOWN
@@ -241,8 +237,12 @@ def _exact_point(data: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, n
 
 def _scales(d: dict[str, np.ndarray], x, mu, nu, eps_abs: float, rel: float):
     inf = lambda v: float(np.abs(v).max())  # noqa: E731
-    t_p = eps_abs + rel * max(inf(d["G"] @ x), inf(d["h"]))
-    t_e = eps_abs + rel * max(inf(d["A"] @ x), inf(d["b"]))
+    # per row: the smaller of the tolerances at the rows' common scale and at the row's own
+    row_rel = max(rel, ROW_FLOOR)
+    own_p = np.maximum(np.abs(d["G"]) @ np.abs(x), np.abs(d["h"]))
+    own_e = np.maximum(np.abs(d["A"]) @ np.abs(x), np.abs(d["b"]))
+    t_p = eps_abs + np.minimum(rel * max(inf(d["G"] @ x), inf(d["h"])), row_rel * own_p)
+    t_e = eps_abs + np.minimum(rel * max(inf(d["A"] @ x), inf(d["b"])), row_rel * own_e)
     t_d = eps_abs + rel * max(inf(d["P"] @ x), inf(d["q"]), inf(d["A"].T @ mu), inf(d["G"].T @ nu))
     return t_p, t_e, t_d
 
@@ -256,13 +256,14 @@ def _perturbed(kind: str, how: str, factor: float, eps_abs: float, rel: float):
     x, mu, nu = _exact_point(d)
     nu = nu.copy()
     t_p, t_e, t_d = _scales(d, x, mu, nu, eps_abs, rel)
-    active = int(np.flatnonzero(nu > 0)[0])
+    on = np.flatnonzero(nu > 0)
+    active = int(on[np.argmin(t_p[on])])  # the active row held to the smallest tolerance
     inactive = int(np.flatnonzero(nu == 0)[-1])
     g_inf = np.abs(d["G"]).max(1)
     if how == "primal":
-        d["h"][active] -= factor * t_p
+        d["h"][active] -= factor * t_p[active]
     elif how == "equality":
-        d["b"][0] += factor * t_e
+        d["b"][0] += factor * t_e[0]
     elif how == "dual":
         d["q"][0] += factor * t_d
     elif how == "complementarity":
@@ -270,7 +271,10 @@ def _perturbed(kind: str, how: str, factor: float, eps_abs: float, rel: float):
         d["q"] -= nu[inactive] * d["G"][inactive]
     elif how == "outside_set":
         p_scale = max(float(np.abs(d["G"] @ x).max()), float(np.abs(d["h"]).max()))
-        d["h"][inactive] = d["G"][inactive] @ x - factor * ROUNDOFF * p_scale
+        # beyond round-off (of the largest row) but within the row's own tolerance
+        violation = min(factor * ROUNDOFF * p_scale, 0.5 * float(t_p[inactive]))
+        assert violation >= min(factor, 10.0) * ROUNDOFF * p_scale, (kind, violation, p_scale)
+        d["h"][inactive] = d["G"][inactive] @ x - violation
     return d, x, mu, nu
 
 
@@ -331,7 +335,7 @@ def route_tolerances() -> dict[str, dict[str, Any]]:
         return _tolerances(mp)
 
 
-@pytest.mark.parametrize("kind", ["well", "scaled", "scaled_inverse"])
+@pytest.mark.parametrize("kind", ["well", "scaled", "scaled_inverse", "mixed_rows"])
 def test_every_certificate_accepts_and_rejects_the_same_points(kind, route_tolerances):
     tol = route_tolerances
     eps_abs = tol["certify_point"]["eps_abs"]

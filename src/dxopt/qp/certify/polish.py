@@ -58,6 +58,7 @@ from dxopt.qp.certify.tolerances import (
     EVALUATION_ROUNDOFF,
     ROUNDOFF,
     relative_tolerance,
+    row_tolerance,
 )
 from dxopt.qp.problem.canonical import QPProblem
 
@@ -163,8 +164,9 @@ def _check(
     violated = negative = None
     if d.A is not None and d.A.shape[0]:
         ax = d.A @ x
-        tol_e = d.eps_abs + d.rel * max(_inf(ax), _inf(d.b))
-        primal = max(primal, _inf(ax - d.b) / tol_e)
+        row = np.maximum(_abs(d.A) @ np.abs(x), np.abs(d.b))  # type: ignore[arg-type]
+        tol_e = row_tolerance(d.eps_abs, d.rel, max(_inf(ax), _inf(d.b)), row)
+        primal = max(primal, _inf(np.abs(ax - d.b) / tol_e))
         at_mu = d.A.T @ mu
         dual = dual + at_mu
         dual_scale = max(dual_scale, _inf(at_mu))
@@ -174,8 +176,10 @@ def _check(
         gx = d.G @ x
         s = d.h - gx
         p_scale = max(_inf(gx), _inf(d.h))
-        tol_p = d.eps_abs + d.rel * p_scale
-        primal = max(primal, max(-float(s.min()), 0.0) / tol_p)
+        row = np.maximum(_abs(d.G) @ np.abs(x), np.abs(d.h))  # type: ignore[arg-type]
+        tol_rows = row_tolerance(d.eps_abs, d.rel, p_scale, row)
+        primal = max(primal, float(np.max(np.maximum(-s, 0.0) / tol_rows, initial=0.0)))
+        tol_p = d.eps_abs + d.rel * p_scale  # complementarity: the common scale
         gt_nu = d.G.T @ nu
         dual = dual + gt_nu
         dual_scale = max(dual_scale, _inf(gt_nu))
@@ -407,7 +411,9 @@ def batch_accept_exact(
         A, b = _matrix(problem, "A"), problem.b.numpy()  # type: ignore[union-attr]
         ax = _mv(A, x)
         primal = _rows_inf(ax - b)
-        ok = primal <= eps_abs + rel * np.maximum(_rows_inf(ax), _rows_inf(b))
+        scale_e = np.maximum(_rows_inf(ax), _rows_inf(b))[..., None]
+        tol_e = row_tolerance(eps_abs, rel, scale_e, np.maximum(_mv(_abs(A), np.abs(x)), np.abs(b)))
+        ok = _all(np.abs(ax - b) <= tol_e, -1)
         at_mu = _rmv(A, mu)
         dual += at_mu
         big = np.maximum(big, np.abs(at_mu))
@@ -434,10 +440,11 @@ def batch_accept_exact(
         gx = _mv(G, x)
         s = h - gx
         p_scale = np.maximum(_rows_inf(gx), _rows_inf(h))
-        tol_p = eps_abs + rel * p_scale
+        row = np.maximum(_mv(_abs(G), np.abs(x)), np.abs(h))
         viol = np.maximum(-_min(s, -1), 0.0)  # max_i (g_i^T x - h_i)_+
         primal = np.maximum(primal, viol)
-        ok &= viol <= tol_p
+        ok &= _all(-s <= row_tolerance(eps_abs, rel, p_scale[..., None], row), -1)
+        tol_p = (eps_abs + rel * p_scale)[..., None]  # complementarity: the common scale
         free = ~(nu > 0)  # rows outside daqp's working set (J = nu > 0 on nonzero rows)
         zero = g_inf == 0
         if zero.any():
@@ -446,7 +453,6 @@ def batch_accept_exact(
         roundoff = ROUNDOFF * np.maximum(p_scale, 1e-300)
         if not (viol <= roundoff).all():  # some row violated beyond round-off: is it free?
             ok &= ~((s < -roundoff[..., None]) & free).any(-1)
-        tol_p = tol_p[..., None]
         both = np.minimum(np.maximum(s, 0.0) / tol_p, nu * g_inf / tol_d[..., None])
         ok &= _max(both, -1) <= 1.0
     # ok and dual_inf are (S,) arrays of their own (px is (S, n)); primal is a scalar only

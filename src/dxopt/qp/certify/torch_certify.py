@@ -47,6 +47,7 @@ from dxopt.qp.certify.tolerances import (
     WEAK_FACTOR,
     WEAK_FLOOR,
     relative_tolerance,
+    row_tolerance,
 )
 from dxopt.qp.certify.torch_ops import amax, mv, rmv, wide
 
@@ -83,7 +84,9 @@ def certify(
     ok = fin
     if A.shape[-2]:
         ax = mv(A, x)
-        ok = ok & (amax(ax - b) <= eps_abs + rel * torch.maximum(amax(ax), amax(b)))
+        scale_e = torch.maximum(amax(ax), amax(b))[:, None]
+        tol_e = row_tolerance(eps_abs, rel, scale_e, torch.maximum(mv(A.abs(), x.abs()), b.abs()))
+        ok = ok & ((ax - b).abs() <= tol_e).all(-1)
         zero_a = A.abs().amax(-1) == 0
         ok = ok & ~(zero_a & (b.abs() > eps_abs)).any(-1)
         at_mu = rmv(A, y)
@@ -105,13 +108,17 @@ def certify(
     if G.shape[-2]:
         gx = mv(G, x)
         s = h - gx
-        tol_p = eps_abs + rel * torch.maximum(amax(gx), amax(h))
-        ok = ok & ((-s).clamp_min(0.0).amax(-1) <= tol_p)
+        p_scale = torch.maximum(amax(gx), amax(h))[:, None]
+        tol_rows = row_tolerance(
+            eps_abs, rel, p_scale, torch.maximum(mv(G.abs(), x.abs()), h.abs())
+        )
+        ok = ok & ((-s).clamp_min(0.0) <= tol_rows).all(-1)
+        tol_p = eps_abs + rel * p_scale + 1e-300  # complementarity: the common scale
         g_inf = G.abs().amax(-1)
         ok = ok & ~((g_inf == 0) & (h < -eps_abs)).any(-1)
         nu_g = z * g_inf
         ok = ok & ((-nu_g).clamp_min(0.0).amax(-1) <= tol_d)
-        s_ratio = s.clamp_min(0.0) / tol_p[:, None]
+        s_ratio = s.clamp_min(0.0) / tol_p
         settled = torch.minimum(s_ratio, nu_g.clamp_min(0.0) / tol_d[:, None]).amax(-1) <= 1.0
         if not settled_only:
             obj = torch.maximum((x * px).sum(-1).abs(), (q * x).sum(-1).abs())

@@ -6,11 +6,10 @@ The data are one problem in daqp's layout: ``P`` (n, n), ``q`` (n,), the constra
 inequalities :math:`Gx \\le h`, the rest equalities :math:`Ax = b`. :func:`certify_point`
 (``_certificate``) is the rule of :func:`dxopt.qp.certify.polish.batch_accept_exact`, with the
 tolerances of :mod:`dxopt.qp.certify.tolerances` (``rel``, ``roundoff`` and ``margin_min`` come
-as arguments, ``LEAN_MARGIN_FACTOR`` and ``EVALUATION_ROUNDOFF`` as globals fixed at compile
-time); only the order of
-floating-point operations differs. Any NaN met where a test is made fails the test (the caller
-then takes the general path). :func:`_active_accuracy` / :func:`_point_accuracy` are the
-accuracy of :func:`dxopt.qp.certify.active.identify_active` with the forward's set, or -1 when
+as arguments, ``LEAN_MARGIN_FACTOR``, ``EVALUATION_ROUNDOFF`` and ``ROW_FLOOR`` as globals
+fixed at compile time); only the order of floating-point operations differs. Any NaN met where
+a test is made fails the test (the caller then takes the general path).
+:func:`_active_accuracy` / :func:`_point_accuracy` are the accuracy of :func:`dxopt.qp.certify.active.identify_active` with the forward's set, or -1 when
 the set is not clear of its weak test by the lean margin.
 """
 
@@ -22,7 +21,7 @@ from typing import Any
 import numpy as np
 from numba import njit
 
-from dxopt.qp.certify.tolerances import EVALUATION_ROUNDOFF, LEAN_MARGIN_FACTOR
+from dxopt.qp.certify.tolerances import EVALUATION_ROUNDOFF, LEAN_MARGIN_FACTOR, ROW_FLOOR
 
 __all__ = ["certify_point"]
 
@@ -145,11 +144,14 @@ def _certificate(
         q_inf = max(q_inf, abs(q[i]))
         dual[i] = s + q[i]
     cx = np.empty(rows)
+    row_scale = np.empty(rows)  # per row: max(|c_r||x|, |upper_r|) (tolerances.py)
     for r in range(rows):
-        s = 0.0
+        s = a = 0.0
         for j in range(n):
             s += C[r, j] * x[j]
+            a += abs(C[r, j]) * abs(x[j])
         cx[r] = s
+        row_scale[r] = max(a, abs(upper[r]))
     # C^T [nu; mu], the two blocks apart (their max-norms are separate scales)
     gt_nu = np.zeros(n)
     at_mu = np.zeros(n)
@@ -173,18 +175,20 @@ def _certificate(
     slack = np.empty(m)
     nu_inf = np.empty(m)
     primal = 0.0
+    row_rel = max(rel, ROW_FLOOR)
     ax_inf = b_inf = 0.0
     for r in range(p):
-        eq_residual[r] = cx[m + r] - upper[m + r]
         ax_inf = max(ax_inf, abs(cx[m + r]))
         b_inf = max(b_inf, abs(upper[m + r]))
+    common = rel * max(ax_inf, b_inf)
+    for r in range(p):
+        eq_residual[r] = cx[m + r] - upper[m + r]
         primal = max(primal, abs(eq_residual[r]))
-        if math.isnan(eq_residual[r]):
+        tol_e = eps_abs + min(common, row_rel * row_scale[m + r])  # tolerances.row_tolerance
+        if not abs(eq_residual[r]) <= tol_e:  # NaN fails
             return False, 0.0, 0.0, slack, nu_inf, eq_residual
     big = px_inf
     if p:
-        if primal > eps_abs + rel * max(ax_inf, b_inf):
-            return False, 0.0, 0.0, slack, nu_inf, eq_residual
         big = max(big, at_inf)
     if m:
         big = max(big, gt_inf)
@@ -202,17 +206,18 @@ def _certificate(
             if math.isnan(slack[r]) or math.isnan(nu[r]):
                 return False, 0.0, 0.0, slack, nu_inf, eq_residual
         p_scale = max(gx_inf, h_inf)
-        tol_p = eps_abs + rel * p_scale
         viol = max(-low, 0.0)
         primal = max(primal, viol)
-        if viol > tol_p:
-            return False, 0.0, 0.0, slack, nu_inf, eq_residual
+        common = rel * p_scale
+        for r in range(m):
+            if -slack[r] > eps_abs + min(common, row_rel * row_scale[r]):
+                return False, 0.0, 0.0, slack, nu_inf, eq_residual
         noise = roundoff * max(p_scale, 1e-300)
         if viol > noise:
             for r in range(m):
                 if slack[r] < -noise and not working[r]:
                     return False, 0.0, 0.0, slack, nu_inf, eq_residual
-        inv_p, inv_d = 1.0 / tol_p, 1.0 / tol_d
+        inv_p, inv_d = 1.0 / (eps_abs + common), 1.0 / tol_d  # complementarity: common scale
         for r in range(m):
             nu_inf[r] = nu[r] * g_inf[r]
             if min(max(slack[r], 0.0) * inv_p, nu_inf[r] * inv_d) > 1.0:
