@@ -9,8 +9,9 @@ tolerances of :mod:`dxopt.qp.certify.tolerances` (``rel``, ``roundoff`` and ``ma
 as arguments, ``LEAN_MARGIN_FACTOR``, ``EVALUATION_ROUNDOFF`` and ``ROW_FLOOR`` as globals
 fixed at compile time); only the order of floating-point operations differs. Any NaN met where
 a test is made fails the test (the caller then takes the general path).
-:func:`_active_accuracy` / :func:`_point_accuracy` are the accuracy of :func:`dxopt.qp.certify.active.identify_active` with the forward's set, or -1 when
-the set is not clear of its weak test by the lean margin.
+:func:`_active_accuracy` / :func:`_point_accuracy` are the accuracy of
+:func:`dxopt.qp.certify.active.identify_active` with the forward's set, or -1 when the set is
+not clear of its weak test by the lean margin.
 """
 
 from __future__ import annotations
