@@ -77,10 +77,12 @@ from torch import Tensor
 from dxopt.linalg.threads import small_work
 from dxopt.qp.backward.degenerate_rule import (
     DegenerateRule,
+    dependent_flags_factor,
     dependent_weak_rows_dense,
     independent_rows_dense,
     project_multiplier_rhs,
     rule_multipliers,
+    stacked_rows,
 )
 from dxopt.qp.backward.fallbacks import (
     dependent_counts,
@@ -340,6 +342,8 @@ class BackwardBase:
         used, dropped = active.used, zero
         q_only = self._q_only(data, active)
         left: Tensor | None = None
+        vertex = self.degenerate in ("auto", "vertex") and not (q_only or data.rule_fixed)
+        factor = None
         if q_only and not problem.any_sparse:
             # only dL/dq, dL/dP: every rule gives the same u; drop dependent rows cheaply (one
             # batched Cholesky gives the counts, the rows and the weak rows in their span)
@@ -347,14 +351,17 @@ class BackwardBase:
             counts, used, left, adopt = independent_rows_dense(problem, active.used, ok, weak)
             if bool(adopt.any()):
                 active = replace(active, used=active.used | adopt, adopted=adopt)
+        elif vertex and not problem.any_sparse and problem.G is not None:
+            # one factorization of [A; G_used] counts the dependent rows and starts the rule
+            factor = dependent_flags_factor(stacked_rows(problem, active.used))
+            counts = factor[0].sum(-1) * ok
         else:
             counts = dependent_counts(data, active.used)
-        vertex = self.degenerate in ("auto", "vertex") and not (q_only or data.rule_fixed)
         known = torch.full_like(counts, -1)  # dependent rows left, where the rule knows them
         if vertex and bool((counts > 0).any()):
             used, dropped, known = vertex_rows(
                 problem, active.used, data.ineq_duals, data.eq_duals, (counts == 0) | ~ok,
-                keep_parallel=self.degenerate == "auto", counted=True,
+                keep_parallel=self.degenerate == "auto", counted=True, factor=factor,
             )  # fmt: skip
         if left is None:
             changed = (used != active.used).any(-1)

@@ -56,6 +56,7 @@ __all__ = [
     "independent_rows_dense",
     "project_multiplier_rhs",
     "rule_multipliers",
+    "stacked_rows",
     "warn_degenerate",
 ]
 
@@ -178,6 +179,13 @@ def _stack(problem: QPProblem, used: Tensor, *, eq_first: bool) -> tuple[Tensor,
     if not parts:
         return torch.zeros(S, 0, n, dtype=torch.float64), index
     return torch.cat(parts, 1), index
+
+
+def stacked_rows(problem: QPProblem, used: Tensor) -> Tensor:
+    """``[A; G_used]`` (S, p + k, n) of a dense problem, the used rows of ``G`` compressed in
+    row order (padding rows zero): the rows :func:`dependent_flags_factor` factors for the
+    vertex rule (:func:`dxopt.qp.backward.vertex_batch.vertex_rows_batched`)."""
+    return _stack(problem, used, eq_first=True)[0]
 
 
 def independent_rows_dense(

@@ -51,6 +51,7 @@ def vertex_rows(
     keep_parallel: bool = False,
     batched: bool = True,
     counted: bool = False,
+    factor: tuple[Tensor, Tensor, Tensor, Tensor] | None = None,
 ) -> tuple[Tensor, ...]:
     """Drop dependent active inequality rows until the rest are independent, keeping the
     multipliers feasible: the ``degenerate="vertex"`` policy.
@@ -85,7 +86,10 @@ def vertex_rows(
     (:func:`~dxopt.qp.backward.vertex_batch.vertex_rows_batched`, the same rule), and only
     those it does not settle run through the per-sample loop below. ``counted``: a third
     element, per sample whose rows the batch changed the number of dependent rows left among
-    them (-1 where not known: the caller counts them).
+    them (-1 where not known: the caller counts them). ``factor``: the caller's
+    :func:`~dxopt.qp.backward.degenerate_rule.dependent_flags_factor` of
+    :func:`~dxopt.qp.backward.degenerate_rule.stacked_rows` of ``used`` (all samples), reused
+    by the batch instead of factoring again.
     """
     out = used.clone()
     dropped = torch.zeros(used.shape[0], dtype=torch.int64)
@@ -94,8 +98,9 @@ def vertex_rows(
         p = problem.p if problem.A is not None else 0
         small = (used.sum(-1) + p) * problem.n <= MAX_VERTEX_ENTRIES
         out, dropped, done, left = vertex_rows_batched(
-            problem, used, ineq_duals, eq_duals, ~skip & small, keep_parallel=keep_parallel
-        )
+            problem, used, ineq_duals, eq_duals, ~skip & small, keep_parallel=keep_parallel,
+            factor=factor,
+        )  # fmt: skip
         skip = skip | done
     for i in range(used.shape[0]):
         if bool(skip[i]):

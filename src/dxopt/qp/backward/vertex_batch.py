@@ -72,13 +72,17 @@ def vertex_rows_batched(
     samples: Tensor,
     *,
     keep_parallel: bool,
+    factor: tuple[Tensor, Tensor, Tensor, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The vertex rule (:func:`~dxopt.qp.backward.vertex.vertex_rows`) of the dense
     ``samples`` (S,) in one batch (module docstring). Returns ``(used, dropped, done,
     left)``: the new mask (S, m) (unchanged off ``done``), the per-sample number of dropped
     rows, ``done`` (S,), the samples settled here (the others go to the per-sample loop), and
     for the samples whose rows changed the number of dependent rows left among the new rows
-    (the dependencies among the equality rows alone; -1 elsewhere)."""
+    (the dependencies among the equality rows alone; -1 elsewhere). ``factor``:
+    :func:`~dxopt.qp.backward.degenerate_rule.dependent_flags_factor` of
+    :func:`~dxopt.qp.backward.degenerate_rule.stacked_rows` of ``used`` (all S samples) when
+    the caller has it (the same rows, normalised the same way)."""
     S = used.shape[0]
     out, dropped = used.clone(), torch.zeros(S, dtype=torch.int64)
     done = torch.zeros(S, dtype=torch.bool)
@@ -99,7 +103,14 @@ def vertex_rows_batched(
     z0 = np.maximum(z0 * norms, 0.0)  # multipliers of the normalised rows
     An, Ua = _equality_rows(problem, chosen, n)
     C = torch.from_numpy(np.concatenate([An, Gn], 1))  # equality rows first
-    flags_t, L_t, info_t, gram_t = dependent_flags_factor(C)
+    if factor is None:
+        flags_t, L_t, info_t, gram_t = dependent_flags_factor(C)
+    else:  # the caller's factor of all samples: these samples, padding rows cut
+        k = C.shape[1]
+        flags_t, L_t, info_t, gram_t = (
+            factor[0][chosen, :k], factor[1][chosen, :k, :k], factor[2][chosen],
+            factor[3][chosen, :k, :k],
+        )  # fmt: skip
     flags = flags_t.numpy()
     nonzero = np.concatenate([np.linalg.norm(An, axis=-1) > 0, norms > 0], 1)
     rank = (nonzero & ~flags).sum(-1)
