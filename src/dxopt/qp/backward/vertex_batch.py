@@ -40,7 +40,7 @@ import torch
 from torch import Tensor
 
 from dxopt.qp.backward.degenerate_rule import dependent_flags_dense, dependent_flags_factor
-from dxopt.qp.backward.vertex_simplex import simplex_batch
+from dxopt.qp.backward.vertex_simplex import parallel_groups, simplex_batch
 from dxopt.qp.certify.active import compress_rows, gather_rows
 from dxopt.qp.problem.canonical import QPProblem
 
@@ -116,7 +116,7 @@ def vertex_rows_batched(
     rank = (nonzero & ~flags).sum(-1)
     work = np.asarray(flags.any(-1))  # only dependent samples change
     if keep_parallel:
-        work &= rank != _parallel_groups(gram_t.numpy(), nonzero)
+        work &= rank != parallel_groups(np.ascontiguousarray(gram_t.numpy()), nonzero)
     # 1. eliminate y: an orthonormal basis of the range of the rows projected onto the
     # complement of range A^T, read off the Cholesky factor (SVD where it failed)
     p = An.shape[1]
@@ -209,14 +209,3 @@ def _equality_rows(problem: QPProblem, chosen: Tensor, n: int) -> tuple[np.ndarr
     if An.ndim == 2:
         return np.broadcast_to(An, (s, *An.shape)), U[:, big]
     return An, U * big[:, None, :]
-
-
-def _parallel_groups(gram: np.ndarray, nonzero: np.ndarray) -> np.ndarray:
-    """Per sample, the number of distinct nonzero unit rows up to sign (duplicated or
-    opposite rows count once): rows with no earlier parallel row, read off the Gram matrix
-    ``gram`` (s, k, k) of the unit rows (its diagonal is not used)."""
-    gram = np.abs(gram)
-    parallel = (1.0 - gram <= 1e-12) & nonzero[:, None, :] & nonzero[:, :, None]
-    earlier = np.tril(np.ones(gram.shape[1:], dtype=bool), -1)
-    has_earlier = (parallel & earlier[None]).any(-1)
-    return (nonzero & ~has_earlier).sum(-1)

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 from numba import njit
 
-__all__ = ["simplex_batch"]
+__all__ = ["parallel_groups", "simplex_batch"]
 
 _jit: Any = njit(cache=True, nogil=True)
 
@@ -192,3 +192,29 @@ def simplex_batch(
                 z[si, basis[r]] = T[r, cols - 1]
         solved[si] = True
     return z, solved
+
+
+@_jit
+def parallel_groups(gram: np.ndarray, nonzero: np.ndarray) -> np.ndarray:
+    r"""Per sample, the number of distinct nonzero unit rows up to sign (duplicated or opposite
+    rows count once): the nonzero rows with no earlier nonzero row at
+    :math:`1 - |g_{ij}| \le 10^{-12}` in the Gram matrix ``gram`` (s, k, k) of the unit rows
+    (its diagonal is not read); ``nonzero`` (s, k). For the batched vertex rule
+    (:mod:`dxopt.qp.backward.vertex_batch`): its samples whose only dependencies are
+    parallel copies keep the minimum-norm adjoint."""
+    s, k = nonzero.shape
+    out = np.zeros(s, dtype=np.int64)
+    for si in range(s):
+        count = 0
+        for i in range(k):
+            if not nonzero[si, i]:
+                continue
+            has_earlier = False
+            for j in range(i):
+                if nonzero[si, j] and 1.0 - abs(gram[si, i, j]) <= 1e-12:
+                    has_earlier = True
+                    break
+            if not has_earlier:
+                count += 1
+        out[si] = count
+    return out
