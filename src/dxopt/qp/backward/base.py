@@ -13,7 +13,10 @@ LICQ detection does not depend on the backend. A dense batch in which every solv
 regular (independent active rows, positive definite :math:`P`, refined residual within
 ``max_residual``) is solved by the method's ``_regular_adjoint`` (one batched block
 elimination) before any of the policy below applies; the result is the one the general path
-gives on such a batch.
+gives on such a batch. A batch whose identified active set already shows dependent rows (weak
+rows that joined it because they lie in the span of the others) skips that first attempt, which
+could only fail (QPTL with row gradients: every sample); the rule below still solves its
+regular samples on the same ladder.
 
 **Degenerate problems** (``degenerate="auto"``, the default). Where the regular path declines,
 :meth:`BackwardBase.degenerate_rule` fixes the rows and multipliers from the point and the
