@@ -216,7 +216,7 @@ def solve(
         backward, solver, eps_abs, eps_rel, on_failure, max_workers, solver_options, check_psd,
         executor, fallback, polish,
     )  # fmt: skip
-    return _solve_planned(P, q, A, b, G, h, lb, ub, warm_start, options, None)
+    return solve_with(P, q, A, b, G, h, lb, ub, warm_start, options)
 
 
 def solve_with(
@@ -238,23 +238,6 @@ def solve_with(
     against)."""
     if torch.compiler.is_compiling():  # a graph break (QPLayer's calls)
         return _solve_eagerly(P, q, A, b, G, h, lb, ub, warm_start, options=options, route=route)
-    return _solve_planned(P, q, A, b, G, h, lb, ub, warm_start, options, route)
-
-
-def _solve_planned(
-    P: Tensor,
-    q: Tensor,
-    A: Tensor | None,
-    b: Tensor | None,
-    G: Tensor | None,
-    h: Tensor | None,
-    lb: Tensor | None,
-    ub: Tensor | None,
-    warm_start: Tensor | None,
-    options: QPOptions,
-    route: str | None,
-) -> QPSolution:
-    """:func:`solve_with` outside ``torch.compile`` (checked by the caller): plan and run."""
     if (isinstance(A, Tensor) and A.ndim < 2) or (isinstance(G, Tensor) and G.ndim < 2):
         _refuse_vectors(A, G)
     method = backward_method(options.backward)
