@@ -83,6 +83,18 @@ def _random_degenerate(batch: int, seed: int) -> dict[str, torch.Tensor]:
             "h": torch.tensor(h), "A": torch.tensor(A), "b": torch.tensor(x @ A.T)}  # fmt: skip
 
 
+def _general_dependencies_backward(seeds: Any) -> None:
+    """Forward and backward (gradients of G and h) of :func:`_random_degenerate` batches of 16,
+    one per seed, the degenerate warnings silenced."""
+    for seed in seeds:
+        d = _random_degenerate(16, seed)
+        G, h = d["G"].clone().requires_grad_(), d["h"].clone().requires_grad_()
+        sol = dqp.solve(d["P"], d["q"], G=G, h=h, A=d["A"], b=d["b"])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", dqp.QPDegenerateWarning)
+            sol.x.sum().backward()
+
+
 @pytest.mark.parametrize("eps, drop_last", [(0.1, True), (0.5, False), (1.0, True)])
 def test_batched_rule_equals_the_per_sample_loop_on_qptl(
     monkeypatch: pytest.MonkeyPatch, eps: float, drop_last: bool
@@ -107,13 +119,7 @@ def test_batched_rule_equals_the_per_sample_loop_on_general_dependencies(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     calls = _capture(monkeypatch)
-    for seed in range(3):
-        d = _random_degenerate(16, seed)
-        G, h = d["G"].clone().requires_grad_(), d["h"].clone().requires_grad_()
-        sol = dqp.solve(d["P"], d["q"], G=G, h=h, A=d["A"], b=d["b"])
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", dqp.QPDegenerateWarning)
-            sol.x.sum().backward()
+    _general_dependencies_backward(range(3))
     assert calls
     for c in calls:
         for keep_parallel in (False, True):

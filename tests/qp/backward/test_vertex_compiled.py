@@ -20,7 +20,11 @@ import pytest
 import torch
 from benchmarks.qp_speed.qptl import qptl_batch
 from tests.qp.backward._vertex_reference import reference_simplex, reference_vertex_rows_batched
-from tests.qp.backward.test_vertex_batch import _capture, _random_degenerate, _row_backward
+from tests.qp.backward.test_vertex_batch import (
+    _capture,
+    _general_dependencies_backward,
+    _row_backward,
+)
 
 import dxopt.qp as dqp
 import dxopt.qp.backward.base as base
@@ -89,13 +93,7 @@ def test_batched_rule_equals_the_old_rule(monkeypatch: pytest.MonkeyPatch) -> No
     calls = _capture(monkeypatch)
     for seed, eps in enumerate((0.1, 0.5, 1.0)):
         _row_backward(qptl_batch(32, eps=eps, seed=seed), seed)
-    for seed in range(3):
-        d = _random_degenerate(16, seed)
-        G, h = d["G"].clone().requires_grad_(), d["h"].clone().requires_grad_()
-        sol = dqp.solve(d["P"], d["q"], G=G, h=h, A=d["A"], b=d["b"])
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", dqp.QPDegenerateWarning)
-            sol.x.sum().backward()
+    _general_dependencies_backward(range(3))
     assert len(calls) >= 6
     new = _rule_outputs(calls, vb.vertex_rows_batched)
     old = _rule_outputs(calls, reference_vertex_rows_batched)
