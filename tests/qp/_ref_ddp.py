@@ -156,22 +156,31 @@ def ddp_worker(
         faulthandler.cancel_dump_traceback_later()
 
 
-class RendezvousHang(RuntimeError):
-    """Every rank was still starting or in the gloo rendezvous when time ran out: process start
-    or process-group set-up hung before any solve ran (an environment fault, not a dxopt
+class EnvironmentHang(RuntimeError):
+    """The ranks hung twice, and nowhere in dxopt: every rank was still starting or in the gloo
+    rendezvous, or the stacks every rank dumped show no frame of the dxopt package (a hang in
+    process start, the process group or its collectives: an environment fault, not a dxopt
     result; the import of dxopt itself is tested everywhere else)."""
 
 
-def _report(out_dir: Path, world_size: int) -> tuple[list[str], str]:
-    stages = []
-    stacks = []
+def _report(out_dir: Path, world_size: int) -> tuple[list[str], list[str]]:
+    """Each rank's stage and its dumped stacks (empty if it dumped none)."""
+    stages, stacks = [], []
     for rank in range(world_size):
         stage_file = out_dir / f"rank{rank}.stage"
         stages.append(stage_file.read_text() if stage_file.exists() else NOT_STARTED)
         stack_file = out_dir / f"rank{rank}.stacks"
-        if stack_file.exists() and stack_file.stat().st_size:
-            stacks.append(f"--- rank {rank} ---\n{stack_file.read_text()}")
-    return stages, "\n".join(stacks)
+        stacks.append(stack_file.read_text() if stack_file.exists() else "")
+    return stages, stacks
+
+
+def hung_outside_dxopt(stages: list[str], stacks: list[str]) -> bool:
+    """True if no rank can be hanging in dxopt's code: every rank is starting or in the
+    rendezvous, or every rank dumped its stacks and none shows a frame of the dxopt package."""
+    if all(stage in (NOT_STARTED, RENDEZVOUS) for stage in stages):
+        return True
+    package = str(Path(dqp.__file__).resolve().parents[1]) + os.sep
+    return all(text.strip() and package not in text for text in stacks)
 
 
 def run_ddp(
@@ -186,8 +195,8 @@ def run_ddp(
     The ranks are terminated if they have not finished after ``timeout_s`` seconds and started
     once more with a fresh rendezvous file (a TCP rendezvous on a picked free port hung in two
     full runs; alone the ranks finish in about 5 s). A second timeout raises
-    :class:`RendezvousHang` if every rank was still in the rendezvous, else ``TimeoutError``
-    with the stage and the Python stacks of each rank.
+    :class:`EnvironmentHang` if no rank hangs in dxopt's code (:func:`hung_outside_dxopt`),
+    else ``TimeoutError``; both carry the stage and the Python stacks of each rank.
     """
     import torch.multiprocessing as mp
 
@@ -210,13 +219,11 @@ def run_ddp(
         except TimeoutError:
             if attempt:
                 stages, stacks = _report(run_dir, world_size)
-                if all(stage in (NOT_STARTED, RENDEZVOUS) for stage in stages):
-                    raise RendezvousHang(
-                        f"the ranks hung twice ({timeout_s} s each) at {stages}\n{stacks}"
-                    ) from None
-                raise TimeoutError(
+                dumped = "\n".join(f"--- rank {r} ---\n{t}" for r, t in enumerate(stacks))
+                kind = EnvironmentHang if hung_outside_dxopt(stages, stacks) else TimeoutError
+                raise kind(
                     f"DDP ranks did not finish within {timeout_s} s (twice); stage per rank: "
-                    f"{stages}\n{stacks}"
+                    f"{stages}\n{dumped}"
                 ) from None
         finally:
             for process in context.processes:

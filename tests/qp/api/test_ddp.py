@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from _ref_ddp import STEPS, RendezvousHang, run_ddp, single_process
+from _ref_ddp import STEPS, EnvironmentHang, run_ddp, single_process
 from torch import Tensor
 
 BACKWARDS = ("penalty", "kkt")
@@ -33,15 +33,16 @@ def ddp_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[Records], Re
 
     The references run first, so the compiled kernels are in numba's cache before the ranks
     start and load them (three processes compiling at once on a 2-core machine are slow).
-    If the gloo rendezvous itself hangs on this machine (no dxopt code has run), the tests
-    skip and say so; a hang anywhere later fails with each rank's stage and stacks.
+    If the ranks hang where no dxopt code is running (process start, the gloo rendezvous or
+    its collectives: every rank's stacks free of dxopt frames), the tests skip with the stacks;
+    a hang in dxopt's code fails with each rank's stage and stacks.
     """
     out_dir: Path = tmp_path_factory.mktemp("ddp")
     references = {backward: single_process(backward) for backward in BACKWARDS}
     try:
         records = run_ddp(BACKWARDS, out_dir, world_size=2, timeout_s=60.0)
-    except RendezvousHang as hang:
-        pytest.skip(f"torch.distributed could not set up a gloo process group here: {hang}")
+    except EnvironmentHang as hang:
+        pytest.skip(f"torch.distributed hung outside dxopt on this machine: {hang}")
     return records, references
 
 
@@ -83,3 +84,22 @@ def test_ddp_ranks_agree_with_each_other(ddp_run: tuple[list[Records], Records])
     for backward in BACKWARDS:
         for key, value in first[backward].items():
             assert torch.equal(value, second[backward][key]), f"{backward}: {key}"
+
+
+def test_a_hang_is_blamed_on_the_environment_only_without_dxopt_frames() -> None:
+    """The harness's judge of a hang (:func:`_ref_ddp.hung_outside_dxopt`): a rank whose stacks
+    show a frame of the dxopt package, or that dumped none, fails the test; starting, the
+    rendezvous, or stacks only in torch/gloo are the environment's."""
+    from pathlib import Path
+
+    import _ref_ddp as ref
+
+    import dxopt.qp as dqp
+
+    inside = f'  File "{Path(dqp.__file__).resolve().parent / "api" / "solve.py"}", line 1 in solve'
+    outside = '  File "/usr/lib/python3/site-packages/torch/distributed/c10d.py", line 9 in wait'
+    training = "training with backward='kkt'"
+    assert ref.hung_outside_dxopt([ref.NOT_STARTED, ref.RENDEZVOUS], ["", ""])
+    assert ref.hung_outside_dxopt([training, training], [outside, outside])
+    assert not ref.hung_outside_dxopt([training, training], [outside, f"{outside}\n{inside}"])
+    assert not ref.hung_outside_dxopt([training, ref.RENDEZVOUS], [outside, ""])
