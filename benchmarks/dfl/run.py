@@ -156,11 +156,14 @@ def run_config(
 def merge_runs(saved: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The runs of several records, each tagged with the commit its process started from; a
     later record's run replaces an earlier one of the same (problem, deg, seed, method,
-    library), so a method rerun on new code is one code version."""
+    library), so a method rerun on new code is one code version. ``record`` is the index of
+    the run's record (its process), so that a method is compared with the two-stage control
+    of its own process only."""
     merged: dict[tuple[Any, ...], dict[str, Any]] = {}
-    for part in saved:
+    for record, part in enumerate(saved):
         for run in part["runs"]:
-            run = {**run, "commit": run.get("commit") or part["machine"].get("commit", "")}
+            commit = run.get("commit") or part["machine"].get("commit", "")
+            run = {**run, "commit": commit, "record": record}
             key = tuple(run[k] for k in ("problem", "deg", "seed", "method", "library"))
             merged.pop(key, None)  # the replacement goes to the end, in its record's order
             merged[key] = run

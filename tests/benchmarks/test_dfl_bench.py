@@ -105,3 +105,30 @@ def test_merged_records_replace_reruns_and_name_their_commits() -> None:
         run.coverage_note(runs) == "Not every row has all of seeds 0 1 2: sp 2S deg 6: seeds 0 1."
     )
     assert run.coverage_note(runs[2:]) is None
+
+
+def test_method_time_is_paired_with_the_two_stage_control_of_its_own_process() -> None:
+    from benchmarks.dfl.report import speed_rows
+
+    def rec(method: str, library: str, seconds: float, record: int, seed: int = 0) -> dict:
+        return {
+            "problem": "sp", "deg": 6, "seed": seed, "method": method, "library": library,
+            "s_per_epoch": seconds, "calls_per_epoch": 0, "record": record,
+        }  # fmt: skip
+
+    runs = [
+        rec("2S", "pyepo", 0.010, 0), rec("NCE", "pyepo", 0.020, 0),
+        rec("2S", "dxopt", 0.010, 0), rec("NCE", "dxopt", 0.012, 0),
+        # seed 1: its two-stage control ran in another process (record 1): not paired
+        rec("2S", "pyepo", 0.5, 1, seed=1), rec("NCE", "pyepo", 0.020, 0, seed=1),
+        rec("2S", "dxopt", 0.5, 1, seed=1), rec("NCE", "dxopt", 0.012, 0, seed=1),
+    ]  # fmt: skip
+    rows = {r["method"]: r for r in speed_rows(runs)}
+    nce = rows["NCE"]
+    assert nce["speed-up"] == pytest.approx(0.020 / 0.012)
+    assert nce["PyEPO method s/epoch"] == pytest.approx(0.010)  # seed 0 only
+    assert nce["dxopt method s/epoch"] == pytest.approx(0.002)
+    assert nce["method speed-up"] == pytest.approx(5.0)
+    # a method costing nothing on top of the shared loop would be 2x faster, no more
+    assert nce["ceiling"] == pytest.approx(2.0)
+    assert rows["2S"]["method speed-up"] is None and rows["2S"]["ceiling"] is None
