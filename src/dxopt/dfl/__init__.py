@@ -26,11 +26,12 @@ on the quality of the decisions :math:`x(\\hat c)` rather than on the accuracy o
 Call conventions follow PyEPO's (``spo(c_hat, c, x_true, z_true)``, ``pfy(c_hat, x_true)``,
 ``nce(c_hat, x_true)``, ``ltr(c_hat, c)``), so code can switch by changing the constructor.
 
-Differences from the brief's API: ``PerturbedFenchelYoung``'s gradient is
-:math:`s(x^* - \\mathbb E[x(\\hat c + \\sigma Z)])` with :math:`s = \\pm 1` the sense (the brief's
-:math:`\\mathbb E[x] - x^*` is the maximisation case); the oracles' :class:`dxopt.Cost` counts
-solved cost vectors in ``forwards`` (``Cost`` has no separate oracle-solve field); the shortest
-path generator scales as PyEPO's, :math:`[(\\cdot + 3)^{\\deg} + 1] / 3.5^{\\deg}`;
+Conventions: ``PerturbedFenchelYoung``'s gradient is
+:math:`s(x^* - \\mathbb E[x(\\hat c + \\sigma Z)])` with :math:`s = \\pm 1` the sense
+(Berthet et al.'s :math:`\\mathbb E[x] - x^*` is the maximisation case); the oracles'
+:class:`dxopt.Cost` counts solved cost vectors in ``forwards`` (``Cost`` has no separate
+oracle-solve field); the shortest path generator scales as PyEPO's,
+:math:`[(\\cdot + 3)^{\\deg} + 1] / 3.5^{\\deg}`;
 :class:`TSPOracle` takes ``num_nodes`` and the edge costs at each call (what a model predicts),
 and :meth:`TSPOracle.edge_costs` turns coordinates or a distance matrix into them; knapsack
 weights need not be integers (branch and bound, not a DP); :class:`LogBarrierLP` is in
