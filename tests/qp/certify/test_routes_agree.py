@@ -40,7 +40,7 @@ from dxopt.qp.solvers.kernels import certify as _kcertify
 
 N, M, P_ROWS = 6, 8, 2
 ROUTES = ("lean_single", "general_single", "lean_batch", "general_batch", "device")
-KINDS = ("well", "weak", "duplicated", "infeasible", "scaled", "scaled_inverse")
+KINDS = ("well", "weak", "duplicated", "infeasible", "scaled", "scaled_inverse", "tiny_rows")
 NAMES = ("P", "q", "A", "b", "G", "h")
 
 
@@ -69,12 +69,23 @@ def _problem(kind: str, seed: int = 3) -> dict[str, np.ndarray]:
     elif kind in ("scaled", "scaled_inverse"):  # objective 1e6, inequality rows 1e-6 (or inverse)
         big, small = (1e6, 1e-6) if kind == "scaled" else (1e-6, 1e6)
         P, q, G, h, A, b = big * P, big * q, small * G, small * h, big * A, big * b
+    elif kind == "tiny_rows":  # an active and an inactive row of norm ~1e-12 (scale << eps_abs)
+        for i in (0, 5):
+            G[i], h[i] = 1e-12 * G[i], 1e-12 * h[i]
+        # x0 stays optimal: row 0's multiplier grows by 1e12 (G^T nu and q are unchanged)
     elif kind == "mixed_rows":  # objective 1e6, inequality rows alternately 1e-6 and 1e6
         P, q = 1e6 * P, 1e6 * q
         s = np.where(np.arange(M) % 2 == 0, 1e-6, 1e6)
         G, h = G * s[:, None], h * s
         A, b = A * 1e6, b * 1e6
     return {"P": P, "q": q, "A": A, "b": b, "G": G, "h": h}
+
+
+def _known_solution(seed: int = 3) -> np.ndarray:
+    """The point ``x0`` that :func:`_problem` makes optimal (the same draws)."""
+    rng = np.random.default_rng(seed)
+    rng.standard_normal((N, N)), rng.standard_normal((P_ROWS, N)), rng.standard_normal((M, N))
+    return rng.standard_normal(N)
 
 
 def _batch(kind: str) -> dict[str, np.ndarray]:
@@ -194,6 +205,9 @@ def test_every_route_gives_the_same_answer(kind, backward, monkeypatch):
     ref = results["general_single"]
     expected = "infeasible" if kind == "infeasible" else "solved"
     assert [s.value for s in ref["status"]] == [expected] * 2, ref["status"]
+    if kind in ("well", "weak", "tiny_rows"):  # sample 0's solution is known: a tiny row holds
+        x0 = torch.tensor(_known_solution())
+        assert _close(ref["x"][0], x0, 1e-7), (ref["x"][0], x0)
     for route, got in results.items():
         assert got["status"] == ref["status"], (route, got["status"], ref["status"])
         for i in range(2):
@@ -241,8 +255,12 @@ def _scales(d: dict[str, np.ndarray], x, mu, nu, eps_abs: float, rel: float):
     row_rel = max(rel, ROW_FLOOR)
     own_p = np.maximum(np.abs(d["G"]) @ np.abs(x), np.abs(d["h"]))
     own_e = np.maximum(np.abs(d["A"]) @ np.abs(x), np.abs(d["b"]))
-    t_p = eps_abs + np.minimum(rel * max(inf(d["G"] @ x), inf(d["h"])), row_rel * own_p)
-    t_e = eps_abs + np.minimum(rel * max(inf(d["A"] @ x), inf(d["b"])), row_rel * own_e)
+    # a tiny row (0 < ||g_i|| < 1, own scale below eps_abs) has the absolute part eps_abs ||g_i||
+    g_inf, a_inf = np.abs(d["G"]).max(1), np.abs(d["A"]).max(1)
+    abs_p = eps_abs * np.where((own_p < eps_abs) & (g_inf < 1.0), g_inf, 1.0)
+    abs_e = eps_abs * np.where((own_e < eps_abs) & (a_inf < 1.0), a_inf, 1.0)
+    t_p = abs_p + np.minimum(rel * max(inf(d["G"] @ x), inf(d["h"])), row_rel * own_p)
+    t_e = abs_e + np.minimum(rel * max(inf(d["A"] @ x), inf(d["b"])), row_rel * own_e)
     t_d = eps_abs + rel * max(inf(d["P"] @ x), inf(d["q"]), inf(d["A"].T @ mu), inf(d["G"].T @ nu))
     return t_p, t_e, t_d
 
@@ -335,7 +353,7 @@ def route_tolerances() -> dict[str, dict[str, Any]]:
         return _tolerances(mp)
 
 
-@pytest.mark.parametrize("kind", ["well", "scaled", "scaled_inverse", "mixed_rows"])
+@pytest.mark.parametrize("kind", ["well", "scaled", "scaled_inverse", "mixed_rows", "tiny_rows"])
 def test_every_certificate_accepts_and_rejects_the_same_points(kind, route_tolerances):
     tol = route_tolerances
     eps_abs = tol["certify_point"]["eps_abs"]

@@ -58,6 +58,7 @@ from dxopt.qp.certify.tolerances import (
     EVALUATION_ROUNDOFF,
     ROUNDOFF,
     relative_tolerance,
+    row_floor,
     row_tolerance,
 )
 from dxopt.qp.problem.canonical import QPProblem
@@ -165,7 +166,7 @@ def _check(
     if d.A is not None and d.A.shape[0]:
         ax = d.A @ x
         row = np.maximum(_abs(d.A) @ np.abs(x), np.abs(d.b))  # type: ignore[arg-type]
-        tol_e = row_tolerance(d.eps_abs, d.rel, max(_inf(ax), _inf(d.b)), row)
+        tol_e = row_tolerance(d.eps_abs, d.rel, max(_inf(ax), _inf(d.b)), row, d.a_inf)
         primal = max(primal, _inf(np.abs(ax - d.b) / tol_e))
         at_mu = d.A.T @ mu
         dual = dual + at_mu
@@ -177,7 +178,7 @@ def _check(
         s = d.h - gx
         p_scale = max(_inf(gx), _inf(d.h))
         row = np.maximum(_abs(d.G) @ np.abs(x), np.abs(d.h))  # type: ignore[arg-type]
-        tol_rows = row_tolerance(d.eps_abs, d.rel, p_scale, row)
+        tol_rows = row_tolerance(d.eps_abs, d.rel, p_scale, row, d.g_inf)
         primal = max(primal, float(np.max(np.maximum(-s, 0.0) / tol_rows, initial=0.0)))
         tol_p = d.eps_abs + d.rel * p_scale  # complementarity: the common scale
         gt_nu = d.G.T @ nu
@@ -188,6 +189,10 @@ def _check(
         nu_g = nu * d.g_inf
         if J is not None:
             violated = (s < -ROUNDOFF * max(p_scale, 1e-300)) & ~J & (d.g_inf > 0)
+            # a tiny row (tolerances.py) violated beyond its own tolerance joins too: its
+            # violation is below round-off of the common scale
+            tiny = row_floor(d.eps_abs, row, d.g_inf) < d.eps_abs
+            violated |= (-s > tol_rows) & tiny & ~J
             negative = J & (nu_g < -ROUNDOFF * max(dual_scale, _inf(nu_g), 1e-300))
     tol_d = d.eps_abs + d.rel * dual_scale
     dual_ratio = _inf(dual) / tol_d
@@ -381,6 +386,17 @@ def _rmv(M: Any, w: np.ndarray) -> np.ndarray:
     return w @ M if M.ndim == 2 else np.matmul(w[:, None, :], M)[:, 0, :]
 
 
+def _row_norms(M: Any, needed: np.ndarray) -> Any:
+    """The max-norms of the rows of ``M`` (shared, batched or CSR), or ``1.0`` (no row is
+    tiny, :func:`~dxopt.qp.certify.tolerances.row_floor`) when no row's own scale is below
+    ``eps_abs`` (``needed`` is all False: the common case costs nothing)."""
+    if not needed.any():
+        return 1.0
+    if sp.issparse(M) or M.ndim == 2:
+        return row_inf(M)
+    return np.abs(M).max(-1)
+
+
 def batch_accept_exact(
     problem: QPProblem,
     x: np.ndarray,
@@ -412,7 +428,8 @@ def batch_accept_exact(
         ax = _mv(A, x)
         primal = _rows_inf(ax - b)
         scale_e = np.maximum(_rows_inf(ax), _rows_inf(b))[..., None]
-        tol_e = row_tolerance(eps_abs, rel, scale_e, np.maximum(_mv(_abs(A), np.abs(x)), np.abs(b)))
+        row_e = np.maximum(_mv(_abs(A), np.abs(x)), np.abs(b))
+        tol_e = row_tolerance(eps_abs, rel, scale_e, row_e, _row_norms(A, row_e < eps_abs))
         ok = _all(np.abs(ax - b) <= tol_e, -1)
         at_mu = _rmv(A, mu)
         dual += at_mu
@@ -443,7 +460,7 @@ def batch_accept_exact(
         row = np.maximum(_mv(_abs(G), np.abs(x)), np.abs(h))
         viol = np.maximum(-_min(s, -1), 0.0)  # max_i (g_i^T x - h_i)_+
         primal = np.maximum(primal, viol)
-        ok &= _all(-s <= row_tolerance(eps_abs, rel, p_scale[..., None], row), -1)
+        ok &= _all(-s <= row_tolerance(eps_abs, rel, p_scale[..., None], row, g_inf), -1)
         tol_p = (eps_abs + rel * p_scale)[..., None]  # complementarity: the common scale
         free = ~(nu > 0)  # rows outside daqp's working set (J = nu > 0 on nonzero rows)
         zero = g_inf == 0

@@ -79,6 +79,7 @@ __all__ = [
     "WEAK_FACTOR",
     "WEAK_FLOOR",
     "relative_tolerance",
+    "row_floor",
     "row_tolerance",
 ]
 
@@ -150,14 +151,29 @@ def relative_tolerance(eps_rel: float) -> float:
     return max(eps_rel, RELATIVE_FLOOR)
 
 
-def row_tolerance(eps_abs: float, rel: float, scale: Any, row_scale: Any) -> Any:
-    """The primal tolerances of the rows, :math:`\\varepsilon_{abs} + \\min(r\\sigma,\\
+def row_floor(eps_abs: float, row_scale: Any, row_norm: Any) -> Any:
+    """The absolute part :math:`\\varepsilon_{abs,i}` of each row's primal tolerance, for
+    numpy arrays or torch tensors (``row_scale`` :math:`\\sigma_{p,i}`, ``row_norm``
+    :math:`\\|g_i\\|_\\infty`, same shape): ``eps_abs``, except on a *tiny row* (module
+    docstring: :math:`0 < \\|g_i\\|_\\infty < 1` and :math:`\\sigma_{p,i} <
+    \\varepsilon_{abs}`), which gets :math:`\\varepsilon_{abs}\\|g_i\\|_\\infty`."""
+    if isinstance(row_scale, torch.Tensor):
+        tiny = (row_scale < eps_abs) & (row_norm > 0.0) & (row_norm < 1.0)
+        return torch.where(tiny, eps_abs * row_norm, eps_abs)
+    tiny = (row_scale < eps_abs) & (row_norm > 0.0) & (row_norm < 1.0)
+    return np.where(tiny, eps_abs * row_norm, eps_abs)
+
+
+def row_tolerance(eps_abs: float, rel: float, scale: Any, row_scale: Any, row_norm: Any) -> Any:
+    """The primal tolerances of the rows, :math:`\\varepsilon_{abs,i} + \\min(r\\sigma,\\
     r_{row}\\sigma_i)` (module docstring), for numpy arrays or torch tensors: ``scale`` the
-    common scale (``(S, 1)`` for a batch), ``row_scale`` each row's own scale, ``rel`` =
+    common scale (``(S, 1)`` for a batch), ``row_scale`` each row's own scale, ``row_norm``
+    each row's max-norm (broadcast against ``row_scale``; :func:`row_floor`), ``rel`` =
     :func:`relative_tolerance`. The ``1e-300`` keeps a zero row at ``eps_abs = 0`` from
     dividing by zero."""
     own = max(rel, ROW_FLOOR) * row_scale
     common = rel * scale
     if isinstance(own, torch.Tensor):
-        return eps_abs + torch.minimum(own, torch.as_tensor(common, dtype=own.dtype)) + 1e-300
-    return eps_abs + np.minimum(own, common) + 1e-300
+        common = torch.as_tensor(common, dtype=own.dtype)
+        return row_floor(eps_abs, row_scale, row_norm) + torch.minimum(own, common) + 1e-300
+    return row_floor(eps_abs, row_scale, row_norm) + np.minimum(own, common) + 1e-300

@@ -47,6 +47,7 @@ from dxopt.qp.certify.tolerances import (
     WEAK_FACTOR,
     WEAK_FLOOR,
     relative_tolerance,
+    row_floor,
     row_tolerance,
 )
 from dxopt.qp.certify.torch_ops import amax, mv, rmv, wide
@@ -85,9 +86,11 @@ def certify(
     if A.shape[-2]:
         ax = mv(A, x)
         scale_e = torch.maximum(amax(ax), amax(b))[:, None]
-        tol_e = row_tolerance(eps_abs, rel, scale_e, torch.maximum(mv(A.abs(), x.abs()), b.abs()))
+        a_inf = A.abs().amax(-1)
+        row_e = torch.maximum(mv(A.abs(), x.abs()), b.abs())
+        tol_e = row_tolerance(eps_abs, rel, scale_e, row_e, a_inf)
         ok = ok & ((ax - b).abs() <= tol_e).all(-1)
-        zero_a = A.abs().amax(-1) == 0
+        zero_a = a_inf == 0
         ok = ok & ~(zero_a & (b.abs() > eps_abs)).any(-1)
         at_mu = rmv(A, y)
         dual = dual + at_mu
@@ -109,12 +112,11 @@ def certify(
         gx = mv(G, x)
         s = h - gx
         p_scale = torch.maximum(amax(gx), amax(h))[:, None]
-        tol_rows = row_tolerance(
-            eps_abs, rel, p_scale, torch.maximum(mv(G.abs(), x.abs()), h.abs())
-        )
+        g_inf = G.abs().amax(-1)
+        row = torch.maximum(mv(G.abs(), x.abs()), h.abs())
+        tol_rows = row_tolerance(eps_abs, rel, p_scale, row, g_inf)
         ok = ok & ((-s).clamp_min(0.0) <= tol_rows).all(-1)
         tol_p = eps_abs + rel * p_scale + 1e-300  # complementarity: the common scale
-        g_inf = G.abs().amax(-1)
         ok = ok & ~((g_inf == 0) & (h < -eps_abs)).any(-1)
         nu_g = z * g_inf
         ok = ok & ((-nu_g).clamp_min(0.0).amax(-1) <= tol_d)
@@ -130,18 +132,34 @@ def certify(
 
 
 def polish_update(
-    P: Tensor, q: Tensor, G: Tensor, h: Tensor, x: Tensor, z: Tensor, active: Tensor
+    P: Tensor,
+    q: Tensor,
+    G: Tensor,
+    h: Tensor,
+    x: Tensor,
+    z: Tensor,
+    active: Tensor,
+    *,
+    eps_abs: float | None = None,
+    eps_rel: float = 0.0,
 ) -> Tensor:
     """The next active set of the CPU polish's rule (:func:`~dxopt.qp.certify.polish.polish`, 3):
     drop the rows of ``active`` whose multiplier is negative beyond round-off, add the rows
     violated beyond round-off (``ROUNDOFF`` times the norm scales, independent of the
-    requested tolerance), for the polished float64 point ``(x, z)``."""
+    requested tolerance), for the polished float64 point ``(x, z)``; with ``eps_abs``, also
+    the tiny rows (:mod:`dxopt.qp.certify.tolerances`) violated beyond their own tolerance."""
     P, q, G, h, x, z = wide(P, q, G, h, x, z)
     gx = mv(G, x)
     s = h - gx
     g_inf = G.abs().amax(-1)
     p_scale = torch.maximum(amax(gx), amax(h)).clamp_min(1e-300)
     violated = (s < -ROUNDOFF * p_scale[:, None]) & ~active & (g_inf > 0)
+    if eps_abs is not None:
+        row = torch.maximum(mv(G.abs(), x.abs()), h.abs())
+        tiny = row_floor(eps_abs, row, g_inf) < eps_abs
+        if bool(tiny.any()):
+            tol = row_tolerance(eps_abs, relative_tolerance(eps_rel), p_scale[:, None], row, g_inf)
+            violated = violated | ((-s > tol) & tiny & ~active)
     nu_g = z * g_inf
     dual_scale = torch.maximum(torch.maximum(amax(mv(P, x)), amax(q)), amax(rmv(G, z)))
     dual_scale = torch.maximum(dual_scale, amax(nu_g)).clamp_min(1e-300)

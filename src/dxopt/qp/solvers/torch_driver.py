@@ -168,7 +168,9 @@ def solve_detached(
                 if m == 0 or bool(ok_p.all()):
                     break
                 # the CPU polish's rule: drop wrong-signed multipliers, add violated rows
-                new = _polish_update(P, q, G, h, xw, zw, active)
+                new = _polish_update(
+                    P, q, G, h, xw, zw, active, eps_abs=user_abs, eps_rel=user_rel
+                )  # fmt: skip
                 change = ~ok_p & ~bad & (new != active).any(-1)
                 if not bool(change.any()):
                     break

@@ -146,13 +146,17 @@ def _certificate(
         dual[i] = s + q[i]
     cx = np.empty(rows)
     row_scale = np.empty(rows)  # per row: max(|c_r||x|, |upper_r|) (tolerances.py)
+    row_abs = np.empty(rows)  # per row: its absolute floor (tolerances.row_floor)
     for r in range(rows):
-        s = a = 0.0
+        s = a = c_inf = 0.0
         for j in range(n):
             s += C[r, j] * x[j]
             a += abs(C[r, j]) * abs(x[j])
+            c_inf = max(c_inf, abs(C[r, j]))
         cx[r] = s
         row_scale[r] = max(a, abs(upper[r]))
+        tiny = row_scale[r] < eps_abs and 0.0 < c_inf < 1.0
+        row_abs[r] = eps_abs * c_inf if tiny else eps_abs
     # C^T [nu; mu], the two blocks apart (their max-norms are separate scales)
     gt_nu = np.zeros(n)
     at_mu = np.zeros(n)
@@ -185,7 +189,7 @@ def _certificate(
     for r in range(p):
         eq_residual[r] = cx[m + r] - upper[m + r]
         primal = max(primal, abs(eq_residual[r]))
-        tol_e = eps_abs + min(common, row_rel * row_scale[m + r])  # tolerances.row_tolerance
+        tol_e = row_abs[m + r] + min(common, row_rel * row_scale[m + r])  # row_tolerance
         if not abs(eq_residual[r]) <= tol_e:  # NaN fails
             return False, 0.0, 0.0, slack, nu_inf, eq_residual
     big = px_inf
@@ -211,7 +215,7 @@ def _certificate(
         primal = max(primal, viol)
         common = rel * p_scale
         for r in range(m):
-            if -slack[r] > eps_abs + min(common, row_rel * row_scale[r]):
+            if -slack[r] > row_abs[r] + min(common, row_rel * row_scale[r]):
                 return False, 0.0, 0.0, slack, nu_inf, eq_residual
         noise = roundoff * max(p_scale, 1e-300)
         if viol > noise:
