@@ -32,7 +32,7 @@ import dxopt.qp.backward.vertex_batch as vb
 from dxopt.linalg import small_work
 from dxopt.qp.backward.degenerate_rule import dependent_flags_factor
 from dxopt.qp.backward.fallbacks import dependent_counts
-from dxopt.qp.backward.vertex_simplex import simplex_batch
+from dxopt.qp.backward.vertex_simplex import range_basis, simplex_batch
 
 F64 = torch.float64
 
@@ -173,7 +173,11 @@ def test_projected_range_from_the_gram_factor_equals_the_svd_range() -> None:
     assert not bool(info.any())
     K = Gn.shape[1]
     independent = ~flags.numpy()[:, p:]
-    M = vb._projected_range(L.numpy()[:, p:, p:], independent)
+    W = L.numpy()[:, p:, p:]
+    M = np.zeros((s, K, K))  # each sample's basis, padded with zero rows
+    for i in range(s):
+        _, Mi = range_basis(np.ascontiguousarray(W[i]), independent[i])
+        M[i, : Mi.shape[0]] = Mi
     Ua = np.linalg.svd(An.T, full_matrices=False)[0]
     M_svd = vb._projected_range_svd(Gn, Ua)
     for i in range(s - 1):

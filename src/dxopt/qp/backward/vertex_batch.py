@@ -5,32 +5,34 @@ The rule picks the vertex of the multiplier set :math:`\\Lambda = \\{(z, y): \\h
 + \\hat A^\\top y = r,\\ z \\ge 0\\}` (rows normalised) that minimises the cost
 :math:`c^\\top z` of :func:`~dxopt.qp.backward.vertex.vertex_cost`, then completes its support
 in row order to a basis of the active rows. Both steps are functions of :math:`\\Lambda` alone,
-so any exact method gives the per-sample loop's answer; here every step is one batched array
-operation over the samples:
+so any exact method gives the per-sample loop's answer. Everything comes from one batched
+Cholesky factor of the Gram matrix of :math:`[\\hat A; \\hat G_J]` (the one that also flags the
+dependent rows; the caller's when it has it), whose ``G`` block :math:`W` restricted to the
+columns of the independent ``G`` rows gives :math:`\\hat G_J\\Pi = W_c Q` (:math:`\\Pi` the
+projector onto the orthogonal complement of :math:`\\operatorname{range}\\hat A^\\top`,
+:math:`Q` with orthonormal rows); the rest runs compiled, one sample at a time
+(:func:`dxopt.qp.backward.vertex_simplex.vertex_from_factor`):
 
-1. the equality multipliers are eliminated with the projector :math:`\\Pi` onto the orthogonal
-   complement of :math:`\\operatorname{range}\\hat A^\\top`: with :math:`U_\\rho` an
-   orthonormal basis of the range of :math:`\\hat G_J\\Pi` (rank :math:`\\rho`),
+1. the equality multipliers are eliminated: with :math:`U_\\rho` an orthonormal basis of the
+   range of :math:`W_c` (Gram-Schmidt, :func:`~dxopt.qp.backward.vertex_simplex.range_basis`),
    :math:`(z, y) \\in \\Lambda` for some :math:`y` iff :math:`U_\\rho^\\top z = U_\\rho^\\top
    z_0` and :math:`z \\ge 0` (:math:`z_0` the backend's multipliers, which define :math:`r`),
-   a standard-form linear program with orthonormal constraint rows. :math:`U_\\rho` comes
-   from the Cholesky factor of the Gram matrix of :math:`[\\hat A; \\hat G_J]` that also
-   flags the dependent rows (its ``G`` block on the independent ``G`` columns spans that
-   range; one thin QR orthonormalises it, :func:`_projected_range`), the thin SVD of
-   :math:`\\hat G_J\\Pi` only where that factorization failed;
+   a standard-form linear program with orthonormal constraint rows;
 2. that program is solved by the two-phase tableau simplex (Dantzig, *Linear Programming and
    Extensions*, 1963), Dantzig's pivot rule switching to Bland's (Bland, Math. Oper. Res.
-   2(2), 1977: no cycling) after a run of degenerate pivots, compiled and run one sample at
-   a time (:func:`dxopt.qp.backward.vertex_simplex.simplex_batch`; the minimiser is unique,
-   so the pivot rule does not change it);
-3. the support of the optimal vertex is completed in row order by the squared Cholesky pivots
-   of the Gram matrix of :math:`[\\hat A; \\hat G_{\\text{support}}; \\hat G_{\\text{rest}}]`
-   (a pivot is the squared distance of a row to the span of the rows before it; below
-   ``DEPENDENT_TOL`` the row is dependent), the criterion of the per-sample completion.
+   2(2), 1977: no cycling) after a run of degenerate pivots (the minimiser is unique, so the
+   pivot rule does not change it);
+3. the support of the optimal vertex is completed in row order: the squared distance of a
+   unit row to the span of :math:`\\hat A` and the rows taken before it (the Cholesky pivot of
+   the Gram matrix of :math:`[\\hat A; \\hat G_{\\text{support}}; \\hat G_{\\text{rest}}]`;
+   below ``DEPENDENT_TOL`` the row is dependent) is the distance of its row of :math:`W_c` to
+   the span of theirs, so no second factorization is needed.
 
 Each sample's result is checked (the vertex is feasible to round-off, its support independent
 and the kept rows of full rank); a sample that fails a check, or whose simplex does not finish
-within its pivot budget, is left to the per-sample loop (``done`` False).
+within its pivot budget, is left to the per-sample loop (``done`` False). Samples whose factor
+failed (LAPACK ``info``, round-off) take the thin SVD of :math:`\\hat G_J\\Pi` and a new factor
+for the completion (:func:`_vertex_by_svd`).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ import torch
 from torch import Tensor
 
 from dxopt.qp.backward.degenerate_rule import dependent_flags_dense, dependent_flags_factor
-from dxopt.qp.backward.vertex_simplex import parallel_groups, simplex_batch
+from dxopt.qp.backward.vertex_simplex import parallel_groups, simplex_batch, vertex_from_factor
 from dxopt.qp.certify.active import compress_rows, gather_rows
 from dxopt.qp.problem.canonical import QPProblem
 
@@ -101,7 +103,7 @@ def vertex_rows_batched(
     norms = np.linalg.norm(Gk, axis=-1)
     Gn = Gk / np.where(norms > 0, norms, 1.0)[..., None]
     z0 = np.maximum(z0 * norms, 0.0)  # multipliers of the normalised rows
-    An, Ua = _equality_rows(problem, chosen, n)
+    An = _unit_equality_rows(problem, chosen, n)
     C = torch.from_numpy(np.concatenate([An, Gn], 1))  # equality rows first
     if factor is None:
         flags_t, L_t, info_t, gram_t = dependent_flags_factor(C)
@@ -117,35 +119,26 @@ def vertex_rows_batched(
     work = np.asarray(flags.any(-1))  # only dependent samples change
     if keep_parallel:
         work &= rank != parallel_groups(np.ascontiguousarray(gram_t.numpy()), nonzero)
-    # 1. eliminate y: an orthonormal basis of the range of the rows projected onto the
-    # complement of range A^T, read off the Cholesky factor (SVD where it failed)
     p = An.shape[1]
-    M = _projected_range(L_t.numpy()[:, p:, p:], nonzero[:, p:] & ~flags[:, p:])
+    valid_np = valid.numpy()
+    cost = np.where(valid_np, vertex_cost(K)[None, :], 1.0)
+    independent = nonzero[:, p:] & ~flags[:, p:]
     failed = info_t.numpy() != 0
-    if failed.any():
-        M_svd = _projected_range_svd(Gn[failed], Ua[failed] if Ua.ndim == 3 else Ua)
-        M = _pad_rows(M, M_svd.shape[1])
-        M[failed] = _pad_rows(M_svd, M.shape[1])
-    cost = np.where(valid.numpy(), vertex_cost(K)[None, :], 1.0)
-    z, solved = simplex_batch(np.ascontiguousarray(M), (M @ z0[..., None])[..., 0], cost, work)
-    # 2. checks: a feasible vertex (nonnegative, same constraints as z0)
-    scale = np.maximum(np.abs(z0).max(-1), 1e-300)
-    resid = np.linalg.norm((M @ (z - z0)[..., None])[..., 0], axis=-1)
-    ok = solved & (z.min(-1) >= -_FEASIBLE_TOL * scale) & (resid <= _FEASIBLE_TOL * scale)
-    # 3. the support, completed in row order: [A; support rows; other rows] in row order
-    support = (z > 1e-9 * np.maximum(z.max(-1, keepdims=True), 1e-300)) & valid.numpy()
-    order = np.argsort(~support, axis=1, kind="stable")  # support first, each in row order
-    Go = np.take_along_axis(Gn, order[..., None], 1)
-    flags_o = dependent_flags_dense(torch.from_numpy(np.concatenate([An, Go], 1))).numpy()
-    dep = np.zeros_like(support)
-    np.put_along_axis(dep, order, flags_o[:, An.shape[1] :], 1)
-    keep = valid.numpy() & ~dep
-    ok &= ~(dep & support).any(-1)  # the support of a vertex is independent
-    eq_left = flags_o[:, : An.shape[1]].sum(-1)  # the kept G rows are independent
-    eq_rank = (np.linalg.norm(An, axis=-1) > 0).sum(-1) - eq_left
-    ok &= keep.sum(-1) + eq_rank == rank  # the kept rows span the row space
+    budget = 8 * (K + int(independent.sum(-1).max(initial=0))) + 50
+    # 1-3 from the Gram factor (compiled, one sample at a time): the program, its checks and
+    # the completion of the support in row order
+    _, ok, keep = vertex_from_factor(
+        np.ascontiguousarray(L_t.numpy()[:, p:, p:]), independent, valid_np, z0, cost,
+        work & ~failed, budget,
+    )  # fmt: skip
+    if (work & failed).any():  # the factor failed (round-off): the SVD and a new factor
+        redo = work & failed
+        ok[redo], keep[redo] = _vertex_by_svd(
+            Gn[redo], An[redo], z0[redo], cost[redo], valid_np[redo], rank[redo]
+        )
+    eq_left = flags[:, :p].sum(-1)  # the dependencies among the equality rows alone
     settled = ok | ~work
-    gone = torch.from_numpy(valid.numpy() & ~keep & (ok & work)[:, None])
+    gone = torch.from_numpy(valid_np & ~keep & (ok & work)[:, None])
     rows_gone = torch.zeros_like(sub)
     rows_gone.scatter_(1, index, gone)
     out[chosen] = sub & ~rows_gone
@@ -155,30 +148,11 @@ def vertex_rows_batched(
     return out, dropped, done, left
 
 
-def _projected_range(W: np.ndarray, independent: np.ndarray) -> np.ndarray:
-    r"""``M`` (s, r, K): orthonormal rows spanning the range of :math:`\hat G_J\Pi` (zero
-    rows beyond each sample's rank ``r_s``), from the Cholesky factor of the Gram matrix of
-    :math:`[\hat A; \hat G_J]`: with :math:`Q` its rows orthonormalised in order,
-    :math:`\hat G_J\Pi = W Q_G` where :math:`W` is the factor's ``G`` block restricted to
-    the columns of the independent ``G`` rows (``W`` (s, K, K) that block, ``independent``
-    (s, K) those columns) and :math:`Q_G` has orthonormal rows, so the range is that of
-    :math:`W`'s independent columns; one thin QR of them (Householder, batched) gives the
-    basis. The same space as the SVD's left singular vectors, at a fraction of the cost."""
-    order = np.argsort(~independent, axis=1, kind="stable")  # independent columns first
-    kept = np.take_along_axis(independent, order, 1)
-    Wc = np.take_along_axis(W, order[:, None, :], 2) * kept[:, None, :]
-    rho = independent.sum(-1)
-    r = int(rho.max(initial=0))
-    if r == 0:
-        return np.zeros((W.shape[0], 0, W.shape[1]))
-    Q, _ = np.linalg.qr(Wc[:, :, :r])  # Q (s, K, r): its first rho_s columns span range W
-    return np.swapaxes(Q, 1, 2) * (np.arange(r)[None, :] < rho[:, None])[..., None]
-
-
 def _projected_range_svd(Gn: np.ndarray, Ua: np.ndarray) -> np.ndarray:
-    r""":func:`_projected_range` by the thin SVD of :math:`\hat G_J\Pi` (``Ua``: an
-    orthonormal basis of range :math:`\hat A^\top`), the rank cut relative at
-    ``_RANK_CUT``: for the samples whose Gram factor failed (round-off)."""
+    r"""``M`` (s, r, K): orthonormal rows spanning the range of :math:`\hat G_J\Pi` by its
+    thin SVD (``Ua``: an orthonormal basis of range :math:`\hat A^\top`), zero rows beyond
+    each sample's rank (cut relative at ``_RANK_CUT``): for the samples whose Gram factor
+    failed (round-off)."""
     B = Gn - (Gn @ Ua) @ np.swapaxes(Ua, -1, -2) if Ua.shape[-1] else Gn
     U, sigma, _ = np.linalg.svd(B, full_matrices=False)  # U (s, K, min(K, n))
     rho = (sigma > _RANK_CUT * np.maximum(sigma.max(-1, keepdims=True), 1e-300)).sum(-1)
@@ -192,20 +166,64 @@ def _pad_rows(M: np.ndarray, rows: int) -> np.ndarray:
     return np.concatenate([M, np.zeros((M.shape[0], rows - M.shape[1], M.shape[2]))], 1)
 
 
-def _equality_rows(problem: QPProblem, chosen: Tensor, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(An, Ua)``: the normalised equality rows of the ``chosen`` samples (s, p, n) and an
-    orthonormal basis of their span, (n, r) for a shared ``A`` (one SVD), else (s, n, r)
-    (padded with zero columns)."""
+def _vertex_by_svd(
+    Gn: np.ndarray,
+    An: np.ndarray,
+    z0: np.ndarray,
+    cost: np.ndarray,
+    valid: np.ndarray,
+    rank: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(ok, keep)`` of :func:`~dxopt.qp.backward.vertex_simplex.vertex_from_factor` for
+    samples whose Gram factor failed (round-off): the constraint rows by the thin SVD
+    (:func:`_projected_range_svd`) and the completion by a new factor of :math:`[\\hat A;
+    \\hat G_{\\text{support}}; \\hat G_{\\text{rest}}]` (``rank``: of :math:`[\\hat A;
+    \\hat G_J]`)."""
+    M = _projected_range_svd(Gn, _equality_basis(An))
+    z, solved = simplex_batch(
+        np.ascontiguousarray(M), (M @ z0[..., None])[..., 0], cost, np.ones(len(z0), bool)
+    )
+    scale = np.maximum(np.abs(z0).max(-1), 1e-300)
+    resid = np.linalg.norm((M @ (z - z0)[..., None])[..., 0], axis=-1)
+    ok = solved & (z.min(-1) >= -_FEASIBLE_TOL * scale) & (resid <= _FEASIBLE_TOL * scale)
+    support = (z > 1e-9 * np.maximum(z.max(-1, keepdims=True), 1e-300)) & valid
+    order = np.argsort(~support, axis=1, kind="stable")  # support first, each in row order
+    Go = np.take_along_axis(Gn, order[..., None], 1)
+    flags_o = dependent_flags_dense(torch.from_numpy(np.concatenate([An, Go], 1))).numpy()
+    dep = np.zeros_like(support)
+    np.put_along_axis(dep, order, flags_o[:, An.shape[1] :], 1)
+    keep = valid & ~dep
+    ok &= ~(dep & support).any(-1)  # the support of a vertex is independent
+    eq_rank = (np.linalg.norm(An, axis=-1) > 0).sum(-1) - flags_o[:, : An.shape[1]].sum(-1)
+    ok &= keep.sum(-1) + eq_rank == rank  # the kept rows span the row space
+    return ok, keep
+
+
+def _unit_equality_rows(problem: QPProblem, chosen: Tensor, n: int) -> np.ndarray:
+    """The normalised equality rows of the ``chosen`` samples, (s, p, n)."""
     s = int(chosen.numel())
     if problem.A is None or not problem.p:
-        return np.zeros((s, 0, n)), np.zeros((n, 0))
+        return np.zeros((s, 0, n))
     A_t = problem.A.to_dense() if problem.A.layout != torch.strided else problem.A
     A = A_t.to(torch.float64).numpy()
     A = A[chosen.numpy()] if A.ndim == 3 else A
     norms = np.linalg.norm(A, axis=-1)
     An = A / np.where(norms > 0, norms, 1.0)[..., None]
+    return An if An.ndim == 3 else np.broadcast_to(An, (s, *An.shape))
+
+
+def _equality_basis(An: np.ndarray) -> np.ndarray:
+    """An orthonormal basis of the span of each sample's rows ``An`` (s, p, n): (s, n, r),
+    padded with zero columns (rank cut ``_RANK_CUT``, relative)."""
+    if An.shape[1] == 0:
+        return np.zeros((An.shape[0], An.shape[2], 0))
     U, sigma, _ = np.linalg.svd(np.swapaxes(An, -1, -2), full_matrices=False)
     big = sigma > _RANK_CUT * np.maximum(sigma.max(-1, keepdims=True), 1e-300)
-    if An.ndim == 2:
-        return np.broadcast_to(An, (s, *An.shape)), U[:, big]
-    return An, U * big[:, None, :]
+    return U * big[:, None, :]
+
+
+def _equality_rows(problem: QPProblem, chosen: Tensor, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(An, Ua)``: :func:`_unit_equality_rows` and :func:`_equality_basis` (used by the
+    old rule kept as a test reference)."""
+    An = _unit_equality_rows(problem, chosen, n)
+    return An, _equality_basis(An)

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 from numba import njit
 
-__all__ = ["parallel_groups", "simplex_batch"]
+__all__ = ["parallel_groups", "range_basis", "simplex_batch", "vertex_from_factor"]
 
 _jit: Any = njit(cache=True, nogil=True)
 
@@ -37,6 +37,9 @@ _STALL = 8  # degenerate pivots in a row after which a sample pivots by Bland's 
 _RATIO_TIE = 1e-15  # relative: ratios within this of the minimum tie (smallest basic index)
 _DRIVE_OUT_TOL = 1e-9  # an artificial's row with no entry above this is redundant
 _FEASIBLE_TOL = 1e-9  # relative: phase 1's optimum below this is zero (a feasible program)
+_SUPPORT_TOL = 1e-9  # relative to the largest entry: a vertex's support
+_DEPENDENT_TOL = 1e-10  # = dxopt.qp.certify.dependence.DEPENDENT_TOL (squared distance to a span)
+_GRAM_SHIFT = 1e-14  # the diagonal shift of the rule's Gram factor (degenerate_rule)
 
 
 @_jit
@@ -131,6 +134,61 @@ def _drive_out(T: np.ndarray, basis: np.ndarray, K: int) -> None:
 
 
 @_jit
+def _simplex_one(
+    M: np.ndarray, b: np.ndarray, cost: np.ndarray, budget: int, z: np.ndarray
+) -> bool:
+    """One sample of :func:`simplex_batch`: ``M`` (R, K), ``b`` (R,), ``cost`` (K,); the
+    minimiser is written into ``z`` (K,, zero on entry). Returns whether it was solved."""
+    R, K = M.shape
+    cols = K + R + 1
+    T = np.zeros((R + 1, cols))
+    basis = np.empty(R, dtype=np.int64)
+    for r in range(R):
+        sign = -1.0 if b[r] < 0 else 1.0
+        for k in range(K):
+            T[r, k] = M[r, k] * sign
+        T[r, K + r] = 1.0
+        T[r, cols - 1] = b[r] * sign
+        basis[r] = K + r
+    for j in range(K):  # phase 1: minimise the sum of the artificials
+        acc = 0.0
+        for r in range(R):
+            acc += T[r, j]
+        T[R, j] = -acc
+    acc = 0.0
+    for r in range(R):
+        acc += T[r, cols - 1]
+    T[R, cols - 1] = -acc
+    if _pivots(T, basis, K, budget) != 1:
+        return False
+    scale = 1.0
+    for r in range(R):
+        scale = max(scale, abs(T[r, cols - 1]))
+    if not abs(T[R, cols - 1]) <= _FEASIBLE_TOL * scale:
+        return False
+    _drive_out(T, basis, K)
+    for j in range(cols):  # phase 2: the objective row of the cost
+        T[R, j] = 0.0
+    for k in range(K):
+        acc = 0.0
+        for r in range(R):
+            if basis[r] < K:
+                acc += cost[basis[r]] * T[r, k]
+        T[R, k] = cost[k] - acc
+    acc = 0.0
+    for r in range(R):
+        if basis[r] < K:
+            acc += cost[basis[r]] * T[r, cols - 1]
+    T[R, cols - 1] = -acc
+    if _pivots(T, basis, K, budget) != 1:
+        return False
+    for r in range(R):
+        if basis[r] < K:
+            z[basis[r]] = T[r, cols - 1]
+    return True
+
+
+@_jit
 def simplex_batch(
     M: np.ndarray, b: np.ndarray, cost: np.ndarray, work: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -142,56 +200,137 @@ def simplex_batch(
     z = np.zeros((s, K))
     solved = np.zeros(s, dtype=np.bool_)
     budget = 8 * (K + R) + 50
-    cols = K + R + 1
+    for si in range(s):
+        if work[si]:
+            solved[si] = _simplex_one(M[si], b[si], cost[si], budget, z[si])
+    return z, solved
+
+
+@_jit
+def _orthogonalise(v: np.ndarray, basis: np.ndarray, count: int) -> float:
+    """``v`` minus its part in the span of the first ``count`` orthonormal rows of ``basis``
+    (twice: Gram-Schmidt with reorthogonalisation), in place; returns its squared norm."""
+    for _ in range(2):
+        for j in range(count):
+            d = 0.0
+            for c in range(v.shape[0]):
+                d += basis[j, c] * v[c]
+            for c in range(v.shape[0]):
+                v[c] -= d * basis[j, c]
+    d = 0.0
+    for c in range(v.shape[0]):
+        d += v[c] * v[c]
+    return d
+
+
+@_jit
+def range_basis(W: np.ndarray, independent: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    r"""``(W_c (K, rho), M (rho, K))``: the ``independent`` columns of ``W`` (K, K) and an
+    orthonormal basis of their range as rows (Gram-Schmidt, twice; the columns are
+    independent: ``W`` is a block of a Cholesky factor and the pivot of each such column is
+    above ``_DEPENDENT_TOL``). With ``W`` the ``G`` block of the factor of the unit Gram
+    matrix of :math:`[\hat A; \hat G_J]`, ``M`` spans the range of :math:`\hat G_J\Pi`
+    (:mod:`dxopt.qp.backward.vertex_batch`)."""
+    K = W.shape[0]
+    rho = 0
+    for k in range(K):
+        if independent[k]:
+            rho += 1
+    Wc = np.empty((K, rho))
+    c = 0
+    for k in range(K):
+        if independent[k]:
+            for i in range(K):
+                Wc[i, c] = W[i, k]
+            c += 1
+    M = np.zeros((rho, K))
+    for c in range(rho):
+        v = Wc[:, c].copy()
+        d = _orthogonalise(v, M, c)
+        if d > 0.0:
+            v /= np.sqrt(d)
+        M[c] = v
+    return Wc, M
+
+
+@_jit
+def vertex_from_factor(
+    W: np.ndarray,
+    independent: np.ndarray,
+    valid: np.ndarray,
+    z0: np.ndarray,
+    cost: np.ndarray,
+    work: np.ndarray,
+    budget: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    r"""``(z (s, K), ok (s,), keep (s, K))``: the batched vertex rule's linear program, checks
+    and completion (:mod:`dxopt.qp.backward.vertex_batch`, steps 1-3) for each sample with
+    ``work``, from the ``G`` block ``W`` (s, K, K) of the Cholesky factor of the unit Gram
+    matrix of :math:`[\hat A; \hat G_J]` and its ``independent`` columns (s, K).
+
+    With :math:`W_c` those columns, :math:`\hat G_J\Pi = W_c Q` (:math:`Q` orthonormal
+    rows), so (1) the constraint rows of the program are an orthonormal basis of the range of
+    :math:`W_c` (Gram-Schmidt, twice, on its columns: independent by the triangular structure),
+    the program :math:`\min c^\top z`, :math:`Mz = Mz_0`, :math:`z \ge 0` solved by
+    :func:`_simplex_one`; (2) the vertex must be feasible to ``_FEASIBLE_TOL`` (relative to
+    :math:`\|z_0\|_\infty`); (3) the squared distance of unit row :math:`\hat g_k` to the
+    span of :math:`\hat A` and rows taken before it is the squared distance of row ``k`` of
+    :math:`W_c` to the span of those rows of :math:`W_c`: the rows are taken greedily,
+    support first then the others, each in row order, where that distance (plus the factor's
+    shift ``_GRAM_SHIFT``) is at least ``_DEPENDENT_TOL`` (the pivots of the Gram factor of
+    the completion, without refactoring). ``ok``: solved, feasible, the support independent
+    and the kept rows of full rank; ``keep`` is meaningful where ``ok``."""
+    s, K = valid.shape
+    z = np.zeros((s, K))
+    ok = np.zeros(s, dtype=np.bool_)
+    keep = np.zeros((s, K), dtype=np.bool_)
     for si in range(s):
         if not work[si]:
             continue
-        T = np.zeros((R + 1, cols))
-        basis = np.empty(R, dtype=np.int64)
-        for r in range(R):
-            sign = -1.0 if b[si, r] < 0 else 1.0
+        Wc, M = range_basis(W[si], independent[si])  # 1. the program's constraint rows
+        rho = M.shape[0]
+        b = np.zeros(rho)
+        for r in range(rho):
             for k in range(K):
-                T[r, k] = M[si, r, k] * sign
-            T[r, K + r] = 1.0
-            T[r, cols - 1] = b[si, r] * sign
-            basis[r] = K + r
-        for j in range(K):  # phase 1: minimise the sum of the artificials
-            acc = 0.0
-            for r in range(R):
-                acc += T[r, j]
-            T[R, j] = -acc
-        acc = 0.0
-        for r in range(R):
-            acc += T[r, cols - 1]
-        T[R, cols - 1] = -acc
-        if _pivots(T, basis, K, budget) != 1:
+                b[r] += M[r, k] * z0[si, k]
+        zs = z[si]
+        if not _simplex_one(M, b, cost[si], budget, zs):
             continue
-        scale = 1.0
-        for r in range(R):
-            scale = max(scale, abs(T[r, cols - 1]))
-        if not abs(T[R, cols - 1]) <= _FEASIBLE_TOL * scale:
-            continue
-        _drive_out(T, basis, K)
-        for j in range(cols):  # phase 2: the objective row of the cost
-            T[R, j] = 0.0
+        scale = 1e-300  # 2. a feasible vertex
         for k in range(K):
+            scale = max(scale, abs(z0[si, k]))
+        feasible = True
+        resid = 0.0
+        for r in range(rho):
             acc = 0.0
-            for r in range(R):
-                if basis[r] < K:
-                    acc += cost[si, basis[r]] * T[r, k]
-            T[R, k] = cost[si, k] - acc
-        acc = 0.0
-        for r in range(R):
-            if basis[r] < K:
-                acc += cost[si, basis[r]] * T[r, cols - 1]
-        T[R, cols - 1] = -acc
-        if _pivots(T, basis, K, budget) != 1:
+            for k in range(K):
+                acc += M[r, k] * (zs[k] - z0[si, k])
+            resid += acc * acc
+        for k in range(K):
+            if zs[k] < -_FEASIBLE_TOL * scale:
+                feasible = False
+        if not feasible or np.sqrt(resid) > _FEASIBLE_TOL * scale:
             continue
-        for r in range(R):
-            if basis[r] < K:
-                z[si, basis[r]] = T[r, cols - 1]
-        solved[si] = True
-    return z, solved
+        top = 1e-300
+        for k in range(K):
+            top = max(top, zs[k])
+        basis = np.zeros((max(rho, 1), rho))  # 3. support first, then the rest, row order
+        taken = 0
+        good = True
+        for support_pass in (True, False):
+            for k in range(K):
+                if not valid[si, k] or (zs[k] > _SUPPORT_TOL * top) != support_pass:
+                    continue
+                v = Wc[k].copy()
+                d = _orthogonalise(v, basis, taken) if taken < rho else 0.0
+                if taken >= rho or d + _GRAM_SHIFT < _DEPENDENT_TOL:
+                    good = good and not support_pass  # a dependent support: no vertex
+                    continue
+                basis[taken] = v / np.sqrt(d)
+                taken += 1
+                keep[si, k] = True
+        ok[si] = good and taken == rho
+    return z, ok, keep
 
 
 @_jit
