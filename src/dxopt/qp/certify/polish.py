@@ -1,7 +1,9 @@
 """Certification and polishing of a forward solution (one sample, numpy / scipy).
 
 **Certification** uses norm scales (as the backends' own stopping rules do) and never
-normalises a row, so a zero or tiny row cannot poison it. With
+normalises a row, so a zero or tiny row cannot poison it (each row is also held to its own
+scale, and a tiny row to its norm times :math:`\\varepsilon_{abs}`: the primal rule of
+:mod:`dxopt.qp.certify.tolerances`, which is authoritative where this summary is short). With
 :math:`r = \\max(\\varepsilon_{rel}, 10^{-10})` (the relative part never goes below a
 round-off floor; every constant of the rule is in :mod:`dxopt.qp.certify.tolerances`),
 :math:`t_p = \\varepsilon_{abs} + r\\max(\\|Gx\\|_\\infty, \\|h\\|_\\infty)`,
@@ -37,7 +39,9 @@ all-zero row of ``A`` needs :math:`|b_j| \\le \\varepsilon_{abs}` and gets multi
    nearest to the solver's.
 3. Drop rows of :math:`J` with negative multipliers and add rows that are violated, both
    judged at round-off level (``ROUNDOFF`` times the norm scales, not at the requested
-   tolerance, so the active set does not depend on it); repeat (at most ``max_rounds``
+   tolerance, so the active set does not depend on it; a *tiny row* of
+   :mod:`dxopt.qp.certify.tolerances`, whose violation is below that round-off, joins when it is
+   violated beyond its own primal tolerance); repeat (at most ``max_rounds``
    times) until the multipliers have the right signs and the point is feasible.
 
 The polished point is kept only if it certifies; otherwise the solver's point is certified as it

@@ -24,6 +24,18 @@ never normalised, so a zero or tiny row cannot poison a threshold). With
   only to the accuracy of the whole problem (Maros-Meszaros QPILOTNO missed it by 6.8x). The
   minimum never accepts more than the common scale did; the complementarity test below keeps
   the common :math:`t_p = \\varepsilon_{abs} + r\\sigma_p`;
+* tiny rows (:func:`row_floor`): a row with :math:`0 < \\|g_i\\|_\\infty < 1` whose own scale
+  is below the absolute floor, :math:`\\sigma_{p,i} < \\varepsilon_{abs}`, has the absolute
+  part :math:`\\varepsilon_{abs}\\|g_i\\|_\\infty` in place of :math:`\\varepsilon_{abs}`
+  in :math:`t_{p,i}` (likewise a row of ``A`` in :math:`t_{e,j}`): its violation over its norm,
+  a distance in ``x``, within :math:`\\varepsilon_{abs}`, as for a row of norm 1. The floor
+  alone made such a row vacuous (a row of norm 1e-12 violated by 15% of its own size passed
+  at 1e-9, the point 0.087 from the solution). The floor depends on the row's norm, never on
+  ``x``: at a solution near 0 (every own scale near 0) a row of norm 1 keeps
+  :math:`\\varepsilon_{abs}`; rows of own scale at least :math:`\\varepsilon_{abs}` (norms
+  1e-6 next to 1e6 included) and zero rows are judged as before. The polish adds a tiny row
+  violated beyond :math:`t_{p,i}` to its active set (its violation is below round-off of the
+  common scale, the polish's own test);
 * dual, componentwise: :math:`|(Px + q + A^\\top\\mu + G^\\top\\nu)_j| \\le t_d +
   c\\,u\\,(|P||x| + |q| + |A|^\\top|\\mu| + |G|^\\top|\\nu|)_j` with :math:`t_d =
   \\varepsilon_{abs} + r\\max(\\|Px\\|_\\infty, \\|q\\|_\\infty, \\|A^\\top\\mu\\|_\\infty,
