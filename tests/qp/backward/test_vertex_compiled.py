@@ -176,7 +176,7 @@ def test_projected_range_from_the_gram_factor_equals_the_svd_range() -> None:
     W = L.numpy()[:, p:, p:]
     M = np.zeros((s, K, K))  # each sample's basis, padded with zero rows
     for i in range(s):
-        _, Mi = range_basis(np.ascontiguousarray(W[i]), independent[i])
+        _, Mi = range_basis(np.ascontiguousarray(W[i]), independent[i], np.arange(K))
         M[i, : Mi.shape[0]] = Mi
     Ua = np.linalg.svd(An.T, full_matrices=False)[0]
     M_svd = vb._projected_range_svd(Gn, Ua)

@@ -172,3 +172,52 @@ def test_regular_batch_unchanged(monkeypatch: pytest.MonkeyPatch) -> None:
     old = _backward(d, 0)
     for g_new, g_old in zip(new, old, strict=True):
         torch.testing.assert_close(g_new, g_old, rtol=0, atol=0)
+
+
+def test_identification_factor_gives_the_rule_of_a_fresh_factor(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The weak rows adopted with the identification's factor are those of
+    :func:`dependent_weak_rows_dense`; its factor, extended by them (appended, then mapped to
+    row order), counts the dependent rows of a fresh row-order factor and gives the old
+    rule's rows; its Gram matrix is the fresh one's, reordered."""
+    import dxopt.qp.backward.base as base
+    from dxopt.qp.backward.degenerate_rule import dependent_weak_rows_dense
+
+    seen: list[tuple[Any, ...]] = []
+    found = base.weak_rows_with_factor
+
+    def recorded(problem, used, weak):  # type: ignore[no-untyped-def]
+        adopt, factor = found(problem, used, weak)
+        seen.append((problem, used, weak, adopt, factor))
+        return adopt, factor
+
+    monkeypatch.setattr(base, "weak_rows_with_factor", recorded)
+    calls = _capture(monkeypatch)
+    for seed, drop_last, scale_row in _CASES:
+        _backward(_scaled_qptl(seed, drop_last=drop_last, scale_row=scale_row), seed)
+    assert len(seen) == len(calls) == len(_CASES)
+    for (problem, used, weak, adopt, factor), c in zip(seen, calls, strict=True):
+        assert factor is not None and factor.order is not None
+        assert torch.equal(adopt, dependent_weak_rows_dense(problem, used, weak))
+        assert torch.equal(c["used"], used | adopt)
+        fresh = dependent_flags_factor(stacked_rows(problem, used | adopt))
+        assert torch.equal(factor.flags.sum(-1), fresh[0].sum(-1))
+        p = problem.p
+        rows = torch.cat([torch.arange(p).expand(used.shape[0], -1), p + factor.order], 1)
+        k = rows.shape[1]
+        reordered = factor.gram.gather(1, rows[..., None].expand(-1, -1, factor.gram.shape[2]))
+        reordered = reordered.gather(2, rows[:, None, :].expand(-1, k, -1))
+        off = ~torch.eye(k, dtype=torch.bool)
+        torch.testing.assert_close(reordered[:, off], fresh[3][:, off], rtol=0, atol=1e-14)
+        args = (problem, c["used"], c["ineq"], c["eq"], ~c["skip"])
+        for keep_parallel in (False, True):
+            used_o, drop_o, done_o = reference_vertex_rows_batched(
+                *args, keep_parallel=keep_parallel
+            )
+            used_n, drop_n, done_n, _ = vb.vertex_rows_batched(
+                *args, keep_parallel=keep_parallel, factor=factor
+            )
+            assert torch.equal(used_n, used_o)
+            assert torch.equal(drop_n, drop_o)
+            assert torch.equal(done_n, done_o)

@@ -80,12 +80,13 @@ from torch import Tensor
 from dxopt.linalg.threads import small_work
 from dxopt.qp.backward.degenerate_rule import (
     DegenerateRule,
+    RuleFactor,
     dependent_flags_factor,
-    dependent_weak_rows_dense,
     independent_rows_dense,
     project_multiplier_rhs,
     rule_multipliers,
     stacked_rows,
+    weak_rows_with_factor,
 )
 from dxopt.qp.backward.fallbacks import (
     dependent_counts,
@@ -260,7 +261,7 @@ class BackwardBase:
     def _solve_adjoint(
         self, data: AdjointInput, diagnostics: BackwardDiagnostics
     ) -> AdjointSolution:
-        active = self._identify(data)
+        active, factor = self._identify_factored(data)
         diagnostics.pseudo_inverse = (False,) * data.x.shape[0]
         diagnostics.weak_kept = False
         diagnostics.vertex_dropped = (0,) * data.x.shape[0]
@@ -286,7 +287,7 @@ class BackwardBase:
         for attempt in self.degenerate_attempts():
             with trial_warnings() as trial:  # a failed attempt's warnings are dropped
                 try:
-                    out = attempt.run(self, data, active, diagnostics, cause)
+                    out = attempt.run(self, data, active, diagnostics, cause, factor)
                 except QPBackwardError as err:
                     cause = err
                     continue
@@ -301,6 +302,13 @@ class BackwardBase:
         active rows in the span of the active ones joining them (so that LICQ detection and
         the degenerate rule do not depend on which copy of a duplicated row the backend put
         the multiplier on); ``data.rule_fixed``: the rows in ``data.active`` as they are."""
+        return self._identify_factored(data)[0]
+
+    def _identify_factored(self, data: AdjointInput) -> tuple[ActiveSet, RuleFactor | None]:
+        """:meth:`_identify` and, where weak rows joined a dense problem's active set, the
+        factor of the new rows that found them, extended to those rows (the vertex rule's
+        start, :func:`~dxopt.qp.backward.degenerate_rule.weak_rows_with_factor`), else
+        ``None``."""
         active = identify_active(
             data.problem,
             data.x,
@@ -311,19 +319,20 @@ class BackwardBase:
             forward_active=data.active,
         )
         if data.rule_fixed and data.active is not None:
-            return replace(active, used=data.active & data.ok[:, None])
+            return replace(active, used=data.active & data.ok[:, None]), None
+        factor = None
         if self.weak_policy == "inactive" and (active.weak.numpy() & ~active.used.numpy()).any():
             if self._q_only(data, active) and not data.problem.any_sparse:
-                return active  # degenerate_rule counts them with its one factorization
+                return active, None  # degenerate_rule counts them with its one factorization
             if data.problem.any_sparse:
                 adopt = dependent_weak_rows(data.problem, active.used, active.weak & ~active.used)
             else:
-                adopt = dependent_weak_rows_dense(
+                adopt, factor = weak_rows_with_factor(
                     data.problem, active.used, active.weak & ~active.used
                 )
             if bool(adopt.any()):  # duplicated/dependent weak rows join the active set
                 active = replace(active, used=active.used | adopt, adopted=adopt)
-        return active
+        return active, factor
 
     def _q_only(self, data: AdjointInput, active: ActiveSet) -> bool:
         """Only dL/dq and dL/dP are wanted (no row gradients, zero multiplier cotangents): the
@@ -331,14 +340,20 @@ class BackwardBase:
         return not (data.needs_rows or data.rule_fixed or bool(dual_rhs(data, active.used).any()))
 
     def degenerate_rule(
-        self, data: AdjointInput, active: ActiveSet | None = None
+        self,
+        data: AdjointInput,
+        active: ActiveSet | None = None,
+        *,
+        factor: RuleFactor | None = None,
     ) -> DegenerateRule:
         """The rows and multipliers of the degenerate rule (:mod:`.degenerate_rule`)
         for the active set ``active`` (``None``: identified from ``data``). It depends on the
         point, the problem and the rows only, never on the cotangents, so the vjp and the jvp
-        (:mod:`dxopt.qp.autograd.tangent`) use the same linear map."""
+        (:mod:`dxopt.qp.autograd.tangent`) use the same linear map. ``factor``: the Gram
+        factor of ``active.used`` from the identification (:meth:`_identify_factored`), if
+        the caller has it."""
         if active is None:
-            active = self._identify(data)
+            active, factor = self._identify_factored(data)
         problem, ok = data.problem, data.ok
         S = data.x.shape[0]
         zero = torch.zeros(S, dtype=torch.int64)
@@ -346,7 +361,6 @@ class BackwardBase:
         q_only = self._q_only(data, active)
         left: Tensor | None = None
         vertex = self.degenerate in ("auto", "vertex") and not (q_only or data.rule_fixed)
-        factor = None
         if q_only and not problem.any_sparse:
             # only dL/dq, dL/dP: every rule gives the same u; drop dependent rows cheaply (one
             # batched Cholesky gives the counts, the rows and the weak rows in their span)
@@ -356,7 +370,8 @@ class BackwardBase:
                 active = replace(active, used=active.used | adopt, adopted=adopt)
         elif vertex and not problem.any_sparse and problem.G is not None:
             # one factorization of [A; G_used] counts the dependent rows and starts the rule
-            factor = dependent_flags_factor(stacked_rows(problem, active.used))
+            if factor is None:
+                factor = RuleFactor(*dependent_flags_factor(stacked_rows(problem, active.used)))
             counts = factor[0].sum(-1) * ok
         else:
             counts = dependent_counts(data, active.used)
@@ -387,12 +402,13 @@ class BackwardBase:
         diagnostics: BackwardDiagnostics,
         *,
         warn: bool = True,
+        factor: RuleFactor | None = None,
     ) -> AdjointSolution:
-        """The adjoint on the rows of :meth:`degenerate_rule`: the vertex's independent rows,
-        or (minimum-norm samples) the dependent rows with the multiplier right-hand side
-        projected onto their range. Should the vertex's solve fail (round-off), the full
-        rows' minimum-norm adjoint is used."""
-        rule = self.degenerate_rule(data, active)
+        """The adjoint on the rows of :meth:`degenerate_rule` (``factor``: as there): the
+        vertex's independent rows, or (minimum-norm samples) the dependent rows with the
+        multiplier right-hand side projected onto their range. Should the vertex's solve fail
+        (round-off), the full rows' minimum-norm adjoint is used."""
+        rule = self.degenerate_rule(data, active, factor=factor)
         if not bool((rule.counts > 0).any()):
             if not self.use_sparse(data.problem):
                 regular = self._regular_adjoint(data, rule.active, diagnostics)
@@ -507,17 +523,21 @@ def _known_dependent(data: AdjointInput, active: ActiveSet) -> bool:
 
 
 AttemptRun = Callable[
-    [BackwardBase, AdjointInput, ActiveSet, BackwardDiagnostics, "QPBackwardError | None"],
+    [
+        BackwardBase, AdjointInput, ActiveSet, BackwardDiagnostics, "QPBackwardError | None",
+        "RuleFactor | None",
+    ],
     "AdjointSolution | None",
-]
+]  # fmt: skip
 
 
 @dataclass(frozen=True)
 class DegenerateAttempt:
     """One step of the degenerate policy (:meth:`BackwardBase.degenerate_attempts`):
-    ``run(method, data, active, diagnostics, cause)`` returns the adjoint, ``None`` where it
-    does not apply, or raises :class:`~dxopt.qp.QPBackwardError` (``cause``: the error of the
-    attempt before, to chain)."""
+    ``run(method, data, active, diagnostics, cause, factor)`` returns the adjoint, ``None``
+    where it does not apply, or raises :class:`~dxopt.qp.QPBackwardError` (``cause``: the
+    error of the attempt before, to chain; ``factor``: the Gram factor of ``active.used`` from
+    the identification, or ``None``)."""
 
     name: str
     run: AttemptRun
@@ -529,9 +549,10 @@ def _rule_attempt(
     active: ActiveSet,
     diagnostics: BackwardDiagnostics,
     cause: QPBackwardError | None,
+    factor: RuleFactor | None = None,
 ) -> AdjointSolution:
     """The degenerate rule's rows and multipliers (:meth:`BackwardBase.degenerate_rule`)."""
-    return method._degenerate_adjoint(data, active, diagnostics)
+    return method._degenerate_adjoint(data, active, diagnostics, factor=factor)
 
 
 def _weak_kept_attempt(
@@ -540,6 +561,7 @@ def _weak_kept_attempt(
     active: ActiveSet,
     diagnostics: BackwardDiagnostics,
     cause: QPBackwardError | None,
+    factor: RuleFactor | None = None,
 ) -> AdjointSolution | None:
     """Dropping the weakly active rows left :math:`x` undetermined: keep them as equalities
     (the derivative on the face); only with ``weak_policy="inactive"`` and such rows."""
@@ -562,6 +584,7 @@ def _pseudo_inverse_attempt(
     active: ActiveSet,
     diagnostics: BackwardDiagnostics,
     cause: QPBackwardError | None,
+    factor: RuleFactor | None = None,
 ) -> AdjointSolution:
     """The Moore-Penrose adjoint :math:`K^+ r` (:func:`pseudo_inverse_adjoint`)."""
     out = pseudo_inverse_adjoint(

@@ -35,7 +35,7 @@ import os
 import sys
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import scipy.sparse as sp
@@ -58,6 +58,7 @@ __all__ = [
     "rule_multipliers",
     "stacked_rows",
     "warn_degenerate",
+    "weak_rows_with_factor",
 ]
 
 _TOL = (
@@ -226,6 +227,97 @@ def dependent_weak_rows_dense(problem: QPProblem, used: Tensor, weak: Tensor) ->
     if C.shape[1] == 0 or not bool(weak.any()):
         return torch.zeros_like(weak)
     return _in_span(problem, _unit_gram_factor(C), weak)
+
+
+class RuleFactor(NamedTuple):
+    """A Gram factor of the rows :math:`[\\hat A; \\hat G_{\\text{used}}]` for the vertex
+    rule: the dependent-row ``flags`` (S, k), the Cholesky factor ``L`` (S, k, k) of the
+    shifted unit Gram matrix, LAPACK's ``info`` (S,) and the ``gram`` matrix (S, k, k) (as
+    :func:`dependent_flags_factor`), in the row order of :func:`stacked_rows` where ``order``
+    is ``None``; else the ``G`` rows in another order (the equality rows first either way)
+    and ``order`` (S, K): for each used row in row order, its position in the ``G`` block
+    (padding rows in neither)."""
+
+    flags: Tensor
+    L: Tensor
+    info: Tensor
+    gram: Tensor
+    order: Tensor | None = None
+
+
+def weak_rows_with_factor(
+    problem: QPProblem, used: Tensor, weak: Tensor
+) -> tuple[Tensor, RuleFactor | None]:
+    """``(adopt, factor)``: :func:`dependent_weak_rows_dense` and, from the same factorization,
+    a factor of the rows ``used | adopt`` for the vertex rule (the ``factor`` argument of
+    :func:`dxopt.qp.backward.vertex.vertex_rows`), ``None`` where the factorization failed
+    (round-off; the rule then factors its rows itself).
+
+    With :math:`L` the Cholesky factor of the unit Gram matrix of :math:`[\\hat A; \\hat
+    G_{\\text{used}}]` and :math:`P = L^{-1}[\\hat A; \\hat G_{\\text{used}}]\\hat
+    W^\\top` for the adopted rows :math:`\\hat W` (their coordinates on the orthonormalised
+    rows; squared distance to the span :math:`d = 1 - \\|p\\|^2 \\le` ``DEPENDENT_TOL``),
+    :math:`\\begin{bmatrix} L & 0 \\\\ P^\\top & D \\end{bmatrix}` with :math:`D =
+    \\operatorname{diag}(\\sqrt{d + 10^{-14}})` is the factor of the rows with the adopted
+    ones appended (their Schur complement, of entries at most ``DEPENDENT_TOL``, kept on the
+    diagonal only: those rows are flagged dependent and the rule reads only the columns of
+    the independent rows), with the Gram matrix of the unit rows in the same order and
+    ``order`` mapping the row order of :func:`stacked_rows` of ``used | adopt`` to it
+    (:class:`RuleFactor`; the flags are those of the appended order, the same count as in
+    row order, and the columns of the independent rows span the same space)."""
+    from dxopt.qp.certify.active import compress_rows, gather_rows
+
+    C, index = _stack(problem, used, eq_first=True)
+    S = used.shape[0]
+    if C.shape[1] == 0 or not bool(weak.any()):
+        return torch.zeros_like(weak), None
+    Cn, L, nonzero, info, gram = _unit_gram_factor(C, keep_gram=True)
+    if bool((info != 0).any()):
+        return _in_span(problem, (Cn, L, nonzero, info), weak), None
+    assert problem.G is not None
+    G = problem.G.to_dense() if problem.G.layout != torch.strided else problem.G
+    widx, wvalid = compress_rows(weak)
+    W = gather_rows(G.to(torch.float64), widx)  # (S, kw, n): the weak rows only
+    wn = torch.linalg.vector_norm(W, dim=-1)
+    Wn = W / wn.clamp_min(1e-300)[..., None]
+    cross = torch.bmm(Cn, Wn.mT)  # (S, k1, kw)
+    proj = torch.linalg.solve_triangular(L, cross, upper=False)
+    dist = 1.0 - proj.pow(2).sum(1)  # (S, kw): squared distance of each unit row to the span
+    taken = wvalid & (wn > 0) & (dist <= _TOL)
+    adopt = torch.zeros_like(weak)
+    adopt.scatter_(1, widx, taken)
+    adopt &= weak
+    if not bool(adopt.any()):
+        return adopt, None
+    # the factor with the adopted rows appended, [L 0; P^T D] (numpy: fancy indexing)
+    aidx, avalid = compress_rows(taken)
+    ai, av = aidx.numpy(), avalid.numpy()
+    k1, ka = C.shape[1], ai.shape[1]
+    s_ = np.arange(S)[:, None]
+    proj_a = np.swapaxes(proj.numpy(), 1, 2)[s_, ai] * av[..., None]  # (S, ka, k1)
+    cross_a = np.swapaxes(cross.numpy(), 1, 2)[s_, ai] * av[..., None]
+    Wn_a = Wn.numpy()[s_, ai] * av[..., None]
+    d_a = np.sqrt(np.where(av, np.maximum(dist.numpy()[s_, ai], 0.0) + 1e-14, 1.0))
+    L2 = np.zeros((S, k1 + ka, k1 + ka))
+    L2[:, :k1, :k1] = L.numpy()
+    L2[:, k1:, :k1] = proj_a
+    L2[:, k1 + np.arange(ka), k1 + np.arange(ka)] = d_a
+    gram2 = np.empty_like(L2)
+    gram2[:, :k1, :k1] = gram.numpy()
+    gram2[:, k1:, :k1] = cross_a
+    gram2[:, :k1, k1:] = np.swapaxes(cross_a, 1, 2)
+    gram2[:, k1:, k1:] = Wn_a @ np.swapaxes(Wn_a, 1, 2)
+    flags2 = np.concatenate([_flags(Cn, L, nonzero, info).numpy(), av], 1)
+    # row order: the G rows of both blocks sorted by their row index (padding last)
+    idx = index.numpy()
+    big = used.shape[1]
+    ids = np.concatenate([np.where(used.numpy()[s_, idx], idx, big),
+                          np.where(av, widx.numpy()[s_, ai], big)], 1)  # fmt: skip
+    k2 = int((used | adopt).sum(-1).max())
+    order = torch.from_numpy(np.argsort(ids, axis=1, kind="stable")[:, :k2])
+    return adopt, RuleFactor(
+        torch.from_numpy(flags2), torch.from_numpy(L2), info, torch.from_numpy(gram2), order
+    )
 
 
 def _in_span(

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from dxopt.linalg.sparse import FactorizationError, kkt_factor
+from dxopt.qp.backward.degenerate_rule import RuleFactor
 from dxopt.qp.backward.vertex_batch import vertex_cost, vertex_rows_batched
 from dxopt.qp.certify.dependence import DEPENDENT_TOL, _matrix, count_dependent_sparse
 from dxopt.qp.problem.canonical import QPProblem
@@ -51,7 +52,7 @@ def vertex_rows(
     keep_parallel: bool = False,
     batched: bool = True,
     counted: bool = False,
-    factor: tuple[Tensor, Tensor, Tensor, Tensor] | None = None,
+    factor: RuleFactor | tuple[Tensor, Tensor, Tensor, Tensor] | None = None,
 ) -> tuple[Tensor, ...]:
     """Drop dependent active inequality rows until the rest are independent, keeping the
     multipliers feasible: the ``degenerate="vertex"`` policy.
@@ -88,8 +89,9 @@ def vertex_rows(
     element, per sample whose rows the batch changed the number of dependent rows left among
     them (-1 where not known: the caller counts them). ``factor``: the caller's
     :func:`~dxopt.qp.backward.degenerate_rule.dependent_flags_factor` of
-    :func:`~dxopt.qp.backward.degenerate_rule.stacked_rows` of ``used`` (all samples), reused
-    by the batch instead of factoring again.
+    :func:`~dxopt.qp.backward.degenerate_rule.stacked_rows` of ``used`` (all samples), or a
+    :class:`~dxopt.qp.backward.degenerate_rule.RuleFactor` of those rows in another order,
+    reused by the batch instead of factoring again.
     """
     out = used.clone()
     dropped = torch.zeros(used.shape[0], dtype=torch.int64)

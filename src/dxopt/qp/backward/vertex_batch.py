@@ -41,7 +41,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from dxopt.qp.backward.degenerate_rule import dependent_flags_dense, dependent_flags_factor
+from dxopt.qp.backward.degenerate_rule import (
+    RuleFactor,
+    dependent_flags_dense,
+    dependent_flags_factor,
+)
 from dxopt.qp.backward.vertex_simplex import parallel_groups, simplex_batch, vertex_from_factor
 from dxopt.qp.certify.active import compress_rows, gather_rows
 from dxopt.qp.problem.canonical import QPProblem
@@ -74,7 +78,7 @@ def vertex_rows_batched(
     samples: Tensor,
     *,
     keep_parallel: bool,
-    factor: tuple[Tensor, Tensor, Tensor, Tensor] | None = None,
+    factor: RuleFactor | tuple[Tensor, Tensor, Tensor, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The vertex rule (:func:`~dxopt.qp.backward.vertex.vertex_rows`) of the dense
     ``samples`` (S,) in one batch (module docstring). Returns ``(used, dropped, done,
@@ -84,7 +88,8 @@ def vertex_rows_batched(
     (the dependencies among the equality rows alone; -1 elsewhere). ``factor``:
     :func:`~dxopt.qp.backward.degenerate_rule.dependent_flags_factor` of
     :func:`~dxopt.qp.backward.degenerate_rule.stacked_rows` of ``used`` (all S samples) when
-    the caller has it (the same rows, normalised the same way)."""
+    the caller has it (the same rows, normalised the same way), or a
+    :class:`~dxopt.qp.backward.degenerate_rule.RuleFactor` of them in another order."""
     S = used.shape[0]
     out, dropped = used.clone(), torch.zeros(S, dtype=torch.int64)
     done = torch.zeros(S, dtype=torch.bool)
@@ -105,21 +110,33 @@ def vertex_rows_batched(
     z0 = np.maximum(z0 * norms, 0.0)  # multipliers of the normalised rows
     An = _unit_equality_rows(problem, chosen, n)
     C = torch.from_numpy(np.concatenate([An, Gn], 1))  # equality rows first
+    p = An.shape[1]
+    perm = np.broadcast_to(np.arange(K), (len(z0), K))  # factor row of each row, G block
+    order = factor[4] if factor is not None and len(factor) > 4 else None
     if factor is None:
         flags_t, L_t, info_t, gram_t = dependent_flags_factor(C)
-    else:  # the caller's factor of all samples: these samples, padding rows cut
+    elif order is None:  # the caller's factor of all samples: these samples, padding cut
         k = C.shape[1]
         flags_t, L_t, info_t, gram_t = (
             factor[0][chosen, :k], factor[1][chosen, :k, :k], factor[2][chosen],
             factor[3][chosen, :k, :k],
         )  # fmt: skip
-    flags = flags_t.numpy()
+    else:  # the caller's factor in its own row order (RuleFactor.order)
+        flags_t, L_t, info_t, gram_t = (f[chosen] for f in factor[:4])
+        perm = order[chosen][:, :K].numpy()
     nonzero = np.concatenate([np.linalg.norm(An, axis=-1) > 0, norms > 0], 1)
+    nonzero_f = nonzero  # in the factor's order
+    flags = flags_t.numpy()
+    if order is not None:
+        rows = np.arange(len(z0))[:, None]
+        nonzero_f = np.zeros(flags.shape, dtype=bool)
+        nonzero_f[:, :p] = nonzero[:, :p]
+        nonzero_f[rows, p + perm] = nonzero[:, p:]
+        flags = np.concatenate([flags[:, :p], flags[:, p:][rows, perm]], 1)
     rank = (nonzero & ~flags).sum(-1)
     work = np.asarray(flags.any(-1))  # only dependent samples change
     if keep_parallel:
-        work &= rank != parallel_groups(np.ascontiguousarray(gram_t.numpy()), nonzero)
-    p = An.shape[1]
+        work &= rank != parallel_groups(np.ascontiguousarray(gram_t.numpy()), nonzero_f)
     valid_np = valid.numpy()
     cost = np.where(valid_np, vertex_cost(K)[None, :], 1.0)
     independent = nonzero[:, p:] & ~flags[:, p:]
@@ -128,8 +145,8 @@ def vertex_rows_batched(
     # 1-3 from the Gram factor (compiled, one sample at a time): the program, its checks and
     # the completion of the support in row order
     _, ok, keep = vertex_from_factor(
-        np.ascontiguousarray(L_t.numpy()[:, p:, p:]), independent, valid_np, z0, cost,
-        work & ~failed, budget,
+        np.ascontiguousarray(L_t.numpy()[:, p:, p:]), np.ascontiguousarray(perm), independent,
+        valid_np, z0, cost, work & ~failed, budget,
     )  # fmt: skip
     if (work & failed).any():  # the factor failed (round-off): the SVD and a new factor
         redo = work & failed

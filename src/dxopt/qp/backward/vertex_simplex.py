@@ -224,14 +224,17 @@ def _orthogonalise(v: np.ndarray, basis: np.ndarray, count: int) -> float:
 
 
 @_jit
-def range_basis(W: np.ndarray, independent: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    r"""``(W_c (K, rho), M (rho, K))``: the ``independent`` columns of ``W`` (K, K) and an
+def range_basis(
+    W: np.ndarray, independent: np.ndarray, perm: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    r"""``(W_c (K, rho), M (rho, K))``: the ``independent`` columns (K,) of ``W[perm][:,
+    perm]`` (``W`` (Kf, Kf), ``perm`` (K,) positions in it; read in place) and an
     orthonormal basis of their range as rows (Gram-Schmidt, twice; the columns are
     independent: ``W`` is a block of a Cholesky factor and the pivot of each such column is
     above ``_DEPENDENT_TOL``). With ``W`` the ``G`` block of the factor of the unit Gram
     matrix of :math:`[\hat A; \hat G_J]`, ``M`` spans the range of :math:`\hat G_J\Pi`
     (:mod:`dxopt.qp.backward.vertex_batch`)."""
-    K = W.shape[0]
+    K = perm.shape[0]
     rho = 0
     for k in range(K):
         if independent[k]:
@@ -241,7 +244,7 @@ def range_basis(W: np.ndarray, independent: np.ndarray) -> tuple[np.ndarray, np.
     for k in range(K):
         if independent[k]:
             for i in range(K):
-                Wc[i, c] = W[i, k]
+                Wc[i, c] = W[perm[i], perm[k]]
             c += 1
     M = np.zeros((rho, K))
     for c in range(rho):
@@ -256,6 +259,7 @@ def range_basis(W: np.ndarray, independent: np.ndarray) -> tuple[np.ndarray, np.
 @_jit
 def vertex_from_factor(
     W: np.ndarray,
+    perm: np.ndarray,
     independent: np.ndarray,
     valid: np.ndarray,
     z0: np.ndarray,
@@ -265,8 +269,11 @@ def vertex_from_factor(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     r"""``(z (s, K), ok (s,), keep (s, K))``: the batched vertex rule's linear program, checks
     and completion (:mod:`dxopt.qp.backward.vertex_batch`, steps 1-3) for each sample with
-    ``work``, from the ``G`` block ``W`` (s, K, K) of the Cholesky factor of the unit Gram
-    matrix of :math:`[\hat A; \hat G_J]` and its ``independent`` columns (s, K).
+    ``work``, from the ``G`` block ``W`` (s, Kf, Kf) of the Cholesky factor of the unit Gram
+    matrix of :math:`[\hat A; \hat G_J]`, ``perm`` (s, K) the position in it of each row in
+    row order (the factor's rows may come in another order: a symmetric permutation of a
+    factor serves as well, see :class:`~dxopt.qp.backward.degenerate_rule.RuleFactor`) and
+    the ``independent`` rows (s, K, row order).
 
     With :math:`W_c` those columns, :math:`\hat G_J\Pi = W_c Q` (:math:`Q` orthonormal
     rows), so (1) the constraint rows of the program are an orthonormal basis of the range of
@@ -287,7 +294,7 @@ def vertex_from_factor(
     for si in range(s):
         if not work[si]:
             continue
-        Wc, M = range_basis(W[si], independent[si])  # 1. the program's constraint rows
+        Wc, M = range_basis(W[si], independent[si], perm[si])  # 1. the program's constraint rows
         rho = M.shape[0]
         b = np.zeros(rho)
         for r in range(rho):
