@@ -7,7 +7,9 @@ inequalities :math:`Gx \\le h`, the rest equalities :math:`Ax = b`. :func:`certi
 (``_certificate``) is the rule of :func:`dxopt.qp.certify.polish.batch_accept_exact`, with the
 tolerances of :mod:`dxopt.qp.certify.tolerances` (``rel``, ``roundoff`` and ``margin_min`` come
 as arguments, ``LEAN_MARGIN_FACTOR``, ``EVALUATION_ROUNDOFF`` and ``ROW_FLOOR`` as globals
-fixed at compile time); only the order of floating-point operations differs. Any NaN met where
+fixed at compile time; a tiny row's absolute floor, ``tolerances.row_floor``, is formed in
+the loop over the rows, its norm only for rows whose own scale is below ``eps_abs``); only the
+order of floating-point operations differs. Any NaN met where
 a test is made fails the test (the caller then takes the general path).
 :func:`_active_accuracy` / :func:`_point_accuracy` are the accuracy of
 :func:`dxopt.qp.certify.active.identify_active` with the forward's set, or -1 when the set is
@@ -148,15 +150,19 @@ def _certificate(
     row_scale = np.empty(rows)  # per row: max(|c_r||x|, |upper_r|) (tolerances.py)
     row_abs = np.empty(rows)  # per row: its absolute floor (tolerances.row_floor)
     for r in range(rows):
-        s = a = c_inf = 0.0
+        s = a = 0.0
         for j in range(n):
             s += C[r, j] * x[j]
             a += abs(C[r, j]) * abs(x[j])
-            c_inf = max(c_inf, abs(C[r, j]))
         cx[r] = s
         row_scale[r] = max(a, abs(upper[r]))
-        tiny = row_scale[r] < eps_abs and 0.0 < c_inf < 1.0
-        row_abs[r] = eps_abs * c_inf if tiny else eps_abs
+        row_abs[r] = eps_abs
+        if row_scale[r] < eps_abs:  # rare: is it a tiny row (norm below 1)?
+            c_inf = 0.0
+            for j in range(n):
+                c_inf = max(c_inf, abs(C[r, j]))
+            if 0.0 < c_inf < 1.0:
+                row_abs[r] = eps_abs * c_inf
     # C^T [nu; mu], the two blocks apart (their max-norms are separate scales)
     gt_nu = np.zeros(n)
     at_mu = np.zeros(n)
