@@ -221,3 +221,36 @@ def test_identification_factor_gives_the_rule_of_a_fresh_factor(
             assert torch.equal(used_n, used_o)
             assert torch.equal(drop_n, drop_o)
             assert torch.equal(done_n, done_o)
+
+
+def test_rule_multipliers_only_for_matrix_gradients(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rule's minimum-norm multipliers enter only the ``A`` and ``G`` gradients: with
+    ``b`` (and ``q``) requiring grad they are not computed (the old code computed them on
+    every degenerate batch), and the ``b``, ``q`` gradients are those of the backward that
+    also differentiates ``A`` (which does compute them), to the bit."""
+    import dxopt.qp.backward.base as base
+
+    calls: list[int] = []
+    found = base.rule_multipliers
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return found(*args, **kwargs)
+
+    monkeypatch.setattr(base, "rule_multipliers", counted)
+    d = qptl_batch(16, eps=0.2, seed=3, drop_last=False)
+    w = torch.randn(16, 40, generator=torch.Generator().manual_seed(3), dtype=F64)
+    grads = []
+    for with_A in (False, True):
+        q = d["q"].clone().requires_grad_()
+        b = d["b"].expand(16, -1).clone().requires_grad_()
+        A = d["A"].clone().requires_grad_(with_A)
+        sol = dqp.solve(d["P"], q, A=A, b=b, lb=d["lb"], ub=d["ub"])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", dqp.QPDegenerateWarning)
+            (w * sol.x).sum().backward()
+        assert sum(sol.info.backward.vertex_dropped) > 0  # the vertex rule ran
+        assert len(calls) == int(with_A)
+        grads.append((q.grad, b.grad))
+    for g_without, g_with in zip(*grads, strict=True):
+        assert g_without is not None and torch.equal(g_without, g_with)

@@ -198,6 +198,8 @@ def eager_gradients(
     data = adjoint_input(state, None, grad_x, grad_eq, grad_ineq)
     if not any(needs[2:]):  # only dL/dP, dL/dq: the degenerate rule's rows cannot matter
         data = replace(data, needs_rows=False)
+    elif not (needs[2] or needs[4]):  # no dL/dA, dL/dG: nor do the rule's multipliers
+        data = replace(data, needs_matrices=False)
     return parameter_gradients(data, run_adjoint(state, data), needs)
 
 

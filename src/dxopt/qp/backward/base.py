@@ -389,7 +389,7 @@ class BackwardBase:
             if bool(count.any()):
                 left[count] = dependent_counts(data, used, count)[count]
         nu, mu = data.ineq_duals, data.eq_duals
-        if data.needs_rows:
+        if data.needs_rows and data.needs_matrices:  # they enter only the A and G gradients
             nu, mu = rule_multipliers(problem, data.x, used, (counts > 0) & ok, nu, mu)
         return DegenerateRule(
             replace(active, used=used), active.used, counts, dropped, left, nu, mu, q_only
@@ -469,13 +469,14 @@ class BackwardBase:
         stable message per rule that ran: Python's filter shows it once per call site)."""
         if not bool((rule.counts > 0).any()):
             return
-        diagnostics.dependent_rows = tuple(int(c) for c in rule.counts)
+        diagnostics.dependent_rows = tuple(rule.counts.tolist())
         diagnostics.licq = False
-        diagnostics.vertex_dropped = tuple(int(c) for c in rule.dropped)
-        gone = (rule.full & ~rule.active.used).numpy()
+        dropped = rule.dropped.tolist()
+        diagnostics.vertex_dropped = tuple(dropped)
+        sample, row = np.nonzero((rule.full & ~rule.active.used).numpy())
+        rows = np.split(row, np.cumsum(np.bincount(sample, minlength=len(dropped)))[:-1])
         diagnostics.dropped_rows = tuple(
-            tuple(int(j) for j in np.flatnonzero(row)) if c else ()
-            for row, c in zip(gone, rule.dropped.tolist())
+            tuple(r.tolist()) if c else () for r, c in zip(rows, dropped, strict=True)
         )
         if not warn:
             return

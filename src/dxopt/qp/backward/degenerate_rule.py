@@ -81,7 +81,8 @@ class DegenerateRule:
         counts: per sample, the number of dependent rows of ``full`` (0: LICQ holds).
         dropped: per sample, the inequality rows the vertex reduction dropped.
         left: per sample, the dependent rows left in :math:`B` (minimum-norm samples).
-        ineq_duals, eq_duals: the multipliers of the rule (the backend's where ``counts`` is 0).
+        ineq_duals, eq_duals: the multipliers of the rule (the backend's where ``counts`` is 0,
+            and everywhere when no gradient of ``A`` or ``G`` is wanted: ``needs_matrices``).
         q_only: only dL/dq, dL/dP wanted: the rows are any basis of the row space.
     """
 

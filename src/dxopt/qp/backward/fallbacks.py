@@ -64,8 +64,8 @@ def independent_equalities(data: AdjointInput) -> tuple[AdjointInput, Tensor] | 
 def with_rule_multipliers(data: AdjointInput, out: AdjointSolution) -> AdjointSolution:
     """``out`` with the rule's multipliers (minimum-norm on its rows) where those rows are
     dependent and none were chosen yet (the fallbacks: weak rows kept, pseudo-inverse)."""
-    if not data.needs_rows or out.ineq_duals is not None:
-        return out
+    if not (data.needs_rows and data.needs_matrices) or out.ineq_duals is not None:
+        return out  # (the multipliers enter only the A and G gradients)
     counts = dependent_counts(data, out.active.used)
     if not bool((counts > 0).any()):
         return out

@@ -122,8 +122,9 @@ def vertex_rows_batched(
             factor[3][chosen, :k, :k],
         )  # fmt: skip
     else:  # the caller's factor in its own row order (RuleFactor.order)
-        flags_t, L_t, info_t, gram_t = (f[chosen] for f in factor[:4])
-        perm = order[chosen][:, :K].numpy()
+        every = chosen.numel() == S  # (no copies of the factor then)
+        flags_t, L_t, info_t, gram_t = (f if every else f[chosen] for f in factor[:4])
+        perm = (order if every else order[chosen])[:, :K].numpy()
     nonzero = np.concatenate([np.linalg.norm(An, axis=-1) > 0, norms > 0], 1)
     nonzero_f = nonzero  # in the factor's order
     flags = flags_t.numpy()

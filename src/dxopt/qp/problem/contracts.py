@@ -111,8 +111,10 @@ class AdjointInput:
     ``factors`` the forward's factorizations of these samples (:class:`ForwardFactors`), or
     ``None``. ``needs_rows`` is False when no gradient of ``A, b, G, h`` is wanted (then the
     degenerate rule's choice of rows cannot change the result,
-    :mod:`dxopt.qp.backward.degenerate_rule`); ``rule_fixed`` says that ``active`` already
-    holds the degenerate rule's final rows (the tangent solve's second pass).
+    :mod:`dxopt.qp.backward.degenerate_rule`); ``needs_matrices`` is False when no gradient
+    of ``A`` or ``G`` is wanted (then the rule's multipliers, which enter only those, are not
+    computed); ``rule_fixed`` says that ``active`` already holds the degenerate rule's final
+    rows (the tangent solve's second pass).
     """
 
     problem: QPProblem
@@ -127,6 +129,7 @@ class AdjointInput:
     settled: Tensor | None = None
     factors: ForwardFactors | None = None
     needs_rows: bool = True
+    needs_matrices: bool = True
     rule_fixed: bool = False
 
 
