@@ -109,14 +109,15 @@ def vertex_rows_batched(
     Gn = Gk / np.where(norms > 0, norms, 1.0)[..., None]
     z0 = np.maximum(z0 * norms, 0.0)  # multipliers of the normalised rows
     An = _unit_equality_rows(problem, chosen, n)
-    C = torch.from_numpy(np.concatenate([An, Gn], 1))  # equality rows first
     p = An.shape[1]
     perm = np.broadcast_to(np.arange(K), (len(z0), K))  # factor row of each row, G block
     order = factor[4] if factor is not None and len(factor) > 4 else None
-    if factor is None:
-        flags_t, L_t, info_t, gram_t = dependent_flags_factor(C)
+    if factor is None:  # equality rows first
+        flags_t, L_t, info_t, gram_t = dependent_flags_factor(
+            torch.from_numpy(np.concatenate([An, Gn], 1))
+        )
     elif order is None:  # the caller's factor of all samples: these samples, padding cut
-        k = C.shape[1]
+        k = p + K
         flags_t, L_t, info_t, gram_t = (
             factor[0][chosen, :k], factor[1][chosen, :k, :k], factor[2][chosen],
             factor[3][chosen, :k, :k],
@@ -146,8 +147,8 @@ def vertex_rows_batched(
     # 1-3 from the Gram factor (compiled, one sample at a time): the program, its checks and
     # the completion of the support in row order
     _, ok, keep = vertex_from_factor(
-        np.ascontiguousarray(L_t.numpy()[:, p:, p:]), np.ascontiguousarray(perm), independent,
-        valid_np, z0, cost, work & ~failed, budget,
+        L_t.numpy(), np.ascontiguousarray(perm + p), independent, valid_np, z0, cost,
+        work & ~failed, budget,
     )  # fmt: skip
     if (work & failed).any():  # the factor failed (round-off): the SVD and a new factor
         redo = work & failed

@@ -228,7 +228,7 @@ def range_basis(
     W: np.ndarray, independent: np.ndarray, perm: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
     r"""``(W_c (K, rho), M (rho, K))``: the ``independent`` columns (K,) of ``W[perm][:,
-    perm]`` (``W`` (Kf, Kf), ``perm`` (K,) positions in it; read in place) and an
+    perm]`` (``W`` (k, k), ``perm`` (K,) positions in it; read in place) and an
     orthonormal basis of their range as rows (Gram-Schmidt, twice; the columns are
     independent: ``W`` is a block of a Cholesky factor and the pivot of each such column is
     above ``_DEPENDENT_TOL``). With ``W`` the ``G`` block of the factor of the unit Gram
@@ -269,11 +269,12 @@ def vertex_from_factor(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     r"""``(z (s, K), ok (s,), keep (s, K))``: the batched vertex rule's linear program, checks
     and completion (:mod:`dxopt.qp.backward.vertex_batch`, steps 1-3) for each sample with
-    ``work``, from the ``G`` block ``W`` (s, Kf, Kf) of the Cholesky factor of the unit Gram
-    matrix of :math:`[\hat A; \hat G_J]`, ``perm`` (s, K) the position in it of each row in
-    row order (the factor's rows may come in another order: a symmetric permutation of a
-    factor serves as well, see :class:`~dxopt.qp.backward.degenerate_rule.RuleFactor`) and
-    the ``independent`` rows (s, K, row order).
+    ``work``, from the Cholesky factor ``W`` (s, k, k) of the unit Gram matrix of
+    :math:`[\hat A; \hat G_J]` (its ``G`` block is read), ``perm`` (s, K) the position in it
+    of each ``G`` row in row order (the factor's rows may come in another order: a symmetric
+    permutation of a factor serves as well, see
+    :class:`~dxopt.qp.backward.degenerate_rule.RuleFactor`) and the ``independent`` rows
+    (s, K, row order).
 
     With :math:`W_c` those columns, :math:`\hat G_J\Pi = W_c Q` (:math:`Q` orthonormal
     rows), so (1) the constraint rows of the program are an orthonormal basis of the range of
