@@ -212,3 +212,42 @@ def test_small_rows_at_a_solution_at_zero_still_solve(route: str) -> None:
     np.testing.assert_allclose(qt.grad.numpy(), -(w - K.T @ (Ga @ w)), rtol=1e-6, atol=1e-9)
     np.testing.assert_allclose(ht.grad.numpy()[:2], K @ w, rtol=1e-6)
     np.testing.assert_allclose(ht.grad.numpy()[2:], 0.0, atol=1e-6)
+
+
+DEGENERATE = {  # G rows (x 1e-12 where tiny) and h; each enforces sum(x) <= 0.1 or is infeasible
+    "duplicated": ([[1e-12] * 3, [1e-12] * 3, [1.0, 0.0, 0.0]], [0.1e-12, 0.1e-12, 5.0]),
+    "parallel_to_a_unit_row": ([[1e-12] * 3, [1.0] * 3], [0.1e-12, 0.1]),
+    "opposite": ([[1e-12] * 3, [-1e-12] * 3], [0.1e-12, -0.1e-12]),
+    "infeasible": ([[1e-12] * 3, [-1e-12] * 3], [0.1e-12, -0.2e-12]),
+}
+
+
+@pytest.mark.parametrize("route", ["lean", "general_daqp", "device"])
+@pytest.mark.parametrize("case", list(DEGENERATE))
+def test_degenerate_tiny_rows(case: str, route: str) -> None:
+    """Duplicated, parallel and opposite tiny rows: the solution, and the derivative along the
+    direction that moves the bound ``sum(x) <= c`` of every row that holds it by the same
+    amount (``h_i`` by ``g_i``'s scale times ``d``, with the row's sign), which does not depend
+    on how the degenerate rule splits the gradient among the rows: ``d sum(x) / dc = 1``. An
+    infeasible pair is reported infeasible."""
+    P, q, _, _ = _problem()
+    rows, rhs = DEGENERATE[case]
+    G, h = torch.tensor(rows, dtype=F64), torch.tensor(rhs, dtype=F64).requires_grad_()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # QPDegenerateWarning: the degenerate rule is used
+        sol = dqp.solve(P, q, G=G, h=h, on_failure="nan", **ROUTES[route])
+    if case == "infeasible":
+        assert sol.status[0] is QPStatus.INFEASIBLE, sol.status
+        return
+    assert sol.status[0] is QPStatus.SOLVED, sol.status
+    torch.testing.assert_close(sol.x, EXPECTED, rtol=0, atol=1e-8)
+    sol.x.sum().backward()
+    assert h.grad is not None
+    # row i holds c = sign_i h_i / scale_i: dh_i = sign_i scale_i dc
+    scale = torch.tensor([1e-12 if abs(r[0]) < 1 else 1.0 for r in rows], dtype=F64)
+    sign = torch.tensor([1.0 if r[0] > 0 else -1.0 for r in rows], dtype=F64)
+    holds = torch.tensor([r[0] > 0 and rhs[i] < 1.0 for i, r in enumerate(rows)])
+    if case == "opposite":  # the equality pair: both rows hold it
+        holds = torch.ones(2, dtype=torch.bool)
+    directional = float((h.grad * sign * scale * holds).sum())
+    assert abs(directional - 1.0) <= 1e-6, (h.grad, directional)
