@@ -254,3 +254,34 @@ def test_rule_multipliers_only_for_matrix_gradients(monkeypatch: pytest.MonkeyPa
         grads.append((q.grad, b.grad))
     for g_without, g_with in zip(*grads, strict=True):
         assert g_without is not None and torch.equal(g_without, g_with)
+
+
+def test_identification_factor_when_some_weak_rows_stay_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Weak rows of which only some lie in the span of the used rows (the others stay out):
+    the adopted rows are :func:`dependent_weak_rows_dense`'s, and the rule run from the
+    extended factor keeps the rows of the old rule on the rows used plus adopted."""
+    from dxopt.qp.backward.degenerate_rule import dependent_weak_rows_dense, weak_rows_with_factor
+
+    calls = _capture(monkeypatch)
+    _backward(_scaled_qptl(2, drop_last=False, scale_row="G"), 2)
+    _backward(_random_degenerate(8, 1), 1)
+    rng = np.random.default_rng(0)
+    partial = 0
+    for c in calls:
+        problem, full = c["problem"], c["used"]
+        moved = full & torch.from_numpy(rng.uniform(size=full.shape) < 0.35)
+        extra = ~full & torch.from_numpy(rng.uniform(size=full.shape) < 0.2)
+        used, weak = full & ~moved, moved | extra
+        adopt, factor = weak_rows_with_factor(problem, used, weak)
+        assert torch.equal(adopt, dependent_weak_rows_dense(problem, used, weak))
+        partial += int(((adopt != weak) & adopt.any(-1, keepdim=True)).any(-1).sum())
+        assert factor is not None
+        args = (problem, used | adopt, c["ineq"], c["eq"], ~c["skip"])
+        used_o, drop_o, done_o = reference_vertex_rows_batched(*args, keep_parallel=True)
+        used_n, drop_n, done_n, _ = vb.vertex_rows_batched(*args, keep_parallel=True, factor=factor)
+        assert torch.equal(used_n, used_o)
+        assert torch.equal(drop_n, drop_o)
+        assert torch.equal(done_n, done_o)
+    assert partial > 0  # samples with adopted and non-adopted weak rows

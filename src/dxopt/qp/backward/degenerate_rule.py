@@ -291,23 +291,31 @@ def weak_rows_with_factor(
     if not bool(adopt.any()):
         return adopt, None
     # the factor with the adopted rows appended, [L 0; P^T D] (numpy: fancy indexing)
-    aidx, avalid = compress_rows(taken)
-    ai, av = aidx.numpy(), avalid.numpy()
-    k1, ka = C.shape[1], ai.shape[1]
     s_ = np.arange(S)[:, None]
-    proj_a = np.swapaxes(proj.numpy(), 1, 2)[s_, ai] * av[..., None]  # (S, ka, k1)
-    cross_a = np.swapaxes(cross.numpy(), 1, 2)[s_, ai] * av[..., None]
-    Wn_a = Wn.numpy()[s_, ai] * av[..., None]
-    d_a = np.sqrt(np.where(av, np.maximum(dist.numpy()[s_, ai], 0.0) + 1e-14, 1.0))
+    if torch.equal(taken, wvalid):  # every weak row adopted (QPTL): no selection
+        ai, av = np.broadcast_to(np.arange(widx.shape[1]), widx.shape), wvalid.numpy()
+        Wn_a = Wn.numpy() * av[..., None]  # (padding slots hold other rows: zeroed)
+        proj_a = np.swapaxes(proj.numpy(), 1, 2) * av[..., None]
+        cross_a, d_a = cross.numpy() * av[:, None, :], dist.numpy()
+    else:
+        aidx, avalid = compress_rows(taken)
+        ai, av = aidx.numpy(), avalid.numpy()
+        Wn_a = Wn.numpy()[s_, ai] * av[..., None]
+        proj_a = np.swapaxes(proj.numpy(), 1, 2)[s_, ai] * av[..., None]  # (S, ka, k1)
+        cross_a = np.swapaxes(np.swapaxes(cross.numpy(), 1, 2)[s_, ai] * av[..., None], 1, 2)
+        d_a = dist.numpy()[s_, ai]
+    d_a = np.sqrt(np.where(av, np.maximum(d_a, 0.0) + 1e-14, 1.0))
+    k1, ka = C.shape[1], ai.shape[1]
     L2 = np.zeros((S, k1 + ka, k1 + ka))
     L2[:, :k1, :k1] = L.numpy()
     L2[:, k1:, :k1] = proj_a
     L2[:, k1 + np.arange(ka), k1 + np.arange(ka)] = d_a
     gram2 = np.empty_like(L2)
     gram2[:, :k1, :k1] = gram.numpy()
-    gram2[:, k1:, :k1] = cross_a
-    gram2[:, :k1, k1:] = np.swapaxes(cross_a, 1, 2)
-    gram2[:, k1:, k1:] = Wn_a @ np.swapaxes(Wn_a, 1, 2)
+    gram2[:, :k1, k1:] = cross_a
+    gram2[:, k1:, :k1] = np.swapaxes(cross_a, 1, 2)
+    Wt = torch.from_numpy(np.ascontiguousarray(Wn_a))
+    gram2[:, k1:, k1:] = torch.bmm(Wt, Wt.mT).numpy()
     flags2 = np.concatenate([_flags(Cn, L, nonzero, info).numpy(), av], 1)
     # row order: the G rows of both blocks sorted by their row index (padding last)
     idx = index.numpy()
