@@ -246,6 +246,37 @@ class RuleFactor(NamedTuple):
     order: Tensor | None = None
 
 
+def _weak_gram(problem: QPProblem, used: Tensor, weak: Tensor) -> tuple[Tensor, ...] | None:
+    """The pieces of :func:`weak_rows_with_factor`: ``(index, widx, wvalid, wn, nonzero, gram,
+    L, info, cross, wgram)``: the used rows' and the weak rows' compressed indices (with the
+    latter's validity and norms), the nonzero rows of :math:`C = [\\hat A; \\hat
+    G_{\\text{used}}]`, its shifted unit Gram matrix and Cholesky factor (``info``), the
+    products of its unit rows with the weak ones (``cross`` (S, k1, kw), zero on padding) and
+    the weak rows' Gram matrix ``wgram`` (S, kw, kw). ``None`` where the factorization failed.
+    (Gathering the blocks from one Gram matrix of all rows of a shared ``A``, ``G`` is slower
+    than these batched products at QPTL's sizes: torch's advanced indexing.)"""
+    from dxopt.qp.certify.active import compress_rows, gather_rows
+
+    assert problem.G is not None
+    G = problem.G.to_dense() if problem.G.layout != torch.strided else problem.G
+    G = G.to(torch.float64)
+    widx, wvalid = compress_rows(weak)
+    C, index = _stack(problem, used, eq_first=True)
+    cn = torch.linalg.vector_norm(C, dim=-1)
+    nonzero = cn > 0
+    Cn = C / cn.clamp_min(torch.finfo(C.dtype).tiny)[..., None]
+    gram = torch.bmm(Cn, Cn.mT)
+    W = gather_rows(G, widx)  # (S, kw, n): the weak rows only
+    wn = torch.linalg.vector_norm(W, dim=-1)
+    Wn = W / wn.clamp_min(1e-300)[..., None] * wvalid[..., None]  # padding slots: zero
+    cross, wgram = torch.bmm(Cn, Wn.mT), torch.bmm(Wn, Wn.mT)
+    gram.diagonal(dim1=-2, dim2=-1).add_((~nonzero).to(gram.dtype) + 1e-14)
+    L, info = torch.linalg.cholesky_ex(gram)
+    if bool((info != 0).any()):
+        return None
+    return index, widx, wvalid, wn, nonzero, gram, L, info, cross, wgram
+
+
 def weak_rows_with_factor(
     problem: QPProblem, used: Tensor, weak: Tensor
 ) -> tuple[Tensor, RuleFactor | None]:
@@ -266,22 +297,16 @@ def weak_rows_with_factor(
     ``order`` mapping the row order of :func:`stacked_rows` of ``used | adopt`` to it
     (:class:`RuleFactor`; the flags are those of the appended order, the same count as in
     row order, and the columns of the independent rows span the same space)."""
-    from dxopt.qp.certify.active import compress_rows, gather_rows
+    from dxopt.qp.certify.active import compress_rows
 
-    C, index = _stack(problem, used, eq_first=True)
     S = used.shape[0]
-    if C.shape[1] == 0 or not bool(weak.any()):
+    if problem.G is None or not bool(weak.any()):
         return torch.zeros_like(weak), None
-    Cn, L, nonzero, info, gram = _unit_gram_factor(C, keep_gram=True)
-    if bool((info != 0).any()):
-        return _in_span(problem, (Cn, L, nonzero, info), weak), None
-    assert problem.G is not None
-    G = problem.G.to_dense() if problem.G.layout != torch.strided else problem.G
-    widx, wvalid = compress_rows(weak)
-    W = gather_rows(G.to(torch.float64), widx)  # (S, kw, n): the weak rows only
-    wn = torch.linalg.vector_norm(W, dim=-1)
-    Wn = W / wn.clamp_min(1e-300)[..., None]
-    cross = torch.bmm(Cn, Wn.mT)  # (S, k1, kw)
+    pieces = _weak_gram(problem, used, weak)
+    if pieces is None:  # the factorization failed (round-off): the adopted rows only
+        C, _ = _stack(problem, used, eq_first=True)
+        return _in_span(problem, _unit_gram_factor(C), weak), None
+    index, widx, wvalid, wn, nonzero, gram, L, info, cross, wgram = pieces
     proj = torch.linalg.solve_triangular(L, cross, upper=False)
     dist = 1.0 - proj.pow(2).sum(1)  # (S, kw): squared distance of each unit row to the span
     taken = wvalid & (wn > 0) & (dist <= _TOL)
@@ -294,18 +319,18 @@ def weak_rows_with_factor(
     s_ = np.arange(S)[:, None]
     if torch.equal(taken, wvalid):  # every weak row adopted (QPTL): no selection
         ai, av = np.broadcast_to(np.arange(widx.shape[1]), widx.shape), wvalid.numpy()
-        Wn_a = Wn.numpy() * av[..., None]  # (padding slots hold other rows: zeroed)
-        proj_a = np.swapaxes(proj.numpy(), 1, 2) * av[..., None]
-        cross_a, d_a = cross.numpy() * av[:, None, :], dist.numpy()
+        proj_a = np.swapaxes(proj.numpy(), 1, 2) * av[..., None]  # (S, ka, k1)
+        cross_a, d_a, wgram_a = cross.numpy(), dist.numpy(), wgram.numpy()
     else:
         aidx, avalid = compress_rows(taken)
         ai, av = aidx.numpy(), avalid.numpy()
-        Wn_a = Wn.numpy()[s_, ai] * av[..., None]
-        proj_a = np.swapaxes(proj.numpy(), 1, 2)[s_, ai] * av[..., None]  # (S, ka, k1)
+        proj_a = np.swapaxes(proj.numpy(), 1, 2)[s_, ai] * av[..., None]
         cross_a = np.swapaxes(np.swapaxes(cross.numpy(), 1, 2)[s_, ai] * av[..., None], 1, 2)
         d_a = dist.numpy()[s_, ai]
+        wgram_a = wgram.numpy()[s_[..., None], ai[:, :, None], ai[:, None, :]]
+        wgram_a = wgram_a * (av[:, :, None] & av[:, None, :])
     d_a = np.sqrt(np.where(av, np.maximum(d_a, 0.0) + 1e-14, 1.0))
-    k1, ka = C.shape[1], ai.shape[1]
+    k1, ka = L.shape[1], ai.shape[1]
     L2 = np.zeros((S, k1 + ka, k1 + ka))
     L2[:, :k1, :k1] = L.numpy()
     L2[:, k1:, :k1] = proj_a
@@ -314,9 +339,9 @@ def weak_rows_with_factor(
     gram2[:, :k1, :k1] = gram.numpy()
     gram2[:, :k1, k1:] = cross_a
     gram2[:, k1:, :k1] = np.swapaxes(cross_a, 1, 2)
-    Wt = torch.from_numpy(np.ascontiguousarray(Wn_a))
-    gram2[:, k1:, k1:] = torch.bmm(Wt, Wt.mT).numpy()
-    flags2 = np.concatenate([_flags(Cn, L, nonzero, info).numpy(), av], 1)
+    gram2[:, k1:, k1:] = wgram_a
+    flags = ((L.diagonal(dim1=-2, dim2=-1).pow(2) < _TOL) & nonzero).numpy()
+    flags2 = np.concatenate([flags, av], 1)
     # row order: the G rows of both blocks sorted by their row index (padding last)
     idx = index.numpy()
     big = used.shape[1]
