@@ -47,17 +47,14 @@ def _pivot(T: np.ndarray, basis: np.ndarray, leave: int, e: int) -> None:
     """One pivot on ``(leave, e)`` (row, column) of the tableau ``T`` (R + 1, K + R + 1)."""
     rows, cols = T.shape
     pivot = T[leave, e]
-    row = np.empty(cols)
-    for j in range(cols):
-        row[j] = T[leave, j] / pivot
+    for j in range(cols):  # the pivot row scaled in place (no scratch row)
+        T[leave, j] /= pivot
     for i in range(rows):
         if i == leave:
             continue
         f = T[i, e]
         for j in range(cols):
-            T[i, j] -= f * row[j]
-    for j in range(cols):
-        T[leave, j] = row[j]
+            T[i, j] -= f * T[leave, j]
     basis[leave] = e
 
 
@@ -247,12 +244,14 @@ def range_basis(
                 Wc[i, c] = W[perm[i], perm[k]]
             c += 1
     M = np.zeros((rho, K))
+    v = np.empty(K)
     for c in range(rho):
-        v = Wc[:, c].copy()
+        for i in range(K):
+            v[i] = Wc[i, c]
         d = _orthogonalise(v, M, c)
-        if d > 0.0:
-            v /= np.sqrt(d)
-        M[c] = v
+        scale = 1.0 / np.sqrt(d) if d > 0.0 else 1.0
+        for i in range(K):
+            M[c, i] = v[i] * scale
     return Wc, M
 
 
@@ -323,18 +322,24 @@ def vertex_from_factor(
         for k in range(K):
             top = max(top, zs[k])
         basis = np.zeros((max(rho, 1), rho))  # 3. support first, then the rest, row order
+        v = np.empty(rho)
         taken = 0
         good = True
         for support_pass in (True, False):
             for k in range(K):
                 if not valid[si, k] or (zs[k] > _SUPPORT_TOL * top) != support_pass:
                     continue
-                v = Wc[k].copy()
-                d = _orthogonalise(v, basis, taken) if taken < rho else 0.0
+                d = 0.0
+                if taken < rho:
+                    for c in range(rho):
+                        v[c] = Wc[k, c]
+                    d = _orthogonalise(v, basis, taken)
                 if taken >= rho or d + _GRAM_SHIFT < _DEPENDENT_TOL:
                     good = good and not support_pass  # a dependent support: no vertex
                     continue
-                basis[taken] = v / np.sqrt(d)
+                scale = 1.0 / np.sqrt(d)
+                for c in range(rho):
+                    basis[taken, c] = v[c] * scale
                 taken += 1
                 keep[si, k] = True
         ok[si] = good and taken == rho
