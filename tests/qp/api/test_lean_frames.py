@@ -5,8 +5,8 @@ One dense QP with n = 10 (forward plus ``(w * x).sum().backward()`` with gradien
 some 10-20% on the 2-core machine (BENCHMARKS.md, "QP call overhead"), and timings there move
 by more than that with the load. The number of dxopt Python frames the call runs does not: each
 costs some 0.2-0.5 us (more with the caches cold after the solver), so a layer added on this
-path shows up here first: 39 frames before the lean modules were flattened (2026-12-04), 27
-after; 14 of them are the layers above the lean modules (solve, options, plan, route, result).
+path shows up here first. 39 frames before the lean modules were flattened (issue of the tiny
+call, December 2026), 27 after.
 """
 
 from __future__ import annotations
