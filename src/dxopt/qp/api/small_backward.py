@@ -119,9 +119,7 @@ def small_backward(
     eq_bar = _ZEROS.get(p) if grad_eq is None else None
     status, residual, steps, k, accuracy = lean_adjoint(
         point.P, point.q, C, point.upper, m, x, point.duals, point.working, point.g_inf,
-        cotangent_array(grad_x, n) if grad_x is None else np.ascontiguousarray(
-            (grad_x.detach() if grad_x.requires_grad else grad_x).numpy(), dtype=np.float64
-        ),  # (cotangent_array's conversion, inline)
+        cotangent_array(grad_x, n),
         cotangent_array(grad_ineq, m) if ineq_bar is None else ineq_bar,
         cotangent_array(grad_eq, p) if eq_bar is None else eq_bar,
         regular.settings, needed, gP, gq, gA, gb, gG, gh,
@@ -167,10 +165,8 @@ def record_diagnostics(
     )  # fmt: skip
     if regular.penalty:  # its fixed beta, or max(10 eps, beta_min) (PenaltyBackward._beta)
         beta, beta_min = regular.beta, regular.beta_min
-        if beta is not None:
-            betas: tuple[float, ...] = (beta,) * size
-        elif size == 1:  # one problem: no comprehension (a frame)
-            betas = (max(10.0 * accuracy[0], beta_min),)
-        else:
-            betas = tuple([max(10.0 * a, beta_min) for a in accuracy])
-        diagnostics.__dict__.update(jitter=0.0, refinement_steps=steps, beta=betas)
+        diagnostics.__dict__.update(
+            jitter=0.0, refinement_steps=steps,
+            beta=tuple([max(10.0 * a, beta_min) for a in accuracy]) if beta is None
+            else (beta,) * size,
+        )  # fmt: skip
