@@ -100,8 +100,7 @@ def small_backward(
     """The gradients for ``(P, q, A, b, G, h)`` by the lean backward (module docstring;
     :func:`dxopt.qp.solvers.kernels.adjoint.lean_adjoint`, which writes the arrays allocated
     here for the gradients ``needs`` asks for), or ``None`` where the general path must decide."""
-    cached = _REGULAR.get(id(method))  # (regular_settings' cache, read inline: a frame less)
-    regular = cached[1] if cached is not None and cached[0] is method else regular_settings(method)
+    regular = regular_settings(method)
     C, m, x = point.C, point.g_inf.shape[0], point.x
     n, p = x.shape[0], C.shape[0] - m
     needed = _NEEDS.get(needs)
@@ -114,14 +113,9 @@ def small_backward(
     gb = empty(p) if needs[3] else _E1
     gG = empty((m, n)) if needs[4] else _E2
     gh = empty(m) if needs[5] else _E1
-    # a missing cotangent: cotangent_array's cached zeros, looked up here (two frames less)
-    ineq_bar = _ZEROS.get(m) if grad_ineq is None else None
-    eq_bar = _ZEROS.get(p) if grad_eq is None else None
     status, residual, steps, k, accuracy = lean_adjoint(
         point.P, point.q, C, point.upper, m, x, point.duals, point.working, point.g_inf,
-        cotangent_array(grad_x, n),
-        cotangent_array(grad_ineq, m) if ineq_bar is None else ineq_bar,
-        cotangent_array(grad_eq, p) if eq_bar is None else eq_bar,
+        cotangent_array(grad_x, n), cotangent_array(grad_ineq, m), cotangent_array(grad_eq, p),
         regular.settings, needed, gP, gq, gA, gb, gG, gh,
     )  # fmt: skip
     if status:
