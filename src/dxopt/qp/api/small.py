@@ -212,7 +212,7 @@ def small_forward(
     try:
         Pv, qv = P.numpy(force=True), q.numpy(force=True)
         n = qv.shape[0]
-        no_rows = _ABSENT.get((n, qv.dtype)) or _absent(n, qv.dtype)
+        no_rows = _absent(n, qv.dtype)
         Av, bv = (
             no_rows if A is None or not A.shape[0] else (A.numpy(force=True), b.numpy(force=True))
         )
@@ -222,24 +222,18 @@ def small_forward(
     except (RuntimeError, TypeError):  # no numpy view: the general path
         return None
     m, p = Gv.shape[0], Av.shape[0]
-    empty = np.empty
-    Pn, qn, C, upper = empty((n, n)), empty(n), empty((m + p, n)), empty(m + p)
+    Pn, qn, C, upper = np.empty((n, n)), np.empty(n), np.empty((m + p, n)), np.empty(m + p)
     g_inf = np.zeros(m)
     if prepare(Pv, qv, Av, bv, Gv, hv, SYMMETRY_TOL[dtype], Pn, qn, C, upper, g_inf):
         return None  # NaN/Inf, asymmetric P, a zero row of G: the general path's rules, errors
     given = (data[2] is not None, data[4] is not None)
     start = time.perf_counter()
     polished = False
-    if solver == "daqp":  # (inline: a helper's frame is some 0.3 us of the tiny call)
-        lower, sense = _BOUNDS.get((m, p)) or daqp_bounds(m, p)
-        # eps_prox = 0: daqp's Cholesky certifies P positive definite (module docstring)
-        x, _, flag, info = (_DAQP[0] if _DAQP else daqp_module()).solve(
-            Pn, qn, C, upper, lower, sense, primal_start=start_x, primal_tol=eps_abs,
-            eps_prox=0.0,
-        )  # fmt: skip
-        if flag != 1 and flag != 2:  # not solved, or P not positive definite: general path
+    if solver == "daqp":
+        solved = _daqp_point(Pn, qn, C, upper, m, start_x, eps_abs)
+        if solved is None:
             return None
-        duals = info["lam"]
+        x, duals = solved
         working = _NO_ROWS  # daqp: the working set is read off the multipliers (nu > 0)
     else:
         # own arrays for the backend, as the general path's (views of C change the rounding
@@ -262,6 +256,26 @@ def small_forward(
     return SmallPoint(Pn, qn, C, upper, x, duals, working, g_inf, dtype, general, given, start_x,
                       polished, BackwardDiagnostics(), time.perf_counter() - start, primal, dual,
                       outputs)  # fmt: skip
+
+
+def _daqp_point(
+    Pn: np.ndarray,
+    qn: np.ndarray,
+    C: np.ndarray,
+    upper: np.ndarray,
+    m: int,
+    start_x: Any,
+    eps_abs: float,
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """daqp's point ``(x, multipliers of [G; A])`` with ``eps_prox = 0`` (its Cholesky
+    certifies ``P``); ``None`` unless it solved."""
+    lower, sense = daqp_bounds(m, C.shape[0] - m)
+    x, _, flag, info = daqp_module().solve(
+        Pn, qn, C, upper, lower, sense, primal_start=start_x, primal_tol=eps_abs, eps_prox=0.0
+    )
+    if flag != 1 and flag != 2:  # not solved, or P not positive definite: the general path
+        return None
+    return x, info["lam"]
 
 
 def _polished_point(

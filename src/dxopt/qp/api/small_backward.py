@@ -123,18 +123,13 @@ def small_backward(
     record_diagnostics(point.diagnostics, method, residual, steps, (k,), (accuracy,), regular)
     # absent constraints get None; constraints given without rows get empty gradients
     eq, ineq = point.given
+    out = (gP if needs[0] else None, gq if needs[1] else None,
+           gA if needs[2] and eq else None, gb if needs[3] and eq else None,
+           gG if needs[4] and ineq else None, gh if needs[5] and ineq else None)  # fmt: skip
+    from_numpy = torch.from_numpy
     if point.dtype is torch.float64:
-        wrap: Any = torch.from_numpy
-    else:
-        dtype = point.dtype
-
-        def wrap(a: np.ndarray) -> Tensor:
-            return torch.from_numpy(a).to(dtype)
-
-    return (wrap(gP) if needs[0] else None, wrap(gq) if needs[1] else None,
-            wrap(gA) if needs[2] and eq else None, wrap(gb) if needs[3] and eq else None,
-            wrap(gG) if needs[4] and ineq else None,
-            wrap(gh) if needs[5] and ineq else None)  # fmt: skip
+        return tuple([None if a is None else from_numpy(a) for a in out])
+    return tuple([None if a is None else from_numpy(a).to(point.dtype) for a in out])
 
 
 def record_diagnostics(
@@ -150,17 +145,21 @@ def record_diagnostics(
     ``len(k)`` samples (the largest residual and step count; per sample the active rows and
     the penalty method's :math:`\\beta`)."""
     size = len(k)
-    zeros = (0,) * size
-    # one update of the instance dict (a plain dataclass) instead of a dozen attribute stores
-    diagnostics.__dict__.update(
-        method=method.name, linear_solver="schur", dependent_rows=zeros, licq=True,
-        residual=residual, n_active=k, n_weak=zeros, pseudo_inverse=(False,) * size,
-        vertex_dropped=zeros, dropped_rows=((),) * size, weak_kept=False,
-    )  # fmt: skip
+    diagnostics.method = method.name
+    diagnostics.linear_solver = "schur"
+    diagnostics.dependent_rows = (0,) * size
+    diagnostics.licq = True
+    diagnostics.residual = residual
+    diagnostics.n_active = k
+    diagnostics.n_weak = (0,) * size
+    diagnostics.pseudo_inverse = (False,) * size
+    diagnostics.vertex_dropped = (0,) * size
+    diagnostics.dropped_rows = ((),) * size
+    diagnostics.weak_kept = False
     if regular.penalty:  # its fixed beta, or max(10 eps, beta_min) (PenaltyBackward._beta)
+        diagnostics.jitter = 0.0
+        diagnostics.refinement_steps = steps
         beta, beta_min = regular.beta, regular.beta_min
-        diagnostics.__dict__.update(
-            jitter=0.0, refinement_steps=steps,
-            beta=tuple([max(10.0 * a, beta_min) for a in accuracy]) if beta is None
-            else (beta,) * size,
-        )  # fmt: skip
+        diagnostics.beta = (
+            tuple([max(10.0 * a, beta_min) for a in accuracy]) if beta is None else (beta,) * size
+        )

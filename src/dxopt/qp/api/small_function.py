@@ -9,16 +9,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from dxopt._core.torch_compat import (
-    SingleLevelFunction,
-    functorch_unwrap_if_dead,
-    is_legacy_batched_tensor,
+from dxopt._core.torch_compat import SingleLevelFunction, functorch_unwrap_if_dead
+from dxopt.qp.autograd.function import (
+    is_legacy_batched,
+    refuse_batched_cotangents,
+    refuse_second_order,
 )
-from dxopt.qp.autograd.function import refuse_batched_cotangents, refuse_second_order
 
 __all__ = ["SmallQPFunction", "apply_small"]
-
-_LEGACY_BATCHED = is_legacy_batched_tensor  # None where torch lacks it (nothing to refuse)
 
 
 class SmallQPFunction(torch.autograd.Function):
@@ -48,9 +46,8 @@ class SmallQPFunction(torch.autograd.Function):
     ) -> Any:
         needs = ctx.needs_input_grad[:6]
         cotangents = (grad_x, grad_eq, grad_ineq)
-        legacy = _LEGACY_BATCHED
         for g in cotangents:  # (a loop: any() of a generator costs a frame per call)
-            if g is not None and (g.requires_grad or (legacy is not None and legacy(g))):
+            if g is not None and (g.requires_grad or is_legacy_batched(g)):
                 refuse_batched_cotangents(cotangents)
                 grads = ctx.solved.gradients(ctx.method, grad_x, grad_eq, grad_ineq, needs)
                 return (*refuse_second_order(grads, cotangents), None, None)
