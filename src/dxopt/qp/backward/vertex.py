@@ -104,9 +104,7 @@ def vertex_rows(
             factor=factor,
         )  # fmt: skip
         skip = skip | done
-    for i in range(used.shape[0]):
-        if bool(skip[i]):
-            continue
+    for i in torch.nonzero(~skip).flatten().tolist():
         act = torch.nonzero(used[i]).flatten().numpy()
         if act.size == 0:
             continue

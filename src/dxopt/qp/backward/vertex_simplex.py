@@ -43,25 +43,31 @@ _GRAM_SHIFT = 1e-14  # the diagonal shift of the rule's Gram factor (degenerate_
 
 
 @_jit
-def _pivot(T: np.ndarray, basis: np.ndarray, leave: int, e: int) -> None:
-    """One pivot on ``(leave, e)`` (row, column) of the tableau ``T`` (R + 1, K + R + 1)."""
+def _pivot(T: np.ndarray, basis: np.ndarray, leave: int, e: int, skip: int) -> None:
+    """One pivot on ``(leave, e)`` (row, column) of the tableau ``T`` (R + 1, K + R + 1); the
+    ``skip`` columns before the last are left as they are (the artificials once phase 1 is
+    over: nothing reads them then)."""
     rows, cols = T.shape
     pivot = T[leave, e]
+    last = cols - 1 - skip  # columns [last, cols - 1) are skipped
     for j in range(cols):  # the pivot row scaled in place (no scratch row)
-        T[leave, j] /= pivot
+        if j < last or j == cols - 1:
+            T[leave, j] /= pivot
     for i in range(rows):
         if i == leave:
             continue
         f = T[i, e]
-        for j in range(cols):
+        for j in range(last):
             T[i, j] -= f * T[leave, j]
+        T[i, cols - 1] -= f * T[leave, cols - 1]
     basis[leave] = e
 
 
 @_jit
-def _pivots(T: np.ndarray, basis: np.ndarray, K: int, budget: int) -> int:
+def _pivots(T: np.ndarray, basis: np.ndarray, K: int, budget: int, skip: int) -> int:
     """Pivots on the z columns until optimal: 1 solved, 0 budget spent, -1 unbounded (no
-    positive entry in the entering column; impossible for a positive cost)."""
+    positive entry in the entering column; impossible for a positive cost); ``skip``: as
+    :func:`_pivot`."""
     R = basis.shape[0]
     last = T.shape[1] - 1
     stall = 0
@@ -99,12 +105,12 @@ def _pivots(T: np.ndarray, basis: np.ndarray, K: int, budget: int) -> int:
                     low = basis[i]
                     leave = i
         stall = stall + 1 if (t <= _RATIO_TIE or bland) else 0
-        _pivot(T, basis, leave, e)
+        _pivot(T, basis, leave, e, skip)
     return 0
 
 
 @_jit
-def _drive_out(T: np.ndarray, basis: np.ndarray, K: int) -> None:
+def _drive_out(T: np.ndarray, basis: np.ndarray, K: int, skip: int) -> None:
     """Pivot the artificials still basic (at zero) out on the z column of largest magnitude
     in their row; rows without an entry above ``_DRIVE_OUT_TOL`` keep their artificial."""
     R = basis.shape[0]
@@ -127,7 +133,7 @@ def _drive_out(T: np.ndarray, basis: np.ndarray, K: int) -> None:
             if a > big:
                 big = a
                 e = k
-        _pivot(T, basis, leave, e)
+        _pivot(T, basis, leave, e, skip)
 
 
 @_jit
@@ -156,14 +162,14 @@ def _simplex_one(
     for r in range(R):
         acc += T[r, cols - 1]
     T[R, cols - 1] = -acc
-    if _pivots(T, basis, K, budget) != 1:
+    if _pivots(T, basis, K, budget, 0) != 1:
         return False
     scale = 1.0
     for r in range(R):
         scale = max(scale, abs(T[r, cols - 1]))
     if not abs(T[R, cols - 1]) <= _FEASIBLE_TOL * scale:
         return False
-    _drive_out(T, basis, K)
+    _drive_out(T, basis, K, R)  # from here on the artificial columns are not updated
     for j in range(cols):  # phase 2: the objective row of the cost
         T[R, j] = 0.0
     for k in range(K):
@@ -177,7 +183,7 @@ def _simplex_one(
         if basis[r] < K:
             acc += cost[basis[r]] * T[r, cols - 1]
     T[R, cols - 1] = -acc
-    if _pivots(T, basis, K, budget) != 1:
+    if _pivots(T, basis, K, budget, R) != 1:
         return False
     for r in range(R):
         if basis[r] < K:
