@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import fmt, markdown_table
-from benchmarks.dfl.methods import METHODS
+from benchmarks.dfl.methods import HYPER, METHODS
 
 PROBLEM_NAMES = {"sp": "shortest path 5x5", "ks": "2-D knapsack (32 items)"}
 SPEEDUP_TARGET = 3.0
@@ -131,9 +131,13 @@ def _controls(
 ) -> dict[tuple[Any, ...], dict[str, Any]]:
     """For each run of ``sel``, keyed by (deg, seed), the two-stage run of the same library,
     data set and record (the same process: a control from another process saw another
-    load)."""
+    load); none for a method trained with another batch size than two-stage's (its loop takes
+    another number of steps)."""
     out = {}
     for r in sel:
+        hyper = HYPER.get(r["problem"], {})
+        if r["method"] not in hyper or hyper[r["method"]].batch != hyper["2S"].batch:
+            continue  # another batch size: another number of steps than the control's loop
         control = [
             c
             for c in _select(

@@ -122,6 +122,8 @@ def test_method_time_is_paired_with_the_two_stage_control_of_its_own_process() -
         # seed 1: its two-stage control ran in another process (record 1): not paired
         rec("2S", "pyepo", 0.5, 1, seed=1), rec("NCE", "pyepo", 0.020, 0, seed=1),
         rec("2S", "dxopt", 0.5, 1, seed=1), rec("NCE", "dxopt", 0.012, 0, seed=1),
+        # DBB trains with batch 128 on sp: a quarter of the control's steps, no pairing
+        rec("DBB", "pyepo", 0.2, 0), rec("DBB", "dxopt", 0.005, 0),
     ]  # fmt: skip
     rows = {r["method"]: r for r in speed_rows(runs)}
     nce = rows["NCE"]
@@ -132,3 +134,6 @@ def test_method_time_is_paired_with_the_two_stage_control_of_its_own_process() -
     # a method costing nothing on top of the shared loop would be 2x faster, no more
     assert nce["ceiling"] == pytest.approx(2.0)
     assert rows["2S"]["method speed-up"] is None and rows["2S"]["ceiling"] is None
+    dbb = rows["DBB"]
+    assert dbb["speed-up"] == pytest.approx(40.0) and dbb["ceiling"] is None
+    assert dbb["PyEPO method s/epoch"] is None and dbb["method speed-up"] is None
