@@ -253,11 +253,15 @@ def _weak_gram(problem: QPProblem, used: Tensor, weak: Tensor) -> tuple[Tensor, 
     G_{\\text{used}}]`, its shifted unit Gram matrix and Cholesky factor (``info``), the
     products of its unit rows with the weak ones (``cross`` (S, k1, kw), zero on padding) and
     the weak rows' Gram matrix ``wgram`` (S, kw, kw). ``None`` where the factorization failed.
-    (Gathering the blocks from one Gram matrix of all rows of a shared ``A``, ``G`` is slower
-    than these batched products at QPTL's sizes: torch's advanced indexing.)"""
+    Where ``A`` and ``G`` are shared by the batch the blocks are gathered (compiled) from one
+    unit Gram matrix of all their rows (:func:`_weak_gram_shared`; torch's advanced indexing
+    was slower than these batched products at QPTL's sizes, the compiled gather is not)."""
     from dxopt.qp.certify.active import compress_rows, gather_rows
 
     assert problem.G is not None
+    A = problem.A if problem.A is not None and problem.p else None
+    if _shared_dense(problem.G) and (A is None or _shared_dense(A)):
+        return _weak_gram_shared(A, problem.G, used, weak)
     G = problem.G.to_dense() if problem.G.layout != torch.strided else problem.G
     G = G.to(torch.float64)
     widx, wvalid = compress_rows(weak)
@@ -275,6 +279,35 @@ def _weak_gram(problem: QPProblem, used: Tensor, weak: Tensor) -> tuple[Tensor, 
     if bool((info != 0).any()):
         return None
     return index, widx, wvalid, wn, nonzero, gram, L, info, cross, wgram
+
+
+def _shared_dense(M: Tensor) -> bool:
+    return M.layout == torch.strided and M.ndim == 2
+
+
+def _weak_gram_shared(
+    A: Tensor | None, G: Tensor, used: Tensor, weak: Tensor
+) -> tuple[Tensor, ...] | None:
+    """:func:`_weak_gram` where ``A`` and ``G`` are shared by the batch (2-D, dense): the
+    blocks gathered from one unit Gram matrix of ``[A; G]``
+    (:mod:`dxopt.qp.backward.gram_blocks`)."""
+    from dxopt.qp.backward.gram_blocks import gather_gram_blocks, shared_unit_gram
+    from dxopt.qp.certify.active import compress_rows
+
+    full, norms = shared_unit_gram(A, G)
+    p = 0 if A is None else A.shape[0]
+    index, valid = compress_rows(used)
+    widx, wvalid = compress_rows(weak)
+    gram_np, cross_np, wgram_np, nonzero_np = gather_gram_blocks(
+        full, norms, p, index.numpy(), valid.numpy(), widx.numpy(), wvalid.numpy()
+    )
+    gram = torch.from_numpy(gram_np)
+    L, info = torch.linalg.cholesky_ex(gram)
+    if bool((info != 0).any()):
+        return None
+    wn = torch.from_numpy(norms[p:])[widx]
+    cross, wgram = torch.from_numpy(cross_np), torch.from_numpy(wgram_np)
+    return index, widx, wvalid, wn, torch.from_numpy(nonzero_np), gram, L, info, cross, wgram
 
 
 def weak_rows_with_factor(
