@@ -18,6 +18,7 @@ from tests.qp.backward.test_vertex_factor import _CASES, _backward, _scaled_qptl
 
 import dxopt.qp.backward.degenerate_rule as dr
 from dxopt.linalg import small_work
+from dxopt.qp.backward.degenerate_rule import RuleFactor, dependent_flags_factor, stacked_rows
 
 
 @pytest.fixture(autouse=True)
@@ -97,3 +98,27 @@ def test_backward_with_gathered_blocks_equals_the_stacked_one(
         assert g_new is not None and g_old is not None
         scale = float(g_old.abs().max().clamp_min(1e-300))
         assert float((g_new - g_old).abs().max()) <= 1e-12 * scale
+
+
+def test_vertex_rule_with_shared_and_per_sample_rows_agree(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The batched vertex rule reads the row norms of a shared ``G`` once (gathered) and those
+    of a per-sample ``G`` from its gathered rows: the same rows per sample give the same
+    result either way, with and without the caller's factor."""
+    from dataclasses import replace
+
+    import dxopt.qp.backward.vertex_batch as vb
+
+    calls = _capture(monkeypatch)
+    _backward(_scaled_qptl(1, drop_last=False, scale_row="G"), 1)
+    _backward(_random_degenerate(8, 1), 1)
+    assert calls
+    for c in calls:
+        problem = c["problem"]
+        S = c["used"].shape[0]
+        batched = replace(problem, G=problem.G.expand(S, -1, -1).clone())
+        args = (c["used"], c["ineq"], c["eq"], ~c["skip"])
+        for factor in (None, RuleFactor(*dependent_flags_factor(stacked_rows(problem, c["used"])))):
+            shared = vb.vertex_rows_batched(problem, *args, keep_parallel=True, factor=factor)
+            per_sample = vb.vertex_rows_batched(batched, *args, keep_parallel=True, factor=factor)
+            for a, b in zip(shared, per_sample, strict=True):
+                assert torch.equal(a, b)

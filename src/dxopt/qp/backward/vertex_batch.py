@@ -102,11 +102,13 @@ def vertex_rows_batched(
     G = problem.G.to_dense() if problem.G.layout != torch.strided else problem.G
     G = G.to(torch.float64)
     G = G[chosen] if G.ndim == 3 else G
-    Gk = gather_rows(G, index).numpy() * valid.numpy()[..., None]  # (s, K, n), zero padding
-    z0 = ineq_duals[chosen].gather(1, index).numpy() * valid.numpy()
-    _, K, n = Gk.shape
-    norms = np.linalg.norm(Gk, axis=-1)
-    Gn = Gk / np.where(norms > 0, norms, 1.0)[..., None]
+    valid_np = valid.numpy()
+    z0 = ineq_duals[chosen].gather(1, index).numpy() * valid_np
+    K, n = index.shape[1], G.shape[-1]
+    if G.ndim == 2:  # shared rows: their norms once, gathered (the unit rows only if needed)
+        norms = np.linalg.norm(G.numpy(), axis=-1)[index.numpy()] * valid_np
+    else:
+        norms = np.linalg.norm(gather_rows(G, index).numpy() * valid_np[..., None], axis=-1)
     z0 = np.maximum(z0 * norms, 0.0)  # multipliers of the normalised rows
     An = _unit_equality_rows(problem, chosen, n)
     p = An.shape[1]
@@ -114,7 +116,7 @@ def vertex_rows_batched(
     order = factor[4] if factor is not None and len(factor) > 4 else None
     if factor is None:  # equality rows first
         flags_t, L_t, info_t, gram_t = dependent_flags_factor(
-            torch.from_numpy(np.concatenate([An, Gn], 1))
+            torch.from_numpy(np.concatenate([An, _unit_rows(G, index, valid_np, norms)], 1))
         )
     elif order is None:  # the caller's factor of all samples: these samples, padding cut
         k = p + K
@@ -139,7 +141,6 @@ def vertex_rows_batched(
     work = np.asarray(flags.any(-1))  # only dependent samples change
     if keep_parallel:
         work &= rank != parallel_groups(np.ascontiguousarray(gram_t.numpy()), nonzero_f)
-    valid_np = valid.numpy()
     cost = np.where(valid_np, vertex_cost(K)[None, :], 1.0)
     independent = nonzero[:, p:] & ~flags[:, p:]
     failed = info_t.numpy() != 0
@@ -152,6 +153,7 @@ def vertex_rows_batched(
     )  # fmt: skip
     if (work & failed).any():  # the factor failed (round-off): the SVD and a new factor
         redo = work & failed
+        Gn = _unit_rows(G, index, valid_np, norms)
         ok[redo], keep[redo] = _vertex_by_svd(
             Gn[redo], An[redo], z0[redo], cost[redo], valid_np[redo], rank[redo]
         )
@@ -165,6 +167,13 @@ def vertex_rows_batched(
     done[chosen] = torch.from_numpy(settled)
     left[chosen] = torch.from_numpy(np.where(ok & work, eq_left, -1).astype(np.int64))
     return out, dropped, done, left
+
+
+def _unit_rows(G: Tensor, index: Tensor, valid: np.ndarray, norms: np.ndarray) -> np.ndarray:
+    """The rows ``index`` (s, K) of ``G`` normalised (``norms``: theirs, zero on padding),
+    (s, K, n), zero on padding."""
+    Gk = gather_rows(G, index).numpy() * valid[..., None]
+    return Gk / np.where(norms > 0, norms, 1.0)[..., None]
 
 
 def _projected_range_svd(Gn: np.ndarray, Ua: np.ndarray) -> np.ndarray:
