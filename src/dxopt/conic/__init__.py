@@ -1,0 +1,1 @@
+"""Differentiable cone programs (zero, nonnegative, second-order, exponential, power, PSD)."""

@@ -1,0 +1,78 @@
+"""The protocol every cone of :mod:`dxopt.conic` implements: one file per cone.
+
+A cone program is ``min 1/2 x'Px + q'x  s.t.  Ax + s = b,  s in K`` with ``K`` a product of
+cones; each factor owns a contiguous slice of ``s`` (and of the dual ``y``). A cone class
+answers, for a batch of vectors ``v`` of shape ``(..., dim)`` (torch, float32 or float64):
+
+- :meth:`Cone.project`: the Euclidean projection :math:`\\Pi_K(v)`;
+- :meth:`Cone.project_dual`: :math:`\\Pi_{K^*}(v)`, by Moreau's decomposition
+  :math:`v = \\Pi_{K^*}(v) - \\Pi_K(-v)` unless the cone is self-dual;
+- :meth:`Cone.dproject` / :meth:`Cone.dproject_dual`: the Jacobians ``(..., dim, dim)`` of
+  the two projections (where a projection is not differentiable, the derivative of one
+  defined side; :meth:`Cone.kink` says where that happens);
+- :meth:`Cone.dist` / :meth:`Cone.dist_dual`: :math:`\\Vert v - \\Pi(v)\\Vert` (membership
+  checks of the certificate);
+- :meth:`Cone.kink`: ``True`` where ``v`` is within ``tol`` (relative to ``|v|``) of a point
+  where :math:`\\Pi_{K^*}` is not differentiable (an apex, a face with a zero multiplier).
+
+The defaults below derive the dual side from the primal one; a self-dual cone sets
+``self_dual = True`` and implements only the primal side.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class Cone:
+    """One cone factor of dimension :attr:`dim` (subclasses are frozen dataclasses)."""
+
+    name: ClassVar[str] = "cone"
+    self_dual: ClassVar[bool] = False
+
+    @property
+    def dim(self) -> int:
+        """The length of this cone's slice of ``s`` and ``y``."""
+        raise NotImplementedError
+
+    def project(self, v: Tensor) -> Tensor:
+        """:math:`\\Pi_K(v)` for ``v`` of shape ``(..., dim)``."""
+        raise NotImplementedError
+
+    def dproject(self, v: Tensor) -> Tensor:
+        """The Jacobian of :math:`\\Pi_K` at ``v``: shape ``(..., dim, dim)``."""
+        raise NotImplementedError
+
+    def kink_primal(self, v: Tensor, tol: float) -> Tensor:
+        """``True`` where :math:`\\Pi_K` is within ``tol`` of a non-differentiable point."""
+        raise NotImplementedError
+
+    def project_dual(self, v: Tensor) -> Tensor:
+        """:math:`\\Pi_{K^*}(v) = v + \\Pi_K(-v)` (Moreau)."""
+        if self.self_dual:
+            return self.project(v)
+        return v + self.project(-v)
+
+    def dproject_dual(self, v: Tensor) -> Tensor:
+        """The Jacobian of :math:`\\Pi_{K^*}` at ``v``: :math:`I - D\\Pi_K(-v)`."""
+        if self.self_dual:
+            return self.dproject(v)
+        eye = torch.eye(self.dim, dtype=v.dtype, device=v.device)
+        return eye - self.dproject(-v)
+
+    def kink(self, v: Tensor, tol: float) -> Tensor:
+        """``True`` where :math:`\\Pi_{K^*}` is within ``tol`` of a non-differentiable point."""
+        return self.kink_primal(v if self.self_dual else -v, tol)
+
+    def dist(self, v: Tensor) -> Tensor:
+        """:math:`\\Vert v - \\Pi_K(v)\\Vert` over the last axis."""
+        return torch.linalg.vector_norm(v - self.project(v), dim=-1)
+
+    def dist_dual(self, v: Tensor) -> Tensor:
+        """:math:`\\Vert v - \\Pi_{K^*}(v)\\Vert` over the last axis."""
+        return torch.linalg.vector_norm(v - self.project_dual(v), dim=-1)
