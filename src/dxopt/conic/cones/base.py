@@ -52,6 +52,18 @@ class Cone:
         """``True`` where :math:`\\Pi_K` is within ``tol`` of a non-differentiable point."""
         raise NotImplementedError
 
+    def clarabel(self) -> object:
+        """This cone as one Clarabel cone object (``clarabel.ExponentialConeT()``, ...)."""
+        raise NotImplementedError
+
+    def scs(self) -> tuple[str, float | int]:
+        """This cone's SCS cone-dictionary key and entry (``("ep", 1)``, ``("p", alpha)``, ...).
+
+        SCS wants the blocks of ``A`` in its fixed order ``z, l, q, s, ep, ed, p``; the engine
+        permutes rows, a cone only names its key.
+        """
+        raise NotImplementedError
+
     def project_dual(self, v: Tensor) -> Tensor:
         """:math:`\\Pi_{K^*}(v) = v + \\Pi_K(-v)` (Moreau)."""
         if self.self_dual:
