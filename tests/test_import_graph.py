@@ -23,6 +23,7 @@ them.  A package ``__init__`` importing its submodules is an ordinary edge.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Collection, Iterator
 from pathlib import Path
 
@@ -285,3 +286,54 @@ def test_qp_imports_point_down_the_layers() -> None:
             elif high is not None and high > low and (module, target) not in QP_UPWARD_ALLOWED:
                 upward.append(f"{module} ({QP_LAYERS[low]}) -> {target} ({QP_LAYERS[high]})")
     assert not upward, "imports against the qp layers:\n" + "\n".join(sorted(upward))
+
+
+# The table "The rest of the library" in docs/architecture.md: which dxopt subpackage may
+# import which. Every subpackage (and the top-level modules such as ``dxopt.cli``) has a row.
+ARCHITECTURE = SRC.parent / "docs" / "architecture.md"
+TOP = "dxopt"  # the package itself (``import dxopt``), "`dxopt` itself" in the table
+
+
+def _architecture_table() -> dict[str, set[str]]:
+    """Row name -> the names allowed in its imports column (backticked words; ``nothing``)."""
+    rows: dict[str, set[str]] = {}
+    for line in ARCHITECTURE.read_text(encoding="utf-8").splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) != 3 or not cells[0].startswith("`"):
+            continue
+        name = cells[0].strip("`")
+        allowed = set(re.findall(r"`([A-Za-z_.]+)`", cells[2]))
+        rows[name] = {TOP if item == "dxopt" else item for item in allowed}
+    return rows
+
+
+def _subpackage(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else TOP
+
+
+def test_architecture_table_parser_reads_rows() -> None:
+    rows = _architecture_table()
+    assert rows["_core"] == set()
+    assert rows["dfl"] == {"_core", "qp"}
+    assert TOP in rows["distributed"]
+
+
+def test_every_subpackage_imports_only_what_the_architecture_table_allows() -> None:
+    """docs/architecture.md's import table, tested for the whole library (not only qp)."""
+    graph, _ = _graph()
+    rows = _architecture_table()
+    missing = sorted({_subpackage(m) for m in graph if _subpackage(m) != TOP} - set(rows))
+    assert not missing, f"docs/architecture.md has no import-table row for {missing}"
+    stale = sorted(set(rows) - {_subpackage(m) for m in graph})
+    assert not stale, f"docs/architecture.md lists subpackages that do not exist: {stale}"
+    bad = []
+    for module, targets in graph.items():
+        source = _subpackage(module)
+        if source == TOP:
+            continue
+        for target in targets:
+            dest = _subpackage(target)
+            if dest != source and dest not in rows[source]:
+                bad.append(f"{module} -> {target} (row `{source}` allows {sorted(rows[source])})")
+    assert not bad, "imports the architecture table does not allow:\n" + "\n".join(sorted(bad))
