@@ -71,6 +71,28 @@ def match_checkpoint_plan(
     return min(measured, key=lambda n: measured[n]["peak_bytes"]), measured
 
 
+def _kind(estimator: Any) -> bool:
+    """Whether the next estimate refreshes an SVRG anchor (or is a LOZO redraw step): such
+    steps cost other FLOPs than the rest."""
+    return getattr(estimator, "_calls", 1) % getattr(estimator, "refresh_every", 10**9) == 0
+
+
+def _flops_by_kind(task: Any, method: Any, seed: int, anchor_batch: Any) -> dict[bool, float]:
+    """FLOPs of one step of each kind, counted on a twin estimator (same construction, so the
+    same draws) before training: the timed training steps never run under the counter, whose
+    dispatch overhead would inflate them. Parameters are restored afterwards."""
+    start = _clone(task.params)
+    twin = method.make(seed, anchor_batch)
+    gen = torch.Generator().manual_seed(1000 + seed)
+    counted: dict[bool, float] = {}
+    for _ in range(2):  # call 0 refreshes (SVRG) / redraws (LOZO), call 1 does not
+        kind = _kind(twin)
+        est = twin.estimate(task.loss_fn, task.params, task.sample_batch(gen), count_flops=True)
+        counted[kind] = float(est.cost.flops or 0)
+    _install(task, start)
+    return counted
+
+
 def train(
     task: Any, method: Any, seed: int, *, target: float, eval_every: int, anchor_batch: Any
 ) -> RunResult:
@@ -84,24 +106,19 @@ def train(
         opt: torch.optim.Optimizer = torch.optim.Adam(params.values(), lr=method.lr)
     else:
         opt = torch.optim.SGD(params.values(), lr=method.lr, momentum=0.9)
-    flops_by_kind: dict[bool, float] = {}
+    flops_by_kind = _flops_by_kind(task, method, seed, anchor_batch)
     flops = seconds = 0.0
     first_loss = None
     acc = task.accuracy(params)
     result.curve.append({"step": 0, "flops": 0.0, "time": 0.0, "acc": acc})
     for step in range(1, method.steps + 1):
         batch = task.sample_batch(gen)
-        kind = getattr(estimator, "_calls", 1) % getattr(estimator, "refresh_every", 10**9) == 0
-        count = kind not in flops_by_kind
+        kind = _kind(estimator)
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=False)
-        est = estimator.estimate(task.loss_fn, params, batch, count_flops=count)
+        est = estimator.estimate(task.loss_fn, params, batch)
         opt.step()
-        elapsed = time.perf_counter() - t0
-        if count:
-            flops_by_kind[kind] = float(est.cost.flops or 0)
-        else:
-            seconds += elapsed  # steps under the FLOP counter are timed by the others' median
+        seconds += time.perf_counter() - t0  # every step timed, none under the FLOP counter
         flops += flops_by_kind[kind]
         result.nonfinite += int(est.info.get("nan_jvps", 0)) + int(est.info.get("nonfinite", 0))
         result.steps = step
@@ -110,8 +127,7 @@ def train(
             result.diverged = True
         if step % eval_every == 0 or step == method.steps or result.diverged:
             acc = task.accuracy(params) if not result.diverged else float("nan")
-            timed = max(step - len(flops_by_kind), 1)
-            wall = seconds * step / timed
+            wall = seconds
             result.curve.append({"step": step, "flops": flops, "time": wall, "acc": acc})
             if result.steps_to_target is None and acc >= target:
                 result.steps_to_target, result.flops_to_target = step, flops
@@ -122,7 +138,6 @@ def train(
     result.final_acc = result.curve[-1]["acc"]
     result.best_acc = max(accs) if accs else float("nan")
     result.flops_per_step = flops / max(result.steps, 1)
-    timed = max(result.steps - len(flops_by_kind), 1)
-    result.seconds_per_step = seconds / timed
+    result.seconds_per_step = seconds / max(result.steps, 1)
     _install(task, start)
     return result

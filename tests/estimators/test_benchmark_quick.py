@@ -33,5 +33,10 @@ def test_quick_benchmark_writes_consistent_results(tmp_path, monkeypatch):
     assert rows["zo-n1"]["saved MiB"] == 0 and rows["bp"]["saved MiB"] > 0
     for run_ in task["runs"]:
         assert 0.0 <= run_["curve"][0]["acc"] <= 1.0
+        # issue 35, item 19: every step is timed (the 2-step SVRG runs printed 0 ms/step)
+        assert run_["seconds_per_step"] > 0.0, run_["method"]
+        assert run_["curve"][-1]["time"] > 0.0, run_["method"]
+    for name in ("zo-svrg", "fmad-svrg"):
+        assert rows[name]["ms/step"] > 0.0
     assert (tmp_path / "digits-mlp.png").stat().st_size > 0
     assert "## Estimators" in (tmp_path / "results.md").read_text()

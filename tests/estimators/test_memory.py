@@ -55,3 +55,21 @@ def test_method_ordering_on_a_residual_mlp():
     assert 7 * activation <= ckpt.saved_bytes < 7 * activation + 64 * 64 * 8 * 3
     assert ckpt.peak_bytes < bp.peak_bytes
     assert zo.peak_bytes < bp.peak_bytes
+
+
+def test_selective_checkpoint_counts_what_its_cache_keeps():
+    """Issue 35, item 19. Each block h + tanh(h Wᵀ): per_block keeps the block input h;
+    selective(save_ops=("mm",)) keeps h and the product h Wᵀ (its cache, outside autograd's
+    saved-tensor hooks), i.e. exactly one more (batch, width) float64 activation per block,
+    the same count as no checkpointing (h and the tanh output). It reported per_block's."""
+    activation = 256 * 64 * 8
+    none = _measure(Backprop(checkpoint=CheckpointPlan(strategy="none")))
+    per_block = _measure(Backprop(checkpoint=CheckpointPlan(strategy="per_block")))
+    selective = _measure(
+        Backprop(checkpoint=CheckpointPlan(strategy="selective", save_ops=("mm",)))
+    )
+    assert selective.saved_activation_bytes == per_block.saved_activation_bytes + 6 * activation
+    assert selective.saved_activation_bytes == none.saved_activation_bytes
+    # saving nothing selectively is per_block
+    nothing = _measure(Backprop(checkpoint=CheckpointPlan(strategy="selective", save_ops=())))
+    assert nothing.saved_activation_bytes == per_block.saved_activation_bytes

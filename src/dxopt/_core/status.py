@@ -25,6 +25,8 @@ _MESSAGES = {
     "fallback": "solved only through a fallback (jitter or pseudo-inverse); increase damping "
     "or regularization",
     "failed": "the solver failed (non-finite values or a breakdown)",
+    "diverged": "the iteration diverged (its residual grew past the starting one or became "
+    "non-finite); lower the step size (lr)",
 }
 
 
@@ -45,6 +47,7 @@ class Status(enum.Enum):
     DEGENERATE = "degenerate"
     FALLBACK = "fallback"
     FAILED = "failed"
+    DIVERGED = "diverged"
     # deprecated aliases (same value, so ``Status.CONVERGED is Status.SOLVED``)
     CONVERGED = "solved"
     MAX_ITERATIONS = "max_iter"

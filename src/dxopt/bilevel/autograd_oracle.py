@@ -114,14 +114,16 @@ class AutogradOracle:
         """``v -> H v`` at ``(x, y)``, the gradient graph built once and reused."""
         with torch.enable_grad():
             xl, yl = self._leaves(x, y)
-            (gy,) = torch.autograd.grad(self.lower(xl, yl), yl, create_graph=True)
+            gy = self._lower_grad_y(xl, yl)
 
         def matvec(v: torch.Tensor) -> torch.Tensor:
             if not gy.requires_grad:  # g is linear in y: zero Hessian
                 return torch.zeros_like(v)
             with torch.enable_grad():
-                (out,) = torch.autograd.grad(gy, yl, grad_outputs=v, retain_graph=True)
-            return out.detach()
+                (out,) = torch.autograd.grad(
+                    gy, yl, grad_outputs=v, retain_graph=True, allow_unused=True
+                )
+            return torch.zeros_like(v) if out is None else out.detach()  # None: zero curvature
 
         return matvec
 
@@ -158,10 +160,23 @@ class AutogradOracle:
     def _leaves(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return x.detach().requires_grad_(True), y.detach().requires_grad_(True)
 
+    def _lower_grad_y(self, xl: torch.Tensor, yl: torch.Tensor) -> torch.Tensor:
+        """:math:`\nabla_y g` with its graph (call under ``enable_grad``); a lower level that
+        does not read ``y`` gives zeros (no graph), so its zero curvature reaches the
+        strong-convexity checks instead of a raw autograd error."""
+        out = self.lower(xl, yl)
+        if not out.requires_grad:
+            return torch.zeros_like(yl)
+        (gy,) = torch.autograd.grad(out, yl, create_graph=True, allow_unused=True)
+        return torch.zeros_like(yl) if gy is None else gy
+
     def _gradients(self, fn: ScalarFn, x: torch.Tensor, y: torch.Tensor):
         with torch.enable_grad():
             xl, yl = self._leaves(x, y)
-            gx, gy = torch.autograd.grad(fn(xl, yl), (xl, yl), allow_unused=True)
+            out = fn(xl, yl)
+            if not out.requires_grad:  # a constant: both gradients vanish
+                return torch.zeros_like(x), torch.zeros_like(y)
+            gx, gy = torch.autograd.grad(out, (xl, yl), allow_unused=True)
         gx = torch.zeros_like(x) if gx is None else gx
         gy = torch.zeros_like(y) if gy is None else gy
         return gx, gy
@@ -169,8 +184,10 @@ class AutogradOracle:
     def _second_order(self, x: torch.Tensor, y: torch.Tensor, v: torch.Tensor, wrt_x: bool):
         with torch.enable_grad():
             xl, yl = self._leaves(x, y)
-            (gy,) = torch.autograd.grad(self.lower(xl, yl), yl, create_graph=True)
+            gy = self._lower_grad_y(xl, yl)
             target = xl if wrt_x else yl
+            if not gy.requires_grad:  # g is linear in y: both products vanish
+                return torch.zeros_like(target).detach()
             (out,) = torch.autograd.grad(gy, target, grad_outputs=v, allow_unused=True)
         return torch.zeros_like(target) if out is None else out.detach()
 
@@ -181,7 +198,7 @@ class AutogradOracle:
         (not counted; for evaluation and the lower-level check)."""
         with torch.enable_grad():
             xl, yl = self._leaves(x, y)
-            (gy,) = torch.autograd.grad(self.lower(xl, yl), yl, create_graph=True)
+            gy = self._lower_grad_y(xl, yl)
             rows_y, rows_x = [], []
             for i in range(self.dim_y):
                 if not gy[i].requires_grad:  # g is linear in this coordinate

@@ -73,8 +73,11 @@ class BilevelResult:
     Attributes:
         x: final upper-level variable; y: the method's final lower-level estimate.
         direction: the last hypergradient estimate (None if no step finished).
-        status: why the run stopped: ``SOLVED`` (exact norm at most ``tol``), ``MAX_ITER`` or
-            ``BUDGET_EXHAUSTED``; iterations: outer steps completed.
+        status: why the run stopped: ``SOLVED`` (exact norm at most ``tol``), ``MAX_ITER``,
+            ``BUDGET_EXHAUSTED``, or ``DIVERGED`` when a step gave a non-finite ``x`` or ``y``
+            (lower ``outer_lr`` or the inner step size; ``x`` and ``y`` are then the last
+            finite iterate and ``direction`` the estimate that broke it); iterations: outer
+            steps completed.
         cost: oracle calls by kind (``grad_f``, ``grad_g``, ``hvps``, ``jvps``; exact, a refused
             call is not counted) and the method's ``seconds``.
         trajectory: calls, seconds, exact ``||grad H||`` and upper value per iterate.
@@ -98,6 +101,10 @@ class BilevelResult:
         return self.cost
 
 
+def _finite(t: torch.Tensor) -> bool:
+    return bool(torch.isfinite(t).all())
+
+
 def _start(name: str, value: torch.Tensor | None, dim: int, dtype: torch.dtype) -> torch.Tensor:
     if value is None:
         return torch.zeros(dim, dtype=dtype)
@@ -119,8 +126,8 @@ def minimize_bilevel(
     evaluate: bool = True,
     track_frontier: bool = False,
 ) -> BilevelResult:
-    r"""Run ``method`` on ``oracle`` until :math:`\|\nabla H\| \le` ``tol``, the budget or
-    ``max_iter`` outer steps.
+    r"""Run ``method`` on ``oracle`` until :math:`\|\nabla H\| \le` ``tol``, the budget,
+    ``max_iter`` outer steps or a non-finite iterate (``Status.DIVERGED``).
 
     Args:
         method: e.g. :class:`AID`, :class:`ITD`, :class:`StocBiO`, :class:`SOBA`, :class:`F2BA`.
@@ -176,12 +183,16 @@ def minimize_bilevel(
             start = time.perf_counter()
             state = method.init(counting, x, y)
             elapsed += time.perf_counter() - start
-            for iterations in range(1, max_iter + 1):  # noqa: B007
+            for iterations in range(1, max_iter + 1):
                 start = time.perf_counter()
                 direction, state = method.step(counting, x, state)
-                x = x - method.outer_lr * direction
-                y = state.y
+                x_next = x - method.outer_lr * direction
                 elapsed += time.perf_counter() - start
+                if not (_finite(x_next) and _finite(state.y)):
+                    status = Status.DIVERGED  # keep the last finite iterate
+                    iterations -= 1
+                    break
+                x, y = x_next, state.y
                 if record():
                     status = Status.SOLVED
                     break

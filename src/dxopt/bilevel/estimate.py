@@ -19,6 +19,18 @@ For a quadratic lower level :math:`\nabla_y g = Qy + c` the first is the backwar
 of the starting residual), and neither can hide a residual of the size of the data. A
 backward error bounds the forward error by the condition number: :math:`\|y - y^*\| /
 \|y^*\| \lesssim \kappa\,\mathrm{rtol}`.
+
+A solve that misses its tolerance *diverged* (``Status.DIVERGED``: lower the step size) rather
+than stopped short (``MAX_ITER``: raise ``max_iter``) when its residual is not finite or ends
+above :data:`GROWTH` times the residual it started from. A convergent step never does that:
+gradient descent with :math:`\alpha \le 2/L_g` on a convex :math:`L_g`-smooth :math:`g` does
+not increase :math:`\|\nabla_y g\|` (co-coercivity of the gradient), Nesterov's method with
+:math:`\alpha \le 1/L_g` and :math:`\beta < 1` started at rest does not increase it on a
+quadratic (each eigen-component shrinks), and a Neumann series with :math:`\eta \le 2/L_g`
+has residual :math:`(I - \eta\nabla^2_{yy} g)^K\nabla_y f`, of norm at most
+:math:`\|\nabla_y f\|`. The adjoint is tested this way for Neumann-type solves only (a
+:class:`~dxopt.bilevel.Neumann` series, :class:`~dxopt.bilevel.ITD`'s unroll of gradient
+descent); a CG residual may grow on the way to convergence.
 """
 
 from __future__ import annotations
@@ -41,9 +53,19 @@ from dxopt._core import (
     renamed_kwargs,
 )
 from dxopt.bilevel.driver import HypergradientMethod, _start
-from dxopt.bilevel.oracles import BilevelOracle, CountingOracle
+from dxopt.bilevel.inner import CG
+from dxopt.bilevel.methods import ITD
+from dxopt.bilevel.oracles import BilevelOracle, BudgetExhaustedError, CountingOracle
 
-__all__ = ["HypergradientError", "HypergradientResult", "hypergradient"]
+__all__ = ["GROWTH", "HypergradientError", "HypergradientResult", "hypergradient"]
+
+GROWTH = 2.0
+"""A solve that ends with a residual above ``GROWTH`` times its starting residual (and misses
+its tolerance) is reported ``DIVERGED`` (module docstring; the factor leaves room for a
+non-quadratic lower level, where accelerated steps are not monotone)."""
+
+_UNUSABLE = (Status.FAILED, Status.DIVERGED, Status.BUDGET_EXHAUSTED)
+"""Statuses whose estimate is replaced by NaN (there is no approximate estimate to return)."""
 
 
 class HypergradientError(NotConvergedError):
@@ -62,14 +84,19 @@ class HypergradientResult:
         y: the lower-level point the method used.
         status: ``SOLVED`` when both residuals are within tolerance, ``MAX_ITER`` when a
             solve stopped short of it (raise the inner loop's or the linear solver's
-            ``max_iter``; for :class:`F2BA`, the penalty), ``FAILED`` for non-finite values,
-            ``INACCURATE`` for a method that does not say which adjoint it used.
+            ``max_iter``; for :class:`F2BA`, the penalty), ``DIVERGED`` when a residual grew
+            (lower the step size; see :mod:`dxopt.bilevel.estimate`), ``FAILED`` for
+            non-finite values, ``BUDGET_EXHAUSTED`` when a budgeted oracle refused a call,
+            ``INACCURATE`` for a method that does not say which adjoint it used. For
+            ``FAILED``, ``DIVERGED`` and ``BUDGET_EXHAUSTED`` ``direction`` is all NaN (under
+            ``on_failure="warn"`` or ``"ignore"``): there is no estimate to use.
         inner_residual: :math:`\|\nabla_y g(x, y)\|` (``None`` for ``method="exact"``).
         linear_residual: :math:`\|\nabla^2_{yy} g\, v - \nabla_y f(x, y)\|` of the adjoint
             ``v`` the estimate used (``None`` for ``"exact"`` or an unknown method).
         cost: the method's oracle calls by kind and seconds (the residual checks are not
             counted, like the evaluation in :func:`minimize_bilevel`).
-        state: the method's state afterwards (pass ``y`` back as ``y0`` to warm start).
+        state: the method's state afterwards (pass ``y`` back as ``y0`` to warm start;
+            ``None`` when the budget ran out).
     """
 
     direction: torch.Tensor
@@ -96,15 +123,41 @@ class HypergradientResult:
 class _Check:
     residual: float
     bound: float
+    start: float | None = None  # the residual the solve started from (None: not tested)
 
     @property
     def ok(self) -> bool:
         return self.residual <= self.bound  # False for NaN
 
+    @property
+    def diverged(self) -> bool:
+        """Missed the bound and is not finite, or ended above ``GROWTH`` times its start."""
+        if self.ok:
+            return False
+        if not math.isfinite(self.residual):
+            return True
+        return self.start is not None and self.residual > GROWTH * self.start
 
-def _check(residual: torch.Tensor, *terms: torch.Tensor, rtol: float, atol: float) -> _Check:
+
+def _check(
+    residual: torch.Tensor,
+    *terms: torch.Tensor,
+    rtol: float,
+    atol: float,
+    start: torch.Tensor | None = None,
+) -> _Check:
     scale = sum(float(torch.linalg.vector_norm(t)) for t in terms)
-    return _Check(float(torch.linalg.vector_norm(residual)), rtol * scale + atol)
+    first = None if start is None else float(torch.linalg.vector_norm(start))
+    return _Check(float(torch.linalg.vector_norm(residual)), rtol * scale + atol, first)
+
+
+def _neumann_type(method: Any) -> bool:
+    """Whether the method's adjoint comes from a Neumann-type iteration (whose residual
+    cannot grow at a convergent step size), not from CG."""
+    if isinstance(method, ITD):  # gradient descent's unroll implies a Neumann series
+        return method.inner.momentum == 0.0
+    linear = getattr(method, "linear", getattr(method, "neumann", None))
+    return linear is not None and not isinstance(linear, CG)
 
 
 def _certify(
@@ -113,18 +166,22 @@ def _certify(
     y: torch.Tensor,
     v: torch.Tensor | None,
     *,
+    y0: torch.Tensor,
+    adjoint_start: bool,
     rtol: float,
     atol: float,
 ) -> tuple[_Check, _Check | None]:
-    """Residuals of the inner and the adjoint solve at ``(y, v)`` (uncounted oracle calls)."""
+    r"""Residuals of the inner and the adjoint solve at ``(y, v)``, with the inner residual at
+    the start ``y0`` and (``adjoint_start``) the adjoint residual at ``v = 0``, i.e.
+    :math:`\|\nabla_y f\|` (uncounted oracle calls)."""
     gy = oracle.grad_g(x, y)[1]
     hy = oracle.hvp_yy(x, y, y)
-    inner = _check(gy, hy, gy - hy, rtol=rtol, atol=atol)
+    inner = _check(gy, hy, gy - hy, rtol=rtol, atol=atol, start=oracle.grad_g(x, y0)[1])
     if v is None:
         return inner, None
     fy = oracle.grad_f(x, y)[1]
     hv = oracle.hvp_yy(x, y, v)
-    return inner, _check(hv - fy, hv, fy, rtol=rtol, atol=atol)
+    return inner, _check(hv - fy, hv, fy, rtol=rtol, atol=atol, start=fy if adjoint_start else None)
 
 
 def _status(
@@ -134,6 +191,17 @@ def _status(
         math.isfinite(c.residual) for c in (inner, linear) if c is not None
     ):
         return Status.FAILED, "the estimate or a residual is not finite"
+    diverged = [
+        f"{what} residual {check.residual:.3e} > {GROWTH:g} x its starting {check.start:.3e}"
+        for what, check in (("inner", inner), ("adjoint", linear))
+        if check is not None and check.diverged
+    ]
+    if diverged:
+        return Status.DIVERGED, (
+            "; ".join(diverged) + ": the iteration diverged, lower its step size (the inner "
+            "loop's lr to at most 2/L_g for gradient descent, 1/L_g with momentum; a Neumann "
+            "series' lr likewise), raising max_iter would not help"
+        )
     misses = []
     if not inner.ok:
         misses.append(
@@ -188,11 +256,14 @@ def hypergradient(
         on_failure: for a status other than ``SOLVED``: ``"raise"``
             (:class:`HypergradientError`, carrying the status), ``"warn"``
             (:class:`dxopt.DxoptWarning`, then the result) or ``"ignore"`` (only the status).
+            An oracle with a budget (a :class:`CountingOracle`) that refuses a call gives
+            ``BUDGET_EXHAUSTED`` under the same policy.
 
     Raises:
         ValueError: for an ``x`` / ``y0`` not matching the oracle, an unknown method name or
             a bad tolerance or ``on_failure``.
-        HypergradientError: a solve is not certified and ``on_failure="raise"``.
+        HypergradientError: a solve is not certified, or the oracle's budget ran out, and
+            ``on_failure="raise"``.
     """
     x = _start("x", x, oracle.dim_x, oracle.dtype)
     y = _start("y0", y0, oracle.dim_y, oracle.dtype)
@@ -219,23 +290,53 @@ def hypergradient(
             f"{type(method).__name__}."
         )
     counting = CountingOracle(oracle)
+    name = type(method).__name__
     start = time.perf_counter()
-    before = method.init(counting, x, y)
-    direction, after = method.step(counting, x, before)
+    try:
+        before = method.init(counting, x, y)
+        direction, after = method.step(counting, x, before)
+    except BudgetExhaustedError as err:  # a budgeted oracle passed in refused a call
+        elapsed = time.perf_counter() - start
+        handle_failure(
+            on_failure,
+            f"hypergradient: {name} could not finish its estimate: {err} after "
+            f"{counting.total} calls. Give the oracle a larger budget, or pass "
+            "on_failure='ignore' to get a BUDGET_EXHAUSTED result (direction NaN).",
+            error=HypergradientError,
+            status=Status.BUDGET_EXHAUSTED,
+        )
+        return HypergradientResult(
+            direction=torch.full((oracle.dim_x,), math.nan, dtype=oracle.dtype),
+            y=y,
+            cost=replace(counting.cost, seconds=elapsed),
+            status=Status.BUDGET_EXHAUSTED,
+        )
     elapsed = time.perf_counter() - start
     locate = getattr(method, "estimate_point", None)
     y_used, v_used = locate(before, after) if locate is not None else (after.y, None)
-    inner, linear = _certify(oracle, x, y_used, v_used, rtol=rtol, atol=atol)
+    inner, linear = _certify(
+        oracle,
+        x,
+        y_used,
+        v_used,
+        y0=before.y,
+        adjoint_start=_neumann_type(method),
+        rtol=rtol,
+        atol=atol,
+    )
     status, why = _status(direction, inner, linear, locate is not None)
     if status is not Status.SOLVED:
         handle_failure(
             on_failure,
-            f"hypergradient: {type(method).__name__}'s estimate is not certified ({status.value}): "
-            f"{why}. Pass on_failure='ignore' to get the estimate with its status, or loosen "
-            f"rtol (now {rtol:.1e}).",
+            f"hypergradient: {name}'s estimate is not certified ({status.value}): {why}. Pass "
+            "on_failure='ignore' to get the estimate with its status"
+            + (" (NaN: there is none to use)" if status in _UNUSABLE else ", or loosen rtol")
+            + f" (rtol now {rtol:.1e}).",
             error=HypergradientError,
             status=status,
         )
+    if status in _UNUSABLE:
+        direction = torch.full_like(direction, math.nan)
     return HypergradientResult(
         direction=direction,
         y=after.y,

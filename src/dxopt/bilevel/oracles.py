@@ -82,7 +82,8 @@ class CountingOracle:
     Args:
         oracle: the wrapped oracle.
         budget: maximum total number of calls (``None`` for no limit). The call that would be
-            number ``budget + 1`` raises :class:`BudgetExhaustedError` without running.
+            number ``budget + 1`` raises :class:`BudgetExhaustedError` without running. A
+            call is counted once it returns (one refused by a wrapped oracle is not).
         track_frontier: when true, record for every coordinate of ``x`` and ``y`` the number
             of the first call whose query (``x``, ``y`` or ``v``) had it nonzero, in
             :attr:`first_nonzero_x` / :attr:`first_nonzero_y` (``-1``: never).
@@ -126,17 +127,24 @@ class CountingOracle:
     def total(self) -> int:
         return self._total
 
-    def _charge(self, kind: str, x: torch.Tensor, *ys: torch.Tensor) -> None:
+    def _call(self, kind: str, fn: Any, x: torch.Tensor, *args: torch.Tensor) -> Any:
+        """Run ``fn(x, *args)`` as call number ``total + 1`` of ``kind`` within the budget.
+
+        A call counts once it has returned: one refused here, or refused inside ``fn`` (a
+        wrapped :class:`CountingOracle` whose own budget ran out), is not counted, so this
+        oracle's counts never exceed those of an oracle it wraps."""
         if self.budget is not None and self._total >= self.budget:
             raise BudgetExhaustedError(
                 f"oracle budget of {self.budget} calls exhausted", status=Status.BUDGET_EXHAUSTED
             )
+        out = fn(x, *args)
         self._total += 1
         self._counts[kind] += 1
         if self.track_frontier:
             self._log_support(self.first_nonzero_x, x)
-            for y in ys:
+            for y in args:
                 self._log_support(self.first_nonzero_y, y)
+        return out
 
     def _log_support(self, first: torch.Tensor, z: torch.Tensor) -> None:
         new = (z != 0) & (first < 0)
@@ -144,20 +152,16 @@ class CountingOracle:
             first[new] = self._total
 
     def grad_f(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        self._charge("grad_f", x, y)
-        return self.oracle.grad_f(x, y)
+        return self._call("grad_f", self.oracle.grad_f, x, y)
 
     def grad_g(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        self._charge("grad_g", x, y)
-        return self.oracle.grad_g(x, y)
+        return self._call("grad_g", self.oracle.grad_g, x, y)
 
     def hvp_yy(self, x: torch.Tensor, y: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        self._charge("hvps", x, y, v)
-        return self.oracle.hvp_yy(x, y, v)
+        return self._call("hvps", self.oracle.hvp_yy, x, y, v)
 
     def jvp_xy(self, x: torch.Tensor, y: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        self._charge("jvps", x, y, v)
-        return self.oracle.jvp_xy(x, y, v)
+        return self._call("jvps", self.oracle.jvp_xy, x, y, v)
 
     def upper_value(self, x: torch.Tensor, y: torch.Tensor) -> float:
         """Not counted: for evaluation only."""

@@ -6,7 +6,10 @@ for a loss pure in named parameters (``loss_fn(params, batch)``, as with
 ``loss.backward()`` does; zero it between steps), so any :mod:`torch.optim` optimiser can
 step, and :class:`Cost` (the shared :class:`dxopt._core.Cost`) counts forwards, backwards,
 JVPs, recomputed forwards and FLOPs. A loss that does not read ``params`` is refused; the
-forwards of one estimate share one RNG state and update module buffers once.
+forwards of one estimate share one RNG state and update module buffers once. Parameters with
+``requires_grad=False`` are frozen (no estimate, no ``.grad``); a non-finite estimate follows
+``on_failure`` (default ``"raise"``: :class:`EstimateError`), and every :class:`Estimate`
+carries a :class:`dxopt.Status`.
 
 - :class:`Backprop`, with an optional :class:`CheckpointPlan` (per block, segments,
   selective) followed by models that chain blocks through :func:`run_blocks`;
@@ -22,6 +25,7 @@ Reference: Panchal et al., "The Cost of Avoiding Backpropagation", arXiv 2506.21
 
 from dxopt.estimators._api import Cost as Cost
 from dxopt.estimators._api import Estimate as Estimate
+from dxopt.estimators._api import EstimateError as EstimateError
 from dxopt.estimators._api import GradientEstimator as GradientEstimator
 from dxopt.estimators._api import LossFn as LossFn
 from dxopt.estimators._backprop import Backprop as Backprop
@@ -44,6 +48,7 @@ __all__ = [
     "CheckpointPlan",
     "Cost",
     "Estimate",
+    "EstimateError",
     "FmADSVRG",
     "ForwardGradient",
     "GradientEstimator",

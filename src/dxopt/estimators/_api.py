@@ -16,13 +16,30 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from dxopt._core import Cost, check_int, check_range
+from dxopt._core import (
+    Cost,
+    DxoptError,
+    Status,
+    check_int,
+    check_on_failure,
+    check_range,
+    handle_failure,
+)
 from dxopt._core import check_positive as _core_positive
 
 LossFn = Callable[[Mapping[str, Tensor], Any], Tensor]
 """``loss_fn(params, batch) -> scalar Tensor``, pure in ``params``."""
+
+
+class EstimateError(DxoptError):
+    """An estimate failed (a non-finite directional derivative) and ``on_failure="raise"``;
+    ``.status`` is :attr:`dxopt.Status.FAILED`. Nothing was written to ``.grad``."""
+
+
+ON_FAILURE = ("raise", "warn", "ignore")
+"""The ``on_failure`` policies the estimators accept (:func:`dxopt._core.check_on_failure`)."""
 
 
 @dataclass(frozen=True)
@@ -39,12 +56,18 @@ class Estimate:
             ``recomputed_forwards``, ``flops``).
         info: method-specific extras, e.g. ``{"jvps": [...], "nan_jvps": 0}`` or the
             ``(seed, projected_grad)`` pairs of a zeroth-order estimate.
+        status: ``SOLVED``, or ``FAILED`` when a directional derivative was not finite (only
+            returned under ``on_failure="warn"`` / ``"ignore"``; the estimate then averages
+            the finite ones, and is all NaN when none was finite).
+
+    Only the trainable parameters get an estimate (see :func:`split_trainable`).
     """
 
     grads: dict[str, Tensor] | None
     loss: float
     cost: Cost
     info: dict[str, Any] = field(default_factory=dict)
+    status: Status = Status.SOLVED
 
 
 class GradientEstimator(Protocol):
@@ -68,7 +91,10 @@ def check_params(params: Mapping[str, Tensor]) -> dict[str, Tensor]:
             f"got {type(params).__name__}."
         )
     if len(params) == 0:
-        raise ValueError("params: expected at least one parameter, got an empty mapping.")
+        raise ValueError(
+            "params: expected at least one trainable parameter, got none (an empty mapping, "
+            "or every parameter has requires_grad=False); pass the parameters to train."
+        )
     for name, p in params.items():
         if not isinstance(p, Tensor):
             raise TypeError(f"params[{name!r}]: expected a torch.Tensor, got {type(p).__name__}.")
@@ -78,6 +104,45 @@ def check_params(params: Mapping[str, Tensor]) -> dict[str, Tensor]:
                 f"{p.dtype}; gradients need real floating parameters, cast it with .float()."
             )
     return dict(params)
+
+
+def split_trainable(
+    loss_fn: LossFn, params: Mapping[str, Tensor]
+) -> tuple[dict[str, Tensor], LossFn]:
+    """Validate ``params`` and split off the frozen ones.
+
+    Frozen: an ``nn.Parameter`` with ``requires_grad=False``, and any tensor with
+    ``requires_grad=False`` when some tensor of ``params`` requires grad (so plain tensors,
+    none of which requires grad, are all trainable, as in the examples). Frozen tensors get no
+    estimate, no perturbation and no ``.grad`` (a torch optimiser then leaves them alone, as
+    :mod:`dxopt.natgrad` does); they reach ``loss_fn`` unchanged.
+
+    Returns:
+        ``(trainable, loss)``: the trainable parameters and ``loss(trainable, batch)``, which
+        calls ``loss_fn`` with the frozen tensors put back (in the original order).
+
+    Raises:
+        ValueError: when every parameter is frozen.
+    """
+    if not isinstance(params, Mapping):
+        check_params(params)  # raises the TypeError
+    any_grad = any(isinstance(p, Tensor) and p.requires_grad for p in params.values())
+    frozen = {
+        n: p
+        for n, p in params.items()
+        if isinstance(p, Tensor)
+        and not p.requires_grad
+        and (any_grad or isinstance(p, nn.Parameter))
+    }
+    trainable = check_params({n: p for n, p in params.items() if n not in frozen})
+    if not frozen:
+        return trainable, loss_fn
+    names = tuple(params)
+
+    def loss(p: Mapping[str, Tensor], batch: Any) -> Tensor:
+        return loss_fn({n: frozen[n] if n in frozen else p[n] for n in names}, batch)
+
+    return trainable, loss
 
 
 def check_scalar_loss(loss: Any) -> Tensor:
@@ -133,3 +198,33 @@ def write_grads(params: Mapping[str, Tensor], grads: Mapping[str, Tensor]) -> No
                 p.grad = g.detach().clone()
             else:
                 p.grad.add_(g)
+
+
+def check_failure_policy(on_failure: object) -> str:
+    """``on_failure`` of an estimator (:data:`ON_FAILURE`)."""
+    return check_on_failure(on_failure, ON_FAILURE)
+
+
+def nonfinite_status(
+    on_failure: str, owner: str, skipped: int, total: int, *, what: str = "directional derivatives"
+) -> Status:
+    """Apply ``on_failure`` when ``skipped`` of ``total`` values were not finite (call it before
+    anything is written to ``.grad`` or the parameters); returns the estimate's status."""
+    if skipped == 0:
+        return Status.SOLVED
+    outcome = (
+        "the estimate is NaN"
+        if skipped == total
+        else "they are left out and the estimate averages the others"
+    )
+    handle_failure(
+        on_failure,
+        f"{owner}: {skipped} of {total} {what} are not finite (NaN or inf: the loss is not "
+        f"finite at the evaluated points); {outcome}. Check the loss and the data for NaN, "
+        "lower the learning rate (or eps), or pass on_failure='ignore' to get the estimate "
+        "with status FAILED.",
+        error=EstimateError,
+        status=Status.FAILED,
+        stacklevel=4,
+    )
+    return Status.FAILED

@@ -14,12 +14,13 @@ from dxopt.estimators._api import (
     Cost,
     Estimate,
     LossFn,
-    check_params,
     check_scalar_loss,
     raise_unused,
+    split_trainable,
     write_grads,
 )
 from dxopt.estimators._checkpointing import CheckpointPlan, _BlockCalls, checkpointing
+from dxopt.estimators._replay import replayed_forwards
 
 
 class Backprop:
@@ -35,7 +36,10 @@ class Backprop:
     FLOPs of the blocks' forward (matrix products, as
     :class:`~torch.utils.flop_counter.FlopCounterMode` counts them), so a selective plan that
     keeps every product's output reports 0. A plan set on a loss that never calls
-    :func:`~dxopt.estimators.run_blocks` warns (nothing would be checkpointed).
+    :func:`~dxopt.estimators.run_blocks` warns (nothing would be checkpointed). Module buffers
+    (BatchNorm statistics) are updated once per estimate: by the forward, not again by the
+    checkpoint's recomputation (:mod:`dxopt.estimators._replay`). Parameters with
+    ``requires_grad=False`` are frozen (:func:`~dxopt.estimators._api.split_trainable`).
 
     Args:
         checkpoint: a :class:`CheckpointPlan`, or ``None`` for plain backpropagation.
@@ -65,14 +69,15 @@ class Backprop:
         count_flops: bool = False,
     ) -> Estimate:
         """Compute the exact gradient, write it to ``.grad`` and return it with its cost."""
-        params = check_params(params)
+        params, loss_of = split_trainable(loss_fn, params)
         leaves = {n: p.detach().requires_grad_(True) for n, p in params.items()}
         with (
+            replayed_forwards(loss_of) as forward,  # the recomputation leaves buffers as is
             flop_scope(count_flops) as tally,
             checkpointing(self.checkpoint) as calls,
             torch.enable_grad(),
         ):
-            loss = check_scalar_loss(loss_fn(leaves, batch))
+            loss = check_scalar_loss(forward(leaves, batch))
             forward_calls = calls.calls
             if self.checkpoint is not None and calls.blocks_in_forward == 0:
                 _warn_no_blocks(self.checkpoint)

@@ -33,6 +33,8 @@ from torch.utils.checkpoint import (
 from torch.utils.flop_counter import FlopCounterMode
 
 from dxopt._core import check_choice, check_int
+from dxopt._core.torch_compat import TorchDispatchMode, tree_flatten
+from dxopt.estimators._memory import note_saved
 
 Strategy = Literal["none", "per_block", "segments", "selective"]
 _STRATEGIES = ("none", "per_block", "segments", "selective")
@@ -108,12 +110,39 @@ def _counted(block: Callable[[Tensor], Tensor], state: _BlockCalls | None) -> Ca
 
 def _selective_policy(save: frozenset[str]) -> Callable:
     def policy(ctx, func, *args, **kwargs):
-        name = func.overloadpacket.__name__ if hasattr(func, "overloadpacket") else str(func)
-        if name in save:
+        if _op_name(func) in save:
             return CheckpointPolicy.MUST_SAVE
         return CheckpointPolicy.PREFER_RECOMPUTE
 
     return policy
+
+
+def _op_name(func: Any) -> str:
+    return func.overloadpacket.__name__ if hasattr(func, "overloadpacket") else str(func)
+
+
+class _NoteSaved(TorchDispatchMode):
+    """Entered inside a selective checkpoint's forward context: reports the outputs of the
+    operators its policy keeps (``MUST_SAVE``) to the running memory trackers, since the
+    checkpoint holds them for backward outside autograd's saved-tensor hooks."""
+
+    def __init__(self, save: frozenset[str]) -> None:
+        super().__init__()
+        self.save = save
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if _op_name(func) in self.save:
+            for t in tree_flatten(out)[0]:
+                if isinstance(t, Tensor):
+                    note_saved(t)
+        return out
+
+
+@contextlib.contextmanager
+def _selective_forward(fwd: Any, save: frozenset[str]) -> Iterator[None]:
+    with fwd, _NoteSaved(save):  # the recorder on top: it sees what the cache keeps
+        yield
 
 
 @contextlib.contextmanager
@@ -138,8 +167,9 @@ def _contexts(state: _BlockCalls) -> Callable[[], tuple[Any, Any]]:
         fwd: contextlib.AbstractContextManager | None = None
         rec: contextlib.AbstractContextManager | None = None
         if state.plan.strategy == "selective":
-            policy = _selective_policy(frozenset(state.plan.save_ops))
-            fwd, rec = create_selective_checkpoint_contexts(policy)
+            save = frozenset(state.plan.save_ops)
+            fwd, rec = create_selective_checkpoint_contexts(_selective_policy(save))
+            fwd = _selective_forward(fwd, save)
         return (
             _flops_into(state, "forward_flops", fwd),
             _flops_into(state, "recompute_flops", rec),

@@ -30,10 +30,13 @@ from dxopt.estimators._api import (
     Estimate,
     LossFn,
     check_count,
+    check_failure_policy,
     check_keep_fraction,
     check_positive,
     check_scalar_loss,
+    nonfinite_status,
     raise_unused,
+    split_trainable,
     write_grads,
 )
 from dxopt.estimators._directions import (
@@ -77,8 +80,22 @@ class ForwardGradient(ProbesOnce):
         keep_fraction: if set, tangents are zero except on each parameter's top
             ``keep_fraction`` largest-magnitude entries (sparse variant).
         jvp_clip: if set, each directional derivative is clipped to ``[-jvp_clip, jvp_clip]``.
-        seed: seed of the estimator's generator of tangent seeds.
+        seed: seed of the estimator's generator of tangent seeds. Two estimators built with
+            the same seed (the default 0 included) draw identical tangents, call after call;
+            give each run or worker its own seed for independent draws.
         validate: run the scalar-loss / unused-parameter probe on the first call.
+        on_failure: a non-finite JVP: ``"raise"`` (:class:`~dxopt.estimators.EstimateError`,
+            nothing written to ``.grad``), ``"warn"`` (:class:`dxopt.DxoptWarning`) or
+            ``"ignore"``; under the last two the estimate leaves the non-finite JVPs out
+            (``info["nan_jvps"]`` counts them), is all NaN when none is finite, and has
+            ``status`` ``FAILED``.
+
+    Sparse tangents (``keep_fraction``): with the 0/1 mask :math:`m` of the kept entries
+    (chosen from :math:`|\\theta|` at the start of the estimate, so fixed given
+    :math:`\\theta`), ``"mean"`` is unbiased for the *masked* gradient
+    :math:`m \\odot \\nabla\\ell`, not for :math:`\\nabla\\ell` (the other entries get 0);
+    ``"projection"`` has mean :math:`\\frac{k}{|m|} m \\odot \\nabla\\ell` (Gaussian tangents,
+    :math:`k \\le |m|`, the number of kept entries).
 
     Tangents are never stored: each is regenerated from its seed (one
     :class:`torch.Generator` per direction) when it is needed, so an estimate holds at most
@@ -86,9 +103,10 @@ class ForwardGradient(ProbesOnce):
     ``"projection"`` regenerates tangents :math:`k(k+1)/2` times for the Gram matrix
     :math:`V^\\top V` (random-number generation traded for memory).
 
-    Non-finite JVPs are skipped and counted in ``info["nan_jvps"]`` (the estimate is zero
-    when all are non-finite). The ``k`` forwards see the same RNG state (same dropout mask) and
-    update module buffers once (see :mod:`dxopt.estimators._replay`).
+    Non-finite JVPs follow ``on_failure``. The ``k`` forwards see the same RNG state (same
+    dropout mask) and update module buffers once (see :mod:`dxopt.estimators._replay`).
+    Parameters with ``requires_grad=False`` are frozen
+    (:func:`~dxopt.estimators._api.split_trainable`).
     """
 
     def __init__(
@@ -101,6 +119,7 @@ class ForwardGradient(ProbesOnce):
         jvp_clip: float | None = None,
         seed: int = 0,
         validate: bool = True,
+        on_failure: str = "raise",
     ) -> None:
         check_count("k", k)
         check_choice("combine", combine, ("mean", "projection"))
@@ -110,6 +129,7 @@ class ForwardGradient(ProbesOnce):
             check_positive("jvp_clip", jvp_clip)
         self.k, self.combine, self.distribution = k, combine, distribution
         self.keep_fraction, self.jvp_clip, self.validate = keep_fraction, jvp_clip, validate
+        self.on_failure = check_failure_policy(on_failure)
         self.generator = torch.Generator().manual_seed(seed)
 
     def estimate(
@@ -121,8 +141,9 @@ class ForwardGradient(ProbesOnce):
         count_flops: bool = False,
     ) -> Estimate:
         """Estimate the gradient with ``k`` JVPs, add it to ``.grad`` and return it."""
-        with replayed_forwards(loss_fn) as forward:
-            params = self._checked_params(forward, params, batch)
+        trainable, loss_of = split_trainable(loss_fn, params)
+        with replayed_forwards(loss_of) as forward:
+            params = self._checked_params(forward, trainable, batch)
             primals = {n: p.detach() for n, p in params.items()}
             masks = top_magnitude_masks(primals, self.keep_fraction) if self.keep_fraction else None
             seeds = draw_seeds(self.generator, self.k)
@@ -142,11 +163,18 @@ class ForwardGradient(ProbesOnce):
                     if self.jvp_clip is not None:
                         value = max(-self.jvp_clip, min(self.jvp_clip, value))
                     kept.append((value, seed))
+                status = nonfinite_status(
+                    self.on_failure,
+                    "ForwardGradient",
+                    len(seeds) - len(kept),
+                    len(seeds),
+                    what="JVPs",
+                )
                 grads = self._combine(primals, kept, masks)
         write_grads(params, grads)
         info = {"jvps": jvps, "nan_jvps": len(seeds) - len(kept), "seeds": seeds}
         cost = Cost(jvps=self.k, flops=tally.flops)
-        return Estimate(grads=grads, loss=_mean(losses), cost=cost, info=info)
+        return Estimate(grads=grads, loss=_mean(losses), cost=cost, info=info, status=status)
 
     def _combine(
         self,
@@ -158,6 +186,8 @@ class ForwardGradient(ProbesOnce):
             coeffs = [dd / len(kept) for dd, _ in kept]
         else:
             coeffs = self._projection_coefficients(primals, kept, masks) if kept else []
+        if not kept:  # every JVP was non-finite: there is no estimate
+            return {n: torch.full_like(p, math.nan) for n, p in primals.items()}
         grads = {n: torch.zeros_like(p) for n, p in primals.items()}
         with torch.no_grad():
             for c, (_, seed) in zip(coeffs, kept):

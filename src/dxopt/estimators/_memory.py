@@ -8,8 +8,11 @@ subtracts it when the storage is freed (``weakref.finalize``), so
 (parameters and inputs created before it are not counted). Alongside,
 :func:`torch.autograd.graph.saved_tensors_hooks` sums the distinct storages autograd saves
 for the backward pass (``saved_bytes``). Tensors saved inside a non-reentrant checkpoint are
-handled by the checkpoint's own hooks and therefore not counted there; the checkpoint's
-recomputation shows up in ``peak_bytes`` instead.
+handled by the checkpoint's own hooks (they are recomputed, not kept) and therefore not counted
+there; the checkpoint's recomputation shows up in ``peak_bytes`` instead. What a selective
+checkpoint *keeps* (the outputs of its ``save_ops``, held in the checkpoint's cache until the
+backward) is saved for backward too: :func:`dxopt.estimators.run_blocks` reports each such
+output through :func:`note_saved`, so ``saved_bytes`` counts it.
 """
 
 from __future__ import annotations
@@ -77,6 +80,17 @@ class _LiveStorages(TorchDispatchMode):
         return out
 
 
+_ACTIVE: list[MemoryTracker] = []  # the trackers whose block is running, innermost last
+
+
+def note_saved(t: Tensor) -> None:
+    """Count ``t`` as saved for backward in every running :class:`MemoryTracker` (for tensors
+    kept by a mechanism other than autograd's saved-tensor hooks, e.g. a selective
+    checkpoint's cache)."""
+    for tracker in _ACTIVE:
+        tracker._pack(t)
+
+
 def _storage_ptr(t: object) -> int | None:
     if not isinstance(t, Tensor):
         return None
@@ -124,6 +138,7 @@ class MemoryTracker:
     def __enter__(self) -> MemoryTracker:
         self._hooks.__enter__()
         self._mode.__enter__()
+        _ACTIVE.append(self)
         return self
 
     def __exit__(
@@ -132,6 +147,8 @@ class MemoryTracker:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        if self in _ACTIVE:
+            _ACTIVE.remove(self)
         self._mode.__exit__(exc_type, exc, tb)
         self._hooks.__exit__(exc_type, exc, tb)
         self._report = MemoryReport(

@@ -10,10 +10,17 @@ directions on the anchor batch) are refreshed. In between, with shared direction
 where :math:`d_i` is the directional derivative along :math:`z_i`: a JVP (FmAD-SVRG) or a
 central difference (ZO-SVRG; MeZO-SVRG, Gautam et al., arXiv 2404.08080). References for the
 comparison: Panchal et al., arXiv 2506.21833.
+
+At the anchor itself (:math:`\\theta = \\bar\\theta`) the two differences, both taken on the
+current batch along the same directions, cancel exactly and :math:`g = \\mu`: successive estimates
+at fixed parameters *repeat* :math:`\\mu` until the next refresh, so averaging them does not
+reduce the variance (the estimator's randomness is spent on :math:`\\mu`; it is unbiased over
+the anchor's directions, not over the repeats).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -26,7 +33,10 @@ from dxopt.estimators._api import (
     Estimate,
     LossFn,
     check_count,
+    check_failure_policy,
     check_positive,
+    nonfinite_status,
+    split_trainable,
     write_grads,
 )
 from dxopt.estimators._directions import Distribution, check_distribution, direction, draw_seeds
@@ -51,6 +61,7 @@ class _SVRG(ProbesOnce):
         distribution: Distribution = "gaussian",
         seed: int = 0,
         validate: bool = True,
+        on_failure: str = "raise",
     ) -> None:
         check_count("refresh_every", refresh_every)
         check_count("n_directions", n_directions)
@@ -60,6 +71,7 @@ class _SVRG(ProbesOnce):
         self.refresh_every, self.n_directions = refresh_every, n_directions
         self.anchor_directions, self.anchor_batch = anchor_directions, anchor_batch
         self.eps, self.distribution, self.validate = eps, distribution, validate
+        self.on_failure = check_failure_policy(on_failure)
         self.generator = torch.Generator().manual_seed(seed)
         self._spsa = SPSA(eps=eps, distribution=distribution, validate=False)
         self._anchor: dict[str, Tensor] | None = None
@@ -103,8 +115,9 @@ class _SVRG(ProbesOnce):
     ) -> Estimate:
         """Refresh the anchor if due, then return the control-variate estimate (added to
         ``.grad``); all forwards of the estimate see one RNG state (see ``_replay``)."""
-        with replayed_forwards(loss_fn) as forward:
-            return self._estimate(forward, params, batch, count_flops)
+        trainable, loss_of = split_trainable(loss_fn, params)
+        with replayed_forwards(loss_of) as forward:
+            return self._estimate(forward, trainable, batch, count_flops)
 
     def _estimate(
         self, loss_fn: LossFn, params: Mapping[str, Tensor], batch: Any, count_flops: bool
@@ -113,6 +126,7 @@ class _SVRG(ProbesOnce):
         current = {n: p.detach() for n, p in checked.items()}
         passes = 0
         nonfinite = 0
+        values = 0  # directional derivatives (or differences of them) combined
         refreshed = self._calls % self.refresh_every == 0 or self._anchor is None
         with flop_scope(count_flops) as tally, torch.no_grad():
             if refreshed:
@@ -120,9 +134,14 @@ class _SVRG(ProbesOnce):
                 self._anchor = {n: p.clone() for n, p in current.items()}
                 seeds = draw_seeds(self.generator, self.anchor_directions)
                 dds, _ = self._derivatives(loss_fn, self._anchor, anchor_batch, seeds)
-                nonfinite += _count_nonfinite(dds)
-                self._mu = {n: torch.zeros_like(p) for n, p in current.items()}
-                self._accumulate(self._mu, seeds, dds, 1.0 / len(seeds))
+                bad = _count_nonfinite(dds)
+                nonfinite, values = nonfinite + bad, values + len(dds)
+                self._mu = {
+                    n: torch.zeros_like(p) if bad < len(dds) else torch.full_like(p, math.nan)
+                    for n, p in current.items()
+                }
+                if bad < len(dds):
+                    self._accumulate(self._mu, seeds, dds, 1.0 / (len(dds) - bad))
                 passes += len(seeds)
             assert self._anchor is not None and self._mu is not None
             seeds = draw_seeds(self.generator, self.n_directions)
@@ -130,9 +149,14 @@ class _SVRG(ProbesOnce):
             there, _ = self._derivatives(loss_fn, self._anchor, batch, seeds)
             passes += 2 * len(seeds)
             diffs = [a - b for a, b in zip(here, there)]
-            nonfinite += _count_nonfinite(diffs)
+            bad = _count_nonfinite(diffs)
+            nonfinite, values = nonfinite + bad, values + len(diffs)
+            status = nonfinite_status(self.on_failure, type(self).__name__, nonfinite, values)
             grads = {n: m.clone() for n, m in self._mu.items()}
-            self._accumulate(grads, seeds, diffs, 1.0 / len(seeds))
+            if bad == len(diffs):
+                grads = {n: torch.full_like(g, math.nan) for n, g in grads.items()}
+            else:
+                self._accumulate(grads, seeds, diffs, 1.0 / (len(diffs) - bad))
         self._calls += 1
         write_grads(checked, grads)
         if self.kind == "zo":
@@ -140,7 +164,8 @@ class _SVRG(ProbesOnce):
         else:
             cost = Cost(jvps=passes, flops=tally.flops)
         info = {"refreshed": refreshed, "nonfinite": nonfinite, "seeds": seeds}
-        return Estimate(grads=grads, loss=sum(losses) / len(losses), cost=cost, info=info)
+        loss = sum(losses) / len(losses)
+        return Estimate(grads=grads, loss=loss, cost=cost, info=info, status=status)
 
 
 class ZOSVRG(_SVRG):
@@ -153,8 +178,16 @@ class ZOSVRG(_SVRG):
         anchor_batch: batch for :math:`\\mu` (e.g. a large batch); ``None`` uses the current one.
         eps: perturbation size.
         distribution: ``"gaussian"`` or ``"rademacher"``.
-        seed: generator seed.
+        seed: generator seed; two estimators built with the same seed (the default 0
+            included) draw identical directions.
         validate: run the first-call probe.
+        on_failure: non-finite differences (at the anchor or the current point), as for
+            :class:`SPSA`: ``"raise"`` (:class:`~dxopt.estimators.EstimateError`, nothing
+            written to ``.grad``), ``"warn"`` or ``"ignore"`` (the finite ones averaged, NaN
+            when none is finite, ``status`` ``FAILED``).
+
+    At fixed parameters successive estimates repeat the anchor estimate :math:`\\mu` until the
+    next refresh (module docstring). Parameters with ``requires_grad=False`` are frozen.
     """
 
     kind: Kind = "zo"

@@ -14,21 +14,26 @@ the central difference is exact, :math:`c_i = \\nabla\\ell^\\top z_i`, so for Ga
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from dxopt._core import Status
 from dxopt.estimators._accounting import ProbesOnce, flop_scope
 from dxopt.estimators._api import (
     Cost,
     Estimate,
     LossFn,
     check_count,
+    check_failure_policy,
     check_keep_fraction,
     check_positive,
     check_scalar_loss,
+    nonfinite_status,
+    split_trainable,
     write_grads,
 )
 from dxopt.estimators._directions import (
@@ -49,16 +54,31 @@ class SPSA(ProbesOnce):
         n_directions: number of directions :math:`n` averaged per estimate.
         distribution: ``"gaussian"`` or ``"rademacher"`` directions.
         keep_fraction: if set, perturb only each parameter's top ``keep_fraction``
-            largest-magnitude entries (sparse ZO).
-        seed: seed of the estimator's generator of direction seeds.
+            largest-magnitude entries (sparse ZO). With the 0/1 mask :math:`m` of those
+            entries (chosen from :math:`|\\theta|` at the start of the estimate, so fixed given
+            :math:`\\theta`) the directions are :math:`m \\odot z` and the estimate is unbiased
+            (on a quadratic; up to :math:`O(\\epsilon^2)` otherwise) for the *masked*
+            gradient :math:`m \\odot \\nabla\\ell`, not for :math:`\\nabla\\ell`: the other
+            entries get 0.
+        seed: seed of the estimator's generator of direction seeds. Two estimators built with
+            the same seed (the default 0 included) draw identical directions, call after
+            call; give each run or worker its own seed for independent draws.
         validate: run the scalar-loss / unused-parameter probe on the first call.
+        on_failure: a non-finite central difference (the loss is NaN or inf at
+            :math:`\\theta \\pm \\epsilon z`): ``"raise"``
+            (:class:`~dxopt.estimators.EstimateError`; nothing is written to ``.grad`` and
+            :meth:`step_` leaves the parameters as they were), ``"warn"``
+            (:class:`dxopt.DxoptWarning`) or ``"ignore"``; under the last two the estimate
+            averages the finite differences only (``info["nonfinite"]`` counts the others),
+            is all NaN when none is finite, and has ``status`` ``FAILED``.
 
     The :math:`2n` forwards of one estimate see the same RNG state (same dropout mask) and
     update module buffers (BatchNorm statistics) once, see :mod:`dxopt.estimators._replay`.
 
     :meth:`estimate` adds :math:`\\hat g` to ``.grad`` (one gradient-sized buffer);
     :meth:`step_` instead applies :math:`\\theta \\leftarrow \\theta - \\eta\\hat g` in place,
-    regenerating each :math:`z_i`, and never materialises a gradient.
+    regenerating each :math:`z_i`, and never materialises a gradient. Parameters with
+    ``requires_grad=False`` are frozen (:func:`~dxopt.estimators._api.split_trainable`).
     """
 
     def __init__(
@@ -70,6 +90,7 @@ class SPSA(ProbesOnce):
         keep_fraction: float | None = None,
         seed: int = 0,
         validate: bool = True,
+        on_failure: str = "raise",
     ) -> None:
         check_positive("eps", eps)
         check_count("n_directions", n_directions)
@@ -77,6 +98,7 @@ class SPSA(ProbesOnce):
         check_keep_fraction(keep_fraction)
         self.eps, self.n_directions, self.distribution = eps, n_directions, distribution
         self.keep_fraction, self.validate = keep_fraction, validate
+        self.on_failure = check_failure_policy(on_failure)
         self.generator = torch.Generator().manual_seed(seed)
         self._masks: dict[str, Tensor] | None = None
 
@@ -119,8 +141,9 @@ class SPSA(ProbesOnce):
     def _run(
         self, loss_fn: LossFn, params: Mapping[str, Tensor], batch: Any, count_flops: bool
     ) -> tuple[dict[str, Tensor], list[int], list[float], list[float], int | None]:
-        with replayed_forwards(loss_fn) as forward:
-            checked = self._checked_params(forward, params, batch)
+        trainable, loss_of = split_trainable(loss_fn, params)
+        with replayed_forwards(loss_of) as forward:
+            checked = self._checked_params(forward, trainable, batch)
             self._begin(checked)
             seeds = draw_seeds(self.generator, self.n_directions)
             with flop_scope(count_flops) as tally:
@@ -129,10 +152,17 @@ class SPSA(ProbesOnce):
 
     def _finish(
         self, seeds: list[int], coeffs: list[float], losses: list[float], flops: int | None
-    ) -> tuple[Cost, dict[str, Any], float]:
-        info = {"seeds": seeds, "projected_grads": coeffs, "nonfinite": _nonfinite(coeffs)}
+    ) -> tuple[Cost, dict[str, Any], float, Status, float]:
+        """Cost, info, mean loss, status (``on_failure`` applied) and the scale ``1 / n``
+        over the ``n`` finite differences (NaN when there is none)."""
+        bad = _nonfinite(coeffs)
+        status = nonfinite_status(
+            self.on_failure, type(self).__name__, bad, len(coeffs), what="central differences"
+        )
+        info = {"seeds": seeds, "projected_grads": coeffs, "nonfinite": bad}
         cost = Cost(forwards=2 * len(seeds), flops=flops)
-        return cost, info, sum(losses) / len(losses)
+        finite = len(coeffs) - bad
+        return cost, info, sum(losses) / len(losses), status, 1.0 / finite if finite else math.nan
 
     def estimate(
         self,
@@ -144,11 +174,14 @@ class SPSA(ProbesOnce):
     ) -> Estimate:
         """Estimate the gradient with ``2 n`` forwards, write it to ``.grad`` and return it."""
         checked, seeds, coeffs, losses, flops = self._run(loss_fn, params, batch, count_flops)
-        grads = {n: torch.zeros_like(p) for n, p in checked.items()}
-        self.accumulate_(grads, seeds, coeffs, scale=1.0 / len(seeds))
+        cost, info, loss, status, scale = self._finish(seeds, coeffs, losses, flops)
+        if math.isnan(scale):  # no finite difference: no estimate
+            grads = {n: torch.full_like(p, math.nan) for n, p in checked.items()}
+        else:
+            grads = {n: torch.zeros_like(p) for n, p in checked.items()}
+            self.accumulate_(grads, seeds, coeffs, scale=scale)
         write_grads(checked, grads)
-        cost, info, loss = self._finish(seeds, coeffs, losses, flops)
-        return Estimate(grads=grads, loss=loss, cost=cost, info=info)
+        return Estimate(grads=grads, loss=loss, cost=cost, info=info, status=status)
 
     def step_(
         self,
@@ -161,16 +194,20 @@ class SPSA(ProbesOnce):
         count_flops: bool = False,
     ) -> Estimate:
         """Fused MeZO step :math:`\\theta \\leftarrow \\theta - \\eta(\\hat g + \\lambda\\theta)`,
-        in place, without materialising the gradient (``Estimate.grads`` is ``None``)."""
+        in place, without materialising the gradient (``Estimate.grads`` is ``None``). When no
+        central difference is finite (and ``on_failure`` is not ``"raise"``) there is no
+        estimate and the parameters are left as they were (``status`` ``FAILED``)."""
         check_positive("lr", lr)
         checked, seeds, coeffs, losses, flops = self._run(loss_fn, params, batch, count_flops)
+        cost, info, loss, status, scale = self._finish(seeds, coeffs, losses, flops)
+        if math.isnan(scale):  # no estimate (status FAILED): no step
+            return Estimate(grads=None, loss=loss, cost=cost, info=info, status=status)
         with torch.no_grad():
             if weight_decay:
                 for p in checked.values():
                     p.mul_(1.0 - lr * weight_decay)
-        self.accumulate_(checked, seeds, coeffs, scale=-lr / len(seeds))
-        cost, info, loss = self._finish(seeds, coeffs, losses, flops)
-        return Estimate(grads=None, loss=loss, cost=cost, info=info)
+        self.accumulate_(checked, seeds, coeffs, scale=-lr * scale)
+        return Estimate(grads=None, loss=loss, cost=cost, info=info, status=status)
 
     def accumulate_(
         self, out: Mapping[str, Tensor], seeds: list[int], coeffs: list[float], *, scale: float
@@ -199,8 +236,9 @@ class LOZO(SPSA):
         rank: :math:`r`.
         lazy_steps: :math:`\\nu`, estimates between redraws of :math:`V`.
         n_directions: directions averaged per estimate.
-        seed: generator seed.
+        seed: generator seed (the same seed gives the same draws, see :class:`SPSA`).
         validate: run the first-call probe.
+        on_failure: non-finite differences, as for :class:`SPSA`.
     """
 
     def __init__(
@@ -212,8 +250,15 @@ class LOZO(SPSA):
         n_directions: int = 1,
         seed: int = 0,
         validate: bool = True,
+        on_failure: str = "raise",
     ) -> None:
-        super().__init__(eps=eps, n_directions=n_directions, seed=seed, validate=validate)
+        super().__init__(
+            eps=eps,
+            n_directions=n_directions,
+            seed=seed,
+            validate=validate,
+            on_failure=on_failure,
+        )
         check_count("rank", rank)
         check_count("lazy_steps", lazy_steps)
         self.rank, self.lazy_steps = rank, lazy_steps
