@@ -1,0 +1,154 @@
+"""The runners of ``dxopt bench conic``: a raw Clarabel loop (forward only, the physical
+reference), cvxpylayers (its default and its Clarabel option), Moreau's CPU backend where it is
+installed, and the hook :func:`run_dxopt` to be wired to ``dxopt.conic.solve``.
+
+Each runner returns a callable that runs one forward (and, for the layers, the backward of
+``L = sum(w * x)``) on the whole batch and returns the solution ``(batch, ...)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+from benchmarks.conic.problems import ConeData, Problem, cone_data
+
+
+def clarabel_cones(d: ConeData) -> list[Any]:
+    """The Clarabel cone list of one sample (CVXPY's order: zero, nonneg, soc, exp, power,
+    psd)."""
+    import clarabel
+
+    cones: list[Any] = []
+    if d.zero:
+        cones.append(clarabel.ZeroConeT(d.zero))
+    if d.nonneg:
+        cones.append(clarabel.NonnegativeConeT(d.nonneg))
+    cones += [clarabel.SecondOrderConeT(k) for k in d.soc]
+    cones += [clarabel.ExponentialConeT() for _ in range(d.exp)]
+    cones += [clarabel.PowerConeT(a) for a in d.power]
+    cones += [clarabel.PSDTriangleConeT(k) for k in d.psd]
+    return cones
+
+
+def raw_clarabel(prob: Problem, *, tol: float = 1e-8) -> Callable[[], list[np.ndarray]]:
+    """A Python loop of Clarabel solves on the raw cone data (built once, outside the timing)."""
+    import clarabel
+
+    data = cone_data(prob)
+    settings = clarabel.DefaultSettings()
+    settings.verbose = False
+    settings.tol_gap_abs = settings.tol_gap_rel = settings.tol_feas = tol
+    built = []
+    for d in data:
+        n = d.q.shape[0]
+        P = sp.triu(d.P).tocsc() if d.P is not None else sp.csc_matrix((n, n))
+        built.append((P, d.q, sp.csc_matrix(d.A), d.b, clarabel_cones(d)))
+
+    def run() -> list[np.ndarray]:
+        out = []
+        for P, q, A, b, cones in built:
+            sol = clarabel.DefaultSolver(P, q, A, b, cones, settings).solve()
+            if str(sol.status) not in ("Solved", "SolverStatus.Solved"):
+                raise RuntimeError(f"raw Clarabel: status {sol.status}")
+            out.append(np.asarray(sol.x))
+        return out
+
+    return run
+
+
+def _fwd_bwd(layer: Callable[..., Any], prob: Problem, weight: torch.Tensor) -> Callable[[], Any]:
+    def run() -> Any:
+        leaves = [v.clone().requires_grad_() for v in prob.values]
+        (x,) = layer(*leaves)
+        (weight * x).sum().backward()
+        return x.detach(), [leaf.grad for leaf in leaves]
+
+    return run
+
+
+def cvxpylayers(prob: Problem, weight: torch.Tensor, *, solver: str | None) -> Callable[[], Any]:
+    """cvxpylayers' ``CvxpyLayer`` (``solver=None``: its default, diffcp with SCS)."""
+    from cvxpylayers.torch import CvxpyLayer
+
+    layer = CvxpyLayer(prob.problem, parameters=prob.parameters, variables=[prob.variable])
+    args = {} if solver is None else {"solve_method": solver}
+
+    def call(*leaves: torch.Tensor) -> Any:
+        return layer(*leaves, solver_args=args)
+
+    return _fwd_bwd(call, prob, weight)
+
+
+def moreau_available() -> str | None:
+    """``None`` where ``moreau.torch`` imports, else the reason (for the table)."""
+    try:
+        import moreau.torch  # noqa: F401
+    except Exception as exc:  # an absent or broken install is reported, not raised
+        return f"moreau unavailable: {type(exc).__name__}: {exc}"
+    return None
+
+
+def run_dxopt(problem: Problem, batch: int) -> Callable[[], Any]:
+    """The hook for ``dxopt.conic.solve``: forward + backward of ``L = sum(w * x)`` on the
+    batch's raw cone data (``cone_data(problem)``), once the engine exists."""
+    raise NotImplementedError(
+        "run_dxopt: dxopt.conic.solve is not wired into the conic benchmark yet"
+    )
+
+
+def moreau_solver(prob: Problem, *, tol: float = 1e-8) -> Callable[[], Any]:
+    """Moreau's batched ``moreau.torch.Solver`` (CPU) on the raw cone data: forward and the
+    backward of ``L = sum(w * x)`` with respect to the program's ``P, A, q, b`` values (one
+    shared sparsity pattern, the union over the batch)."""
+    import moreau
+    from moreau.torch import Solver
+
+    del tol  # Moreau's IPM tolerances are left at their defaults
+    data = cone_data(prob)
+    d0 = data[0]
+    n, m = d0.q.shape[0], d0.b.shape[0]
+    Ps = [np.asarray(d.P.todense()) if d.P is not None else np.zeros((n, n)) for d in data]
+    As = [np.asarray(d.A.todense()) for d in data]
+    p_mask = np.any([P != 0 for P in Ps], axis=0) | np.eye(n, dtype=bool)
+    a_mask = np.any([A != 0 for A in As], axis=0)
+    p_csr, a_csr = sp.csr_matrix(p_mask.astype(float)), sp.csr_matrix(a_mask.astype(float))
+    p_rows, p_cols = np.nonzero(p_mask)
+    a_rows, a_cols = np.nonzero(a_mask)
+    P_vals = torch.tensor(np.stack([P[p_rows, p_cols] for P in Ps]), dtype=torch.float64)
+    A_vals = torch.tensor(np.stack([A[a_rows, a_cols] for A in As]), dtype=torch.float64)
+    q = torch.tensor(np.stack([d.q for d in data]), dtype=torch.float64)
+    b = torch.tensor(np.stack([d.b for d in data]), dtype=torch.float64)
+    cones = moreau.Cones(
+        num_zero_cones=d0.zero,
+        num_nonneg_cones=d0.nonneg,
+        so_cone_dims=list(d0.soc),
+        num_exp_cones=d0.exp,
+        power_alphas=list(d0.power),
+        psd_dims=list(d0.psd),
+    )
+    settings = moreau.Settings(device="cpu", batch_size=len(data), enable_grad=True)
+    solver = Solver(
+        n=n,
+        m=m,
+        P_row_offsets=torch.tensor(p_csr.indptr, dtype=torch.int64),
+        P_col_indices=torch.tensor(p_csr.indices, dtype=torch.int64),
+        A_row_offsets=torch.tensor(a_csr.indptr, dtype=torch.int64),
+        A_col_indices=torch.tensor(a_csr.indices, dtype=torch.int64),
+        cones=cones,
+        settings=settings,
+    )
+    weight = torch.ones(len(data), n, dtype=torch.float64)
+
+    def run() -> Any:
+        leaves = [t.clone().requires_grad_() for t in (P_vals, A_vals, q, b)]
+        sol = solver.solve(*leaves)
+        x = sol.x if hasattr(sol, "x") else sol[0]
+        (weight * x).sum().backward()
+        return x.detach()
+
+    return run

@@ -1,0 +1,152 @@
+"""Numerics shared by the three-dimensional cones whose boundary is a smooth surface
+(the exponential and the power cone): input checks, a safeguarded scalar root-find, and the
+Jacobian of a projection onto a curved surface.
+
+Projection onto :math:`\\{\\varphi \\le 0\\}` at a point where the constraint is active: the
+optimality conditions :math:`v - p = \\mu \\nabla\\varphi(p)`, :math:`\\varphi(p) = 0`,
+:math:`\\mu \\ge 0`, differentiated implicitly, give
+
+.. math::
+
+    (I + \\mu H)\\,dp + d\\mu\\, g = dv, \\qquad g^\\top dp = 0,
+
+with :math:`g = \\nabla\\varphi(p)`, :math:`H = \\nabla^2\\varphi(p)`; eliminating :math:`d\\mu`,
+
+.. math::
+
+    D\\Pi = M - \\frac{M g g^\\top M}{g^\\top M g}, \\quad M = (I + \\mu H)^{-1},
+
+equivalently :math:`D\\Pi = T (T^\\top (I + \\mu H) T)^{-1} T^\\top` with :math:`T` an
+orthonormal basis of :math:`g^\\perp`. For both cones :math:`H` has rank one on the surface,
+:math:`\\mu H = c\\, w w^\\top`, so with :math:`P_g = I - \\hat g \\hat g^\\top` and
+:math:`u = P_g w` (Sherman-Morrison on the tangent plane)
+
+.. math::
+
+    D\\Pi = P_g - \\gamma\\, \\hat u \\hat u^\\top, \\qquad
+    \\gamma = \\frac{c \\Vert u\\Vert^2}{1 + c \\Vert u\\Vert^2} \\in [0, 1),
+
+a symmetric form with no division by :math:`g^\\top M g` that stays finite in the limits
+:math:`\\mu \\to 0` (:math:`\\gamma \\to 0`) and :math:`c \\to \\infty` (:math:`\\gamma \\to 1`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+#: The bracket ends of the scalar root-finds are clipped to this magnitude (beyond it the
+#: projection has reached its limit to far below round-off).
+RHO_MAX = 1e100
+
+
+def as_points(cls: str, v: object) -> tuple[Tensor, torch.Size, torch.dtype]:
+    """Check ``v`` (a floating tensor of shape ``(..., 3)``) and return it flattened to
+    ``(N, 3)`` in float64 (the scalar root-finds run in float64 for every input dtype), with
+    the batch shape and the input dtype to cast back to."""
+    if not isinstance(v, Tensor):
+        raise TypeError(
+            f"{cls}: v must be a torch.Tensor of shape (..., 3), got {type(v).__name__}"
+        )
+    if not v.dtype.is_floating_point:
+        raise TypeError(
+            f"{cls}: v must be a floating-point tensor (float32 or float64), got dtype "
+            f"{v.dtype}; cast it with .double() or .float()"
+        )
+    if v.ndim < 1 or v.shape[-1] != 3:
+        raise ValueError(
+            f"{cls}: v must have shape (..., 3) (one 3-vector per cone), got shape {tuple(v.shape)}"
+        )
+    batch = v.shape[:-1]
+    return v.reshape(-1, 3).to(torch.float64), batch, v.dtype
+
+
+def flat_tol(tol: float | Tensor, batch: torch.Size, like: Tensor) -> Tensor:
+    """``tol`` (a float, or a tensor broadcastable to ``batch``) as a float64 vector ``(N,)``."""
+    t = torch.as_tensor(tol, dtype=torch.float64, device=like.device)
+    return torch.broadcast_to(t, batch).reshape(-1)
+
+
+def unit(x: Tensor) -> tuple[Tensor, Tensor]:
+    """``x / |x|`` over the last axis (zero rows stay zero) and ``|x|``, scaled by the largest
+    entry first so that neither under- nor overflows (``|1e-200 e_1|`` is not 0)."""
+    m = x.abs().amax(dim=-1, keepdim=True)
+    y = x / torch.where(m > 0, m, torch.ones_like(m))
+    n = torch.linalg.vector_norm(y, dim=-1, keepdim=True)
+    u = y / torch.where(n > 0, n, torch.ones_like(n))
+    return u, (m * n)[..., 0]
+
+
+def safeguarded_root(
+    fun: Callable[[Tensor], tuple[Tensor, Tensor]],
+    lo: Tensor,
+    hi: Tensor,
+    *,
+    x0: Tensor | None = None,
+    max_iter: int = 200,
+) -> Tensor:
+    """A root of ``f`` in ``[lo, hi]`` for each entry, given ``f(lo) <= 0 <= f(hi)``
+    (``fun(x)`` returns ``f(x)`` and a value with the sign and Newton step of ``f'(x)``;
+    any positive rescaling of both is allowed).
+
+    Newton steps are taken while they at least halve :math:`|f|` (a step past an end of the
+    bracket is clipped to it once: a root at round-off from that end); otherwise the bracket
+    is bisected in the variable :math:`\\operatorname{asinh} x`
+    (so that a bracket spanning many orders of magnitude is halved in magnitude, not only in
+    length). The bracket is updated from the sign of ``f`` at every iterate, so the result
+    is always inside a bracket that contains a sign change; an entry stops when the bracket
+    is at round-off, ``f`` vanishes or a Newton correction is at round-off. The first iterate
+    is ``x0`` (clipped to the bracket) or the bracket's middle in ``asinh``. The iteration
+    count is the batch's maximum.
+    """
+    lo = lo.clone()
+    hi = hi.clone()
+    eps = torch.finfo(lo.dtype).eps
+    x = torch.sinh(0.5 * (torch.asinh(lo) + torch.asinh(hi))) if x0 is None else x0
+    x = torch.minimum(torch.maximum(x, lo), hi)
+    done = torch.zeros_like(lo, dtype=torch.bool)
+    f_prev = torch.full_like(lo, float("inf"))
+    lo_seen = torch.zeros_like(done)
+    hi_seen = torch.zeros_like(done)
+    for _ in range(max_iter):
+        f, df = fun(x)
+        lo_seen = lo_seen | (x == lo)
+        hi_seen = hi_seen | (x == hi)
+        lo = torch.where(~done & (f < 0), x, lo)
+        hi = torch.where(~done & (f > 0), x, hi)
+        done = done | (f == 0) | (hi - lo <= 4 * eps * torch.maximum(lo.abs(), hi.abs()))
+        if bool(done.all()):
+            break
+        newton = x - f / df
+        # Newton while it at least halves |f|; a step past an end goes to that end once
+        # (a root at round-off from an end), then it bisects
+        out = ((newton <= lo) & lo_seen) | ((newton >= hi) & hi_seen)
+        ok = torch.isfinite(newton) & (f.abs() <= 0.5 * f_prev) & ~out
+        f_prev = torch.where(ok, f.abs(), torch.full_like(f, float("inf")))
+        wide = (hi - lo) > 1.0
+        mid = torch.where(
+            wide, torch.sinh(0.5 * (torch.asinh(lo) + torch.asinh(hi))), 0.5 * (lo + hi)
+        )
+        step = torch.where(ok, torch.minimum(torch.maximum(newton, lo), hi), mid)
+        # a Newton correction at round-off: the iterate is the root to machine precision
+        tiny = torch.isfinite(newton) & ((newton - x).abs() <= 4 * eps * (x.abs() + 1))
+        x = torch.where(done | tiny, x, step)
+        done = done | tiny
+    return x
+
+
+def surface_jacobian(normal: Tensor, w: Tensor, c_inv: Tensor) -> Tensor:
+    """:math:`P_g - \\gamma \\hat u \\hat u^\\top` (see the module docstring) for a batch:
+    ``normal`` ``(N, 3)`` is :math:`g` (any positive scale), ``w`` ``(N, 3)`` spans the
+    rank-one Hessian term :math:`\\mu H = c\\,w w^\\top`, ``c_inv`` ``(N,)`` is
+    :math:`1/c \\in [0, \\infty]`."""
+    g, _ = unit(normal)
+    eye = torch.eye(3, dtype=g.dtype, device=g.device)
+    pg = eye - g[:, :, None] * g[:, None, :]
+    u = w - (w * g).sum(-1, keepdim=True) * g
+    uh, un = unit(u)
+    gamma = 1.0 / (1.0 + c_inv / (un * un))
+    gamma = torch.where(un > 0, gamma, torch.zeros_like(gamma))
+    return pg - gamma[:, None, None] * uh[:, :, None] * uh[:, None, :]
