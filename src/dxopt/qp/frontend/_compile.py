@@ -279,13 +279,15 @@ def compile_problem(problem: Any, parameters: Any, variables: Any) -> CompiledQP
         r, k, v = _entries(pp.A)
         i, j = r % rows_c, r // rows_c
         eq, offset = i < p, j == n
-        for mask, base, width, sign in (
-            (eq & ~offset, starts["A"], n, 1.0),  # A = C_E
-            (eq & offset, starts["b"], 1, -1.0),  # b = -c_E
-            (~eq & ~offset, starts["G"] - p * n, n, -1.0),  # G = -C_I
-            (~eq & offset, starts["h"] - p, 1, 1.0),  # h = c_I
+        # matrix entries sit at row * n + column, offset entries at row (with n == 1 the
+        # widths coincide, so the kind of block is said, not inferred from its width)
+        for mask, base, matrix_block, sign in (
+            (eq & ~offset, starts["A"], True, 1.0),  # A = C_E
+            (eq & offset, starts["b"], False, -1.0),  # b = -c_E
+            (~eq & ~offset, starts["G"] - p * n, True, -1.0),  # G = -C_I
+            (~eq & offset, starts["h"] - p, False, 1.0),  # h = c_I
         ):
-            idx = i[mask] * width + (j[mask] if width == n else 0)
+            idx = i[mask] * n + j[mask] if matrix_block else i[mask]
             emit(base + idx, k[mask], sign * v[mask])
     matrix = sp.csr_array(
         (np.concatenate(vals_out), (np.concatenate(rows_out), np.concatenate(cols_out))),

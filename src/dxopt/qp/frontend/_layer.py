@@ -352,7 +352,7 @@ class CvxpyQPLayer(nn.Module):
         on a batched parameter; sparse matrices as value vectors)."""
         batch, flags = self._check(values)
         plan = self._plan(flags)
-        rows = batch or 1
+        rows = 1 if batch is None else batch  # an empty batch stays empty
         consts = self._constants_for(values[0].device, values[0].dtype)
         one = consts["one"]
         assert one is not None
@@ -361,12 +361,22 @@ class CvxpyQPLayer(nn.Module):
             theta = torch.cat([*flat, one[0]]).unsqueeze(0)
         else:
             pieces = [
-                v.reshape(rows, -1) if flag else v.reshape(1, -1).expand(rows, -1)
+                v.reshape(rows, v[0].numel() if rows else int(np.prod(v.shape[1:])))
+                if flag
+                else v.reshape(1, -1).expand(rows, -1)
                 for v, flag in zip(values, flags)
             ]
             theta = torch.cat([*pieces, one.expand(rows, 1)], dim=1)
         per_sample = None if plan.batched is None else AffineMap.apply(theta, plan.batched)
-        shared = None if plan.shared is None else AffineMap.apply(theta[:1], plan.shared)[0]
+        shared = None
+        if plan.shared is not None:  # unbatched parameters only: one row, even for batch 0
+            first = theta[:1]
+            if not rows:  # the shared rows read no batched parameter: zeros stand in for them
+                first = torch.cat([
+                    v.new_zeros(1, int(np.prod(v.shape[1:]))) if flag else v.reshape(1, -1)
+                    for v, flag in zip(values, flags)
+                ] + [one], dim=1)  # fmt: skip
+            shared = AffineMap.apply(first, plan.shared)[0]
         # one split per part: one backward node (torch's split_backward), not one per piece
         parts = {
             True: () if per_sample is None else per_sample.split(plan.sizes[True], dim=1),
@@ -517,6 +527,11 @@ class CvxpyQPLayer(nn.Module):
             vectors = [{"x": z, "eq": eq, "ineq": s.ineq_duals, "kept": s.x}]
         outputs = []
         for out, (kind, start, stop) in zip(self.compiled.outputs, self._sources):
+            if not vectors:  # an empty batch of per-sample sparse solves: nothing to solve
+                empty = torch.zeros(0, stop - start, dtype=like.dtype, device=like.device)
+                empty = empty + 0.0 * sum(v.sum() for v in values)  # zero gradients, shaped
+                outputs.append(_fortran_unflatten(empty, out.shape))
+                continue
             parts = []
             for vec in vectors:
                 v = vec[kind]
