@@ -16,6 +16,8 @@ Subpackages
 - :mod:`dxopt.distributed`: Scale-out executors for :func:`dxopt.qp.solve` and
   :class:`dxopt.qp.QPLayer`.
 - :mod:`dxopt.linalg`: Linear solves shared across dxopt, each reporting how it went.
+- :mod:`dxopt.conic`: Differentiable cone programs (zero, nonnegative, second-order,
+  exponential, power, PSD).
 
 The list above is the first line of each subpackage's docstring, written here (and into the
 README's module table) by ``python docs/build_readme.py``.
