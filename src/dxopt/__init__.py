@@ -43,6 +43,7 @@ __version__ = "0.2.0"
 
 _SUBPACKAGES = (
     "qp",
+    "conic",
     "natgrad",
     "estimators",
     "bilevel",
