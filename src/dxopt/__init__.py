@@ -3,6 +3,8 @@ r"""dxopt: differentiable optimization and gradient estimation for PyTorch.
 Subpackages
 -----------
 - :mod:`dxopt.qp`: Differentiable convex quadratic programs.
+- :mod:`dxopt.conic`: Differentiable cone programs (zero, nonnegative, second-order,
+  exponential, power, PSD).
 - :mod:`dxopt.natgrad`: Natural-gradient optimizers for least-squares losses
   :math:`\tfrac12\|r(\theta)\|^2`.
 - :mod:`dxopt.estimators`: Gradient estimators behind one interface, with honest costs.
@@ -16,8 +18,6 @@ Subpackages
 - :mod:`dxopt.distributed`: Scale-out executors for :func:`dxopt.qp.solve` and
   :class:`dxopt.qp.QPLayer`.
 - :mod:`dxopt.linalg`: Linear solves shared across dxopt, each reporting how it went.
-- :mod:`dxopt.conic`: Differentiable cone programs (zero, nonnegative, second-order,
-  exponential, power, PSD).
 
 The list above is the first line of each subpackage's docstring, written here (and into the
 README's module table) by ``python docs/build_readme.py``.
@@ -62,6 +62,7 @@ __all__ = [
     "Status",
     "__version__",
     "bilevel",
+    "conic",
     "dfl",
     "distributed",
     "estimators",
