@@ -9,7 +9,9 @@ the defining function itself is not).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -63,3 +65,18 @@ def safe_norm(v: Tensor) -> Tensor:
 
 def unit_rows(v: Tensor) -> Tensor:
     return v / torch.linalg.vector_norm(v, dim=-1, keepdim=True)
+
+
+def worst_gap_to_clarabel(prob: Any, x: Any, par: Any, v: Tensor, p: Tensor) -> float:
+    """The largest ``|x_clarabel - p|`` over the rows of ``v`` of CVXPY + Clarabel solving the
+    projection ``prob``; asserts that ours (in K to round-off) is no farther from ``v``."""
+    import cvxpy as cp
+
+    worst = 0.0
+    for vi, pi in zip(v.numpy(), p.numpy(), strict=True):
+        par.value = vi
+        prob.solve(solver=cp.CLARABEL, tol_gap_abs=1e-10, tol_gap_rel=1e-10, tol_feas=1e-10)
+        assert prob.status in ("optimal", "optimal_inaccurate")
+        worst = max(worst, float(np.abs(x.value - pi).max()))
+        assert np.sum((pi - vi) ** 2) <= np.sum((x.value - vi) ** 2) + 1e-13
+    return worst
