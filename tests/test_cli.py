@@ -38,7 +38,7 @@ def test_top_level_and_demo_and_bench_help(capsys: pytest.CaptureFixture[str]) -
     bench = _help(capsys, "bench", "--help")
     assert bench.startswith(
         "usage: dxopt bench "
-        "{bilevel,dfl,estimators,linearize,multi_attempt,natgrad,qp,qp_cvxpy,qp_ray,qp_speed,"
+        "{bilevel,conic,dfl,estimators,linearize,multi_attempt,natgrad,qp,qp_cvxpy,qp_ray,qp_speed,"
         "qp_torch,all}"
     )
     for area in AREAS:
