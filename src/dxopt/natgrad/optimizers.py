@@ -136,7 +136,8 @@ class SNG(NaturalGradientOptimizer):
 
     def step(self, closure: Any = None) -> StepReport:  # type: ignore[override]
         """One SNG step."""
-        rows = self._rows(closure)
+        with self._one_batch():
+            rows = self._rows(closure)
         solve = kernel_direction(rows.jac, rows.r, damping=self._hyper("damping"))
         return _capped_update(self, rows, solve)
 
@@ -205,7 +206,8 @@ class SPRING(NaturalGradientOptimizer):
 
     def step(self, closure: Any = None) -> StepReport:  # type: ignore[override]
         """One SPRING step."""
-        rows = self._rows(closure)
+        with self._one_batch():
+            rows = self._rows(closure)
         solve = spring_direction(
             rows.jac,
             rows.r,
@@ -320,27 +322,41 @@ class ENGD(NaturalGradientOptimizer):
             r = residual(pp, batch)
             return 0.5 * (r * r).sum()
 
-        return vmap(loss)(trial)
+        try:
+            losses = self._evaluate(lambda: vmap(loss)(trial))
+        except RuntimeError as err:
+            raise ValueError(
+                f"residual: the grid line search evaluates it at all {len(etas)} step sizes "
+                "in one torch.func.vmap call over the parameters, and under vmap it failed "
+                f"({err}). Make it vmappable (no .item(), no data-dependent Python control "
+                "flow, no in-place writes to captured tensors), or use "
+                "line_search='descending', which evaluates one step size at a time."
+            ) from err
+        return losses.detach()
 
     def step(self, closure: Any = None) -> StepReport:  # type: ignore[override]
-        """One ENGD step on the full batch."""
-        rows = self._rows(closure)
-        r = rows.r
-        loss = 0.5 * float(r @ r)
-        damping = self._hyper("damping")
-        floor = self._hyper("damping_floor")
-        if floor is not None:
-            damping = min(damping, max(floor, loss))
-        solve = gauss_newton_direction(rows.jac, r, damping=damping)
-        status = self._handle_solve(solve)
-        if self._hyper("line_search") == "descending":
-            eta, evaluations = self._descending_search(rows, solve.direction, loss)
-        else:
-            losses = self._grid_losses(rows, solve.direction)
-            evaluations = losses.shape[0]
-            losses = torch.where(torch.isfinite(losses), losses, torch.full_like(losses, math.inf))
-            best = int(torch.argmin(losses))
-            eta = self._step_sizes()[best] if float(losses[best]) < loss else 0.0
+        """One ENGD step on the full batch: every line-search evaluation sees the batch (RNG
+        state) of the first one and leaves module buffers as it did (see
+        :class:`NaturalGradientOptimizer`)."""
+        with self._one_batch():
+            rows = self._rows(closure)
+            r = rows.r
+            loss = 0.5 * float(r @ r)
+            damping = self._hyper("damping")
+            floor = self._hyper("damping_floor")
+            if floor is not None:
+                damping = min(damping, max(floor, loss))
+            solve = gauss_newton_direction(rows.jac, r, damping=damping)
+            status = self._handle_solve(solve)
+            if self._hyper("line_search") == "descending":
+                eta, evaluations = self._descending_search(rows, solve.direction, loss)
+            else:
+                losses = self._grid_losses(rows, solve.direction)
+                evaluations = losses.shape[0]
+                finite = torch.isfinite(losses)
+                losses = torch.where(finite, losses, torch.full_like(losses, math.inf))
+                best = int(torch.argmin(losses))
+                eta = self._step_sizes()[best] if float(losses[best]) < loss else 0.0
         if eta:
             self._apply(rows.params, solve.direction, eta)
         self._finish()
