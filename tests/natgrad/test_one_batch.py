@@ -43,7 +43,7 @@ def _run_poisson(*, fresh: bool, steps: int, line_search: str) -> nn.Module:
     closure (every call draws) or once per step outside it."""
     torch.manual_seed(0)
     model = tanh_mlp(1, (16,), seed=0)
-    opt = ENGD(model.parameters(), line_search=line_search, line_search_max_iter=12)
+    opt = ENGD(model.parameters(), damping=1e-8, line_search=line_search, line_search_max_iter=12)
     fixed: list[torch.Tensor] = []
 
     def closure() -> torch.Tensor:
