@@ -8,6 +8,7 @@ that section.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -21,6 +22,51 @@ from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS_MD = REPO_ROOT / "BENCHMARKS.md"
+
+
+SMOKE_VERDICT = "smoke run"
+"""What a ``--quick`` run prints where a full run prints a target's verdict: a smoke budget
+measures nothing a target is about."""
+
+SMOKE_NOTE = (
+    "Smoke run (`--quick`): budgets far below the targets', so no target verdicts; the figures "
+    "only show that every path runs."
+)
+
+
+def verdict(ok: bool, *, quick: bool, met: str = "PASS", missed: str = "MISSED") -> str:
+    """A target's verdict: ``met`` or ``missed``, or :data:`SMOKE_VERDICT` in a smoke run."""
+    if quick:
+        return SMOKE_VERDICT
+    return met if ok else missed
+
+
+def smoke_verdicts(targets: list[dict[str, Any]], key: str = "verdict") -> list[dict[str, Any]]:
+    """The target rows of a ``--quick`` run: each ``key`` replaced by :data:`SMOKE_VERDICT`
+    (rows without a verdict, ``"-"`` or no ``key``, unchanged)."""
+    return [{**t, key: SMOKE_VERDICT} if t.get(key, "-") != "-" else t for t in targets]
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
+    if not (value > 0 and value != float("inf")):
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text}")
+    return value
 
 
 def set_threads(n: int = 2) -> None:

@@ -86,3 +86,45 @@ def test_bench_outside_a_source_checkout_says_it_needs_one(
     monkeypatch.setattr(cli, "_find_source_root", lambda: None)
     with pytest.raises(SystemExit, match="need a source checkout of dxopt"):
         cli.main(["bench", "qp", "--quick"])
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--problems", "bogus"], "invalid choice: 'bogus' (choose from 'poisson2d', 'heat1d'"),
+        (["--methods", "bogus"], "invalid choice: 'bogus' (choose from 'Adam', 'L-BFGS', 'ENGD'"),
+        (["--threads", "0"], "argument --threads: expected an integer >= 1, got 0"),
+        (["--budget-scale", "-1"], "argument --budget-scale: expected a finite number > 0"),
+    ],
+)
+def test_bad_natgrad_bench_options_are_argparse_errors(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        cli.main(["bench", "natgrad", *argv])
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_bench_without_an_area_names_only_the_area(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        cli.main(["bench"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "the following arguments are required: area\n" in err and "args" not in err
+    assert "usage: dxopt bench {bilevel," in err
+
+
+def test_smoke_runs_replace_verdicts() -> None:
+    import sys
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[1])
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    from benchmarks.common import SMOKE_VERDICT, smoke_verdicts, verdict
+
+    rows = [{"target": "a", "verdict": "MISSED"}, {"target": "b", "verdict": "-"}]
+    assert [r["verdict"] for r in smoke_verdicts(rows)] == [SMOKE_VERDICT, "-"]
+    assert verdict(False, quick=False) == "MISSED" and verdict(True, quick=False) == "PASS"
+    assert verdict(False, quick=True) == SMOKE_VERDICT

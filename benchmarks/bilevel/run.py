@@ -28,12 +28,15 @@ from tqdm import tqdm
 from benchmarks.bilevel import experiments as ex
 from benchmarks.bilevel import plots
 from benchmarks.common import (
+    SMOKE_NOTE,
     fmt,
     machine_info,
     machine_line,
     markdown_table,
+    positive_int,
     results_dir,
     set_threads,
+    smoke_verdicts,
     update_benchmarks_md,
     write_json,
 )
@@ -76,7 +79,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="seed of the real-task split")
     p.add_argument(
         "--threads",
-        type=int,
+        type=positive_int,
         default=1,
         help="torch threads (default 1: the operands are tiny and a second intra-op thread "
         "only adds synchronization on a shared 2-core machine)",
@@ -246,6 +249,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             }
         )
 
+    if args.quick:
+        targets = smoke_verdicts(targets)
     info = machine_info()
     payload = {
         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
@@ -381,6 +386,7 @@ def render_section(payload: dict[str, Any], *, quick: bool) -> str:
         "",
         "### Targets",
         "",
+        *([SMOKE_NOTE, ""] if quick else []),
         markdown_table(payload["targets"], ["target", "measured", "verdict"]),
     ]
     return "\n".join(lines)

@@ -24,10 +24,13 @@ import torch
 from tqdm import tqdm
 
 from benchmarks.common import (
+    SMOKE_NOTE,
     machine_info,
     machine_line,
+    positive_int,
     results_dir,
     set_threads,
+    smoke_verdicts,
     update_benchmarks_md,
     write_json,
 )
@@ -253,7 +256,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--num-train", type=int, default=1000, help="training samples")
     parser.add_argument("--num-test", type=int, default=1000, help="test samples")
     parser.add_argument("--out", type=Path, default=None, help="output folder override")
-    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument(
+        "--threads", type=positive_int, default=1, help="torch intra-op threads (>= 1)"
+    )
     parser.add_argument(
         "--from-runs",
         type=Path,
@@ -343,6 +348,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     methods = list(dict.fromkeys(r["method"] for r in runs))
     regrets, speeds = regret_rows(runs), speed_rows(runs)
     checks = targets(regrets, speeds)
+    if args.quick:  # a smoke budget measures no target: no verdicts
+        regrets = smoke_verdicts(regrets, "within spread")
+        speeds = smoke_verdicts(speeds, "target >= 3x")
+        checks = {}
     settings = {
         "seeds": " ".join(map(str, seeds)),
         "degs": " ".join(map(str, degs)),
@@ -363,6 +372,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         ),
     }
     notes = [
+        *([SMOKE_NOTE] if args.quick else []),
         f"Load average (1, 5, 15 min) at start {load_start}, at end {load_end}; wall time "
         f"{wall / 60:.1f} min"
         + (

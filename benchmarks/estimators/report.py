@@ -7,7 +7,15 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import fmt, machine_line, markdown_table, update_benchmarks_md, write_json
+from benchmarks.common import (
+    SMOKE_NOTE,
+    fmt,
+    machine_line,
+    markdown_table,
+    update_benchmarks_md,
+    verdict,
+    write_json,
+)
 
 MIB = 2**20
 COMMAND = "dxopt bench estimators"
@@ -100,11 +108,10 @@ COLUMNS = [
 ]
 
 
-def _verdict(ok: bool) -> str:
-    return "PASS" if ok else "MISSED"
+def _task_markdown(task: dict[str, Any], summary: dict[str, Any], *, quick: bool = False) -> str:
+    def _verdict(ok: bool) -> str:
+        return verdict(ok, quick=quick)
 
-
-def _task_markdown(task: dict[str, Any], summary: dict[str, Any]) -> str:
     f = summary["factors"]
     plan_rows = [
         {"plan": k, "peak MiB": v["peak_bytes"] / MIB, "saved MiB": v["saved_bytes"] / MIB}
@@ -160,7 +167,11 @@ def _task_markdown(task: dict[str, Any], summary: dict[str, Any]) -> str:
             f"{fmt(f['max_accuracy_gap_points'])} points (paper: up to 31.1%)",
         ]
     else:
-        lines.append("- Checkpointed BP did not reach the target on every seed — MISSED.")
+        lines.append(
+            "- Checkpointed BP did not reach the target on every seed — " + _verdict(False) + "."
+        )
+    if quick:
+        lines += ["", SMOKE_NOTE]
     return "\n".join(lines)
 
 
@@ -243,7 +254,7 @@ def write_outputs(payload: dict[str, Any], out: Path, *, update_md: bool) -> str
         "",
     ]
     for task, summary in zip(payload["tasks"], payload["summary"]):
-        parts += [_task_markdown(task, summary), ""]
+        parts += [_task_markdown(task, summary, quick=bool(payload.get("quick"))), ""]
     parts += ["Plots: " + ", ".join(f"`benchmarks/estimators/results/{p}`" for p in plots)]
     section = "\n".join(parts)
     (out / "results.md").write_text(section + "\n")

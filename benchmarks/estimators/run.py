@@ -25,7 +25,13 @@ if str(ROOT) not in sys.path:  # run as a script: make `benchmarks` importable
 import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from benchmarks.common import machine_info, results_dir, set_threads  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    machine_info,
+    positive_float,
+    positive_int,
+    results_dir,
+    set_threads,
+)
 from benchmarks.estimators.methods import CANDIDATE_PLANS, digits_methods, minilm_methods  # noqa: E402
 from benchmarks.estimators.report import summarise, write_outputs  # noqa: E402
 from benchmarks.estimators.tasks import digits_task, minilm_task  # noqa: E402
@@ -53,10 +59,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         default=["digits", "minilm"],
         help="tasks, space separated",
     )
-    parser.add_argument("--budget-scale", type=float, default=1.0, help="scales step budgets")
+    parser.add_argument(
+        "--budget-scale", type=positive_float, default=1.0, help="scales step budgets (> 0)"
+    )
     parser.add_argument(
         "--threads",
-        type=int,
+        type=positive_int,
         default=1,
         help="torch threads (1: on a shared 2-core box, 2 threads ran MiniLM ~19x slower)",
     )

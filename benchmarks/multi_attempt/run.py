@@ -26,6 +26,7 @@ from benchmarks.common import (
     machine_info,
     machine_line,
     markdown_table,
+    positive_int,
     results_dir,
     set_threads,
     update_benchmarks_md,
@@ -45,7 +46,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument("--steps", type=int, default=1000, help="training steps per run")
     parser.add_argument("--out", type=Path, default=None, help="output directory override")
-    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument(
+        "--threads", type=positive_int, default=1, help="torch intra-op threads (>= 1)"
+    )
     args = parser.parse_args(argv)
     set_threads(args.threads)
     load_start = os.getloadavg()

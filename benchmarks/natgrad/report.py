@@ -80,7 +80,9 @@ def section_markdown(
     plots: list[str],
     setups: dict[str, Any],
     seeds: list[int],
+    smoke_note: str | None = None,
 ) -> str:
+    """The section; with ``smoke_note`` (a ``--quick`` run) the note replaces the targets."""
     budgets = ", ".join(f"{k} {s.budget_s:g} s" for k, s in setups.items())
     hyper = next(iter(setups.values())).hyper
     settings = "; ".join(f"{m}: {h}" for m, h in hyper.items())
@@ -95,7 +97,13 @@ def section_markdown(
         for c in checks
     ]
     plot_lines = "\n".join(f"![{p}](benchmarks/natgrad/results/{p})" for p in plots)
-    return f"""## Natgrad
+    verdicts = (
+        smoke_note
+        if smoke_note is not None
+        else "Targets (2D Poisson, median over seeds, this run):\n\n"
+        + markdown_table(target_rows, ["target", "measured", "status"])
+    )
+    return f"""## Natgrad{" (smoke run)" if smoke_note is not None else ""}
 
 Command: `{command}`
 
@@ -115,9 +123,7 @@ Settings: {settings}.
 
 {table}
 
-Targets (2D Poisson, median over seeds, this run):
-
-{markdown_table(target_rows, ["target", "measured", "status"])}
+{verdicts}
 
 {plot_lines}
 """

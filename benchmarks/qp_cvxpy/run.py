@@ -36,12 +36,14 @@ from typing import Any
 import numpy as np
 
 from benchmarks.common import (
+    SMOKE_NOTE,
     fmt,
     machine_info,
     machine_line,
     markdown_table,
     publish,
     results_dir,
+    smoke_verdicts,
     write_json,
 )
 
@@ -120,7 +122,8 @@ def run_case(name: str, batch: int, rounds: int, seed: int) -> list[dict[str, An
     return rows
 
 
-def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def targets(rows: list[dict[str, Any]], *, quick: bool = False) -> list[dict[str, Any]]:
+    """The targets with their verdicts (none in a ``--quick`` smoke run)."""
     out = []
     for r in rows:
         if r["method"] != "CvxpyQPLayer":
@@ -136,14 +139,15 @@ def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "case": f"{r['key']} batch {r['batch']}", "figure": r["vs_matrices"],
             "verdict": "met" if r["vs_matrices"] <= OVERHEAD_TARGET else "MISSED",
         })  # fmt: skip
-    return out
+    return smoke_verdicts(out) if quick else out
 
 
 def section(rows: list[dict[str, Any]], info: dict[str, Any], load: tuple[float, float],
-            line: str, rounds: str) -> str:  # fmt: skip
+            line: str, rounds: str, *, quick: bool = False) -> str:  # fmt: skip
     verdicts = "\n".join(
-        f"- {t['target']}, {t['case']}: {fmt(t['figure'])} ({t['verdict']})" for t in targets(rows)
-    )
+        f"- {t['target']}, {t['case']}: {fmt(t['figure'])} ({t['verdict']})"
+        for t in targets(rows, quick=quick)
+    ) + (f"\n\n{SMOKE_NOTE}" if quick else "")
     return (
         "## CVXPY front end: `CvxpyQPLayer` vs cvxpylayers vs the matrices\n\n"
         f"Command: `{line}`. {machine_line(info)} One torch thread; load average "
@@ -216,13 +220,15 @@ def main(argv: list[str] | None = None) -> None:
     out = results_dir("qp_cvxpy")
     suffix = "_quick" if args.quick else ""
     payload = {"machine": info, "load": list(load), "duration_s": duration, "rows": rows,
-               "targets": targets(rows)}  # fmt: skip
+               "targets": targets(rows, quick=args.quick)}  # fmt: skip
     write_json(out / f"qp_cvxpy{suffix}.json", payload)
     rounds_text = ", ".join(f"{r} (batch {b})" for b, r in plan)
-    text = section(rows, info, load, line, rounds_text) + f"\nWhole run: {duration:.0f} s.\n"
+    text = section(rows, info, load, line, rounds_text, quick=args.quick)
+    text += f"\nWhole run: {duration:.0f} s.\n"
     area = None if args.quick or args.no_md else "qp_cvxpy"
     publish(out, f"qp_cvxpy{suffix}", text, area=area, plot=lambda path: _plot(rows, path))
-    print("targets:", ", ".join(f"{t['verdict']} {fmt(t['figure'])}" for t in targets(rows)))
+    checks = targets(rows, quick=args.quick)
+    print("targets:", ", ".join(f"{t['verdict']} {fmt(t['figure'])}" for t in checks))
 
 
 if __name__ == "__main__":

@@ -26,6 +26,8 @@ import torch
 
 from benchmarks.common import (
     REPO_ROOT,
+    SMOKE_NOTE,
+    SMOKE_VERDICT,
     machine_info,
     machine_line,
     markdown_table,
@@ -322,7 +324,10 @@ def plot(payload: dict[str, Any], path: Path) -> None:
 def report(payload: dict[str, Any]) -> str:
     rows = [{**r, "setup": r["setup"]} for r in payload["rows"]]
     two = next(r for r in rows if r["workers"] == 2)
+    smoke = payload.get("quick", False)
     verdict = "PASS" if two["speedup_vs_local"] >= TARGET_SPEEDUP else "MISSED"
+    if smoke:
+        verdict = SMOKE_VERDICT
     o = payload["overhead"]
     load = payload["load"]
     contaminated = max(load["start"], load["end"]) > 0.5 * payload["info"]["cores"]
@@ -373,6 +378,7 @@ def report(payload: dict[str, Any]) -> str:
         f"Target: 2 workers >= {TARGET_SPEEDUP}x local serial: **{verdict}** "
         f"({two['speedup_vs_local']:.2f}x measured; {two['cpu_estimate_speedup']:.2f}x "
         "estimated for two dedicated cores from the CPU times).",
+        *([SMOKE_NOTE] if smoke else []),
         *_autogroup_note(payload),
         "",
         f"Fixed overhead per chunk (1 worker, {o['tiny_batch']} one-QP chunks against one chunk "
@@ -487,6 +493,7 @@ def main(argv: list[str] | None = None) -> None:
     load_end = round(os.getloadavg()[0], 2)
     payload = {
         "command": COMMAND + (" --quick" if args.quick else ""),
+        "quick": args.quick,
         "batch": batch,
         "n": n,
         "chunk_size": chunk,

@@ -54,12 +54,14 @@ from typing import Any
 import numpy as np
 
 from benchmarks.common import (
+    SMOKE_NOTE,
     fmt,
     machine_info,
     machine_line,
     markdown_table,
     publish,
     results_dir,
+    smoke_verdicts,
     write_json,
 )
 from benchmarks.qp.generators import QPProblem, random_dense
@@ -356,11 +358,17 @@ def _dense_rows(threads: list[int], quick: bool) -> tuple[list[dict[str, Any]], 
     rows = []
     for t in threads:
         rows += run_dense(threads=t, quick=quick)
-    return rows, ""
+    return (smoke_verdicts(rows) if quick else rows), ""
 
 
-def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The issue-10 targets this benchmark measures, MET or MISSED with the figure."""
+def targets(rows: list[dict[str, Any]], *, quick: bool = False) -> list[dict[str, Any]]:
+    """The issue-10 targets this benchmark measures, MET or MISSED with the figure (no
+    verdicts in a ``--quick`` smoke run)."""
+    out = _targets(rows)
+    return smoke_verdicts(out) if quick else out
+
+
+def _targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for r in rows:
         if r["threads"] != 1:
@@ -453,8 +461,10 @@ def section(
     load: tuple[float, float],
     line: str,
     rounds: str,
+    *,
+    quick: bool = False,
 ) -> str:
-    tgt = targets(rows)
+    tgt = targets(rows, quick=quick)
     parts = [
         "## QP call overhead",
         "",
@@ -476,6 +486,7 @@ def section(
         "",
         "Targets (1 torch thread):",
         "",
+        *([SMOKE_NOTE, ""] if quick else []),
         markdown_table(tgt, ("target", "figure", "verdict")) if tgt else "(none measured)",
         "",
         markdown_table(rows, COLUMNS),
@@ -548,17 +559,18 @@ def main(argv: list[str] | None = None) -> None:
         "load": list(load),
         "duration_s": duration,
         "rows": rows,
-        "targets": targets(rows),
+        "targets": targets(rows, quick=args.quick),
         "dense": dense,
     }
     write_json(out / f"qp_speed{suffix}.json", payload)
     rounds = ", ".join(f"{r} ({b} x n={n})" for b, n, _, _, r in plan)
-    text = section(rows, dense, dense_note, info, load, line, rounds) + (
+    text = section(rows, dense, dense_note, info, load, line, rounds, quick=args.quick) + (
         f"\nWhole run: {duration:.0f} s.\n"
     )
     area = None if args.quick or args.no_md else "qp_speed"
     publish(out, f"qp_speed{suffix}", text, area=area, plot=lambda path: _plot(rows, path))
-    print("targets:", ", ".join(f"{t['verdict']} {fmt(t['figure'])}" for t in targets(rows)))
+    checks = targets(rows, quick=args.quick)
+    print("targets:", ", ".join(f"{t['verdict']} {fmt(t['figure'])}" for t in checks))
 
 
 if __name__ == "__main__":

@@ -36,12 +36,14 @@ from typing import Any
 import numpy as np
 
 from benchmarks.common import (
+    SMOKE_NOTE,
     fmt,
     machine_info,
     machine_line,
     markdown_table,
     publish,
     results_dir,
+    smoke_verdicts,
     write_json,
 )
 from benchmarks.qp.generators import QPProblem, batched_dense
@@ -222,8 +224,9 @@ def _plot(rows: list[dict[str, Any]], path: os.PathLike) -> None:
     plt.close(fig)
 
 
-def _targets(rows: list[dict[str, Any]]) -> str:
-    """Issue 10's CPU target for the torch solver, per thread count, plus the 1024 rows."""
+def _targets(rows: list[dict[str, Any]], *, quick: bool = False) -> str:
+    """Issue 10's CPU target for the torch solver, per thread count, plus the 1024 rows (no
+    verdicts in a ``--quick`` smoke run)."""
     out = []
     for r in rows:
         if r["method"] != "torch" or r.get("fwd_bwd_s") is None:
@@ -257,6 +260,8 @@ def _targets(rows: list[dict[str, Any]]) -> str:
             }
         )
     cols = ["case", "threads", "target", "torch fwd+bwd / daqp loop", "qpth / torch", "verdict"]
+    if quick:
+        return markdown_table(smoke_verdicts(out), cols) + f"\n\n{SMOKE_NOTE}"
     return markdown_table(out, cols)
 
 
@@ -322,7 +327,7 @@ def _section(rows: list[dict[str, Any]], info: dict[str, Any], load: tuple, args
             if args.cases
             else ""
         )
-        + _targets(rows)
+        + _targets(rows, quick=args.quick)
         + "\n\n"
         + table
         + f"\n\n![torch solver](benchmarks/qp_torch/results/qp_torch{suffix}.png)\n"

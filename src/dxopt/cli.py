@@ -154,9 +154,10 @@ def _parser() -> argparse.ArgumentParser:
         usage=f"dxopt bench {{{','.join(areas)},all}} [options]",
     )
     bench.add_argument("area", metavar="area", help="the area to run, or all")
-    bench.add_argument(
+    bench_args = bench.add_argument(
         "args", nargs=argparse.REMAINDER, help="options of the area (see dxopt bench AREA --help)"
     )
+    bench_args.required = False  # may be empty: not in "the following arguments are required"
     demo = sub.add_parser(
         "demo",
         help="run an example end to end",
@@ -166,9 +167,10 @@ def _parser() -> argparse.ArgumentParser:
         usage=f"dxopt demo {{{','.join(demos)}}} [options]",
     )
     demo.add_argument("name", metavar="name", help="the demo to run")
-    demo.add_argument(
+    demo_args = demo.add_argument(
         "args", nargs=argparse.REMAINDER, help="options of the demo (see dxopt demo NAME --help)"
     )
+    demo_args.required = False
     return parser
 
 

@@ -111,8 +111,9 @@ def test_quick_benchmark_writes_results_without_touching_benchmarks_md(tmp_path)
         assert rec["x_rel_err"] < 1e-6
     assert methods["raw_piqp"]["found"] and methods["raw_piqp"]["backward_s"] is None
     verdicts = [t for t in payload["targets"] if t["target"].startswith("simplex")]
-    assert len(verdicts) == 6 and all("PASS" in t["verdict"] or "MISSED" in t["verdict"]
-                                      for t in verdicts)  # fmt: skip
+    # a smoke run measures no target: the rows are there, without verdicts
+    assert len(verdicts) == 6 and all(t["verdict"] == "smoke run" for t in verdicts)
+    assert "Smoke run (`--quick`)" in proc.stdout
     assert (tmp_path / "qp.md").read_text().startswith("## QP layers")
     assert (tmp_path / "qp_simplex.png").stat().st_size > 0
 

@@ -21,7 +21,7 @@ def test_quick_benchmark_writes_consistent_results(tmp_path):
     assert (BENCHMARKS_MD.read_text() if BENCHMARKS_MD.exists() else None) == before
     data = json.loads((tmp_path / "natgrad.json").read_text())
     assert (tmp_path / "natgrad_error_vs_time.png").stat().st_size > 1000
-    assert "## Natgrad" in (tmp_path / "natgrad.md").read_text()
+    assert "## Natgrad (smoke run)" in (tmp_path / "natgrad.md").read_text()
     runs = data["runs"]
     assert sorted(r["method"] for r in runs) == sorted(METHODS)
     initial = {r["trace"]["error"][0] for r in runs}
@@ -34,4 +34,7 @@ def test_quick_benchmark_writes_consistent_results(tmp_path):
     # ENGD's line search only accepts loss decreases; the fit must improve on the test grid.
     engd = next(r for r in runs if r["method"] == "ENGD")
     assert engd["best_error"] < engd["trace"]["error"][0]
-    assert [t["status"] in ("PASS", "MISSED") for t in payload["targets"]] == [True] * 5
+    # a smoke run gives no target verdicts and says it is one
+    assert payload["targets"] == [] and payload["smoke"] is True
+    text = (tmp_path / "natgrad.md").read_text()
+    assert "smoke run" in text.lower() and "PASS" not in text and "MISSED" not in text

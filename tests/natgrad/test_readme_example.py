@@ -22,4 +22,4 @@ def test_readme_examples_run_and_print_what_they_claim():
             exec(compile(snippet, str(DOC), "exec"), {})
         assert out.getvalue().splitlines() == expected
         printed += expected
-    assert printed == ["cholesky True", "80 SOLVED 0.05 100"]
+    assert printed == ["cholesky True", "80 SOLVED 0.125 100"]

@@ -10,8 +10,8 @@ residual vector; hyperparameters in ``param_groups``, LR schedulers, ``state_dic
 - Directions as functions: :func:`kernel_direction`, :func:`spring_direction`,
   :func:`gauss_newton_direction`.
 - Residuals and Jacobians: :class:`RowwiseResidual`, :func:`residual_and_jacobian`.
-- PINN problem zoo: :class:`Poisson2D`, :class:`Heat1D`, :class:`Poisson5D`, :func:`tanh_mlp`,
-  :func:`input_derivatives`.
+- PINN problem zoo: :class:`Poisson1D`, :class:`Poisson2D`, :class:`Heat1D`,
+  :class:`Poisson5D`, :func:`tanh_mlp`, :func:`input_derivatives`.
 
 Theory: Goldshlager, Hu, Lin, *A Sketch-and-Project Analysis of Subsampled Natural Gradient
 Algorithms*, arXiv:2508.21022.
@@ -32,6 +32,7 @@ from dxopt.natgrad.optimizers import SNG as SNG
 from dxopt.natgrad.optimizers import SPRING as SPRING
 from dxopt.natgrad.pinn import Heat1D as Heat1D
 from dxopt.natgrad.pinn import PINNProblem as PINNProblem
+from dxopt.natgrad.pinn import Poisson1D as Poisson1D
 from dxopt.natgrad.pinn import Poisson2D as Poisson2D
 from dxopt.natgrad.pinn import Poisson5D as Poisson5D
 from dxopt.natgrad.pinn import input_derivatives as input_derivatives
@@ -46,6 +47,7 @@ __all__ = [
     "Heat1D",
     "NaturalGradientOptimizer",
     "PINNProblem",
+    "Poisson1D",
     "Poisson2D",
     "Poisson5D",
     "ResidualFunction",

@@ -10,15 +10,26 @@ A step needs the residual rows :math:`r` and their Jacobian :math:`J`; they come
   the 1-D residual tensor with its autograd graph (as a torch closure returns the loss), and
   differentiates every row by one batched reverse pass
   (``torch.autograd.grad(..., is_grads_batched=True)``).
+
+One step sees one batch: every evaluation within a step (the Jacobian's, and ENGD's line-search
+trial points) goes through one :class:`dxopt.estimators._replay.ForwardReplay`, the mechanism
+the gradient estimators use for their repeated forwards. Each evaluation starts from the global
+RNG state the step started with (CPU, and every initialised CUDA device), so a closure that
+draws fresh collocation points or dropout masks from the global RNG sees the same draw at every
+trial point, and the RNG is left where one evaluation leaves it; module buffers (BatchNorm
+running statistics) are left as after the first evaluation, i.e. updated once per step. A
+closure drawing from its own :class:`torch.Generator` is not replayed: draw the step's points
+before the step then (or pass them as a batch).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar, cast
 
 import torch
 from torch import nn
@@ -32,6 +43,7 @@ from dxopt._core import (
     check_on_failure,
     handle_failure,
 )
+from dxopt.estimators._replay import ForwardReplay, replayed_forwards
 from dxopt.natgrad._directions import DirectionSolve
 from dxopt.natgrad._jacobian import ResidualFunction, _HasJacobian, residual_and_jacobian
 
@@ -40,6 +52,22 @@ __all__ = ["CholeskyFallbackError", "NaturalGradientOptimizer", "StepReport"]
 FailurePolicy = Literal["raise", "warn", "ignore"]
 Closure = Callable[[], torch.Tensor]
 _ROWWISE_HINT_ROWS = 64  # below this the jacrev path is cheap enough not to warn
+_T = TypeVar("_T")
+
+
+def _call_thunk(thunk: Callable[[], Any], _batch: Any) -> Any:
+    """The ``loss_fn(params, batch)`` :class:`ForwardReplay` calls: here ``params`` is the
+    evaluation itself, a function of no arguments."""
+    return thunk()
+
+
+def _running_stat_modules(model: nn.Module) -> list[str]:
+    """Names (and types) of the submodules that update running statistics in a forward."""
+    return [
+        f"{name or '<model>'!r} ({type(m).__name__})"
+        for name, m in model.named_modules()
+        if isinstance(m, nn.modules.batchnorm._NormBase) and m.training and m.track_running_stats
+    ]
 
 
 class CholeskyFallbackError(DxoptError):
@@ -191,6 +219,7 @@ class NaturalGradientOptimizer(torch.optim.Optimizer):
         self.chunk_size = chunk_size
         self.on_failure = _resolve_on_failure(on_failure)
         self._warned_rowwise = False
+        self._replay: ForwardReplay | None = None
         trainable = self._trainable()
         if not trainable:
             raise ValueError("params: no parameter with requires_grad=True to optimize.")
@@ -257,6 +286,24 @@ class NaturalGradientOptimizer(torch.optim.Optimizer):
                 stacklevel=3,
             )
 
+    # -- one batch per step -------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _one_batch(self) -> Iterator[None]:
+        """Within the block every :meth:`_evaluate` replays the step's RNG state and module
+        buffers are left as after the first evaluation (see the module docstring)."""
+        with replayed_forwards(cast(Any, _call_thunk)) as replay:
+            self._replay = replay
+            try:
+                yield
+            finally:
+                self._replay = None
+
+    def _evaluate(self, fn: Callable[[], _T]) -> _T:
+        """``fn()``, as one of the replayed evaluations of the current step."""
+        if self._replay is None:
+            return fn()
+        return cast(_T, self._replay(cast(Any, fn), None))
+
     # -- residual rows -------------------------------------------------------------------------
     def params(self) -> dict[str, torch.Tensor]:
         """The current trainable parameters, detached, by name (for ``functional_call``)."""
@@ -276,9 +323,20 @@ class NaturalGradientOptimizer(torch.optim.Optimizer):
                     f"them match, e.g. model.to({t.dtype}) (float64 is the default for PINNs) "
                     f"or build the problem and batch with dtype={self.dtype}."
                 )
-        r, jac = residual_and_jacobian(
-            self.residual, self.params(), batch, chunk_size=self.chunk_size
+        stats = [] if self.model is None else _running_stat_modules(self.model)
+        if stats:
+            raise ValueError(
+                f"params: the model's module {', '.join(stats)} is in train mode, so each "
+                "forward updates its running statistics in place; a residual function is "
+                "differentiated with torch.func (vmap, jacrev), which cannot do that. Call "
+                "model.eval() before batch steps (running statistics fixed), or step with a "
+                "closure, opt.step(lambda: ...), which updates them once per step."
+            )
+        residual, params = self.residual, self.params()
+        r, jac = self._evaluate(
+            lambda: residual_and_jacobian(residual, params, batch, chunk_size=self.chunk_size)
         )
+        r, jac = r.detach(), jac.detach()
         if r.dtype != self.dtype:
             raise TypeError(
                 f"residual: returned dtype {r.dtype} but the parameters are {self.dtype}; make "
@@ -320,7 +378,7 @@ class NaturalGradientOptimizer(torch.optim.Optimizer):
         self, closure: Closure, params: list[torch.Tensor]
     ) -> tuple[torch.Tensor, torch.Tensor]:
         with torch.enable_grad():
-            r = closure()
+            r = self._evaluate(closure)
         if not isinstance(r, torch.Tensor) or r.ndim != 1:
             raise ValueError(
                 "closure: expected it to return the residual as a 1-D tensor (N,), got "
@@ -382,7 +440,7 @@ class NaturalGradientOptimizer(torch.optim.Optimizer):
                     with torch.no_grad():
                         for p, p0, d in zip(rows.params, saved, pieces):
                             p.copy_(p0 - eta * d)
-                    r = rows.closure().detach()
+                    r = self._evaluate(rows.closure).detach()
                     losses.append(0.5 * float(r @ r))
             finally:
                 with torch.no_grad():
@@ -390,11 +448,11 @@ class NaturalGradientOptimizer(torch.optim.Optimizer):
                         p.copy_(p0)
             return losses
         assert self.residual is not None and rows.names is not None
-        base = self.params()
+        residual, base = self.residual, self.params()
         with torch.no_grad():
             for eta in etas:
                 trial = {n: base[n] - eta * d for n, d in zip(rows.names, pieces)}
-                r = self.residual(trial, rows.batch)
+                r = self._evaluate(lambda: residual(trial, rows.batch)).detach()  # noqa: B023
                 losses.append(0.5 * float(r @ r))
         return losses
 

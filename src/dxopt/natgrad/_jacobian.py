@@ -69,6 +69,16 @@ class RowwiseResidual:
         names: optional block names (for messages).
 
     A batch is a sequence of tensors, one per block, each ``(N_b, d_b)``.
+
+    The per-point contract is checked at every :meth:`residual_and_jacobian`: the rows of one
+    full-batch call ``row(params, points)`` must equal the per-point values
+    :math:`\\rho_b(\\theta, x_i)` up to round-off, i.e.
+    :math:`\\max_i |r^{\\rm full}_i - r^{\\rm point}_i| \\le \\sqrt{\\varepsilon}\\, s` with
+    the scale :math:`s = \\max_i (|r^{\\rm full}_i| + |r^{\\rm point}_i| +
+    \\|\\nabla_\\theta r^{\\rm point}_i\\|_2 \\|\\theta\\|_2)`, which does not vanish as the
+    residual does near a fit. A row function that reads the whole batch (``out -
+    out.mean()``, batch normalisation in train mode, a division by ``n``) fails the check with
+    a ``ValueError``; it needs a plain residual function (Jacobian by ``jacrev``) instead.
     """
 
     def __init__(self, rows: Sequence[RowFunction], *, names: Sequence[str] | None = None):
@@ -117,7 +127,7 @@ class RowwiseResidual:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Residual ``(N,)`` and Jacobian ``(N, P)`` (parameters in ``params`` order)."""
         values, jacobians = [], []
-        for row, points in zip(self.rows, self._check_batch(batch), strict=True):
+        for name, row, points in zip(self.names, self.rows, self._check_batch(batch), strict=True):
 
             def single(p: Params, x: torch.Tensor, row: RowFunction = row) -> torch.Tensor:
                 return row(p, x.unsqueeze(0)).reshape(())
@@ -125,10 +135,52 @@ class RowwiseResidual:
             grads, vals = vmap(grad_and_value(single), in_dims=(None, 0), chunk_size=chunk_size)(
                 params, points
             )
+            self._check_rowwise(name, row, params, points, vals, grads)
             scale = 1.0 / math.sqrt(points.shape[0])
             values.append(vals * scale)
             jacobians.append(flatten_rows(grads, points.shape[0]) * scale)
         return torch.cat(values), torch.cat(jacobians)
+
+    @staticmethod
+    def _check_rowwise(
+        name: str,
+        row: RowFunction,
+        params: Params,
+        points: torch.Tensor,
+        per_point: torch.Tensor,
+        grads: Mapping[str, torch.Tensor],
+    ) -> None:
+        """Refuse a block whose full-batch rows differ from its per-point rows beyond
+        round-off (the test and scale of the class docstring)."""
+        with torch.no_grad():
+            full = row(params, points).detach()
+            if full.shape != per_point.shape:
+                raise ValueError(
+                    f"rows: block {name!r} returned shape {tuple(full.shape)} for "
+                    f"{points.shape[0]} points; expected ({points.shape[0]},)."
+                )
+            point = per_point.detach()
+            theta = math.sqrt(sum(float(p.detach().square().sum()) for p in params.values()))
+            jac_norm = flatten_rows(grads, points.shape[0]).detach().norm(dim=1)
+            gap = (full - point).abs()
+            size = full.abs() + point.abs() + jac_norm * theta
+            scale = float(torch.where(torch.isfinite(size), size, 0.0).max())
+            # a non-finite row on the whole batch where the point alone is finite also fails
+            gap = torch.where(torch.isfinite(full) | ~torch.isfinite(point), gap, math.inf)
+            gap = torch.nan_to_num(gap, nan=0.0)  # both non-finite: not a contract question
+            worst = int(gap.argmax())
+            allowed = math.sqrt(torch.finfo(full.dtype).eps) * scale
+        if float(gap[worst]) > allowed:
+            raise ValueError(
+                f"rows: block {name!r} of the RowwiseResidual is not per-point: on the whole "
+                f"batch of {points.shape[0]} points its row {worst} is {float(full[worst]):.6g}, "
+                f"evaluated at that point alone {float(point[worst]):.6g} (difference "
+                f"{float(gap[worst]):.2e}, round-off allows {allowed:.2e}). "
+                "RowwiseResidual differentiates each row on its own point, so row i must "
+                "depend on points[i] only (no batch means or normalisation, no division by "
+                "the batch size); pass a plain residual(params, batch) function instead, "
+                "whose Jacobian comes from jacrev over the whole batch."
+            )
 
 
 def residual_and_jacobian(

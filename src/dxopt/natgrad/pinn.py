@@ -9,6 +9,8 @@ and boundary residual), point samplers, and the relative :math:`L^2` error on a 
 
 Problems (Müller and Zeinhofer, arXiv:2302.13163; Dangel, Müller, Zeinhofer, arXiv:2405.15603):
 
+- :class:`Poisson1D`: :math:`-u'' = \\pi^2 \\sin\\pi x` on :math:`[0,1]`, :math:`u(0) = u(1) = 0`;
+  :math:`u^\\star = \\sin\\pi x` (the smallest problem, for tuning and tests).
 - :class:`Poisson2D`: :math:`-\\Delta u = 2\\pi^2 \\sin\\pi x \\sin\\pi y` on :math:`[0,1]^2`,
   :math:`u = 0` on the boundary; :math:`u^\\star = \\sin\\pi x\\,\\sin\\pi y`.
 - :class:`Heat1D`: :math:`u_t = \\tfrac14 u_{xx}` on :math:`[0,1]^2`, :math:`u(x,0)=\\sin\\pi x`,
@@ -36,7 +38,15 @@ from torch.func import functional_call, jacfwd, jacrev, vmap
 from dxopt.natgrad._jacobian import Params, RowwiseResidual
 from dxopt.natgrad._mlp_jacobian import layer_param, mlp_operator_jacobian
 
-__all__ = ["Heat1D", "PINNProblem", "Poisson2D", "Poisson5D", "input_derivatives", "tanh_mlp"]
+__all__ = [
+    "Heat1D",
+    "PINNProblem",
+    "Poisson1D",
+    "Poisson2D",
+    "Poisson5D",
+    "input_derivatives",
+    "tanh_mlp",
+]
 
 PI = math.pi
 
@@ -301,6 +311,32 @@ class _PINNResidual(RowwiseResidual):
             values.append((val - rhs(points)) * scale)
             jacobians.append(jac * scale)
         return torch.cat(values), torch.cat(jacobians)
+
+
+class Poisson1D(PINNProblem):
+    """:math:`-u'' = \\pi^2\\sin\\pi x` on :math:`[0,1]`, :math:`u(0) = u(1) = 0`.
+
+    The boundary rows are the two end points (alternating, so any ``n >= 2`` has both); the
+    test set is 10^4 seeded points.
+    """
+
+    name = "poisson1d"
+    dim = 1
+
+    def sample_boundary(self, n: int, generator: torch.Generator) -> torch.Tensor:
+        return (torch.arange(n) % 2).to(self.dtype).reshape(n, 1)
+
+    def _boundary_grid(self, n: int) -> torch.Tensor:
+        return self.sample_boundary(n, torch.Generator())
+
+    def exact(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sin(PI * x[..., 0])
+
+    def operator(self) -> tuple[float, tuple[float, ...], tuple[float, ...]]:
+        return 0.0, (0.0,), (-1.0,)
+
+    def source(self, x: torch.Tensor) -> torch.Tensor:
+        return PI**2 * self.exact(x)
 
 
 class Poisson2D(PINNProblem):
