@@ -80,8 +80,11 @@ def binding_normals(
     lo, hi = lp_bounds(lb, ub, dim)
     eye = np.eye(dim)
     for i, r in enumerate(rows):
-        r.append(-eye[np.abs(X[i] - lo) <= rtol * (np.abs(lo) + np.abs(X[i]))])
-        r.append(eye[np.abs(X[i] - hi) <= rtol * (np.abs(hi) + np.abs(X[i]))])
+        for sign, bound in ((-1.0, lo), (1.0, hi)):  # an infinite bound never binds
+            tight = np.isfinite(bound) & (
+                np.abs(X[i] - bound) <= rtol * (np.abs(bound) + np.abs(X[i]))
+            )
+            r.append(sign * eye[tight])
     stacked = [np.concatenate(r) if r else np.zeros((0, dim)) for r in rows]
     m = max(s.shape[0] for s in stacked)
     out = np.zeros((len(stacked), m, dim))
