@@ -39,14 +39,25 @@ weights need not be integers (branch and bound, not a DP); :class:`LogBarrierLP`
 """
 
 from dxopt.dfl.barrier import LogBarrierLP as LogBarrierLP
+from dxopt.dfl.base import OracleLoss as OracleLoss
+from dxopt.dfl.cave import CaVE as CaVE
+from dxopt.dfl.cave import binding_normals as binding_normals
+from dxopt.dfl.cave import cone_projection as cone_projection
 from dxopt.dfl.data import DFLData as DFLData
 from dxopt.dfl.data import knapsack as knapsack
 from dxopt.dfl.data import portfolio as portfolio
 from dxopt.dfl.data import shortest_path as shortest_path
 from dxopt.dfl.data import tsp as tsp
+from dxopt.dfl.frank_wolfe import FrankWolfeFenchelYoung as FrankWolfeFenchelYoung
+from dxopt.dfl.frank_wolfe import FrankWolfeInfo as FrankWolfeInfo
+from dxopt.dfl.frank_wolfe import RegularizedFrankWolfe as RegularizedFrankWolfe
 from dxopt.dfl.graphs import flow_conservation as flow_conservation
 from dxopt.dfl.graphs import grid_graph as grid_graph
 from dxopt.dfl.graphs import incidence_matrix as incidence_matrix
+from dxopt.dfl.identity import NID as NID
+from dxopt.dfl.imle import AIMLE as AIMLE
+from dxopt.dfl.imle import IMLE as IMLE
+from dxopt.dfl.imle import sum_of_gamma as sum_of_gamma
 from dxopt.dfl.losses import CMAP as CMAP
 from dxopt.dfl.losses import DBB as DBB
 from dxopt.dfl.losses import NCE as NCE
@@ -68,16 +79,27 @@ from dxopt.dfl.oracles import OracleBase as OracleBase
 from dxopt.dfl.oracles import OracleError as OracleError
 from dxopt.dfl.oracles import ShortestPathOracle as ShortestPathOracle
 from dxopt.dfl.oracles import TSPOracle as TSPOracle
+from dxopt.dfl.perturbation import PG as PG
 from dxopt.dfl.pool import SolutionPool as SolutionPool
+from dxopt.dfl.robust import KNNTargets as KNNTargets
+from dxopt.dfl.robust import knn_targets as knn_targets
 from dxopt.dfl.smooth import QPTL as QPTL
 
 __all__ = [
+    "AIMLE",
     "CMAP",
     "DBB",
+    "IMLE",
     "NCE",
+    "NID",
+    "PG",
     "QPTL",
+    "CaVE",
     "CallableOracle",
     "DFLData",
+    "FrankWolfeFenchelYoung",
+    "FrankWolfeInfo",
+    "KNNTargets",
     "KnapsackOracle",
     "LPOracle",
     "ListwiseLTR",
@@ -85,23 +107,29 @@ __all__ = [
     "Oracle",
     "OracleBase",
     "OracleError",
+    "OracleLoss",
     "PairwiseLTR",
     "PerturbedFenchelYoung",
     "PerturbedOptimizer",
     "PointwiseLTR",
     "RegretReport",
+    "RegularizedFrankWolfe",
     "SPOPlus",
     "ShortestPathOracle",
     "SolutionPool",
     "TSPOracle",
+    "binding_normals",
+    "cone_projection",
     "flow_conservation",
     "grid_graph",
     "incidence_matrix",
     "knapsack",
+    "knn_targets",
     "normalized_regret",
     "portfolio",
     "regret",
     "regret_report",
     "shortest_path",
+    "sum_of_gamma",
     "tsp",
 ]

@@ -32,9 +32,11 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
-from dxopt._core import Cost, check_choice, check_int, check_positive, check_tensor
+from dxopt._core import check_int, check_positive, check_tensor
+from dxopt.dfl.base import OracleLoss as _OracleLoss
+from dxopt.dfl.base import reduce_loss
 from dxopt.dfl.oracles import OracleBase
 from dxopt.dfl.pool import PoolSolver, SolutionPool
 
@@ -51,12 +53,7 @@ __all__ = [
 ]
 
 
-def _reduce(loss: Tensor, reduction: str) -> Tensor:
-    if reduction == "mean":
-        return loss.mean()
-    if reduction == "sum":
-        return loss.sum()
-    return loss
+_reduce = reduce_loss
 
 
 def _check_pair(oracle: Any, c_hat: Tensor, other: Tensor, other_name: str) -> None:
@@ -68,39 +65,6 @@ def _check_pair(oracle: Any, c_hat: Tensor, other: Tensor, other_name: str) -> N
             f"{other_name}: expected the shape of c_hat {tuple(c_hat.shape)}, got "
             f"{tuple(other.shape)}."
         )
-
-
-class _OracleLoss(nn.Module):
-    """Holds the oracle, the optional pool and the cost record."""
-
-    def __init__(
-        self,
-        oracle: Any,
-        *,
-        pool: SolutionPool | None = None,
-        solve_ratio: float = 1.0,
-        reduction: str = "mean",
-        seed: int = 0,
-    ) -> None:
-        super().__init__()
-        if not callable(oracle) or not all(hasattr(oracle, a) for a in ("sense", "dim", "cost")):
-            raise TypeError(
-                f"oracle: expected a dxopt.dfl oracle (callable with .sense, .dim, .cost), "
-                f"got {type(oracle).__name__}; wrap a function with CallableOracle."
-            )
-        self.oracle = oracle
-        self.sign = 1.0 if oracle.sense == "min" else -1.0
-        self.reduction = check_choice("reduction", reduction, ("mean", "sum", "none"))
-        self.solver = PoolSolver(oracle, pool, solve_ratio=solve_ratio, seed=seed)
-
-    @property
-    def pool(self) -> SolutionPool | None:
-        return self.solver.pool
-
-    @property
-    def cost(self) -> Cost:
-        """Oracle calls made by this loss (``forwards``) and the seconds they took."""
-        return self.solver.cost
 
 
 class SPOPlus(_OracleLoss):

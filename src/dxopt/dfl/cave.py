@@ -1,0 +1,168 @@
+"""Cone-aligned vector estimation, CaVE (Tang & Khalil, "CaVE: a cone-aligned approach for fast
+predict-then-optimize with binary linear programs", CPAIOR 2024).
+
+For :math:`\\min c^\\top x` over :math:`\\{Gx \\le h\\}` (equalities as two rows, bounds as unit
+rows) a vertex :math:`x^*` is optimal exactly when :math:`-c` lies in the normal cone
+:math:`K = \\mathrm{cone}\\{g_i : g_i^\\top x^* = h_i\\}` of the binding rows. CaVE trains the
+prediction towards that cone without calling the oracle: with :math:`a = -s\\hat c`
+(``sense="max"``: :math:`a = \\hat c`) and its Euclidean projection onto :math:`K`,
+
+.. math::
+    p = N^\\top \\lambda^*, \\quad \\lambda^* = \\arg\\min_{\\lambda \\ge 0} \\|N^\\top\\lambda
+    - a\\|_2^2, \\qquad \\ell = 1 - \\cos(a, p) = 1 - \\frac{a^\\top p}{\\|a\\|\\,\\|p\\|},
+
+(:math:`N` the binding normals, one non-negative least-squares problem per sample, solved
+exactly by the active-set method of :func:`scipy.optimize.nnls`); :math:`p` is a target held
+fixed (no gradient through the projection), as in the paper. :math:`\\ell = 0` exactly when
+:math:`-s\\hat c \\in K`, i.e. when :math:`x^*` is optimal for :math:`\\hat c`. This is the
+exact-projection CaVE; the paper's CaVE+ (a truncated interior-point projection) and PyEPO's
+default ``max_iter=3`` are not it. Where :math:`a` lies in the polar cone (:math:`p = 0`, the
+cosine undefined) the target is the mean unit normal :math:`\\bar n` (a direction inside
+:math:`K`), :math:`\\ell = 1 - \\cos(a, \\bar n) \\ge 1`; :attr:`CaVE.last_outside` counts such
+samples.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from scipy.optimize import nnls
+from torch import Tensor
+
+from dxopt._core import check_positive, check_tensor
+from dxopt.dfl._checks import as_array, lp_bounds, lp_dimension, lp_matrix
+from dxopt.dfl.base import OracleLoss
+
+__all__ = ["CaVE", "binding_normals", "cone_projection"]
+
+
+def binding_normals(
+    x: Tensor,
+    *,
+    A: Any = None,
+    b: Any = None,
+    G: Any = None,
+    h: Any = None,
+    lb: Any = None,
+    ub: Any = None,
+    rtol: float = 1e-9,
+) -> Tensor:
+    """The normals of the constraints binding at each solution, in the ``<=`` orientation:
+    rows :math:`g_i` of :math:`Gx \\le h` with :math:`|g_i^\\top x - h_i| \\le`
+    ``rtol`` :math:`(|g_i|^\\top|x| + |h_i|)`, both :math:`\\pm a_j` of every equality row,
+    :math:`-e_i` where :math:`x_i = lb_i`, :math:`+e_i` where :math:`x_i = ub_i`.
+
+    Returns ``(B, m, d)`` (zero rows pad samples with fewer binding rows; ``(m, d)`` for a
+    ``(d,)`` ``x``), the ``tight_ctrs`` of PyEPO's ``optDatasetConstrs``. The test is relative
+    to the size of the terms it sums, so 0/1 solutions of integer data are classified exactly.
+    """
+    check_tensor("x", x, floating=True, finite=True)
+    dim = lp_dimension("binding_normals", A=A, b=b, G=G, h=h, lb=lb, ub=ub)
+    if x.shape[-1] != dim or x.ndim not in (1, 2):
+        raise ValueError(f"x: expected shape ({dim},) or (B, {dim}), got {tuple(x.shape)}.")
+    rtol = check_positive("rtol", rtol, allow_zero=True)
+    X = x.detach().reshape(-1, dim).to("cpu", torch.float64).numpy()
+    rows: list[list[np.ndarray]] = [[] for _ in range(X.shape[0])]
+    if A is not None:
+        Am = lp_matrix("A", A, dim)
+        as_array("b", b, (Am.shape[0],))
+        for r in rows:
+            r.extend([Am, -Am])
+    if G is not None:
+        Gm = lp_matrix("G", G, dim)
+        hv = as_array("h", h, (Gm.shape[0],))
+        slack = np.abs(X @ Gm.T - hv)
+        scale = np.abs(X) @ np.abs(Gm).T + np.abs(hv)
+        for i, r in enumerate(rows):
+            r.append(Gm[slack[i] <= rtol * scale[i]])
+    lo, hi = lp_bounds(lb, ub, dim)
+    eye = np.eye(dim)
+    for i, r in enumerate(rows):
+        for sign, bound in ((-1.0, lo), (1.0, hi)):  # an infinite bound never binds
+            tight = np.isfinite(bound) & (
+                np.abs(X[i] - bound) <= rtol * (np.abs(bound) + np.abs(X[i]))
+            )
+            r.append(sign * eye[tight])
+    stacked = [np.concatenate(r) if r else np.zeros((0, dim)) for r in rows]
+    m = max(s.shape[0] for s in stacked)
+    out = np.zeros((len(stacked), m, dim))
+    for i, s in enumerate(stacked):
+        out[i, : s.shape[0]] = s
+    result = torch.as_tensor(out).to(x.device, x.dtype)
+    return result[0] if x.ndim == 1 else result
+
+
+def cone_projection(a: Tensor, normals: Tensor) -> tuple[Tensor, Tensor]:
+    """The Euclidean projection of each row of ``a`` ``(B, d)`` onto the cone spanned by the
+    non-zero rows of ``normals`` ``(B, m, d)``: ``(p, lam)`` with ``p = lam @ N`` and
+    ``lam = argmin_{lam >= 0} ||N^T lam - a||`` (exact NNLS, float64, one per sample;
+    ``lam`` is 0 on the zero padding rows)."""
+    A = a.detach().to("cpu", torch.float64).numpy()
+    N = normals.detach().to("cpu", torch.float64).numpy()
+    lam = np.zeros(N.shape[:2])
+    for i in range(A.shape[0]):
+        keep = np.abs(N[i]).sum(1) > 0
+        if keep.any():
+            lam[i, keep] = nnls(N[i][keep].T, A[i])[0]
+    proj = np.einsum("bm,bmd->bd", lam, N)
+    return torch.as_tensor(proj).to(a.device, a.dtype), torch.as_tensor(lam).to(a.device, a.dtype)
+
+
+class CaVE(OracleLoss):
+    """The CaVE loss (Tang & Khalil 2024), see :mod:`dxopt.dfl.cave`:
+    :math:`\\ell = 1 - \\cos(-s\\hat c, \\mathrm{proj}_K(-s\\hat c))`, no oracle call.
+
+    Args:
+        oracle: the problem's oracle (only its ``sense`` and ``dim`` are used; the loss never
+            calls it, :attr:`cost` stays zero).
+        **kwargs: ``reduction`` of :class:`~dxopt.dfl.OracleLoss`.
+
+    Call: ``loss(c_hat, tight_ctrs)`` with ``(B, d)`` predictions and the ``(B, m, d)`` binding
+    normals at the true optima (:func:`binding_normals`; zero rows are padding). A sample
+    without any binding normal is refused: a non-zero linear objective has no interior optimum.
+    """
+
+    def __init__(self, oracle: Any, **kwargs: Any) -> None:
+        super().__init__(oracle, **kwargs)
+        self.last_outside = 0
+
+    def forward(self, c_hat: Tensor, tight_ctrs: Tensor) -> Tensor:
+        self.check_costs(c_hat)
+        check_tensor("tight_ctrs", tight_ctrs, floating=True, finite=True)
+        flat = c_hat.reshape(-1, c_hat.shape[-1])
+        normals = tight_ctrs.reshape(-1, *tight_ctrs.shape[-2:])
+        expected = (flat.shape[0], flat.shape[1])
+        if normals.ndim != 3 or (normals.shape[0], normals.shape[2]) != expected:
+            raise ValueError(
+                f"tight_ctrs: expected shape ({flat.shape[0]}, m, {flat.shape[1]}) (the binding "
+                f"normals of each sample, binding_normals(x_true, ...)), got "
+                f"{tuple(tight_ctrs.shape)}."
+            )
+        nonzero = normals.detach().abs().sum(-1) > 0
+        empty = ~nonzero.any(-1)
+        if bool(empty.any()):
+            row = int(torch.nonzero(empty)[0])
+            raise ValueError(
+                f"tight_ctrs: sample {row} has no binding constraint (all rows zero); an optimum "
+                "of a non-zero linear cost lies on the boundary, so check the solutions given "
+                "to binding_normals."
+            )
+        a = -self.sign * flat
+        with torch.no_grad():
+            proj, _ = cone_projection(a, normals)
+            outside = proj.norm(dim=-1) == 0  # exactly when lam = 0: a in the polar cone
+            self.last_outside = int(outside.sum())
+            if self.last_outside:
+                unit = normals / normals.norm(dim=-1, keepdim=True).clamp_min(
+                    torch.finfo(normals.dtype).tiny
+                )
+                mean_unit = unit.sum(1) / nonzero.sum(1, keepdim=True).to(unit.dtype)
+                proj = torch.where(outside.unsqueeze(-1), mean_unit.to(proj.dtype), proj)
+        a_norm = a.norm(dim=-1)
+        if bool((a_norm == 0).any()):
+            row = int(torch.nonzero(a_norm == 0)[0])
+            raise ValueError(f"c_hat: row {row} is zero; the cosine to the cone is undefined.")
+        cos = (a * proj).sum(-1) / (a_norm * proj.norm(dim=-1))
+        return self.reduce((1.0 - cos).reshape(c_hat.shape[:-1]))
