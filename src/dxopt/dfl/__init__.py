@@ -16,8 +16,9 @@ on the quality of the decisions :math:`x(\\hat c)` rather than on the accuracy o
   :func:`dxopt.qp.solve`, and :class:`LogBarrierLP` (Mandi & Guns, NeurIPS 2020), the
   log-barrier smoothed LP (:mod:`dxopt.dfl.barrier`), differentiated exactly too;
 - oracles (:mod:`dxopt.dfl.oracles`), all batched with a :class:`dxopt.Cost` record:
-  :class:`LPOracle` (HiGHS or any qpsolvers backend), :class:`ShortestPathOracle` (exact DP on
-  a DAG), :class:`KnapsackOracle` (exact branch and bound), :class:`TSPOracle` (2-opt heuristic
+  :class:`LPOracle` (HiGHS or any qpsolvers backend), :class:`MILPOracle` (the user's own
+  mixed-integer program on HiGHS, PyEPO's ``optGrbModel`` without Gurobi; :mod:`dxopt.dfl.milp`),
+  :class:`ShortestPathOracle` (exact DP on a DAG), :class:`KnapsackOracle` (exact branch and bound), :class:`TSPOracle` (2-opt heuristic
   or Held-Karp), :class:`CallableOracle`; a :class:`SolutionPool` cache with ``solve_ratio``;
 - graph helpers (:mod:`dxopt.dfl.graphs`), data generators (:mod:`dxopt.dfl.data`: shortest
   path, knapsack, TSP, portfolio as in PyEPO, Tang & Khalil, arXiv 2206.14234) and metrics
@@ -57,6 +58,8 @@ from dxopt.dfl.losses import PerturbedOptimizer as PerturbedOptimizer
 from dxopt.dfl.losses import PointwiseLTR as PointwiseLTR
 from dxopt.dfl.losses import SPOPlus as SPOPlus
 from dxopt.dfl.metrics import RegretReport as RegretReport
+from dxopt.dfl.milp import MILPOracle as MILPOracle
+from dxopt.dfl.milp import MILPSolution as MILPSolution
 from dxopt.dfl.metrics import normalized_regret as normalized_regret
 from dxopt.dfl.metrics import regret as regret
 from dxopt.dfl.metrics import regret_report as regret_report
@@ -80,6 +83,8 @@ __all__ = [
     "DFLData",
     "KnapsackOracle",
     "LPOracle",
+    "MILPOracle",
+    "MILPSolution",
     "ListwiseLTR",
     "LogBarrierLP",
     "Oracle",

@@ -7,14 +7,24 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import torch
 from torch import Tensor
 
 from dxopt._core import check_tensor
 
 
 def check_cost_vectors(name: str, c: Any, dim: int) -> Tensor:
-    """Require a floating ``(dim,)`` or ``(B, dim)`` tensor of finite costs; returns it."""
+    """Require a float32/float64 ``(dim,)`` or ``(B, dim)`` tensor of finite costs; returns
+    it. Half precision is refused: float16 keeps 11 significant bits and bfloat16 8, so
+    distinct costs round to ties (every integer above 2048 is not representable in float16)
+    and the argmin, the losses and the regrets computed from them change."""
     check_tensor(name, c, floating=True)
+    if c.dtype in (torch.float16, torch.bfloat16):
+        raise TypeError(
+            f"{name}: expected float32 or float64 costs, got {c.dtype}: half precision rounds "
+            "distinct costs to ties and changes the decisions; cast with .float() (under "
+            "torch.autocast, compute the loss outside the autocast region)."
+        )
     if c.ndim not in (1, 2) or c.shape[-1] != dim:
         raise ValueError(
             f"{name}: expected shape ({dim},) or (B, {dim}) (the problem's dimension is {dim}), "

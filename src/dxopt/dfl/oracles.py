@@ -27,9 +27,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from dxopt._core import Cost, DxoptError, check_choice, check_int, check_tensor
+from dxopt._core import Cost, DxoptError, Status, check_choice, check_int, check_tensor
 from dxopt.dfl import _kernels
 from dxopt.dfl._checks import as_array, check_cost_vectors, lp_bounds, lp_dimension, lp_matrix
+from dxopt.dfl._highs import import_highspy, new_highs, pass_model
 from dxopt.dfl.graphs import _check_edges, grid_graph
 
 __all__ = [
@@ -66,13 +67,32 @@ class Oracle(Protocol):
 
 
 class OracleBase:
-    """Shared validation, conversion and cost accounting; subclasses write
-    :meth:`_solve` ``(B, d) float64 ndarray -> (B, d) ndarray`` in their own sense."""
+    """Shared validation, conversion, cost accounting and per-sample status; subclasses write
+    :meth:`_solve` ``(B, d) float64 ndarray -> (B, d) ndarray`` in their own sense, and set
+    ``self._status`` (one :class:`dxopt.Status` per row) where an answer may not be optimal.
+
+    After each call, :attr:`last_status` holds one status per cost vector solved:
+    ``Status.SOLVED`` for a certified optimum; ``Status.INACCURATE`` for an answer without
+    a certificate (a heuristic's tour, a MILP stopped at its relative gap);
+    ``Status.BUDGET_EXHAUSTED`` for the best answer found before a time or node limit. The
+    metrics of :mod:`dxopt.dfl.metrics` refuse to call the gap of an uncertified answer a
+    regret. :attr:`exact` says whether every answer is certified by construction.
+    """
+
+    #: True when every answer is an optimum by construction (False: heuristics, limits).
+    exact: bool = True
 
     def __init__(self, *, dim: int, sense: Sense = "min") -> None:
         self.dim = check_int("dim", dim)
         self.sense = check_choice("sense", sense, ("min", "max"))
         self._solved, self._seconds, self.calls = 0, 0.0, 0
+        self._status: tuple[Status, ...] | None = None
+        self._last_status: tuple[Status, ...] = ()
+
+    @property
+    def last_status(self) -> tuple[Status, ...]:
+        """One :class:`dxopt.Status` per cost vector of the last call (``()`` before any)."""
+        return self._last_status
 
     @property
     def cost(self) -> Cost:
@@ -96,8 +116,11 @@ class OracleBase:
         c = self.check_costs(c)
         flat = c.detach().reshape(-1, self.dim).to("cpu", torch.float64).numpy()
         start = time.perf_counter()
+        self._status = None
         x = self._solve(np.ascontiguousarray(flat))
         seconds = time.perf_counter() - start
+        status, self._status = self._status, None
+        self._last_status = (Status.SOLVED,) * flat.shape[0] if status is None else status
         self._solved += flat.shape[0]
         self._seconds += seconds
         self.calls += 1
@@ -160,34 +183,24 @@ class LPOracle(OracleBase):
             self._highs = self._build_highs()
 
     def _build_highs(self) -> Any:
-        try:
-            import highspy
-        except ImportError as err:
-            raise ImportError(
-                "solver='highs' needs highspy: pip install 'dxopt[solvers]' or pass solver='piqp'."
-            ) from err
         import scipy.sparse as sp
 
+        highspy = import_highspy("LPOracle(solver='highs')")
         rows = [M for M in (self.A, self.G) if M is not None]
         lower = [self.b] if self.b is not None else []
         upper = [self.b] if self.b is not None else []
         if self.G is not None and self.h is not None:
             lower.append(np.full(self.G.shape[0], -np.inf))
             upper.append(self.h)
-        mat = sp.csc_matrix(np.vstack(rows) if rows else np.zeros((0, self.dim)))
-        hs = highspy.Highs()
-        hs.setOptionValue("output_flag", False)
-        lp = highspy.HighsLp()
-        lp.num_col_, lp.num_row_ = self.dim, mat.shape[0]
-        lp.col_cost_ = np.zeros(self.dim)
-        lp.col_lower_, lp.col_upper_ = self.lb, self.ub
-        lp.row_lower_ = np.concatenate(lower) if lower else np.zeros(0)
-        lp.row_upper_ = np.concatenate(upper) if upper else np.zeros(0)
-        lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
-        lp.a_matrix_.start_ = mat.indptr.astype(np.int32)
-        lp.a_matrix_.index_ = mat.indices.astype(np.int32)
-        lp.a_matrix_.value_ = mat.data.astype(np.float64)
-        hs.passModel(lp)
+        hs = new_highs("LPOracle(solver='highs')")
+        pass_model(
+            hs,
+            matrix=sp.csc_matrix(np.vstack(rows) if rows else np.zeros((0, self.dim))),
+            row_lower=np.concatenate(lower) if lower else np.zeros(0),
+            row_upper=np.concatenate(upper) if upper else np.zeros(0),
+            col_lower=self.lb,
+            col_upper=self.ub,
+        )
         self._optimal = highspy.HighsModelStatus.kOptimal
         self._cols = np.arange(self.dim, dtype=np.int32)
         return hs
