@@ -15,11 +15,13 @@ on the quality of the decisions :math:`x(\\hat c)` rather than on the accuracy o
   (Wilder, Dilkina & Tambe, AAAI 2019), the quadratically smoothed LP differentiated exactly by
   :func:`dxopt.qp.solve`, and :class:`LogBarrierLP` (Mandi & Guns, NeurIPS 2020), the
   log-barrier smoothed LP (:mod:`dxopt.dfl.barrier`), differentiated exactly too;
-- oracles (:mod:`dxopt.dfl.oracles`), all batched with a :class:`dxopt.Cost` record:
-  :class:`LPOracle` (HiGHS or any qpsolvers backend), :class:`MILPOracle` (the user's own
-  mixed-integer program on HiGHS, PyEPO's ``optGrbModel`` without Gurobi; :mod:`dxopt.dfl.milp`),
-  :class:`ShortestPathOracle` (exact DP on a DAG), :class:`KnapsackOracle` (exact branch and bound), :class:`TSPOracle` (2-opt heuristic
-  or Held-Karp), :class:`CallableOracle`; a :class:`SolutionPool` cache with ``solve_ratio``;
+- oracles (:mod:`dxopt.dfl.oracles`), all batched with a :class:`dxopt.Cost` record and a
+  per-sample :class:`dxopt.Status` (``last_status``): :class:`LPOracle` (HiGHS or any qpsolvers
+  backend), :class:`MILPOracle` (the user's own mixed-integer program on HiGHS, PyEPO's
+  ``optGrbModel`` without Gurobi; :mod:`dxopt.dfl.milp`), :class:`ShortestPathOracle` (exact
+  DP on a DAG), :class:`KnapsackOracle` (exact branch and bound, optional node / time limits),
+  :class:`TSPOracle` (Held-Karp, exact, by default up to 12 nodes; 2-opt heuristic beyond),
+  :class:`CallableOracle`; a :class:`SolutionPool` cache with ``solve_ratio``;
 - graph helpers (:mod:`dxopt.dfl.graphs`), data generators (:mod:`dxopt.dfl.data`: shortest
   path, knapsack, TSP, portfolio as in PyEPO, Tang & Khalil, arXiv 2206.14234) and metrics
   (:mod:`dxopt.dfl.metrics`: regret, normalised regret, PyEPO's report).
@@ -58,11 +60,11 @@ from dxopt.dfl.losses import PerturbedOptimizer as PerturbedOptimizer
 from dxopt.dfl.losses import PointwiseLTR as PointwiseLTR
 from dxopt.dfl.losses import SPOPlus as SPOPlus
 from dxopt.dfl.metrics import RegretReport as RegretReport
-from dxopt.dfl.milp import MILPOracle as MILPOracle
-from dxopt.dfl.milp import MILPSolution as MILPSolution
 from dxopt.dfl.metrics import normalized_regret as normalized_regret
 from dxopt.dfl.metrics import regret as regret
 from dxopt.dfl.metrics import regret_report as regret_report
+from dxopt.dfl.milp import MILPOracle as MILPOracle
+from dxopt.dfl.milp import MILPSolution as MILPSolution
 from dxopt.dfl.oracles import CallableOracle as CallableOracle
 from dxopt.dfl.oracles import KnapsackOracle as KnapsackOracle
 from dxopt.dfl.oracles import LPOracle as LPOracle
@@ -83,10 +85,10 @@ __all__ = [
     "DFLData",
     "KnapsackOracle",
     "LPOracle",
-    "MILPOracle",
-    "MILPSolution",
     "ListwiseLTR",
     "LogBarrierLP",
+    "MILPOracle",
+    "MILPSolution",
     "Oracle",
     "OracleBase",
     "OracleError",

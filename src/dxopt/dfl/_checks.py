@@ -83,3 +83,30 @@ def lp_bounds(lb: Any, ub: Any, dim: int) -> tuple[np.ndarray, np.ndarray]:
         i = int(np.argmax(lo > hi))
         raise ValueError(f"lb, ub: lb[{i}] = {lo[i]} > ub[{i}] = {hi[i]}; the LP is infeasible.")
     return lo, hi
+
+
+def uncertified(oracle: Any) -> list[int]:
+    """The samples of ``oracle``'s last call whose answer is not a certified optimum (from its
+    ``last_status``; ``[]`` for oracles that do not report one)."""
+    status = getattr(oracle, "last_status", None) or ()
+    return [i for i, s in enumerate(status) if not getattr(s, "ok", True)]
+
+
+def check_not_negative(name: str, values: Tensor, scale: Tensor, oracle: Any, hint: str) -> None:
+    """Raise a ``ValueError`` where ``values`` (per sample: a regret or an SPO+ loss, which an
+    exact oracle makes :math:`\\ge 0`) is negative beyond rounding: below
+    ``-tol * scale`` with ``scale`` the sum of the magnitudes of the terms it was computed from
+    and ``tol = max(1e-6, 16 d eps)`` (``eps`` of its dtype, ``d`` the dimension; ``1e-6`` covers
+    an LP solver's feasibility tolerance). Only call it with certified answers."""
+    v = values.detach().reshape(-1)
+    s = scale.detach().reshape(-1).to(v.dtype)
+    tol = max(1e-6, 16 * getattr(oracle, "dim", 1) * torch.finfo(v.dtype).eps)
+    bad = torch.nonzero(v < -tol * s).flatten()
+    if bad.numel():
+        i = int(bad[0])
+        raise ValueError(
+            f"{name}: sample {i} is {float(v[i]):.6g} < 0 ({bad.numel()} of {v.numel()} negative), "
+            f"impossible with an exact oracle. The oracle minimises when sense='min' (it is "
+            f"{getattr(oracle, 'sense', '?')!r}): if it maximises (values, profits), build it "
+            f"with sense='max'; otherwise {hint}."
+        )

@@ -28,13 +28,15 @@ loss keeps a :attr:`cost` (:class:`dxopt.Cost`: ``forwards`` = cost vectors sent
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dxopt._core import Cost, check_choice, check_int, check_positive, check_tensor
+from dxopt._core import Cost, DxoptWarning, check_choice, check_int, check_positive, check_tensor
+from dxopt.dfl._checks import check_not_negative, uncertified
 from dxopt.dfl.oracles import OracleBase
 from dxopt.dfl.pool import PoolSolver, SolutionPool
 
@@ -49,6 +51,18 @@ __all__ = [
     "PointwiseLTR",
     "SPOPlus",
 ]
+
+
+def check_optima(name: str, z: Any, c_hat: Tensor) -> Tensor:
+    """The true optima ``(B,)`` or ``(B, 1)`` (one per cost vector) as ``c_hat.shape[:-1]``."""
+    check_tensor(name, z)
+    batch = c_hat.shape[:-1]
+    if z.numel() != c_hat[..., 0].numel() or (z.ndim > 0 and z.shape[0] != c_hat.shape[0]):
+        raise ValueError(
+            f"{name}: expected one optimum per cost vector, shape {tuple(batch)} or "
+            f"{(*batch, 1)} for c_hat of shape {tuple(c_hat.shape)}, got {tuple(z.shape)}."
+        )
+    return z.reshape(batch)
 
 
 def _reduce(loss: Tensor, reduction: str) -> Tensor:
@@ -71,7 +85,12 @@ def _check_pair(oracle: Any, c_hat: Tensor, other: Tensor, other_name: str) -> N
 
 
 class _OracleLoss(nn.Module):
-    """Holds the oracle, the optional pool and the cost record."""
+    """Holds the oracle, the optional pool and the cost record.
+
+    ``processes`` (PyEPO's keyword: a pool of worker processes for the solves) is accepted
+    and has no effect: a batch goes to the oracle in one call (compiled kernels, one HiGHS
+    model), so there is nothing to spread over processes; values other than 1 warn so.
+    """
 
     def __init__(
         self,
@@ -81,8 +100,16 @@ class _OracleLoss(nn.Module):
         solve_ratio: float = 1.0,
         reduction: str = "mean",
         seed: int = 0,
+        processes: int | None = None,
     ) -> None:
         super().__init__()
+        if processes is not None and check_int("processes", processes, minimum=0) != 1:
+            warnings.warn(
+                f"processes={processes} is accepted for PyEPO compatibility and ignored: dxopt "
+                "solves a batch in one oracle call (no worker pool); drop the argument.",
+                DxoptWarning,
+                stacklevel=3,
+            )
         if not callable(oracle) or not all(hasattr(oracle, a) for a in ("sense", "dim", "cost")):
             raise TypeError(
                 f"oracle: expected a dxopt.dfl oracle (callable with .sense, .dim, .cost), "
@@ -120,11 +147,18 @@ class SPOPlus(_OracleLoss):
     def forward(self, c_hat: Tensor, c: Tensor, x_true: Tensor, z_true: Tensor) -> Tensor:
         _check_pair(self.oracle, c_hat, c, "c")
         _check_pair(self.oracle, c_hat, x_true, "x_true")
-        z = z_true.reshape(c_hat.shape[:-1]).to(c_hat.dtype)
+        z = check_optima("z_true", z_true, c_hat).to(c_hat.dtype)
         target = 2 * c_hat - c
         x_tilde = self.solver(target.detach())
-        loss = self.sign * (-(target * x_tilde).sum(-1) + 2 * (c_hat * x_true).sum(-1) - z)
+        first, second = (target * x_tilde).sum(-1), 2 * (c_hat * x_true).sum(-1)
+        loss = self.sign * (-first + second - z)
+        if self.solver.last_from_oracle and not uncertified(self.oracle):
+            scale = first.abs() + second.abs() + z.abs()
+            check_not_negative("SPOPlus", loss, scale, self.oracle, _SPO_HINT)
         return _reduce(loss, self.reduction)
+
+
+_SPO_HINT = "check that x_true, z_true are this oracle's optima of c, in its sense"
 
 
 class _DBBFunction(torch.autograd.Function):
