@@ -24,7 +24,9 @@ on the quality of the decisions :math:`x(\\hat c)` rather than on the accuracy o
   :class:`CallableOracle`; a :class:`SolutionPool` cache with ``solve_ratio``;
 - graph helpers (:mod:`dxopt.dfl.graphs`), data generators (:mod:`dxopt.dfl.data`: shortest
   path, knapsack, TSP, portfolio as in PyEPO, Tang & Khalil, arXiv 2206.14234) and metrics
-  (:mod:`dxopt.dfl.metrics`: regret, normalised regret, PyEPO's report).
+  (:mod:`dxopt.dfl.metrics`: regret, normalised regret, PyEPO's report);
+- the JAIR benchmark's real tasks (:mod:`dxopt.dfl.jair`, data shipped with the package):
+  :func:`jair_knapsack` and :func:`jair_scheduling` (Mandi et al., JAIR 2024).
 
 Call conventions follow PyEPO's (``spo(c_hat, c, x_true, z_true)``, ``pfy(c_hat, x_true)``,
 ``nce(c_hat, x_true)``, ``ltr(c_hat, c)``), so code can switch by changing the constructor.
@@ -50,6 +52,9 @@ from dxopt.dfl.data import tsp as tsp
 from dxopt.dfl.graphs import flow_conservation as flow_conservation
 from dxopt.dfl.graphs import grid_graph as grid_graph
 from dxopt.dfl.graphs import incidence_matrix as incidence_matrix
+from dxopt.dfl.jair import JAIRTask as JAIRTask
+from dxopt.dfl.jair import jair_knapsack as jair_knapsack
+from dxopt.dfl.jair import jair_scheduling as jair_scheduling
 from dxopt.dfl.losses import CMAP as CMAP
 from dxopt.dfl.losses import DBB as DBB
 from dxopt.dfl.losses import NCE as NCE
@@ -83,6 +88,7 @@ __all__ = [
     "QPTL",
     "CallableOracle",
     "DFLData",
+    "JAIRTask",
     "KnapsackOracle",
     "LPOracle",
     "ListwiseLTR",
@@ -104,6 +110,8 @@ __all__ = [
     "flow_conservation",
     "grid_graph",
     "incidence_matrix",
+    "jair_knapsack",
+    "jair_scheduling",
     "knapsack",
     "normalized_regret",
     "portfolio",
