@@ -90,7 +90,7 @@ def test_tsp_exact_equals_brute_force_and_heuristic_is_a_tour():
     m = 7
     gen = torch.Generator().manual_seed(1)
     c = torch.rand(15, m * (m - 1) // 2, generator=gen, dtype=torch.float64)
-    exact, heur = TSPOracle(m, method="exact"), TSPOracle(m)
+    exact, heur = TSPOracle(m, method="exact"), TSPOracle(m, method="heuristic")
     xe, xh = exact(c), heur(c)
     pairs = list(itertools.combinations(range(m), 2))
     index = {p: k for k, p in enumerate(pairs)}

@@ -15,13 +15,18 @@ on the quality of the decisions :math:`x(\\hat c)` rather than on the accuracy o
   (Wilder, Dilkina & Tambe, AAAI 2019), the quadratically smoothed LP differentiated exactly by
   :func:`dxopt.qp.solve`, and :class:`LogBarrierLP` (Mandi & Guns, NeurIPS 2020), the
   log-barrier smoothed LP (:mod:`dxopt.dfl.barrier`), differentiated exactly too;
-- oracles (:mod:`dxopt.dfl.oracles`), all batched with a :class:`dxopt.Cost` record:
-  :class:`LPOracle` (HiGHS or any qpsolvers backend), :class:`ShortestPathOracle` (exact DP on
-  a DAG), :class:`KnapsackOracle` (exact branch and bound), :class:`TSPOracle` (2-opt heuristic
-  or Held-Karp), :class:`CallableOracle`; a :class:`SolutionPool` cache with ``solve_ratio``;
+- oracles (:mod:`dxopt.dfl.oracles`), all batched with a :class:`dxopt.Cost` record and a
+  per-sample :class:`dxopt.Status` (``last_status``): :class:`LPOracle` (HiGHS or any qpsolvers
+  backend), :class:`MILPOracle` (the user's own mixed-integer program on HiGHS, PyEPO's
+  ``optGrbModel`` without Gurobi; :mod:`dxopt.dfl.milp`), :class:`ShortestPathOracle` (exact
+  DP on a DAG), :class:`KnapsackOracle` (exact branch and bound, optional node / time limits),
+  :class:`TSPOracle` (Held-Karp, exact, by default up to 12 nodes; 2-opt heuristic beyond),
+  :class:`CallableOracle`; a :class:`SolutionPool` cache with ``solve_ratio``;
 - graph helpers (:mod:`dxopt.dfl.graphs`), data generators (:mod:`dxopt.dfl.data`: shortest
   path, knapsack, TSP, portfolio as in PyEPO, Tang & Khalil, arXiv 2206.14234) and metrics
-  (:mod:`dxopt.dfl.metrics`: regret, normalised regret, PyEPO's report).
+  (:mod:`dxopt.dfl.metrics`: regret, normalised regret, PyEPO's report);
+- the JAIR benchmark's real tasks (:mod:`dxopt.dfl.jair`, data shipped with the package):
+  :func:`jair_knapsack` and :func:`jair_scheduling` (Mandi et al., JAIR 2024).
 
 Call conventions follow PyEPO's (``spo(c_hat, c, x_true, z_true)``, ``pfy(c_hat, x_true)``,
 ``nce(c_hat, x_true)``, ``ltr(c_hat, c)``), so code can switch by changing the constructor.
@@ -58,6 +63,9 @@ from dxopt.dfl.identity import NID as NID
 from dxopt.dfl.imle import AIMLE as AIMLE
 from dxopt.dfl.imle import IMLE as IMLE
 from dxopt.dfl.imle import sum_of_gamma as sum_of_gamma
+from dxopt.dfl.jair import JAIRTask as JAIRTask
+from dxopt.dfl.jair import jair_knapsack as jair_knapsack
+from dxopt.dfl.jair import jair_scheduling as jair_scheduling
 from dxopt.dfl.losses import CMAP as CMAP
 from dxopt.dfl.losses import DBB as DBB
 from dxopt.dfl.losses import NCE as NCE
@@ -71,6 +79,8 @@ from dxopt.dfl.metrics import RegretReport as RegretReport
 from dxopt.dfl.metrics import normalized_regret as normalized_regret
 from dxopt.dfl.metrics import regret as regret
 from dxopt.dfl.metrics import regret_report as regret_report
+from dxopt.dfl.milp import MILPOracle as MILPOracle
+from dxopt.dfl.milp import MILPSolution as MILPSolution
 from dxopt.dfl.oracles import CallableOracle as CallableOracle
 from dxopt.dfl.oracles import KnapsackOracle as KnapsackOracle
 from dxopt.dfl.oracles import LPOracle as LPOracle
@@ -99,11 +109,14 @@ __all__ = [
     "DFLData",
     "FrankWolfeFenchelYoung",
     "FrankWolfeInfo",
+    "JAIRTask",
     "KNNTargets",
     "KnapsackOracle",
     "LPOracle",
     "ListwiseLTR",
     "LogBarrierLP",
+    "MILPOracle",
+    "MILPSolution",
     "Oracle",
     "OracleBase",
     "OracleError",
@@ -123,6 +136,8 @@ __all__ = [
     "flow_conservation",
     "grid_graph",
     "incidence_matrix",
+    "jair_knapsack",
+    "jair_scheduling",
     "knapsack",
     "knn_targets",
     "normalized_regret",

@@ -7,14 +7,24 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import torch
 from torch import Tensor
 
 from dxopt._core import check_tensor
 
 
 def check_cost_vectors(name: str, c: Any, dim: int) -> Tensor:
-    """Require a floating ``(dim,)`` or ``(B, dim)`` tensor of finite costs; returns it."""
+    """Require a float32/float64 ``(dim,)`` or ``(B, dim)`` tensor of finite costs; returns
+    it. Half precision is refused: float16 keeps 11 significant bits and bfloat16 8, so
+    distinct costs round to ties (every integer above 2048 is not representable in float16)
+    and the argmin, the losses and the regrets computed from them change."""
     check_tensor(name, c, floating=True)
+    if c.dtype in (torch.float16, torch.bfloat16):
+        raise TypeError(
+            f"{name}: expected float32 or float64 costs, got {c.dtype}: half precision rounds "
+            "distinct costs to ties and changes the decisions; cast with .float() (under "
+            "torch.autocast, compute the loss outside the autocast region)."
+        )
     if c.ndim not in (1, 2) or c.shape[-1] != dim:
         raise ValueError(
             f"{name}: expected shape ({dim},) or (B, {dim}) (the problem's dimension is {dim}), "
@@ -73,3 +83,30 @@ def lp_bounds(lb: Any, ub: Any, dim: int) -> tuple[np.ndarray, np.ndarray]:
         i = int(np.argmax(lo > hi))
         raise ValueError(f"lb, ub: lb[{i}] = {lo[i]} > ub[{i}] = {hi[i]}; the LP is infeasible.")
     return lo, hi
+
+
+def uncertified(oracle: Any) -> list[int]:
+    """The samples of ``oracle``'s last call whose answer is not a certified optimum (from its
+    ``last_status``; ``[]`` for oracles that do not report one)."""
+    status = getattr(oracle, "last_status", None) or ()
+    return [i for i, s in enumerate(status) if not getattr(s, "ok", True)]
+
+
+def check_not_negative(name: str, values: Tensor, scale: Tensor, oracle: Any, hint: str) -> None:
+    """Raise a ``ValueError`` where ``values`` (per sample: a regret or an SPO+ loss, which an
+    exact oracle makes :math:`\\ge 0`) is negative beyond rounding: below
+    ``-tol * scale`` with ``scale`` the sum of the magnitudes of the terms it was computed from
+    and ``tol = max(1e-6, 16 d eps)`` (``eps`` of its dtype, ``d`` the dimension; ``1e-6`` covers
+    an LP solver's feasibility tolerance). Only call it with certified answers."""
+    v = values.detach().reshape(-1)
+    s = scale.detach().reshape(-1).to(v.dtype)
+    tol = max(1e-6, 16 * getattr(oracle, "dim", 1) * torch.finfo(v.dtype).eps)
+    bad = torch.nonzero(v < -tol * s).flatten()
+    if bad.numel():
+        i = int(bad[0])
+        raise ValueError(
+            f"{name}: sample {i} is {float(v[i]):.6g} < 0 ({bad.numel()} of {v.numel()} negative), "
+            f"impossible with an exact oracle. The oracle minimises when sense='min' (it is "
+            f"{getattr(oracle, 'sense', '?')!r}): if it maximises (values, profits), build it "
+            f"with sense='max'; otherwise {hint}."
+        )

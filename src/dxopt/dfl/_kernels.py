@@ -9,8 +9,10 @@ disk for later processes.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
+import numba
 import numpy as np
 from numba import njit
 
@@ -99,15 +101,36 @@ def _fractional_bound(
     return bound
 
 
-@_jit
+@njit(cache=True)
+def _now() -> float:
+    with numba.objmode(t="float64"):
+        t = time.perf_counter()
+    return t
+
+
+@njit(cache=True)  # no nogil: the time limit reads the clock through object mode
 def knapsack_branch_and_bound(
-    values: np.ndarray, weights: np.ndarray, capacity: np.ndarray, x: np.ndarray
+    values: np.ndarray,
+    weights: np.ndarray,
+    capacity: np.ndarray,
+    x: np.ndarray,
+    max_nodes: int,
+    time_limit: float,
+    status: np.ndarray,
+    bound: np.ndarray,
+    nodes: np.ndarray,
 ) -> None:
     """Exact 0/1 multi-dimensional knapsack :math:`\\max_x v^\\top x` s.t. :math:`Wx \\le C`,
     :math:`x \\in \\{0,1\\}^m` for each row of ``values`` by depth-first branch and bound
     (items with :math:`v_j \\le 0` or too heavy alone are never taken; the bound is
     :func:`_fractional_bound`; a node is pruned when its bound cannot beat the incumbent).
-    Writes 0/1 solutions into ``x`` (zeroed by the caller)."""
+    Writes 0/1 solutions into ``x`` (zeroed by the caller).
+
+    Per row, the search stops after ``max_nodes`` nodes (``<= 0``: no limit) or ``time_limit``
+    seconds (``<= 0``: none; the clock is read every 1024 nodes) with the incumbent (feasible:
+    the search starts from the empty set). ``status[s]`` is 0 (optimal), 1 (node limit) or 2
+    (time limit); ``bound[s]`` the root's fractional bound (an upper bound on the optimum;
+    the optimum itself when ``status[s] == 0``); ``nodes[s]`` the nodes explored."""
     k_dim, m = weights.shape
     tol = 1e-9 * max(1.0, capacity.max())
     scale = np.empty(m)
@@ -128,6 +151,9 @@ def knapsack_branch_and_bound(
             if fits:
                 cand[n] = j
                 n += 1
+        status[s] = 0
+        nodes[s] = 0
+        bound[s] = 0.0
         if n == 0:
             continue
         cand = cand[:n]
@@ -149,7 +175,17 @@ def knapsack_branch_and_bound(
         value = 0.0
         best = 0.0
         depth = 0
+        bound[s] = _fractional_bound(v, weights, rem, order, dim_orders, 0)
+        start = _now() if time_limit > 0.0 else 0.0
+        count = 0
         while True:
+            count += 1
+            if max_nodes > 0 and count > max_nodes:
+                status[s] = 1
+                break
+            if time_limit > 0.0 and count % 1024 == 0 and _now() - start > time_limit:
+                status[s] = 2
+                break
             backtrack = False
             if depth == n:
                 if value > best:
@@ -190,6 +226,9 @@ def knapsack_branch_and_bound(
                     choice[depth] = -1
                 if depth < 0:
                     break
+        nodes[s] = count
+        if status[s] == 0:
+            bound[s] = best
         for p in range(n):
             if best_choice[p] == 1:
                 x[s, order[p]] = 1.0

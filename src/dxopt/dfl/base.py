@@ -3,11 +3,12 @@ to write your own decision-focused loss, as PyEPO users subclass ``optModule``."
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from torch import Tensor, nn
 
-from dxopt._core import Cost, check_choice
+from dxopt._core import Cost, DxoptWarning, check_choice, check_int
 from dxopt.dfl._checks import check_cost_vectors
 from dxopt.dfl.pool import PoolSolver, SolutionPool
 
@@ -71,6 +72,9 @@ class OracleLoss(nn.Module):
         solve_ratio: the probability that a batch is solved by the oracle rather than the pool.
         reduction: ``"mean"`` (default), ``"sum"`` or ``"none"`` (per-sample values).
         seed: the seed of the pool's Bernoulli draws (and of subclasses' noise).
+        processes: PyEPO's keyword (a pool of worker processes for the solves), accepted and
+            without effect: a batch goes to the oracle in one call (compiled kernels, one HiGHS
+            model), so there is nothing to spread over processes; values other than 1 warn so.
     """
 
     def __init__(
@@ -81,8 +85,16 @@ class OracleLoss(nn.Module):
         solve_ratio: float = 1.0,
         reduction: str = "mean",
         seed: int = 0,
+        processes: int | None = None,
     ) -> None:
         super().__init__()
+        if processes is not None and check_int("processes", processes, minimum=0) != 1:
+            warnings.warn(
+                f"processes={processes} is accepted for PyEPO compatibility and ignored: dxopt "
+                "solves a batch in one oracle call (no worker pool); drop the argument.",
+                DxoptWarning,
+                stacklevel=3,
+            )
         if not callable(oracle) or not all(hasattr(oracle, a) for a in ("sense", "dim", "cost")):
             raise TypeError(
                 f"oracle: expected a dxopt.dfl oracle (callable with .sense, .dim, .cost), "

@@ -2,7 +2,8 @@
 definitions (Elmachtoub & Grigas, "Smart predict, then optimize", Management Science 2022,
 section 6; Tang & Khalil, "PyEPO", arXiv 2206.14234, section 5), with the same distributions
 as PyEPO's generators (checked statistically in ``tests/dfl/test_data.py``; the draws differ:
-our own ``numpy.random.default_rng(seed)`` stream).
+our own ``numpy.random.default_rng(seed)`` stream, except for ``shortest_path`` and ``knapsack``
+with ``stream="pyepo"``, which reproduce PyEPO's ``genData`` exactly, defaults included).
 
 Common structure: features :math:`x_i \\sim N(0, I_p)`, a random matrix :math:`B` with
 Bernoulli(1/2) entries fixed for the data set, a polynomial of degree ``deg`` (the
@@ -106,29 +107,56 @@ def _t(a: np.ndarray, dtype: torch.dtype) -> Tensor:
     return torch.as_tensor(np.ascontiguousarray(a), dtype=dtype)
 
 
+_PYEPO_DEFAULTS: dict[str, Any] = {"noise_width": 0.0, "seed": 135, "dim": 1}
+_OWN_DEFAULTS: dict[str, Any] = {"noise_width": 0.5, "seed": 0, "dim": 2}
+
+
+def _stream(stream: str, **given: Any) -> tuple[Any, dict[str, Any]]:
+    """The random stream (``"dxopt"``: ``numpy.random.default_rng(seed)``; ``"pyepo"``: PyEPO's
+    ``numpy.random.RandomState(seed)``, drawn in PyEPO's order) and the arguments left ``None``
+    filled with that stream's defaults."""
+    if stream not in ("dxopt", "pyepo"):
+        raise ValueError(f"stream: expected 'dxopt' or 'pyepo', got {stream!r}.")
+    defaults = _PYEPO_DEFAULTS if stream == "pyepo" else _OWN_DEFAULTS
+    args = {k: defaults[k] if v is None else v for k, v in given.items()}
+    seed = args["seed"]
+    rng = np.random.RandomState(seed) if stream == "pyepo" else np.random.default_rng(seed)
+    return rng, args
+
+
 def shortest_path(
     num_data: int,
     num_feat: int,
     *,
     grid: tuple[int, int] = (5, 5),
     deg: int = 1,
-    noise_width: float = 0.5,
-    seed: int = 0,
+    noise_width: float | None = None,
+    seed: int | None = None,
+    stream: str = "dxopt",
     dtype: torch.dtype = torch.float32,
 ) -> DFLData:
     """Shortest path on the ``grid`` (Elmachtoub & Grigas 2022; PyEPO's ``shortestpath``):
     ``costs`` ``(N, d)`` on the arcs of :func:`~dxopt.dfl.graphs.grid_graph` (``d = 40`` for
-    5x5); solve with :class:`~dxopt.dfl.oracles.ShortestPathOracle` ``(grid)``."""
-    _check_common(num_data, num_feat, deg, noise_width)
+    5x5); solve with :class:`~dxopt.dfl.oracles.ShortestPathOracle` ``(grid)``.
+
+    ``stream="pyepo"`` reproduces ``pyepo.data.shortestpath.genData(num_data, num_feat, grid,
+    deg, noise_width, seed)`` exactly (PyEPO's ``RandomState`` draws, in its order) with
+    PyEPO's defaults ``noise_width=0``, ``seed=135``. The default ``stream="dxopt"`` draws the
+    same distributions from ``numpy.random.default_rng(seed)`` (other numbers for the same
+    seed) with the defaults ``noise_width=0.5``, ``seed=0``."""
+    _check_common(num_data, num_feat, deg, 0.0 if noise_width is None else noise_width)
     rows, cols = check_int("grid[0]", grid[0]), check_int("grid[1]", grid[1])
     d = rows * (cols - 1) + cols * (rows - 1)
-    rng = np.random.default_rng(seed)
+    rng, args = _stream(stream, noise_width=noise_width, seed=seed)
+    width = args["noise_width"]
     B = rng.binomial(1, 0.5, (d, num_feat))
-    x = rng.standard_normal((num_data, num_feat))
-    eps = rng.uniform(1 - noise_width, 1 + noise_width, (num_data, d))
+    x = rng.normal(0.0, 1.0, (num_data, num_feat))
+    eps = rng.uniform(1 - width, 1 + width, (num_data, d))
     c = (_poly(x, B, deg) + 1.0) / 3.5**deg * eps
-    params = {"grid": (rows, cols), "deg": deg, "noise_width": noise_width, "seed": seed}
-    return DFLData(_t(x, dtype), _t(c, dtype), "shortest_path", params)
+    params = {"grid": (rows, cols), "deg": deg, "noise_width": width, "seed": args["seed"],
+              "stream": stream}  # fmt: skip
+    return DFLData(_t(x, dtype), _t(c.astype(np.float32) if stream == "pyepo" else c, dtype),
+                   "shortest_path", params)  # fmt: skip
 
 
 def knapsack(
@@ -136,29 +164,40 @@ def knapsack(
     num_feat: int,
     num_items: int,
     *,
-    dim: int = 2,
+    dim: int | None = None,
     capacity: float = 20.0,
     deg: int = 1,
-    noise_width: float = 0.5,
-    seed: int = 0,
+    noise_width: float | None = None,
+    seed: int | None = None,
+    stream: str = "dxopt",
     dtype: torch.dtype = torch.float32,
 ) -> DFLData:
     """The ``dim``-dimensional 0/1 knapsack (PyEPO's ``knapsack``; a maximisation): integer
     item values ``costs`` ``(N, num_items)``, ``weights`` ``(dim, num_items)`` shared by the data
-    set and ``capacity`` ``(dim,)`` (20 each, as in PyEPO's experiments); solve with
-    :class:`~dxopt.dfl.oracles.KnapsackOracle` ``(weights, capacity)``."""
-    _check_common(num_data, num_feat, deg, noise_width)
+    set and ``capacity`` ``(dim,)`` (20 each, as in PyEPO's experiments; PyEPO's generator
+    leaves it to the model); solve with :class:`~dxopt.dfl.oracles.KnapsackOracle`
+    ``(weights, capacity)``.
+
+    ``stream="pyepo"`` reproduces ``pyepo.data.knapsack.genData(num_data, num_feat,
+    num_items, dim, deg, noise_width, seed)`` exactly, with PyEPO's defaults ``dim=1``,
+    ``noise_width=0``, ``seed=135``; the default ``stream="dxopt"`` draws the same
+    distributions from ``numpy.random.default_rng(seed)`` with ``dim=2``, ``noise_width=0.5``,
+    ``seed=0``."""
+    _check_common(num_data, num_feat, deg, 0.0 if noise_width is None else noise_width)
     check_int("num_items", num_items)
-    check_int("dim", dim)
     check_positive("capacity", capacity)
-    rng = np.random.default_rng(seed)
-    weights = rng.integers(300, 800, (dim, num_items)) / 100.0
+    rng, args = _stream(stream, noise_width=noise_width, seed=seed, dim=dim)
+    dim, width = check_int("dim", args["dim"]), args["noise_width"]
+    if stream == "pyepo":
+        weights = rng.choice(range(300, 800), size=(dim, num_items)) / 100
+    else:
+        weights = rng.integers(300, 800, (dim, num_items)) / 100.0
     B = rng.binomial(1, 0.5, (num_items, num_feat))
-    x = rng.standard_normal((num_data, num_feat))
-    eps = rng.uniform(1 - noise_width, 1 + noise_width, (num_data, num_items))
+    x = rng.normal(0.0, 1.0, (num_data, num_feat))
+    eps = rng.uniform(1 - width, 1 + width, (num_data, num_items))
     c = np.ceil(5.0 * (_poly(x, B, deg) + 1.0) / 3.5**deg * eps)
-    params = {"num_items": num_items, "dim": dim, "deg": deg, "noise_width": noise_width,
-              "seed": seed}  # fmt: skip
+    params = {"num_items": num_items, "dim": dim, "deg": deg, "noise_width": width,
+              "seed": args["seed"], "stream": stream}  # fmt: skip
     return DFLData(
         _t(x, dtype), _t(c, dtype), "knapsack", params,
         weights=_t(weights, torch.float64), capacity=torch.full((dim,), float(capacity)),

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from dxopt._core import check_int, check_positive, check_tensor
+from dxopt.dfl._checks import check_not_negative, uncertified
 from dxopt.dfl.base import OracleLoss as _OracleLoss
 from dxopt.dfl.base import reduce_loss
 from dxopt.dfl.oracles import OracleBase
@@ -54,6 +55,18 @@ __all__ = [
 
 
 _reduce = reduce_loss
+
+
+def check_optima(name: str, z: Any, c_hat: Tensor) -> Tensor:
+    """The true optima ``(B,)`` or ``(B, 1)`` (one per cost vector) as ``c_hat.shape[:-1]``."""
+    check_tensor(name, z)
+    batch = c_hat.shape[:-1]
+    if z.numel() != c_hat[..., 0].numel() or (z.ndim > 0 and z.shape[0] != c_hat.shape[0]):
+        raise ValueError(
+            f"{name}: expected one optimum per cost vector, shape {tuple(batch)} or "
+            f"{(*batch, 1)} for c_hat of shape {tuple(c_hat.shape)}, got {tuple(z.shape)}."
+        )
+    return z.reshape(batch)
 
 
 def _check_pair(oracle: Any, c_hat: Tensor, other: Tensor, other_name: str) -> None:
@@ -84,11 +97,18 @@ class SPOPlus(_OracleLoss):
     def forward(self, c_hat: Tensor, c: Tensor, x_true: Tensor, z_true: Tensor) -> Tensor:
         _check_pair(self.oracle, c_hat, c, "c")
         _check_pair(self.oracle, c_hat, x_true, "x_true")
-        z = z_true.reshape(c_hat.shape[:-1]).to(c_hat.dtype)
+        z = check_optima("z_true", z_true, c_hat).to(c_hat.dtype)
         target = 2 * c_hat - c
         x_tilde = self.solver(target.detach())
-        loss = self.sign * (-(target * x_tilde).sum(-1) + 2 * (c_hat * x_true).sum(-1) - z)
+        first, second = (target * x_tilde).sum(-1), 2 * (c_hat * x_true).sum(-1)
+        loss = self.sign * (-first + second - z)
+        if self.solver.last_from_oracle and not uncertified(self.oracle):
+            scale = first.abs() + second.abs() + z.abs()
+            check_not_negative("SPOPlus", loss, scale, self.oracle, _SPO_HINT)
         return _reduce(loss, self.reduction)
+
+
+_SPO_HINT = "check that x_true, z_true are this oracle's optima of c, in its sense"
 
 
 class _DBBFunction(torch.autograd.Function):

@@ -147,6 +147,8 @@ class PoolSolver:
         self.pool = pool
         self.rng = np.random.default_rng(seed)
         self._solved, self._seconds = 0, 0.0
+        #: whether the last call was answered by the oracle (False: by the pool)
+        self.last_from_oracle = False
 
     @property
     def cost(self) -> Cost:
@@ -161,6 +163,8 @@ class PoolSolver:
             self._seconds += time.perf_counter() - start
             if self.pool is not None:
                 self.pool.add(x)
+            self.last_from_oracle = True
             return x
         assert self.pool is not None  # guaranteed by __init__
+        self.last_from_oracle = False
         return self.pool.best(c)
