@@ -3,6 +3,8 @@ r"""dxopt: differentiable optimization and gradient estimation for PyTorch.
 Subpackages
 -----------
 - :mod:`dxopt.qp`: Differentiable convex quadratic programs.
+- :mod:`dxopt.conic`: Differentiable cone programs (zero, nonnegative, second-order,
+  exponential, power, PSD).
 - :mod:`dxopt.natgrad`: Natural-gradient optimizers for least-squares losses
   :math:`\tfrac12\|r(\theta)\|^2`.
 - :mod:`dxopt.estimators`: Gradient estimators behind one interface, with honest costs.
@@ -41,6 +43,7 @@ __version__ = "0.2.0"
 
 _SUBPACKAGES = (
     "qp",
+    "conic",
     "natgrad",
     "estimators",
     "bilevel",
@@ -59,6 +62,7 @@ __all__ = [
     "Status",
     "__version__",
     "bilevel",
+    "conic",
     "dfl",
     "distributed",
     "estimators",

@@ -61,7 +61,7 @@ class _System:
         P, _, A, _ = subset(prob, self.idx)
         ix = torch.as_tensor(self.idx, dtype=torch.long)
         w = state.w[ix]
-        atol = state.options.kink_tol * kink_scale(w)
+        atol = state.options.kink_tol * kink_scale(prob, state.x, state.w)[ix]
         self.D = cone_jacobian(prob.cones, prob.slices, w, atol)
         self.J = jacobian(P, A, self.D)
         LU, piv, _ = torch.linalg.lu_factor_ex(self.J)

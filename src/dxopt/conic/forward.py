@@ -22,6 +22,7 @@ from torch import Tensor
 from dxopt._core import Cost, Status
 from dxopt.conic.backends import RawPoints, run_clarabel, run_scs, scs_available
 from dxopt.conic.certify import certify_infeasible, certify_points, certify_unbounded
+from dxopt.conic.kkt import project_dual
 from dxopt.conic.problem import ConicProblem
 from dxopt.conic.types import ConicInfo, ConicOptions
 
@@ -130,7 +131,7 @@ def solve_forward(prob: ConicProblem, options: ConicOptions) -> ForwardState:
             else Status.INACCURATE
         )
     final = [st if st is not None else Status.FAILED for st in status]
-    kink = _kinks(prob, W, final, options.kink_tol)
+    kink = _kinks(prob, X, W, final, options.kink_tol)
     final = [Status.DEGENERATE if k and st is Status.SOLVED else st for k, st in zip(kink, final)]
     info = ConicInfo(
         solvers=tuple(solvers),
@@ -146,14 +147,30 @@ def solve_forward(prob: ConicProblem, options: ConicOptions) -> ForwardState:
     return ForwardState(prob, options, X, Y, S, W, final, info)
 
 
-def kink_scale(w: Tensor) -> Tensor:
-    """The scale the kink tolerance is relative to: :math:`\\Vert w\\Vert_2 =
-    \\Vert (y, s)\\Vert_2` of the whole point (``y`` and ``s`` are orthogonal)."""
-    return torch.linalg.vector_norm(w, dim=-1)
+def kink_scale(prob: ConicProblem, x: Tensor, w: Tensor) -> Tensor:
+    """The scale the kink tolerance is relative to, per sample: the largest of
+    :math:`\\Vert w\\Vert_2 = \\Vert (y, s)\\Vert_2` and the scales of the primal and dual
+    residuals (:mod:`dxopt.conic.certify`), so that a point whose ``y`` and ``s`` are both
+    near zero is judged against the data, not against itself."""
+    P, A = prob.P, prob.A
+    y = project_dual(prob.cones, prob.slices, w)
+    s = y - w
+
+    def amax(v: Tensor) -> Tensor:
+        return v.abs().amax(dim=-1)
+
+    Ax = (A @ x[..., None])[..., 0]
+    Px = (P @ x[..., None])[..., 0]
+    Aty = (A.transpose(-1, -2) @ y[..., None])[..., 0]
+    parts = [torch.linalg.vector_norm(w, dim=-1), amax(Ax), amax(s), amax(prob.b)]
+    parts += [amax(Px), amax(Aty), amax(prob.q)]
+    return torch.stack(parts).amax(dim=0)
 
 
-def _kinks(prob: ConicProblem, W: Tensor, status: list[Status], tol: float) -> list[bool]:
-    scale = kink_scale(W)
+def _kinks(
+    prob: ConicProblem, X: Tensor, W: Tensor, status: list[Status], tol: float
+) -> list[bool]:
+    scale = kink_scale(prob, X, W)
     flag = torch.zeros(W.shape[0], dtype=torch.bool)
     for cone, sl in zip(prob.cones, prob.slices):
         flag |= cone.kink(W[:, sl], tol, scale=scale)
