@@ -1,1 +1,75 @@
-"""Differentiable cone programs (zero, nonnegative, second-order, exponential, power, PSD)."""
+"""Differentiable cone programs (zero, nonnegative, second-order, exponential, power, PSD).
+
+Solve a batch of
+
+.. math::
+
+    \\min_x \\tfrac12 x^\\top P x + q^\\top x \\quad\\text{s.t.}\\quad Ax + s = b,\\ s \\in K,
+
+with :math:`K` a product of cones (one file each in :mod:`dxopt.conic.cones`), and
+differentiate the primal ``x``, the dual ``y`` and the slack ``s`` with respect to
+``P, q, A, b``:
+
+- **forward** (:mod:`dxopt.conic.forward`): Clarabel, then (with ``fallback``) Clarabel
+  tighter and SCS where importable; every point is cleaned, polished and **certified by
+  dxopt** (:mod:`dxopt.conic.certify`); ``INFEASIBLE``/``UNBOUNDED`` only with a checked
+  certificate; a per-sample :class:`dxopt.Status`;
+- **backward** (:mod:`dxopt.conic.backward`): implicit differentiation of
+  :math:`F(x, w) = 0`, :math:`w = y - s` (:mod:`dxopt.conic.kkt`), a batched float64 LU with
+  refinement checked to round-off; kinks and singular Jacobians are flagged
+  (``DEGENERATE``, :class:`ConicDegenerateWarning`) with a documented one-sided rule;
+  forward mode through the same system.
+
+Public API (stable; the CVXPY front end builds on it):
+
+- :func:`solve` ``(P, q, A, b, *, cones, atol, rtol, infeas_tol, max_iter, solver, fallback,
+  on_failure, kink_tol, polish, check_psd) -> ConicSolution``; :func:`solve_with` takes one
+  :class:`ConicOptions`; :class:`ConicLayer` (an ``nn.Module``);
+- results :class:`ConicSolution` (``x, y, s, status, info``), :class:`ConicInfo`,
+  :class:`ConicBackwardInfo`; errors :class:`ConicSolveError`, :class:`ConicBackwardError`,
+  :class:`ConicDegenerateWarning`;
+- cones :class:`ZeroCone` ``(n)``, :class:`NonnegCone` ``(n)``, :class:`SecondOrderCone`
+  ``(n)`` (``t`` first), :class:`PSDCone` ``(k)`` (scaled upper triangle, column-wise:
+  Clarabel's order; :func:`svec`/:func:`smat` convert), and the :class:`Cone` protocol.
+
+This package may import :mod:`dxopt._core` only (and third-party code); nothing in dxopt
+below it imports it.
+"""
+
+from dxopt.conic.api import ConicLayer as ConicLayer
+from dxopt.conic.api import solve as solve
+from dxopt.conic.api import solve_with as solve_with
+from dxopt.conic.cones.base import Cone as Cone
+from dxopt.conic.cones.nonneg import NonnegCone as NonnegCone
+from dxopt.conic.cones.psd import PSDCone as PSDCone
+from dxopt.conic.cones.psd import smat as smat
+from dxopt.conic.cones.psd import svec as svec
+from dxopt.conic.cones.soc import SecondOrderCone as SecondOrderCone
+from dxopt.conic.cones.zero import ZeroCone as ZeroCone
+from dxopt.conic.types import ConicBackwardError as ConicBackwardError
+from dxopt.conic.types import ConicBackwardInfo as ConicBackwardInfo
+from dxopt.conic.types import ConicDegenerateWarning as ConicDegenerateWarning
+from dxopt.conic.types import ConicInfo as ConicInfo
+from dxopt.conic.types import ConicOptions as ConicOptions
+from dxopt.conic.types import ConicSolution as ConicSolution
+from dxopt.conic.types import ConicSolveError as ConicSolveError
+
+__all__ = [
+    "Cone",
+    "ConicBackwardError",
+    "ConicBackwardInfo",
+    "ConicDegenerateWarning",
+    "ConicInfo",
+    "ConicLayer",
+    "ConicOptions",
+    "ConicSolution",
+    "ConicSolveError",
+    "NonnegCone",
+    "PSDCone",
+    "SecondOrderCone",
+    "ZeroCone",
+    "smat",
+    "solve",
+    "solve_with",
+    "svec",
+]

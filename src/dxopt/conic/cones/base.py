@@ -12,8 +12,14 @@ answers, for a batch of vectors ``v`` of shape ``(..., dim)`` (torch, float32 or
   defined side; :meth:`Cone.kink` says where that happens);
 - :meth:`Cone.dist` / :meth:`Cone.dist_dual`: :math:`\\Vert v - \\Pi(v)\\Vert` (membership
   checks of the certificate);
-- :meth:`Cone.kink`: ``True`` where ``v`` is within ``tol`` (relative to ``|v|``) of a point
-  where :math:`\\Pi_{K^*}` is not differentiable (an apex, a face with a zero multiplier).
+- :meth:`Cone.kink`: ``True`` where ``v`` is within ``tol`` (relative to ``|v|``, or to
+  ``scale`` where given) of a point where :math:`\\Pi_{K^*}` is not differentiable (an apex, a
+  face with a zero multiplier); ``tol`` is a float or a tensor of shape ``v.shape[:-1]``;
+- :meth:`Cone.dproject_dual_snapped`: the Jacobian of :math:`\\Pi_{K^*}` with the points that
+  :meth:`Cone.kink` flags moved onto one defined side (the engine's one-sided rule: each cone
+  documents its side; the default is the plain Jacobian);
+- :meth:`Cone.scs_perm`: where SCS stores this cone's entries in a different order (the PSD
+  triangle), the permutation ``p`` with ``v_scs = v[p]``.
 
 The defaults below derive the dual side from the primal one; a self-dual cone sets
 ``self_dual = True`` and implements only the primal side.
@@ -48,7 +54,7 @@ class Cone:
         """The Jacobian of :math:`\\Pi_K` at ``v``: shape ``(..., dim, dim)``."""
         raise NotImplementedError
 
-    def kink_primal(self, v: Tensor, tol: float) -> Tensor:
+    def kink_primal(self, v: Tensor, tol: float | Tensor) -> Tensor:
         """``True`` where :math:`\\Pi_K` is within ``tol`` of a non-differentiable point."""
         raise NotImplementedError
 
@@ -77,9 +83,29 @@ class Cone:
         eye = torch.eye(self.dim, dtype=v.dtype, device=v.device)
         return eye - self.dproject(-v)
 
-    def kink(self, v: Tensor, tol: float) -> Tensor:
-        """``True`` where :math:`\\Pi_{K^*}` is within ``tol`` of a non-differentiable point."""
+    def kink(self, v: Tensor, tol: float | Tensor, *, scale: Tensor | None = None) -> Tensor:
+        """``True`` where :math:`\\Pi_{K^*}` is within ``tol`` of a non-differentiable point.
+
+        ``tol`` is relative to ``|v|``; with ``scale`` (shape ``v.shape[:-1]``) it is relative
+        to ``scale`` instead (the engine passes the scale of the whole point, so that a cone
+        slice of one tiny entry is not judged against itself)."""
+        if scale is not None:
+            norm = torch.linalg.vector_norm(v, dim=-1)
+            eps, tiny = torch.finfo(v.dtype).eps, torch.finfo(v.dtype).tiny
+            floor = torch.clamp(eps * scale, min=tiny)  # a slice below round-off: all kink
+            tol = tol * scale / torch.maximum(norm, floor)
         return self.kink_primal(v if self.self_dual else -v, tol)
+
+    def dproject_dual_snapped(self, v: Tensor, atol: Tensor) -> Tensor:
+        """The Jacobian of :math:`\\Pi_{K^*}` at ``v`` with the kinks within ``atol`` (absolute,
+        shape ``v.shape[:-1]``) resolved to this cone's documented side (default: the plain
+        Jacobian :meth:`dproject_dual`)."""
+        return self.dproject_dual(v)
+
+    def scs_perm(self) -> list[int] | None:
+        """``p`` with ``v_scs = v[p]`` where SCS orders this cone's entries differently
+        (``None``: the same order)."""
+        return None
 
     def dist(self, v: Tensor) -> Tensor:
         """:math:`\\Vert v - \\Pi_K(v)\\Vert` over the last axis."""

@@ -1,0 +1,135 @@
+"""The public entry points: :func:`solve` and :class:`ConicLayer`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from torch import Tensor, nn
+
+from dxopt._core import handle_failure
+from dxopt.conic.cones.base import Cone
+from dxopt.conic.function import ConicCall, ConicFunction
+from dxopt.conic.problem import conic_problem
+from dxopt.conic.types import ConicOptions, ConicSolution, ConicSolveError
+
+__all__ = ["ConicLayer", "solve", "solve_with"]
+
+
+def solve(
+    P: Tensor | None,
+    q: Tensor,
+    A: Tensor,
+    b: Tensor,
+    *,
+    cones: Sequence[Cone],
+    atol: float = 1e-8,
+    rtol: float = 1e-8,
+    infeas_tol: float = 1e-8,
+    max_iter: int = 200,
+    solver: str = "clarabel",
+    fallback: bool = True,
+    on_failure: str = "raise",
+    kink_tol: float = 1e-7,
+    polish: bool = True,
+    check_psd: bool = True,
+) -> ConicSolution:
+    """Solve :math:`\\min_x \\tfrac12 x^\\top Px + q^\\top x` s.t. :math:`Ax + s = b`,
+    :math:`s \\in K = K_1 \\times \\dots \\times K_r` and make ``x``, ``y``, ``s``
+    differentiable in ``P, q, A, b``.
+
+    Args:
+        P: ``(n, n)`` or ``(B, n, n)`` symmetric PSD, or ``None`` (a linear objective).
+        q: ``(n,)`` or ``(B, n)``.
+        A: ``(m, n)`` or ``(B, m, n)``.
+        b: ``(m,)`` or ``(B, m)``.
+        cones: the cones :math:`K_i` in row order (``ZeroCone``, ``NonnegCone``,
+            ``SecondOrderCone``, ``PSDCone``, ...); their dimensions add up to ``m``.
+        atol, rtol, infeas_tol, max_iter, solver, fallback, on_failure, kink_tol, polish,
+            check_psd: see :class:`~dxopt.conic.types.ConicOptions`.
+
+    Returns:
+        :class:`~dxopt.conic.types.ConicSolution` with ``x``, ``y`` (in :math:`K^*`), ``s``
+        (in :math:`K`), per-sample ``status`` and ``info``. Float32 inputs give float32 outputs
+        (the solve and the derivative run in float64).
+
+    Raises:
+        TypeError, ValueError: bad inputs, each naming the argument.
+        ConicSolveError: with ``on_failure="raise"``, samples without a certified solution
+            (infeasible and unbounded ones included), naming their indices and statuses.
+
+    Example:
+        >>> import torch, dxopt.conic as dc
+        >>> c = torch.tensor([3.0, 4.0], dtype=torch.float64, requires_grad=True)
+        >>> # the point of the unit ball nearest to c: min 1/2|x|^2 - c'x, (1, x) in SOC(3)
+        >>> A = torch.cat([torch.zeros(1, 2), -torch.eye(2)]).double()
+        >>> b = torch.tensor([1.0, 0.0, 0.0], dtype=torch.float64)
+        >>> sol = dc.solve(torch.eye(2, dtype=torch.float64), -c, A, b,
+        ...                cones=[dc.SecondOrderCone(3)])
+        >>> [round(v, 6) for v in sol.x.tolist()]
+        [0.6, 0.8]
+    """
+    options = ConicOptions(
+        atol=atol,
+        rtol=rtol,
+        infeas_tol=infeas_tol,
+        max_iter=max_iter,
+        solver=solver,
+        fallback=fallback,
+        on_failure=on_failure,
+        kink_tol=kink_tol,
+        polish=polish,
+        check_psd=check_psd,
+    )
+    return solve_with(P, q, A, b, cones=cones, options=options)
+
+
+def solve_with(
+    P: Tensor | None,
+    q: Tensor,
+    A: Tensor,
+    b: Tensor,
+    *,
+    cones: Sequence[Cone],
+    options: ConicOptions,
+) -> ConicSolution:
+    """:func:`solve` with one :class:`~dxopt.conic.types.ConicOptions` record."""
+    if not isinstance(options, ConicOptions):
+        raise TypeError(f"options: expected a ConicOptions, got {type(options).__name__}")
+    prob = conic_problem(P, q, A, b, cones, check_psd=options.check_psd)
+    call = ConicCall(prob, options)
+    P_in = P if P is not None else q.new_zeros(0)
+    x, y, s = ConicFunction.apply(P_in, q, A, b, call)
+    state = call.state
+    assert state is not None
+    status = tuple(state.status)
+    failed = tuple(i for i, st in enumerate(status) if not st.ok)
+    if failed:
+        listed = ", ".join(f"{i}: {status[i].value}" for i in failed[:10])
+        why = "; ".join(state.info.failures[failed[0]][-2:])
+        message = (
+            f"dxopt.conic.solve: {len(failed)} of {len(status)} samples have no certified "
+            f"solution ({listed}{', ...' if len(failed) > 10 else ''})"
+            + (f"; sample {failed[0]}: {why}" if why else "")
+            + ". Infeasible/unbounded samples carry a checked certificate; for the others "
+            "raise max_iter or loosen atol/rtol. Pass on_failure='nan' to keep the rest."
+        )
+        if options.on_failure == "raise":
+            raise ConicSolveError(message, failed, status)
+        handle_failure(options.on_failure, message, status=None)
+    return ConicSolution(x=x, y=y, s=s, status=status, info=state.info)
+
+
+class ConicLayer(nn.Module):
+    """A cone program as a layer: ``layer(P, q, A, b) -> ConicSolution`` with fixed ``cones``
+    and options (keyword-only, as :func:`solve`)."""
+
+    def __init__(self, *, cones: Sequence[Cone], **options: object) -> None:
+        super().__init__()
+        self.cones = tuple(cones)
+        self.options = ConicOptions(**options)  # type: ignore[arg-type]
+
+    def forward(self, P: Tensor | None, q: Tensor, A: Tensor, b: Tensor) -> ConicSolution:
+        return solve_with(P, q, A, b, cones=self.cones, options=self.options)
+
+    def extra_repr(self) -> str:
+        return f"cones={list(self.cones)}"

@@ -1,0 +1,173 @@
+"""Implicit differentiation of a certified cone program (the reverse and the forward mode).
+
+At a certified point :math:`F(x, w; P, q, A, b) = 0` (:mod:`dxopt.conic.kkt`), so
+:math:`d(x, w) = -J^{-1}\\, \\partial F`, with
+
+.. math::
+
+    \\partial F = \\begin{pmatrix} dP\\, x + dA^\\top y + dq \\\\ dA\\, x - db \\end{pmatrix},
+    \\qquad dy = D\\, dw,\\quad ds = (D - I)\\, dw .
+
+**Reverse mode**: the cotangents :math:`(\\bar x, \\bar y, \\bar s)` give
+:math:`g = (\\bar x,\\ D^\\top(\\bar y + \\bar s) - \\bar s)`; solve :math:`J^\\top u = g`,
+:math:`u = (u_x, u_w)`; then :math:`\\bar q = -u_x`, :math:`\\bar b = u_w`,
+:math:`\\bar P = -\\tfrac12(u_x x^\\top + x u_x^\\top)` (``P`` enters symmetrised) and
+:math:`\\bar A = -(y u_x^\\top + u_w x^\\top)`; shared inputs sum over the batch.
+
+**Kinks** (a sample the forward reported ``DEGENERATE``): ``D`` is built by each cone's
+one-sided rule (:meth:`dxopt.conic.cones.base.Cone.dproject_dual_snapped`, the adjoining piece
+of smaller rank: a weakly active row or face is taken as inactive), the derivative for
+perturbations that move the point off the kink onto that side; a
+:class:`~dxopt.conic.types.ConicDegenerateWarning` says so.
+
+**The linear solve**: a batched float64 LU of ``J`` with refinement to round-off
+(:func:`dxopt.conic.kkt.solve_refined`), checked per sample, and Hager's estimate of
+:math:`\\kappa_1(J)`. Where the refined residual misses round-off or
+:math:`\\kappa_1(J) >` :data:`COND_MAX` (a singular Jacobian: non-unique solutions, a kink the
+rule could not resolve) the adjoint is the minimum-norm least-squares solution
+:math:`u = (J^\\top)^+ g` (SVD, singular values below :data:`PINV_RTOL` times the largest
+dropped), the sample is flagged ``singular`` in :class:`~dxopt.conic.types.ConicBackwardInfo`
+and a :class:`~dxopt.conic.types.ConicDegenerateWarning` is issued. Failed samples give zero
+gradient.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import Tensor
+
+from dxopt.conic.certify import subset
+from dxopt.conic.forward import ForwardState, kink_scale
+from dxopt.conic.kkt import EPS, condition_1, cone_jacobian, jacobian, solve_refined
+from dxopt.conic.types import ConicBackwardInfo, ConicDegenerateWarning
+
+__all__ = ["COND_MAX", "PINV_RTOL", "adjoint_gradients", "tangents"]
+
+COND_MAX = 1e-4 / EPS
+"""Above this estimated :math:`\\kappa_1(J)` (about 4.5e11) the LU solution's forward error
+bound :math:`\\kappa\\,\\epsilon` exceeds 1e-4: the Jacobian counts as singular."""
+PINV_RTOL = 1e-10
+"""Relative cut-off of the singular values in the minimum-norm adjoint."""
+
+
+class _System:
+    """``J``, ``D`` and the LU of the certified samples, built once per forward state."""
+
+    def __init__(self, state: ForwardState):
+        prob = state.prob
+        self.idx = torch.nonzero(state.ok).flatten().tolist()
+        P, _, A, _ = subset(prob, self.idx)
+        ix = torch.as_tensor(self.idx, dtype=torch.long)
+        w = state.w[ix]
+        atol = state.options.kink_tol * kink_scale(prob, state.x, state.w)[ix]
+        self.D = cone_jacobian(prob.cones, prob.slices, w, atol)
+        self.J = jacobian(P, A, self.D)
+        LU, piv, _ = torch.linalg.lu_factor_ex(self.J)
+        self.factor = (LU, piv)
+        self.cond = condition_1(self.J, self.factor)
+        self.kink = torch.tensor([state.info.kink[i] for i in self.idx], dtype=torch.bool)
+
+
+def _system(state: ForwardState) -> _System:
+    sys = state.cache.get("system")
+    if sys is None:
+        sys = _System(state)
+        state.cache["system"] = sys
+    return sys
+
+
+def _solve(state: ForwardState, sys: _System, rhs: Tensor, *, adjoint: bool) -> Tensor:
+    sol, _ = solve_refined(sys.J, rhs, adjoint=adjoint, factor=sys.factor)
+    singular = ~sol.ok | (sys.cond > COND_MAX)
+    z = sol.z
+    residual = sol.residual.clone()
+    if bool(singular.any()):
+        sel = torch.nonzero(singular).flatten()
+        M = sys.J[sel].transpose(-1, -2) if adjoint else sys.J[sel]
+        pinv = torch.linalg.pinv(M, rtol=PINV_RTOL)
+        z = z.clone()
+        z[sel] = (pinv @ rhs[sel][..., None])[..., 0]
+        Mz = (M @ z[sel][..., None])[..., 0]
+        scale = M.abs().sum(-1).amax(-1) * z[sel].abs().amax(-1) + rhs[sel].abs().amax(-1)
+        residual[sel] = (rhs[sel] - Mz).abs().amax(-1) / torch.clamp(scale, min=EPS)
+    _record(state, sys, residual, singular, sol.steps)
+    return z
+
+
+def _record(state: ForwardState, sys: _System, residual: Tensor, singular: Tensor, steps: int):
+    B = state.prob.batch
+    res, sing, cond = [0.0] * B, [False] * B, [float("nan")] * B
+    for j, i in enumerate(sys.idx):
+        res[i], sing[i], cond[i] = float(residual[j]), bool(singular[j]), float(sys.cond[j])
+    bi: ConicBackwardInfo = state.info.backward
+    bi.linear_solver, bi.residual, bi.refinement_steps = "lu", tuple(res), steps
+    bi.singular, bi.condition = tuple(sing), tuple(cond)
+    flagged = [i for j, i in enumerate(sys.idx) if bool(singular[j] | sys.kink[j])]
+    if flagged:
+        warnings.warn(
+            "dxopt.conic: the derivative of samples "
+            f"{flagged[:10]}{'...' if len(flagged) > 10 else ''} is one-sided (a cone kink: "
+            "a weakly active face taken as inactive) or, where the Jacobian is singular, the "
+            "minimum-norm adjoint; see sol.info.kink and sol.info.backward",
+            ConicDegenerateWarning,
+            stacklevel=4,
+        )
+
+
+def adjoint_gradients(
+    state: ForwardState, gx: Tensor, gy: Tensor, gs: Tensor
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(gP, gq, gA, gb)`` per sample, float64, shapes ``(B, n, n), (B, n), (B, m, n),
+    (B, m)`` (the caller sums shared inputs); failed samples get zeros."""
+    prob = state.prob
+    B, n, m = prob.batch, prob.n, prob.m
+    f64 = torch.float64
+    gP, gq = torch.zeros(B, n, n, dtype=f64), torch.zeros(B, n, dtype=f64)
+    gA, gb = torch.zeros(B, m, n, dtype=f64), torch.zeros(B, m, dtype=f64)
+    sys = _system(state)
+    if not sys.idx:
+        return gP, gq, gA, gb
+    ix = torch.as_tensor(sys.idx, dtype=torch.long)
+    gx, gy, gs = gx[ix], gy[ix], gs[ix]
+    gw = (sys.D.transpose(-1, -2) @ (gy + gs)[..., None])[..., 0] - gs
+    u = _solve(state, sys, torch.cat([gx, gw], dim=-1), adjoint=True)
+    ux, uw = u[:, :n], u[:, n:]
+    x, y = state.x[ix], state.y[ix]
+    outer = ux[:, :, None] * x[:, None, :]
+    gP[ix] = -0.5 * (outer + outer.transpose(-1, -2))
+    gq[ix] = -ux
+    gA[ix] = -(y[:, :, None] * ux[:, None, :] + uw[:, :, None] * x[:, None, :])
+    gb[ix] = uw
+    return gP, gq, gA, gb
+
+
+def tangents(
+    state: ForwardState, dP: Tensor, dq: Tensor, dA: Tensor, db: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Forward mode: ``(dx, dy, ds)`` for the tangents ``dP (BP, n, n), dq (B, n), dA (BA, m,
+    n), db (B, m)`` (float64; zeros for failed samples)."""
+    prob = state.prob
+    B, n, m = prob.batch, prob.n, prob.m
+    f64 = torch.float64
+    dx, dy, ds = (
+        torch.zeros(B, n, dtype=f64),
+        torch.zeros(B, m, dtype=f64),
+        torch.zeros(B, m, dtype=f64),
+    )
+    sys = _system(state)
+    if not sys.idx:
+        return dx, dy, ds
+    ix = torch.as_tensor(sys.idx, dtype=torch.long)
+    x, y = state.x[ix], state.y[ix]
+    dPs = dP if dP.shape[0] == 1 else dP[ix]
+    dAs = dA if dA.shape[0] == 1 else dA[ix]
+    dPs = 0.5 * (dPs + dPs.transpose(-1, -2))
+    f1 = (dPs @ x[..., None])[..., 0] + (dAs.transpose(-1, -2) @ y[..., None])[..., 0] + dq[ix]
+    f2 = (dAs @ x[..., None])[..., 0] - db[ix]
+    z = -_solve(state, sys, torch.cat([f1, f2], dim=-1), adjoint=False)
+    dw = z[:, n:]
+    Ddw = (sys.D @ dw[..., None])[..., 0]
+    dx[ix], dy[ix], ds[ix] = z[:, :n], Ddw, Ddw - dw
+    return dx, dy, ds

@@ -1,0 +1,190 @@
+"""dxopt's own certificate of a backend's point, the Newton polish, and the checked
+infeasibility / unboundedness certificates.
+
+**A solution** :math:`(x, y, s)` from a backend is first *cleaned*: :math:`w = y - s`,
+:math:`y \\leftarrow \\Pi_{K^*}(w)`, :math:`s \\leftarrow \\Pi_{K^*}(w) - w` (so that
+:math:`y \\in K^*`, :math:`s \\in K` and :math:`s \\perp y` hold to round-off, Moreau's
+decomposition), then optionally *polished* by Newton steps on :math:`F(x, w) = 0`
+(:mod:`dxopt.conic.kkt`; a step is kept only where it lowers :math:`\\Vert F\\Vert_\\infty`).
+The returned point is accepted when each residual is at most ``atol + rtol * scale`` with its
+own scale:
+
+- primal :math:`\\Vert Ax + s - b\\Vert_\\infty`, scale
+  :math:`\\max(\\Vert Ax\\Vert_\\infty, \\Vert s\\Vert_\\infty, \\Vert b\\Vert_\\infty)`;
+- dual :math:`\\Vert Px + A^\\top y + q\\Vert_\\infty`, scale
+  :math:`\\max(\\Vert Px\\Vert_\\infty, \\Vert A^\\top y\\Vert_\\infty, \\Vert q\\Vert_\\infty)`;
+- membership :math:`\\mathrm{dist}(s, K)` and :math:`\\mathrm{dist}(y, K^*)`, scales
+  :math:`\\Vert s\\Vert_2`, :math:`\\Vert y\\Vert_2`;
+- complementarity :math:`|s^\\top y|`, scale :math:`\\Vert s\\Vert_2 \\Vert y\\Vert_2`;
+- gap :math:`|x^\\top Px + q^\\top x + b^\\top y|`, scale
+  :math:`\\max(|x^\\top Px|, |q^\\top x|, |b^\\top y|)`.
+
+**Infeasible** (primal): a :math:`y` is projected onto :math:`K^*` and normalised to
+:math:`b^\\top \\hat y = -1`; it certifies when :math:`b^\\top y < 0` beyond round-off and
+:math:`\\Vert A^\\top \\hat y\\Vert_\\infty \\Vert b\\Vert_\\infty \\le \\epsilon
+\\max_{ij}|A_{ij}|` (no feasible :math:`x` with :math:`\\Vert x\\Vert_1 <
+1/\\Vert A^\\top\\hat y\\Vert_\\infty`, i.e. none within :math:`1/\\epsilon` times the scale
+:math:`\\Vert b\\Vert_\\infty / \\max|A_{ij}|`). **Unbounded** (dual infeasible): a direction
+normalised to :math:`q^\\top \\hat d = -1` with :math:`\\Vert P\\hat d\\Vert_\\infty
+\\Vert q\\Vert_\\infty \\le \\epsilon \\max|P_{ij}|` and
+:math:`\\mathrm{dist}(-A\\hat d, K)\\, \\Vert q\\Vert_\\infty \\le \\epsilon \\max|A_{ij}|`;
+``epsilon`` is ``infeas_tol``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from dxopt.conic.kkt import EPS, cone_jacobian, jacobian, project_dual, residual_map
+from dxopt.conic.problem import ConicProblem
+from dxopt.conic.types import ConicOptions
+
+__all__ = ["Certified", "certify_infeasible", "certify_points", "certify_unbounded", "subset"]
+
+POLISH_STEPS = 2
+"""Newton steps of the polish (each one batched LU of ``J``)."""
+ROUNDOFF_SIGN = 100 * EPS
+"""A certificate's :math:`b^\\top y` (or :math:`q^\\top d`) must exceed this times
+:math:`\\Vert b\\Vert_\\infty \\Vert y\\Vert_1` to count as negative (not round-off)."""
+
+
+def subset(prob: ConicProblem, idx: list[int]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``P, q, A, b`` of the samples ``idx`` (shared ``P``/``A`` keep their batch axis of 1)."""
+    ix = torch.as_tensor(idx, dtype=torch.long)
+    P = prob.P if prob.P.shape[0] == 1 else prob.P[ix]
+    A = prob.A if prob.A.shape[0] == 1 else prob.A[ix]
+    return P, prob.q[ix], A, prob.b[ix]
+
+
+def _mv(M: Tensor, v: Tensor) -> Tensor:
+    return (M @ v[..., None])[..., 0]
+
+
+def _amax(v: Tensor) -> Tensor:
+    return v.abs().amax(dim=-1) if v.shape[-1] else v.new_zeros(v.shape[:-1])
+
+
+@dataclass(frozen=True)
+class Certified:
+    """The cleaned (and polished) points of a set of samples and their certificate."""
+
+    ok: Tensor
+    x: Tensor
+    y: Tensor
+    s: Tensor
+    w: Tensor
+    primal: Tensor
+    dual: Tensor
+    gap: Tensor
+    polished: Tensor
+    reasons: list[str]
+
+
+def _polish(prob: ConicProblem, data: tuple[Tensor, ...], x: Tensor, w: Tensor):
+    P, q, A, b = data
+    n = prob.n
+    y = project_dual(prob.cones, prob.slices, w)
+    F = residual_map(P, q, A, b, y, x, w)
+    fnorm = _amax(F)
+    polished = torch.zeros_like(fnorm, dtype=torch.bool)
+    for _ in range(POLISH_STEPS):
+        D = cone_jacobian(prob.cones, prob.slices, w)
+        J = jacobian(P, A, D)
+        LU, piv, _info = torch.linalg.lu_factor_ex(J)
+        dz = torch.linalg.lu_solve(LU, piv, -F[..., None])[..., 0]
+        x_new, w_new = x + dz[:, :n], w + dz[:, n:]
+        y_new = project_dual(prob.cones, prob.slices, w_new)
+        F_new = residual_map(P, q, A, b, y_new, x_new, w_new)
+        f_new = _amax(F_new)
+        better = torch.isfinite(f_new) & (f_new < fnorm) & torch.isfinite(dz).all(dim=-1)
+        if not bool(better.any()):
+            break
+        x = torch.where(better[:, None], x_new, x)
+        w = torch.where(better[:, None], w_new, w)
+        F = torch.where(better[:, None], F_new, F)
+        fnorm = torch.where(better, f_new, fnorm)
+        polished |= better
+    return x, w, polished
+
+
+def certify_points(
+    prob: ConicProblem, idx: list[int], x: Tensor, y: Tensor, s: Tensor, options: ConicOptions
+) -> Certified:
+    """Clean, polish and certify the points ``(x, y, s)`` of the samples ``idx``."""
+    data = subset(prob, idx)
+    P, q, A, b = data
+    finite = torch.isfinite(x).all(-1) & torch.isfinite(y).all(-1) & torch.isfinite(s).all(-1)
+    zero = torch.zeros_like
+    x, y, s = (torch.where(finite[:, None], t, zero(t)) for t in (x, y, s))
+    w = y - s
+    polished = torch.zeros_like(finite)
+    if options.polish:
+        x, w, polished = _polish(prob, data, x, w)
+    y = project_dual(prob.cones, prob.slices, w)
+    s = y - w
+    Ax, Px, Aty = _mv(A, x), _mv(P, x), _mv(A.transpose(-1, -2), y)
+    primal = _amax(Ax + s - b)
+    dual = _amax(Px + Aty + q)
+    xPx, qx, by = (x * Px).sum(-1), (q * x).sum(-1), (b * y).sum(-1)
+    gap = (xPx + qx + by).abs()
+    comp = (s * y).sum(-1).abs()
+    dist_s = torch.zeros_like(gap)
+    dist_y = torch.zeros_like(gap)
+    for cone, sl in zip(prob.cones, prob.slices):
+        dist_s = torch.hypot(dist_s, cone.dist(s[:, sl]))
+        dist_y = torch.hypot(dist_y, cone.dist_dual(y[:, sl]))
+    ns, ny = torch.linalg.vector_norm(s, dim=-1), torch.linalg.vector_norm(y, dim=-1)
+    at, rt = options.atol, options.rtol
+    checks = {
+        "primal residual": (primal, torch.stack([_amax(Ax), _amax(s), _amax(b)]).amax(0)),
+        "dual residual": (dual, torch.stack([_amax(Px), _amax(Aty), _amax(q)]).amax(0)),
+        "dist(s, K)": (dist_s, ns),
+        "dist(y, K*)": (dist_y, ny),
+        "complementarity |s'y|": (comp, ns * ny),
+        "duality gap": (gap, torch.stack([xPx.abs(), qx.abs(), by.abs()]).amax(0)),
+    }
+    ok = finite.clone()
+    reasons = ["" if f else "non-finite point" for f in finite.tolist()]
+    for name, (value, scale) in checks.items():
+        bound = at + rt * scale
+        bad = ~(value <= bound)
+        for i in torch.nonzero(bad & ok).flatten().tolist():
+            reasons[i] = f"{name} {float(value[i]):.2e} > {float(bound[i]):.2e}"
+        ok &= ~bad
+    return Certified(ok, x, y, s, w, primal, dual, gap, polished, reasons)
+
+
+def certify_infeasible(prob: ConicProblem, idx: list[int], y: Tensor, tol: float) -> Tensor:
+    """Per sample: does ``y`` certify primal infeasibility (module doc)?"""
+    _, _, A, b = subset(prob, idx)
+    y = torch.where(torch.isfinite(y), y, torch.zeros_like(y))
+    yp = project_dual(prob.cones, prob.slices, y)
+    by = (b * yp).sum(-1)
+    y1 = yp.abs().sum(-1)
+    negative = -by > ROUNDOFF_SIGN * _amax(b) * y1
+    safe = torch.where(negative, -by, torch.ones_like(by))
+    aty = _amax(_mv(A.transpose(-1, -2), yp / safe[:, None]))
+    a_max = A.abs().amax(dim=(-2, -1)).expand_as(by)
+    return negative & (aty * _amax(b) <= tol * a_max)
+
+
+def certify_unbounded(prob: ConicProblem, idx: list[int], d: Tensor, tol: float) -> Tensor:
+    """Per sample: does ``d`` certify dual infeasibility, an improving direction (module doc)?"""
+    P, q, A, _ = subset(prob, idx)
+    d = torch.where(torch.isfinite(d), d, torch.zeros_like(d))
+    qd = (q * d).sum(-1)
+    negative = -qd > ROUNDOFF_SIGN * _amax(q) * d.abs().sum(-1)
+    safe = torch.where(negative, -qd, torch.ones_like(qd))
+    dh = d / safe[:, None]
+    pd = _amax(_mv(P, dh))
+    mad = -_mv(A, dh)
+    dist = torch.zeros_like(qd)
+    for cone, sl in zip(prob.cones, prob.slices):
+        dist = torch.hypot(dist, cone.dist(mad[:, sl]))
+    p_max = P.abs().amax(dim=(-2, -1)).expand_as(qd)
+    a_max = A.abs().amax(dim=(-2, -1)).expand_as(qd)
+    qn = _amax(q)
+    return negative & (pd * qn <= tol * p_max) & (dist * qn <= tol * a_max)

@@ -1,0 +1,177 @@
+"""The forward: a chain of backend attempts over the batch, every point certified by dxopt.
+
+:func:`solve_forward` runs the attempts of :func:`attempts` in order over the samples still
+unsolved (Clarabel at ``atol``; with ``fallback``, Clarabel 100x tighter, then SCS where it
+is importable; ``solver="scs"`` puts SCS first). After each attempt the points are cleaned,
+polished and certified together (:func:`dxopt.conic.certify.certify_points`); a backend's
+infeasibility or unboundedness claim counts only with a checked certificate. What no attempt
+solved ends ``MAX_ITER`` (a backend ran out of iterations), ``INACCURATE`` (a finite point
+missed the certificate) or ``FAILED``. Certified samples at a cone's kink are ``DEGENERATE``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from dxopt._core import Cost, Status
+from dxopt.conic.backends import RawPoints, run_clarabel, run_scs, scs_available
+from dxopt.conic.certify import certify_infeasible, certify_points, certify_unbounded
+from dxopt.conic.kkt import project_dual
+from dxopt.conic.problem import ConicProblem
+from dxopt.conic.types import ConicInfo, ConicOptions
+
+__all__ = ["Attempt", "ForwardState", "attempts", "solve_forward"]
+
+Runner = Callable[[ConicProblem, list[int], float, int], RawPoints]
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One backend run of the chain: its name, runner and stopping tolerance."""
+
+    name: str
+    run: Runner
+    tol: float
+
+
+def attempts(options: ConicOptions) -> list[Attempt]:
+    """The chain for ``options`` (see the module doc)."""
+    clarabel = [Attempt("clarabel", run_clarabel, options.atol)]
+    if options.fallback:
+        clarabel.append(Attempt("clarabel-tight", run_clarabel, options.atol / 100))
+    scs = [Attempt("scs", run_scs, options.atol)] if scs_available() else []
+    chain = scs + clarabel if options.solver == "scs" else clarabel + scs
+    return chain if options.fallback else chain[:1]
+
+
+@dataclass
+class ForwardState:
+    """The certified forward of a batch (float64 CPU tensors; failed samples hold zeros)."""
+
+    prob: ConicProblem
+    options: ConicOptions
+    x: Tensor
+    y: Tensor
+    s: Tensor
+    w: Tensor
+    status: list[Status]
+    info: ConicInfo
+    cache: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> Tensor:
+        return torch.tensor([st.ok for st in self.status], dtype=torch.bool)
+
+
+def solve_forward(prob: ConicProblem, options: ConicOptions) -> ForwardState:
+    """Solve and certify every sample of ``prob`` (module doc)."""
+    start = time.perf_counter()
+    B, n, m = prob.batch, prob.n, prob.m
+    f64 = torch.float64
+    X, Y, S, W = (torch.zeros(B, d, dtype=f64) for d in (n, m, m, m))
+    status: list[Status | None] = [None] * B
+    solvers, iters = [""] * B, [0] * B
+    primal, dual, gap = [float("nan")] * B, [float("nan")] * B, [float("nan")] * B
+    polished = [False] * B
+    failures: list[list[str]] = [[] for _ in range(B)]
+    last_claim = [""] * B
+    pending = list(range(B))
+    calls = 0
+    for att in attempts(options):
+        if not pending:
+            break
+        raw = att.run(prob, pending, att.tol, options.max_iter)
+        calls += len(pending)
+        rx, ry, rs = (torch.from_numpy(a) for a in (raw.x, raw.y, raw.s))
+        pos = {i: j for j, i in enumerate(raw.index)}
+        point_idx = [
+            i for i, c in zip(raw.index, raw.claims) if c not in ("infeasible", "unbounded")
+        ]
+        if point_idx:
+            rows = [pos[i] for i in point_idx]
+            cert = certify_points(prob, point_idx, rx[rows], ry[rows], rs[rows], options)
+            for j, i in enumerate(point_idx):
+                if bool(cert.ok[j]):
+                    status[i] = Status.SOLVED
+                    X[i], Y[i], S[i], W[i] = cert.x[j], cert.y[j], cert.s[j], cert.w[j]
+                    primal[i], dual[i] = float(cert.primal[j]), float(cert.dual[j])
+                    gap[i], polished[i] = float(cert.gap[j]), bool(cert.polished[j])
+                    solvers[i], iters[i] = att.name, raw.iterations[pos[i]]
+                else:
+                    claim = raw.claims[pos[i]]
+                    failures[i].append(f"{att.name} ({claim}): {cert.reasons[j]}")
+                    last_claim[i] = claim
+        for claim, check, st, what in (
+            ("infeasible", certify_infeasible, Status.INFEASIBLE, ry),
+            ("unbounded", certify_unbounded, Status.UNBOUNDED, rx),
+        ):
+            idx = [i for i, c in zip(raw.index, raw.claims) if c == claim]
+            if not idx:
+                continue
+            good = check(prob, idx, what[[pos[i] for i in idx]], options.infeas_tol)
+            for j, i in enumerate(idx):
+                if bool(good[j]):
+                    status[i], solvers[i], iters[i] = st, att.name, raw.iterations[pos[i]]
+                else:
+                    failures[i].append(f"{att.name}: its {claim} certificate did not check")
+                    last_claim[i] = claim
+        pending = [i for i in pending if status[i] is None]
+    for i in pending:
+        status[i] = (
+            Status.MAX_ITER
+            if last_claim[i] == "max_iter"
+            else Status.FAILED
+            if last_claim[i] == "failed"
+            else Status.INACCURATE
+        )
+    final = [st if st is not None else Status.FAILED for st in status]
+    kink = _kinks(prob, X, W, final, options.kink_tol)
+    final = [Status.DEGENERATE if k and st is Status.SOLVED else st for k, st in zip(kink, final)]
+    info = ConicInfo(
+        solvers=tuple(solvers),
+        iterations=tuple(iters),
+        primal_residual=tuple(primal),
+        dual_residual=tuple(dual),
+        gap=tuple(gap),
+        kink=tuple(kink),
+        polished=tuple(polished),
+        failures=tuple(tuple(f) for f in failures),
+        cost=Cost(forwards=calls, seconds=time.perf_counter() - start),
+    )
+    return ForwardState(prob, options, X, Y, S, W, final, info)
+
+
+def kink_scale(prob: ConicProblem, x: Tensor, w: Tensor) -> Tensor:
+    """The scale the kink tolerance is relative to, per sample: the largest of
+    :math:`\\Vert w\\Vert_2 = \\Vert (y, s)\\Vert_2` and the scales of the primal and dual
+    residuals (:mod:`dxopt.conic.certify`), so that a point whose ``y`` and ``s`` are both
+    near zero is judged against the data, not against itself."""
+    P, A = prob.P, prob.A
+    y = project_dual(prob.cones, prob.slices, w)
+    s = y - w
+
+    def amax(v: Tensor) -> Tensor:
+        return v.abs().amax(dim=-1)
+
+    Ax = (A @ x[..., None])[..., 0]
+    Px = (P @ x[..., None])[..., 0]
+    Aty = (A.transpose(-1, -2) @ y[..., None])[..., 0]
+    parts = [torch.linalg.vector_norm(w, dim=-1), amax(Ax), amax(s), amax(prob.b)]
+    parts += [amax(Px), amax(Aty), amax(prob.q)]
+    return torch.stack(parts).amax(dim=0)
+
+
+def _kinks(
+    prob: ConicProblem, X: Tensor, W: Tensor, status: list[Status], tol: float
+) -> list[bool]:
+    scale = kink_scale(prob, X, W)
+    flag = torch.zeros(W.shape[0], dtype=torch.bool)
+    for cone, sl in zip(prob.cones, prob.slices):
+        flag |= cone.kink(W[:, sl], tol, scale=scale)
+    return [bool(f) and st.ok for f, st in zip(flag.tolist(), status)]
