@@ -78,7 +78,7 @@ class ProbesOnce:
 
     :meth:`_checked_params` validates ``params`` on every call and, when ``validate`` is set,
     runs :func:`check_loss_uses_params` on the first call only (through ``forward``, the
-    estimate's :class:`~dxopt.estimators._replay.ForwardReplay`, so the probe's forward draws
+    estimate's :class:`~dxopt._core.replay.ForwardReplay`, so the probe's forward draws
     the same dropout mask and updates buffers no more than the estimate's own forwards).
     """
 

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from dxopt._core.replay import replayed_forwards
 from dxopt.estimators._accounting import flop_scope
 from dxopt.estimators._api import (
     Cost,
@@ -20,7 +21,6 @@ from dxopt.estimators._api import (
     write_grads,
 )
 from dxopt.estimators._checkpointing import CheckpointPlan, _BlockCalls, checkpointing
-from dxopt.estimators._replay import replayed_forwards
 
 
 class Backprop:
@@ -38,7 +38,7 @@ class Backprop:
     keeps every product's output reports 0. A plan set on a loss that never calls
     :func:`~dxopt.estimators.run_blocks` warns (nothing would be checkpointed). Module buffers
     (BatchNorm statistics) are updated once per estimate: by the forward, not again by the
-    checkpoint's recomputation (:mod:`dxopt.estimators._replay`). Parameters with
+    checkpoint's recomputation (:mod:`dxopt._core.replay`). Parameters with
     ``requires_grad=False`` are frozen (:func:`~dxopt.estimators._api.split_trainable`).
 
     Args:

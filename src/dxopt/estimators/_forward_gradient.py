@@ -24,6 +24,7 @@ import torch.autograd.forward_ad as fwAD
 from torch import Tensor
 
 from dxopt._core import check_choice
+from dxopt._core.replay import replayed_forwards
 from dxopt.estimators._accounting import ProbesOnce, flop_scope
 from dxopt.estimators._api import (
     Cost,
@@ -47,7 +48,6 @@ from dxopt.estimators._directions import (
     iter_direction,
     top_magnitude_masks,
 )
-from dxopt.estimators._replay import replayed_forwards
 
 Combine = Literal["mean", "projection"]
 
@@ -104,7 +104,7 @@ class ForwardGradient(ProbesOnce):
     :math:`V^\\top V` (random-number generation traded for memory).
 
     Non-finite JVPs follow ``on_failure``. The ``k`` forwards see the same RNG state (same
-    dropout mask) and update module buffers once (see :mod:`dxopt.estimators._replay`).
+    dropout mask) and update module buffers once (see :mod:`dxopt._core.replay`).
     Parameters with ``requires_grad=False`` are frozen
     (:func:`~dxopt.estimators._api.split_trainable`).
     """

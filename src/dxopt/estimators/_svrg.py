@@ -27,6 +27,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
+from dxopt._core.replay import replayed_forwards
 from dxopt.estimators._accounting import ProbesOnce, flop_scope
 from dxopt.estimators._api import (
     Cost,
@@ -41,7 +42,6 @@ from dxopt.estimators._api import (
 )
 from dxopt.estimators._directions import Distribution, check_distribution, direction, draw_seeds
 from dxopt.estimators._forward_gradient import jvp_loss
-from dxopt.estimators._replay import replayed_forwards
 from dxopt.estimators._zeroth_order import SPSA
 
 Kind = Literal["zo", "fmad"]
@@ -114,7 +114,8 @@ class _SVRG(ProbesOnce):
         count_flops: bool = False,
     ) -> Estimate:
         """Refresh the anchor if due, then return the control-variate estimate (added to
-        ``.grad``); all forwards of the estimate see one RNG state (see ``_replay``)."""
+        ``.grad``); all forwards of the estimate see one RNG state
+        (:mod:`dxopt._core.replay`)."""
         trainable, loss_of = split_trainable(loss_fn, params)
         with replayed_forwards(loss_of) as forward:
             return self._estimate(forward, trainable, batch, count_flops)

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from dxopt._core import Status
+from dxopt._core.replay import replayed_forwards
 from dxopt.estimators._accounting import ProbesOnce, flop_scope
 from dxopt.estimators._api import (
     Cost,
@@ -43,7 +44,6 @@ from dxopt.estimators._directions import (
     iter_direction,
     top_magnitude_masks,
 )
-from dxopt.estimators._replay import replayed_forwards
 
 
 class SPSA(ProbesOnce):
@@ -73,7 +73,7 @@ class SPSA(ProbesOnce):
             is all NaN when none is finite, and has ``status`` ``FAILED``.
 
     The :math:`2n` forwards of one estimate see the same RNG state (same dropout mask) and
-    update module buffers (BatchNorm statistics) once, see :mod:`dxopt.estimators._replay`.
+    update module buffers (BatchNorm statistics) once, see :mod:`dxopt._core.replay`.
 
     :meth:`estimate` adds :math:`\\hat g` to ``.grad`` (one gradient-sized buffer);
     :meth:`step_` instead applies :math:`\\theta \\leftarrow \\theta - \\eta\\hat g` in place,

@@ -12,7 +12,7 @@ A step needs the residual rows :math:`r` and their Jacobian :math:`J`; they come
   (``torch.autograd.grad(..., is_grads_batched=True)``).
 
 One step sees one batch: every evaluation within a step (the Jacobian's, and ENGD's line-search
-trial points) goes through one :class:`dxopt.estimators._replay.ForwardReplay`, the mechanism
+trial points) goes through one :class:`dxopt._core.replay.ForwardReplay`, the mechanism
 the gradient estimators use for their repeated forwards. Each evaluation starts from the global
 RNG state the step started with (CPU, and every initialised CUDA device), so a closure that
 draws fresh collocation points or dropout masks from the global RNG sees the same draw at every
@@ -43,7 +43,7 @@ from dxopt._core import (
     check_on_failure,
     handle_failure,
 )
-from dxopt.estimators._replay import ForwardReplay, replayed_forwards
+from dxopt._core.replay import ForwardReplay, replayed_forwards
 from dxopt.natgrad._directions import DirectionSolve
 from dxopt.natgrad._jacobian import ResidualFunction, _HasJacobian, residual_and_jacobian
 

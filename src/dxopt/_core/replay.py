@@ -19,14 +19,14 @@ state. :class:`ForwardReplay` wraps the loss so that, within one estimate,
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 from torch.nn.modules.module import register_module_forward_pre_hook
 
-from dxopt.estimators._api import LossFn
+LossFn = Callable[[Mapping[str, Tensor], Any], Tensor]
 
 
 def _rng_state() -> tuple[Tensor, list[Tensor]]:
