@@ -29,18 +29,23 @@ Public API (stable; the CVXPY front end builds on it):
   :class:`ConicBackwardInfo`; errors :class:`ConicSolveError`, :class:`ConicBackwardError`,
   :class:`ConicDegenerateWarning`;
 - cones :class:`ZeroCone` ``(n)``, :class:`NonnegCone` ``(n)``, :class:`SecondOrderCone`
-  ``(n)`` (``t`` first), :class:`PSDCone` ``(k)`` (scaled upper triangle, column-wise:
-  Clarabel's order; :func:`svec`/:func:`smat` convert), and the :class:`Cone` protocol.
+  ``(n)`` (``t`` first), :class:`ExpCone` / :class:`ExpDualCone` (``(x, y, z)`` with
+  :math:`y e^{x/y} \\le z`), :class:`PowerCone` ``(alpha)``, :class:`PSDCone` ``(k)``
+  (scaled upper triangle, column-wise: Clarabel's order; :func:`svec`/:func:`smat`
+  convert), and the :class:`Cone` protocol.
 
-This package may import :mod:`dxopt._core` only (and third-party code); nothing in dxopt
-below it imports it.
+This package may import :mod:`dxopt._core` and :mod:`dxopt.linalg` only (and third-party
+code); nothing in dxopt below it imports it.
 """
 
 from dxopt.conic.api import ConicLayer as ConicLayer
 from dxopt.conic.api import solve as solve
 from dxopt.conic.api import solve_with as solve_with
 from dxopt.conic.cones.base import Cone as Cone
+from dxopt.conic.cones.exp import ExpCone as ExpCone
+from dxopt.conic.cones.exp import ExpDualCone as ExpDualCone
 from dxopt.conic.cones.nonneg import NonnegCone as NonnegCone
+from dxopt.conic.cones.power import PowerCone as PowerCone
 from dxopt.conic.cones.psd import PSDCone as PSDCone
 from dxopt.conic.cones.psd import smat as smat
 from dxopt.conic.cones.psd import svec as svec
@@ -64,8 +69,11 @@ __all__ = [
     "ConicOptions",
     "ConicSolution",
     "ConicSolveError",
+    "ExpCone",
+    "ExpDualCone",
     "NonnegCone",
     "PSDCone",
+    "PowerCone",
     "SecondOrderCone",
     "ZeroCone",
     "smat",
