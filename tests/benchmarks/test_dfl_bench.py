@@ -53,7 +53,8 @@ def test_exact_methods_match_pyepo_run_for_run(tmp_path: Path, monkeypatch) -> N
         assert dx["s_per_epoch"] > 0 and len(dx["epoch_seconds"]) == 3
     rows = {(r["problem"], r["method"]): r for r in payload["speed"]}
     assert rows[("sp", "SPO+")]["PyEPO calls/epoch"] == NUM_TRAIN
-    assert {r["within spread"] for r in payload["regret"]} <= {"yes", "NO"}
+    # a --quick run is a smoke run: no target verdicts at a smoke budget
+    assert {r["within spread"] for r in payload["regret"]} == {"smoke run"}
     text = (tmp_path / "dfl.md").read_text()
     assert "| sp | DBB | 6 |" in text and "Load average" in text
 
