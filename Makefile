@@ -6,6 +6,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 PYTEST_ARGS ?=
+# two pytest-xdist workers (one per core of the CI machine), one torch thread each; WORKERS=0 runs in one process
+WORKERS ?= 2
 
 .PHONY: demo test lint format bench bench-peers venv clean
 QPTH_BUILD ?= /tmp/dxopt-qpth-build
@@ -28,7 +30,8 @@ demo: $(VENV)/.installed-demo
 	$(VENV)/bin/dxopt demo portfolio
 
 test: $(VENV)/.installed-dev
-	OMP_NUM_THREADS=2 $(PY) -m pytest -q $(PYTEST_ARGS); rc=$$?; \
+	if [ "$(WORKERS)" = 0 ]; then par=""; threads=2; else par="-n $(WORKERS) --dist loadfile"; threads=1; fi; \
+	OMP_NUM_THREADS=$$threads $(PY) -m pytest -q $$par $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests"; exit 0; fi; exit $$rc
 
 lint: $(VENV)/.installed-dev

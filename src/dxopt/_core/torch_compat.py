@@ -30,6 +30,7 @@ __all__ = [
     "is_legacy_batched_tensor",
     "register_pytree_node",
     "resolve",
+    "standard_gamma",
     "tree_flatten",
     "tree_map",
 ]
@@ -76,6 +77,11 @@ PRIVATE_NAMES: dict[str, tuple[str, bool]] = {
         "counting storage reads and live memory per aten op (estimators' accounting)",
         False,
     ),
+    "torch._standard_gamma": (
+        "Gamma draws from an explicit torch.Generator (dfl's sum-of-Gamma noise); "
+        "torch.distributions.Gamma takes no generator",
+        False,
+    ),
     "torch.nn.modules.batchnorm._BatchNorm": (
         "the common base of BatchNorm1d/2d/3d and their lazy forms (linearize refuses "
         "running-statistics updates)",
@@ -120,6 +126,7 @@ try:  # the required names: a torch without one fails here, naming it and the ve
     functorch_is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
     functorch_is_batched = torch._C._functorch.is_batchedtensor
     functorch_get_unwrapped = torch._C._functorch.get_unwrapped
+    standard_gamma = torch._standard_gamma
 except (ImportError, AttributeError) as err:  # pragma: no cover - another torch
     raise ImportError(
         f"dxopt needs a private torch name that torch {torch.__version__} does not have ({err}); "

@@ -49,6 +49,7 @@ import torch
 from torch import Tensor
 
 from dxopt._core import check_choice, check_int, check_positive, check_range
+from dxopt._core.torch_compat import standard_gamma
 from dxopt.dfl.base import OracleLoss
 
 __all__ = ["AIMLE", "IMLE", "sum_of_gamma"]
@@ -71,7 +72,7 @@ def sum_of_gamma(
     kappa = check_positive("kappa", kappa)
     m = check_int("n_iterations", n_iterations)
     alpha = torch.full((m, *shape), 1.0 / kappa, dtype=torch.float64)
-    gammas = torch._standard_gamma(alpha, generator=generator)
+    gammas = standard_gamma(alpha, generator=generator)
     scale = (kappa / torch.arange(1, m + 1, dtype=torch.float64)).reshape(m, *([1] * len(shape)))
     return (((gammas * scale).sum(0) - math.log(m)) / kappa).to(dtype)
 
