@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+import dxopt.dfl._kernels as _kernels
 from dxopt._core import (
     Cost,
     DxoptError,
@@ -39,7 +40,6 @@ from dxopt._core import (
     check_tensor,
     handle_failure,
 )
-from dxopt.dfl import _kernels
 from dxopt.dfl._checks import as_array, check_cost_vectors, lp_bounds, lp_dimension, lp_matrix
 from dxopt.dfl._highs import import_highspy, new_highs, pass_model
 from dxopt.dfl.graphs import _check_edges, grid_graph
