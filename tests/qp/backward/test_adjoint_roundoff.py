@@ -151,3 +151,49 @@ def test_qpcboei2_directional_q_derivative_matches_one_sided_differences(solver:
     for t in (1e-3, 1e-4):
         for slope in ((run(t) - f0) / t, (f0 - run(-t)) / t):
             assert abs(ad - slope) <= 1e-6 * max(1.0, abs(slope)), (ad, t, slope)
+
+
+def test_moore_penrose_on_a_nonsingular_system_is_its_solution_and_says_x_is_unique() -> None:
+    """A nonsingular K reached by the fallback (the exact solve declined): the solution of
+    the system, and the cause is "unique", not dependent rows (whose warning claimed LICQ
+    failed on LISWET7, whose rows are independent)."""
+    rng = np.random.default_rng(3)
+    n, k = 6, 3
+    B = rng.standard_normal((n, n))
+    P, C = B @ B.T + np.eye(n), rng.standard_normal((k, n))
+    rhs = rng.standard_normal(n + k)
+    out = moore_penrose_saddle(P, C, rhs)
+    K = np.block([[P, C.T], [C, np.zeros((k, k))]])
+    np.testing.assert_allclose(out.z, np.linalg.solve(K, rhs), rtol=1e-12, atol=1e-12)
+    assert out.cause == "unique" and out.residual <= 1e-14
+    big = sp.block_diag([sp.csr_matrix(P)] * 400).tocsr()  # beyond the dense SVD: LSMR
+    Cb = sp.block_diag([sp.csr_matrix(C)] * 400).tocsr()
+    rhs_big = np.concatenate([np.tile(rhs[:n], 400), np.tile(rhs[n:], 400)])
+    out = moore_penrose_saddle(big, Cb, rhs_big)
+    assert out.cause == "unique" and out.residual <= 1e-9
+
+
+@pytest.mark.skipif(not _mm_data(), reason="no Maros-Meszaros data")
+def test_liswet7_fallback_warning_does_not_claim_dependent_rows() -> None:
+    """LISWET7 (n = 10002, 10000 independent active rows, P positive definite): on the
+    benchmark's loss (seed 0) the penalty refinement stalls and the LSMR fallback solves the
+    adjoint system to round-off; its warning said "P is singular ... not unique" (false),
+    then "linearly dependent" (false too). It now says x is unique and the solve declined."""
+    from benchmarks.qp import mm_problems as mmp
+    from benchmarks.qp.mm_dxopt import _csr
+
+    prob = mmp.load("LISWET7")
+    assert prob.G is not None and prob.h is not None
+    q = torch.tensor(prob.q, requires_grad=True)
+    sol = dqp.solve(_csr(prob.P), q, G=_csr(prob.G), h=torch.from_numpy(prob.h))
+    assert sol.status == (dqp.QPStatus.SOLVED,)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        (torch.from_numpy(mmp.loss_weights(prob, 0)) * sol.x).sum().backward()
+    info = sol.info.backward
+    assert info.residual <= 1e-10 and info.dependent_rows == (0,)
+    texts = [str(w.message) for w in caught if issubclass(w.category, dqp.QPDegenerateWarning)]
+    assert texts, "the fallback is flagged"
+    for text in texts:
+        assert "linearly dependent" not in text and "not unique" not in text, text
+        assert "x is unique" in text

@@ -252,6 +252,15 @@ _ACCEPTED = {
         "is used. Per-sample flags: sol.info.backward.pseudo_inverse. Pass degenerate='raise' "
         "to refuse instead."
     ),
+    "unique": (
+        "{method} backward: the exact solve of the reduced KKT system did not reach its "
+        "residual limit (the matrix is ill-conditioned, or singular through dependent active "
+        "rows); P is positive definite on the null space of the active rows, so x is unique, "
+        "and the least-squares adjoint, which solves the adjoint system to round-off, is "
+        "used: dL/dq and dL/dP are exact, the b/h/A/G gradients too where the active rows "
+        "are independent (else the minimum-norm choice). Per-sample flags: "
+        "sol.info.backward.pseudo_inverse."
+    ),
     "singular": (
         "{method} backward: the reduced KKT matrix is singular (dependent active rows, or P "
         "singular on their null space) and the Moore-Penrose (minimum-norm) adjoint, which "
@@ -287,6 +296,8 @@ class MoorePenrose:
     r"""One Moore-Penrose solve of :func:`moore_penrose_saddle`: ``z``, the equilibrated
     relative residual and the cause of the singularity: ``"dependent"`` (the null space of
     :math:`K` has no :math:`x` part: only the rows are dependent, :math:`x` is unique),
+    ``"unique"`` (:math:`P` positive definite or no null space found: :math:`x` is unique,
+    :math:`K` ill-conditioned or its rows dependent),
     ``"face"`` (it has one: :math:`P` singular on :math:`\ker C`) or ``"singular"`` (not
     determined: a sparse system too large for the SVD with a singular :math:`P`)."""
 
@@ -326,7 +337,7 @@ def moore_penrose_saddle(P: Any, C: Any, rhs: np.ndarray) -> MoorePenrose:
         z, _ = lstsq_saddle(P, C, rhs, target=_NORMAL_LIMIT)
         rel = float(np.linalg.norm(d * (rhs - K @ z))) / norm
         Pc = sp.csc_matrix(P)
-        return MoorePenrose(z, rel, "dependent" if sparse_positive_definite(Pc) else "singular")
+        return MoorePenrose(z, rel, "unique" if sparse_positive_definite(Pc) else "singular")
     Kd = K.toarray() if sp.issparse(K) else np.asarray(K)
     Ks = d[:, None] * Kd * d[None, :]
     U, sigma, Vt = np.linalg.svd(Ks)
@@ -342,7 +353,7 @@ def moore_penrose_saddle(P: Any, C: Any, rhs: np.ndarray) -> MoorePenrose:
         y = y + apply(rhs_s - Ks @ y)
     z = d * y
     null = d[:, None] * Vt[~keep].T  # the null space of K
-    cause = "dependent"
+    cause = "dependent" if null.shape[1] else "unique"
     if null.shape[1]:
         Q, _ = np.linalg.qr(null)
         z = z - Q @ (Q.T @ z)
