@@ -347,8 +347,12 @@ class BackwardBase:
 
     def _q_only(self, data: AdjointInput, active: ActiveSet) -> bool:
         """Only dL/dq and dL/dP are wanted (no row gradients, zero multiplier cotangents): the
-        degenerate rule's choice of rows cannot change them (same row space, same u)."""
-        return not (data.needs_rows or data.rule_fixed or bool(dual_rhs(data, active.used).any()))
+        degenerate rule's choice of rows cannot change them (same row space, same u). The
+        cotangents count on the weakly active rows too: such a row may join the active set (a
+        copy the backend gave multiplier 0), and its cotangent was dropped when it did not, so
+        the backward was not linear in its cotangent (issue 35 item 2)."""
+        rows = active.used | active.weak
+        return not (data.needs_rows or data.rule_fixed or bool(dual_rhs(data, rows).any()))
 
     def degenerate_rule(
         self,
