@@ -6,6 +6,9 @@ so the backward was not linear in its cotangent, and the q-gradient changed when
 ``h.requires_grad`` was switched on. Now the backward is linear, backend-independent and the
 same with or without ``h`` requiring grad; the derivative of the sum nu_0 + nu_1 (unique and
 smooth: -(1 + q0) for q0 < -1) is exact, checked against finite differences.
+
+Not yet fixed (the forward's part of item 2): the per-entry derivative is that of the equal
+split, which piqp and clarabel return, while daqp, auto and torch still return [nu, 0].
 """
 
 from __future__ import annotations
