@@ -39,6 +39,7 @@ from dxopt._core.validate import check_range as check_range
 from dxopt._core.validate import check_tensor as check_tensor
 from dxopt._core.validate import input_errors as input_errors
 from dxopt._core.validate import positional_deprecated as positional_deprecated
+from dxopt._core.validate import positional_refused as positional_refused
 from dxopt._core.validate import renamed_kwargs as renamed_kwargs
 
 __all__ = [
@@ -58,6 +59,7 @@ __all__ = [
     "handle_failure",
     "input_errors",
     "positional_deprecated",
+    "positional_refused",
     "release_host_buffers",
     "renamed_kwargs",
 ]

@@ -26,6 +26,7 @@ __all__ = [
     "check_tensor",
     "input_errors",
     "positional_deprecated",
+    "positional_refused",
     "renamed_kwargs",
 ]
 
@@ -221,6 +222,37 @@ def positional_deprecated(
             )
             kwargs.update(zip(bound, extra))
             return fn(*args[:leading], **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
+
+
+def positional_refused(*names: str, leading: int, note: str = "") -> Callable[[F], F]:
+    """Refuse the keyword-only parameters ``names`` given positionally, with a ``TypeError``
+    that names the parameters the extra arguments would have been bound to and says to pass
+    them by keyword (the end of :func:`positional_deprecated`'s release of warning).
+
+    ``leading`` is the number of positional parameters the function keeps (``self`` counts);
+    ``note`` ends the message (e.g. why the order is a trap). The wrapper costs one ``len``
+    on the normal call.
+    """
+
+    def decorate(fn: F) -> F:
+        owner = fn.__qualname__
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if len(args) <= leading:  # the normal call
+                return fn(*args, **kwargs)
+            extra = len(args) - leading
+            bound = names[:extra] if extra <= len(names) else names
+            by_keyword = ", ".join(f"{name}=" for name in bound)
+            raise TypeError(
+                f"{owner}: expected {leading} positional argument(s), got {len(args)}; "
+                f"the parameters after them ({', '.join(names)}) are keyword-only. Pass them "
+                f"by keyword ({by_keyword}...).{f' {note}' if note else ''}"
+            )
 
         return wrapper  # type: ignore[return-value]
 

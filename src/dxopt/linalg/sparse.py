@@ -228,9 +228,12 @@ def saddle_solve(
     r = rhs_s - Ks @ y
     rel = float(np.linalg.norm(r)) / norm
     while steps < max_steps and rel > tol:
-        y_new = y + solve(r)
-        r_new = rhs_s - Ks @ y_new
-        rel_new = float(np.linalg.norm(r_new)) / norm
+        # an inconsistent singular system (an unbounded LP's polish) makes the step blow up:
+        # that is the divergence test below, not a numpy warning on every call
+        with np.errstate(over="ignore", invalid="ignore"):
+            y_new = y + solve(r)
+            r_new = rhs_s - Ks @ y_new
+            rel_new = float(np.linalg.norm(r_new)) / norm
         steps += 1
         if not np.isfinite(rel_new) or rel_new > rel:  # diverging or round-off level
             break

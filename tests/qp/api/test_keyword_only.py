@@ -1,7 +1,8 @@
 """Issue 28 item 5, the argument-order trap: qpsolvers and qpth take ``(P, q, G, h, A, b)``,
 dxopt's positional order was ``(P, q, A, b, G, h)``, so ``solve(P, q, G, h)`` silently solved
-``G x = h`` as equalities. Every argument after ``q`` is keyword-only now; positional use
-still works for one release and warns, naming the arguments it bound."""
+``G x = h`` as equalities. Every argument after ``q`` is keyword-only; after one release of
+warning (the helper :func:`positional_deprecated` is still tested below), positional use is
+a ``TypeError`` (issue 35 item 3)."""
 
 from __future__ import annotations
 
@@ -37,41 +38,39 @@ def test_parameters_after_q_are_keyword_only(target: str) -> None:
     assert set(kinds.values()) == {inspect.Parameter.KEYWORD_ONLY}, kinds
 
 
-def test_positional_call_warns_and_names_what_it_bound() -> None:
-    """The trap: the qpsolvers order solve(P, q, G, h) binds G, h to A, b; the warning names
-    the binding and the call still does what it did (equalities), for one release."""
+@pytest.mark.parametrize("n_positional", [1, 2, 4])
+def test_positional_call_is_a_type_error_saying_to_pass_keywords(n_positional: int) -> None:
+    """Issue 35 item 3: the trap solve(P, q, G, h) (qpsolvers' order) and solve(P, q, G, h, A,
+    b) (qpth's) used to bind G, h to A, b and solve G x = h as equalities behind a hidden
+    DeprecationWarning; after that release they raise a TypeError saying to use keywords."""
     P, q, G, h = _box_problem()
-    with pytest.warns(DeprecationWarning, match=r"bound, in order, to A, b;") as record:
-        old = dqp.solve(P, q, G, h)
-    assert "solve(P, q, G, h) solved G x = h" in str(record[0].message)
-    assert record[0].filename == __file__  # points at the caller
-    torch.testing.assert_close(old.x, torch.tensor([1.0, 0.5], dtype=F64))  # Gx = h
+    extra = (G, h, G[:1], h[:1])[:n_positional]
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # the keyword call raises no warning
-        new = dqp.solve(P, q, G=G, h=h)
+        warnings.simplefilter("error")  # a TypeError, not a warning first
+        with pytest.raises(TypeError, match=r"keyword-only. Pass them by keyword \(A=") as err:
+            dqp.solve(P, q, *extra)
+    assert "G=G, h=h" in str(err.value)  # the note says how to write the call
+    new = dqp.solve(P, q, G=G, h=h)
     torch.testing.assert_close(new.x, torch.tensor([1.0, 0.5], dtype=F64))
     new_ineq = dqp.solve(P, q, G=G, h=torch.tensor([3.0, 3.0], dtype=F64))
     torch.testing.assert_close(new_ineq.x, torch.tensor([2.0, 2.0], dtype=F64))  # inactive
 
 
-def test_layer_positional_call_warns_at_the_caller() -> None:
+def test_layer_positional_call_is_a_type_error() -> None:
     P, q, G, h = _box_problem()
     layer = dqp.QPLayer()
     A, b = torch.ones(1, 2, dtype=F64), torch.ones(1, dtype=F64)
-    with pytest.warns(DeprecationWarning, match=r"to A, b, G, h;") as record:
-        old = layer(P, q, A, b, G, h)
-    assert record[0].filename == __file__
+    with pytest.raises(TypeError, match=r"QPLayer.forward: .*\(A=, b=, G=, h=\.\.\.\)"):
+        layer(P, q, A, b, G, h)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         new = layer(P, q, A=A, b=b, G=G, h=h)
-    torch.testing.assert_close(old.x, new.x)
+    assert new.x.shape == (2,)
 
 
-def test_positional_and_keyword_twice_or_too_many_is_a_type_error() -> None:
+def test_too_many_positional_arguments_is_a_type_error() -> None:
     P, q, G, h = _box_problem()
-    with pytest.raises(TypeError, match="'A' both positionally and by keyword"):
-        dqp.solve(P, q, G, A=G)
-    with pytest.raises(TypeError, match="at most 6 positional arguments"):
+    with pytest.raises(TypeError, match="expected 2 positional argument"):
         dqp.solve(P, q, None, None, G, h, None)
 
 

@@ -97,19 +97,31 @@ def test_degenerate_policy_is_a_list_of_attempts() -> None:
 
 @pytest.mark.parametrize("backward", ["kkt", "penalty"])
 def test_failed_attempts_leave_no_warning_and_the_last_one_warns_once(backward: str) -> None:
-    """P singular on the null space of the active rows: the rule attempt fails, the
-    pseudo-inverse answers; only its warning is issued, once, at this file's line."""
+    """P singular on the null space of the active rows (x2 free in [-1, 1]). A loss constant
+    on that face (x1 = -q1): the kkt rule attempt fails and the pseudo-inverse answers, only
+    its warning issued, once, at this file's line (the penalty's jittered solve meets the
+    system to round-off with the same minimum-norm adjoint). A loss that is not (x1 + x2) is
+    refused (issue 35 item 1), and the failed attempts leave no warning either."""
     P = torch.diag(torch.tensor([1.0, 0.0], dtype=F64))
     G = torch.tensor([[0.0, 1.0], [0.0, -1.0]], dtype=F64)
     q = torch.tensor([-0.3, 0.0], dtype=F64, requires_grad=True)
     sol = dqp.solve(P, q, G=G, h=torch.ones(2, dtype=F64), backward=backward)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        sol.x.sum().backward()
+        sol.x[0].backward()
     mine = _mine(caught)
-    assert [("Moore-Penrose" in str(w.message)) for w in mine] == [True]
-    assert mine[0].filename == __file__
-    assert sol.info.backward.pseudo_inverse == (True,)
+    torch.testing.assert_close(q.grad, torch.tensor([-1.0, 0.0], dtype=F64))
+    if backward == "kkt":
+        assert [("Moore-Penrose" in str(w.message)) for w in mine] == [True]
+        assert mine[0].filename == __file__
+        assert sol.info.backward.pseudo_inverse == (True,)
+    q2 = q.detach().clone().requires_grad_()
+    sol = dqp.solve(P, q2, G=G, h=torch.ones(2, dtype=F64), backward=backward)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(dqp.QPBackwardError, match="not unique"):
+            sol.x.sum().backward()
+    assert not _mine(caught)
 
 
 @pytest.mark.parametrize("backward", ["kkt", "penalty"])

@@ -134,7 +134,8 @@ def test_P_singular_on_the_null_space_of_the_active_rows_falls_back(
 ) -> None:
     """P z = 0 for a z with C z = 0: K is singular (x is not unique), the augmented matrix is
     singular too, so the route refuses and the general path gives its pseudo-inverse adjoint
-    with a warning, exactly as without the route."""
+    with a warning, exactly as without the route, for a loss constant on the face (grad_x
+    orthogonal to z); a loss that is not is refused on both routes."""
     data = complementary_qp(280, m=150, p=30, seed=12)
     assert data.G is not None and data.A is not None and data.active is not None
     assert data.x is not None
@@ -144,13 +145,21 @@ def test_P_singular_on_the_null_space_of_the_active_rows_falls_back(
     B = torch.randn(280, 280, generator=gen, dtype=F64)
     data = _with_P(data, flat @ (B @ B.T / 280 + 0.5 * torch.eye(280, dtype=F64)) @ flat)
     grad_x = torch.randn(280, generator=gen, dtype=F64)
+    with pytest.raises(dqp.QPBackwardError, match="not unique"):
+        _grads(data, "kkt", grad_x)
+    grad_x = grad_x - (grad_x @ z) * z  # constant on the face x + t z
     with pytest.warns(dqp.QPDegenerateWarning, match="singular"):
         got, sol = _grads(data, "kkt", grad_x)
+    # L is constant on the face, so moving q along z moves x along the face only: dL/dq is
+    # orthogonal to z (an LU solve of the singular K once returned a z-part of -3.3)
+    assert abs(float(got["q"] @ z)) <= 1e-10 * float(got["q"].norm())
     assert sol.info.backward.linear_solver != "augmented"
     assert sol.info.backward.pseudo_inverse == (True,)
     _schur_route(monkeypatch)
     with pytest.warns(dqp.QPDegenerateWarning, match="singular"):
         schur, _ = _grads(data, "kkt", grad_x)
+    with pytest.raises(dqp.QPBackwardError, match="not unique"):
+        _grads(data, "kkt", grad_x + 1e-3 * z)
     for name in got:
         assert relative_error(got[name], schur[name]) <= 1e-12, name
 

@@ -8,6 +8,8 @@ without one the status is MAX_ITER, INACCURATE or FAILED with what to change."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -196,3 +198,22 @@ def test_the_torch_path_never_calls_a_strictly_convex_problem_unbounded(cond: fl
     )
     ray = {"P": np.diag([1.0, 0.0]), "q": np.array([0.0, -1.0]), "G": np.array([[-1.0, 0.0]])}
     assert _solve(ray | {"h": np.zeros(1)}, solver="torch").status == (QPStatus.UNBOUNDED,)
+
+
+@pytest.mark.parametrize("solver", ["auto", "piqp", "clarabel", "daqp"])
+@pytest.mark.parametrize("sparse", [False, True])
+def test_an_unbounded_lp_raises_no_numpy_warning(solver: str, sparse: bool) -> None:
+    """Issue 35 item 5: min -1'x s.t. x >= 0 is UNBOUNDED; the polish's refinement on its
+    inconsistent singular system used to print numpy overflow RuntimeWarnings from
+    linalg/sparse.py on every call (the divergence is detected, not warned about)."""
+    n = 3
+    P = torch.zeros(n, n, dtype=torch.float64)
+    G = -torch.eye(n, dtype=torch.float64)
+    if sparse:
+        P, G = P.to_sparse(), G.to_sparse()
+    q, h = -torch.ones(n, dtype=torch.float64), torch.zeros(n, dtype=torch.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        sol = dqp.solve(P, q, G=G, h=h, solver=solver, on_failure="nan")
+    assert sol.status == (QPStatus.UNBOUNDED,)
+    assert bool(torch.isnan(sol.x).all())

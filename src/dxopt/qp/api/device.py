@@ -239,7 +239,13 @@ def _cpu_solve(
     certificate, the polish and the degenerate rules of every CPU backend) on ``samples`` of
     the batch (``None``: all), in float64; autograd carries the derivatives through the
     device/dtype conversions both ways. ``on_failure="nan"``: the caller raises. ``solve`` is
-    :func:`dxopt.qp.solve`, handed down by :mod:`dxopt.qp.api.solve`."""
+    :func:`dxopt.qp.solve`, handed down by :mod:`dxopt.qp.api.solve`.
+
+    ``check_psd=False``: ``P`` was checked already, at the inputs' own dtype (the shift
+    :func:`dxopt.qp.problem.canonical.psd_shift` scales with that dtype's epsilon, as on the
+    CPU route); a second check of the float64 copy would hold a float32 ``P`` to float64's
+    tolerance and refuse its round-off (a smallest eigenvalue of -1.9e-9 at unit norm) that
+    every CPU solver takes."""
     idx = None if samples is None else torch.tensor(samples, device=inputs[1].device)
     cpu: list[Tensor | None] = []
     for t, base in zip(inputs, BASES):
@@ -250,5 +256,5 @@ def _cpu_solve(
     assert P is not None and q is not None
     return solve(
         P, q, A=A, b=b, G=G, h=h, backward=backward, solver="auto", eps_abs=eps_abs,
-        eps_rel=eps_rel, on_failure="nan", fallback=fallback, polish=polish,
+        eps_rel=eps_rel, on_failure="nan", fallback=fallback, polish=polish, check_psd=False,
     )  # fmt: skip

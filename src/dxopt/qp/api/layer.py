@@ -7,7 +7,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from dxopt._core import positional_deprecated
+from dxopt._core import positional_refused
 from dxopt.qp.api.solve import ORDER_NOTE, solve_with
 from dxopt.qp.problem.options import QPOptions
 from dxopt.qp.problem.types import QPSolution
@@ -19,7 +19,7 @@ class QPLayer(nn.Module):
     """A differentiable QP layer: ``layer(P, q, A=A, b=b, G=G, h=h) -> QPSolution``.
 
     Every argument after ``q`` is keyword-only (as in :func:`dxopt.qp.solve`; positional use
-    still works for one release, with a ``DeprecationWarning`` naming the arguments it bound).
+    raises a ``TypeError`` saying to pass ``A=, b=, G=, h=`` by keyword).
 
     ``QPLayer(**options)`` takes the keyword options of :func:`dxopt.qp.solve` (its signature
     is :class:`~dxopt.qp.problem.options.QPOptions`'s fields, the one place they are written)
@@ -38,8 +38,7 @@ class QPLayer(nn.Module):
 
     __init__.__signature__ = QPOptions.keyword_signature(self_parameter=True)  # type: ignore[attr-defined]
 
-    # the warning points at the caller of ``layer(...)``, past nn.Module's call machinery
-    @positional_deprecated("A", "b", "G", "h", leading=3, note=ORDER_NOTE, stacklevel=4)
+    @positional_refused("A", "b", "G", "h", leading=3, note=ORDER_NOTE)
     def forward(
         self,
         P: Tensor,

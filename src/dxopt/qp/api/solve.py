@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from dxopt._core import positional_deprecated
+from dxopt._core import positional_refused
 from dxopt.qp.api.bounds import append_bounds
 from dxopt.qp.api.general import backward_method, run_general
 from dxopt.qp.api.lean import declined, run_lean_batch, run_lean_single
@@ -34,8 +34,9 @@ if TYPE_CHECKING:
 __all__ = ["ORDER_NOTE", "solve"]
 
 ORDER_NOTE = (
-    "qpsolvers and qpth take (P, q, G, h, A, b) while dxopt's positional order was (P, q, A, "
-    "b, G, h): solve(P, q, G, h) solved G x = h as equalities."
+    "qpsolvers and qpth take (P, q, G, h, A, b) while dxopt's old positional order was (P, q, "
+    "A, b, G, h), so a positional solve(P, q, G, h) would solve G x = h as equalities: write "
+    "solve(P, q, G=G, h=h, A=A, b=b)."
 )
 
 
@@ -61,7 +62,7 @@ def _refuse_vectors(A: object, G: object) -> None:
             )
 
 
-@positional_deprecated("A", "b", "G", "h", leading=2, note=ORDER_NOTE)
+@positional_refused("A", "b", "G", "h", leading=2, note=ORDER_NOTE)
 def solve(
     P: Tensor,
     q: Tensor,
@@ -100,9 +101,9 @@ def solve(
 
     Every argument after ``q`` is keyword-only: ``solve(P, q, G=G, h=h)``. qpsolvers and qpth
     take ``(P, q, G, h, A, b)`` while dxopt's positional order was ``(P, q, A, b, G, h)``, so a
-    positional ``solve(P, q, G, h)`` silently solved :math:`Gx = h` as equalities. Positional
-    ``A, b, G, h`` still work for one release and warn with a ``DeprecationWarning`` that names
-    the arguments they were bound to.
+    positional ``solve(P, q, G, h)`` silently solved :math:`Gx = h` as equalities. After one
+    release of ``DeprecationWarning``, positional arguments after ``q`` raise a ``TypeError``
+    that says to pass them by keyword (``G=, h=, A=, b=``).
 
     Args:
         P: ``(n, n)`` or ``(B, n, n)`` symmetric PSD; dense, or torch sparse COO/CSR ``(n, n)``.
@@ -192,6 +193,7 @@ def solve(
     ``ValueError`` under a transform or forward-mode AD (reverse mode only).
 
     Raises:
+        TypeError: positional arguments after ``q``.
         ValueError: bad shapes, dtypes, devices, NaN/Inf, non-symmetric or non-PSD ``P``,
             inconsistent batch sizes, bad options.
         QPSolveError: infeasible, unbounded or failed samples with ``on_failure="raise"``.

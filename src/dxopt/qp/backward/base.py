@@ -55,17 +55,20 @@ check. Two cases:
    left out; on LP-like problems those rows are what pins :math:`x` (a degenerate vertex). They
    are then kept as equalities (the derivative on the face, an element of the
    B-subdifferential), ``BackwardDiagnostics.weak_kept`` is set and a warning is issued.
-2. Otherwise (or if that is still singular) the solution is not unique and no derivative of
-   "the" solution exists; the adjoint becomes the Moore-Penrose one,
+2. Otherwise (or if that is still singular) the adjoint becomes the Moore-Penrose one,
 
 .. math:: [u; w] = K^+ [\\bar x; \\bar\\nu_J; \\bar\\mu]
     = \\lim_{\\varepsilon\\to 0}(K^2 + \\varepsilon I)^{-1}K[\\bar x; \\bar\\nu_J; \\bar\\mu],
 
-the minimum-norm least-squares solution of the adjoint system (dense: SVD; sparse: LSMR), the
-same for the dense and the sparse path. On a nonsingular :math:`K` it is the exact adjoint.
-The samples are flagged in ``BackwardDiagnostics.pseudo_inverse`` and a
-:class:`~dxopt.qp.QPDegenerateWarning` is issued; ``degenerate="raise"`` keeps the strict
-behaviour (:class:`~dxopt.qp.QPBackwardError`).
+solved on the equilibrated matrix (dense: SVD; sparse: LSMR,
+:func:`~dxopt.qp.backward.fallbacks.moore_penrose_saddle`) and returned only where it solves
+the adjoint system to ``max_residual`` (equilibrated): where the active rows are dependent
+and :math:`x` is unique (then :math:`\\bar q, \\bar P` are exact), or where :math:`x` is not
+unique but the loss is constant on the face of solutions. Otherwise no derivative exists and
+:class:`~dxopt.qp.QPBackwardError` names the cause; an adjoint whose residual is not at
+round-off is never returned. The samples are flagged in ``BackwardDiagnostics.pseudo_inverse``
+and a :class:`~dxopt.qp.QPDegenerateWarning` names the cause; ``degenerate="raise"`` keeps the
+strict behaviour (:class:`~dxopt.qp.QPBackwardError`).
 """
 
 from __future__ import annotations
@@ -94,6 +97,8 @@ from dxopt.qp.backward.fallbacks import (
     independent_equalities,
     pseudo_inverse_adjoint,
     with_rule_multipliers,
+    with_zero_equalities,
+    without_zero_equalities,
 )
 from dxopt.qp.backward.notices import collect_warnings, note_degenerate, trial_warnings
 from dxopt.qp.backward.regular import RegularAdjoint, RegularBudget, regular_adjoint
@@ -244,7 +249,13 @@ class BackwardBase:
         intra-op thread when each sample is small, :func:`dxopt.linalg.small_work`: batched
         small factorizations gain nothing from intra-op threads and lose badly to
         oversubscription on a loaded machine). Its warnings are gathered and issued once at
-        the end (:mod:`dxopt.qp.backward.notices`)."""
+        the end (:mod:`dxopt.qp.backward.notices`). All-zero equality rows are left out
+        (:func:`~dxopt.qp.backward.fallbacks.without_zero_equalities`)."""
+        reduced = without_zero_equalities(data)
+        if reduced is not None:  # all-zero rows of A: left out, as zero rows of G are
+            sub, keep = reduced
+            out = self.solve_adjoint(sub, diagnostics)
+            return with_zero_equalities(out, keep, data.problem.p)
         problem = data.problem
         per_sample = problem.n * problem.n * (problem.n + problem.m + problem.p)
         with collect_warnings(), small_work(float(per_sample), limit=_SMALL_SAMPLE):
@@ -336,8 +347,12 @@ class BackwardBase:
 
     def _q_only(self, data: AdjointInput, active: ActiveSet) -> bool:
         """Only dL/dq and dL/dP are wanted (no row gradients, zero multiplier cotangents): the
-        degenerate rule's choice of rows cannot change them (same row space, same u)."""
-        return not (data.needs_rows or data.rule_fixed or bool(dual_rhs(data, active.used).any()))
+        degenerate rule's choice of rows cannot change them (same row space, same u). The
+        cotangents count on the weakly active rows too: such a row may join the active set (a
+        copy the backend gave multiplier 0), and its cotangent was dropped when it did not, so
+        the backward was not linear in its cotangent (issue 35 item 2)."""
+        rows = active.used | active.weak
+        return not (data.needs_rows or data.rule_fixed or bool(dual_rhs(data, rows).any()))
 
     def degenerate_rule(
         self,

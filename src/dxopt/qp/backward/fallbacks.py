@@ -5,18 +5,19 @@ matrix (:mod:`dxopt.qp.backward.base`, case 2 of its module docstring)."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
+import scipy.sparse as sp
+import scipy.sparse.linalg as spla
 import torch
 from torch import Tensor
 
-from dxopt.linalg.sparse import lstsq_saddle
+from dxopt.linalg.sparse import equilibrate, lstsq_saddle, saddle_matrix
 from dxopt.qp.backward.adjoint import kkt_residual
 from dxopt.qp.backward.degenerate_rule import dependent_flags_dense, rule_multipliers
 from dxopt.qp.backward.notices import note_degenerate
-from dxopt.qp.backward.regular import equilibration
 from dxopt.qp.backward.rows import (
     active_rows_sparse,
     dense_rows,
@@ -25,7 +26,7 @@ from dxopt.qp.backward.rows import (
 )
 from dxopt.qp.certify.active import ActiveSet
 from dxopt.qp.certify.dependence import count_dependent_dense
-from dxopt.qp.problem.canonical import QPProblem
+from dxopt.qp.problem.canonical import QPProblem, sparse_positive_definite
 from dxopt.qp.problem.contracts import AdjointInput, AdjointSolution
 from dxopt.qp.problem.types import BackwardDiagnostics, QPBackwardError
 
@@ -33,8 +34,12 @@ __all__ = [
     "dependent_counts",
     "dual_rhs",
     "independent_equalities",
+    "moore_penrose_saddle",
     "pseudo_inverse_adjoint",
+    "range_part",
     "with_rule_multipliers",
+    "with_zero_equalities",
+    "without_zero_equalities",
 ]
 
 _NORMAL_LIMIT = 1e-9  # relative residual of the normal equations accepted for K^+ r
@@ -59,6 +64,65 @@ def independent_equalities(data: AdjointInput) -> tuple[AdjointInput, Tensor] | 
         data, problem=sub, eq_duals=data.eq_duals[:, keep], grad_eq=data.grad_eq[:, keep],
         factors=None,
     ), keep  # fmt: skip
+
+
+def without_zero_equalities(data: AdjointInput) -> tuple[AdjointInput, Tensor] | None:
+    r"""``data`` without the all-zero equality rows of ``A`` (zero in every sample) and the
+    mask of the rows kept; ``None`` where there are none.
+
+    A zero row :math:`0^\top x = b_i` is met by every :math:`x` when :math:`b_i = 0` (a
+    solved sample has it) and constrains nothing; in the reduced KKT matrix it is a zero row
+    and column, which made :math:`K` singular and sent the backward to the Moore-Penrose
+    route with the false diagnosis that :math:`P` was singular on the null space of the
+    active rows (a large sparse QP: an LSMR adjoint with residual 4.9e-4, a gradient 1-3 %
+    off). It is handled as an all-zero row of ``G`` is (never active,
+    :mod:`dxopt.qp.certify.active`): left out of the adjoint system, with :math:`w_i = 0`
+    and multiplier 0, the minimum-norm choice (perturbing :math:`b_i` makes the problem
+    infeasible, so no other value is a derivative either)."""
+    problem = data.problem
+    A = problem.A
+    if A is None or problem.p == 0:
+        return None
+    if A.layout == torch.sparse_coo:
+        nonzero = torch.zeros(problem.p, dtype=torch.bool)
+        idx, vals = A.indices(), A.values()
+        nonzero[idx[0][vals != 0]] = True
+    else:
+        flat = A if A.ndim == 2 else A.transpose(0, 1).reshape(problem.p, -1)
+        nonzero = (flat != 0).any(-1)
+    if bool(nonzero.all()):
+        return None
+    keep = nonzero
+    rows = torch.nonzero(keep).flatten()
+    sparse = A.layout == torch.sparse_coo
+    sub_A = A.index_select(0, rows).coalesce() if sparse else A[..., rows, :]
+    b = problem.b
+    assert b is not None
+    csr = dict(problem.csr)
+    if "A" in csr:
+        mat = csr["A"][0][rows.numpy()]
+        csr["A"] = (mat, mat.T.tocsr())
+    sub = replace(problem, A=sub_A, b=b[..., rows], p=int(rows.numel()), csr=csr)
+    reduced = replace(
+        data, problem=sub, eq_duals=data.eq_duals[:, keep], grad_eq=data.grad_eq[:, keep],
+        factors=None,
+    )  # fmt: skip
+    return reduced, keep
+
+
+def with_zero_equalities(out: AdjointSolution, keep: Tensor, p: int) -> AdjointSolution:
+    """The adjoint of :func:`without_zero_equalities`'s reduced problem on all ``p``
+    equality rows: :math:`w_i = 0` (and the multiplier 0, where the rule chose them) on the
+    zero rows."""
+    S = out.u.shape[0]
+    w_eq = torch.zeros(S, p, dtype=out.w_eq.dtype)
+    w_eq[:, keep] = out.w_eq
+    eq_duals = out.eq_duals
+    if eq_duals is not None:
+        full = torch.zeros(S, p, dtype=eq_duals.dtype)
+        full[:, keep] = eq_duals
+        eq_duals = full
+    return replace(out, w_eq=w_eq, eq_duals=eq_duals)
 
 
 def with_rule_multipliers(data: AdjointInput, out: AdjointSolution) -> AdjointSolution:
@@ -116,45 +180,44 @@ def pseudo_inverse_adjoint(
     *,
     max_residual: float = 1e-8,
 ) -> AdjointSolution:
-    """The Moore-Penrose adjoint :math:`K^+ r` of every solved sample (module docstring).
+    """The Moore-Penrose adjoint :math:`K^+ r` of every solved sample, returned only where it
+    solves the adjoint system to ``max_residual`` (module docstring of
+    :mod:`dxopt.qp.backward.base`, case 2).
 
-    A dense sample whose equilibrated matrix :math:`DKD`
-    (:func:`dxopt.qp.backward.regular.equilibration`) is nonsingular must get the exact
-    adjoint: its relative residual :math:`\\|D(r - Kz)\\|/\\|Dr\\|` must be within
-    ``max_residual``, or :class:`QPBackwardError` is raised (the SVD's cut-off on the unscaled
-    :math:`K` of an objective scaled by 1e-6 and rows by 1e6 once dropped a direction and
-    returned a residual of 0.18 as a gradient)."""
+    The multiplier part of :math:`r` is first projected onto the range of the active rows
+    :math:`C` (its part in :math:`\\ker C^\top` has no solution; dropping it is the
+    minimum-norm multiplier choice). Then :func:`moore_penrose_saddle` solves the
+    equilibrated system and the residual that judges is the equilibrated one,
+    :math:`\\|D(r - Kz)\\|/\\|Dr\\|` (:func:`dxopt.linalg.sparse.equilibrate`): a least-squares
+    solve of the unscaled :math:`K` cut real directions off with its singular values and
+    passed its normal-equation test while the adjoint itself was off by 4e-5 (Maros-Meszaros
+    QPCBOEI2: a directional derivative 3.5 % wrong). A residual above ``max_residual`` means
+    the system has no solution: :math:`P` is singular on the null space of the active rows
+    (:math:`x` is not unique) and the cotangent is not constant on that face, so no derivative
+    exists and :class:`QPBackwardError` says so (also when the solve merely fails to reach it:
+    a wrong adjoint is never returned). The warning names the cause that made :math:`K`
+    singular: dependent active rows with :math:`x` unique (then ``dL/dq`` and ``dL/dP`` are
+    exact), or a non-unique :math:`x` on whose face the loss is constant."""
     problem = data.problem
     S, n, m, p = data.x.shape[0], problem.n, problem.m, problem.p
     u = torch.zeros(S, n, dtype=torch.float64)
     w_ineq = torch.zeros(S, m, dtype=torch.float64)
     w_eq = torch.zeros(S, p, dtype=torch.float64)
     flagged = [False] * S
+    causes: set[str] = set()
     for i in range(S):
         if not bool(data.ok[i]):
             continue
         rows = torch.nonzero(active.used[i]).flatten() if m else torch.zeros(0, dtype=torch.int64)
         P, C = _sample_matrices(problem, active.used, i)
-        rhs = np.concatenate(
-            [
-                data.grad_x[i].numpy(),
-                data.grad_ineq[i, rows].numpy(),
-                data.grad_eq[i].numpy(),
-            ]
-        )
-        z, normal = lstsq_saddle(P, C, rhs, target=_NORMAL_LIMIT)
-        if not normal <= _NORMAL_LIMIT:
-            raise QPBackwardError(
-                f"{method} backward: the reduced KKT matrix is singular or nearly so at batch "
-                f"index {i} and even its least-squares (pseudo-inverse) adjoint is inaccurate "
-                f"(normal-equation residual {normal:.3g}, limit {_NORMAL_LIMIT:.0e}; a large "
-                "sparse system stops once LSMR stalls, see dxopt.linalg.lstsq_saddle), so the "
-                "gradient is refused. Regularise P, remove nearly dependent constraint rows or "
-                "check the problem."
-            ) from cause
-        if not problem.any_sparse:
-            _check_regular_residual(P, C, rhs, z, max_residual, f"{method} backward", i, cause)
+        rhs_c = np.concatenate([data.grad_ineq[i, rows].numpy(), data.grad_eq[i].numpy()])
+        rhs = np.concatenate([data.grad_x[i].numpy(), range_part(C, rhs_c)])
+        solved = moore_penrose_saddle(P, C, rhs)
+        if not solved.residual <= max_residual:
+            raise QPBackwardError(_refusal(method, i, solved, max_residual)) from cause
+        causes.add(solved.cause)
         flagged[i] = True
+        z = solved.z
         u[i] = torch.from_numpy(z[:n])
         k = int(rows.numel())
         if k:
@@ -168,45 +231,139 @@ def pseudo_inverse_adjoint(
     diagnostics.n_active = active.n_active
     diagnostics.n_weak = active.n_weak
     diagnostics.pseudo_inverse = tuple(flagged)
-    note_degenerate(
-        f"{method} backward: the reduced KKT matrix is singular (P is singular on the null "
-        "space of the active rows, so the solution is not unique); the Moore-Penrose "
-        "(minimum-norm least-squares) adjoint is used. Per-sample flags: "
-        "sol.info.backward.pseudo_inverse. Pass degenerate='raise' to refuse instead."
-    )
+    for found in sorted(causes):
+        note_degenerate(_ACCEPTED[found].format(method=method))
     return AdjointSolution(u, w_ineq, w_eq, active, residual)
 
 
-def _check_regular_residual(
-    P: np.ndarray,
-    C: np.ndarray,
-    rhs: np.ndarray,
-    z: np.ndarray,
-    limit: float,
-    what: str,
-    index: int,
-    cause: Exception | None,
-) -> None:
-    """Refuse a least-squares adjoint ``z`` of the dense saddle-point system that leaves a
-    residual beyond ``limit`` (equilibrated, relative) although the equilibrated matrix is
-    nonsingular (``sigma_min >= _SCALED_RANK_TOL sigma_max``): there the adjoint is unique
-    and ``z`` is not it."""
+_ACCEPTED = {
+    "dependent": (
+        "{method} backward: the reduced KKT matrix is singular because the active constraint "
+        "rows are linearly dependent (LICQ fails); x is unique (P is positive definite on the "
+        "null space of the active rows), and the Moore-Penrose (minimum-norm) adjoint, which "
+        "solves the adjoint system to round-off, is used: dL/dq and dL/dP are exact, the "
+        "b/h/A/G gradients are the minimum-norm choice. Per-sample flags: "
+        "sol.info.backward.pseudo_inverse."
+    ),
+    "face": (
+        "{method} backward: P is singular on the null space of the active rows, so the "
+        "solution x is not unique; this loss is constant on that face to round-off, and the "
+        "Moore-Penrose (minimum-norm) adjoint, which solves the adjoint system to round-off, "
+        "is used. Per-sample flags: sol.info.backward.pseudo_inverse. Pass degenerate='raise' "
+        "to refuse instead."
+    ),
+    "unique": (
+        "{method} backward: the exact solve of the reduced KKT system did not reach its "
+        "residual limit (the matrix is ill-conditioned, or singular through dependent active "
+        "rows); P is positive definite on the null space of the active rows, so x is unique, "
+        "and the least-squares adjoint, which solves the adjoint system to round-off, is "
+        "used: dL/dq and dL/dP are exact, the b/h/A/G gradients too where the active rows "
+        "are independent (else the minimum-norm choice). Per-sample flags: "
+        "sol.info.backward.pseudo_inverse."
+    ),
+    "singular": (
+        "{method} backward: the reduced KKT matrix is singular (dependent active rows, or P "
+        "singular on their null space) and the Moore-Penrose (minimum-norm) adjoint, which "
+        "solves the adjoint system to round-off, is used. Per-sample flags: "
+        "sol.info.backward.pseudo_inverse."
+    ),
+}
+
+
+def _refusal(method: str, i: int, solved: MoorePenrose, limit: float) -> str:
+    head = (
+        f"{method} backward: at batch index {i} the reduced KKT matrix is singular and its "
+        "least-squares (Moore-Penrose, pseudo-inverse) adjoint leaves an equilibrated "
+        f"relative residual {solved.residual:.3g} (limit {limit:.1g}), so it is no adjoint "
+        "and the gradient is refused. "
+    )
+    if solved.cause == "face":
+        return head + (
+            "Cause: P is singular on the null space of the active rows, so the solution x is "
+            "not unique (a face of solutions) and this loss is not constant on it: no "
+            "derivative of x exists. Regularise P (e.g. P + eps I) or make the loss depend on "
+            "x only through quantities constant on the face."
+        )
+    return head + (
+        "The solve did not reach round-off (cause undetermined: dependent active rows with "
+        "very different scales, or P singular on their null space). Rescale the problem or "
+        "regularise P."
+    )
+
+
+@dataclass(frozen=True)
+class MoorePenrose:
+    r"""One Moore-Penrose solve of :func:`moore_penrose_saddle`: ``z``, the equilibrated
+    relative residual and the cause of the singularity: ``"dependent"`` (the null space of
+    :math:`K` has no :math:`x` part: only the rows are dependent, :math:`x` is unique),
+    ``"unique"`` (:math:`P` positive definite or no null space found: :math:`x` is unique,
+    :math:`K` ill-conditioned or its rows dependent),
+    ``"face"`` (it has one: :math:`P` singular on :math:`\ker C`) or ``"singular"`` (not
+    determined: a sparse system too large for the SVD with a singular :math:`P`)."""
+
+    z: np.ndarray
+    residual: float
+    cause: str
+
+
+def range_part(C: Any, v: np.ndarray) -> np.ndarray:
+    """The orthogonal projection of ``v`` onto the range of ``C`` (``k`` rows): the part of
+    the multiplier right-hand side the adjoint system can meet (the rest lies in
+    :math:`\\ker C^\top`, where the multipliers are not determined)."""
+    if not v.size or not bool(np.any(v)):
+        return v
+    if sp.issparse(C):
+        t = spla.lsmr(C, v, atol=1e-15, btol=1e-15, maxiter=20 * max(C.shape))[0]
+        return np.asarray(C @ t)
+    t = np.linalg.lstsq(C, v, rcond=None)[0]
+    return C @ t
+
+
+def moore_penrose_saddle(P: Any, C: Any, rhs: np.ndarray) -> MoorePenrose:
+    """:math:`z = K^+ r` for :math:`K = [[P, C^\top], [C, 0]]`, solved on the equilibrated
+    matrix :math:`\\hat K = DKD` (:func:`dxopt.linalg.sparse.equilibrate`).
+
+    Up to ``_DENSE_SVD`` unknowns: one SVD of :math:`\\hat K`, the pseudo-inverse solve with
+    two refinement steps, then the projection of :math:`z` onto the range of :math:`K` (its
+    null space is :math:`D\\ker\\hat K`), so :math:`z` is the Euclidean minimum-norm solution
+    wherever the system is consistent. Beyond: :func:`dxopt.linalg.sparse.lstsq_saddle`
+    (LSMR). The residual is :math:`\\|D(r - Kz)\\|/\\|Dr\\|`."""
     n = P.shape[0]
-    d_x, d_c = equilibration(P, C[None])
-    d = np.concatenate([d_x[0], d_c[0]])
-    r = rhs - np.concatenate([P @ z[:n] + C.T @ z[n:], C @ z[:n]])
-    rel = float(np.linalg.norm(d * r)) / max(float(np.linalg.norm(d * rhs)), 1e-300)
-    if rel <= limit:
-        return
-    K = np.block([[P, C.T], [C, np.zeros((C.shape[0], C.shape[0]))]])
-    sigma = np.linalg.svd(d[:, None] * K * d[None, :], compute_uv=False)
-    if sigma.size and float(sigma[-1]) < _SCALED_RANK_TOL * float(sigma[0]):
-        return  # singular: the residual is the part of r outside the range of K
-    raise QPBackwardError(
-        f"{what}: the least-squares (pseudo-inverse) adjoint at batch index {index} leaves a "
-        f"relative residual {rel:.3g} (limit {limit:.1g}, equilibrated) although the reduced "
-        f"KKT matrix is nonsingular once its rows and columns are equilibrated (condition "
-        f"{float(sigma[0] / sigma[-1]):.3g}); the gradient would be wrong, so it is refused. "
-        "Rescale the problem (objective and constraint rows of similar magnitude) or pass "
-        "backward='penalty'."
-    ) from cause
+    K = saddle_matrix(P, C)
+    d = equilibrate(K)
+    norm = max(float(np.linalg.norm(d * rhs)), 1e-300)
+    N = K.shape[0]
+    if N > _DENSE_SVD:
+        z, _ = lstsq_saddle(P, C, rhs, target=_NORMAL_LIMIT)
+        rel = float(np.linalg.norm(d * (rhs - K @ z))) / norm
+        Pc = sp.csc_matrix(P)
+        return MoorePenrose(z, rel, "unique" if sparse_positive_definite(Pc) else "singular")
+    Kd = K.toarray() if sp.issparse(K) else np.asarray(K)
+    Ks = d[:, None] * Kd * d[None, :]
+    U, sigma, Vt = np.linalg.svd(Ks)
+    keep = sigma > _SCALED_RANK_TOL * (float(sigma[0]) if sigma.size else 0.0)
+    Uk, Vk, inv = U[:, keep], Vt[keep].T, 1.0 / sigma[keep]
+
+    def apply(v: np.ndarray) -> np.ndarray:
+        return Vk @ (inv * (Uk.T @ v))
+
+    rhs_s = d * rhs
+    y = apply(rhs_s)
+    for _ in range(2):  # refinement (the pseudo-inverse of the truncated SVD, re-applied)
+        y = y + apply(rhs_s - Ks @ y)
+    z = d * y
+    null = d[:, None] * Vt[~keep].T  # the null space of K
+    cause = "dependent" if null.shape[1] else "unique"
+    if null.shape[1]:
+        Q, _ = np.linalg.qr(null)
+        z = z - Q @ (Q.T @ z)
+        if float(np.linalg.norm(Q[:n], axis=0).max()) > _NULL_X_PART:
+            cause = "face"
+        for _ in range(2):  # the computed null space is exact only to round-off of DKD:
+            z = z + d * apply(d * (rhs - Kd @ z))  # restore the residual (the norm moves less)
+    rel = float(np.linalg.norm(d * (rhs - Kd @ z))) / norm
+    return MoorePenrose(z, rel, cause)
+
+
+_DENSE_SVD = 3000  # unknowns of K up to which moore_penrose_saddle takes one dense SVD
+_NULL_X_PART = 1e-6  # x part of a unit null vector of K above which x is not unique

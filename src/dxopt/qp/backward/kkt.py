@@ -188,6 +188,14 @@ def _solve_dense(data: AdjointInput, used: Tensor) -> tuple[Tensor, Tensor, Tens
     if bool(suspect.any()):
         dependent[suspect] = count_dependent_dense(K[suspect, n:, :n])
     degenerate = dependent > 0
+    flat = (suspect & ~degenerate).nonzero().flatten().tolist()
+    if flat:  # independent rows and a (near-)zero pivot: P singular on ker C, or nearly so;
+        # LU's solution of a consistent singular system is arbitrary along the null space
+        raise QPBackwardError(
+            f"kkt backward: the reduced KKT matrix is singular or nearly so at batch indices "
+            f"{flat} although the active rows are independent (P is singular on their null "
+            "space, or nearly: x is not unique); its LU solve is not trusted."
+        )
     if bool(degenerate.any() or (info != 0).any()):  # refactor with those samples masked
         C = K[degenerate, n:, :n]
         sol, info = torch.linalg.solve_ex(torch.where(degenerate[:, None, None], eye, K), rhs)
