@@ -19,6 +19,7 @@ from torch import Tensor
 
 from dxopt._core import positional_deprecated
 from dxopt.qp.api.bounds import append_bounds
+from dxopt.qp.api.compiled import compiled_solve, compiles, set_eager_solve
 from dxopt.qp.api.general import backward_method, run_general
 from dxopt.qp.api.lean import declined, run_lean_batch, run_lean_single
 from dxopt.qp.api.route import Route, plan
@@ -169,8 +170,11 @@ def solve(
         per-sample ``status`` and ``info``. Outputs are batched if any input is; gradients of
         unbatched inputs are summed over the batch.
 
-    Under :func:`torch.compile` the call is a graph break (``torch.compiler.disable``): the
-    backends are numpy/C code that Dynamo cannot trace; the rest of the model compiles.
+    Under :func:`torch.compile` (``fullgraph=True`` included) the solve is the opaque custom op
+    of :mod:`dxopt.qp.api.compiled`, with the eager outputs and gradients; ``status`` is then
+    ``()``, ``info.route == "compiled"`` and ``lb_duals``/``ub_duals`` have ``n`` entries (zero
+    where the bound is infinite). With a configured backward object, ``solver_options``,
+    ``max_workers`` or ``executor`` the call stays a graph break (``torch.compiler.disable``).
 
     **torch.func.** ``grad``, ``vjp``, ``jvp``, ``jacrev``, ``jacfwd``, ``vmap`` and their
     first-order compositions (``vmap(grad(f))``, ``vmap(jacrev(f))``, ...) work on dense inputs,
@@ -205,7 +209,13 @@ def solve(
         >>> sol.x.detach()
         tensor([0.5000, 0.5000], dtype=torch.float64)
     """
-    if torch.compiler.is_compiling():  # a graph break: the solve runs eagerly (numpy/C)
+    if torch.compiler.is_compiling():  # the custom op (or a graph break)
+        options = QPOptions.of(
+            backward, solver, eps_abs, eps_rel, on_failure, max_workers, solver_options,
+            check_psd, executor, fallback, polish,
+        )  # fmt: skip
+        if compiles(options):
+            return compiled_solve(P, q, A, b, G, h, lb, ub, warm_start, options)
         return _solve_eagerly(
             P, q, A=A, b=b, G=G, h=h, lb=lb, ub=ub, backward=backward, solver=solver,
             eps_abs=eps_abs, eps_rel=eps_rel, on_failure=on_failure, warm_start=warm_start,
@@ -236,7 +246,9 @@ def solve_with(
     """:func:`solve` with checked ``options``: validate the inputs, plan, run. ``route=
     "general"`` forces the general route (the reference the other routes are tested
     against)."""
-    if torch.compiler.is_compiling():  # a graph break (QPLayer's calls)
+    if torch.compiler.is_compiling():  # the custom op, else a graph break
+        if route is None and compiles(options):
+            return compiled_solve(P, q, A, b, G, h, lb, ub, warm_start, options)
         return _solve_eagerly(P, q, A, b, G, h, lb, ub, warm_start, options=options, route=route)
     if (isinstance(A, Tensor) and A.ndim < 2) or (isinstance(G, Tensor) and G.ndim < 2):
         _refuse_vectors(A, G)
@@ -268,6 +280,9 @@ def solve_with(
     if name == "device":
         return _run_device(planned, data, options, layout)
     return run_general(planned, data, warm_start, options, method, layout)
+
+
+set_eager_solve(solve_with)
 
 
 def _run_device(

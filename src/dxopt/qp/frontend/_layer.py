@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from dxopt._core import Status
+from dxopt.qp.api.compiled import opaque_call, register_opaque
 from dxopt.qp.api.layer import QPLayer
 from dxopt.qp.frontend._affine import AffineMap, SparseLinear
 from dxopt.qp.frontend._compile import CompiledQP, compile_problem
@@ -182,6 +183,7 @@ class CvxpyQPLayer(nn.Module):
         self._pieces = self._make_pieces()
         self._unbatched = (False,) * len(c.param_shapes)
         self._sources = [self._source(o.kind, o.start, o.stop) for o in c.outputs]
+        self._opaque_key = register_opaque(self)  # the layer as one op under torch.compile
         self._patterns: dict[tuple[bool, ...], _Plan] = {}
         self._constants: dict[tuple[torch.device, torch.dtype], dict[str, Tensor | None]] = {}
 
@@ -543,8 +545,22 @@ class CvxpyQPLayer(nn.Module):
         return CvxpyQPSolution(tuple(outputs), status, tuple(solutions))
 
     def forward(self, *values: Tensor) -> tuple[Tensor, ...]:
-        """The requested variables and multipliers (cvxpylayers' return convention)."""
+        """The requested variables and multipliers (cvxpylayers' return convention). Under
+        :func:`torch.compile` the whole call is one opaque op
+        (:func:`dxopt.qp.api.compiled.opaque_call`), same outputs and gradients."""
+        if torch.compiler.is_compiling():
+            return opaque_call(self._opaque_key, values)
         return self.solve(*values).values
+
+    def _opaque_forward(self, *values: Tensor) -> tuple[Tensor, ...]:
+        """The eager forward, for :mod:`dxopt.qp.api.compiled`."""
+        return self.solve(*values).values
+
+    def _opaque_shapes(self, *values: Tensor) -> list[tuple[int, ...]]:
+        """The output shapes for ``values`` (shapes only), for :mod:`dxopt.qp.api.compiled`."""
+        batch, _ = self._check(values)
+        lead = () if batch is None else (batch,)
+        return [(*lead, *out.shape) for out in self.compiled.outputs]
 
     def extra_repr(self) -> str:
         c = self.compiled
