@@ -32,7 +32,7 @@ from dxopt.qp.problem.types import QPSolution
 if TYPE_CHECKING:
     from dxopt.qp.problem.executor import QPExecutor
 
-__all__ = ["ORDER_NOTE", "solve"]
+__all__ = ["ORDER_NOTE", "solve", "warm_point"]
 
 ORDER_NOTE = (
     "qpsolvers and qpth take (P, q, G, h, A, b) while dxopt's positional order was (P, q, A, "
@@ -48,6 +48,21 @@ def _solve_eagerly(*args: Any, **kwargs: Any) -> QPSolution:
     if "options" in kwargs:  # from QPLayer: checked options
         return solve_with(*args, **kwargs)
     return solve(*args, **kwargs)
+
+
+def warm_point(warm_start: object) -> Tensor:
+    """The primal point of a previous :class:`QPSolution` given as ``warm_start`` (detached:
+    a warm start carries no gradient). daqp, on the lean paths and in the fallback chain,
+    takes its initial working set from the constraints active at that point, the previous
+    solve's active set; a warm start that fails is retried cold
+    (:meth:`dxopt.qp.solvers.chain.FallbackChain.point`), and the answer is certified as a
+    cold one."""
+    if isinstance(warm_start, QPSolution):
+        return warm_start.x.detach()
+    raise TypeError(
+        f"warm_start: expected a tensor (n,) or (B, n) or a previous dxopt.qp.QPSolution, got "
+        f"{type(warm_start).__name__}. Pass sol.x or the solution itself."
+    )
 
 
 def _refuse_vectors(A: object, G: object) -> None:
@@ -78,7 +93,7 @@ def solve(
     eps_abs: float = 1e-9,
     eps_rel: float = 0.0,
     on_failure: str = "raise",
-    warm_start: Tensor | None = None,
+    warm_start: Tensor | QPSolution | None = None,
     max_workers: int | None = None,
     solver_options: dict[str, Any] | None = None,
     check_psd: bool = True,
@@ -142,7 +157,11 @@ def solve(
         on_failure: ``"raise"`` raises :class:`QPSolveError` naming the failed batch indices;
             ``"nan"`` returns NaN ``x`` and duals for those samples, keeps the others, and
             gives zero gradient contributions from the failed samples.
-        warm_start: initial primal guess ``(n,)`` or ``(B, n)`` (backends that support it).
+        warm_start: initial primal guess ``(n,)`` or ``(B, n)`` (backends that support it), or
+            a previous :class:`QPSolution` of a problem of the same shape (its ``x``,
+            detached; :func:`warm_point`). daqp starts from the working set active at that
+            point; a failed warm start is retried cold, and the certificate is the cold
+            one's, so a bad warm start costs time, never accuracy.
         max_workers: threads over the batch (``None``: serial loop, the measured winner on
             small problems).
         solver_options: extra keyword arguments for the backend.
@@ -215,7 +234,7 @@ def solve(
             check_psd, executor, fallback, polish,
         )  # fmt: skip
         if compiles(options):
-            return compiled_solve(P, q, A, b, G, h, lb, ub, warm_start, options)
+            return solve_with(P, q, A, b, G, h, lb, ub, warm_start, options)
         return _solve_eagerly(
             P, q, A=A, b=b, G=G, h=h, lb=lb, ub=ub, backward=backward, solver=solver,
             eps_abs=eps_abs, eps_rel=eps_rel, on_failure=on_failure, warm_start=warm_start,
@@ -238,7 +257,7 @@ def solve_with(
     h: Tensor | None,
     lb: Tensor | None,
     ub: Tensor | None,
-    warm_start: Tensor | None,
+    warm_start: Tensor | QPSolution | None,
     options: QPOptions,
     *,
     route: str | None = None,
@@ -246,6 +265,8 @@ def solve_with(
     """:func:`solve` with checked ``options``: validate the inputs, plan, run. ``route=
     "general"`` forces the general route (the reference the other routes are tested
     against)."""
+    if warm_start is not None and not isinstance(warm_start, Tensor):
+        warm_start = warm_point(warm_start)
     if torch.compiler.is_compiling():  # the custom op, else a graph break
         if route is None and compiles(options):
             return compiled_solve(P, q, A, b, G, h, lb, ub, warm_start, options)
