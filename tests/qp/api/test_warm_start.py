@@ -35,28 +35,42 @@ def _assert_same(warm: dqp.QPSolution, cold: dqp.QPSolution) -> None:
     torch.testing.assert_close(warm.ineq_duals, cold.ineq_duals, rtol=0, atol=1e-8)
 
 
-@pytest.mark.parametrize("batch", [None, 5])
-def test_warm_from_previous_solution_equals_cold(batch):
+@pytest.mark.parametrize(("batch", "solver"), [(None, "auto"), (5, "daqp"), (5, "piqp")])
+def test_warm_from_previous_solution_equals_cold(batch, solver):
     P, q, G, h = _problem(batch)
-    first = dqp.solve(P, q, G=G, h=h)
+    first = dqp.solve(P, q, G=G, h=h, solver=solver)
     assert first.ineq_duals is not None and (first.ineq_duals > 1e-8).any()  # active rows
     q2 = q + 1e-2 * torch.sin(torch.arange(q.numel(), dtype=F64)).reshape(q.shape)
-    cold = dqp.solve(P, q2, G=G, h=h)
-    warm = dqp.solve(P, q2, G=G, h=h, warm_start=first)
+    cold = dqp.solve(P, q2, G=G, h=h, solver=solver)
+    warm = dqp.solve(P, q2, G=G, h=h, warm_start=first, solver=solver)
     _assert_same(warm, cold)
+
+
+def test_batched_warm_start_keeps_the_compiled_batch_solver():
+    """``solver="auto"`` on a batch: the compiled solver runs cold (it is faster than daqp
+    warm), the previous solution is dropped, not turned into a slower route."""
+    P, q, G, h = _problem(8)
+    first = dqp.solve(P, q, G=G, h=h)
+    warm = dqp.solve(P, q, G=G, h=h, warm_start=first)
+    assert first.info.solver == warm.info.solver == "dual_active_set"
+    _assert_same(warm, first)
 
 
 def test_bad_warm_start_still_gives_the_cold_answer():
     P, q, G, h = _problem(4, seed=1)
-    cold = dqp.solve(P, q, G=G, h=h)
-    far = dqp.solve(P, -q, G=G, h=h)  # another problem's solution: another active set
+    cold = dqp.solve(P, q, G=G, h=h, solver="daqp")
+    far = dqp.solve(P, -q, G=G, h=h, solver="daqp")  # another problem's: another active set
+    _assert_same(dqp.solve(P, q, G=G, h=h, warm_start=far, solver="daqp"), cold)
     far = type(far)(1e3 * torch.ones_like(far.x), None, far.ineq_duals, far.status, far.info)
-    _assert_same(dqp.solve(P, q, G=G, h=h, warm_start=far), cold)
+    _assert_same(dqp.solve(P, q, G=G, h=h, warm_start=far, solver="daqp"), cold)
+    _assert_same(
+        dqp.solve(P[0], q[0], G=G, h=h, warm_start=far.x[0]), dqp.solve(P[0], q[0], G=G, h=h)
+    )
 
 
 def test_layer_takes_a_previous_solution():
     P, q, G, h = _problem(3, seed=2)
-    layer = dqp.QPLayer()
+    layer = dqp.QPLayer(solver="daqp")
     qg = q.clone().requires_grad_()
     first = layer(P, qg, G=G, h=h)
     warm = layer(P, qg, G=G, h=h, warm_start=first)

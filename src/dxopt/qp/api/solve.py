@@ -50,14 +50,19 @@ def _solve_eagerly(*args: Any, **kwargs: Any) -> QPSolution:
     return solve(*args, **kwargs)
 
 
-def warm_point(warm_start: object) -> Tensor:
+def warm_point(warm_start: object, options: QPOptions) -> Tensor | None:
     """The primal point of a previous :class:`QPSolution` given as ``warm_start`` (detached:
     a warm start carries no gradient). daqp, on the lean paths and in the fallback chain,
     takes its initial working set from the constraints active at that point, the previous
     solve's active set; a warm start that fails is retried cold
     (:meth:`dxopt.qp.solvers.chain.FallbackChain.point`), and the answer is certified as a
-    cold one."""
+    cold one. ``None`` for a batched solution with ``solver="auto"`` or
+    ``"dual_active_set"``: the compiled batch solver takes no warm start, and it runs a batch
+    cold faster than daqp runs it warm (``benchmarks/qp_speed/warm_start.py``, the DFL
+    loop), so the warm start is dropped there rather than paid for."""
     if isinstance(warm_start, QPSolution):
+        if warm_start.x.ndim > 1 and options.solver in ("auto", "dual_active_set"):
+            return None
         return warm_start.x.detach()
     raise TypeError(
         f"warm_start: expected a tensor (n,) or (B, n) or a previous dxopt.qp.QPSolution, got "
@@ -266,7 +271,7 @@ def solve_with(
     "general"`` forces the general route (the reference the other routes are tested
     against)."""
     if warm_start is not None and not isinstance(warm_start, Tensor):
-        warm_start = warm_point(warm_start)
+        warm_start = warm_point(warm_start, options)
     if torch.compiler.is_compiling():  # the custom op, else a graph break
         if route is None and compiles(options):
             return compiled_solve(P, q, A, b, G, h, lb, ub, warm_start, options)
