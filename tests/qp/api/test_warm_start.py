@@ -103,3 +103,33 @@ def test_warm_start_of_the_wrong_type_is_refused():
     P, q, G, h = _problem(None)
     with pytest.raises(TypeError, match=r"warm_start: expected a tensor .* got list"):
         dqp.solve(P, q, G=G, h=h, warm_start=[0.0] * 6)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("solver", ["auto", "daqp"])
+def test_cvxpy_layer_takes_its_previous_solution(monkeypatch, solver):
+    """The canonical QP's previous solutions reach ``dxopt.qp.solve`` as warm starts (the
+    spy sees them), and the answer is the cold one."""
+    cp = pytest.importorskip("cvxpy")
+    import dxopt.qp.api.layer as layer_module
+
+    x = cp.Variable(3)
+    theta = cp.Parameter(3)
+    problem = cp.Problem(cp.Minimize(0.5 * cp.sum_squares(x) + theta @ x), [x >= 0, cp.sum(x) <= 1])
+    layer = dqp.CvxpyQPLayer(problem, parameters=[theta], variables=[x], solver=solver)
+    values = torch.tensor([[-0.3, 0.4, -2.0], [-2.0, -1.0, 0.5]], dtype=F64)
+    cold = layer.solve(values)
+    seen = []
+    real = layer_module.solve_with
+
+    def spy(*args, **kwargs):
+        seen.append(args[8])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(layer_module, "solve_with", spy)
+    warm = layer.solve(values + 1e-3, warm_start=cold)
+    assert seen and seen[0] is cold.solutions[0]
+    again = layer.solve(values + 1e-3)
+    assert warm.status == again.status
+    torch.testing.assert_close(warm.values[0], again.values[0], rtol=0, atol=1e-9)
+    with pytest.raises(TypeError, match="warm_start: expected this layer's previous"):
+        layer.solve(values, warm_start=cold.solutions[0])  # type: ignore[arg-type]
