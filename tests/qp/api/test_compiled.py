@@ -112,3 +112,20 @@ def test_fullgraph_refuses_an_option_the_op_does_not_carry():
     torch._dynamo.reset()
     with pytest.raises(torch._dynamo.exc.Unsupported):
         torch.compile(f, fullgraph=True, backend="aot_eager")(torch.ones(2, dtype=F64))
+
+
+def test_failures_under_compilation_raise_or_are_nan_rows():
+    """An infeasible QP (x_0 <= -1 and x_0 >= 1): ``QPSolveError`` from inside the op, or a NaN
+    row with ``on_failure="nan"``, as documented for the compiled path."""
+    P = torch.eye(2, dtype=F64)
+    G = torch.tensor([[1.0, 0.0], [-1.0, 0.0]], dtype=F64)
+    h = torch.tensor([-1.0, -1.0], dtype=F64)
+
+    def f(q, mode):
+        return dqp.solve(P, q, G=G, h=h, on_failure=mode, solver="daqp", fallback=False).x
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    with pytest.raises(dqp.QPSolveError, match="infeasible"):
+        compiled(torch.zeros(2, dtype=F64), "raise")
+    assert torch.isnan(compiled(torch.zeros(2, dtype=F64), "nan")).all()
