@@ -144,14 +144,18 @@ def test_torch_compile_graph_breaks_around_the_solve(solver):
 
 
 def test_torch_compile_breaks_the_graph_once_at_the_solve():
-    """The one graph break is the eager solve (``solve`` hands over to its
-    ``torch.compiler.disable``d twin when Dynamo traces it); the code around it compiles."""
+    """With an option the custom op does not carry (``max_workers``) the one graph break is
+    the eager solve (``solve`` hands over to its ``torch.compiler.disable``d twin when Dynamo
+    traces it); the code around it compiles. With the default options there is no break
+    (the custom op of :mod:`dxopt.qp.api.compiled`, ``tests/qp/api/test_compiled.py``)."""
 
-    def f(q: torch.Tensor) -> torch.Tensor:
+    def f(q: torch.Tensor, **options: object) -> torch.Tensor:
         G, h = torch.eye(3, dtype=F64), torch.ones(3, dtype=F64)
-        return 2 * dqp.solve(P3, q * 1.0, G=G, h=h).x
+        return 2 * dqp.solve(P3, q * 1.0, G=G, h=h, **options).x  # type: ignore[arg-type]
 
     torch._dynamo.reset()
-    explained = torch._dynamo.explain(f)(Q3.clone().requires_grad_())
+    explained = torch._dynamo.explain(f)(Q3.clone().requires_grad_(), max_workers=1)
     assert explained.graph_break_count == 1
     assert "_solve_eagerly" in str(explained.break_reasons[0].reason)
+    torch._dynamo.reset()
+    assert torch._dynamo.explain(f)(Q3.clone().requires_grad_()).graph_break_count == 0

@@ -25,6 +25,10 @@ class QPLayer(nn.Module):
     is :class:`~dxopt.qp.problem.options.QPOptions`'s fields, the one place they are written)
     and holds only this configuration, checked once, so it is picklable and safe under
     ``DistributedDataParallel``.
+
+    ``warm_start=`` takes a primal guess or the layer's previous :class:`QPSolution` (as in
+    :func:`dxopt.qp.solve`: daqp starts from that solution's active set, a failed warm start
+    is retried cold, the certificate is unchanged).
     """
 
     def __init__(self, **options: Any) -> None:
@@ -50,7 +54,7 @@ class QPLayer(nn.Module):
         h: Tensor | None = None,
         lb: Tensor | None = None,
         ub: Tensor | None = None,
-        warm_start: Tensor | None = None,
+        warm_start: Tensor | QPSolution | None = None,
     ) -> QPSolution:
         return solve_with(P, q, A, b, G, h, lb, ub, warm_start, self.qp_options)
 

@@ -19,6 +19,7 @@ from torch import Tensor
 
 from dxopt._core import positional_refused
 from dxopt.qp.api.bounds import append_bounds
+from dxopt.qp.api.compiled import compiled_solve, compiles, set_eager_solve
 from dxopt.qp.api.general import backward_method, run_general
 from dxopt.qp.api.lean import declined, run_lean_batch, run_lean_single
 from dxopt.qp.api.route import Route, plan
@@ -31,7 +32,7 @@ from dxopt.qp.problem.types import QPSolution
 if TYPE_CHECKING:
     from dxopt.qp.problem.executor import QPExecutor
 
-__all__ = ["ORDER_NOTE", "solve"]
+__all__ = ["ORDER_NOTE", "solve", "warm_point"]
 
 ORDER_NOTE = (
     "qpsolvers and qpth take (P, q, G, h, A, b) while dxopt's old positional order was (P, q, "
@@ -48,6 +49,26 @@ def _solve_eagerly(*args: Any, **kwargs: Any) -> QPSolution:
     if "options" in kwargs:  # from QPLayer: checked options
         return solve_with(*args, **kwargs)
     return solve(*args, **kwargs)
+
+
+def warm_point(warm_start: object, options: QPOptions) -> Tensor | None:
+    """The primal point of a previous :class:`QPSolution` given as ``warm_start`` (detached:
+    a warm start carries no gradient). daqp, on the lean paths and in the fallback chain,
+    takes its initial working set from the constraints active at that point, the previous
+    solve's active set; a warm start that fails is retried cold
+    (:meth:`dxopt.qp.solvers.chain.FallbackChain.point`), and the answer is certified as a
+    cold one. ``None`` for a batched solution with ``solver="auto"`` or
+    ``"dual_active_set"``: the compiled batch solver takes no warm start, and it runs a batch
+    cold faster than daqp runs it warm (``benchmarks/qp_speed/warm_start.py``, the DFL
+    loop), so the warm start is dropped there rather than paid for."""
+    if isinstance(warm_start, QPSolution):
+        if warm_start.x.ndim > 1 and options.solver in ("auto", "dual_active_set"):
+            return None
+        return warm_start.x.detach()
+    raise TypeError(
+        f"warm_start: expected a tensor (n,) or (B, n) or a previous dxopt.qp.QPSolution, got "
+        f"{type(warm_start).__name__}. Pass sol.x or the solution itself."
+    )
 
 
 def _refuse_vectors(A: object, G: object) -> None:
@@ -78,7 +99,7 @@ def solve(
     eps_abs: float = 1e-9,
     eps_rel: float = 0.0,
     on_failure: str = "raise",
-    warm_start: Tensor | None = None,
+    warm_start: Tensor | QPSolution | None = None,
     max_workers: int | None = None,
     solver_options: dict[str, Any] | None = None,
     check_psd: bool = True,
@@ -142,7 +163,11 @@ def solve(
         on_failure: ``"raise"`` raises :class:`QPSolveError` naming the failed batch indices;
             ``"nan"`` returns NaN ``x`` and duals for those samples, keeps the others, and
             gives zero gradient contributions from the failed samples.
-        warm_start: initial primal guess ``(n,)`` or ``(B, n)`` (backends that support it).
+        warm_start: initial primal guess ``(n,)`` or ``(B, n)`` (backends that support it), or
+            a previous :class:`QPSolution` of a problem of the same shape (its ``x``,
+            detached; :func:`warm_point`). daqp starts from the working set active at that
+            point; a failed warm start is retried cold, and the certificate is the cold
+            one's, so a bad warm start costs time, never accuracy.
         max_workers: threads over the batch (``None``: serial loop, the measured winner on
             small problems).
         solver_options: extra keyword arguments for the backend.
@@ -170,8 +195,11 @@ def solve(
         per-sample ``status`` and ``info``. Outputs are batched if any input is; gradients of
         unbatched inputs are summed over the batch.
 
-    Under :func:`torch.compile` the call is a graph break (``torch.compiler.disable``): the
-    backends are numpy/C code that Dynamo cannot trace; the rest of the model compiles.
+    Under :func:`torch.compile` (``fullgraph=True`` included) the solve is the opaque custom op
+    of :mod:`dxopt.qp.api.compiled`, with the eager outputs and gradients; ``status`` is then
+    ``()``, ``info.route == "compiled"`` and ``lb_duals``/``ub_duals`` have ``n`` entries (zero
+    where the bound is infinite). With a configured backward object, ``solver_options``,
+    ``max_workers`` or ``executor`` the call stays a graph break (``torch.compiler.disable``).
 
     **torch.func.** ``grad``, ``vjp``, ``jvp``, ``jacrev``, ``jacfwd``, ``vmap`` and their
     first-order compositions (``vmap(grad(f))``, ``vmap(jacrev(f))``, ...) work on dense inputs,
@@ -207,7 +235,13 @@ def solve(
         >>> sol.x.detach()
         tensor([0.5000, 0.5000], dtype=torch.float64)
     """
-    if torch.compiler.is_compiling():  # a graph break: the solve runs eagerly (numpy/C)
+    if torch.compiler.is_compiling():  # the custom op (or a graph break)
+        options = QPOptions.of(
+            backward, solver, eps_abs, eps_rel, on_failure, max_workers, solver_options,
+            check_psd, executor, fallback, polish,
+        )  # fmt: skip
+        if compiles(options):
+            return solve_with(P, q, A, b, G, h, lb, ub, warm_start, options)
         return _solve_eagerly(
             P, q, A=A, b=b, G=G, h=h, lb=lb, ub=ub, backward=backward, solver=solver,
             eps_abs=eps_abs, eps_rel=eps_rel, on_failure=on_failure, warm_start=warm_start,
@@ -230,7 +264,7 @@ def solve_with(
     h: Tensor | None,
     lb: Tensor | None,
     ub: Tensor | None,
-    warm_start: Tensor | None,
+    warm_start: Tensor | QPSolution | None,
     options: QPOptions,
     *,
     route: str | None = None,
@@ -238,7 +272,11 @@ def solve_with(
     """:func:`solve` with checked ``options``: validate the inputs, plan, run. ``route=
     "general"`` forces the general route (the reference the other routes are tested
     against)."""
-    if torch.compiler.is_compiling():  # a graph break (QPLayer's calls)
+    if warm_start is not None and not isinstance(warm_start, Tensor):
+        warm_start = warm_point(warm_start, options)
+    if torch.compiler.is_compiling():  # the custom op, else a graph break
+        if route is None and compiles(options):
+            return compiled_solve(P, q, A, b, G, h, lb, ub, warm_start, options)
         return _solve_eagerly(P, q, A, b, G, h, lb, ub, warm_start, options=options, route=route)
     if (isinstance(A, Tensor) and A.ndim < 2) or (isinstance(G, Tensor) and G.ndim < 2):
         _refuse_vectors(A, G)
@@ -270,6 +308,9 @@ def solve_with(
     if name == "device":
         return _run_device(planned, data, options, layout)
     return run_general(planned, data, warm_start, options, method, layout)
+
+
+set_eager_solve(solve_with)
 
 
 def _run_device(

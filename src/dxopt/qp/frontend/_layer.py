@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from dxopt._core import Status
+from dxopt.qp.api.compiled import opaque_call, register_opaque
 from dxopt.qp.api.layer import QPLayer
 from dxopt.qp.frontend._affine import AffineMap, SparseLinear
 from dxopt.qp.frontend._compile import CompiledQP, compile_problem
@@ -182,6 +183,7 @@ class CvxpyQPLayer(nn.Module):
         self._pieces = self._make_pieces()
         self._unbatched = (False,) * len(c.param_shapes)
         self._sources = [self._source(o.kind, o.start, o.stop) for o in c.outputs]
+        self._opaque_key = register_opaque(self)  # the layer as one op under torch.compile
         self._patterns: dict[tuple[bool, ...], _Plan] = {}
         self._constants: dict[tuple[torch.device, torch.dtype], dict[str, Tensor | None]] = {}
 
@@ -435,7 +437,9 @@ class CvxpyQPLayer(nn.Module):
             ub = None if ub is None else ub[kept]
         return lb, ub
 
-    def _call(self, d: dict[str, Tensor | None], like: Tensor) -> QPSolution:
+    def _call(
+        self, d: dict[str, Tensor | None], like: Tensor, warm: QPSolution | None = None
+    ) -> QPSolution:
         P, q = d["P"], d["q"]
         n = self.compiled.n if self.elimination is None else self.elimination.kept.size
         p = self.compiled.p if self.elimination is None else self.elimination.rest.size
@@ -461,22 +465,27 @@ class CvxpyQPLayer(nn.Module):
         lb, ub = self._bounds(like)
         return self.qp.forward(
             P, q, A=A if p else None, b=b if p else None, G=G if self.compiled.m else None,
-            h=h if self.compiled.m else None, lb=lb, ub=ub,
+            h=h if self.compiled.m else None, lb=lb, ub=ub, warm_start=warm,
         )  # fmt: skip
 
     def _solve_data(
-        self, data: dict[str, Tensor | None], batch: int | None, like: Tensor
+        self,
+        data: dict[str, Tensor | None],
+        batch: int | None,
+        like: Tensor,
+        warm: tuple[QPSolution, ...] = (),
     ) -> list[QPSolution]:
         if not self.sparse:
-            return [self._call(data, like)]
+            return [self._call(data, like, warm[0] if warm else None)]
         # sparse mode: matrices are value vectors, (nnz,) or (B, nnz) when they depend on a
         # batched parameter; dxopt's sparse matrices are shared by a batch, so then loop
         if not any((v := data.get(k)) is not None and v.ndim == 2 for k in _MATRICES):
-            return [self._call(self._with_sparse(data), like)]
+            return [self._call(self._with_sparse(data), like, warm[0] if warm else None)]
         assert batch is not None
         return [
             self._call(self._with_sparse({k: v[i] if v is not None and v.ndim == 2 else v
-                                          for k, v in data.items()}), like)
+                                          for k, v in data.items()}), like,
+                       warm[i] if len(warm) == batch else None)
             for i in range(batch)
         ]  # fmt: skip
 
@@ -492,13 +501,23 @@ class CvxpyQPLayer(nn.Module):
             )  # fmt: skip
         return out
 
-    def solve(self, *values: Tensor) -> CvxpyQPSolution:
-        """Solve for the given parameter values; :class:`CvxpyQPSolution` with the status."""
+    def solve(self, *values: Tensor, warm_start: CvxpyQPSolution | None = None) -> CvxpyQPSolution:
+        """Solve for the given parameter values; :class:`CvxpyQPSolution` with the status.
+        ``warm_start``: this layer's previous solution (of the same batch size), whose
+        canonical QP solutions start the solves (:func:`dxopt.qp.solve`'s ``warm_start``)."""
+        warm: tuple[QPSolution, ...] = ()
+        if warm_start is not None:
+            if not isinstance(warm_start, CvxpyQPSolution):
+                raise TypeError(
+                    f"warm_start: expected this layer's previous CvxpyQPSolution (from "
+                    f"layer.solve(...)), got {type(warm_start).__name__}."
+                )
+            warm = warm_start.solutions
         pieces, batch = self._data(values)
         like = values[0]
         e = self.elimination
         if e is None:
-            solutions = self._solve_data(pieces, batch, like)
+            solutions = self._solve_data(pieces, batch, like, warm)
             vectors = [{"x": s.x, "eq": s.eq_duals, "ineq": s.ineq_duals} for s in solutions]
         else:
             inverse = None
@@ -516,7 +535,7 @@ class CvxpyQPLayer(nn.Module):
                 reduction = Reduction(W, pieces["w0"], None)
                 known = {k: self._constant(k, consts[k], like) for k in consts}
                 known["q_T"] = pieces["q_T"]
-            solutions = [self._call(data, like)]
+            solutions = [self._call(data, like, warm[0] if warm else None)]
             s = solutions[0]
             z, eq = None, None
             if any(kind != "kept" for kind, _, _ in self._sources):
@@ -543,8 +562,22 @@ class CvxpyQPLayer(nn.Module):
         return CvxpyQPSolution(tuple(outputs), status, tuple(solutions))
 
     def forward(self, *values: Tensor) -> tuple[Tensor, ...]:
-        """The requested variables and multipliers (cvxpylayers' return convention)."""
+        """The requested variables and multipliers (cvxpylayers' return convention). Under
+        :func:`torch.compile` the whole call is one opaque op
+        (:func:`dxopt.qp.api.compiled.opaque_call`), same outputs and gradients."""
+        if torch.compiler.is_compiling():
+            return opaque_call(self._opaque_key, values)
         return self.solve(*values).values
+
+    def _opaque_forward(self, *values: Tensor) -> tuple[Tensor, ...]:
+        """The eager forward, for :mod:`dxopt.qp.api.compiled`."""
+        return self.solve(*values).values
+
+    def _opaque_shapes(self, *values: Tensor) -> list[tuple[int, ...]]:
+        """The output shapes for ``values`` (shapes only), for :mod:`dxopt.qp.api.compiled`."""
+        batch, _ = self._check(values)
+        lead = () if batch is None else (batch,)
+        return [(*lead, *out.shape) for out in self.compiled.outputs]
 
     def extra_repr(self) -> str:
         c = self.compiled

@@ -218,6 +218,8 @@ class FallbackChain:
         try:
             if step.solver == "daqp":
                 out = self._call_daqp(i, kw, init)
+                if out.x is None and init is not None:  # a warm start that failed: cold
+                    out = self._call_daqp(i, kw, None)
                 if out.flag == DAQP_ITERATION_LIMIT:
                     self.log(i).hit_cap = True
                 elif out.flag in DAQP_CLAIMS:  # a claim without a ray: diagnose decides
