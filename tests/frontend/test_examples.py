@@ -87,6 +87,7 @@ def test_convex_adp_norm_u_le_1() -> None:
     assert float(us.norm()) <= 1 + 1e-7
 
 
+@pytest.mark.slow
 def test_logistic_regression() -> None:
     rng = np.random.default_rng(2)
     N, d = 8, 2
@@ -100,6 +101,7 @@ def test_logistic_regression() -> None:
     _check(prob, [Xp, lam], [w, b0], [torch.tensor(X, dtype=D), torch.tensor(0.1, dtype=D)])
 
 
+@pytest.mark.slow
 def test_optimal_transport_entropic() -> None:
     n = 3
     C = cp.Parameter((n, n))

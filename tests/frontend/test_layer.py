@@ -38,7 +38,8 @@ def test_map_reproduces_cvxpys_data() -> None:
     comp = compile_conic(prob, params, [x], gp=False)
     data, _, _ = prob.get_problem_data(cp.CLARABEL)
     theta = np.concatenate([p.value.reshape(-1) for p in params] + [np.ones(1)])
-    flat = comp.matrix @ theta
+    flat = np.zeros(comp.total)
+    flat[comp.rows] = comp.matrix @ theta
     n, m = comp.n, comp.m
     P = flat[: n * n].reshape(n, n)
     q = flat[n * n : n * n + n]

@@ -15,7 +15,7 @@ second-order, PSD in the scaled upper-triangle ``svec``, exponential, power). In
 (``constraint.dual_value`` for zero and nonnegative rows).
 
 :func:`compile_conic` rewrites the three tensors into ONE CSR matrix :math:`M` whose rows are
-the entries of ``P`` (C order), ``q``, ``A`` (C order) and ``b`` and whose columns are the user
+the nonzero entries of ``P`` (C order), ``q``, ``A`` (C order) and ``b`` and whose columns are the user
 parameters flattened in C order, then a constant column: one call is ``data = M theta_1``. The
 build is sparse throughout (its cost is that of CVXPY's canonicalisation plus ``O(nnz)``).
 """
@@ -59,7 +59,9 @@ class ConicOutput:
 class CompiledConic:
     """The affine map and the layout of the cone program it feeds."""
 
-    matrix: Any  # scipy CSR (n*n + n + m*n + m, columns + 1)
+    matrix: Any  # scipy CSR (len(rows), columns + 1)
+    rows: Any  # int64: the flat (P, q, A, b) position of each row of ``matrix``
+    total: int  # n*n + n + m*n + m
     n: int
     m: int
     cones: tuple[Cone, ...]
@@ -281,13 +283,18 @@ def compile_conic(problem: Any, parameters: Any, variables: Any, *, gp: bool) ->
         offset = j == n
         emit(starts["A"] + i[~offset] * n + j[~offset], k[~offset], -v[~offset])  # A = -C
         emit(starts["b"] + i[offset], k[offset], v[offset])  # b = c
+    rows_all = np.concatenate(rows_out)
+    # only the entries that a parameter or a constant sets get a row of M (O(nnz), never
+    # O(n * m)); ``rows`` says where each sits in the flat (P, q, A, b) vector
+    rows, compact = np.unique(rows_all, return_inverse=True)
     matrix = sp.csr_array(
-        (np.concatenate(vals_out), (np.concatenate(rows_out), np.concatenate(cols_out))),
-        shape=(total, num_columns),
+        (np.concatenate(vals_out), (compact, np.concatenate(cols_out))),
+        shape=(rows.size, num_columns),
     )
     matrix.sum_duplicates()
-    matrix.eliminate_zeros()
     owner = np.repeat(np.arange(len(parameters)), sizes)
+    coo = matrix.tocoo()
+    flat_rows, used_cols = rows[coo.row], coo.col
     block_params: dict[str, frozenset[int]] = {}
     for name, (lo, hi) in {
         "P": (0, n * n),
@@ -295,11 +302,12 @@ def compile_conic(problem: Any, parameters: Any, variables: Any, *, gp: bool) ->
         "A": (starts["A"], starts["b"]),
         "b": (starts["b"], total),
     }.items():
-        used = np.unique(matrix.indices[matrix.indptr[lo] : matrix.indptr[hi]])
-        used = used[used < num_columns - 1]
-        block_params[name] = frozenset(owner[used].tolist())
+        inside = (flat_rows >= lo) & (flat_rows < hi) & (used_cols < num_columns - 1)
+        block_params[name] = frozenset(owner[np.unique(used_cols[inside])].tolist())
     return CompiledConic(
         matrix=matrix,
+        rows=rows,
+        total=total,
         n=n,
         m=m,
         cones=cones,

@@ -176,6 +176,7 @@ class CvxpyLayer(nn.Module):
             self.qp_layer = None
             self.compiled = compile_conic(problem, parameters, variables, gp=gp)
             self._map = SparseLinear(self.compiled.matrix)
+            self._rows = torch.from_numpy(self.compiled.rows.astype("int64"))
             if self.solver is not None:
                 self.solver_args.setdefault("solver", SOLVERS[self.solver])
             ConicOptions(**self.solver_args)  # checks the values now
@@ -262,7 +263,9 @@ class CvxpyLayer(nn.Module):
         like = values[0] if values else torch.zeros((), dtype=torch.float64)
         flat.append(torch.ones(B, 1, dtype=like.dtype, device=like.device))
         theta = torch.cat(flat, dim=1)
-        data = AffineMap.apply(theta, self._map)
+        entries = AffineMap.apply(theta, self._map)
+        data = entries.new_zeros(B, c.total)
+        data[:, self._rows] = entries
         n, m = c.n, c.m
         batched = (
             set()
