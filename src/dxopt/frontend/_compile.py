@@ -15,9 +15,10 @@ second-order, PSD in the scaled upper-triangle ``svec``, exponential, power). In
 (``constraint.dual_value`` for zero and nonnegative rows).
 
 :func:`compile_conic` rewrites the three tensors into ONE CSR matrix :math:`M` whose rows are
-the nonzero entries of ``P`` (C order), ``q``, ``A`` (C order) and ``b`` and whose columns are the user
-parameters flattened in C order, then a constant column: one call is ``data = M theta_1``. The
-build is sparse throughout (its cost is that of CVXPY's canonicalisation plus ``O(nnz)``).
+the nonzero entries of ``P`` (C order), ``q``, ``A`` (C order) and ``b`` (``rows`` says
+where each sits) and whose columns are the user parameters flattened in C order, then a
+constant column: one call is ``data[rows] = M theta_1``. The build is sparse throughout
+(its cost is that of CVXPY's canonicalisation plus ``O(nnz)``).
 """
 
 from __future__ import annotations
