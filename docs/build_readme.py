@@ -28,6 +28,7 @@ ORDER = (
     "_head",
     "qp",
     "cvxpy",
+    "frontend",
     "portfolio",
     "dfl",
     "distributed",

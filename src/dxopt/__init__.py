@@ -5,6 +5,8 @@ Subpackages
 - :mod:`dxopt.qp`: Differentiable convex quadratic programs.
 - :mod:`dxopt.conic`: Differentiable cone programs (zero, nonnegative, second-order,
   exponential, power, PSD).
+- :mod:`dxopt.frontend`: One CVXPY front end for dxopt.qp and dxopt.conic: any DPP (or DGP)
+  problem as a layer.
 - :mod:`dxopt.natgrad`: Natural-gradient optimizers for least-squares losses
   :math:`\tfrac12\|r(\theta)\|^2`.
 - :mod:`dxopt.estimators`: Gradient estimators behind one interface, with honest costs.
@@ -44,6 +46,7 @@ __version__ = "0.2.0"
 _SUBPACKAGES = (
     "qp",
     "conic",
+    "frontend",
     "natgrad",
     "estimators",
     "bilevel",
@@ -66,6 +69,7 @@ __all__ = [
     "dfl",
     "distributed",
     "estimators",
+    "frontend",
     "linalg",
     "linearize",
     "natgrad",
