@@ -1,6 +1,6 @@
 """The runners of ``dxopt bench conic``: a raw Clarabel loop (forward only, the physical
 reference), cvxpylayers (its default and its Clarabel option), Moreau's CPU backend where it is
-installed, and the hook :func:`run_dxopt` to be wired to ``dxopt.conic.solve``.
+installed, and :func:`run_dxopt` (``dxopt.conic.solve``, one batched call).
 
 Each runner returns a callable that runs one forward (and, for the layers, the backward of
 ``L = sum(w * x)``) on the whole batch and returns the solution ``(batch, ...)``.
@@ -93,12 +93,70 @@ def moreau_available() -> str | None:
     return None
 
 
-def run_dxopt(problem: Problem, batch: int) -> Callable[[], Any]:
-    """The hook for ``dxopt.conic.solve``: forward + backward of ``L = sum(w * x)`` on the
-    batch's raw cone data (``cone_data(problem)``), once the engine exists."""
-    raise NotImplementedError(
-        "run_dxopt: dxopt.conic.solve is not wired into the conic benchmark yet"
-    )
+def dxopt_cones(d: ConeData) -> list[Any]:
+    """The :mod:`dxopt.conic` cone list of one sample (CVXPY's row order, as Clarabel's)."""
+    from dxopt import conic
+
+    cones: list[Any] = []
+    if d.zero:
+        cones.append(conic.ZeroCone(d.zero))
+    if d.nonneg:
+        cones.append(conic.NonnegCone(d.nonneg))
+    cones += [conic.SecondOrderCone(k) for k in d.soc]
+    cones += [conic.ExpCone() for _ in range(d.exp)]
+    cones += [conic.PowerCone(a) for a in d.power]
+    cones += [conic.PSDCone(k) for k in d.psd]
+    return cones
+
+
+def dxopt_data(data: list[ConeData]) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor,
+                                              torch.Tensor, list[Any]]:  # fmt: skip
+    """The batch's dense ``(P, q, A, b)`` (``P`` symmetric, ``None`` for a linear objective)
+    and the shared cone list; raises where the samples' cones differ."""
+    d0 = data[0]
+    n = d0.q.shape[0]
+    cones = dxopt_cones(d0)
+    for i, d in enumerate(data):
+        if (d.zero, d.nonneg, d.soc, d.exp, d.power, d.psd) != (
+            d0.zero, d0.nonneg, d0.soc, d0.exp, d0.power, d0.psd
+        ):  # fmt: skip
+            raise ValueError(f"run_dxopt: sample {i} has other cones than sample 0")
+    P: torch.Tensor | None = None
+    if any(d.P is not None and d.P.nnz for d in data):
+        mats = []
+        for d in data:
+            if d.P is None:
+                mats.append(np.zeros((n, n)))
+                continue
+            up = sp.triu(d.P)
+            mats.append(np.asarray((up + sp.triu(d.P, 1).T).todense()))
+        P = torch.tensor(np.stack(mats), dtype=torch.float64)
+    q = torch.tensor(np.stack([d.q for d in data]), dtype=torch.float64)
+    A = torch.tensor(np.stack([np.asarray(d.A.todense()) for d in data]), dtype=torch.float64)
+    b = torch.tensor(np.stack([d.b for d in data]), dtype=torch.float64)
+    return P, q, A, b, cones
+
+
+def run_dxopt(problem: Problem, batch: int, *, tol: float = 1e-8) -> Callable[[], Any]:
+    """``dxopt.conic.solve`` (one batched call) on the batch's raw cone data
+    (``cone_data(problem)``, built outside the timing): forward and the backward of
+    ``L = sum(w * x)`` with respect to ``P, q, A, b``, at the raw loop's tolerance."""
+    from dxopt import conic
+
+    data = cone_data(problem)
+    if len(data) != batch:
+        raise ValueError(f"run_dxopt: batch {batch} but the problem has {len(data)} samples")
+    P, q, A, b, cones = dxopt_data(data)
+    weight = torch.ones_like(q)
+
+    def run() -> Any:
+        leaves = [t.clone().requires_grad_() for t in (q, A, b)]
+        P_leaf = P.clone().requires_grad_() if P is not None else None
+        sol = conic.solve(P_leaf, *leaves, cones=cones, atol=tol, rtol=tol)
+        (weight * sol.x).sum().backward()
+        return sol.x.detach()
+
+    return run
 
 
 def moreau_solver(prob: Problem, *, tol: float = 1e-8) -> Callable[[], Any]:

@@ -9,7 +9,10 @@ Clarabel, so the raw loop and the layers solve the same program).
   as a second-order cone through ``||L' x|| <= sqrt(gamma)``), parameter ``mu``;
 - ``logistic``: l2-regularised logistic regression (exponential cones), parameters the
   features ``X`` and labels' signs enter as data, the weights ``y``;
-- ``sdp``: ``min <C, X> s.t. <A_i, X> = b_i, X >> 0`` (a small PSD cone), parameters ``C, b``.
+- ``sdp``: ``min <C, X> s.t. <A_i, X> = b_i, X >> 0`` (a small PSD cone), parameters ``C, b``;
+- ``log_penalty``: ``max x + lam (log(1 - x) + log(1 + x))`` (cvxpylayers issue 135 / diffcp
+  issue 57 in one variable, two exponential cones), parameter ``lam``; closed form
+  ``x* = sqrt(lam^2 + 1) - lam``, ``dx*/dlam = lam / sqrt(lam^2 + 1) - 1``.
 """
 
 from __future__ import annotations
@@ -123,7 +126,24 @@ def sdp(batch: int, *, n: int = 4, p: int = 3, seed: int = 0) -> Problem:
     return Problem("sdp", f"n={n}, p={p}", prob, [C, b], X, _batch(draw, batch, seed))
 
 
-PROBLEMS = {"socp": socp, "portfolio": portfolio, "logistic": logistic, "sdp": sdp}
+def log_penalty(batch: int, *, seed: int = 0) -> Problem:
+    x = cp.Variable(1)
+    lam = cp.Parameter(1, nonneg=True)
+    prob = cp.Problem(cp.Maximize(cp.sum(x + lam * cp.log(1 - x) + lam * cp.log(1 + x))))
+
+    def draw(rng: np.random.Generator) -> list[np.ndarray]:
+        return [rng.uniform(0.5, 2.0, 1)]
+
+    return Problem("log_penalty", "n=1", prob, [lam], x, _batch(draw, batch, seed))
+
+
+PROBLEMS = {
+    "socp": socp,
+    "portfolio": portfolio,
+    "logistic": logistic,
+    "sdp": sdp,
+    "log_penalty": log_penalty,
+}
 
 
 def cone_data(prob: Problem) -> list[ConeData]:

@@ -9,19 +9,24 @@ The problems of :mod:`benchmarks.conic.problems` at batch 1 and 128, timed in on
   ``L = sum(w * x)``;
 - ``Moreau``: ``moreau.torch.Solver`` (CPU, batched) on the raw data, forward + backward with
   respect to the program's values (where it is installed);
-- ``dxopt.conic``: :func:`benchmarks.conic.peers.run_dxopt` (reported as not wired until the
-  engine lands).
+- ``dxopt.conic``: :func:`benchmarks.conic.peers.run_dxopt`, one batched
+  :func:`dxopt.conic.solve` call, forward + backward of ``L = sum(w * x)`` in ``P, q, A, b``.
+
+Targets (issue 37), per problem: at batch 128 dxopt's forward+backward within 1.25x the raw
+loop, at least 8x faster than cvxpylayers (default), faster than Moreau; at batch 1 within 2x
+the raw loop. A full run prints MET/MISSED with the figure; ``--quick`` prints no verdicts.
 
 ``x_err`` is ``max |x - x_ref|`` against the raw loop for Moreau (both return CVXPY's
 canonical ``x``) and against cvxpylayers' default for the other layers. Run
 ``dxopt bench conic`` or ``--quick`` (batch 1 and 4, two rounds: a smoke run). Writes
-``results/conic{_quick}.json`` and ``.md``; it does not edit BENCHMARKS.md (that section
-comes with the engine's numbers).
+``results/conic{_quick}.json``, ``.md`` and ``.png``, with the load average at start and end
+(the machine may be shared); it does not edit BENCHMARKS.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
 import time
@@ -31,11 +36,80 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.common import machine_info, machine_line, markdown_table, results_dir, write_json
+from benchmarks.common import (
+    SMOKE_NOTE,
+    machine_info,
+    machine_line,
+    markdown_table,
+    results_dir,
+    verdict,
+    write_json,
+)
 from benchmarks.conic import peers
 from benchmarks.conic.problems import PROBLEMS
 
 COLUMNS = ("problem", "batch", "method", "ms", "vs_raw", "x_err", "note")
+TARGET_COLUMNS = ("problem", "target", "figure", "verdict")
+BIG = 128
+
+
+def _ms(rows: list[dict[str, Any]], name: str, batch: int, method: str) -> float | None:
+    for r in rows:
+        if r["problem"] == name and r["batch"] == batch and r["method"] == method:
+            return r.get("ms")
+    return None
+
+
+def targets(rows: list[dict[str, Any]], *, quick: bool) -> list[dict[str, Any]]:
+    """Issue 37's targets per problem, from the timed rows (no figure: no verdict)."""
+    out = []
+    big = max(r["batch"] for r in rows)
+    for name in dict.fromkeys(r["problem"] for r in rows):
+        dx_big, dx_1 = _ms(rows, name, big, "dxopt.conic"), _ms(rows, name, 1, "dxopt.conic")
+        checks = [
+            (f"batch {big}: <= 1.25x raw Clarabel loop", dx_big,
+             _ms(rows, name, big, "raw Clarabel loop"), lambda d, p: d / p, lambda v: v <= 1.25),
+            (f"batch {big}: >= 8x faster than cvxpylayers default", dx_big,
+             _ms(rows, name, big, "cvxpylayers default"), lambda d, p: p / d, lambda v: v >= 8),
+            (f"batch {big}: faster than Moreau CPU", dx_big,
+             _ms(rows, name, big, "Moreau"), lambda d, p: p / d, lambda v: v > 1),
+            ("batch 1: <= 2x one raw Clarabel solve", dx_1,
+             _ms(rows, name, 1, "raw Clarabel loop"), lambda d, p: d / p, lambda v: v <= 2),
+        ]  # fmt: skip
+        for label, d, p, ratio, ok in checks:
+            if d is None or p is None:
+                out.append({"problem": name, "target": label, "figure": "-", "verdict": "-"})
+                continue
+            v = ratio(d, p)
+            out.append({"problem": name, "target": label, "figure": f"{v:.2f}x",
+                        "verdict": verdict(ok(v), quick=quick, met="MET")})  # fmt: skip
+    return out
+
+
+def plot(path: Any, rows: list[dict[str, Any]]) -> None:
+    """Median ms per method, one panel per batch size, log scale."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    batches = sorted({r["batch"] for r in rows})
+    names = list(dict.fromkeys(r["problem"] for r in rows))
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    fig, axes = plt.subplots(1, len(batches), figsize=(6 * len(batches), 4), squeeze=False)
+    width = 0.8 / len(methods)
+    for ax, batch in zip(axes[0], batches, strict=True):
+        for j, method in enumerate(methods):
+            ms = [_ms(rows, n, batch, method) or 0.0 for n in names]
+            ax.bar([i + j * width for i in range(len(names))], ms, width, label=method)
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(names))], names)
+        ax.set_yscale("log")
+        ax.set_ylabel("ms (median)")
+        ax.set_title(f"batch {batch}, 1 thread")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def _solution(out: Any) -> np.ndarray:
@@ -99,18 +173,31 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--problems", nargs="*", default=list(PROBLEMS), choices=list(PROBLEMS))
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    batches = (1, 4) if args.quick else (1, 128)
+    load_start = os.getloadavg()
+    batches = (1, 4) if args.quick else (1, BIG)
     rounds = args.rounds or (2 if args.quick else 7)
     rows = [
         r for name in args.problems for b in batches for r in run_case(name, b, rounds, args.seed)
     ]
+    load_end = os.getloadavg()
     info = machine_info()
+    goals = targets(rows, quick=args.quick)
     stem = "conic_quick" if args.quick else "conic"
     out = results_dir("conic")
-    write_json(out / f"{stem}.json", {"machine": info, "rows": rows})
-    table = markdown_table(rows, COLUMNS)
-    (out / f"{stem}.md").write_text(f"{machine_line(info)}\n\n{table}\n")
-    print(table)
+    load = f"load average (1/5/15 min) at start {load_start}, at end {load_end}"
+    write_json(out / f"{stem}.json", {"machine": info, "load": [load_start, load_end],
+                                      "rows": rows, "targets": goals})  # fmt: skip
+    text = (
+        f"{machine_line(info)}; 1 thread; {load}\n\n"
+        + (f"{SMOKE_NOTE}\n\n" if args.quick else "")
+        + f"{markdown_table(rows, COLUMNS)}\n\n{markdown_table(goals, TARGET_COLUMNS)}\n"
+    )
+    (out / f"{stem}.md").write_text(text)
+    try:
+        plot(out / f"{stem}.png", rows)
+    except ImportError as exc:  # no matplotlib: the tables stand alone
+        print(f"no plot: {exc}")
+    print(text)
 
 
 if __name__ == "__main__":

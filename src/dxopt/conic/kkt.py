@@ -46,9 +46,29 @@ ROUNDOFF = 1e3 * EPS
 backward-stable LU with refinement reaches on any nonsingular ``J`` of the sizes used here."""
 
 
+def _runs(cones: tuple[Cone, ...], slices: tuple[slice, ...]) -> list[tuple[Cone, int, int, int]]:
+    """Runs of consecutive equal cones as ``(cone, start, count, dim)``: each run is projected
+    in one call on ``(k * count, dim)`` rows (the cones act row-wise), not cone by cone."""
+    runs: list[tuple[Cone, int, int, int]] = []
+    for c, sl in zip(cones, slices):
+        start, stop = sl.start or 0, sl.stop
+        d = stop - start
+        if runs and runs[-1][0] == c and runs[-1][1] + runs[-1][2] * runs[-1][3] == start:
+            cone, s0, cnt, dim = runs[-1]
+            runs[-1] = (cone, s0, cnt + 1, dim)
+        else:
+            runs.append((c, start, 1, d))
+    return runs
+
+
 def project_dual(cones: tuple[Cone, ...], slices: tuple[slice, ...], w: Tensor) -> Tensor:
-    """:math:`\\Pi_{K^*}(w)` slice by slice (``w``: ``(k, m)``)."""
-    return torch.cat([c.project_dual(w[:, sl]) for c, sl in zip(cones, slices)], dim=-1)
+    """:math:`\\Pi_{K^*}(w)` run by run of equal cones (``w``: ``(k, m)``)."""
+    k = w.shape[0]
+    parts = []
+    for c, s0, cnt, d in _runs(cones, slices):
+        v = w[:, s0 : s0 + cnt * d].reshape(k * cnt, d)
+        parts.append(c.project_dual(v).reshape(k, cnt * d))
+    return torch.cat(parts, dim=-1)
 
 
 def cone_jacobian(
@@ -58,9 +78,16 @@ def cone_jacobian(
     cones' one-sided rule at kinks (:meth:`Cone.dproject_dual_snapped`)."""
     k, m = w.shape
     D = w.new_zeros((k, m, m))
-    for c, sl in zip(cones, slices):
-        v = w[:, sl]
-        D[:, sl, sl] = c.dproject_dual(v) if atol is None else c.dproject_dual_snapped(v, atol)
+    for c, s0, cnt, d in _runs(cones, slices):
+        v = w[:, s0 : s0 + cnt * d].reshape(k * cnt, d)
+        if atol is None:
+            blocks = c.dproject_dual(v)
+        else:
+            blocks = c.dproject_dual_snapped(v, atol.repeat_interleave(cnt))
+        blocks = blocks.reshape(k, cnt, d, d)
+        for j in range(cnt):
+            a = s0 + j * d
+            D[:, a : a + d, a : a + d] = blocks[:, j]
     return D
 
 
