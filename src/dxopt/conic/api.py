@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
 from torch import Tensor, nn
 
 from dxopt._core import handle_failure
 from dxopt.conic.cones.base import Cone
+from dxopt.conic.cones.exp import DUAL_TO_PRIMAL, ExpCone, ExpDualCone
 from dxopt.conic.function import ConicCall, ConicFunction
 from dxopt.conic.problem import conic_problem
 from dxopt.conic.types import ConicOptions, ConicSolution, ConicSolveError
@@ -95,6 +97,9 @@ def solve_with(
     """:func:`solve` with one :class:`~dxopt.conic.types.ConicOptions` record."""
     if not isinstance(options, ConicOptions):
         raise TypeError(f"options: expected a ConicOptions, got {type(options).__name__}")
+    cones = tuple(cones)
+    if any(isinstance(cone, ExpDualCone) for cone in cones):
+        return _dual_exp_via_primal(P, q, A, b, cones, options)
     prob = conic_problem(P, q, A, b, cones, check_psd=options.check_psd)
     call = ConicCall(prob, options)
     P_in = P if P is not None else q.new_zeros(0)
@@ -117,6 +122,45 @@ def solve_with(
             raise ConicSolveError(message, failed, status)
         handle_failure(options.on_failure, message, status=None)
     return ConicSolution(x=x, y=y, s=s, status=status, info=state.info)
+
+
+def _dual_exp_via_primal(
+    P: Tensor | None,
+    q: Tensor,
+    A: Tensor,
+    b: Tensor,
+    cones: tuple[Cone, ...],
+    options: ConicOptions,
+) -> ConicSolution:
+    """Rows in the dual exponential cone, solved as primal exponential rows.
+
+    With :math:`T` = :data:`~dxopt.conic.cones.exp.DUAL_TO_PRIMAL` (:math:`u \\in K_{exp}^*
+    \\Leftrightarrow Tu \\in K_{exp}`) on those rows and the identity elsewhere (:math:`M`), the
+    program with :math:`MA, Mb` and :math:`ExpCone` has the same :math:`x`, the slack
+    :math:`s' = Ms` and the dual :math:`y'` with :math:`y = M^\\top y'` (stationarity
+    :math:`Px + q + (MA)^\\top y' = 0`). The map is linear and applied in torch, so gradients
+    flow through it."""
+    if A.layout != torch.strided or b.layout != torch.strided:
+        raise TypeError("A, b: ExpDualCone rows need dense A and b; pass A.to_dense()")
+    m = sum(cone.dim for cone in cones)
+    if A.shape[-2] != m:
+        raise ValueError(
+            f"A: expected {m} rows (the sum of the cones' dimensions), got {A.shape[-2]}"
+        )
+    M = torch.eye(m, dtype=A.dtype, device=A.device)
+    T = torch.tensor(DUAL_TO_PRIMAL, dtype=A.dtype, device=A.device)
+    primal: list[Cone] = []
+    start = 0
+    for cone in cones:
+        if isinstance(cone, ExpDualCone):
+            M[start : start + 3, start : start + 3] = T
+            primal.append(ExpCone())
+        else:
+            primal.append(cone)
+        start += cone.dim
+    sol = solve_with(P, q, M @ A, b @ M.T, cones=primal, options=options)
+    s = sol.s @ torch.linalg.inv(M).T
+    return ConicSolution(x=sol.x, y=sol.y @ M, s=s, status=sol.status, info=sol.info)
 
 
 class ConicLayer(nn.Module):
