@@ -10,7 +10,7 @@ next day, a MILP solved exactly by :class:`dxopt.dfl.MILPOracle`, paying
 :math:`\\pi` are not known the day before; a linear model (shared across slots) predicts each
 slot's price from its 8 standardised features (calendar fields and forecasts).
 
-- **Two-stage**: the model fitted by least squares on the prices (closed form).
+- **Two-stage**: the model fitted by least squares on the (standardised) prices (closed form).
 - **Decision-focused**: the same model, started from the two-stage fit, trained by Adam on the
   SPO+ loss (Elmachtoub & Grigas, Management Science 2022) of the schedule's cost, through
   the linear cost map :math:`c = T\\pi` (:meth:`dxopt.dfl.JAIRTask.costs_from_prices`).
@@ -44,23 +44,40 @@ if "site-packages" in OUT_DIR.parts or "dist-packages" in OUT_DIR.parts:
     OUT_DIR = Path.cwd() / "dxopt-energy-out"  # installed from a wheel: never write there
 
 
-def least_squares(x: Tensor, y: Tensor) -> nn.Linear:
-    """The slot-price model ``Linear(8, 1)`` fitted by least squares on ``(days, 48, 8)``
-    features and ``(days, 48)`` prices."""
+class PriceModel(nn.Module):
+    """Slot price :math:`\\mu + \\sigma (w^\\top x + b)`: a linear model of the standardised
+    price (:math:`\\mu, \\sigma` the training prices' mean and deviation), so that Adam's step
+    size is in the units of the standardised price."""
+
+    def __init__(self, features: int, mean: float, scale: float, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.linear = nn.Linear(features, 1).to(dtype)
+        self.mean, self.scale = mean, scale
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Slot prices ``(days, 48)`` of features ``(days, 48, 8)``."""
+        out: Tensor = self.mean + self.scale * self.linear(x)[..., 0]
+        return out
+
+
+def least_squares(x: Tensor, y: Tensor) -> PriceModel:
+    """The :class:`PriceModel` fitted by least squares on ``(days, 48, 8)`` features and
+    ``(days, 48)`` prices."""
+    mean, scale = float(y.mean()), float(y.std())
     X = torch.cat(
         [x.reshape(-1, x.shape[-1]), torch.ones(x.shape[0] * x.shape[1], 1, dtype=x.dtype)], 1
     )
-    beta = torch.linalg.lstsq(X, y.reshape(-1, 1)).solution[:, 0]
-    model = nn.Linear(x.shape[-1], 1).to(x.dtype)
+    beta = torch.linalg.lstsq(X, ((y - mean) / scale).reshape(-1, 1)).solution[:, 0]
+    model = PriceModel(x.shape[-1], mean, scale, x.dtype)
     with torch.no_grad():
-        model.weight.copy_(beta[:-1][None])
-        model.bias.copy_(beta[-1:])
+        model.linear.weight.copy_(beta[:-1][None])
+        model.linear.bias.copy_(beta[-1:])
     return model
 
 
 def predict(model: nn.Module, x: Tensor) -> Tensor:
     """Slot prices ``(days, 48)`` of features ``(days, 48, 8)``."""
-    out: Tensor = model(x)[..., 0]
+    out: Tensor = model(x)
     return out
 
 
