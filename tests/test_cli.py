@@ -11,7 +11,7 @@ import dxopt
 from dxopt import cli
 
 AREAS = ("bilevel", "dfl", "estimators", "natgrad", "qp")
-DEMOS = ("portfolio", "shortest_path", "transportation")
+DEMOS = ("energy", "portfolio", "shortest_path", "transportation")
 
 
 def _help(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
@@ -33,7 +33,9 @@ def test_top_level_and_demo_and_bench_help(capsys: pytest.CaptureFixture[str]) -
     top = _help(capsys, "--help")
     assert "{bench,demo}" in top and "--version" in top
     demo = _help(capsys, "demo", "--help")
-    assert demo.startswith("usage: dxopt demo {portfolio,ray_qp,shortest_path,transportation}")
+    assert demo.startswith(
+        "usage: dxopt demo {energy,portfolio,ray_qp,shortest_path,transportation}"
+    )
     assert re.search(r"^\s+portfolio\s+Multi-period portfolio", demo, flags=re.M)
     bench = _help(capsys, "bench", "--help")
     assert bench.startswith(
@@ -76,7 +78,7 @@ def test_every_script_has_one_usage_style_and_help_on_every_option(
 def test_unknown_names_are_refused_with_the_choices() -> None:
     with pytest.raises(SystemExit, match="unknown area 'foo'; expected one of: bilevel"):
         cli.main(["bench", "foo"])
-    with pytest.raises(SystemExit, match="unknown demo 'foo'; expected one of: portfolio"):
+    with pytest.raises(SystemExit, match="unknown demo 'foo'; expected one of: energy, portfolio"):
         cli.main(["demo", "foo"])
 
 

@@ -133,3 +133,41 @@ def test_max_iter_is_reported_by_on_failure():
     assert np.isfinite(layer.last_info.gap.numpy()).all()
     with pytest.raises(ValueError, match="on_failure"):
         RegularizedFrankWolfe(oracle, on_failure="nan")
+
+
+_SQUARE = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0], [1.0, 1.0]], dtype=torch.float64)
+
+
+def test_tied_costs_refuse_the_gradient_where_the_corral_misses_the_face():
+    # t = -c/lambda = (1/2, 1/2) inside the unit square: the projection is the identity there
+    # (Jacobian -I/lambda in c), but Wolfe stops on the diagonal {(0,0), (1,1)} with gap 0 and
+    # the face projector would be rank one: a silently wrong gradient, now refused.
+    oracle = enum_oracle(_SQUARE)
+    c_tie = torch.tensor([[-0.5, -0.5]], dtype=torch.float64, requires_grad=True)
+    with pytest.raises(DxoptError, match="tied"):
+        RegularizedFrankWolfe(oracle)(c_tie)
+    with pytest.warns(DxoptWarning, match="tied"):
+        RegularizedFrankWolfe(oracle, on_failure="warn")(c_tie)
+    # without grad nothing is probed, the value is right
+    y = RegularizedFrankWolfe(oracle)(c_tie.detach())
+    assert torch.allclose(y, torch.tensor([[0.5, 0.5]], dtype=torch.float64), atol=1e-12)
+
+
+@pytest.mark.parametrize("c0", [[-0.5, -0.4], [-0.3, -0.8], [-1.6, -0.5], [0.2, -2.0]])
+def test_untied_costs_keep_the_gradient_and_it_matches_finite_differences(c0):
+    # interior, interior, on the edge x1 = 1, at the vertex (0, 1): away from kinks the
+    # projection is smooth and its Jacobian is checked by central differences at two steps
+    oracle = enum_oracle(_SQUARE)
+    c = torch.tensor([c0], dtype=torch.float64, requires_grad=True)
+    layer = RegularizedFrankWolfe(oracle)
+    J = torch.stack(
+        [torch.autograd.grad(layer(c)[0, k], c)[0][0] for k in range(2)]
+    )  # J[k, j] = dy_k / dc_j
+    for h in (1e-4, 1e-6):
+        fd = torch.empty(2, 2, dtype=torch.float64)
+        for j in range(2):
+            e = torch.zeros(1, 2, dtype=torch.float64)
+            e[0, j] = h
+            with torch.no_grad():
+                fd[:, j] = ((layer(c + e) - layer(c - e)) / (2 * h))[0]
+        assert torch.allclose(J, fd, atol=1e-6)

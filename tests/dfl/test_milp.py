@@ -197,3 +197,20 @@ def test_highs_banner_is_not_printed():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "HiGHS" not in out.stdout and out.stdout == ""
+
+
+def test_warm_started_answers_are_the_optima_on_the_jair_scheduling_milp():
+    # regression: after solving other days, the warm start made HiGHS report kOptimal with an
+    # answer 0.7% above the optimum of the first test day (its reported objective was another);
+    # the oracle now checks the answer's cost against HiGHS' objective and re-solves cold
+    from dxopt.dfl import jair_scheduling
+
+    task = jair_scheduling(1, dtype=torch.float64)
+    c = task.test.costs[:1]
+    cold = jair_scheduling(1, dtype=torch.float64, warm_start=False).oracle
+    z = cold.objective(c, cold(c))
+    warm = task.oracle
+    warm(task.train.costs[:4])
+    x = warm(c)
+    assert warm.last_status == (Status.SOLVED,)
+    assert torch.allclose(warm.objective(c, x), z, rtol=1e-9)

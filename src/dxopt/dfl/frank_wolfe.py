@@ -22,8 +22,17 @@ arithmetic) with one batched oracle call per iteration. It stops when the Frank-
   corral's face the projection is affine, :math:`\\hat y = v_0 + P_D(t - v_0)` with :math:`P_D`
   the orthogonal projector onto :math:`D = \\mathrm{span}\\{v_i - v_0\\}`, so the backward is
   :math:`\\nabla_{\\hat c} = -\\frac{s}{\\lambda} P_D \\bar y` (zero at a vertex). It is the exact
-  Jacobian where the corral spans the optimal face and :math:`t - \\hat y` is interior to the
-  face's normal cone (generic costs); on a tie it is one element of the generalised Jacobian.
+  Jacobian exactly when the face :math:`F_n` of :math:`C` exposed by the normal
+  :math:`n = t - \\hat y` lies in the corral's affine hull (then :math:`\\hat y \\in
+  \\mathrm{relint}\\,F_n`: strict complementarity, the projection is differentiable). On tied
+  costs it need not: for the unit square and :math:`t = (\\frac12, \\frac12)` Wolfe stops on the
+  diagonal, :math:`P_D` is rank one, the true Jacobian is :math:`I`. So, when the input
+  requires grad, the forward probes :math:`F_n` with the oracle at :math:`n \\pm \\delta u`
+  (:math:`u` an orthonormal basis of :math:`D^\\perp`, :math:`\\delta = 10^{-7}\\max(1, \\|n\\|)`;
+  for small :math:`\\delta` the answer maximises :math:`\\pm u` over :math:`F_n`) and a vertex
+  tied with :math:`\\hat y` under :math:`n` off the corral's affine hull refuses the gradient
+  through ``on_failure`` (``Status.DEGENERATE``). Costs :math:`2(d - \\dim D)` batched oracle
+  calls per forward.
 - :class:`FrankWolfeFenchelYoung`:
   :math:`\\ell(\\hat c, y^*) = s\\,\\hat c^\\top(y^* - \\hat y) + \\frac\\lambda2(\\|y^*\\|^2 -
   \\|\\hat y\\|^2) \\ge 0`, the Fenchel-Young loss :math:`\\Omega^*(\\theta) + \\Omega(y^*) -
@@ -241,10 +250,53 @@ class RegularizedFrankWolfe(_FrankWolfeBase):
         basis = np.zeros((len(bases), d, max(width, 1)))
         for i, b in enumerate(bases):
             basis[i, :, : b.shape[1]] = b
+        if c_hat.requires_grad and torch.is_grad_enabled():
+            self._certify_faces(proj, bases)
         y = torch.as_tensor(proj.y).to(c_hat.device, c_hat.dtype)
         Q = torch.as_tensor(basis).to(c_hat.device, c_hat.dtype)
         out: Tensor = _RFWFunction.apply(c_hat, y, Q, -self.sign / self.lambd)
         return out
+
+    def _certify_faces(self, proj: _Projection, bases: list[np.ndarray]) -> None:
+        """Refuse (``on_failure``) the face-projector Jacobian of the samples whose exposed face
+        :math:`F_n` reaches off the corral's affine hull (see :mod:`dxopt.dfl.frank_wolfe`)."""
+        d = proj.t.shape[1]
+        rows, owner, comps = [], [], []
+        for i, Q in enumerate(bases):
+            n = proj.t[i] - proj.y[i]
+            full = np.linalg.qr(np.hstack([Q, np.eye(d)]), mode="complete")[0]
+            U = full[:, Q.shape[1] :]  # orthonormal basis of the complement of D
+            delta = 1e-7 * max(1.0, float(np.linalg.norm(n)))
+            for sgn in (1.0, -1.0):
+                rows.append(-(n[None, :] + sgn * delta * U.T))  # LMO minimises: argmax n.v
+                owner.extend([i] * U.shape[1])
+            comps.append(U)
+        if not owner:
+            return
+        v = self._lmo(np.vstack(rows))
+        owner_arr = np.asarray(owner)
+        bad = []
+        for i, U in enumerate(comps):
+            vi = v[owner_arr == i]
+            if vi.size == 0:
+                continue
+            n = proj.t[i] - proj.y[i]
+            scale = max(1.0, float(np.abs(proj.y[i]).max()), float(np.abs(vi).max()))
+            tied = (vi - proj.y[i]) @ n >= -1e-9 * max(1.0, float(np.linalg.norm(n))) * scale
+            off = np.abs((vi - proj.y[i]) @ U).max(axis=1) > 1e-7 * scale
+            if (tied & off).any():
+                bad.append(i)
+        if bad:
+            handle_failure(
+                self.on_failure,
+                f"{type(self).__name__}: the gradient of sample {bad[0]} (of {len(bad)}) is not "
+                "defined by the corral: a vertex tied with the projection under the normal "
+                "t - y lies off the corral's face (tied costs; the projection may not be "
+                "differentiable there). Perturb the costs, or pass on_failure='warn' to accept "
+                "the face-projector gradient.",
+                error=DxoptError,
+                status=Status.DEGENERATE,
+            )
 
 
 class FrankWolfeFenchelYoung(_FrankWolfeBase):
