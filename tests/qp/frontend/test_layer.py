@@ -220,7 +220,7 @@ def _problem_with(objective, constraints):  # type: ignore[no-untyped-def]
     return cp.Problem(cp.Minimize(objective), constraints)
 
 
-def test_cones_are_refused_with_a_pointer_to_cvxpylayers() -> None:
+def test_cones_are_refused_with_a_pointer_to_the_conic_front_end() -> None:
     x, y = cp.Variable(3), cp.Parameter(3)
     X = cp.Variable((2, 2), symmetric=True)
     cases = [
@@ -231,8 +231,17 @@ def test_cones_are_refused_with_a_pointer_to_cvxpylayers() -> None:
     ]
     for problem in cases:
         params = problem.parameters()
-        with pytest.raises(ValueError, match="cvxpylayers"):
+        with pytest.raises(ValueError, match=r"dxopt\.frontend\.CvxpyLayer") as info:
             CvxpyQPLayer(problem, params, [problem.variables()[0]])
+        assert "cvxpylayers" not in str(info.value)
+
+
+def test_a_non_dcp_problem_is_told_which_part_and_not_sent_to_another_layer() -> None:
+    x, y = cp.Variable(2), cp.Parameter(2)
+    problem = cp.Problem(cp.Minimize(cp.sum_squares(x - y)), [x >= 0, cp.sqrt(x[0]) <= 1])
+    with pytest.raises(ValueError, match="not DCP: constraint 1") as info:
+        CvxpyQPLayer(problem, [y], [x])
+    assert "CvxpyLayer" not in str(info.value) and "use cvxpylayers" not in str(info.value)
 
 
 def test_dpp_violations_are_refused() -> None:

@@ -43,8 +43,16 @@ CANON_SOLVERS = ("DAQP", "PIQP", "OSQP", "PROXQP")
 _HINT = (
     "dxopt.qp.CvxpyQPLayer takes quadratic programs only (quadratic or affine objective, "
     "affine equality and inequality constraints, variable bounds). For cones (SOC, "
-    "exponential, PSD) use cvxpylayers (pip install cvxpylayers)."
+    "exponential, power, PSD) use dxopt.frontend.CvxpyLayer (same arguments), which sends "
+    "them to dxopt.conic."
 )
+
+
+def _not_dcp_parts(problem: Any) -> str:
+    """The objective and constraints of ``problem`` that are not DCP, for the refusal."""
+    parts = [] if problem.objective.is_dcp() else [f"the objective {problem.objective}"]
+    parts += [f"constraint {i} ({c})" for i, c in enumerate(problem.constraints) if not c.is_dcp()]
+    return ", ".join(parts) if parts else "the problem as a whole"
 
 
 def import_cvxpy() -> Any:
@@ -146,7 +154,11 @@ def _check_problem(cp: Any, problem: Any, parameters: Any, variables: Any) -> No
     if len(variables) == 0:
         raise ValueError("variables: expected at least one variable or constraint, got none.")
     if not problem.is_dcp():
-        raise ValueError(f"problem: expected a DCP problem, got one that is not DCP. {_HINT}")
+        raise ValueError(
+            f"problem: expected a DCP problem, got one that is not DCP: {_not_dcp_parts(problem)}. "
+            "No convex layer can differentiate it (cvxpylayers cannot either); rewrite it with "
+            "DCP atoms (cvxpy's DCP rules: https://www.cvxpy.org/tutorial/dcp/)."
+        )
     if any(v.attributes["boolean"] or v.attributes["integer"] for v in problem.variables()):
         raise ValueError("problem: expected continuous variables, got boolean/integer ones.")
     if not problem.is_qp():
