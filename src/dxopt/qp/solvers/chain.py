@@ -41,6 +41,7 @@ certifies is ``INFEASIBLE`` or ``UNBOUNDED`` only with a certificate checked by
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,6 +93,10 @@ class SampleLog:
     best_miss: float = float("inf")
     best_from: str = ""
     claims: list[dict[str, Any]] = field(default_factory=list)
+    #: the backends' own warnings (e.g. qpsolvers' "Clarabel.rs terminated with status
+    #: PrimalInfeasible"), kept here instead of reaching the user: dxopt certifies every point
+    #: and reports each sample's status itself
+    backend_warnings: list[str] = field(default_factory=list)
     candidate: tuple[Attempt, PolishResult] | None = None
     gap_certified: set[str] = field(default_factory=set)
     trail: list[str] = field(default_factory=list)
@@ -230,9 +235,12 @@ class FallbackChain:
             else:
                 self.ensure_psd(i)
                 args = self.sample_args(step.solver, i)
-                sol = qpsolvers.solve_problem(
-                    qpsolvers.Problem(**args), solver=step.solver, initvals=init, **kw
-                )
+                with warnings.catch_warnings(record=True) as seen:
+                    warnings.simplefilter("always")
+                    sol = qpsolvers.solve_problem(
+                        qpsolvers.Problem(**args), solver=step.solver, initvals=init, **kw
+                    )
+                self.log(i).backend_warnings.extend(f"{step.solver}: {w.message}" for w in seen)
                 if hit_iteration_limit(sol):
                     self.log(i).hit_cap = True
                 if not sol.found:  # the backend's own rays (OSQP), checked in diagnose
