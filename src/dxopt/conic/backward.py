@@ -40,7 +40,14 @@ from torch import Tensor
 
 from dxopt.conic.certify import subset
 from dxopt.conic.forward import ForwardState, kink_scale
-from dxopt.conic.kkt import EPS, condition_1, cone_jacobian, jacobian, solve_refined
+from dxopt.conic.kkt import (
+    EPS,
+    condition_1,
+    cone_jacobian,
+    jacobian,
+    lu_factor_finite,
+    solve_refined,
+)
 from dxopt.conic.types import ConicBackwardInfo, ConicDegenerateWarning
 
 __all__ = ["COND_MAX", "PINV_RTOL", "adjoint_gradients", "tangents"]
@@ -64,7 +71,7 @@ class _System:
         atol = state.options.kink_tol * kink_scale(prob, state.x, state.w)[ix]
         self.D = cone_jacobian(prob.cones, prob.slices, w, atol)
         self.J = jacobian(P, A, self.D)
-        LU, piv, _ = torch.linalg.lu_factor_ex(self.J)
+        LU, piv, _ = lu_factor_finite(self.J)
         self.factor = (LU, piv)
         self.cond = condition_1(self.J, self.factor)
         self.kink = torch.tensor([state.info.kink[i] for i in self.idx], dtype=torch.bool)

@@ -38,7 +38,14 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from dxopt.conic.kkt import EPS, cone_jacobian, jacobian, project_dual, residual_map
+from dxopt.conic.kkt import (
+    EPS,
+    cone_jacobian,
+    jacobian,
+    lu_factor_finite,
+    project_dual,
+    residual_map,
+)
 from dxopt.conic.problem import ConicProblem
 from dxopt.conic.types import ConicOptions
 
@@ -93,8 +100,9 @@ def _polish(prob: ConicProblem, data: tuple[Tensor, ...], x: Tensor, w: Tensor):
     for _ in range(POLISH_STEPS):
         D = cone_jacobian(prob.cones, prob.slices, w)
         J = jacobian(P, A, D)
-        LU, piv, _info = torch.linalg.lu_factor_ex(J)
+        LU, piv, valid = lu_factor_finite(J)
         dz = torch.linalg.lu_solve(LU, piv, -F[..., None])[..., 0]
+        dz = torch.where(valid[:, None], dz, torch.nan)
         x_new, w_new = x + dz[:, :n], w + dz[:, n:]
         y_new = project_dual(prob.cones, prob.slices, w_new)
         F_new = residual_map(P, q, A, b, y_new, x_new, w_new)

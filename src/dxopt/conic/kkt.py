@@ -34,6 +34,7 @@ __all__ = [
     "condition_1",
     "cone_jacobian",
     "jacobian",
+    "lu_factor_finite",
     "project_dual",
     "residual_map",
     "solve_refined",
@@ -132,6 +133,34 @@ def _relres(J: Tensor, z: Tensor, r: Tensor, adjoint: bool) -> Tensor:
     return torch.where(torch.isfinite(out), out, torch.full_like(out, float("inf")))
 
 
+def lu_factor_finite(J: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The batched LU of ``J`` ``(k, N, N)`` and a mask of the samples it is valid for.
+
+    A sample whose ``J`` has a non-finite entry is factored as the identity instead and masked
+    out (``ok`` False): LAPACK's ``getrf`` on NaN input may return pivots that
+    ``torch.linalg.lu_solve`` rejects for the whole batch, so one bad sample would stop the
+    others; a sample whose batched factorization returns out-of-range pivots is factored
+    alone (masked out if that fails too). A zero pivot (a singular ``J``) is kept: its solves
+    are non-finite and the callers' residual checks refuse them."""
+    ok = torch.isfinite(J).flatten(-2).all(-1)
+    if not bool(ok.all()):
+        eye = torch.eye(J.shape[-1], dtype=J.dtype, device=J.device)
+        J = torch.where(ok[:, None, None], J, eye)
+    LU, piv, _info = torch.linalg.lu_factor_ex(J)
+    N = J.shape[-1]
+    bad = ((piv < 1) | (piv > N)).any(-1)
+    for i in torch.nonzero(bad).flatten().tolist():
+        # torch 2.13's batched CPU LU can return out-of-range pivots (MKL: "Parameter 6 was
+        # incorrect on entry to DLASWP") for some samples of a batch; factor them alone
+        LU_i, piv_i, _ = torch.linalg.lu_factor_ex(J[i].contiguous())
+        if bool(((piv_i < 1) | (piv_i > N)).any()):
+            ok[i] = False
+            LU_i = torch.eye(N, dtype=J.dtype, device=J.device)
+            piv_i = torch.arange(1, N + 1, dtype=piv.dtype, device=piv.device)
+        LU[i], piv[i] = LU_i, piv_i
+    return LU, piv, ok
+
+
 def solve_refined(
     J: Tensor,
     r: Tensor,
@@ -141,7 +170,7 @@ def solve_refined(
     max_refine: int = 4,
 ) -> tuple[LUSolve, tuple[Tensor, Tensor]]:
     """Solve :math:`Jz = r` (or :math:`J^\\top z = r`) for a batch, refined against ``J``."""
-    LU, piv = torch.linalg.lu_factor_ex(J)[:2] if factor is None else factor
+    LU, piv = lu_factor_finite(J)[:2] if factor is None else factor
     z = torch.linalg.lu_solve(LU, piv, r[..., None], adjoint=adjoint)[..., 0]
     res = _relres(J, z, r, adjoint)
     steps = 0
