@@ -219,7 +219,7 @@ def test_one_option_set_reaches_the_executor() -> None:
 @pytest.mark.parametrize(
     ("option", "value", "error"),
     [
-        ("on_failure", "ignore", ValueError),
+        ("on_failure", "skip", ValueError),
         ("solver", "daqpp", ValueError),
         ("solver", 3, TypeError),
         ("check_psd", 1, TypeError),

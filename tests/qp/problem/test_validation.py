@@ -103,7 +103,7 @@ def test_bad_options(args: dict) -> None:
     with pytest.raises(ValueError, match="backward: expected"):
         _call(args, backward="adjoint")
     with pytest.raises(ValueError, match="on_failure: expected"):
-        _call(args, on_failure="ignore")
+        _call(args, on_failure="skip")
     with pytest.raises(ValueError, match="weak_policy: expected"):
         dqp.PenaltyBackward(weak_policy="maybe")
     with pytest.raises(ValueError, match="linear_solver: expected"):

@@ -17,12 +17,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from dxopt._core import positional_refused
+from dxopt._core import handle_failure, positional_refused
 from dxopt.qp.api.bounds import append_bounds
 from dxopt.qp.api.compiled import compiled_solve, compiles, set_eager_solve
 from dxopt.qp.api.general import backward_method, run_general
 from dxopt.qp.api.lean import declined, run_lean_batch, run_lean_single
 from dxopt.qp.api.route import Route, plan
+from dxopt.qp.certify.certificates import unsolved_message
 from dxopt.qp.problem.canonical import canonical_problem
 from dxopt.qp.problem.contracts import BackwardMethod
 from dxopt.qp.problem.executor import QPData
@@ -162,7 +163,10 @@ def solve(
             active-set method solving to machine precision and ignores them).
         on_failure: ``"raise"`` raises :class:`QPSolveError` naming the failed batch indices;
             ``"nan"`` returns NaN ``x`` and duals for those samples, keeps the others, and
-            gives zero gradient contributions from the failed samples.
+            gives zero gradient contributions from the failed samples; ``"warn"`` does the
+            same and issues one :class:`dxopt.DxoptWarning` naming the failed samples;
+            ``"ignore"`` is ``"nan"`` (the shared vocabulary's names; ``sol.status`` says
+            which samples failed).
         warm_start: initial primal guess ``(n,)`` or ``(B, n)`` (backends that support it), or
             a previous :class:`QPSolution` of a problem of the same shape (its ``x``,
             detached; :func:`warm_point`). daqp starts from the working set active at that
@@ -272,6 +276,14 @@ def solve_with(
     """:func:`solve` with checked ``options``: validate the inputs, plan, run. ``route=
     "general"`` forces the general route (the reference the other routes are tested
     against)."""
+    if options.on_failure in ("warn", "ignore") and not torch.compiler.is_compiling():
+        sol = solve_with(
+            P, q, A, b, G, h, lb, ub, warm_start,
+            dataclasses.replace(options, on_failure="nan"), route=route,
+        )  # fmt: skip
+        if options.on_failure == "warn" and not all(s.ok for s in sol.status):
+            handle_failure("warn", unsolved_message(sol.info.solver, sol.status), stacklevel=3)
+        return sol
     if warm_start is not None and not isinstance(warm_start, Tensor):
         warm_start = warm_point(warm_start, options)
     if torch.compiler.is_compiling():  # the custom op, else a graph break

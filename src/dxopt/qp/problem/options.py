@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any
 
+from dxopt._core import check_on_failure
 from dxopt.qp.problem.contracts import BackwardMethod
 
 __all__ = ["COMPILED_SOLVER", "QPOptions", "solver_names"]
@@ -139,8 +140,7 @@ class QPOptions:
         finite and non-negative, ``solver_options`` a dict, ``backward`` a name or a method,
         ``executor`` an object with a ``solve`` method."""
         on_failure = self.on_failure
-        if on_failure not in ("raise", "nan"):
-            raise ValueError(f"on_failure: expected 'raise' or 'nan', got {on_failure!r}.")
+        check_on_failure(on_failure, ("raise", "nan", "warn", "ignore"))
         solver = self.solver
         if solver != "auto" and solver not in solver_names():
             import qpsolvers
