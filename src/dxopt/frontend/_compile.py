@@ -38,7 +38,7 @@ from dxopt.conic import (
     SecondOrderCone,
     ZeroCone,
 )
-from dxopt.qp.frontend._compile import _entries, _param_columns, import_cvxpy
+from dxopt.qp.frontend._compile import _entries, _param_columns, check_parameters, import_cvxpy
 
 __all__ = ["CompiledConic", "ConicOutput", "check_problem", "compile_conic"]
 
@@ -136,16 +136,7 @@ def check_problem(cp: Any, problem: Any, parameters: Any, variables: Any, gp: bo
         )
     if any(v.attributes["boolean"] or v.attributes["integer"] for v in problem.variables()):
         raise ValueError("problem: expected continuous variables, got boolean/integer ones.")
-    declared = set(problem.parameters())
-    given = list(parameters)
-    if not all(isinstance(p, cp.Parameter) for p in given) or set(given) != declared:
-        raise ValueError(
-            f"parameters: expected exactly the problem's parameters ({len(declared)}: "
-            f"{sorted(p.name() for p in declared)}) in any order, got "
-            f"{[getattr(p, 'name', lambda p=p: type(p).__name__)() for p in given]}."
-        )
-    if len(set(given)) != len(given):
-        raise ValueError("parameters: a parameter is listed twice.")
+    check_parameters(cp, problem, parameters)
 
 
 def _cones(dims: Any) -> tuple[Cone, ...]:

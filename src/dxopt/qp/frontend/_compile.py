@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-__all__ = ["Block", "CompiledQP", "Output", "compile_problem", "import_cvxpy"]
+__all__ = ["Block", "CompiledQP", "Output", "check_parameters", "compile_problem", "import_cvxpy"]
 
 #: QP solvers whose cvxpy data are (P, q, A, b, F, g) with variable bounds; the first installed
 #: one canonicalises (only its data are used, never its solve).
@@ -174,6 +174,12 @@ def _check_problem(cp: Any, problem: Any, parameters: Any, variables: Any) -> No
             "rewrite it, e.g. 0.5 * cp.sum_squares(L @ x) with a parameter factor L, or "
             "cp.quad_form(x, P) with a parameter P in the objective."
         )
+    check_parameters(cp, problem, parameters)
+
+
+def check_parameters(cp: Any, problem: Any, parameters: Any) -> None:
+    """Require ``parameters`` to list each of ``problem``'s parameters exactly once (any
+    order), as both CVXPY front ends take them."""
     declared = set(problem.parameters())
     given = list(parameters)
     if not all(isinstance(p, cp.Parameter) for p in given) or set(given) != declared:
