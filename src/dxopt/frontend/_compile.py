@@ -38,7 +38,13 @@ from dxopt.conic import (
     SecondOrderCone,
     ZeroCone,
 )
-from dxopt.qp.frontend._compile import _entries, _param_columns, check_parameters, import_cvxpy
+from dxopt.qp.frontend._compile import (
+    _entries,
+    _param_columns,
+    check_lists,
+    check_parameters,
+    import_cvxpy,
+)
 
 __all__ = ["CompiledConic", "ConicOutput", "check_problem", "compile_conic"]
 
@@ -93,14 +99,7 @@ def check_problem(cp: Any, problem: Any, parameters: Any, variables: Any, gp: bo
         raise TypeError(f"problem: expected a cvxpy.Problem, got {type(problem).__name__}.")
     if not isinstance(gp, bool):
         raise TypeError(f"gp: expected True or False, got {gp!r}.")
-    for arg_name, value in (("parameters", parameters), ("variables", variables)):
-        if not isinstance(value, (list, tuple)):
-            raise TypeError(
-                f"{arg_name}: expected a list or tuple, got {type(value).__name__}. Pass e.g. "
-                f"{arg_name}=[{'A, b' if arg_name == 'parameters' else 'x'}]."
-            )
-    if len(variables) == 0:
-        raise ValueError("variables: expected at least one variable or constraint, got none.")
+    check_lists(parameters, variables)
     parts = [("objective", problem.objective)] + [("constraint", c) for c in problem.constraints]
     if gp:
         if not problem.is_dgp():

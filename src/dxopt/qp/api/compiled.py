@@ -160,14 +160,17 @@ def _vjp(
         ]
         outs = _eager_outputs(leaves, warm, options)
         wrt = [t for t, need in zip(leaves, needs) if t is not None and need]
-        pairs = [(o, g) for o, g in zip(outs, grads) if o.requires_grad and o.numel() > 0]
-        if not (pairs and wrt):
-            return [None] * len(wrt)
-        return list(
-            torch.autograd.grad(
-                [o for o, _ in pairs], wrt, [g for _, g in pairs], allow_unused=True
-            )
-        )
+        return _pull_back(outs, wrt, grads)
+
+
+def _pull_back(outs: Any, wrt: list[Tensor], grads: list[Tensor]) -> list[Any]:
+    """The cotangent ``grads`` of ``outs`` pulled back to ``wrt`` (``None`` where unused)."""
+    pairs = [(o, g) for o, g in zip(outs, grads) if o.requires_grad and o.numel() > 0]
+    if not (pairs and wrt):
+        return [None] * len(wrt)
+    return list(
+        torch.autograd.grad([o for o, _ in pairs], wrt, [g for _, g in pairs], allow_unused=True)
+    )
 
 
 @torch.library.custom_op("dxopt::qp_solve_backward", mutates_args=())
@@ -293,14 +296,7 @@ def _opaque_vjp(
         leaves = [v.detach().requires_grad_(need) for v, need in zip(values, needs)]
         outs = _layer(key)._opaque_forward(*leaves)
         wrt = [t for t, need in zip(leaves, needs) if need]
-        pairs = [(o, g) for o, g in zip(outs, grads) if o.requires_grad and o.numel() > 0]
-        if not (pairs and wrt):
-            return [None] * len(wrt)
-        return list(
-            torch.autograd.grad(
-                [o for o, _ in pairs], wrt, [g for _, g in pairs], allow_unused=True
-            )
-        )
+        return _pull_back(outs, wrt, grads)
 
 
 @torch.library.custom_op("dxopt::opaque_layer_backward", mutates_args=())

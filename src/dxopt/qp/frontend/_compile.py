@@ -34,7 +34,15 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-__all__ = ["Block", "CompiledQP", "Output", "check_parameters", "compile_problem", "import_cvxpy"]
+__all__ = [
+    "Block",
+    "CompiledQP",
+    "Output",
+    "check_lists",
+    "check_parameters",
+    "compile_problem",
+    "import_cvxpy",
+]
 
 #: QP solvers whose cvxpy data are (P, q, A, b, F, g) with variable bounds; the first installed
 #: one canonicalises (only its data are used, never its solve).
@@ -145,14 +153,7 @@ def _fortran_to_c(shape: tuple[int, ...]) -> np.ndarray:
 def _check_problem(cp: Any, problem: Any, parameters: Any, variables: Any) -> None:
     if not isinstance(problem, cp.Problem):
         raise TypeError(f"problem: expected a cvxpy.Problem, got {type(problem).__name__}.")
-    for arg_name, value in (("parameters", parameters), ("variables", variables)):
-        if not isinstance(value, (list, tuple)):
-            raise TypeError(
-                f"{arg_name}: expected a list or tuple, got {type(value).__name__}. Pass e.g. "
-                f"{arg_name}=[{'A, b' if arg_name == 'parameters' else 'x'}]."
-            )
-    if len(variables) == 0:
-        raise ValueError("variables: expected at least one variable or constraint, got none.")
+    check_lists(parameters, variables)
     if not problem.is_dcp():
         raise ValueError(
             f"problem: expected a DCP problem, got one that is not DCP: {_not_dcp_parts(problem)}. "
@@ -175,6 +176,18 @@ def _check_problem(cp: Any, problem: Any, parameters: Any, variables: Any) -> No
             "cp.quad_form(x, P) with a parameter P in the objective."
         )
     check_parameters(cp, problem, parameters)
+
+
+def check_lists(parameters: Any, variables: Any) -> None:
+    """Require ``parameters`` and ``variables`` to be lists or tuples, ``variables`` non-empty."""
+    for arg_name, value in (("parameters", parameters), ("variables", variables)):
+        if not isinstance(value, (list, tuple)):
+            raise TypeError(
+                f"{arg_name}: expected a list or tuple, got {type(value).__name__}. Pass e.g. "
+                f"{arg_name}=[{'A, b' if arg_name == 'parameters' else 'x'}]."
+            )
+    if len(variables) == 0:
+        raise ValueError("variables: expected at least one variable or constraint, got none.")
 
 
 def check_parameters(cp: Any, problem: Any, parameters: Any) -> None:
