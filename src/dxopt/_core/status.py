@@ -27,6 +27,8 @@ _MESSAGES = {
     "failed": "the solver failed (non-finite values or a breakdown)",
     "diverged": "the iteration diverged (its residual grew past the starting one or became "
     "non-finite); lower the step size (lr)",
+    "relaxed": "certified infeasible, so the closest feasible problem (the constraints shifted "
+    "by the least-squares smallest violation) was solved instead, as asked",
 }
 
 
@@ -48,6 +50,11 @@ class Status(enum.Enum):
     FALLBACK = "fallback"
     FAILED = "failed"
     DIVERGED = "diverged"
+    RELAXED = "relaxed"
+    """Opt-in (``infeasible="relax"`` of :func:`dxopt.qp.solve`): the sample was certified
+    infeasible and the returned point solves the closest feasible problem, whose constraints
+    are shifted by the least-squares smallest violation (:mod:`dxopt.qp.api.relax`). ``ok``:
+    that point and its derivative are valid for the relaxed problem."""
     # deprecated aliases (same value, so ``Status.CONVERGED is Status.SOLVED``)
     CONVERGED = "solved"
     MAX_ITERATIONS = "max_iter"
@@ -58,8 +65,9 @@ class Status(enum.Enum):
 
     @property
     def ok(self) -> bool:
-        """True for SOLVED and DEGENERATE (a valid solution), False otherwise."""
-        return self in (Status.SOLVED, Status.DEGENERATE)
+        """True for SOLVED, DEGENERATE and RELAXED (a valid solution: for RELAXED, of the
+        closest feasible problem the caller opted into), False otherwise."""
+        return self in (Status.SOLVED, Status.DEGENERATE, Status.RELAXED)
 
 
 def check_on_failure(

@@ -73,6 +73,7 @@ def compiles(options: QPOptions) -> bool:
         and options.solver_options is None
         and options.max_workers is None
         and options.executor is None
+        and options.infeasible == "fail"
     )
 
 

@@ -22,6 +22,7 @@ from dxopt.qp.api.bounds import append_bounds
 from dxopt.qp.api.compiled import compiled_solve, compiles, set_eager_solve
 from dxopt.qp.api.general import backward_method, run_general
 from dxopt.qp.api.lean import declined, run_lean_batch, run_lean_single
+from dxopt.qp.api.relax import solve_relaxed
 from dxopt.qp.api.route import Route, plan
 from dxopt.qp.certify.certificates import unsolved_message
 from dxopt.qp.problem.canonical import canonical_problem
@@ -107,6 +108,7 @@ def solve(
     executor: QPExecutor | None = None,
     fallback: bool = True,
     polish: bool = True,
+    infeasible: str = "fail",
 ) -> QPSolution:
     """Solve :math:`\\min_x \\tfrac12 x^\\top Px + q^\\top x` s.t. :math:`Ax = b`, :math:`Gx \\le h`
     and make the solution and the multipliers differentiable.
@@ -193,6 +195,13 @@ def solve(
             certificate of :mod:`dxopt.qp.certify.polish` runs either way: a sample is ``SOLVED``
             only
             if its point meets ``eps_abs``/``eps_rel`` componentwise.
+        infeasible: ``"fail"`` (default): a sample certified infeasible is a failure, handled
+            by ``on_failure``. ``"relax"``: such a sample is solved as its closest feasible
+            problem instead, the constraints shifted by the least-squares smallest violation
+            :math:`s^\\star` (Bambade et al., QPLayer, 2023), and differentiated through
+            :math:`s^\\star` too; its status is ``RELAXED`` and ``info.relax_shift`` holds
+            :math:`\\|s^\\star\\|_2` (:mod:`dxopt.qp.api.relax`). The other samples are
+            bit-for-bit those of ``"fail"``.
 
     Returns:
         :class:`QPSolution` with ``x``, ``eq_duals``, ``ineq_duals`` (differentiable),
@@ -242,7 +251,7 @@ def solve(
     if torch.compiler.is_compiling():  # the custom op (or a graph break)
         options = QPOptions.of(
             backward, solver, eps_abs, eps_rel, on_failure, max_workers, solver_options,
-            check_psd, executor, fallback, polish,
+            check_psd, executor, fallback, polish, infeasible,
         )  # fmt: skip
         if compiles(options):
             return solve_with(P, q, A, b, G, h, lb, ub, warm_start, options)
@@ -250,11 +259,11 @@ def solve(
             P, q, A=A, b=b, G=G, h=h, lb=lb, ub=ub, backward=backward, solver=solver,
             eps_abs=eps_abs, eps_rel=eps_rel, on_failure=on_failure, warm_start=warm_start,
             max_workers=max_workers, solver_options=solver_options, check_psd=check_psd,
-            executor=executor, fallback=fallback, polish=polish,
+            executor=executor, fallback=fallback, polish=polish, infeasible=infeasible,
         )  # fmt: skip
     options = QPOptions.of(
         backward, solver, eps_abs, eps_rel, on_failure, max_workers, solver_options, check_psd,
-        executor, fallback, polish,
+        executor, fallback, polish, infeasible,
     )  # fmt: skip
     return solve_with(P, q, A, b, G, h, lb, ub, warm_start, options)
 
@@ -284,6 +293,8 @@ def solve_with(
         if options.on_failure == "warn" and not all(s.ok for s in sol.status):
             handle_failure("warn", unsolved_message(sol.info.solver, sol.status), stacklevel=3)
         return sol
+    if options.infeasible == "relax":  # the infeasible samples as closest feasible problems
+        return solve_relaxed(P, q, A, b, G, h, lb, ub, warm_start, options, solve_with)
     if warm_start is not None and not isinstance(warm_start, Tensor):
         warm_start = warm_point(warm_start, options)
     if torch.compiler.is_compiling():  # the custom op, else a graph break

@@ -126,7 +126,10 @@ class CvxpyQPLayer(nn.Module):
             QP in the original variables, with a nonsingular ``P`` where the problem has one.
             The outputs, multipliers included, are those of the canonical problem either way.
         backward, solver, eps_abs, eps_rel, on_failure, max_workers, solver_options, check_psd,
-            fallback, polish: forwarded to :func:`dxopt.qp.solve`.
+            fallback, polish, infeasible: forwarded to :func:`dxopt.qp.solve`
+            (``infeasible="relax"``: a certified-infeasible sample is solved as the closest
+            feasible problem of the QP the solver sees, after the elimination, status
+            ``RELAXED``; :mod:`dxopt.qp.api.relax`).
 
     Raises:
         ImportError: cvxpy is missing (``pip install 'dxopt[cvxpy]'``).
@@ -162,6 +165,7 @@ class CvxpyQPLayer(nn.Module):
         check_psd: bool = True,
         fallback: bool = True,
         polish: bool = True,
+        infeasible: str = "fail",
     ) -> None:
         super().__init__()
         if sparse is not None and not isinstance(sparse, bool):
@@ -171,7 +175,7 @@ class CvxpyQPLayer(nn.Module):
         self.qp = QPLayer(
             backward=backward, solver=solver, eps_abs=eps_abs, eps_rel=eps_rel,
             on_failure=on_failure, max_workers=max_workers, solver_options=solver_options,
-            check_psd=check_psd, fallback=fallback, polish=polish,
+            check_psd=check_psd, fallback=fallback, polish=polish, infeasible=infeasible,
         )  # fmt: skip
         self.compiled: CompiledQP = compile_problem(problem, parameters, variables)
         c = self.compiled

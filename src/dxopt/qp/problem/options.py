@@ -21,12 +21,15 @@ from typing import Any
 from dxopt._core import check_on_failure
 from dxopt.qp.problem.contracts import BackwardMethod
 
-__all__ = ["COMPILED_SOLVER", "QPOptions", "solver_names"]
+__all__ = ["COMPILED_SOLVER", "INFEASIBLE_MODES", "QPOptions", "solver_names"]
 
 COMPILED_SOLVER = "dual_active_set"
 """The name of dxopt's compiled dual active-set solver (:mod:`dxopt.qp.solvers.dual_active_set`)."""
 
 _BACKWARD_NAMES = ("penalty", "kkt")
+INFEASIBLE_MODES = ("fail", "relax")
+"""``infeasible=``: ``"fail"`` (a certified-infeasible sample is a failure, handled by
+``on_failure``) or ``"relax"`` (solve the closest feasible problem, :mod:`dxopt.qp.api.relax`)."""
 _CACHE_SIZE = 64  # distinct option sets kept (a model uses one or two)
 
 
@@ -57,6 +60,7 @@ class QPOptions:
     executor: Any = None
     fallback: bool = True
     polish: bool = True
+    infeasible: str = "fail"
 
     def __post_init__(self) -> None:
         self.check()
@@ -80,6 +84,7 @@ class QPOptions:
         executor: Any,
         fallback: bool,
         polish: bool,
+        infeasible: str = "fail",
     ) -> QPOptions:
         """The checked options of one ``solve`` call: the same object for the same option set
         (the frozen dataclass's ``__init__`` costs 2 us, the tiny solve's per-call budget; a
@@ -88,7 +93,8 @@ class QPOptions:
         refused)."""
         # a method object by identity (its hash would hash every field on each call)
         method_key = backward if backward.__class__ is str else id(backward)
-        key = (method_key, solver, eps_abs, eps_rel, on_failure, max_workers, fallback, polish)
+        key = (method_key, solver, eps_abs, eps_rel, on_failure, max_workers, fallback, polish,
+               infeasible)  # fmt: skip
         if solver_options is None and executor is None:
             try:
                 hit = _CACHE.get(key)
@@ -106,6 +112,7 @@ class QPOptions:
             backward=backward, solver=solver, eps_abs=eps_abs, eps_rel=eps_rel,
             on_failure=on_failure, max_workers=max_workers, solver_options=solver_options,
             check_psd=check_psd, executor=executor, fallback=fallback, polish=polish,
+            infeasible=infeasible,
         )  # fmt: skip
         if solver_options is None and executor is None and check_psd is True:
             try:
@@ -185,6 +192,12 @@ class QPOptions:
                     f"{tol_name}: expected a finite float >= 0, got {tol!r}. Use e.g. "
                     "eps_abs=1e-9, eps_rel=0.0."
                 )
+        if self.infeasible not in INFEASIBLE_MODES:
+            raise ValueError(
+                f"infeasible: expected 'fail' (a certified-infeasible sample is a failure, "
+                f"handled by on_failure) or 'relax' (solve the closest feasible problem "
+                f"instead), got {self.infeasible!r}."
+            )
         workers = self.max_workers
         if workers is not None and (not isinstance(workers, int) or workers < 1):
             raise ValueError(f"max_workers: expected a positive int or None, got {workers!r}.")

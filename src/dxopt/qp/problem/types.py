@@ -131,6 +131,10 @@ class QPInfo:
         route: the path that produced the answer (:mod:`dxopt.qp.api.route`): ``"lean_single"``,
             ``"lean_batch"``, ``"device"``, ``"general"`` or ``"executor"`` (a lean route that
             declines at run time hands the call to the general one, recorded as ``"general"``).
+        relax_shift: per sample, :math:`\\|s^\\star\\|_2`, the norm of the least-squares
+            smallest constraint shift of a sample solved as its closest feasible problem
+            (status ``RELAXED``, ``infeasible="relax"``; :mod:`dxopt.qp.api.relax`), ``0.0``
+            for the other samples; empty when no sample was relaxed.
     """
 
     solver: str
@@ -142,6 +146,7 @@ class QPInfo:
     sample_tolerances: tuple[float, ...] = ()
     polished: tuple[bool, ...] = ()
     route: str = "general"
+    relax_shift: tuple[float, ...] = ()
 
     @property
     def degenerate(self) -> tuple[bool, ...]:
@@ -161,6 +166,7 @@ class QPInfo:
         sample_tolerances: tuple[float, ...],
         polished: tuple[bool, ...],
         route: str,
+        relax_shift: tuple[float, ...] = (),
     ) -> QPInfo:
         """What ``QPInfo(...)`` makes of every field, without the frozen dataclass's
         ``object.__setattr__`` per field (1.8 against 0.4 us: the lean paths' per-call cost;
@@ -170,6 +176,7 @@ class QPInfo:
             solver=solver, solve_time=solve_time, primal_residual=primal_residual,
             dual_residual=dual_residual, backward=backward, sample_solvers=sample_solvers,
             sample_tolerances=sample_tolerances, polished=polished, route=route,
+            relax_shift=relax_shift,
         )  # fmt: skip
         return info
 
