@@ -260,6 +260,36 @@ def test_bad_mode_and_sparse_input_refused() -> None:
         dqp.solve(torch.eye(1, dtype=D), t(0.0), G=G, h=t(0.0, -1.0), infeasible="relax")
 
 
+@pytest.mark.parametrize("solver", ["osqp", "piqp", "clarabel", "dual_active_set", "torch"])
+def test_other_backends_relax_the_same_way(solver: str) -> None:
+    """Both solves of the relaxation go through the requested backend (and the fallback
+    chain): the same shift, point and gradient, to the requested tolerance."""
+    h = t([0.0, -1.0], [1.0, 0.0]).requires_grad_()
+    sol = dqp.solve(
+        torch.eye(1, dtype=D), torch.zeros(2, 1, dtype=D), G=t([1.0], [-1.0]), h=h,
+        infeasible="relax", solver=solver,
+    )  # fmt: skip
+    assert sol.status == (Status.RELAXED, Status.SOLVED)
+    torch.testing.assert_close(sol.x.detach(), t([0.5], [0.0]), atol=1e-8, rtol=0)
+    assert sol.info.relax_shift[0] == pytest.approx(1 / math.sqrt(2), abs=1e-8)
+    (grad,) = torch.autograd.grad(sol.x.sum(), h)
+    torch.testing.assert_close(grad, t([0.5, -0.5], [0.0, 0.0]), atol=1e-8, rtol=0)
+
+
+def test_under_torch_compile_a_graph_break_with_the_eager_result() -> None:
+    layer = dqp.QPLayer(infeasible="relax")
+    G = t([1.0], [-1.0])
+
+    def model(h: torch.Tensor) -> torch.Tensor:
+        return (layer(torch.eye(1, dtype=D), torch.zeros(2, 1, dtype=D), G=G, h=h).x).sum()
+
+    h = t([0.0, -1.0], [1.0, 0.0]).requires_grad_()
+    out = torch.compile(model, backend="aot_eager")(h)
+    out.backward()
+    assert h.grad is not None and out.item() == pytest.approx(0.5, abs=1e-9)
+    torch.testing.assert_close(h.grad, t([0.5, -0.5], [0.0, 0.0]), atol=1e-8, rtol=0)
+
+
 def test_transforms_and_forward_mode_refused() -> None:
     """The relaxed samples are picked by their status: torch.func and forward-mode AD raise."""
     G, h = t([1.0], [-1.0]), t(0.0, 1.0)

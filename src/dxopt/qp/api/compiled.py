@@ -67,7 +67,8 @@ _INPUTS = ("P", "q", "A", "b", "G", "h", "lb", "ub")
 
 
 def compiles(options: QPOptions) -> bool:
-    """Whether ``options`` fit the custom op (scalar options only, see the module docstring)."""
+    """Whether ``options`` fit the custom op (scalar options only, see the module docstring;
+    ``infeasible="relax"`` picks samples by their status, so it stays a graph break too)."""
     return (
         isinstance(options.backward, str)
         and options.solver_options is None

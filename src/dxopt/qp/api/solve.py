@@ -211,8 +211,9 @@ def solve(
     Under :func:`torch.compile` (``fullgraph=True`` included) the solve is the opaque custom op
     of :mod:`dxopt.qp.api.compiled`, with the eager outputs and gradients; ``status`` is then
     ``()``, ``info.route == "compiled"`` and ``lb_duals``/``ub_duals`` have ``n`` entries (zero
-    where the bound is infinite). With a configured backward object, ``solver_options``,
-    ``max_workers`` or ``executor`` the call stays a graph break (``torch.compiler.disable``).
+    where the bound is infinite). With a configured backward object, ``infeasible="relax"``,
+    ``solver_options``, ``max_workers`` or ``executor`` the call stays a graph break
+    (``torch.compiler.disable``).
 
     **torch.func.** ``grad``, ``vjp``, ``jvp``, ``jacrev``, ``jacfwd``, ``vmap`` and their
     first-order compositions (``vmap(grad(f))``, ``vmap(jacrev(f))``, ...) work on dense inputs,
@@ -293,14 +294,14 @@ def solve_with(
         if options.on_failure == "warn" and not all(s.ok for s in sol.status):
             handle_failure("warn", unsolved_message(sol.info.solver, sol.status), stacklevel=3)
         return sol
-    if options.infeasible == "relax":  # the infeasible samples as closest feasible problems
-        return solve_relaxed(P, q, A, b, G, h, lb, ub, warm_start, options, solve_with)
     if warm_start is not None and not isinstance(warm_start, Tensor):
         warm_start = warm_point(warm_start, options)
     if torch.compiler.is_compiling():  # the custom op, else a graph break
         if route is None and compiles(options):
             return compiled_solve(P, q, A, b, G, h, lb, ub, warm_start, options)
         return _solve_eagerly(P, q, A, b, G, h, lb, ub, warm_start, options=options, route=route)
+    if options.infeasible == "relax":  # the infeasible samples as closest feasible problems
+        return solve_relaxed(P, q, A, b, G, h, lb, ub, warm_start, options, solve_with)
     if (isinstance(A, Tensor) and A.ndim < 2) or (isinstance(G, Tensor) and G.ndim < 2):
         _refuse_vectors(A, G)
     method = backward_method(options.backward)
