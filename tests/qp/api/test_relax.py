@@ -200,16 +200,46 @@ def test_mixed_batch_feasible_samples_bit_for_bit(solver: str) -> None:
         assert abs(float(relaxed.x[i, 0].detach())) < 1e-9
 
 
-def test_all_feasible_batch_is_the_mode_off() -> None:
+@pytest.mark.parametrize("keep", [[0, 2], 0], ids=["batch", "single"])
+def test_feasible_calls_are_the_mode_off(keep: list[int] | int) -> None:
+    """A call without an infeasible sample (a batch, and one problem on the lean path) with
+    the default on_failure='raise': x, multipliers and gradients torch.equal to the mode off."""
     data = _batch()
-    keep = [0, 2]
-    args = (data["P"], data["q"][keep])
-    kw = {"G": data["G"][keep], "h": data["h"][keep]}
-    a = dqp.solve(*args, **kw)
-    b = dqp.solve(*args, **kw, infeasible="relax")
+    out = []
+    for mode in ("fail", "relax"):
+        q = data["q"][keep].clone().requires_grad_()
+        h = data["h"][keep].clone().requires_grad_()
+        sol = dqp.solve(data["P"], q, G=data["G"][keep], h=h, infeasible=mode)
+        grads = torch.autograd.grad((sol.x * torch.tensor([1.0, -3.0], dtype=D)).sum(), (q, h))
+        out.append((sol, grads))
+    (a, grads_a), (b, grads_b) = out
     assert a.status == b.status and a.info.relax_shift == b.info.relax_shift == ()
+    assert a.info.route == b.info.route
     assert torch.equal(a.x, b.x) and a.ineq_duals is not None and b.ineq_duals is not None
     assert torch.equal(a.ineq_duals, b.ineq_duals)
+    assert all(torch.equal(u, v) for u, v in zip(grads_a, grads_b))
+
+
+def test_unbounded_relaxed_problem_is_a_failure_with_its_shift() -> None:
+    """min -x2 s.t. x1 <= -1, x1 >= 1 (an LP, x2 free): the shifted problem pins x1 = 0 and is
+    unbounded in x2, certified UNBOUNDED; its shift norm sqrt(2) is still reported."""
+    P, q = torch.zeros(2, 2, dtype=D), t(0.0, -1.0)
+    G, h = t([1.0, 0.0], [-1.0, 0.0]), t(-1.0, -1.0)
+    sol = dqp.solve(P, q, G=G, h=h, infeasible="relax", on_failure="nan")
+    assert sol.status == (Status.UNBOUNDED,) and bool(torch.isnan(sol.x).all())
+    assert sol.info.relax_shift[0] == pytest.approx(math.sqrt(2), abs=1e-9)
+    with pytest.raises(dqp.QPSolveError, match="unbounded"):
+        dqp.solve(P, q, G=G, h=h, infeasible="relax")
+
+
+def test_warn_policy_does_not_warn_for_relaxed_samples() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        sol = dqp.solve(
+            torch.eye(1, dtype=D), t(0.0), G=t([1.0], [-1.0]), h=t(-1.0, -1.0),
+            infeasible="relax", on_failure="warn",
+        )  # fmt: skip
+    assert sol.status == (Status.RELAXED,)
 
 
 def test_training_loop_with_infeasible_samples_converges() -> None:

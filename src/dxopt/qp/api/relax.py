@@ -25,7 +25,9 @@ the polyhedron :math:`\\{(Ax - b, Gx - h + w) : w \\ge 0\\}`) while its ``x`` pa
 problems are solved by :func:`dxopt.qp.solve` itself, with the caller's options, and certified
 like any QP; by construction the shifted problem is feasible (its feasible set is the set of
 least-violation points), so the relaxed sample's status is ``RELAXED`` (``ok``) and
-``info.relax_shift`` holds :math:`\\|s^\\star\\|_2`.
+``info.relax_shift`` holds :math:`\\|s^\\star\\|_2`. A shifted problem that is unbounded below
+(an LP whose objective decreases along the pinned set) keeps its certified ``UNBOUNDED``
+status, a failure for ``on_failure``, with its shift norm still in ``info.relax_shift``.
 
 **The derivative** is the exact derivative of the function
 :math:`\\theta = (P, q, A, b, G, h, lb, ub) \\mapsto x^\\star(\\theta)` above, *including* the
@@ -200,6 +202,32 @@ def _put(base: Tensor | None, index: Tensor | None, part: Tensor | None) -> Tens
     return base.index_copy(0, index, part.to(base.dtype))
 
 
+def _dual_inputs(*inputs: object) -> bool:
+    """Whether an input is a forward-mode dual tensor (looked at only inside an open
+    ``dual_level``: ``unpack_dual`` costs about 1 us a tensor)."""
+    level = getattr(torch.autograd.forward_ad, "_current_level", None)
+    if level is not None and level < 0:
+        return False
+    return any(forward_ad_dual(t) for t in inputs)
+
+
+_INNER: dict[int, tuple[QPOptions, QPOptions]] = {}
+
+
+def _inner_options(options: QPOptions) -> QPOptions:
+    """``options`` with ``infeasible="fail"``, ``on_failure="nan"``: the options of the solves
+    inside, kept per options object (``QPOptions.of`` shares one per option set; a frozen
+    dataclass's ``replace`` costs some 20 us, a tenth of a small solve)."""
+    hit = _INNER.get(id(options))
+    if hit is not None and hit[0] is options:
+        return hit[1]
+    inner = dataclasses.replace(options, infeasible="fail", on_failure="nan")
+    if len(_INNER) >= 64:
+        _INNER.clear()
+    _INNER[id(options)] = (options, inner)
+    return inner
+
+
 def solve_relaxed(
     P: Tensor,
     q: Tensor,
@@ -217,19 +245,18 @@ def solve_relaxed(
     :func:`dxopt.qp.api.solve.solve_with`. ``options.on_failure`` is ``"raise"`` or ``"nan"``
     here (``"warn"``/``"ignore"`` arrive as ``"nan"``)."""
     _check_dense(P, A, G)
-    if functorch_active() or any(forward_ad_dual(t) for t in (P, q, A, b, G, h, lb, ub)):
+    if functorch_active() or _dual_inputs(P, q, A, b, G, h, lb, ub):
         raise ValueError(
             "infeasible: 'relax' is reverse mode only (backward()); it picks the infeasible "
             "samples by their status, which torch.func transforms and forward-mode AD do not "
             "allow. Use infeasible='fail' there."
         )
-    inner = dataclasses.replace(options, infeasible="fail", on_failure="nan")
+    inner = _inner_options(options)
     sol = solve_fn(P, q, A, b, G, h, lb, ub, warm_start, inner)
-    infeasible = [i for i, s in enumerate(sol.status) if s is Status.INFEASIBLE]
-    status = sol.status
-    if infeasible:
+    if Status.INFEASIBLE in sol.status:
+        infeasible = [i for i, s in enumerate(sol.status) if s is Status.INFEASIBLE]
         sol = _relax_samples(sol, infeasible, (P, q, A, b, G, h, lb, ub), inner, solve_fn)
-        status = sol.status
+    status = sol.status
     if options.on_failure == "raise" and not all(s.ok for s in status):
         failed = tuple(i for i, s in enumerate(status) if not s.ok)
         raise QPSolveError(unsolved_message(sol.info.solver, status), failed, status)
@@ -273,7 +300,7 @@ def _relax_samples(
     B = len(sol.status)
     shift = [0.0] * B
     for j, i in enumerate(infeasible):
-        shift[i] = norms[j] if part_status[j] is Status.RELAXED else float("nan")
+        shift[i] = norms[j] if relax.status[j].ok else float("nan")
     info, part = sol.info, shifted.info
     info = dataclasses.replace(
         info,
