@@ -80,6 +80,42 @@ def test_conflicting_bounds_shift_lb_down_and_ub_up() -> None:
     torch.testing.assert_close(ub.grad, t(0.5, 0.0), atol=1e-8, rtol=0)
 
 
+def test_random_shifts_satisfy_the_projection_optimality_conditions() -> None:
+    """Random batches (equalities, rows, box bounds; singular P in one): every infeasible sample
+    is RELAXED, and at its point x, s_A = A x - b and s_G = max(G x - h, 0) (bounds as rows)
+    have the reported norm and satisfy A's_A + G's_G = 0, the KKT conditions that make s the
+    least-squares smallest shift (convex problem: necessary and sufficient)."""
+    gen = torch.Generator().manual_seed(5)
+    relaxed = 0
+    for trial in range(4):
+        B, n, m, p = 4, 6, 9, 2
+        M = torch.randn(B, n, n, generator=gen, dtype=D)
+        P = M @ M.transpose(1, 2) / n + (0.0 if trial == 0 else 0.1) * torch.eye(n, dtype=D)
+        q = torch.randn(B, n, generator=gen, dtype=D)
+        A = torch.randn(B, p, n, generator=gen, dtype=D)
+        b = torch.randn(B, p, generator=gen, dtype=D)
+        G = torch.randn(B, m, n, generator=gen, dtype=D)
+        h = torch.randn(B, m, generator=gen, dtype=D) - 1.5
+        lb, ub = torch.full((B, n), -2.0, dtype=D), torch.full((B, n), 2.0, dtype=D)
+        off = dqp.solve(P, q, A=A, b=b, G=G, h=h, lb=lb, ub=ub, on_failure="nan")
+        sol = dqp.solve(P, q, A=A, b=b, G=G, h=h, lb=lb, ub=ub, infeasible="relax")
+        for i, status in enumerate(off.status):
+            if status is not Status.INFEASIBLE:
+                assert sol.status[i] is status and torch.equal(sol.x[i], off.x[i])
+                continue
+            relaxed += 1
+            assert sol.status[i] is Status.RELAXED
+            x = sol.x[i].detach()
+            rows = torch.cat([G[i], -torch.eye(n, dtype=D), torch.eye(n, dtype=D)])
+            rhs = torch.cat([h[i], -lb[i], ub[i]])
+            s_a, s_g = A[i] @ x - b[i], (rows @ x - rhs).clamp(min=0)
+            norm = float(torch.cat([s_a, s_g]).norm())
+            assert norm == pytest.approx(sol.info.relax_shift[i], abs=1e-8)
+            stationarity = A[i].T @ s_a + rows.T @ s_g
+            assert float(stationarity.abs().max()) < 1e-8 * (1 + norm), stationarity
+    assert relaxed >= 6
+
+
 def _problem() -> dict[str, torch.Tensor]:
     """n = 3, one equality, four rows of which two conflict (g'x <= -1 and -g'x <= -1): the
     relaxation's active set is generic (no weakly active row), so the relaxed map is smooth."""
