@@ -37,7 +37,7 @@ warns (:func:`note_not_selected`).
 Points with independent active rows are returned untouched (bitwise). On an exact working set
 (daqp's, whose working set satisfies LICQ) the test runs only when some row of :math:`T` or of
 ``A`` has a zero multiplier (a weakly active row may then be a copy of a working row).
-Sparse samples whose dense :math:`C` would exceed ``DENSE_SELECTION`` entries are left as the
+Samples whose dense :math:`C` would exceed ``DENSE_SELECTION`` entries are left as the
 backend gave them (``None``).
 """
 
@@ -113,6 +113,14 @@ def select_multipliers(
     p = 0 if A is None else A.shape[0]
     m = 0 if G is None else G.shape[0]
     n = x.shape[0]
+    if exact_working_set and not (p and not mu.all()):  # the cheap test first (lean path)
+        free = nu <= 0
+        if not (m and free.any()):
+            return None  # every row in daqp's working set, which satisfies LICQ
+        gx = G @ x
+        t_p = eps_abs + relative_tolerance(eps_rel) * max(np.abs(gx).max(), np.abs(h).max())
+        if not ((h - gx)[free] <= t_p).any():  # type: ignore[operator]
+            return None  # no active row outside the working set
     if m:
         assert h is not None
         if g_inf is None:

@@ -136,10 +136,10 @@ DEPENDENT_TOL = 1e-10
 squared norm (a pivot of the Cholesky factor of the row-normalised Gram matrix), is below
 this (:mod:`dxopt.qp.certify.dependence`)."""
 
-DENSE_SELECTION = 4_000_000
+DENSE_SELECTION = 1_000_000
 """The most entries of the dense active rows :math:`C` (rows times columns) for which the
 forward selects the minimum-norm multipliers (:mod:`dxopt.qp.certify.multipliers`: a Gram test
-and an SVD of :math:`C`); bigger sparse samples keep the backend's multipliers."""
+and an SVD of :math:`C`); bigger samples keep the backend's multipliers."""
 
 STRONG_MULTIPLIER = 1e-10
 """A row of the forward's active set is strongly active when :math:`\\nu_i\\|g_i\\|_\\infty`
