@@ -117,9 +117,10 @@ def select_multipliers(
         free = nu <= 0
         if not (m and free.any()):
             return None  # every row in daqp's working set, which satisfies LICQ
+        assert h is not None
         gx = G @ x
         t_p = eps_abs + relative_tolerance(eps_rel) * max(np.abs(gx).max(), np.abs(h).max())
-        if not ((h - gx)[free] <= t_p).any():  # type: ignore[operator]
+        if not ((h - gx)[free] <= t_p).any():
             return None  # no active row outside the working set
     if m:
         assert h is not None
