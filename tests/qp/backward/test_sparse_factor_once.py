@@ -81,3 +81,44 @@ def test_the_weak_row_test_does_not_densify_a_big_active_set(monkeypatch) -> Non
     out = dependent_weak_rows(problem, active, weak)
     assert not bool(out.any())  # not tested: the weak policy stays
     assert max(sizes, default=0) <= 4e6
+
+
+def test_a_singular_reduced_kkt_matrix_is_factored_once_and_no_penalty_matrix(
+    monkeypatch,
+) -> None:
+    """``P = diag(1, 0)`` with ``x1`` free in [-1, 1]: the reduced KKT matrix is singular (``x``
+    is not unique), the loss ``x0`` is constant on the face, and the pseudo-inverse adjoint
+    gives the exact gradient (-1, 0). Before, the penalty backward factored the reduced KKT
+    matrix, then a penalty matrix for a refinement that could not converge, and its exact
+    fallback factored the same reduced KKT matrix again; now the one refusal is reused."""
+    import warnings
+
+    import dxopt.qp as dqp
+    import dxopt.qp.backward.penalty_sparse as penalty_sparse
+
+    penalty_solves, factors = [], []
+    real_init = penalty_sparse.SparsePenaltySolve.__init__
+    real_factor = rows_module.kkt_factor
+
+    def init(self, *args, **kwargs):
+        penalty_solves.append(1)
+        real_init(self, *args, **kwargs)
+
+    def factor(*args, **kwargs):
+        factors.append(1)
+        return real_factor(*args, **kwargs)
+
+    monkeypatch.setattr(penalty_sparse.SparsePenaltySolve, "__init__", init)
+    monkeypatch.setattr(rows_module, "kkt_factor", factor)
+    P = torch.tensor([[1.0, 0.0], [0.0, 0.0]], dtype=F64).to_sparse()
+    G = torch.tensor([[0.0, 1.0], [0.0, -1.0], [1.0, 0.0]], dtype=F64).to_sparse()
+    h = torch.tensor([1.0, 1.0, 5.0], dtype=F64)
+    q = torch.tensor([-2.0, 0.0], dtype=F64, requires_grad=True)
+    sol = dqp.solve(P, q, G=G, h=h)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", dqp.QPDegenerateWarning)
+        sol.x[0].backward()
+    assert q.grad is not None
+    torch.testing.assert_close(q.grad, torch.tensor([-1.0, 0.0], dtype=F64), rtol=0, atol=1e-12)
+    assert sol.info.backward.pseudo_inverse == (True,)
+    assert penalty_solves == [] and len(factors) == 1
