@@ -64,7 +64,7 @@ from dxopt.qp.autograd.function import eager_gradients
 from dxopt.qp.certify.tolerances import RELATIVE_FLOOR, ROUNDOFF
 from dxopt.qp.problem.types import BackwardDiagnostics
 from dxopt.qp.solvers.kernels.batch import prepare
-from dxopt.qp.solvers.kernels.certify import certify_point
+from dxopt.qp.solvers.kernels.certify import certify_point, may_be_dependent
 
 __all__ = ["SmallPoint", "daqp_bounds", "daqp_module", "small_forward"]
 
@@ -283,6 +283,8 @@ def _select(
     from dxopt.qp.certify.multipliers import note_not_selected, select_multipliers
 
     x, mu, nu = outputs
+    if exact and not may_be_dependent(C, upper, m, x, duals, eps_abs, max(eps_rel, RELATIVE_FLOOR)):
+        return working  # daqp's working set, and no active row outside it (one kernel pass)
     p = C.shape[0] - m
     sel = select_multipliers(
         Pn, qn, C[m:] if p else None, C[:m] if m else None, upper[:m] if m else None, x, mu,
