@@ -215,6 +215,11 @@ SUBSET = ("HS21", "HS35", "HS76", "HS118", "DUALC1", "QAFIRO", "HS21" + mmp.ZERO
           pytest.param("PRIMALC8", marks=pytest.mark.slow))  # fmt: skip
 
 
+# problems of SUBSET whose gradient has to be refused, with the cause the refusal must name
+# (test_qafiro_has_no_derivative checks it independently)
+REFUSED = {"QAFIRO": "P is singular on the null space of the active rows"}
+
+
 @needs_data
 @pytest.mark.parametrize("name", SUBSET)
 def test_subset_gets_no_wrong_gradient_and_a_corrupted_one_is_caught(name):
@@ -224,6 +229,10 @@ def test_subset_gets_no_wrong_gradient_and_a_corrupted_one_is_caught(name):
     prob = mmp.load(name)
     dx = run_dxopt(prob, 0, accept_tol=1e-6, repeats=1)
     assert dx["status"] in ("ok", "refused"), dx  # never a silent failure or a crash
+    if name in REFUSED:  # no derivative exists: the refusal and its cause are the result
+        assert dx["status"] == "refused", dx
+        assert REFUSED[name] in dx["error"], dx["error"]
+        return
     if dx["status"] != "ok":
         pytest.skip(f"{name}: dxopt refused the gradient ({dx.get('error', '')[:80]})")
     assert dx["accepted"], dx["residuals"]
@@ -246,6 +255,38 @@ def test_subset_gets_no_wrong_gradient_and_a_corrupted_one_is_caught(name):
             assert corrupted["verdict"] == J.WRONG or not result.get("ref_consistent"), corrupted
     if name in ("HS21", "HS35", "HS76"):
         assert corrupted["verdict"] == J.WRONG
+
+
+@needs_data
+def test_qafiro_has_no_derivative():
+    """QAFIRO's refusal is right: its solution set is a face on which the loss ``w . x`` is not
+    constant, so ``x*(q)`` is a set and the loss of the returned point has no derivative.
+    Independently of dxopt's backward: the optimal set of a convex QP is {x feasible :
+    P x = P x*, q'x = q'x*}; two HiGHS LPs over it find optimal points (feasible, objective
+    equal to round-off) whose losses differ by O(10)."""
+    import scipy.sparse as sp
+    from benchmarks.qp.mm_dxopt import run_dxopt
+    from scipy.optimize import linprog
+
+    prob = mmp.load("QAFIRO")
+    dx = run_dxopt(prob, 0, accept_tol=1e-6, repeats=1)
+    assert dx["qp_status"] == ["solved"] and dx["accepted"], dx
+    dense = [M.toarray() if sp.issparse(M) else np.asarray(M) for M in (prob.P, prob.G, prob.A)]
+    P, G, A = dense
+    x = np.asarray(dx["x"])
+    w = mmp.loss_weights(prob, 0)
+    face = {"A_ub": G, "b_ub": prob.h, "A_eq": np.vstack([A, P, prob.q[None]]),
+            "b_eq": np.concatenate([prob.b, P @ x, [prob.q @ x]]),
+            "bounds": [(None, None)] * prob.n, "method": "highs"}  # fmt: skip
+    ends = [linprog(sign * w, **face) for sign in (1.0, -1.0)]
+    assert all(e.status == 0 for e in ends)
+    f = 0.5 * x @ P @ x + prob.q @ x
+    for e in ends:  # optimal points of the QP itself
+        y = e.x
+        assert abs(0.5 * y @ P @ y + prob.q @ y - f) <= 1e-9 * (1 + abs(f))
+        assert (G @ y - prob.h).max() <= 1e-9 and np.abs(A @ y - prob.b).max() <= 1e-9
+    assert w @ ends[1].x - w @ ends[0].x > 1.0  # the loss is not constant on the face
+    assert dx["status"] == "refused" and REFUSED["QAFIRO"] in dx["error"], dx
 
 
 @needs_data

@@ -7,8 +7,9 @@ so the backward was not linear in its cotangent, and the q-gradient changed when
 same with or without ``h`` requiring grad; the derivative of the sum nu_0 + nu_1 (unique and
 smooth: -(1 + q0) for q0 < -1) is exact, checked against finite differences.
 
-Not yet fixed (the forward's part of item 2): the per-entry derivative is that of the equal
-split, which piqp and clarabel return, while daqp, auto and torch still return [nu, 0].
+The forward's part of item 2 (every backend now returns the equal split, the minimum-norm
+multipliers, whose per-entry derivative the backward gives) is tested in
+``tests/qp/certify/test_multiplier_selection.py``.
 """
 
 from __future__ import annotations

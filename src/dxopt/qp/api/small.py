@@ -64,7 +64,7 @@ from dxopt.qp.autograd.function import eager_gradients
 from dxopt.qp.certify.tolerances import RELATIVE_FLOOR, ROUNDOFF
 from dxopt.qp.problem.types import BackwardDiagnostics
 from dxopt.qp.solvers.kernels.batch import prepare
-from dxopt.qp.solvers.kernels.certify import certify_point
+from dxopt.qp.solvers.kernels.certify import certify_point, may_be_dependent
 
 __all__ = ["SmallPoint", "daqp_bounds", "daqp_module", "small_forward"]
 
@@ -253,9 +253,51 @@ def small_forward(
     )
     if not ok:
         return None
+    if m or p:  # one multiplier selection at degenerate points (qp.certify.multipliers)
+        working = _select(Pn, qn, C, upper, m, outputs, duals, working, g_inf, eps_abs, eps_rel,
+                          exact=solver == "daqp")  # fmt: skip
     return SmallPoint(Pn, qn, C, upper, x, duals, working, g_inf, dtype, general, given, start_x,
                       polished, BackwardDiagnostics(), time.perf_counter() - start, primal, dual,
                       outputs)  # fmt: skip
+
+
+def _select(
+    Pn: np.ndarray,
+    qn: np.ndarray,
+    C: np.ndarray,
+    upper: np.ndarray,
+    m: int,
+    outputs: tuple[np.ndarray, np.ndarray, np.ndarray],
+    duals: np.ndarray,
+    working: np.ndarray,
+    g_inf: np.ndarray,
+    eps_abs: float,
+    eps_rel: float,
+    *,
+    exact: bool,
+) -> np.ndarray:
+    """:func:`dxopt.qp.certify.multipliers.select_multipliers` at the certified point: the
+    caller's copies ``outputs = (x, mu, nu)`` and the saved ``duals = [nu; mu]`` take the
+    minimum-norm multipliers where the active rows are dependent; returns the working set
+    (with the rows that got a positive multiplier)."""
+    from dxopt.qp.certify.multipliers import note_not_selected, select_multipliers
+
+    x, mu, nu = outputs
+    if exact and not may_be_dependent(C, upper, m, x, duals, eps_abs, max(eps_rel, RELATIVE_FLOOR)):
+        return working  # daqp's working set, and no active row outside it (one kernel pass)
+    p = C.shape[0] - m
+    sel = select_multipliers(
+        Pn, qn, C[m:] if p else None, C[:m] if m else None, upper[:m] if m else None, x, mu,
+        nu, eps_abs=eps_abs, eps_rel=eps_rel, g_inf=g_inf, exact_working_set=exact,
+    )  # fmt: skip
+    if sel is None:
+        return working
+    if not sel.feasible:
+        note_not_selected([0])
+        return working
+    mu[:], nu[:] = sel.mu, sel.nu
+    duals[:m], duals[m:] = sel.nu, sel.mu
+    return working | (sel.nu > 0) if working.size else working
 
 
 def _daqp_point(

@@ -266,13 +266,68 @@ def small_batch_forward(
         dual,
     ):  # fmt: skip
         return None
+    solvers = tuple(COMPILED_SOLVER if g else "daqp" for g in given.tolist())
+    if m or p:  # one multiplier selection at degenerate points (qp.certify.multipliers)
+        _select_batch(Pn, qn, C, upper, m, X, duals, g_inf, (Xo, MU, NU), given, eps_abs, eps_rel)
     out = SmallBatch(Pn, qn, C, upper, m, X, duals, g_inf, shared, empty, q.dtype, general)
     out.primal, out.dual, out.outputs = tuple(primal.tolist()), tuple(dual.tolist()), (Xo, MU, NU)
-    out.solvers = tuple(COMPILED_SOLVER if g else "daqp" for g in given.tolist())
+    out.solvers = solvers
     out.L_given, out.Y_given, out.given = L_given, Y_given, given
     out.order_given, out.LW_given, out.accuracy_given = order, LW, accuracy
     out.solve_time = time.perf_counter() - start
     return out
+
+
+def _select_batch(
+    Pn: np.ndarray,
+    qn: np.ndarray,
+    C: np.ndarray,
+    upper: np.ndarray,
+    m: int,
+    X: np.ndarray,
+    duals: np.ndarray,
+    g_inf: np.ndarray,
+    outputs: tuple[np.ndarray, np.ndarray, np.ndarray],
+    given: np.ndarray,
+    eps_abs: float,
+    eps_rel: float,
+) -> None:
+    """:func:`dxopt.qp.certify.multipliers.select_multipliers` on the samples whose exact
+    working set may miss an active row (a zero multiplier on a row of ``A`` or on a zero-slack
+    row of ``G``; one vectorised test): the caller's ``outputs = (X, MU, NU)`` and the saved
+    ``duals = [nu; mu]`` take the minimum-norm multipliers in place, and a changed sample's
+    compiled factors are not reused (``given`` False: its backward factors its own rows)."""
+    from dxopt.qp.certify.multipliers import note_not_selected, select_multipliers
+
+    _, MU, NU = outputs
+    p = C.shape[1] - m
+    maybe = np.zeros(X.shape[0], dtype=bool)
+    if p:
+        maybe |= (MU == 0).any(-1)
+    if m:
+        gx = np.matmul(C[:, :m], X[:, :, None])[:, :, 0]
+        h = upper[:, :m]
+        scale = np.maximum(np.abs(gx).max(-1), np.abs(h).max(-1))
+        t_p = eps_abs + max(eps_rel, RELATIVE_FLOOR) * scale
+        maybe |= ((h - gx <= t_p[:, None]) & (g_inf > 0) & ~(NU > 0)).any(-1)
+    refused = []
+    for i in np.flatnonzero(maybe).tolist():
+        Ci = C[i]
+        sel = select_multipliers(
+            Pn[i], qn[i], Ci[m:] if p else None, Ci[:m] if m else None,
+            upper[i, :m] if m else None, X[i], MU[i], NU[i], eps_abs=eps_abs, eps_rel=eps_rel,
+            g_inf=g_inf[i] if g_inf.ndim == 2 else g_inf, exact_working_set=True,
+        )  # fmt: skip
+        if sel is None:
+            continue
+        if not sel.feasible:
+            refused.append(i)
+            continue
+        MU[i], NU[i] = sel.mu, sel.nu
+        duals[i, :m], duals[i, m:] = sel.nu, sel.mu
+        given[i] = False
+    if refused:
+        note_not_selected(refused)
 
 
 def _workspace(batch: int, n: int, m: int, p: int, factors: bool) -> tuple[np.ndarray, ...]:

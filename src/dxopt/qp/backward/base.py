@@ -453,6 +453,18 @@ class BackwardBase:
                                         diagnostics)  # fmt: skip
             dropped = torch.zeros_like(rule.dropped)
         self.record_rule(replace(rule, dropped=dropped), diagnostics, warn=warn)
+        cotangent = (data.grad_ineq != 0).any(-1) | (data.grad_eq != 0).any(-1)
+        if warn and bool(((dropped > 0) & cotangent & data.ok).any()):
+            # the forward keeps the backend's multipliers on such rows
+            # (dxopt.qp.certify.multipliers): their derivative is the vertex's, not theirs
+            note_degenerate(
+                f"{self.name} backward: the multipliers of linearly dependent active rows got "
+                "a cotangent, and the rows were reduced to a vertex of the multiplier set; the "
+                "returned multipliers there are the backend's selection, so the derivative of "
+                "those entries is that of the vertex's multipliers, not of the returned "
+                "numbers (the derivatives through x, and through the multipliers of rows in "
+                "no dependency, are exact). Per sample: sol.info.backward.dropped_rows."
+            )
         if not data.needs_rows:
             return out
         return replace(out, ineq_duals=rule.ineq_duals, eq_duals=rule.eq_duals)

@@ -210,6 +210,11 @@ class PenaltyBackward(BackwardBase):
         # sparse branch (owner: task "sparse"): refined, the exact reduced KKT matrix is the
         # preconditioner (the refinement's limit does not depend on it); else the penalty one
         exact = SparseKKTSolve(data, active.used) if self.max_refinement > 0 else None
+        if exact is not None and exact.error is not None:
+            # the exact reduced KKT matrix of these rows is singular: the refinement against
+            # it cannot reach round-off either, so no penalty matrix is factored for it (on
+            # Maros-Meszaros CVXQP3_L a second 27 s LU); the caller's fallbacks take over
+            raise exact.error
         if exact is not None:
             dependent = exact.dependent
         else:

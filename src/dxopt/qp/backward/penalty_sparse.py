@@ -101,8 +101,9 @@ class SparseKKTSolve:
     dependent rows and failed samples get no factor (their solve returns zeros). ``usable``
     is False (and nothing is factored) when for some sample the reduced matrix left after the
     unit rows is larger than the penalty matrix (``n + p`` square: few unit rows, many other
-    active rows, as on chains of difference constraints) or its factorization fails; the
-    caller then uses :class:`SparsePenaltySolve`."""
+    active rows, as on chains of difference constraints; the caller then uses
+    :class:`SparsePenaltySolve`) or its factorization fails (``error``: the exact matrix is
+    singular, and the penalty backward raises it without factoring a penalty matrix)."""
 
     name = "splu+gmres"
 
@@ -112,6 +113,7 @@ class SparseKKTSolve:
         self.problem = problem
         self.dependent = torch.zeros(S, dtype=torch.int64)
         self.factors: list[tuple[KKTFactor | spla.SuperLU, np.ndarray] | None] = [None] * S
+        self.error: QPBackwardError | None = None  # the factorization's refusal, if any
         samples = {}
         for i in np.flatnonzero(data.ok.numpy()).tolist():
             sample = sparse_rows(problem, used, i)
@@ -127,9 +129,10 @@ class SparseKKTSolve:
         try:
             for i, sample in samples.items():
                 self.factors[i] = (sparse_factor(sample, i, "penalty backward"), sample.rows)
-        except QPBackwardError:
+        except QPBackwardError as err:
             self.usable = False
             self.factors = [None] * S
+            self.error = err
 
     def __call__(self, r1: Tensor, r2: Tensor, r3: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         n = self.problem.n

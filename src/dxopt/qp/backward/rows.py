@@ -15,7 +15,8 @@ a backward method.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any, cast
 
 import numpy as np
 import scipy.sparse as sp
@@ -167,6 +168,9 @@ class SparseRows:
     C: sp.csr_matrix | None
     split: UnitRows | None
     dependent: int
+    # the factor of its reduced KKT matrix (or the error that refused it), once computed by
+    # :func:`sparse_factor`: every backward attempt on the same rows reuses it
+    factor: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def rhs(self, data: AdjointInput, i: int) -> np.ndarray:
         """:math:`[\\bar x; \\bar\\nu_J; \\bar\\mu]` of sample ``i``."""
@@ -176,22 +180,40 @@ class SparseRows:
 
 
 def sparse_rows(problem: QPProblem, used: Tensor, i: int) -> SparseRows:
-    """:class:`SparseRows` of sample ``i``."""
+    """:class:`SparseRows` of sample ``i``, built once per problem, sample and set of rows
+    (kept with the problem, :meth:`~dxopt.qp.problem.canonical.QPProblem.derived`): the
+    backward's attempts (the dependence count, the penalty method's factors, the exact KKT
+    solve that arbitrates it, the degenerate rule) then share one unit-row split, one Gram
+    factorization and one KKT factorization of the same rows."""
     rows = np.flatnonzero(used[i].numpy()) if problem.m else np.zeros(0, dtype=np.int64)
-    C = active_rows_sparse(problem, used, i)
-    split = None if C is None else unit_rows(C)
-    dependent = 0 if C is None else count_dependent_sparse(C, split)
-    return SparseRows(scipy_matrix(problem, "P", i), rows, C, split, dependent)
+
+    def build() -> Any:
+        C = active_rows_sparse(problem, used, i)
+        split = None if C is None else unit_rows(C)
+        dependent = 0 if C is None else count_dependent_sparse(C, split)
+        return SparseRows(scipy_matrix(problem, "P", i), rows, C, split, dependent)
+
+    key = f"sparse_rows:{i}:{hash(rows.tobytes())}:{rows.size}"
+    return cast(SparseRows, problem.derived(key, "P", build))
 
 
 def sparse_factor(sample: SparseRows, i: int, what: str) -> KKTFactor | spla.SuperLU:
     """Exact factor of the reduced KKT matrix of an independent sample (unit rows eliminated,
     :class:`~dxopt.linalg.sparse.KKTFactor`), or :class:`QPBackwardError` naming ``what``."""
+    cached = sample.factor.get("lu")
     try:
+        if cached is not None:
+            if isinstance(cached, Exception):
+                raise cached
+            return cached
         if sample.C is None:  # no active rows: K = P (never SuperLU of a singular matrix)
-            return kkt_factor(sample.P, sp.csr_matrix((0, sample.P.shape[0])))
-        return kkt_factor(sample.P, sample.C, sample.split)
+            lu = kkt_factor(sample.P, sp.csr_matrix((0, sample.P.shape[0])))
+        else:
+            lu = kkt_factor(sample.P, sample.C, sample.split)
+        sample.factor["lu"] = lu
+        return lu
     except (FactorizationError, QPBackwardError) as err:
+        sample.factor["lu"] = err
         raise QPBackwardError(
             f"{what}: sparse LU of the reduced KKT matrix failed at batch index {i} ({err}); P "
             "is singular on the null space of the active rows, so the solution is not "

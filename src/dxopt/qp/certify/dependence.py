@@ -317,12 +317,13 @@ def dependent_weak_rows(problem: QPProblem, active: Tensor, weak: Tensor) -> Ten
             blocks.append(_matrix(problem, "A", i))
         if not blocks:
             continue
+        if sum(B.shape[0] for B in blocks) * problem.n > 4e6:
+            continue  # too big for a dense least-squares test (never densified: 0.8 GB and
+            # 2 s of the backward on Maros-Meszaros LISWET8)
         C = sp.vstack(blocks, format="csr") if sp.issparse(blocks[0]) else np.vstack(blocks)
         W = G_i[rows.numpy()]
         Cd = C.toarray() if sp.issparse(C) else C  # type: ignore[union-attr]
         Wd = W.toarray() if sp.issparse(W) else W
-        if Cd.shape[0] * Cd.shape[1] > 4e6:  # too big for a dense least-squares test
-            continue
         coef = np.linalg.lstsq(Cd.T, Wd.T, rcond=None)[0]
         resid = np.linalg.norm(Cd.T @ coef - Wd.T, axis=0) ** 2
         norm = np.linalg.norm(Wd, axis=1) ** 2

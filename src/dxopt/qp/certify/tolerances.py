@@ -80,6 +80,7 @@ import torch
 
 __all__ = [
     "AMBIGUITY",
+    "DENSE_SELECTION",
     "DEPENDENT_TOL",
     "EVALUATION_ROUNDOFF",
     "LEAN_MARGIN_FACTOR",
@@ -134,6 +135,11 @@ DEPENDENT_TOL = 1e-10
 """A row is dependent on the others when its squared distance to their span, relative to its
 squared norm (a pivot of the Cholesky factor of the row-normalised Gram matrix), is below
 this (:mod:`dxopt.qp.certify.dependence`)."""
+
+DENSE_SELECTION = 1_000_000
+"""The most entries of the dense active rows :math:`C` (rows times columns) for which the
+forward selects the minimum-norm multipliers (:mod:`dxopt.qp.certify.multipliers`: a Gram test
+and an SVD of :math:`C`); bigger samples keep the backend's multipliers."""
 
 STRONG_MULTIPLIER = 1e-10
 """A row of the forward's active set is strongly active when :math:`\\nu_i\\|g_i\\|_\\infty`

@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 from dxopt.qp.certify.active import row_inf_np
+from dxopt.qp.certify.multipliers import select_forward
 from dxopt.qp.certify.polish import BatchCertificate, batch_accept_exact
 from dxopt.qp.problem.canonical import QPProblem
 from dxopt.qp.problem.contracts import ForwardResult
@@ -192,7 +193,7 @@ def solve_forward(
         if cert is not None and not todo:  # every sample certified as daqp left it: done
             X, MU, NU = stacked
             one = attempts[0]
-            return ForwardResult(
+            fast_result = ForwardResult(
                 x=torch.from_numpy(X),
                 eq_duals=torch.from_numpy(MU),
                 ineq_duals=torch.from_numpy(NU),
@@ -206,10 +207,15 @@ def solve_forward(
                 settled=(True,) * size,
                 residuals=(cert.primal, cert.dual),
             )
+            return select_forward(problem, fast_result, eps_abs=eps_abs, eps_rel=eps_rel,
+                                  exact_working_set=True)  # fmt: skip
     chain.prepare_outputs()
     if cert is not None:
         X, MU, NU = stacked
         for i in np.flatnonzero(cert.ok).tolist():
             chain.accept(i, X[i], MU[i], NU[i])
     each(lambda i: chain.run(i, first_points[i]), todo)
-    return chain.result(solver, time.perf_counter() - start)
+    # one multiplier selection at degenerate points, whatever the backend (the polished
+    # points' multipliers are not an exact working set's)
+    return select_forward(problem, chain.result(solver, time.perf_counter() - start),
+                          eps_abs=eps_abs, eps_rel=eps_rel, exact_working_set=False)  # fmt: skip

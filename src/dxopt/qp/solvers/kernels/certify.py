@@ -26,7 +26,7 @@ from numba import njit
 
 from dxopt.qp.certify.tolerances import EVALUATION_ROUNDOFF, LEAN_MARGIN_FACTOR, ROW_FLOOR
 
-__all__ = ["certify_point"]
+__all__ = ["certify_point", "may_be_dependent"]
 
 _jit: Any = njit(cache=True, nogil=True)
 # sums that may be reassociated (vectorised): their values are held against margins and
@@ -426,3 +426,43 @@ def _clear_of_residual(
     if smallest > LEAN_MARGIN_FACTOR * stationarity / dual_scale:
         return eps
     return -1.0
+
+
+@_jit
+def may_be_dependent(
+    C: np.ndarray,
+    upper: np.ndarray,
+    m: int,
+    x: np.ndarray,
+    duals: np.ndarray,
+    eps_abs: float,
+    rel: float,
+) -> bool:
+    """Whether an exact working set's point (daqp's: ``duals = [nu; mu]``, the working set
+    ``nu > 0`` satisfies LICQ) may have dependent active rows: a zero multiplier on a row of
+    ``A``, or a nonzero row of ``G`` outside the working set with slack within
+    :math:`t_p = \\varepsilon_{abs} + r\\max(\\|Gx\\|_\\infty, \\|h\\|_\\infty)` (the cheap test of
+    :func:`dxopt.qp.certify.multipliers.select_multipliers`, in one pass)."""
+    rows, n = C.shape
+    for r in range(m, rows):
+        if duals[r] == 0.0:
+            return True
+    scale = 0.0
+    gx = np.empty(m)
+    for r in range(m):
+        s = 0.0
+        for j in range(n):
+            s += C[r, j] * x[j]
+        gx[r] = s
+        scale = max(scale, abs(s), abs(upper[r]))
+    t_p = eps_abs + rel * scale
+    for r in range(m):
+        if duals[r] <= 0.0 and upper[r] - gx[r] <= t_p:
+            nonzero = False
+            for j in range(n):
+                if C[r, j] != 0.0:
+                    nonzero = True
+                    break
+            if nonzero:
+                return True
+    return False
