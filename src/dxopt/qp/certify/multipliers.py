@@ -43,6 +43,7 @@ backend gave them (``None``).
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +57,7 @@ from dxopt.qp.certify.tolerances import (
     ROUNDOFF,
     relative_tolerance,
 )
+from dxopt.qp.problem.types import QPDegenerateWarning
 
 __all__ = ["Selection", "note_not_selected", "select_multipliers", "zero_slack_rows"]
 
@@ -201,15 +203,15 @@ def _general(C: np.ndarray, p: int, dependent: int) -> bool:
 def note_not_selected(samples: list[int]) -> None:
     """Warn that the minimum-norm multipliers of ``samples`` were not dual feasible, so their
     returned multipliers are the backend's (a vertex) and only some derivatives are exact."""
-    from dxopt.qp.backward.notices import note_degenerate
-
-    note_degenerate(
+    warnings.warn(
         "the active constraint rows are linearly dependent (LICQ fails) and the minimum-norm "
         "multipliers are not dual feasible, so the returned multipliers of the dependent rows "
         "are the backend's own choice; the backward's derivative of those entries is that of "
         "the minimum-norm selection, not of the returned numbers. Exact: the derivatives of x "
         f"(every dL/dx-only loss) and of the multipliers of rows in no dependency (batch "
-        f"indices {samples[:10]})."
+        f"indices {samples[:10]}).",
+        QPDegenerateWarning,
+        stacklevel=3,
     )
 
 
