@@ -61,3 +61,18 @@ def test_entropic_ot_certifies_at_1e_minus_9() -> None:
     v = sol.x[9:].reshape(3, 3)
     torch.testing.assert_close(v, -T_ref * torch.log(T_ref), atol=1e-9, rtol=1e-6)
     assert math.isfinite(float(sol.x.sum()))
+
+
+def test_polish_batch_with_converged_samples_sdp() -> None:
+    """A batch where some samples are at round-off before others: the inactive samples' steps
+    must not reach the PSD projection as NaN (eigh raised on batch element 30 of 32)."""
+    import pytest
+
+    pytest.importorskip("cvxpy")
+    from benchmarks.conic import peers
+    from benchmarks.conic.problems import cone_data, sdp
+
+    P, q, A, b, cones = peers.dxopt_data(cone_data(sdp(32, seed=0)))
+    sol = dc.solve(P, q, A, b, cones=cones, atol=1e-8, rtol=1e-8)
+    assert all(st.ok for st in sol.status)
+    assert max(sol.info.primal_residual) <= 1e-8

@@ -128,11 +128,13 @@ def _trial(
     (``inf`` where the step is non-finite or does not lower ``fnorm``)."""
     P, q, A, b = data
     n = prob.n
+    finite = torch.isfinite(dz).all(dim=-1)
+    dz = torch.where(finite[:, None], dz, torch.zeros_like(dz))  # no NaN into eigh & co.
     x_new, w_new = x + dz[:, :n], w + dz[:, n:]
     y_new = project_dual(prob.cones, prob.slices, w_new)
     F_new = residual_map(P, q, A, b, y_new, x_new, w_new)
     f_new = _amax(F_new)
-    ok = torch.isfinite(f_new) & (f_new < fnorm) & torch.isfinite(dz).all(dim=-1)
+    ok = torch.isfinite(f_new) & (f_new < fnorm) & finite
     return x_new, w_new, F_new, torch.where(ok, f_new, torch.inf)
 
 
