@@ -40,6 +40,7 @@ from torch import Tensor
 
 from dxopt.conic.kkt import (
     EPS,
+    cone_dist,
     cone_jacobian,
     jacobian,
     lu_factor_finite,
@@ -51,8 +52,16 @@ from dxopt.conic.types import ConicOptions
 
 __all__ = ["Certified", "certify_infeasible", "certify_points", "certify_unbounded", "subset"]
 
-POLISH_STEPS = 2
-"""Newton steps of the polish (each one batched LU of ``J``)."""
+POLISH_STEPS = 3
+"""Most Newton steps of the polish (each one batched LU of ``J``, on the samples not yet at
+round-off; a regular point gets there in one step from an interior-point solution)."""
+POLISH_ROUNDOFF = 1e2 * EPS
+"""A sample's polish stops once :math:`\\Vert F\\Vert_\\infty` is below this times the
+largest of :math:`\\Vert Px\\Vert_\\infty, \\Vert A^\\top y\\Vert_\\infty,
+\\Vert q\\Vert_\\infty, \\Vert Ax\\Vert_\\infty, \\Vert s\\Vert_\\infty,
+\\Vert b\\Vert_\\infty`."""
+POLISH_SHIFT = 1e-10
+"""The regularised polish step's :math:`\\delta / \\Vert J\\Vert_\\infty`."""
 ROUNDOFF_SIGN = 100 * EPS
 """A certificate's :math:`b^\\top y` (or :math:`q^\\top d`) must exceed this times
 :math:`\\Vert b\\Vert_\\infty \\Vert y\\Vert_1` to count as negative (not round-off)."""
@@ -90,24 +99,80 @@ class Certified:
     reasons: list[str]
 
 
-def _polish(prob: ConicProblem, data: tuple[Tensor, ...], x: Tensor, w: Tensor):
+def _step(J: Tensor, F: Tensor, active: Tensor, *, shift: Tensor | None = None) -> Tensor:
+    """The Newton step :math:`-(J + \\delta I)^{-1} F` of the ``active`` samples (NaN where
+    the LU is invalid or the sample is inactive); ``shift`` is :math:`\\delta` per sample."""
+    dz = torch.full_like(F, torch.nan)
+    idx = torch.nonzero(active).flatten()
+    if not idx.numel():
+        return dz
+    J = J[idx]
+    if shift is not None:
+        eye = torch.eye(J.shape[-1], dtype=J.dtype, device=J.device)
+        J = J + shift[idx, None, None] * eye
+    LU, piv, valid = lu_factor_finite(J)
+    step = torch.linalg.lu_solve(LU, piv, -F[idx, :, None])[..., 0]
+    dz[idx] = torch.where(valid[:, None], step, torch.nan)
+    return dz
+
+
+def _trial(
+    prob: ConicProblem,
+    data: tuple[Tensor, ...],
+    x: Tensor,
+    w: Tensor,
+    fnorm: Tensor,
+    dz: Tensor,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The point after the step ``dz``, its ``F`` and :math:`\\Vert F\\Vert_\\infty`
+    (``inf`` where the step is non-finite or does not lower ``fnorm``)."""
     P, q, A, b = data
     n = prob.n
+    finite = torch.isfinite(dz).all(dim=-1)
+    dz = torch.where(finite[:, None], dz, torch.zeros_like(dz))  # no NaN into eigh & co.
+    x_new, w_new = x + dz[:, :n], w + dz[:, n:]
+    y_new = project_dual(prob.cones, prob.slices, w_new)
+    F_new = residual_map(P, q, A, b, y_new, x_new, w_new)
+    f_new = _amax(F_new)
+    ok = torch.isfinite(f_new) & (f_new < fnorm) & finite
+    return x_new, w_new, F_new, torch.where(ok, f_new, torch.inf)
+
+
+def _polish(prob: ConicProblem, data: tuple[Tensor, ...], x: Tensor, w: Tensor):
+    """Up to :data:`POLISH_STEPS` safeguarded Newton steps on :math:`F(x, w) = 0`.
+
+    A sample stops once :math:`\\Vert F\\Vert_\\infty` is at round-off of its scale. Where the
+    plain step fails (a singular ``J``: redundant equality rows, non-unique solutions, whose
+    ``F`` still lies in the range of ``J``), the step of :math:`J + \\delta I` with
+    :math:`\\delta =` :data:`POLISH_SHIFT` :math:`\\Vert J\\Vert_\\infty` is tried (a
+    Levenberg-Marquardt-like regularisation: it solves the range part to a relative error
+    :math:`\\delta / \\sigma_{\\min}` per step). Every step is kept only where it lowers
+    :math:`\\Vert F\\Vert_\\infty`."""
+    P, q, A, b = data
     y = project_dual(prob.cones, prob.slices, w)
     F = residual_map(P, q, A, b, y, x, w)
     fnorm = _amax(F)
+    parts = [_mv(P, x), _mv(A.transpose(-1, -2), y), q, _mv(A, x), y - w, b]
+    scale = torch.stack([_amax(t) for t in parts]).amax(0)
     polished = torch.zeros_like(fnorm, dtype=torch.bool)
     for _ in range(POLISH_STEPS):
+        active = torch.isfinite(fnorm) & (fnorm > POLISH_ROUNDOFF * scale)
+        if not bool(active.any()):
+            break
         D = cone_jacobian(prob.cones, prob.slices, w)
         J = jacobian(P, A, D)
-        LU, piv, valid = lu_factor_finite(J)
-        dz = torch.linalg.lu_solve(LU, piv, -F[..., None])[..., 0]
-        dz = torch.where(valid[:, None], dz, torch.nan)
-        x_new, w_new = x + dz[:, :n], w + dz[:, n:]
-        y_new = project_dual(prob.cones, prob.slices, w_new)
-        F_new = residual_map(P, q, A, b, y_new, x_new, w_new)
-        f_new = _amax(F_new)
-        better = torch.isfinite(f_new) & (f_new < fnorm) & torch.isfinite(dz).all(dim=-1)
+
+        x_new, w_new, F_new, f_new = _trial(prob, data, x, w, fnorm, _step(J, F, active))
+        retry = active & ~torch.isfinite(f_new)
+        if bool(retry.any()):
+            shift = POLISH_SHIFT * J.abs().sum(-1).amax(-1)
+            x_r, w_r, F_r, f_r = _trial(prob, data, x, w, fnorm, _step(J, F, retry, shift=shift))
+            use = retry & (f_r < f_new)
+            x_new = torch.where(use[:, None], x_r, x_new)
+            w_new = torch.where(use[:, None], w_r, w_new)
+            F_new = torch.where(use[:, None], F_r, F_new)
+            f_new = torch.where(use, f_r, f_new)
+        better = torch.isfinite(f_new)
         if not bool(better.any()):
             break
         x = torch.where(better[:, None], x_new, x)
@@ -139,11 +204,8 @@ def certify_points(
     xPx, qx, by = (x * Px).sum(-1), (q * x).sum(-1), (b * y).sum(-1)
     gap = (xPx + qx + by).abs()
     comp = (s * y).sum(-1).abs()
-    dist_s = torch.zeros_like(gap)
-    dist_y = torch.zeros_like(gap)
-    for cone, sl in zip(prob.cones, prob.slices):
-        dist_s = torch.hypot(dist_s, cone.dist(s[:, sl]))
-        dist_y = torch.hypot(dist_y, cone.dist_dual(y[:, sl]))
+    dist_s = cone_dist(prob.cones, prob.slices, s, dual=False)
+    dist_y = cone_dist(prob.cones, prob.slices, y, dual=True)
     ns, ny = torch.linalg.vector_norm(s, dim=-1), torch.linalg.vector_norm(y, dim=-1)
     at, rt = options.atol, options.rtol
     checks = {
@@ -189,9 +251,7 @@ def certify_unbounded(prob: ConicProblem, idx: list[int], d: Tensor, tol: float)
     dh = d / safe[:, None]
     pd = _amax(_mv(P, dh))
     mad = -_mv(A, dh)
-    dist = torch.zeros_like(qd)
-    for cone, sl in zip(prob.cones, prob.slices):
-        dist = torch.hypot(dist, cone.dist(mad[:, sl]))
+    dist = cone_dist(prob.cones, prob.slices, mad, dual=False)
     p_max = P.abs().amax(dim=(-2, -1)).expand_as(qd)
     a_max = A.abs().amax(dim=(-2, -1)).expand_as(qd)
     qn = _amax(q)

@@ -22,7 +22,7 @@ from torch import Tensor
 from dxopt._core import Cost, Status
 from dxopt.conic.backends import RawPoints, run_clarabel, run_scs, scs_available
 from dxopt.conic.certify import certify_infeasible, certify_points, certify_unbounded
-from dxopt.conic.kkt import project_dual
+from dxopt.conic.kkt import cone_kink, project_dual
 from dxopt.conic.problem import ConicProblem
 from dxopt.conic.types import ConicInfo, ConicOptions
 
@@ -170,8 +170,5 @@ def kink_scale(prob: ConicProblem, x: Tensor, w: Tensor) -> Tensor:
 def _kinks(
     prob: ConicProblem, X: Tensor, W: Tensor, status: list[Status], tol: float
 ) -> list[bool]:
-    scale = kink_scale(prob, X, W)
-    flag = torch.zeros(W.shape[0], dtype=torch.bool)
-    for cone, sl in zip(prob.cones, prob.slices):
-        flag |= cone.kink(W[:, sl], tol, scale=scale)
+    flag = cone_kink(prob.cones, prob.slices, W, tol, kink_scale(prob, X, W))
     return [bool(f) and st.ok for f, st in zip(flag.tolist(), status)]

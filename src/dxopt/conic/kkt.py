@@ -32,7 +32,9 @@ __all__ = [
     "ROUNDOFF",
     "LUSolve",
     "condition_1",
+    "cone_dist",
     "cone_jacobian",
+    "cone_kink",
     "jacobian",
     "lu_factor_finite",
     "project_dual",
@@ -72,6 +74,34 @@ def project_dual(cones: tuple[Cone, ...], slices: tuple[slice, ...], w: Tensor) 
     return torch.cat(parts, dim=-1)
 
 
+def cone_dist(
+    cones: tuple[Cone, ...], slices: tuple[slice, ...], v: Tensor, *, dual: bool
+) -> Tensor:
+    """:math:`\\mathrm{dist}(v, K)` (or to :math:`K^*` with ``dual``) over the product cone,
+    ``(k,)``: the 2-norm of the cones' distances, computed run by run of equal cones."""
+    k = v.shape[0]
+    parts = []
+    for c, s0, cnt, d in _runs(cones, slices):
+        block = v[:, s0 : s0 + cnt * d].reshape(k * cnt, d)
+        dist = c.dist_dual(block) if dual else c.dist(block)
+        parts.append(dist.reshape(k, cnt))
+    return torch.linalg.vector_norm(torch.cat(parts, dim=-1), dim=-1)
+
+
+def cone_kink(
+    cones: tuple[Cone, ...], slices: tuple[slice, ...], w: Tensor, tol: float, scale: Tensor
+) -> Tensor:
+    """Per sample ``(k,)``: is any cone of ``w`` within ``tol`` of a kink of
+    :math:`\\Pi_{K^*}` (:meth:`Cone.kink`, relative to the per-sample ``scale``)?"""
+    k = w.shape[0]
+    flag = torch.zeros(k, dtype=torch.bool, device=w.device)
+    for c, s0, cnt, d in _runs(cones, slices):
+        block = w[:, s0 : s0 + cnt * d].reshape(k * cnt, d)
+        hit = c.kink(block, tol, scale=scale.repeat_interleave(cnt))
+        flag |= hit.reshape(k, cnt).any(dim=-1)
+    return flag
+
+
 def cone_jacobian(
     cones: tuple[Cone, ...], slices: tuple[slice, ...], w: Tensor, atol: Tensor | None = None
 ) -> Tensor:
@@ -85,10 +115,12 @@ def cone_jacobian(
             blocks = c.dproject_dual(v)
         else:
             blocks = c.dproject_dual_snapped(v, atol.repeat_interleave(cnt))
-        blocks = blocks.reshape(k, cnt, d, d)
-        for j in range(cnt):
-            a = s0 + j * d
-            D[:, a : a + d, a : a + d] = blocks[:, j]
+        # every block of the run placed in one indexed write
+        base = s0 + d * torch.arange(cnt, device=w.device)
+        off = torch.arange(d, device=w.device)
+        rows = (base[:, None, None] + off[None, :, None]).expand(cnt, d, d)
+        cols = (base[:, None, None] + off[None, None, :]).expand(cnt, d, d)
+        D[:, rows, cols] = blocks.reshape(k, cnt, d, d)
     return D
 
 
