@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from dxopt._core import Status, check_positive
+from dxopt._core import check_positive
 from dxopt.conic import NonnegCone, SecondOrderCone, ZeroCone
 from dxopt.conic import solve as conic_solve
 from dxopt.dfl._checks import check_cost_vectors
@@ -138,7 +138,7 @@ class PortfolioOracle(OracleBase):
                 "is below the least risk on the simplex: raise gamma.",
                 status=tuple(sol.status),
             )
-        self._status = tuple(Status.SOLVED if st is Status.DEGENERATE else st for st in sol.status)
+        self._status = tuple(sol.status)  # SOLVED, or DEGENERATE (a valid optimum as well)
         return sol.x.detach().numpy()
 
 
@@ -152,8 +152,9 @@ class PortfolioLayer(nn.Module):
         x^\\top\\Sigma x \\le \\gamma\\bar\\Sigma,
 
     the strongly concave program has one solution, Lipschitz in :math:`\\hat c`, and
-    :func:`dxopt.conic.solve` differentiates it through its KKT system (a gradient at a
-    point where the active set changes is refused by the conic backward, not guessed).
+    :func:`dxopt.conic.solve` differentiates it through its KKT system
+    (where a bound is weakly active, a kink, the conic backward takes the one-sided derivative
+    of the adjoining piece and says so with a :class:`dxopt.conic.ConicDegenerateWarning`).
     As :math:`\\mu \\to 0`, :math:`x_\\mu(\\hat c) \\to x(\\hat c)` of :class:`PortfolioOracle`.
 
     Args:
