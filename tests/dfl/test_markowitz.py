@@ -150,3 +150,26 @@ def test_layer_gradient_matches_finite_differences():
     assert float(c.grad.abs().max()) > 1e-3
     x = layer(data.costs)
     np.testing.assert_allclose(x.sum(-1).detach().numpy(), 1.0, atol=1e-8)
+
+
+def test_pfyl_matches_pyepo_on_identical_inputs():
+    """Both draw the noise as torch.randn((B, n, d)) from a CPU generator seeded alike, so in
+    float64 the perturbed costs, hence the losses and gradients, are the same."""
+    import pyepo
+
+    data = dd.portfolio(6, 4, 8, seed=6, dtype=D)
+    model = _pyepo_model(data.covariance.numpy(), 2.25)
+    oracle = PortfolioOracle(data.covariance, gamma=2.25)
+    x_true = oracle(data.costs)
+    noise = 0.05 * torch.randn(data.costs.shape, generator=torch.Generator().manual_seed(1))
+    c_hat = (data.costs + noise.to(D)).requires_grad_(True)
+    ours = dd.PerturbedFenchelYoung(oracle, n_samples=3, sigma=0.02, seed=7)(c_hat, x_true)
+    ours.backward()
+    g_ours = c_hat.grad.clone()
+    c_hat.grad = None
+    pfy = pyepo.func.perturbedFenchelYoung(model, n_samples=3, sigma=0.02, processes=1, seed=7)
+    theirs = pfy(c_hat, x_true)
+    theirs.backward()
+    assert float(ours.detach()) == pytest.approx(float(theirs.detach()), rel=1e-6, abs=1e-9)
+    np.testing.assert_allclose(g_ours.numpy(), c_hat.grad.numpy(), atol=1e-5)
+    assert float(g_ours.abs().max()) > 1e-3
