@@ -21,7 +21,10 @@ on the quality of the decisions :math:`x(\\hat c)` rather than on the accuracy o
   ``optGrbModel`` without Gurobi; :mod:`dxopt.dfl.milp`), :class:`ShortestPathOracle` (exact
   DP on a DAG), :class:`KnapsackOracle` (exact branch and bound, optional node / time limits),
   :class:`TSPOracle` (Held-Karp, exact, by default up to 12 nodes; 2-opt heuristic beyond),
-  :class:`CallableOracle`; a :class:`SolutionPool` cache with ``solve_ratio``;
+  :class:`CallableOracle`, :class:`PortfolioOracle` (the risk-constrained portfolio, a
+  second-order cone program certified by :mod:`dxopt.conic`; :mod:`dxopt.dfl.markowitz`,
+  with its smooth layer :class:`PortfolioLayer`); a :class:`SolutionPool` cache with
+  ``solve_ratio``;
 - graph helpers (:mod:`dxopt.dfl.graphs`), data generators (:mod:`dxopt.dfl.data`: shortest
   path, knapsack, TSP, portfolio as in PyEPO, Tang & Khalil, arXiv 2206.14234) and metrics
   (:mod:`dxopt.dfl.metrics`: regret, normalised regret, PyEPO's report);
@@ -75,6 +78,8 @@ from dxopt.dfl.losses import PerturbedFenchelYoung as PerturbedFenchelYoung
 from dxopt.dfl.losses import PerturbedOptimizer as PerturbedOptimizer
 from dxopt.dfl.losses import PointwiseLTR as PointwiseLTR
 from dxopt.dfl.losses import SPOPlus as SPOPlus
+from dxopt.dfl.markowitz import PortfolioLayer as PortfolioLayer
+from dxopt.dfl.markowitz import PortfolioOracle as PortfolioOracle
 from dxopt.dfl.metrics import RegretReport as RegretReport
 from dxopt.dfl.metrics import normalized_regret as normalized_regret
 from dxopt.dfl.metrics import regret as regret
@@ -125,6 +130,8 @@ __all__ = [
     "PerturbedFenchelYoung",
     "PerturbedOptimizer",
     "PointwiseLTR",
+    "PortfolioLayer",
+    "PortfolioOracle",
     "RegretReport",
     "RegularizedFrankWolfe",
     "SPOPlus",

@@ -243,7 +243,8 @@ def portfolio(
     dtype: torch.dtype = torch.float32,
 ) -> DFLData:
     """Portfolio returns with a factor model (PyEPO's ``portfolio``; a maximisation of the
-    return under a risk bound, a QCQP, not an LP: use :mod:`dxopt.qp` for it): ``costs`` are
+    return under a risk bound, a second-order cone program, not an LP: solve it with
+    :class:`dxopt.dfl.PortfolioOracle`): ``costs`` are
     the returns ``(N, num_assets)``, ``covariance`` ``(num_assets, num_assets)``."""
     _check_common(num_data, num_feat, deg, 0.0)
     m = check_int("num_assets", num_assets)
