@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from dxopt._core import Status
 from dxopt.qp.api.compiled import opaque_call, register_opaque
 from dxopt.qp.api.layer import QPLayer
-from dxopt.qp.frontend._affine import AffineMap, SparseLinear
+from dxopt.qp.frontend._affine import SparseLinear, affine_map
 from dxopt.qp.frontend._compile import CompiledQP, compile_problem
 from dxopt.qp.frontend._eliminate import (
     Folded,
@@ -34,6 +34,7 @@ from dxopt.qp.frontend._eliminate import (
     recover,
     reduce,
 )
+from dxopt.qp.problem.functorch import functorch_active
 from dxopt.qp.problem.types import QPSolution
 
 __all__ = ["CvxpyQPLayer", "CvxpyQPSolution", "from_cvxpy"]
@@ -369,7 +370,7 @@ class CvxpyQPLayer(nn.Module):
                 for v, flag in zip(values, flags)
             ]
             theta = torch.cat([*pieces, one.expand(rows, 1)], dim=1)
-        per_sample = None if plan.batched is None else AffineMap.apply(theta, plan.batched)
+        per_sample = None if plan.batched is None else affine_map(theta, plan.batched)
         shared = None
         if plan.shared is not None:  # unbatched parameters only: one row, even for batch 0
             first = theta[:1]
@@ -378,7 +379,7 @@ class CvxpyQPLayer(nn.Module):
                     v.new_zeros(1, int(np.prod(v.shape[1:]))) if flag else v.reshape(1, -1)
                     for v, flag in zip(values, flags)
                 ] + [one], dim=1)  # fmt: skip
-            shared = AffineMap.apply(first, plan.shared)[0]
+            shared = affine_map(first, plan.shared)[0]
         # one split per part: one backward node (torch's split_backward), not one per piece
         parts = {
             True: () if per_sample is None else per_sample.split(plan.sizes[True], dim=1),
@@ -490,11 +491,18 @@ class CvxpyQPLayer(nn.Module):
         ]  # fmt: skip
 
     def _with_sparse(self, data: dict[str, Tensor | None]) -> dict[str, Tensor | None]:
-        """``data`` with the matrices' value vectors made torch sparse COO matrices."""
+        """``data`` with the matrices' value vectors made torch sparse COO matrices (dense
+        ones under torch.func transforms, which differentiate dense matrices only)."""
         out = dict(data)
+        dense = functorch_active()  # torch.func differentiates dense matrices only
         for name, pattern in self._sparse_patterns.items():
             values = data[name]
             assert values is not None
+            if dense:
+                shape = self.compiled.blocks[name].shape
+                index = tuple(pattern.to(values.device))
+                out[name] = values.new_zeros(shape).index_put(index, values)
+                continue
             out[name] = torch.sparse_coo_tensor(
                 pattern.to(values.device), values, self.compiled.blocks[name].shape,
                 is_coalesced=True, check_invariants=False,
