@@ -40,6 +40,8 @@ from dxopt.qp.problem.types import QPSolution
 __all__ = ["CvxpyQPLayer", "CvxpyQPSolution", "from_cvxpy"]
 
 _MATRICES = ("P", "A", "G")
+#: the KKT size (n + p + m) below which the default route is dense (see ``_auto_sparse``)
+SPARSE_MIN_KKT = 2000
 _FLOATS = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -118,9 +120,10 @@ class CvxpyQPLayer(nn.Module):
             passed.
         variables: what the layer returns (see above).
         sparse: pass ``P``, ``A``, ``G`` to the solver as torch sparse matrices (``None``:
-            when the canonical problem has more than 200 variables and its matrices are under
-            5% full). A sparse matrix that depends on a batched parameter is solved sample by
-            sample (dxopt's sparse matrices are shared by a batch).
+            when the canonical KKT system has more than 2000 rows, ``n + p + m``, and its
+            matrices are under 5% full; below that the batched dense route is faster). A
+            sparse matrix that depends on a batched parameter is solved sample by sample
+            (dxopt's sparse matrices are shared by a batch).
         eliminate: remove the variables CVXPY defines by equality rows (``sum_squares``'s
             residuals, states of a dynamics chain) before the solve
             (:mod:`dxopt.qp.frontend._eliminate`; dense problems only): the solver then sees the
@@ -206,8 +209,14 @@ class CvxpyQPLayer(nn.Module):
         return kind, start, stop
 
     def _auto_sparse(self) -> bool:
+        """The default route. The dense route factors the ``K x K`` KKT matrix (``K = n + p +
+        m``) once per batch in a batched LAPACK call, about ``B K^3 / 3`` flops; the sparse route
+        solves and differentiates sample by sample in Python-driven sparse factorizations, whose
+        per-sample overhead dominates until the dense cubic term does. Dense therefore wins
+        below ``K = SPARSE_MIN_KKT`` whatever the fill (e.g. a constrained MPC with 420
+        variables); above it, sparse is taken when the matrices are under 5% full."""
         c = self.compiled
-        if c.n <= 200:
+        if c.n + c.p + c.m <= SPARSE_MIN_KKT:
             return False
         matrices = [b for k, b in c.blocks.items() if k in _MATRICES]
         entries = sum(b.stop - b.start for b in matrices)
