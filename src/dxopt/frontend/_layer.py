@@ -24,9 +24,10 @@ from dxopt._core import Status
 from dxopt.conic import ConicOptions, solve_with
 from dxopt.frontend._compile import CompiledConic, check_problem, compile_conic
 from dxopt.qp.api.layer import QPLayer
-from dxopt.qp.frontend._affine import AffineMap, SparseLinear
+from dxopt.qp.frontend._affine import SparseLinear, affine_map
 from dxopt.qp.frontend._compile import import_cvxpy
 from dxopt.qp.frontend._layer import CvxpyQPLayer, _fortran_unflatten
+from dxopt.qp.problem.functorch import functorch_active
 
 __all__ = ["CvxpyLayer", "CvxpyLayerSolution"]
 
@@ -250,6 +251,14 @@ class CvxpyLayer(nn.Module):
     ) -> CvxpyLayerSolution:
         c = self.compiled
         assert c is not None
+        if functorch_active():
+            raise TypeError(
+                "CvxpyLayer: this problem has cones (it is not a QP), and its engine "
+                "dxopt.conic does not run under torch.func transforms (vmap, grad, jacrev, "
+                "jacfwd). Differentiate it with plain autograd (loss.backward(), "
+                "torch.autograd.grad) and pass a batch instead of vmap; QPs (sent to "
+                "dxopt.qp) support torch.func."
+            )
         batch = self._check(values)
         options = ConicOptions(
             **{**self.solver_args, **_translate("conic", solver_args, "solver_args")}
@@ -263,7 +272,7 @@ class CvxpyLayer(nn.Module):
         like = values[0] if values else torch.zeros((), dtype=torch.float64)
         flat.append(torch.ones(B, 1, dtype=like.dtype, device=like.device))
         theta = torch.cat(flat, dim=1)
-        entries = AffineMap.apply(theta, self._map)
+        entries = affine_map(theta, self._map)
         data = entries.new_zeros(B, c.total)
         data[:, self._rows] = entries
         n, m = c.n, c.m

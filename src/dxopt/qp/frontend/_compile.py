@@ -63,6 +63,46 @@ def _not_dcp_parts(problem: Any) -> str:
     return ", ".join(parts) if parts else "the problem as a whole"
 
 
+def _atom_name(atom: Any) -> str:
+    """An atom's name as a user writes it (``norm2`` for ``cp.norm(x)``, ``entr``, ...)."""
+    p = getattr(atom, "p", None)
+    if "norm" in type(atom).__name__.lower() and p is not None:
+        return f"norm{float(p):g}"
+    return type(atom).__name__
+
+
+def _offender(expr: Any, fits: str) -> Any:
+    """The innermost atom of ``expr`` that is not ``fits`` (``"is_qpwa"``, ``"is_pwl"``) while
+    all its arguments are, or ``None``."""
+    if getattr(expr, fits)():
+        return None
+    for arg in getattr(expr, "args", []):
+        inner = _offender(arg, fits)
+        if inner is not None:
+            return inner
+    return expr
+
+
+def not_qp_parts(cp: Any, problem: Any) -> str:
+    """What keeps a DCP ``problem`` from being a QP: the atoms and cone constraints, each with
+    where it is (``"norm2 in constraint 0"``), for the refusal."""
+    parts = []
+    atom = _offender(problem.objective.args[0], "is_qpwa")
+    if atom is not None:
+        parts.append(f"{_atom_name(atom)} in the objective")
+    plain = (cp.Zero, cp.NonNeg, cp.NonPos, cp.constraints.Equality, cp.constraints.Inequality)
+    for i, c in enumerate(problem.constraints):
+        if not isinstance(c, plain):
+            parts.append(f"a {type(c).__name__} cone in constraint {i}")
+            continue
+        for arg in c.args:
+            atom = _offender(arg, "is_pwl")
+            if atom is not None:
+                parts.append(f"{_atom_name(atom)} in constraint {i}")
+                break
+    return ", ".join(parts) if parts else "the problem as a whole"
+
+
 def import_cvxpy() -> Any:
     """cvxpy, or an ImportError that says how to install it (it is an optional extra)."""
     try:
@@ -164,8 +204,8 @@ def _check_problem(cp: Any, problem: Any, parameters: Any, variables: Any) -> No
         raise ValueError("problem: expected continuous variables, got boolean/integer ones.")
     if not problem.is_qp():
         raise ValueError(
-            "problem: expected a quadratic program, got a problem CVXPY does not classify as a "
-            f"QP (e.g. a norm, log, exp or PSD constraint that needs a cone). {_HINT}"
+            "problem: expected a quadratic program, got one with cones: "
+            f"{not_qp_parts(cp, problem)}. {_HINT}"
         )
     if not problem.is_dpp(quad_form_dpp="qp"):
         raise ValueError(

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from dxopt._core import Status
 from dxopt.qp.api.compiled import opaque_call, register_opaque
 from dxopt.qp.api.layer import QPLayer
-from dxopt.qp.frontend._affine import AffineMap, SparseLinear
+from dxopt.qp.frontend._affine import SparseLinear, affine_map
 from dxopt.qp.frontend._compile import CompiledQP, compile_problem
 from dxopt.qp.frontend._eliminate import (
     Folded,
@@ -34,11 +34,14 @@ from dxopt.qp.frontend._eliminate import (
     recover,
     reduce,
 )
+from dxopt.qp.problem.functorch import functorch_active
 from dxopt.qp.problem.types import QPSolution
 
 __all__ = ["CvxpyQPLayer", "CvxpyQPSolution", "from_cvxpy"]
 
 _MATRICES = ("P", "A", "G")
+#: the KKT size (n + p + m) below which the default route is dense (see ``_auto_sparse``)
+SPARSE_MIN_KKT = 2000
 _FLOATS = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -117,9 +120,10 @@ class CvxpyQPLayer(nn.Module):
             passed.
         variables: what the layer returns (see above).
         sparse: pass ``P``, ``A``, ``G`` to the solver as torch sparse matrices (``None``:
-            when the canonical problem has more than 200 variables and its matrices are under
-            5% full). A sparse matrix that depends on a batched parameter is solved sample by
-            sample (dxopt's sparse matrices are shared by a batch).
+            when the canonical KKT system has more than 2000 rows, ``n + p + m``, and its
+            matrices are under 5% full; below that the batched dense route is faster). A
+            sparse matrix that depends on a batched parameter is solved sample by sample
+            (dxopt's sparse matrices are shared by a batch).
         eliminate: remove the variables CVXPY defines by equality rows (``sum_squares``'s
             residuals, states of a dynamics chain) before the solve
             (:mod:`dxopt.qp.frontend._eliminate`; dense problems only): the solver then sees the
@@ -209,8 +213,14 @@ class CvxpyQPLayer(nn.Module):
         return kind, start, stop
 
     def _auto_sparse(self) -> bool:
+        """The default route. The dense route factors the ``K x K`` KKT matrix (``K = n + p +
+        m``) once per batch in a batched LAPACK call, about ``B K^3 / 3`` flops; the sparse route
+        solves and differentiates sample by sample in Python-driven sparse factorizations, whose
+        per-sample overhead dominates until the dense cubic term does. Dense therefore wins
+        below ``K = SPARSE_MIN_KKT`` whatever the fill (e.g. a constrained MPC with 420
+        variables); above it, sparse is taken when the matrices are under 5% full."""
         c = self.compiled
-        if c.n <= 200:
+        if c.n + c.p + c.m <= SPARSE_MIN_KKT:
             return False
         matrices = [b for k, b in c.blocks.items() if k in _MATRICES]
         entries = sum(b.stop - b.start for b in matrices)
@@ -373,7 +383,7 @@ class CvxpyQPLayer(nn.Module):
                 for v, flag in zip(values, flags)
             ]
             theta = torch.cat([*pieces, one.expand(rows, 1)], dim=1)
-        per_sample = None if plan.batched is None else AffineMap.apply(theta, plan.batched)
+        per_sample = None if plan.batched is None else affine_map(theta, plan.batched)
         shared = None
         if plan.shared is not None:  # unbatched parameters only: one row, even for batch 0
             first = theta[:1]
@@ -382,7 +392,7 @@ class CvxpyQPLayer(nn.Module):
                     v.new_zeros(1, int(np.prod(v.shape[1:]))) if flag else v.reshape(1, -1)
                     for v, flag in zip(values, flags)
                 ] + [one], dim=1)  # fmt: skip
-            shared = AffineMap.apply(first, plan.shared)[0]
+            shared = affine_map(first, plan.shared)[0]
         # one split per part: one backward node (torch's split_backward), not one per piece
         parts = {
             True: () if per_sample is None else per_sample.split(plan.sizes[True], dim=1),
@@ -494,11 +504,18 @@ class CvxpyQPLayer(nn.Module):
         ]  # fmt: skip
 
     def _with_sparse(self, data: dict[str, Tensor | None]) -> dict[str, Tensor | None]:
-        """``data`` with the matrices' value vectors made torch sparse COO matrices."""
+        """``data`` with the matrices' value vectors made torch sparse COO matrices (dense
+        ones under torch.func transforms, which differentiate dense matrices only)."""
         out = dict(data)
+        dense = functorch_active()  # torch.func differentiates dense matrices only
         for name, pattern in self._sparse_patterns.items():
             values = data[name]
             assert values is not None
+            if dense:
+                shape = self.compiled.blocks[name].shape
+                index = tuple(pattern.to(values.device))
+                out[name] = values.new_zeros(shape).index_put(index, values)
+                continue
             out[name] = torch.sparse_coo_tensor(
                 pattern.to(values.device), values, self.compiled.blocks[name].shape,
                 is_coalesced=True, check_invariants=False,
