@@ -13,7 +13,7 @@ limit of 2000 variables and 2000 constraints holds for knapsack and scheduling i
 Measured: normalised test regret :math:`\\sum_i |c_i^\\top \\hat w_i - z_i^*| / \\sum_i |z_i^*|`,
 seconds per epoch (median after the first), oracle calls per epoch. Targets: for each method
 PyEPO has, dxopt's mean regret within PyEPO's seed spread (mean +- max(std, 1e-3)), and dxopt's
-epochs at least 3x faster.
+epochs at least 3x faster (not for 2S, which calls no oracle in either library).
 """
 
 from __future__ import annotations
@@ -338,6 +338,8 @@ def verdicts(rows: list[dict[str, Any]]) -> list[str]:
             f"{'MET' if ok else 'MISSED'} regret {task} {method}: dxopt {md:.4f} vs "
             f"PyEPO {mp:.4f} +- {spread:.4f}"
         )
+        if method == "2S":  # no oracle: both epochs are the same torch code, no speed target
+            continue
         tp = statistics.median(pick("pyepo", "seconds_per_epoch"))
         td = statistics.median(pick("dxopt", "seconds_per_epoch"))
         speed = tp / td if td > 0 else float("inf")
