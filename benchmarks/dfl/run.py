@@ -270,7 +270,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--notes", nargs="+", default=[], help="extra lines for the report's notes, space separated"
     )
+    parser.add_argument(
+        "--suite", choices=("main", "jair"), default="main",
+        help="main: PyEPO's generated data; jair: the JAIR benchmark's knapsack and scheduling",
+    )  # fmt: skip
+    parser.add_argument(
+        "--tasks", nargs="+", default=["knapsack-60", "scheduling-1"],
+        help="--suite jair tasks: knapsack-<capacity>, scheduling-<instance>, space separated",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.suite == "jair":
+        from benchmarks.dfl.jair_suite import main_jair
+
+        return main_jair(args)
     try:
         import pyepo
     except ImportError as err:
