@@ -101,7 +101,7 @@ class AffineMap(torch.autograd.Function):
     """``Y = Theta M^T`` with vjp ``bar(Y) M`` and jvp ``dot(Theta) M^T`` (both sparse).
 
     ``forward`` takes ``ctx`` (no ``setup_context``), as the lean QP path of
-    :mod:`dxopt.qp.api.small_function` does: ``Function.apply`` binds the arguments with
+    :mod:`dxopt.qp.lean.small_function` does: ``Function.apply`` binds the arguments with
     :func:`inspect.signature` on every call when ``setup_context`` is defined, some 30 us of a
     0.3 ms layer call."""
 

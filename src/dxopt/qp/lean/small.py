@@ -2,12 +2,12 @@
 
 A single (unbatched) dense CPU problem with ``n <= SMALL_MAX_N``, solved by daqp, piqp or
 proxqp (``LEAN_BACKENDS``) with the default solver options and differentiated by a method
-``lean_method`` accepts (all three in :mod:`dxopt.qp.api.lean_check`), is the call
+``lean_method`` accepts (all three in :mod:`dxopt.qp.lean.lean_check`), is the call
 decision-focused models and controllers make thousands of times per epoch. Through the general
 path (canonical problem, fallback chain, batch certificate, batched active set and backward) it
 costs about 0.6 ms with daqp, some 60 raw solves; as straight-line numpy on the one sample,
 about 0.15 ms, most of it the dispatch of some hundred small array operations. This module
-and :mod:`dxopt.qp.api.small_backward` run the same steps in three compiled kernels
+and :mod:`dxopt.qp.lean.small_backward` run the same steps in three compiled kernels
 (:mod:`dxopt.qp.solvers.kernels`, numba) around the backend call:
 
 - **forward** (:func:`small_forward`): the cheap checks (finite entries, symmetry of ``P``, no
@@ -18,7 +18,7 @@ and :mod:`dxopt.qp.api.small_backward` run the same steps in three compiled kern
   :func:`dxopt.qp.certify.polish.polish` (the active set is the polished one, settled); then the
   certificate of :func:`dxopt.qp.certify.polish.batch_accept_exact` for the one point (same tests,
   same tolerances);
-- **backward** (:func:`dxopt.qp.api.small_backward.small_backward`): the forward's active set
+- **backward** (:func:`dxopt.qp.lean.small_backward.small_backward`): the forward's active set
   is taken only when it is unambiguous with a margin of ten times every threshold in play: with
   :math:`b = \\max(10^3\\varepsilon, 10^{-9})` the classification threshold of
   :func:`dxopt.qp.certify.active.identify_active` (:math:`\\varepsilon` the point's accuracy), every
@@ -34,7 +34,7 @@ and :mod:`dxopt.qp.api.small_backward` run the same steps in three compiled kern
   own step limit, tolerance and residual bound, and turned into the gradients of
   :mod:`dxopt.qp.backward.grads`.
 
-The autograd Function around both is :mod:`dxopt.qp.api.small_function`.
+The autograd Function around both is :mod:`dxopt.qp.lean.small_function`.
 
 Anything else (another solver, an option the lean path does not take, batched or sparse or
 non-CPU inputs, a point the backend did not solve or that does not certify or settle, an
@@ -58,10 +58,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from dxopt.qp.api.lean_check import SYMMETRY_TOL
-from dxopt.qp.api.small_backward import small_backward
 from dxopt.qp.autograd.function import eager_gradients
 from dxopt.qp.certify.tolerances import RELATIVE_FLOOR, ROUNDOFF
+from dxopt.qp.lean.lean_check import SYMMETRY_TOL
+from dxopt.qp.lean.small_backward import small_backward
 from dxopt.qp.problem.types import BackwardDiagnostics
 from dxopt.qp.solvers.kernels.batch import prepare
 from dxopt.qp.solvers.kernels.certify import certify_point

@@ -1,9 +1,9 @@
 """A batch of dense QPs solved without the batch machinery: the lean path of
-:func:`dxopt.qp.solve` for batches (:mod:`dxopt.qp.api.small` does one small problem).
+:func:`dxopt.qp.solve` for batches (:mod:`dxopt.qp.lean.small` does one small problem).
 
 A batch of ``B`` dense CPU problems (every input batched along its first axis or shared by all
 samples) with the default options (no thread pool) and a method
-:func:`~dxopt.qp.api.lean_check.lean_method` accepts: with ``solver="daqp"`` (warm starts allowed)
+:func:`~dxopt.qp.lean.lean_check.lean_method` accepts: with ``solver="daqp"`` (warm starts allowed)
 ``n <= SMALL_MAX_N``; with ``"auto"`` and no warm start any ``n`` whose buffers fit the pool,
 and one problem with ``n > SMALL_MAX_N`` as a batch of one, solved by the compiled dual
 active-set solver of :mod:`dxopt.qp.solvers.dual_active_set` (daqp for the samples it does not
@@ -15,9 +15,9 @@ the certificate of every point (:func:`~dxopt.qp.solvers.kernels.batch.certify_b
 solver's checks, solve and certificate run sample by sample in one kernel,
 :func:`~dxopt.qp.solvers.kernels.batch.forward_batch`) and, in the
 backward, one kernel for every sample's lean adjoint and gradients
-(:func:`~dxopt.qp.solvers.kernels.batch.lean_adjoint_batch`): the steps of :mod:`dxopt.qp.api.small`
-for each sample, with no per-sample Python beyond the daqp call. Gradients of shared inputs
-are summed over the batch.
+(:func:`~dxopt.qp.solvers.kernels.batch.lean_adjoint_batch`): the steps of
+:mod:`dxopt.qp.lean.small` for each sample, with no per-sample Python beyond the daqp call.
+Gradients of shared inputs are summed over the batch.
 
 The forward is all or nothing: a sample that fails any check, that daqp does not solve or
 that does not certify sends the whole batch to the general path, which gives each sample its
@@ -43,11 +43,11 @@ from torch import Tensor
 from dxopt._core.memory import MAX_SET_BYTES, host_array, host_buffers
 from dxopt.linalg.small import lapack_kernels
 from dxopt.linalg.threads import blas_threads
-from dxopt.qp.api.lean_check import SMALL_MAX_N, SYMMETRY_TOL
-from dxopt.qp.api.small import daqp_bounds, daqp_module
-from dxopt.qp.api.small_backward import cotangent_array, record_diagnostics, regular_settings
 from dxopt.qp.autograd.function import eager_gradients
 from dxopt.qp.certify.tolerances import LEAN_MARGIN_FLOOR, RELATIVE_FLOOR, ROUNDOFF
+from dxopt.qp.lean.lean_check import SMALL_MAX_N, SYMMETRY_TOL
+from dxopt.qp.lean.small import daqp_bounds, daqp_module
+from dxopt.qp.lean.small_backward import cotangent_array, record_diagnostics, regular_settings
 from dxopt.qp.problem.types import BackwardDiagnostics
 from dxopt.qp.solvers.kernels.batch import (
     certify_batch,

@@ -22,10 +22,10 @@ __all__ = ["SmallQPFunction", "apply_small"]
 class SmallQPFunction(torch.autograd.Function):
     """``(P, q, A, b, G, h, solved, method) -> (x, eq_duals, ineq_duals)`` of a problem the lean
     paths solved (a :class:`SmallPoint`, or a batch
-    :class:`~dxopt.qp.api.small_batch.SmallBatch`): the forward hands out ``solved.outputs``, the
+    :class:`~dxopt.qp.lean.small_batch.SmallBatch`): the forward hands out ``solved.outputs``, the
     backward is ``solved.gradients(...)`` (the lean backward, and the general path's where that
     declines). Plain autograd only: :func:`small_inputs` and
-    :func:`~dxopt.qp.api.small_batch.small_batch_inputs` send torch.func and forward-mode AD to
+    :func:`~dxopt.qp.lean.small_batch.small_batch_inputs` send torch.func and forward-mode AD to
     :class:`dxopt.qp.autograd.function.QPFunction`."""
 
     @staticmethod
