@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 from _fd import directional_verdicts
-from tests.qp.api.test_small_batch import NAMES, _harden, _problems, _run, _share
+from tests.qp.lean.test_small_batch import NAMES, _harden, _problems, _run, _share
 
 import dxopt.qp as dqp
 from dxopt.linalg.small import lapack_kernels

@@ -43,7 +43,7 @@ the lean path: the forward returns ``None`` and :func:`~dxopt.qp.solve` takes th
 (with its fallback chain), and the backward rebuilds the general state from its saved copy of
 the data (one more solve, same point) and runs the requested backward method with its
 degenerate policy. The results, diagnostics included, are those of the general path
-(``tests/qp/api/test_small.py`` compares them, and checks the gradients against finite
+(``tests/qp/lean/test_small.py`` compares them, and checks the gradients against finite
 differences).
 """
 

@@ -26,7 +26,7 @@ ambiguous active set, a dependent row, a residual above the bound) go to the gen
 backward on their own, with its degenerate policy: its state is built at the lean forward's
 certified points (the state its own forward returns for the same data, without a second
 solve), and their gradients and diagnostics are merged in. The results are the general path's
-(``tests/qp/api/test_small_batch.py`` compares them).
+(``tests/qp/lean/test_small_batch.py`` compares them).
 """
 
 from __future__ import annotations
