@@ -16,8 +16,9 @@ from torch import Tensor
 from dxopt.qp.api.general import rebuilt_state, residuals, run_general
 from dxopt.qp.api.result import solution
 from dxopt.qp.api.route import Route, general_solver
-from dxopt.qp.lean.small import SmallPoint, small_forward
-from dxopt.qp.lean.small_batch import SmallBatch, small_batch_forward
+from dxopt.qp.lean.records import SmallBatch, SmallPoint
+from dxopt.qp.lean.small import small_forward
+from dxopt.qp.lean.small_batch import small_batch_forward
 from dxopt.qp.lean.small_function import apply_small
 from dxopt.qp.problem.canonical import canonical_problem
 from dxopt.qp.problem.contracts import BackwardMethod, ForwardFactors, ForwardResult, QPState

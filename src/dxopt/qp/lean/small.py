@@ -51,92 +51,25 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
-import torch
 from torch import Tensor
 
 from dxopt.qp.autograd.function import eager_gradients
 from dxopt.qp.certify.tolerances import RELATIVE_FLOOR, ROUNDOFF
 from dxopt.qp.lean.lean_check import SYMMETRY_TOL
+from dxopt.qp.lean.records import SmallPoint
 from dxopt.qp.lean.small_backward import small_backward
 from dxopt.qp.problem.types import BackwardDiagnostics
 from dxopt.qp.solvers.kernels.batch import prepare
 from dxopt.qp.solvers.kernels.certify import certify_point
 
-__all__ = ["SmallPoint", "daqp_bounds", "daqp_module", "small_forward"]
+__all__ = ["daqp_bounds", "daqp_module", "point_gradients", "small_forward"]
 
 _BOUNDS: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}  # (m, p) -> (lower, sense)
 _ABSENT: dict[tuple[int, Any], tuple[np.ndarray, np.ndarray]] = {}  # (n, dtype) -> (M, v)
-
-
-@dataclass(slots=True)
-class SmallPoint:
-    """The certified solution of one small QP and what its backward needs: float64 copies of
-    the data (the inputs may change in place after the call) in daqp's layout (``C = [G; A]``,
-    ``upper = [h; b]``, the first ``m = len(g_inf)`` rows inequalities; ``G, h, A, b`` are
-    views of them, ``None`` without rows), the point ``x`` with the multipliers
-    ``duals = [nu; mu]`` and the active set ``working`` (no entries: daqp's working set, read
-    off the multipliers), and the certificate's residuals; ``given``: whether ``A`` and ``G``
-    were given (their gradients, empty without rows, or ``None``); ``general(point)`` rebuilds
-    the general path's state."""
-
-    P: np.ndarray
-    q: np.ndarray
-    C: np.ndarray
-    upper: np.ndarray
-    x: np.ndarray
-    duals: np.ndarray
-    working: np.ndarray
-    g_inf: np.ndarray
-    dtype: torch.dtype
-    general: Callable[..., Any]
-    given: tuple[bool, bool] = (False, False)  # A, G given (perhaps without rows): gradients
-    warm_start: Any = None  # the backend's primal start (float64), for the general path
-    polished: bool = False
-    diagnostics: BackwardDiagnostics = field(default_factory=BackwardDiagnostics)
-    solve_time: float = 0.0
-    primal: float = 0.0
-    dual: float = 0.0
-    outputs: Any = None  # copies of (x, mu, nu) for the caller (theirs to change)
-
-    @property
-    def G(self) -> np.ndarray | None:
-        m = self.g_inf.shape[0]
-        return self.C[:m] if m else None
-
-    @property
-    def h(self) -> np.ndarray | None:
-        m = self.g_inf.shape[0]
-        return self.upper[:m] if m else None
-
-    @property
-    def A(self) -> np.ndarray | None:
-        m = self.g_inf.shape[0]
-        return self.C[m:] if self.C.shape[0] > m else None
-
-    @property
-    def b(self) -> np.ndarray | None:
-        m = self.g_inf.shape[0]
-        return self.upper[m:] if self.C.shape[0] > m else None
-
-    def gradients(
-        self,
-        method: Any,
-        grad_x: Tensor | None,
-        grad_eq: Tensor | None,
-        grad_ineq: Tensor | None,
-        needs: tuple[bool, ...],
-    ) -> tuple[Tensor | None, ...]:
-        """The gradients for ``(P, q, A, b, G, h)``: :func:`small_backward`, or where it
-        declines the general path's (its state rebuilt from the saved data, same point)."""
-        grads = small_backward(self, method, grad_x, grad_eq, grad_ineq, needs)
-        if grads is None:
-            state = replace(self.general(self), diagnostics=self.diagnostics)
-            grads = eager_gradients(state, grad_x, grad_eq, grad_ineq, needs)
-        return grads
 
 
 def _array(t: Tensor | None) -> Any:
@@ -336,3 +269,20 @@ def _polished_point(
     working = np.asarray(pol.active, dtype=bool) if m else np.zeros(0, dtype=bool)
     mu = pol.mu if p else np.zeros(0)
     return np.asarray(pol.x, dtype=np.float64), nu, mu, working, bool(pol.polished)
+
+
+def point_gradients(
+    point: SmallPoint,
+    method: Any,
+    grad_x: Tensor | None,
+    grad_eq: Tensor | None,
+    grad_ineq: Tensor | None,
+    needs: tuple[bool, ...],
+) -> tuple[Tensor | None, ...]:
+    """The gradients for ``(P, q, A, b, G, h)``: :func:`small_backward`, or where it
+    declines the general path's (its state rebuilt from the saved data, same point)."""
+    grads = small_backward(point, method, grad_x, grad_eq, grad_ineq, needs)
+    if grads is None:
+        state = replace(point.general(point), diagnostics=point.diagnostics)
+        grads = eager_gradients(state, grad_x, grad_eq, grad_ineq, needs)
+    return grads

@@ -6,7 +6,7 @@ the general path's diagnostics (:func:`record_diagnostics`); the batch path
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -15,11 +15,9 @@ from torch import Tensor
 from dxopt.qp.backward.kkt import _KKT_STEPS, _KKT_TOL
 from dxopt.qp.backward.penalty import PenaltyBackward
 from dxopt.qp.certify.tolerances import DEPENDENT_TOL, LEAN_MARGIN_FLOOR
+from dxopt.qp.lean.records import SmallPoint
 from dxopt.qp.problem.types import BackwardDiagnostics
 from dxopt.qp.solvers.kernels.adjoint import lean_adjoint
-
-if TYPE_CHECKING:
-    from dxopt.qp.lean.small import SmallPoint
 
 __all__ = ["cotangent_array", "record_diagnostics", "regular_settings", "small_backward"]
 
