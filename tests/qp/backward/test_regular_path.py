@@ -24,7 +24,7 @@ NAMES = ("P", "q", "A", "b", "G", "h")
 @pytest.fixture(autouse=True)
 def _batch_machinery(monkeypatch: pytest.MonkeyPatch) -> None:
     """These tests are about the general path's batched regular backward: the lean batch path
-    (dxopt.qp.api.small_batch, compared with this path in test_small_batch.py) is switched off."""
+    (dxopt.qp.lean.small_batch, compared with this path in test_small_batch.py) is switched off."""
     import dxopt.qp.api.route as api
 
     monkeypatch.setattr(api, "small_batch_inputs", lambda *a, **k: 0)

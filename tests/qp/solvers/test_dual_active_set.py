@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 import torch
 from _fd import directional_verdicts
-from tests.qp.api.test_small_batch import NAMES, _harden, _problems, _run, _share
+from tests.qp.lean.test_small_batch import NAMES, _harden, _problems, _run, _share
 
 import dxopt.qp as dqp
 from dxopt.linalg.small import lapack_kernels
-from dxopt.qp.api.small_batch import COMPILED_SOLVER
+from dxopt.qp.lean.small_batch import COMPILED_SOLVER
 from dxopt.qp.solvers.dual_active_set import SOLVE_STATUS, solve_batch
 
 LEAN = "SmallQPFunction"
@@ -429,8 +429,8 @@ def test_the_forward_finds_the_backwards_active_set_accuracy(monkeypatch):
     lean backward's accuracy of its active set (from its own slacks and stationarity residual):
     the value the backward would compute itself, the ambiguous (weak) sample declined alike, and
     the same gradients and diagnostics as a forward that leaves it to the backward."""
-    from dxopt.qp.api import small_batch as _small_batch
     from dxopt.qp.certify.tolerances import LEAN_MARGIN_FLOOR as _MARGIN
+    from dxopt.qp.lean import small_batch as _small_batch
     from dxopt.qp.solvers.kernels.certify import _point, _point_accuracy
 
     data = _problems(5, 12, 10, 0, seed=51)

@@ -1,5 +1,5 @@
 """The lean routes' runners (:mod:`dxopt.qp.api.route`): ``"lean_single"`` through
-:mod:`dxopt.qp.api.small` and ``"lean_batch"`` through :mod:`dxopt.qp.api.small_batch`. Each
+:mod:`dxopt.qp.lean.small` and ``"lean_batch"`` through :mod:`dxopt.qp.lean.small_batch`. Each
 returns the solution, or calls the general runner where the lean forward declines;
 the lean backward gets the general route's state builders as plain functions bound to the
 call's options (:func:`dxopt.qp.api.general.rebuilt_state`, :func:`_batch_state`)."""
@@ -16,9 +16,10 @@ from torch import Tensor
 from dxopt.qp.api.general import rebuilt_state, residuals, run_general
 from dxopt.qp.api.result import solution
 from dxopt.qp.api.route import Route, general_solver
-from dxopt.qp.api.small import SmallPoint, small_forward
-from dxopt.qp.api.small_batch import SmallBatch, small_batch_forward
-from dxopt.qp.api.small_function import apply_small
+from dxopt.qp.lean.records import SmallBatch, SmallPoint
+from dxopt.qp.lean.small import small_forward
+from dxopt.qp.lean.small_batch import small_batch_forward
+from dxopt.qp.lean.small_function import apply_small
 from dxopt.qp.problem.canonical import canonical_problem
 from dxopt.qp.problem.contracts import BackwardMethod, ForwardFactors, ForwardResult, QPState
 from dxopt.qp.problem.options import COMPILED_SOLVER, QPOptions
@@ -68,7 +69,7 @@ def run_lean_single(
     method: BackwardMethod,
     layout: tuple[Any, ...],
 ) -> QPSolution:
-    """One small dense QP through :mod:`dxopt.qp.api.small` (a certified point), else the
+    """One small dense QP through :mod:`dxopt.qp.lean.small` (a certified point), else the
     general route."""
     solver = route.solver
     point = small_forward(
@@ -103,7 +104,7 @@ def _lean_outputs(
 ) -> tuple[Tensor, Tensor, Tensor, tuple[QPStatus, ...], QPInfo]:
     """``(x, eq_duals, ineq_duals, status, info)`` of ``size`` problems solved by a lean route
     (every one certified; ``sample_solvers``: each one's solver, ``solver`` for all when
-    empty): the outputs through :class:`dxopt.qp.api.small_function.SmallQPFunction`."""
+    empty): the outputs through :class:`dxopt.qp.lean.small_function.SmallQPFunction`."""
     x, mu, nu = apply_small(*data, solved, method)  # outside torch.func (the router checks)
     info = QPInfo._every_field(
         solver, solved.solve_time, primal, dual, solved.diagnostics,
@@ -167,7 +168,7 @@ def run_lean_batch(
     method: BackwardMethod,
     layout: tuple[Any, ...],
 ) -> QPSolution:
-    """A batch of dense QPs through :mod:`dxopt.qp.api.small_batch` (every point certified;
+    """A batch of dense QPs through :mod:`dxopt.qp.lean.small_batch` (every point certified;
     ``route.compiled``: its compiled solver first; ``route.single``: one problem as a batch of
     one), else the general route."""
     batch, eps_abs = route.batch, options.eps_abs

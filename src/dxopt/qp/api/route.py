@@ -5,11 +5,12 @@ The routes, in the order :func:`plan` tries them:
 - ``"executor"``: an ``executor=`` spreads the batch over workers
   (:class:`dxopt.qp.problem.executor.QPExecutor`); reverse-mode autograd only.
 - ``"lean_single"``: one small unbatched dense CPU problem (``n <= 64``) with a lean backend
-  (:data:`dxopt.qp.api.lean_check.LEAN_BACKENDS`), the default solver options and a backward method
-  the lean kernels compute (:func:`dxopt.qp.api.lean_check.lean_method`): :mod:`dxopt.qp.api.small`.
+  (:data:`dxopt.qp.lean.lean_check.LEAN_BACKENDS`), the default solver options and a backward
+  method the lean kernels compute (:func:`dxopt.qp.lean.lean_check.lean_method`):
+  :mod:`dxopt.qp.lean.small`.
 - ``"lean_batch"``: a dense CPU batch (or one dense problem with ``n > 64``, or any with
   ``solver="dual_active_set"``, as a batch of one) with daqp, ``"auto"`` or the compiled solver
-  and the default options: :mod:`dxopt.qp.api.small_batch`.
+  and the default options: :mod:`dxopt.qp.lean.small_batch`.
 - ``"device"``: dense inputs with ``solver="torch"``, or ``"auto"`` off the CPU, and a named
   backward: the torch interior point on the inputs' device (:mod:`dxopt.qp.api.device`).
 - ``"general"``: everything else (sparse inputs, options the lean paths do not take,
@@ -31,8 +32,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from dxopt.qp.api.lean_check import LEAN_BACKENDS, SMALL_MAX_N, lean_method, small_inputs
-from dxopt.qp.api.small_batch import small_batch_inputs
+from dxopt.qp.lean.lean_check import LEAN_BACKENDS, SMALL_MAX_N, lean_method, small_inputs
+from dxopt.qp.lean.small_batch import small_batch_inputs
 from dxopt.qp.problem.canonical import QPProblem, canonical_problem
 from dxopt.qp.problem.contracts import BackwardMethod
 from dxopt.qp.problem.functorch import BASES, forward_ad_dual, functorch_active

@@ -116,7 +116,7 @@ def solve(
     The forward solve goes through :func:`qpsolvers.solve_problem` (CPU, float64, one solve per
     sample; daqp through its own Python API, :mod:`dxopt.qp.solvers.daqp`; one small unbatched dense
     problem, ``n <= 64``, with daqp, piqp or proxqp and the default solver options takes the
-    lean path of :mod:`dxopt.qp.api.small`, same results at a fraction of the fixed cost). The
+    lean path of :mod:`dxopt.qp.lean.small`, same results at a fraction of the fixed cost). The
     derivative is the implicit one of the KKT conditions
     :math:`Px + q + A^\\top\\mu + G^\\top\\nu = 0`, :math:`Ax = b`,
     :math:`\\nu \\circ (Gx - h) = 0` on the active set, computed either by the dXPP penalty

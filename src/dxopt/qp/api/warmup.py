@@ -1,7 +1,7 @@
 """Compile (or load from numba's disk cache) every compiled kernel of the QP paths, once.
 
-The lean paths of :mod:`dxopt.qp.api.small` / :mod:`dxopt.qp.api.small_batch` and the compiled dual
-active-set solver (:mod:`dxopt.qp.solvers.dual_active_set`) run numba kernels
+The lean paths of :mod:`dxopt.qp.lean.small` / :mod:`dxopt.qp.lean.small_batch` and the compiled
+dual active-set solver (:mod:`dxopt.qp.solvers.dual_active_set`) run numba kernels
 (:mod:`dxopt.qp.solvers.kernels`, :mod:`dxopt.linalg.small`). numba compiles a kernel at its
 first call for each argument signature and, with ``cache=True``, writes the machine code to its
 cache (``__pycache__`` next to the module, or ``$NUMBA_CACHE_DIR``); a later process loads it

@@ -59,7 +59,7 @@ never normalised, so a zero or tiny row cannot poison a threshold). With
 set is strongly active when :math:`\\nu_i\\|g_i\\|_\\infty > \\text{STRONG\\_MULTIPLIER}\\,
 \\sigma^d`; rows with relative slack below :math:`\\tau = \\max(\\text{WEAK\\_FACTOR}\\,
 \\varepsilon, \\text{WEAK\\_FLOOR})` and multiplier below :math:`\\tau\\sigma^d` are weakly
-active. The lean path (:mod:`dxopt.qp.api.small`) keeps the forward's set only when it is clear
+active. The lean path (:mod:`dxopt.qp.lean.small`) keeps the forward's set only when it is clear
 of that test by the margin :math:`\\max(\\text{LEAN\\_MARGIN\\_FLOOR},
 \\text{LEAN\\_MARGIN\\_FACTOR}\\,\\varepsilon)` (ten times the weak test's factor and floor), so
 it never decides a case the general path would classify differently.

@@ -3,9 +3,9 @@ the next.
 
 - :class:`ForwardFactors`: the compiled solver's factorizations of every sample, which the
   backward reuses instead of factoring again.
-- :class:`ForwardResult`: what the forward (:func:`dxopt.qp.solvers.forward.solve_forward`, the lean
-  paths of :mod:`dxopt.qp.api.small`/:mod:`dxopt.qp.api.small_batch`) returns: the float64 solution,
-  the statuses, the certified active set and the reusable factors.
+- :class:`ForwardResult`: what the forward (:func:`dxopt.qp.solvers.forward.solve_forward`, the
+  lean paths of :mod:`dxopt.qp.lean.small`/:mod:`dxopt.qp.lean.small_batch`) returns: the float64
+  solution, the statuses, the certified active set and the reusable factors.
 - :class:`QPState`: the non-tensor context the autograd Function
   (:class:`dxopt.qp.autograd.function.QPFunction`) keeps between forward and backward.
 - :class:`AdjointInput` and :class:`AdjointSolution`: what a backward method receives and

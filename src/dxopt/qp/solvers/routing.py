@@ -72,7 +72,7 @@ def default_solver(problem: QPProblem) -> str:
     (:mod:`dxopt.qp.solvers.torch_ipm`): it runs on the device, with no host round trip of the
     data. On the CPU daqp is the fastest in every cell of this measurement (``python -m
     benchmarks.qp_torch.auto_rule``): ``dxopt.qp.solve`` forward+backward, ``solver="daqp"``
-    (the lean paths of :mod:`dxopt.qp.api.small` and :mod:`dxopt.qp.api.small_batch`) against
+    (the lean paths of :mod:`dxopt.qp.lean.small` and :mod:`dxopt.qp.lean.small_batch`) against
     ``solver="torch"`` back to back in one process, 1 torch thread, dQP's random dense QPs
     (m = n, p = n/2), medians of 3-5 on the 2-core machine at a load average of 1
     (``benchmarks/qp_torch/results/auto_rule.json``); torch/daqp time ratio by batch size B:

@@ -58,7 +58,7 @@ def lean_adjoint(
     gh: np.ndarray,
 ) -> tuple[int, float, int, int, float]:
     """``(status, residual, steps, k, accuracy)``: the lean backward of one problem
-    (:func:`dxopt.qp.api.small_backward.small_backward`) at the certified point ``x``, ``duals``,
+    (:func:`dxopt.qp.lean.small_backward.small_backward`) at the certified point ``x``, ``duals``,
     ``working`` (as for :func:`certify_point`). The active set is the forward's when
     unambiguous (:func:`_active_accuracy`); the reduced KKT system
     :math:`[[P, C_J^\\top], [C_J, 0]][u; w] = [g; r]` (:math:`C_J` the working rows of ``G``

@@ -81,7 +81,7 @@ def prepare(
     ``C = [G; A]`` (m + p, n), ``upper = [h; b]`` (m + p,) and ``g_inf`` (m,), zero on entry
     (absent constraints: arrays with no rows). ``status``: 0 ready; 1 a NaN or Inf entry; 2
     ``P`` asymmetric beyond ``sym_tol * max(max|P|, 1)``; 3 a zero row of ``G``. (The checks
-    of :func:`dxopt.qp.api.small.small_forward`; each failure is the general path's to report.)
+    of :func:`dxopt.qp.lean.small.small_forward`; each failure is the general path's to report.)
     Compiled with reassociation allowed: it only changes the order of the sum whose finiteness
     is the NaN/Inf test (a NaN or Inf entry makes any order of it non-finite) and of
     maxima."""

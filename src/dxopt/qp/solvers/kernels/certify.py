@@ -288,7 +288,7 @@ def _active_accuracy(
     :func:`dxopt.qp.certify.active.identify_active` with the forward's set when that set is
     unambiguous by the margin :math:`\\max(10^{-8}, 10^4\\varepsilon)` (``margin_min`` the
     floor and ``LEAN_MARGIN_FACTOR`` the factor of :mod:`dxopt.qp.certify.tolerances`;
-    :mod:`dxopt.qp.api.small`'s module docstring), else -1; and the smallest working multiplier
+    :mod:`dxopt.qp.lean.small`'s module docstring), else -1; and the smallest working multiplier
     over the dual scale (``inf`` without working rows), which the caller also holds
     against the stationarity residual, and that dual scale. The scales are
     ``identify_active``'s; the dual scale is formed only when some row is in the set (it

@@ -1,9 +1,9 @@
 """A batch of dense QPs solved without the batch machinery: the lean path of
-:func:`dxopt.qp.solve` for batches (:mod:`dxopt.qp.api.small` does one small problem).
+:func:`dxopt.qp.solve` for batches (:mod:`dxopt.qp.lean.small` does one small problem).
 
 A batch of ``B`` dense CPU problems (every input batched along its first axis or shared by all
 samples) with the default options (no thread pool) and a method
-:func:`~dxopt.qp.api.lean_check.lean_method` accepts: with ``solver="daqp"`` (warm starts allowed)
+:func:`~dxopt.qp.lean.lean_check.lean_method` accepts: with ``solver="daqp"`` (warm starts allowed)
 ``n <= SMALL_MAX_N``; with ``"auto"`` and no warm start any ``n`` whose buffers fit the pool,
 and one problem with ``n > SMALL_MAX_N`` as a batch of one, solved by the compiled dual
 active-set solver of :mod:`dxopt.qp.solvers.dual_active_set` (daqp for the samples it does not
@@ -15,9 +15,9 @@ the certificate of every point (:func:`~dxopt.qp.solvers.kernels.batch.certify_b
 solver's checks, solve and certificate run sample by sample in one kernel,
 :func:`~dxopt.qp.solvers.kernels.batch.forward_batch`) and, in the
 backward, one kernel for every sample's lean adjoint and gradients
-(:func:`~dxopt.qp.solvers.kernels.batch.lean_adjoint_batch`): the steps of :mod:`dxopt.qp.api.small`
-for each sample, with no per-sample Python beyond the daqp call. Gradients of shared inputs
-are summed over the batch.
+(:func:`~dxopt.qp.solvers.kernels.batch.lean_adjoint_batch`): the steps of
+:mod:`dxopt.qp.lean.small` for each sample, with no per-sample Python beyond the daqp call.
+Gradients of shared inputs are summed over the batch.
 
 The forward is all or nothing: a sample that fails any check, that daqp does not solve or
 that does not certify sends the whole batch to the general path, which gives each sample its
@@ -26,14 +26,14 @@ ambiguous active set, a dependent row, a residual above the bound) go to the gen
 backward on their own, with its degenerate policy: its state is built at the lean forward's
 certified points (the state its own forward returns for the same data, without a second
 solve), and their gradients and diagnostics are merged in. The results are the general path's
-(``tests/qp/api/test_small_batch.py`` compares them).
+(``tests/qp/lean/test_small_batch.py`` compares them).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import fields
 from typing import Any
 
 import numpy as np
@@ -43,11 +43,12 @@ from torch import Tensor
 from dxopt._core.memory import MAX_SET_BYTES, host_array, host_buffers
 from dxopt.linalg.small import lapack_kernels
 from dxopt.linalg.threads import blas_threads
-from dxopt.qp.api.lean_check import SMALL_MAX_N, SYMMETRY_TOL
-from dxopt.qp.api.small import daqp_bounds, daqp_module
-from dxopt.qp.api.small_backward import cotangent_array, record_diagnostics, regular_settings
 from dxopt.qp.autograd.function import eager_gradients
 from dxopt.qp.certify.tolerances import LEAN_MARGIN_FLOOR, RELATIVE_FLOOR, ROUNDOFF
+from dxopt.qp.lean.lean_check import SMALL_MAX_N, SYMMETRY_TOL
+from dxopt.qp.lean.records import SmallBatch
+from dxopt.qp.lean.small import daqp_bounds, daqp_module
+from dxopt.qp.lean.small_backward import cotangent_array, record_diagnostics, regular_settings
 from dxopt.qp.problem.types import BackwardDiagnostics
 from dxopt.qp.solvers.kernels.batch import (
     certify_batch,
@@ -59,7 +60,6 @@ from dxopt.qp.solvers.kernels.batch import (
 __all__ = [
     "COMPILED_MAX_ENTRIES",
     "COMPILED_SOLVER",
-    "SmallBatch",
     "small_batch_backward",
     "small_batch_forward",
     "small_batch_inputs",
@@ -124,64 +124,6 @@ def small_batch_inputs(
             return 0
     level = getattr(torch.autograd.forward_ad, "_current_level", None)
     return batch if level is not None and level < 0 else 0
-
-
-@dataclass
-class SmallBatch:
-    """The certified solutions of a batch and what its backward needs: float64 copies of the
-    data in daqp's layout (``C = [G; A]``, ``upper = [h; b]``, a leading batch axis), daqp's
-    points ``X`` and multipliers ``duals``, which inputs were shared (their gradients are
-    summed), and ``general(batch, samples)``, the general path's state for some samples."""
-
-    P: np.ndarray
-    q: np.ndarray
-    C: np.ndarray
-    upper: np.ndarray
-    m: int
-    X: np.ndarray
-    duals: np.ndarray
-    g_inf: np.ndarray
-    shared: tuple[bool, ...]
-    empty: tuple[bool, bool]
-    dtype: torch.dtype
-    general: Callable[..., Any]
-    diagnostics: BackwardDiagnostics = field(default_factory=BackwardDiagnostics)
-    solve_time: float = 0.0
-    primal: tuple[float, ...] = ()
-    dual: tuple[float, ...] = ()
-    outputs: Any = None  # copies of (X, MU, NU) for the caller
-    solvers: tuple[str, ...] = ()  # each sample's solver
-    L_given: np.ndarray = field(default_factory=lambda: np.zeros((0, 0, 0)))
-    Y_given: np.ndarray = field(default_factory=lambda: np.zeros((0, 0, 0)))
-    given: np.ndarray = field(default_factory=lambda: np.zeros(0, np.bool_))
-    order_given: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.int64))
-    LW_given: np.ndarray = field(default_factory=lambda: np.zeros((0, 0, 0)))
-    accuracy_given: np.ndarray = field(default_factory=lambda: np.zeros(0))
-
-    def gradients(
-        self,
-        method: Any,
-        grad_x: Tensor | None,
-        grad_eq: Tensor | None,
-        grad_ineq: Tensor | None,
-        needs: tuple[bool, ...],
-    ) -> tuple[Tensor | None, ...]:
-        """The gradients for ``(P, q, A, b, G, h)`` (:func:`small_batch_backward`)."""
-        return small_batch_backward(self, method, grad_x, grad_eq, grad_ineq, needs)
-
-    def arrays(self, samples: np.ndarray) -> tuple[Any, ...]:
-        """``(P, q, A, b, G, h)`` of ``samples`` as the caller gave them (shared ones without
-        the batch axis, absent ones ``None``), from the copies."""
-        m, p = self.m, self.C.shape[1] - self.m
-        full = (self.P, self.q, self.C[:, m:], self.upper[:, m:], self.C[:, :m],
-                self.upper[:, :m])  # fmt: skip
-        present = (True, True, p > 0 or self.empty[0], p > 0 or self.empty[0],
-                   m > 0 or self.empty[1], m > 0 or self.empty[1])  # fmt: skip
-        every = samples.size == self.q.shape[0]  # the whole batch, in order: views
-        return tuple(
-            (a[0] if shared else a if every else a[samples]) if given else None
-            for a, shared, given in zip(full, self.shared, present)
-        )
 
 
 def small_batch_forward(

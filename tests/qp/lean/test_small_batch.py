@@ -1,4 +1,4 @@
-"""The lean batch path (dxopt.qp.api.small_batch) against the general path and finite
+"""The lean batch path (dxopt.qp.lean.small_batch) against the general path and finite
 differences: same solutions, statuses, info, gradients (summed over the batch for shared
 inputs) and diagnostics; a batch with any sample it must not decide (degenerate, weak, zero
 row, infeasible, bad input) goes to the general path as a whole."""
@@ -15,7 +15,7 @@ from _fd import directional_verdicts
 
 import dxopt.qp as dqp
 import dxopt.qp.api.route as api
-from dxopt.qp.api import small_batch as _small_batch
+from dxopt.qp.lean import small_batch as _small_batch
 
 NAMES = ("P", "q", "A", "b", "G", "h")
 LEAN = "SmallQPFunction"  # the lean paths' autograd.Function (general path: QPFunction)
@@ -390,7 +390,7 @@ def test_uninitialized_gradient_memory_never_comes_out(case, monkeypatch):
     NaN here, every gradient still equals the general path's, whether every sample is solved,
     some or all decline (a duplicated active row cuts their points), or the general path
     gives no gradient for an input (then it is zero)."""
-    from dxopt.qp.api import small_batch as _small_batch
+    from dxopt.qp.lean import small_batch as _small_batch
 
     data = _problems(4, 8, 6, 2, seed=5)
     if case.endswith("shared"):  # shared gradients are summed into the declined rows

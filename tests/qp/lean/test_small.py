@@ -1,4 +1,4 @@
-"""The lean path for one small dense QP (dxopt.qp.api.small, small_backward, lean_check)
+"""The lean path for one small dense QP (dxopt.qp.lean.small, small_backward, lean_check)
 against the general path and finite differences: same solution, status, info, gradients and
 diagnostics; every case it must not decide (degenerate, weak, zero rows, bad input, failures)
 goes to the general path."""
@@ -15,8 +15,8 @@ from _fd import directional_verdicts
 
 import dxopt.qp as dqp
 import dxopt.qp.api.route as api
-from dxopt.qp.api import lean_check
-from dxopt.qp.api import small as _small
+from dxopt.qp.lean import lean_check
+from dxopt.qp.lean import small as _small
 
 NAMES = ("P", "q", "A", "b", "G", "h")
 

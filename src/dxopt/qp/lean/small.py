@@ -2,12 +2,12 @@
 
 A single (unbatched) dense CPU problem with ``n <= SMALL_MAX_N``, solved by daqp, piqp or
 proxqp (``LEAN_BACKENDS``) with the default solver options and differentiated by a method
-``lean_method`` accepts (all three in :mod:`dxopt.qp.api.lean_check`), is the call
+``lean_method`` accepts (all three in :mod:`dxopt.qp.lean.lean_check`), is the call
 decision-focused models and controllers make thousands of times per epoch. Through the general
 path (canonical problem, fallback chain, batch certificate, batched active set and backward) it
 costs about 0.6 ms with daqp, some 60 raw solves; as straight-line numpy on the one sample,
 about 0.15 ms, most of it the dispatch of some hundred small array operations. This module
-and :mod:`dxopt.qp.api.small_backward` run the same steps in three compiled kernels
+and :mod:`dxopt.qp.lean.small_backward` run the same steps in three compiled kernels
 (:mod:`dxopt.qp.solvers.kernels`, numba) around the backend call:
 
 - **forward** (:func:`small_forward`): the cheap checks (finite entries, symmetry of ``P``, no
@@ -18,7 +18,7 @@ and :mod:`dxopt.qp.api.small_backward` run the same steps in three compiled kern
   :func:`dxopt.qp.certify.polish.polish` (the active set is the polished one, settled); then the
   certificate of :func:`dxopt.qp.certify.polish.batch_accept_exact` for the one point (same tests,
   same tolerances);
-- **backward** (:func:`dxopt.qp.api.small_backward.small_backward`): the forward's active set
+- **backward** (:func:`dxopt.qp.lean.small_backward.small_backward`): the forward's active set
   is taken only when it is unambiguous with a margin of ten times every threshold in play: with
   :math:`b = \\max(10^3\\varepsilon, 10^{-9})` the classification threshold of
   :func:`dxopt.qp.certify.active.identify_active` (:math:`\\varepsilon` the point's accuracy), every
@@ -34,7 +34,7 @@ and :mod:`dxopt.qp.api.small_backward` run the same steps in three compiled kern
   own step limit, tolerance and residual bound, and turned into the gradients of
   :mod:`dxopt.qp.backward.grads`.
 
-The autograd Function around both is :mod:`dxopt.qp.api.small_function`.
+The autograd Function around both is :mod:`dxopt.qp.lean.small_function`.
 
 Anything else (another solver, an option the lean path does not take, batched or sparse or
 non-CPU inputs, a point the backend did not solve or that does not certify or settle, an
@@ -43,7 +43,7 @@ the lean path: the forward returns ``None`` and :func:`~dxopt.qp.solve` takes th
 (with its fallback chain), and the backward rebuilds the general state from its saved copy of
 the data (one more solve, same point) and runs the requested backward method with its
 degenerate policy. The results, diagnostics included, are those of the general path
-(``tests/qp/api/test_small.py`` compares them, and checks the gradients against finite
+(``tests/qp/lean/test_small.py`` compares them, and checks the gradients against finite
 differences).
 """
 
@@ -51,92 +51,25 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
-import torch
 from torch import Tensor
 
-from dxopt.qp.api.lean_check import SYMMETRY_TOL
-from dxopt.qp.api.small_backward import small_backward
 from dxopt.qp.autograd.function import eager_gradients
 from dxopt.qp.certify.tolerances import RELATIVE_FLOOR, ROUNDOFF
+from dxopt.qp.lean.lean_check import SYMMETRY_TOL
+from dxopt.qp.lean.records import SmallPoint
+from dxopt.qp.lean.small_backward import small_backward
 from dxopt.qp.problem.types import BackwardDiagnostics
 from dxopt.qp.solvers.kernels.batch import prepare
 from dxopt.qp.solvers.kernels.certify import certify_point, may_be_dependent
 
-__all__ = ["SmallPoint", "daqp_bounds", "daqp_module", "small_forward"]
+__all__ = ["daqp_bounds", "daqp_module", "point_gradients", "small_forward"]
 
 _BOUNDS: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}  # (m, p) -> (lower, sense)
 _ABSENT: dict[tuple[int, Any], tuple[np.ndarray, np.ndarray]] = {}  # (n, dtype) -> (M, v)
-
-
-@dataclass(slots=True)
-class SmallPoint:
-    """The certified solution of one small QP and what its backward needs: float64 copies of
-    the data (the inputs may change in place after the call) in daqp's layout (``C = [G; A]``,
-    ``upper = [h; b]``, the first ``m = len(g_inf)`` rows inequalities; ``G, h, A, b`` are
-    views of them, ``None`` without rows), the point ``x`` with the multipliers
-    ``duals = [nu; mu]`` and the active set ``working`` (no entries: daqp's working set, read
-    off the multipliers), and the certificate's residuals; ``given``: whether ``A`` and ``G``
-    were given (their gradients, empty without rows, or ``None``); ``general(point)`` rebuilds
-    the general path's state."""
-
-    P: np.ndarray
-    q: np.ndarray
-    C: np.ndarray
-    upper: np.ndarray
-    x: np.ndarray
-    duals: np.ndarray
-    working: np.ndarray
-    g_inf: np.ndarray
-    dtype: torch.dtype
-    general: Callable[..., Any]
-    given: tuple[bool, bool] = (False, False)  # A, G given (perhaps without rows): gradients
-    warm_start: Any = None  # the backend's primal start (float64), for the general path
-    polished: bool = False
-    diagnostics: BackwardDiagnostics = field(default_factory=BackwardDiagnostics)
-    solve_time: float = 0.0
-    primal: float = 0.0
-    dual: float = 0.0
-    outputs: Any = None  # copies of (x, mu, nu) for the caller (theirs to change)
-
-    @property
-    def G(self) -> np.ndarray | None:
-        m = self.g_inf.shape[0]
-        return self.C[:m] if m else None
-
-    @property
-    def h(self) -> np.ndarray | None:
-        m = self.g_inf.shape[0]
-        return self.upper[:m] if m else None
-
-    @property
-    def A(self) -> np.ndarray | None:
-        m = self.g_inf.shape[0]
-        return self.C[m:] if self.C.shape[0] > m else None
-
-    @property
-    def b(self) -> np.ndarray | None:
-        m = self.g_inf.shape[0]
-        return self.upper[m:] if self.C.shape[0] > m else None
-
-    def gradients(
-        self,
-        method: Any,
-        grad_x: Tensor | None,
-        grad_eq: Tensor | None,
-        grad_ineq: Tensor | None,
-        needs: tuple[bool, ...],
-    ) -> tuple[Tensor | None, ...]:
-        """The gradients for ``(P, q, A, b, G, h)``: :func:`small_backward`, or where it
-        declines the general path's (its state rebuilt from the saved data, same point)."""
-        grads = small_backward(self, method, grad_x, grad_eq, grad_ineq, needs)
-        if grads is None:
-            state = replace(self.general(self), diagnostics=self.diagnostics)
-            grads = eager_gradients(state, grad_x, grad_eq, grad_ineq, needs)
-        return grads
 
 
 def _array(t: Tensor | None) -> Any:
@@ -378,3 +311,20 @@ def _polished_point(
     working = np.asarray(pol.active, dtype=bool) if m else np.zeros(0, dtype=bool)
     mu = pol.mu if p else np.zeros(0)
     return np.asarray(pol.x, dtype=np.float64), nu, mu, working, bool(pol.polished)
+
+
+def point_gradients(
+    point: SmallPoint,
+    method: Any,
+    grad_x: Tensor | None,
+    grad_eq: Tensor | None,
+    grad_ineq: Tensor | None,
+    needs: tuple[bool, ...],
+) -> tuple[Tensor | None, ...]:
+    """The gradients for ``(P, q, A, b, G, h)``: :func:`small_backward`, or where it
+    declines the general path's (its state rebuilt from the saved data, same point)."""
+    grads = small_backward(point, method, grad_x, grad_eq, grad_ineq, needs)
+    if grads is None:
+        state = replace(point.general(point), diagnostics=point.diagnostics)
+        grads = eager_gradients(state, grad_x, grad_eq, grad_ineq, needs)
+    return grads

@@ -15,17 +15,28 @@ from dxopt.qp.autograd.function import (
     refuse_batched_cotangents,
     refuse_second_order,
 )
+from dxopt.qp.lean.records import SmallPoint
+from dxopt.qp.lean.small import point_gradients
+from dxopt.qp.lean.small_batch import small_batch_backward
 
 __all__ = ["SmallQPFunction", "apply_small"]
 
 
+def _gradients(solved: Any, *args: Any) -> tuple[Tensor | None, ...]:
+    """The lean backward of ``solved``: one point's or a batch's."""
+    if isinstance(solved, SmallPoint):
+        return point_gradients(solved, *args)
+    return small_batch_backward(solved, *args)
+
+
 class SmallQPFunction(torch.autograd.Function):
     """``(P, q, A, b, G, h, solved, method) -> (x, eq_duals, ineq_duals)`` of a problem the lean
-    paths solved (a :class:`SmallPoint`, or a batch
-    :class:`~dxopt.qp.api.small_batch.SmallBatch`): the forward hands out ``solved.outputs``, the
-    backward is ``solved.gradients(...)`` (the lean backward, and the general path's where that
-    declines). Plain autograd only: :func:`small_inputs` and
-    :func:`~dxopt.qp.api.small_batch.small_batch_inputs` send torch.func and forward-mode AD to
+    paths solved (a :class:`~dxopt.qp.lean.records.SmallPoint`, or a batch
+    :class:`~dxopt.qp.lean.records.SmallBatch`): the forward hands out ``solved.outputs``, the
+    backward is :func:`~dxopt.qp.lean.small.point_gradients` or
+    :func:`~dxopt.qp.lean.small_batch.small_batch_backward` (the lean backward, and the general
+    path's where that declines). Plain autograd only: :func:`small_inputs` and
+    :func:`~dxopt.qp.lean.small_batch.small_batch_inputs` send torch.func and forward-mode AD to
     :class:`dxopt.qp.autograd.function.QPFunction`."""
 
     @staticmethod
@@ -49,10 +60,10 @@ class SmallQPFunction(torch.autograd.Function):
         for g in cotangents:  # (a loop: any() of a generator costs a frame per call)
             if g is not None and (g.requires_grad or is_legacy_batched(g)):
                 refuse_batched_cotangents(cotangents)
-                grads = ctx.solved.gradients(ctx.method, grad_x, grad_eq, grad_ineq, needs)
+                grads = _gradients(ctx.solved, ctx.method, grad_x, grad_eq, grad_ineq, needs)
                 return (*refuse_second_order(grads, cotangents), None, None)
         # plain cotangents: no graph to extend, the second-order guard has nothing to tie
-        return (*ctx.solved.gradients(ctx.method, grad_x, grad_eq, grad_ineq, needs), None, None)
+        return (*_gradients(ctx.solved, ctx.method, grad_x, grad_eq, grad_ineq, needs), None, None)
 
 
 def _plain_apply() -> Callable[..., Any]:

@@ -1,12 +1,12 @@
-"""The lean single path's backward (:func:`small_backward`, :mod:`dxopt.qp.api.small`'s module
+"""The lean single path's backward (:func:`small_backward`, :mod:`dxopt.qp.lean.small`'s module
 docstring): the compiled adjoint of :mod:`dxopt.qp.solvers.kernels.adjoint` at the forward's
 certified point, with the requested method's refinement settings (:func:`regular_settings`) and
 the general path's diagnostics (:func:`record_diagnostics`); the batch path
-(:mod:`dxopt.qp.api.small_batch`) shares those helpers."""
+(:mod:`dxopt.qp.lean.small_batch`) shares those helpers."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -15,11 +15,9 @@ from torch import Tensor
 from dxopt.qp.backward.kkt import _KKT_STEPS, _KKT_TOL
 from dxopt.qp.backward.penalty import PenaltyBackward
 from dxopt.qp.certify.tolerances import DEPENDENT_TOL, LEAN_MARGIN_FLOOR
+from dxopt.qp.lean.records import SmallPoint
 from dxopt.qp.problem.types import BackwardDiagnostics
 from dxopt.qp.solvers.kernels.adjoint import lean_adjoint
-
-if TYPE_CHECKING:
-    from dxopt.qp.api.small import SmallPoint
 
 __all__ = ["cotangent_array", "record_diagnostics", "regular_settings", "small_backward"]
 
@@ -47,7 +45,7 @@ _REGULAR: dict[int, tuple[Any, _Regular]] = {}  # id(method) -> (method, setting
 
 def regular_settings(method: Any) -> _Regular:
     """The :class:`_Regular` settings of a method
-    :func:`~dxopt.qp.api.lean_check.lean_method` accepts (cached per method object: a frozen
+    :func:`~dxopt.qp.lean.lean_check.lean_method` accepts (cached per method object: a frozen
     dataclass's hash would hash every field on each call)."""
     cached = _REGULAR.get(id(method))
     if cached is not None and cached[0] is method:

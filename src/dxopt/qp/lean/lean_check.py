@@ -1,7 +1,7 @@
 """What the lean routes take: the input check of one small dense CPU problem
 (:func:`small_inputs`), the lean backends (:data:`LEAN_BACKENDS`) and the backward methods the
 lean kernels compute (:func:`lean_method`). :func:`dxopt.qp.api.route.plan` reads these; the
-lean single path itself is :mod:`dxopt.qp.api.small`."""
+lean single path itself is :mod:`dxopt.qp.lean.small`."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def small_inputs(P: object, q: object, A: object, b: object, G: object, h: objec
     forward-mode AD level open (its dual tensors need the general path's ``jvp``). Anything
     else, bad input included, is left to the general path and its error messages. (The
     layout is not read here: a sparse or mkldnn tensor has no numpy view, and
-    :func:`dxopt.qp.api.small.small_forward` hands such a problem to the general path.)"""
+    :func:`dxopt.qp.lean.small.small_forward` hands such a problem to the general path.)"""
     if type(q) is not Tensor or type(P) is not Tensor:
         return False
     dtype = q.dtype
