@@ -176,3 +176,34 @@ def test_forward_mode_is_refused():
 
     with pytest.raises(RuntimeError, match="forward-mode"):
         torch.func.jvp(f, (q,), (torch.ones_like(q),))
+
+
+def test_jacrev_matches_eager():
+    P, q, A, b, G, h = _problem(seed=8)
+    backward = Smoothed(mu=1e-2)
+
+    def f(GG):
+        return qp.solve(P, q, A=A, b=b, G=GG, h=h, backward=backward).x
+
+    jac = torch.func.jacrev(f)(G)  # the torch.func path (AdjointSolve)
+    rows = []
+    for i in range(4):
+        Gi = G.clone().requires_grad_(True)
+        f(Gi)[i].backward()
+        rows.append(Gi.grad)
+    assert torch.allclose(jac, torch.stack(rows), rtol=1e-10, atol=1e-12)
+
+
+def test_cvxpy_layer_takes_smoothed():
+    cp = pytest.importorskip("cvxpy")
+    x = cp.Variable(2)
+    theta = cp.Parameter(2)
+    prob = cp.Problem(cp.Minimize(0.5 * cp.sum_squares(x) - theta @ x), [x <= 1.0])
+    layer = qp.CvxpyQPLayer(prob, [theta], [x], backward=Smoothed(mu=1e-2))
+    t = torch.tensor([0.95, 1.05], dtype=D, requires_grad=True)
+    (sol,) = layer(t)
+    sol.sum().backward()
+    # per coordinate: min 1/2 x^2 - t x - mu log(1 - x): dx/dt = (1 + (1 - t)/root) / 2
+    for k, tv in enumerate((0.95, 1.05)):
+        root = math.sqrt((1.0 - tv) ** 2 + 4e-2)
+        assert t.grad[k].item() == pytest.approx(0.5 * (1 + (1.0 - tv) / root), rel=1e-8)
