@@ -207,3 +207,20 @@ def test_cvxpy_layer_takes_smoothed():
     for k, tv in enumerate((0.95, 1.05)):
         root = math.sqrt((1.0 - tv) ** 2 + 4e-2)
         assert t.grad[k].item() == pytest.approx(0.5 * (1 + (1.0 - tv) / root), rel=1e-8)
+
+
+def test_sparse_matches_dense_and_keeps_the_pattern():
+    P, q, A, b, G, h = _problem(seed=9)
+    G = G * (G.abs() > 0.5)  # some structural zeros
+    out = []
+    for sparse in (False, True):
+        Pi, Gi = (P.to_sparse(), G.to_sparse()) if sparse else (P, G)
+        Gi = Gi.clone().requires_grad_(True)
+        qi = q.clone().requires_grad_(True)
+        sol = qp.solve(Pi, qi, A=A, b=b, G=Gi, h=h, backward=Smoothed(mu=1e-2))
+        sol.x.sum().backward()
+        out.append((qi.grad, Gi.grad))
+    assert torch.allclose(out[0][0], out[1][0], rtol=1e-9, atol=1e-12)
+    assert out[1][1].layout == torch.sparse_coo
+    dense = out[1][1].to_dense()
+    assert torch.allclose(dense, out[0][1] * (G != 0), rtol=1e-9, atol=1e-12)

@@ -49,7 +49,7 @@ against :math:`K` and its normwise backward error
 ``max_residual``. As :math:`\\mu \\to 0` at a nondegenerate solution (strict complementarity,
 LICQ, second-order sufficiency) :math:`x(\\mu) - x^\\star = O(\\mu)` and the gradient tends to
 the exact one at the same rate (Fiacco & McCormick, *Nonlinear Programming: Sequential
-Unconstrained Minimization Techniques*, 1968, thm. 14).
+Unconstrained Minimization Techniques*, 1968).
 """
 
 from __future__ import annotations
