@@ -224,3 +224,16 @@ def test_sparse_matches_dense_and_keeps_the_pattern():
     assert out[1][1].layout == torch.sparse_coo
     dense = out[1][1].to_dense()
     assert torch.allclose(dense, out[0][1] * (G != 0), rtol=1e-9, atol=1e-12)
+
+
+def test_failed_sample_gets_zero_gradient_and_others_are_unaffected():
+    P, G = torch.eye(1, dtype=D), torch.cat([torch.eye(1, dtype=D), -torch.eye(1, dtype=D)])
+    q = torch.tensor([-1.0], dtype=D)
+    # sample 1 is infeasible (x <= 0 and x >= 1)
+    h = torch.tensor([[0.5, 0.0], [0.0, -1.0]], dtype=D, requires_grad=True)
+    sol = qp.solve(P, q, G=G, h=h, backward=Smoothed(mu=1e-2), on_failure="nan")
+    torch.nan_to_num(sol.x).sum().backward()
+    assert torch.equal(h.grad[1], torch.zeros(2, dtype=D))
+    h0 = h[:1].detach().clone().requires_grad_(True)
+    qp.solve(P, q, G=G, h=h0, backward=Smoothed(mu=1e-2)).x.sum().backward()
+    assert torch.allclose(h.grad[0], h0.grad[0], rtol=1e-12, atol=1e-14)

@@ -65,6 +65,9 @@ from dxopt._core.validate import check_int, check_positive
 from dxopt.linalg.schur import SchurFactor, schur_factor
 from dxopt.qp.certify.active import ActiveSet
 from dxopt.qp.certify.tolerances import (
+    SMOOTHED_ARMIJO,
+    SMOOTHED_BOUNDARY,
+    SMOOTHED_HALVINGS,
     SMOOTHED_MAX_NEWTON,
     SMOOTHED_MAX_RESIDUAL,
     SMOOTHED_NEWTON_TOL,
@@ -77,9 +80,6 @@ from dxopt.qp.problem.types import BackwardDiagnostics, QPBackwardError
 __all__ = ["BarrierData", "BarrierPoint", "Smoothed", "barrier_adjoint", "central_path"]
 
 _F64 = torch.float64
-_BOUNDARY = 0.995  # fraction-to-the-boundary factor of the Newton step
-_ARMIJO = 1e-4
-_HALVINGS = 40
 
 
 def _mv(M: Tensor, v: Tensor) -> Tensor:
@@ -219,13 +219,13 @@ def central_path(
         step = torch.ones(x.shape[0], dtype=_F64)
         if ds.shape[-1]:
             ratio = torch.cat([s / (-ds).clamp(min=1e-300), lam / (-dlam).clamp(min=1e-300)], -1)
-            step = (_BOUNDARY * ratio.amin(-1)).clamp(max=1.0)
+            step = (SMOOTHED_BOUNDARY * ratio.amin(-1)).clamp(max=1.0)
         taken = torch.zeros_like(step)
         pending = torch.ones_like(step, dtype=torch.bool)
-        for _ in range(_HALVINGS):
+        for _ in range(SMOOTHED_HALVINGS):
             c = step[:, None]
             _, _, trial = _residual(d, x + c * dx, s + c * ds, lam + c * dlam, y + c * dy, mu)
-            good = pending & (trial <= (1.0 - 2.0 * _ARMIJO * step) * merit)
+            good = pending & (trial <= (1.0 - 2.0 * SMOOTHED_ARMIJO * step) * merit)
             taken = torch.where(good, step, taken)
             pending &= ~good
             if not bool(pending.any()):

@@ -201,3 +201,9 @@ SMOOTHED_REFINE_STEPS = 4
 """Iterative-refinement steps of the barrier adjoint solve against the barrier KKT matrix."""
 SMOOTHED_MAX_RESIDUAL = 1e-10
 """Largest normwise backward error of the barrier adjoint solve accepted as a gradient."""
+SMOOTHED_BOUNDARY = 0.995
+"""Fraction-to-the-boundary factor of the barrier Newton step (keeps ``s, lambda > 0``)."""
+SMOOTHED_ARMIJO = 1e-4
+"""Sufficient-decrease constant of the barrier Newton's backtracking on ``||F||^2``."""
+SMOOTHED_HALVINGS = 40
+"""Step halvings of that backtracking before the smallest step is taken."""
