@@ -124,6 +124,12 @@ class BarrierData:
         A, b = mat("A", problem.p), vec("b", problem.p)
         return BarrierData(P[idx], q[idx], G[idx], h[idx], A[idx], b[idx])
 
+    def take(self, idx: Tensor) -> BarrierData:
+        """The samples ``idx``."""
+        return BarrierData(
+            self.P[idx], self.q[idx], self.G[idx], self.h[idx], self.A[idx], self.b[idx]
+        )
+
 
 @dataclass(frozen=True)
 class BarrierPoint:
@@ -220,18 +226,25 @@ def central_path(
         if ds.shape[-1]:
             ratio = torch.cat([s / (-ds).clamp(min=1e-300), lam / (-dlam).clamp(min=1e-300)], -1)
             step = (SMOOTHED_BOUNDARY * ratio.amin(-1)).clamp(max=1.0)
-        taken = torch.zeros_like(step)
-        pending = torch.ones_like(step, dtype=torch.bool)
+        taken = step.clone()  # samples that find no decrease keep the smallest step
+        todo = torch.arange(x.shape[0])  # the samples still backtracking
+        sub = d
         for _ in range(SMOOTHED_HALVINGS):
-            c = step[:, None]
-            _, _, trial = _residual(d, x + c * dx, s + c * ds, lam + c * dlam, y + c * dy, mu)
-            good = pending & (trial <= (1.0 - 2.0 * SMOOTHED_ARMIJO * step) * merit)
-            taken = torch.where(good, step, taken)
-            pending &= ~good
-            if not bool(pending.any()):
+            c = step[todo, None]
+            _, _, trial = _residual(
+                sub, x[todo] + c * dx[todo], s[todo] + c * ds[todo],
+                lam[todo] + c * dlam[todo], y[todo] + c * dy[todo], mu,
+            )  # fmt: skip
+            good = trial <= (1.0 - 2.0 * SMOOTHED_ARMIJO * step[todo]) * merit[todo]
+            taken[todo] = step[todo]
+            if bool(good.all()):
                 break
-            step = torch.where(pending, 0.5 * step, step)
-        c = torch.where(pending, step, taken)[:, None]  # no decrease: the smallest step
+            keep = torch.nonzero(~good).flatten()
+            todo = todo[keep]
+            sub = sub.take(keep)
+            step[todo] = 0.5 * step[todo]
+            taken[todo] = step[todo]
+        c = taken[:, None]
         x, s, lam, y = x + c * dx, s + c * ds, lam + c * dlam, y + c * dy
     bad = torch.nonzero(~(rel <= tol)).flatten().tolist()
     raise QPBackwardError(
