@@ -227,9 +227,11 @@ def central_path(
             ratio = torch.cat([s / (-ds).clamp(min=1e-300), lam / (-dlam).clamp(min=1e-300)], -1)
             step = (SMOOTHED_BOUNDARY * ratio.amin(-1)).clamp(max=1.0)
         taken = step.clone()  # samples that find no decrease keep the smallest step
-        todo = torch.arange(x.shape[0])  # the samples still backtracking
-        sub = d
-        for _ in range(SMOOTHED_HALVINGS):
+        # the samples still backtracking: converged ones take the plain Newton step (their
+        # merit is at round-off and need not decrease)
+        todo = torch.nonzero(~(rel <= tol)).flatten()
+        sub = d.take(todo)
+        for _ in range(SMOOTHED_HALVINGS if todo.numel() else 0):
             c = step[todo, None]
             _, _, trial = _residual(
                 sub, x[todo] + c * dx[todo], s[todo] + c * ds[todo],
