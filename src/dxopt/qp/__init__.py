@@ -9,7 +9,9 @@ dense or sparse, float32 or float64, with either
   arXiv 2602.14154) with per-row weights, β derived from the achieved accuracy and iterative
   refinement against the exact KKT adjoint, or
 - :class:`KKTBackward`: exact implicit differentiation of the reduced KKT system on the active
-  set (Amos & Kolter, arXiv 1703.00443), the accuracy reference.
+  set (Amos & Kolter, arXiv 1703.00443), the accuracy reference, or
+- :class:`Smoothed` (opt-in): the exact derivative of the log-barrier (central-path) solution
+  at a small ``mu``, continuous where the active set switches.
 
 When the active constraint rows are linearly dependent (LICQ fails) both methods return the
 same minimum-norm multiplier adjoint (exact :math:`\\partial L/\\partial q`,
@@ -34,6 +36,7 @@ from dxopt.qp.api.warmup import warmup as warmup
 from dxopt.qp.backward.base import BackwardBase as BackwardBase
 from dxopt.qp.backward.kkt import KKTBackward as KKTBackward
 from dxopt.qp.backward.penalty import PenaltyBackward as PenaltyBackward
+from dxopt.qp.backward.smoothed import Smoothed as Smoothed
 from dxopt.qp.problem.contracts import BackwardMethod as BackwardMethod
 from dxopt.qp.problem.types import BackwardDiagnostics as BackwardDiagnostics
 from dxopt.qp.problem.types import QPBackwardError as QPBackwardError
@@ -74,6 +77,7 @@ __all__ = [
     "QPSolution",
     "QPSolveError",
     "QPStatus",
+    "Smoothed",
     "WarmupReport",
     "from_cvxpy",
     "solve",

@@ -245,7 +245,8 @@ class AdjointSolve(_FirstOrderOnly):
         shape = tuple(idx.shape)
         nu = data.ineq_duals if adj.ineq_duals is None else adj.ineq_duals
         mu = data.eq_duals if adj.eq_duals is None else adj.eq_duals
-        outs = (adj.u, adj.w_ineq * used, adj.w_eq, data.x, nu * used, mu)
+        x = data.x if adj.x is None else adj.x
+        outs = (adj.u, adj.w_ineq * used, adj.w_eq, x, nu * used, mu)
         return tuple(t.reshape(*shape, t.shape[-1]) for t in outs)
 
     @staticmethod
@@ -377,6 +378,11 @@ class TangentSolve(_FirstOrderOnly):
         tangents = args[:6]
         idx, call = args[6], args[7]
         state = call.state
+        if getattr(state.method, "name", "") == "smoothed":
+            raise RuntimeError(
+                "dxopt.qp: forward-mode differentiation (jvp, torch.func.jacfwd) is not "
+                "implemented for backward=Smoothed(...); use reverse mode (backward, jacrev)."
+            )
         base = adjoint_input(state, idx.reshape(-1), None, None, None)
         regular = _regular_tangent(state, base, tangents)
         if regular is not None:  # independent active rows: the rule plays no part

@@ -82,7 +82,7 @@ def parameter_gradients(
     """Gradients for ``(P, q, A, b, G, h)`` in the inputs' dtype, device and layout
     (``None`` where ``needs`` is False, so unneeded n x n products are skipped)."""
     problem = data.problem
-    x, u = data.x, adj.u
+    x, u = (data.x if adj.x is None else adj.x), adj.u
     grads: list[Tensor | None] = [None] * 6
     if needs[0]:
         grads[0] = _outer_sum([(u, x), (x, u)], problem.P, -0.5)

@@ -195,3 +195,21 @@ def row_tolerance(eps_abs: float, rel: float, scale: Any, row_scale: Any, row_no
         common = torch.as_tensor(common, dtype=own.dtype)
         return row_floor(eps_abs, row_scale, row_norm) + torch.minimum(own, common) + 1e-300
     return row_floor(eps_abs, row_scale, row_norm) + np.minimum(own, common) + 1e-300
+
+
+# --- the smoothed (log-barrier) backward, :class:`dxopt.qp.Smoothed` ---------------------------
+SMOOTHED_NEWTON_TOL = 1e-12
+"""Relative residual of the central-path equations at which the barrier Newton stops
+(:mod:`dxopt.qp.backward.smoothed`): each block over its own scale (module docstring there)."""
+SMOOTHED_MAX_NEWTON = 100
+"""Newton steps of the barrier solve before it is reported as not converged."""
+SMOOTHED_REFINE_STEPS = 4
+"""Iterative-refinement steps of the barrier adjoint solve against the barrier KKT matrix."""
+SMOOTHED_MAX_RESIDUAL = 1e-10
+"""Largest normwise backward error of the barrier adjoint solve accepted as a gradient."""
+SMOOTHED_BOUNDARY = 0.995
+"""Fraction-to-the-boundary factor of the barrier Newton step (keeps ``s, lambda > 0``)."""
+SMOOTHED_ARMIJO = 1e-4
+"""Sufficient-decrease constant of the barrier Newton's backtracking on ``||F||^2``."""
+SMOOTHED_HALVINGS = 40
+"""Step halvings of that backtracking before the smallest step is taken."""

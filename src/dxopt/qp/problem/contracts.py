@@ -137,7 +137,8 @@ class AdjointInput:
 class AdjointSolution:
     """:math:`(u, w_J, w_E)` with :math:`w_J` zero off the rows in ``active.used``;
     ``ineq_duals``/``eq_duals`` the multipliers the gradient formulas use where the degenerate
-    rule chose them (``None``: the forward's)."""
+    rule chose them (``None``: the forward's); ``x`` likewise the point (``None``: the
+    forward's)."""
 
     u: Tensor
     w_ineq: Tensor
@@ -146,6 +147,9 @@ class AdjointSolution:
     residual: Tensor
     ineq_duals: Tensor | None = None
     eq_duals: Tensor | None = None
+    #: the point the gradient formulas use (``None``: the forward's ``x``); the smoothed
+    #: backward's barrier solution (:mod:`dxopt.qp.backward.smoothed`)
+    x: Tensor | None = None
 
 
 @runtime_checkable

@@ -182,7 +182,8 @@ class QPOptions:
             raise ValueError(
                 f"backward: expected 'penalty', 'kkt' or a backward method (an object with a "
                 f"`name` and a `solve_adjoint(data, diagnostics)` method, e.g. "
-                f"PenaltyBackward(), KKTBackward() or a subclass of dxopt.qp.BackwardBase), "
+                f"PenaltyBackward(), KKTBackward(), Smoothed(mu=1e-3) or a subclass of "
+                f"dxopt.qp.BackwardBase), "
                 f"got {backward!r}."
             )
         for tol_name in ("eps_abs", "eps_rel"):
