@@ -56,6 +56,7 @@ from dxopt.qp.solvers.kernels.batch import (
     lean_adjoint_batch,
     prepare_batch,
 )
+from dxopt.qp.solvers.kernels.certify import may_be_dependent_batch
 
 __all__ = [
     "COMPILED_MAX_ENTRIES",
@@ -236,22 +237,14 @@ def _select_batch(
 ) -> None:
     """:func:`dxopt.qp.certify.multipliers.select_multipliers` on the samples whose exact
     working set may miss an active row (a zero multiplier on a row of ``A`` or on a zero-slack
-    row of ``G``; one vectorised test): the caller's ``outputs = (X, MU, NU)`` and the saved
+    row of ``G``; one compiled pass, :func:`may_be_dependent_batch`): the caller's ``outputs = (X, MU, NU)`` and the saved
     ``duals = [nu; mu]`` take the minimum-norm multipliers in place, and a changed sample's
     compiled factors are not reused (``given`` False: its backward factors its own rows)."""
     from dxopt.qp.certify.multipliers import note_not_selected, select_multipliers
 
     _, MU, NU = outputs
     p = C.shape[1] - m
-    maybe = np.zeros(X.shape[0], dtype=bool)
-    if p:
-        maybe |= (MU == 0).any(-1)
-    if m:
-        gx = np.matmul(C[:, :m], X[:, :, None])[:, :, 0]
-        h = upper[:, :m]
-        scale = np.maximum(np.abs(gx).max(-1), np.abs(h).max(-1))
-        t_p = eps_abs + max(eps_rel, RELATIVE_FLOOR) * scale
-        maybe |= ((h - gx <= t_p[:, None]) & (g_inf > 0) & ~(NU > 0)).any(-1)
+    maybe = may_be_dependent_batch(C, upper, m, X, duals, eps_abs, max(eps_rel, RELATIVE_FLOOR))
     refused = []
     for i in np.flatnonzero(maybe).tolist():
         Ci = C[i]

@@ -26,7 +26,7 @@ from numba import njit
 
 from dxopt.qp.certify.tolerances import EVALUATION_ROUNDOFF, LEAN_MARGIN_FACTOR, ROW_FLOOR
 
-__all__ = ["certify_point", "may_be_dependent"]
+__all__ = ["certify_point", "may_be_dependent", "may_be_dependent_batch"]
 
 _jit: Any = njit(cache=True, nogil=True)
 # sums that may be reassociated (vectorised): their values are held against margins and
@@ -466,3 +466,22 @@ def may_be_dependent(
             if nonzero:
                 return True
     return False
+
+
+@_jit
+def may_be_dependent_batch(
+    C: np.ndarray,
+    upper: np.ndarray,
+    m: int,
+    X: np.ndarray,
+    duals: np.ndarray,
+    eps_abs: float,
+    rel: float,
+) -> np.ndarray:
+    """:func:`may_be_dependent` for every sample of a batch (``C`` (B, rows, n), ``upper``
+    (B, rows), ``X`` (B, n), ``duals`` (B, rows) = ``[nu; mu]``), in one compiled pass."""
+    batch = X.shape[0]
+    out = np.zeros(batch, dtype=np.bool_)
+    for i in range(batch):
+        out[i] = may_be_dependent(C[i], upper[i], m, X[i], duals[i], eps_abs, rel)
+    return out
