@@ -28,7 +28,15 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from benchmarks.dfl.methods import PYEPO_METHODS, Hyper, SolveCounter, Trainer, train_lockstep
+from benchmarks.dfl.methods import (
+    PYEPO_METHODS,
+    Hyper,
+    SolveCounter,
+    Trainer,
+    oracle_method_loss,
+    train_lockstep,
+)
+from benchmarks.dfl.methods import pyepo_loss as methods_pyepo_loss
 
 TASKS = ("knapsack", "scheduling")
 METHODS = ("2S", "SPO+", "DBB", "PFYL", "NCE", "QPTL")
@@ -154,15 +162,6 @@ def pyepo_optimum(optmodel: Any, c: Tensor) -> tuple[np.ndarray, float]:
 # --------------------------------------------------------------------------------------------
 
 
-def _regret(x: Tensor, c: Tensor, z: Tensor, minimize: bool) -> Tensor:
-    obj = (x * c).sum(dim=1, keepdim=True)
-    return (obj - z if minimize else z - obj).mean()
-
-
-def _mse(c_hat: Tensor, c: Tensor, w: Tensor, z: Tensor) -> Tensor:
-    return nn.functional.mse_loss(c_hat, c)
-
-
 def fresh_oracle(oracle: Any) -> Any:
     """A new oracle on the same problem (its own call count and solver state)."""
     from dxopt import dfl
@@ -174,29 +173,13 @@ def fresh_oracle(oracle: Any) -> Any:
 
 def dxopt_loss(method: str, inst: JairInstance, hp: Hyper, seed: int) -> tuple[Any, Any]:
     """dxopt's ``method`` on the task's oracle (a fresh one: its own call count)."""
-    from dxopt import dfl
-
-    oracle = fresh_oracle(inst.task.oracle)
-    count = lambda: int(oracle.cost.forwards)  # noqa: E731
-    if method == "2S":
-        return _mse, count
-    if method == "SPO+":
-        spo = dfl.SPOPlus(oracle)
-        return (lambda c_hat, c, w, z: spo(c_hat, c, w, z)), count
-    if method == "DBB":
-        dbb = dfl.DBB(oracle, lambd=hp.lambd)
-        return (lambda c_hat, c, w, z: _regret(dbb(c_hat), c, z, inst.minimize)), count
-    if method == "PFYL":
-        pfy = dfl.PerturbedFenchelYoung(oracle, n_samples=hp.n_samples, sigma=hp.sigma, seed=seed)
-        return (lambda c_hat, c, w, z: pfy(c_hat, w)), count
-    if method == "NCE":
-        pool = dfl.SolutionPool(inst.w_train, sense=oracle.sense)
-        nce = dfl.NCE(oracle, pool, solve_ratio=hp.solve_ratio, seed=seed)
-        return (lambda c_hat, c, w, z: nce(c_hat, w)), count
     if method == "QPTL":
         layer = qptl_layer(inst, hp)
         return (lambda c_hat, c, w, z: layer.regret_loss(c_hat, c, z)), lambda: layer.cost.forwards
-    raise ValueError(f"methods: expected names from {METHODS}, got {method!r}.")
+    if method not in PYEPO_METHODS:
+        raise ValueError(f"methods: expected names from {METHODS}, got {method!r}.")
+    oracle = fresh_oracle(inst.task.oracle)
+    return oracle_method_loss(method, oracle, inst, hp, seed), lambda: int(oracle.cost.forwards)
 
 
 def qptl_layer(inst: JairInstance, hp: Hyper) -> Any:
@@ -223,28 +206,10 @@ def qptl_layer(inst: JairInstance, hp: Hyper) -> Any:
 
 
 def pyepo_loss(method: str, optmodel: Any, inst: JairInstance, hp: Hyper, seed: int) -> Any:
-    """PyEPO's ``method`` (``pyepo.func``) on the ``optGrbModel``."""
-    import pyepo
-
-    if method == "2S":
-        return _mse
-    if method == "SPO+":
-        spo = pyepo.func.SPOPlus(optmodel, processes=1)
-        return lambda c_hat, c, w, z: spo(c_hat, c, w, z)
-    if method == "DBB":
-        dbb = pyepo.func.blackboxOpt(optmodel, lambd=hp.lambd, processes=1)
-        return lambda c_hat, c, w, z: _regret(dbb(c_hat), c, z, inst.minimize)
-    if method == "PFYL":
-        pfy = pyepo.func.perturbedFenchelYoung(
-            optmodel, n_samples=hp.n_samples, sigma=hp.sigma, processes=1, seed=seed
-        )
-        return lambda c_hat, c, w, z: pfy(c_hat, w)
-    if method == "NCE":
-        nce = pyepo.func.NCE(
-            optmodel, processes=1, solve_ratio=hp.solve_ratio, dataset=_pool_dataset(optmodel, inst)
-        )
-        return lambda c_hat, c, w, z: nce(c_hat, w)
-    raise ValueError(f"method: PyEPO has {PYEPO_METHODS}, got {method!r}.")
+    """PyEPO's ``method`` (``pyepo.func``) on the ``optGrbModel``; NCE's pool is PyEPO's own
+    ``optDataset`` of the training days."""
+    train_ds = _pool_dataset(optmodel, inst) if method == "NCE" else None
+    return methods_pyepo_loss(method, optmodel, inst, train_ds, hp, seed)
 
 
 def _pool_dataset(optmodel: Any, inst: JairInstance) -> Any:

@@ -97,13 +97,13 @@ class TrainRecord:
         return sum(calls) / max(len(calls), 1)
 
 
-def _regret_loss(x: Tensor, c: Tensor, z: Tensor, minimize: bool) -> Tensor:
+def regret_loss(x: Tensor, c: Tensor, z: Tensor, minimize: bool) -> Tensor:
     """Mean regret of decisions ``x`` under the true costs: ``c'x - z*`` (min), ``z* - c'x``."""
     obj = (x * c).sum(dim=1, keepdim=True)
     return (obj - z if minimize else z - obj).mean()
 
 
-def _mse(c_hat: Tensor, c: Tensor, w: Tensor, z: Tensor) -> Tensor:
+def mse_loss(c_hat: Tensor, c: Tensor, w: Tensor, z: Tensor) -> Tensor:
     return nn.functional.mse_loss(c_hat, c)
 
 
@@ -133,13 +133,13 @@ def pyepo_loss(
     import pyepo
 
     if method == "2S":
-        return _mse
+        return mse_loss
     if method == "SPO+":
         spo = pyepo.func.SPOPlus(optmodel, processes=1)
         return lambda c_hat, c, w, z: spo(c_hat, c, w, z)
     if method == "DBB":
         dbb = pyepo.func.blackboxOpt(optmodel, lambd=hp.lambd, processes=1)
-        return lambda c_hat, c, w, z: _regret_loss(dbb(c_hat), c, z, inst.minimize)
+        return lambda c_hat, c, w, z: regret_loss(dbb(c_hat), c, z, inst.minimize)
     if method == "PFYL":
         pfy = pyepo.func.perturbedFenchelYoung(
             optmodel, n_samples=hp.n_samples, sigma=hp.sigma, processes=1, seed=seed
@@ -197,28 +197,34 @@ def qptl_layer(inst: Instance, hp: Hyper) -> Any:
 def dxopt_loss(method: str, inst: Instance, hp: Hyper, seed: int) -> tuple[Loss, Callable[[], int]]:
     """dxopt's implementation of ``method`` (``dxopt.dfl``) and a counter of its solves (the
     oracle's cost vectors; QPTL: the QPs solved by its layer)."""
-    from dxopt import dfl
 
     if method == "QPTL":
         layer = qptl_layer(inst, hp)
         return (lambda c_hat, c, w, z: layer.regret_loss(c_hat, c, z)), lambda: layer.cost.forwards
     oracle = dxopt_oracle(inst)
-    count = lambda: oracle_calls(oracle)  # noqa: E731
+    return oracle_method_loss(method, oracle, inst, hp, seed), lambda: oracle_calls(oracle)
+
+
+def oracle_method_loss(method: str, oracle: Any, inst: Any, hp: Hyper, seed: int) -> Loss:
+    """dxopt's ``method`` (2S, SPO+, DBB, PFYL or NCE) on ``oracle``; ``inst`` gives the
+    training solutions ``w_train`` (NCE's pool) and the sense ``minimize`` (DBB's regret)."""
+    from dxopt import dfl
+
     if method == "2S":
-        return _mse, count
+        return mse_loss
     if method == "SPO+":
         spo = dfl.SPOPlus(oracle)
-        return (lambda c_hat, c, w, z: spo(c_hat, c, w, z)), count
+        return lambda c_hat, c, w, z: spo(c_hat, c, w, z)
     if method == "DBB":
         dbb = dfl.DBB(oracle, lambd=hp.lambd)
-        return (lambda c_hat, c, w, z: _regret_loss(dbb(c_hat), c, z, inst.minimize)), count
+        return lambda c_hat, c, w, z: regret_loss(dbb(c_hat), c, z, inst.minimize)
     if method == "PFYL":
         pfy = dfl.PerturbedFenchelYoung(oracle, n_samples=hp.n_samples, sigma=hp.sigma, seed=seed)
-        return (lambda c_hat, c, w, z: pfy(c_hat, w)), count
+        return lambda c_hat, c, w, z: pfy(c_hat, w)
     if method == "NCE":
         pool = dfl.SolutionPool(inst.w_train, sense=oracle.sense)
         nce = dfl.NCE(oracle, pool, solve_ratio=hp.solve_ratio, seed=seed)
-        return (lambda c_hat, c, w, z: nce(c_hat, w)), count
+        return lambda c_hat, c, w, z: nce(c_hat, w)
     raise ValueError(f"method: expected one of {METHODS}, got {method!r}.")
 
 

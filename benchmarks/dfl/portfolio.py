@@ -34,9 +34,9 @@ from benchmarks.dfl.methods import (
     Loss,
     SolveCounter,
     Trainer,
-    _regret_loss,
     linear_model,
     pyepo_loss,
+    regret_loss,
     train_lockstep,
 )
 
@@ -87,7 +87,7 @@ def dxopt_portfolio_loss(
 
         def smooth(c_hat: torch.Tensor, c: Any, w: Any, z: torch.Tensor) -> torch.Tensor:
             calls[0] += c_hat.shape[0]
-            return _regret_loss(layer(c_hat), c, z, minimize=False)
+            return regret_loss(layer(c_hat), c, z, minimize=False)
 
         return smooth, lambda: calls[0]
     oracle = dfl.PortfolioOracle(cov, gamma=GAMMA)
@@ -99,7 +99,7 @@ def dxopt_portfolio_loss(
         return (lambda c_hat, c, w, z: spo(c_hat, c, w, z)), count
     if method == "DBB":
         dbb = dfl.DBB(oracle, lambd=hp.lambd)
-        return (lambda c_hat, c, w, z: _regret_loss(dbb(c_hat), c, z, False)), count
+        return (lambda c_hat, c, w, z: regret_loss(dbb(c_hat), c, z, False)), count
     if method == "PFYL":
         pfy = dfl.PerturbedFenchelYoung(oracle, n_samples=hp.n_samples, sigma=hp.sigma, seed=seed)
         return (lambda c_hat, c, w, z: pfy(c_hat, w)), count
