@@ -237,9 +237,10 @@ def _select_batch(
 ) -> None:
     """:func:`dxopt.qp.certify.multipliers.select_multipliers` on the samples whose exact
     working set may miss an active row (a zero multiplier on a row of ``A`` or on a zero-slack
-    row of ``G``; one compiled pass, :func:`may_be_dependent_batch`): the caller's ``outputs = (X, MU, NU)`` and the saved
-    ``duals = [nu; mu]`` take the minimum-norm multipliers in place, and a changed sample's
-    compiled factors are not reused (``given`` False: its backward factors its own rows)."""
+    row of ``G``; one compiled pass, :func:`may_be_dependent_batch`): the caller's
+    ``outputs = (X, MU, NU)`` and the saved ``duals = [nu; mu]`` take the minimum-norm
+    multipliers in place, and a changed sample's compiled factors are not reused (``given``
+    False: its backward factors its own rows)."""
     from dxopt.qp.certify.multipliers import note_not_selected, select_multipliers
 
     _, MU, NU = outputs
