@@ -82,6 +82,39 @@ def pyepo_model(
     return model
 
 
+def instance_from(
+    train: Any,
+    x_test: Any,
+    c_test: Any,
+    *,
+    problem: str,
+    deg: int,
+    seed: int,
+    noise: float,
+    weights: Any,
+    capacity: Any,
+    minimize: bool,
+) -> Instance:
+    """An :class:`Instance` from PyEPO's training ``optDataset`` (features, costs, optimal
+    solutions and objectives, as float32) and the test features and costs."""
+    f32 = torch.float32
+    return Instance(
+        problem=problem,
+        deg=deg,
+        seed=seed,
+        noise=noise,
+        x_train=train.feats.to(f32),
+        c_train=train.costs.to(f32),
+        w_train=train.sols.to(f32),
+        z_train=train.objs.to(f32).reshape(-1, 1),
+        x_test=torch.as_tensor(x_test, dtype=f32),
+        c_test=torch.as_tensor(c_test, dtype=f32),
+        weights=weights,
+        capacity=capacity,
+        minimize=minimize,
+    )
+
+
 def make_instance(
     problem: str,
     deg: int,
@@ -110,18 +143,14 @@ def make_instance(
         raise ValueError(f"problem: expected one of {PROBLEMS}, got {problem!r}.")
     model = pyepo_model(problem, weights, capacity)
     train = _quiet(pyepo.data.dataset.optDataset, model, x[:num_train], c[:num_train])
-    f32 = torch.float32
-    inst = Instance(
+    inst = instance_from(
+        train,
+        x[num_train:],
+        c[num_train:],
         problem=problem,
         deg=deg,
         seed=seed,
         noise=noise,
-        x_train=train.feats.to(f32),
-        c_train=train.costs.to(f32),
-        w_train=train.sols.to(f32),
-        z_train=train.objs.to(f32).reshape(-1, 1),
-        x_test=torch.as_tensor(x[num_train:], dtype=f32),
-        c_test=torch.as_tensor(c[num_train:], dtype=f32),
         weights=weights,
         capacity=capacity,
         minimize=problem == "sp",

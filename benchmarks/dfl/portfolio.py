@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from benchmarks.common import machine_info, machine_line, markdown_table, set_threads, write_json
-from benchmarks.dfl.data import NUM_FEAT, Instance, _quiet
+from benchmarks.dfl.data import NUM_FEAT, Instance, _quiet, instance_from
 from benchmarks.dfl.methods import (
     PYEPO_METHODS,
     Hyper,
@@ -56,18 +56,14 @@ def make_portfolio(
     )
     model = _quiet(pyepo.model.grb.portfolioModel, num_assets, cov, gamma=GAMMA)
     train = _quiet(pyepo.data.dataset.optDataset, model, x[:num_train], r[:num_train])
-    f32 = torch.float32
-    inst = Instance(
+    inst = instance_from(
+        train,
+        x[num_train:],
+        r[num_train:],
         problem="pf",
         deg=deg,
         seed=seed,
         noise=noise,
-        x_train=train.feats.to(f32),
-        c_train=train.costs.to(f32),
-        w_train=train.sols.to(f32),
-        z_train=train.objs.to(f32).reshape(-1, 1),
-        x_test=torch.as_tensor(x[num_train:], dtype=f32),
-        c_test=torch.as_tensor(r[num_train:], dtype=f32),
         weights=None,
         capacity=None,
         minimize=False,
