@@ -17,6 +17,7 @@ import dxopt.qp as dqp
 import dxopt.qp.api.route as api
 from dxopt.qp.lean import lean_check
 from dxopt.qp.lean import small as _small
+from dxopt.qp.problem.options import QPOptions
 
 NAMES = ("P", "q", "A", "b", "G", "h")
 
@@ -312,7 +313,7 @@ def test_inputs_outside_the_lean_path():
     general = lambda point: None  # noqa: E731
     for sparse in (P.to_sparse(), P.to_sparse_csr()):
         data = (sparse, q, None, None, None, None)
-        assert _small.small_forward(data, eps_abs=1e-9, eps_rel=0.0, general=general) is None
+        assert _small.small_forward(data, QPOptions(), general=general) is None
         assert torch.allclose(dqp.solve(**dict(zip("PqAbGh", data))).x, -q)
     assert not lean_check.small_inputs(P, q.float(), None, None, None, None)  # mixed dtypes
     big = torch.eye(lean_check.SMALL_MAX_N + 1, dtype=torch.float64)

@@ -19,7 +19,7 @@ import qpsolvers
 import torch
 
 import dxopt.qp as dqp
-import dxopt.qp.solvers.chain as chain
+import dxopt.qp.solvers.backends as backends
 from dxopt.qp.certify.certificates import NEAR_MISS, diagnose
 from dxopt.qp.problem.canonical import canonical_problem
 from dxopt.qp.solvers.attempts import fallback_chain
@@ -55,7 +55,7 @@ def test_attempts_are_values_with_what_each_accepts() -> None:
 
 
 def _near_miss_polish(monkeypatch: pytest.MonkeyPatch, factor: float) -> None:
-    real = chain.polish_solution
+    real = backends.polish_solution
 
     def near_miss(*args, **kw):  # type: ignore[no-untyped-def]
         res = real(*args, **kw)
@@ -63,7 +63,7 @@ def _near_miss_polish(monkeypatch: pytest.MonkeyPatch, factor: float) -> None:
         assert not cert.ok
         return dataclasses.replace(res, certificate=cert)
 
-    monkeypatch.setattr(chain, "polish_solution", near_miss)
+    monkeypatch.setattr(backends, "polish_solution", near_miss)
 
 
 def test_a_near_miss_everywhere_is_inaccurate_with_the_factor_not_max_iter(

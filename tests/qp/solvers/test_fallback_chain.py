@@ -10,7 +10,7 @@ import qpsolvers
 import torch
 
 import dxopt.qp as dqp
-import dxopt.qp.solvers.chain as chain
+import dxopt.qp.solvers.backends as backends
 import dxopt.qp.solvers.forward as fwd
 
 pytestmark = pytest.mark.skipif(
@@ -59,7 +59,7 @@ def test_looser_attempt_skipped_when_the_strict_point_certified(
     the chain, but not to the same backend at a looser stop, which cannot settle it; with no
     settled point anywhere, the first gap-certified point is kept."""
     calls: list[tuple[str, float]] = []
-    real_solve, real_polish = qpsolvers.solve_problem, chain.polish_solution
+    real_solve, real_polish = qpsolvers.solve_problem, backends.polish_solution
 
     def solve_problem(problem, solver, **kw):  # type: ignore[no-untyped-def]
         calls.append((solver, kw.get("eps_abs", kw.get("tol_feas", kw.get("primal_tol")))))
@@ -72,7 +72,7 @@ def test_looser_attempt_skipped_when_the_strict_point_certified(
         return dataclasses.replace(res, certificate=cert)
 
     monkeypatch.setattr(qpsolvers, "solve_problem", solve_problem)
-    monkeypatch.setattr(chain, "polish_solution", unsettled_polish)
+    monkeypatch.setattr(backends, "polish_solution", unsettled_polish)
     P, q, G, h = _scaled_qp(1.0)
     sol = dqp.solve(P.to_sparse_csr(), q, G=G.to_sparse_csr(), h=h, solver="piqp")
     assert sol.status[0] is dqp.QPStatus.SOLVED

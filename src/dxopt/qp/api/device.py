@@ -53,14 +53,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from dxopt.qp.autograd.torch_entry import torch_options
 from dxopt.qp.autograd.torch_function import TorchCall, torch_qp_differentiable
 from dxopt.qp.problem.canonical import QPProblem
 from dxopt.qp.problem.contracts import BackwardMethod
 from dxopt.qp.problem.functorch import BASES, forward_ad_dual
+from dxopt.qp.problem.options import QPOptions
 from dxopt.qp.problem.types import BackwardDiagnostics, QPInfo, QPSolution, QPSolveError, QPStatus
 from dxopt.qp.solvers.torch_driver import batch_inputs, solve_detached
-from dxopt.qp.solvers.torch_types import code, decode
+from dxopt.qp.solvers.torch_types import TorchOptions, code, decode
 
 __all__ = ["solve_torch"]
 
@@ -73,17 +73,11 @@ _VERDICTS = (QPStatus.INFEASIBLE, QPStatus.UNBOUNDED)
 def solve_torch(
     problem: QPProblem | None,
     inputs: _Inputs,
+    options: QPOptions,
     *,
-    eps_abs: float,
-    eps_rel: float,
-    on_failure: str,
-    solver_options: dict[str, Any] | None,
-    polish: bool,
     m_user: int | None,
     bounds: tuple[int, int, bool, bool] | None = None,
     validate: Callable[..., Any] | None = None,
-    backward: str | BackwardMethod = "penalty",
-    fallback: bool = True,
     cpu_solve: Callable[..., QPSolution],
 ) -> QPSolution:
     """Solve and differentiate a dense batch with the torch solver, on the inputs' device.
@@ -97,36 +91,32 @@ def solve_torch(
         m_user: the number of rows of the user's ``G`` (``None`` without ``G``).
         bounds: ``(k_lb, k_ub, has_lb, has_ub)`` when ``lb``/``ub`` were given: the
             multipliers of the appended bound rows are split off into ``lb_duals``/``ub_duals``.
-        backward: the backward's name (``"penalty"`` or ``"kkt"``) for the samples sent to
-            the CPU path.
-        fallback: send the samples the torch solver does not certify through the CPU path's
-            fallback chain (module docstring); ``False``: they stay failed (the samples it
-            certifies but cannot differentiate on the device still go to the CPU path).
+        options: the call's options: the tolerances, ``polish``, ``on_failure`` and
+            ``solver_options`` (:class:`~dxopt.qp.solvers.torch_types.TorchOptions`) of the
+            torch solver; ``backward``, the backward's name (``"penalty"`` or ``"kkt"``), and
+            ``fallback`` for the samples sent to the CPU path (``fallback=True``: the samples
+            the torch solver does not certify go through the CPU path's fallback chain, module
+            docstring; ``False``: they stay failed, while the samples it certifies but cannot
+            differentiate on the device still go to the CPU path).
         cpu_solve: :func:`dxopt.qp.solve` itself, passed down by the api layer (this module
             sits below it and never imports it) for the samples sent to the CPU path.
-
-    The other arguments are those of :func:`dxopt.qp.solve`.
     """
     if problem is not None and problem.any_sparse:
         raise ValueError("solve_torch: sparse inputs take the float64 CPU route")
-    opts = torch_options(solver_options)
+    eps_abs, eps_rel, polish = options.eps_abs, options.eps_rel, options.polish
+    backward, fallback, on_failure = options.backward, options.fallback, options.on_failure
+    opts = TorchOptions.of(options.solver_options, eps_abs=eps_abs, eps_rel=eps_rel, polish=polish)
     P, q, A, b, G, h = inputs
     diagnostics = BackwardDiagnostics()
     start = time.perf_counter()
     carried = any(t is not None and (t.requires_grad or forward_ad_dual(t)) for t in inputs)
     if problem is None or carried:  # derivatives (or torch.func) go through the Function
-        call = TorchCall(validate=validate)
-        r = torch_qp_differentiable(
-            P, q, A, b, G, h, eps_abs=eps_abs, eps_rel=eps_rel, polish=polish,
-            diagnostics=diagnostics, call=call, reroute=True, **opts,
-        )  # fmt: skip
+        call = TorchCall(validate=validate, diagnostics=diagnostics, reroute=True)
+        r = torch_qp_differentiable(P, q, A, b, G, h, opts, call)
         plain = call.result
         assert plain is not None
     else:
-        r = plain = solve_detached(
-            *batch_inputs(P, q, A, b, G, h), eps_abs=eps_abs, eps_rel=eps_rel, polish=polish,
-            **opts,
-        )  # fmt: skip
+        r = plain = solve_detached(*batch_inputs(P, q, A, b, G, h), opts)
     # the one transfer to the host: statuses, flags and residuals (4B numbers), never the data
     status, regular = list(decode(plain.status)), plain.regular.tolist()
     okp = plain.status == code(QPStatus.SOLVED)

@@ -102,10 +102,8 @@ def forward_state(
                 solver_options=solver_options,
             )  # fmt: skip
         result = solve_forward(
-            problem, solver=solver, warm_start=warm_start, psd_pending=psd_pending,
-            eps_abs=options.eps_abs, eps_rel=options.eps_rel, max_workers=options.max_workers,
-            solver_options=solver_options, fallback=options.fallback, polish=options.polish,
-            device_points=device_points,
+            problem, options=options, solver=solver, warm_start=warm_start,
+            psd_pending=psd_pending, device_points=device_points,
         )  # fmt: skip
     else:
         result = trivial_forward(problem, options.eps_abs, solver)

@@ -33,7 +33,7 @@ class QPLayer(nn.Module):
 
     def __init__(self, **options: Any) -> None:
         super().__init__()
-        self.qp_options = QPOptions(**options)
+        self.qp_options = QPOptions.from_keywords(options, where="QPLayer")
 
     @property
     def options(self) -> dict[str, Any]:

@@ -74,10 +74,8 @@ def run_lean_single(
     solver = route.solver
     point = small_forward(
         data,
+        options,
         solver=solver,
-        eps_abs=options.eps_abs,
-        eps_rel=options.eps_rel,
-        polish=options.polish,
         general=_point_runner(method, solver, options),
         warm_start=warm_start,
     )

@@ -5,9 +5,9 @@ The routes, in the order :func:`plan` tries them:
 - ``"executor"``: an ``executor=`` spreads the batch over workers
   (:class:`dxopt.qp.problem.executor.QPExecutor`); reverse-mode autograd only.
 - ``"lean_single"``: one small unbatched dense CPU problem (``n <= 64``) with a lean backend
-  (:data:`dxopt.qp.lean.lean_check.LEAN_BACKENDS`), the default solver options and a backward
-  method the lean kernels compute (:func:`dxopt.qp.lean.lean_check.lean_method`):
-  :mod:`dxopt.qp.lean.small`.
+  (its ``lean`` field in :data:`dxopt.qp.solvers.backends.BACKENDS`), the default solver
+  options and a backward method the lean kernels compute
+  (:func:`dxopt.qp.lean.lean_check.lean_method`): :mod:`dxopt.qp.lean.small`.
 - ``"lean_batch"``: a dense CPU batch (or one dense problem with ``n > 64``, or any with
   ``solver="dual_active_set"``, as a batch of one) with daqp, ``"auto"`` or the compiled solver
   and the default options: :mod:`dxopt.qp.lean.small_batch`.
@@ -19,8 +19,9 @@ The routes, in the order :func:`plan` tries them:
 A lean route may still decline at run time (a point that does not certify, an ambiguous
 active set); its runner then calls the general runner, and ``QPInfo.route`` records the route
 that produced the answer. The :class:`Route` names the route, the solver it starts with
-(``"auto"`` resolved as :func:`dxopt.qp.solvers.forward.default_solver` would on the canonical
-problem) and why, as lineax's ``AutoLinearSolver.select_solver`` names its choice.
+(``"auto"`` resolved by the one rule :func:`dxopt.qp.solvers.routing.auto_choice`, which
+:func:`dxopt.qp.solvers.forward.default_solver` applies to the canonical problem) and why, as
+lineax's ``AutoLinearSolver.select_solver`` names its choice.
 """
 
 from __future__ import annotations
@@ -32,13 +33,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from dxopt.qp.lean.lean_check import LEAN_BACKENDS, SMALL_MAX_N, lean_method, small_inputs
+import dxopt.qp.solvers.backends as backends
+from dxopt.qp.lean.lean_check import SMALL_MAX_N, lean_method, small_inputs
 from dxopt.qp.lean.small_batch import small_batch_inputs
 from dxopt.qp.problem.canonical import QPProblem, canonical_problem
 from dxopt.qp.problem.contracts import BackwardMethod
 from dxopt.qp.problem.functorch import BASES, forward_ad_dual, functorch_active
 from dxopt.qp.problem.options import COMPILED_SOLVER, QPOptions
 from dxopt.qp.solvers.forward import default_solver, routes_lp_to_piqp
+from dxopt.qp.solvers.routing import AUTO, auto_choice
 
 __all__ = ["ROUTES", "Route", "auto_solver", "check_warm_start", "general_solver", "plan"]
 
@@ -114,18 +117,14 @@ def _torch_requested(solver: str, backward: object, data: tuple[Any, ...]) -> bo
 
 
 def auto_solver(data: tuple[Any, ...]) -> str:
-    """What ``"auto"`` names on the general route, read off the raw inputs as
-    :func:`dxopt.qp.solvers.forward.default_solver` reads the canonical problem: ``"piqp"``
-    when ``P``, ``A`` or ``G`` is sparse or for a larger pure LP, ``"torch"`` off the CPU,
-    else ``"daqp"`` (invalid inputs: whatever, the general path's validation refuses them)."""
+    """What ``"auto"`` names on the general route: the rule of
+    :func:`dxopt.qp.solvers.routing.auto_choice` read off the raw inputs (sparse when ``P``,
+    ``A`` or ``G`` is; off the CPU by ``q``'s device; invalid inputs: whatever, the general
+    path's validation refuses them)."""
     P, q, A, _, G, _ = data
-    if any(isinstance(t, Tensor) and t.layout != torch.strided for t in (P, A, G)):
-        return "piqp"
-    if isinstance(q, Tensor) and q.device.type != "cpu":
-        return "torch"
-    if routes_lp_to_piqp(P, q):
-        return "piqp"
-    return "daqp"
+    sparse = any(isinstance(t, Tensor) and t.layout != torch.strided for t in (P, A, G))
+    on_cpu = not (isinstance(q, Tensor) and q.device.type != "cpu")
+    return auto_choice(sparse=sparse, on_cpu=on_cpu, P=P, q=q)
 
 
 def plan(
@@ -146,13 +145,15 @@ def plan(
         _refuse_executor_under_func(options.executor, data)
         return _route("executor", solver, "executor= given")
     P, q = data[0], data[1]
-    if solver == "auto" and routes_lp_to_piqp(P, q):  # a larger pure LP: piqp is faster
-        solver = "piqp"
+    if solver == "auto" and routes_lp_to_piqp(P, q):  # a larger pure LP (auto_choice's rule)
+        solver = AUTO["lp"]
     under_func = functorch_active()
     lean = not options.solver_options and options.check_psd and not under_func
     lean = lean and lean_method(method)
-    if lean and (solver == "auto" or solver in LEAN_BACKENDS) and small_inputs(*data):
-        return _route("lean_single", "daqp" if solver == "auto" else solver, "one small dense")
+    if lean:  # "auto" on small dense CPU inputs (small_inputs): auto_choice's dense pick
+        entry = backends.BACKENDS.get(AUTO["dense"] if solver == "auto" else solver)
+        if entry is not None and entry.lean and small_inputs(*data):
+            return _route("lean_single", entry.name, "one small dense")
     if (
         lean
         and options.max_workers is None

@@ -352,10 +352,7 @@ def _run_device(
         )
     extra: dict[str, Any] = {} if validate is None else {"validate": validate}
     sol = solve_torch(
-        route.problem, data, eps_abs=options.eps_abs, eps_rel=options.eps_rel,
-        on_failure=options.on_failure, solver_options=options.solver_options,
-        polish=options.polish, m_user=m_user, bounds=bounds, backward=options.backward,
-        fallback=options.fallback, cpu_solve=solve, **extra,
-    )  # fmt: skip
+        route.problem, data, options, m_user=m_user, bounds=bounds, cpu_solve=solve, **extra
+    )
     info = dataclasses.replace(sol.info, route="device")
     return dataclasses.replace(sol, info=info)

@@ -6,8 +6,10 @@ Function (:mod:`dxopt.qp.autograd.torch_function`): :func:`torch_qp_solve` valid
 with the validator of every route (:func:`dxopt.qp.problem.canonical.canonical_problem`) and
 sends inputs that carry derivatives (or run under torch.func) through the Function and the
 others straight to :func:`dxopt.qp.solvers.torch_driver.solve_detached`, so neither of those
-imports upward. Owns the torch solver's options (:data:`TORCH_OPTIONS`: ``max_iter`` and
-``max_refine``, whose old name ``refine_steps`` warns for one release).
+imports upward. The torch solver's options are one record,
+:class:`dxopt.qp.solvers.torch_types.TorchOptions` (:data:`TORCH_OPTIONS`: the names
+``solver_options`` takes; the old name ``refine_steps`` of ``max_refine`` warns for one
+release).
 
 May import: ``qp.solvers.torch_*``, ``qp.autograd.torch_function``, ``qp.problem``.
 """
@@ -20,56 +22,21 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from dxopt._core import check_int, check_positive, renamed_kwargs
+from dxopt._core import renamed_kwargs
 from dxopt.qp.autograd.torch_function import TorchCall, torch_qp_differentiable
 from dxopt.qp.problem.canonical import canonical_problem
 from dxopt.qp.problem.functorch import forward_ad_dual, functorch_active
 from dxopt.qp.solvers.torch_driver import batch_inputs, solve_detached
-from dxopt.qp.solvers.torch_types import TorchQPResult
+from dxopt.qp.solvers.torch_types import TorchOptions, TorchQPResult
 
 if TYPE_CHECKING:
     from dxopt.qp.problem.canonical import QPProblem
 
-__all__ = ["TORCH_OPTIONS", "torch_options", "torch_points", "torch_qp_solve"]
+__all__ = ["TORCH_OPTIONS", "torch_points", "torch_qp_solve"]
 
-TORCH_OPTIONS = ("eps_inf", "max_iter", "check_every", "max_refine")
+TORCH_OPTIONS = TorchOptions.SOLVER_OPTIONS
 """The ``solver_options`` the torch solver takes (see :func:`torch_qp_solve`; ``refine_steps``
 is the deprecated name of ``max_refine``)."""
-
-
-@renamed_kwargs(refine_steps="max_refine")
-def torch_solver_options(
-    *,
-    eps_inf: float = 1e-7,
-    max_iter: int = 50,
-    check_every: int = 4,
-    max_refine: int | None = None,
-) -> dict[str, Any]:
-    """The torch solver's options, checked, with their defaults."""
-    check_positive("eps_inf", eps_inf, allow_zero=True)
-    check_int("max_iter", max_iter)
-    check_int("check_every", check_every)
-    if max_refine is not None:
-        check_int("max_refine", max_refine, minimum=0)
-    return {
-        "eps_inf": eps_inf,
-        "max_iter": max_iter,
-        "check_every": check_every,
-        "max_refine": max_refine,
-    }
-
-
-def torch_options(solver_options: dict[str, Any] | None) -> dict[str, Any]:
-    """``solver_options`` of ``solver="torch"``, checked and completed with the defaults (the
-    old name ``refine_steps`` of ``max_refine`` warns, for one release)."""
-    opts = dict(solver_options or {})
-    unknown = sorted(set(opts) - set(TORCH_OPTIONS) - {"refine_steps"})
-    if unknown:
-        raise ValueError(
-            f"solver_options: the torch solver takes {list(TORCH_OPTIONS)}, got the unknown "
-            f"options {unknown}. Remove them (tolerances go through eps_abs/eps_rel)."
-        )
-    return torch_solver_options(**opts)
 
 
 @renamed_kwargs(refine_steps="max_refine")
@@ -121,17 +88,13 @@ def torch_qp_solve(
         (``B = 1`` when nothing is batched); ``result.statuses`` are
         :class:`dxopt.qp.QPStatus` values.
     """
-    for name, fval in (("eps_abs", eps_abs), ("eps_rel", eps_rel)):
-        check_positive(name, fval, allow_zero=True)
-    opts = torch_solver_options(
-        eps_inf=eps_inf, max_iter=max_iter, check_every=check_every, max_refine=max_refine
-    )
+    opts = TorchOptions(
+        eps_abs=eps_abs, eps_rel=eps_rel, eps_inf=eps_inf, max_iter=max_iter,
+        check_every=check_every, polish=polish, max_refine=max_refine,
+    )  # fmt: skip
     validate = functools.partial(canonical_problem, check_psd=check_psd, keep_device=True)
     if functorch_active():  # values are batched tensors: the Function validates the plain ones
-        return torch_qp_differentiable(
-            P, q, A, b, G, h, eps_abs=eps_abs, eps_rel=eps_rel, polish=polish,
-            call=TorchCall(validate=validate), **opts,
-        )  # fmt: skip
+        return torch_qp_differentiable(P, q, A, b, G, h, opts, TorchCall(validate=validate))
     problem = validate(P, q, A, b, G, h)
     if problem.any_sparse:
         raise ValueError(
@@ -142,12 +105,8 @@ def torch_qp_solve(
         isinstance(t, Tensor) and (t.requires_grad or forward_ad_dual(t))
         for t in (P, q, A, b, G, h)
     ):
-        return torch_qp_differentiable(
-            P, q, A, b, G, h, eps_abs=eps_abs, eps_rel=eps_rel, polish=polish, **opts
-        )
-    return solve_detached(
-        *batch_inputs(P, q, A, b, G, h), eps_abs=eps_abs, eps_rel=eps_rel, polish=polish, **opts
-    )
+        return torch_qp_differentiable(P, q, A, b, G, h, opts)
+    return solve_detached(*batch_inputs(P, q, A, b, G, h), opts)
 
 
 def torch_points(
@@ -167,9 +126,8 @@ def torch_points(
         problem.dense("h"),
     )  # fmt: skip
     r = solve_detached(
-        *data, eps_abs=eps_abs, eps_rel=eps_rel, polish=True,
-        **torch_options(solver_options),
-    )  # fmt: skip
+        *data, TorchOptions.of(solver_options, eps_abs=eps_abs, eps_rel=eps_rel, polish=True)
+    )
     X, Y, Z = (t.numpy() for t in (r.x, r.eq_duals, r.ineq_duals))
     finite = torch.isfinite(r.x).all(-1).tolist()
     return [(None, X[i], Y[i], Z[i]) if finite[i] else None for i in range(len(finite))]

@@ -48,7 +48,7 @@ a transform wraps) and, under torch.func, validates its inputs there (``validate
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -60,12 +60,11 @@ from dxopt.qp.problem.functorch import BASES, fold, functorch_active, logical_ba
 from dxopt.qp.problem.types import BackwardDiagnostics, QPBackwardError
 from dxopt.qp.solvers.torch_driver import batch_inputs, solve_detached
 from dxopt.qp.solvers.torch_kkt import REFINE_STEPS, kkt_solve, small_threads
-from dxopt.qp.solvers.torch_types import PenaltyFactor, TorchQPResult, code, decode
+from dxopt.qp.solvers.torch_types import PenaltyFactor, TorchOptions, TorchQPResult, code, decode
 
 __all__ = ["TorchCall", "TorchKKTSolve", "TorchQPFunction", "torch_qp_differentiable"]
 
-_N_OUT = 14  # outputs of TorchQPFunction
-_NOT_SOLVER = ("diagnostics", "call", "reroute")  # options that are not the solver's
+_N_OUT = 14  # outputs of TorchQPFunction (TorchQPResult.outputs)
 _REPEAT_BUDGET = 1 << 25
 """Entries (256 MiB in float64) of the factor and data a vmapped KKT solve may repeat at once."""
 
@@ -74,10 +73,15 @@ _REPEAT_BUDGET = 1 << 25
 class TorchCall:
     """Side channel of one :class:`TorchQPFunction` call: ``validate`` (or ``None``) checks
     the plain inputs inside ``forward``; ``forward`` stores its plain :class:`TorchQPResult`
-    in ``result`` (under vmap: the folded solve, vmapped index outermost)."""
+    in ``result`` (under vmap: the folded solve, vmapped index outermost); ``diagnostics`` (or
+    ``None``) is filled by the backward; ``reroute``: the caller
+    (:func:`dxopt.qp.api.device.solve_torch`) replaces the samples that are not regular by the
+    CPU path's (:class:`_How`)."""
 
     validate: Callable[..., Any] | None = None
     result: TorchQPResult | None = None
+    diagnostics: BackwardDiagnostics | None = None
+    reroute: bool = False
 
 
 @dataclass(frozen=True)
@@ -111,15 +115,15 @@ def _bmv(M: Tensor, v: Tensor) -> Tensor:
 
 
 class TorchQPFunction(torch.autograd.Function):
-    """``(P, q, A, b, G, h, options) -> (x, y, z, ...)`` of a batch of QPs solved by the torch
-    solver, with the exact active-set derivative (``backward``), its tangent (``jvp``) and a
-    ``vmap`` rule (module docstring).
+    """``(P, q, A, b, G, h, options, call) -> (x, y, z, ...)`` of a batch of QPs solved by the
+    torch solver, with the exact active-set derivative (``backward``), its tangent (``jvp``)
+    and a ``vmap`` rule (module docstring).
 
     ``forward`` returns ``x, y, z`` (differentiable) followed by the solver's non-differentiable
-    outputs (status, iterations, residuals, polish flags, slacks and the penalty factorization)
-    so that ``setup_context`` saves everything through ``save_for_backward``. ``options`` are
-    the solver's keyword arguments plus ``diagnostics`` (filled by the backward) and ``call``
-    (a :class:`TorchCall`, or absent).
+    outputs (status, iterations, residuals, polish flags, slacks and the penalty factorization:
+    :meth:`TorchQPResult.outputs`) so that ``setup_context`` saves everything through
+    ``save_for_backward``. ``options``: the solver's :class:`TorchOptions` (``max_refine``
+    resolved); ``call``: a :class:`TorchCall`, or ``None``.
     """
 
     @staticmethod
@@ -130,44 +134,27 @@ class TorchQPFunction(torch.autograd.Function):
         b: Tensor | None,
         G: Tensor | None,
         h: Tensor | None,
-        options: dict[str, Any],
+        options: TorchOptions,
+        call: TorchCall | None,
     ) -> tuple[Tensor, ...]:
-        call = options.get("call")
         if call is not None and call.validate is not None:
             call.validate(P, q, A, b, G, h)
-        full = batch_inputs(P, q, A, b, G, h)
-        opts = {k: v for k, v in options.items() if k not in _NOT_SOLVER}
-        r = solve_detached(*(t.detach() for t in full), **opts)
+        Pd, qd, Ad, bd, Gd, hd = (t.detach() for t in batch_inputs(P, q, A, b, G, h))
+        r = solve_detached(Pd, qd, Ad, bd, Gd, hd, options)
         if call is not None:
             call.result = r
-        f = r.factor
-        return (
-            r.x,
-            r.eq_duals,
-            r.ineq_duals,
-            r.slacks,
-            r.status,
-            r.iterations,
-            r.primal_residual,
-            r.dual_residual,
-            r.polished,
-            r.regular,
-            f.L,
-            f.w_ineq,
-            f.w_eq,
-            f.active,
-        )
+        return r.outputs()
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, ...]) -> None:
-        P, q, A, b, G, h, options = inputs
+        P, q, A, b, G, h, options, call = inputs
         x, y, z, _, status = output[:5]
         polished, regular = output[8], output[9]
         L, w_ineq, w_eq, active = output[-4:]
         ctx.mark_non_differentiable(*output[3:])
-        ctx.max_refine = options["max_refine"]
-        ctx.reroute = bool(options.get("reroute", False))
-        ctx.diagnostics = options.get("diagnostics")
+        ctx.max_refine = options.max_refine
+        ctx.reroute = call is not None and call.reroute
+        ctx.diagnostics = None if call is None else call.diagnostics
         ctx.present = tuple(t is not None for t in (A, G))
         ctx.f64 = P.dtype == torch.float64
         saved = [t for t in (P, q, A, b, G, h) if t is not None]
@@ -208,7 +195,7 @@ class TorchQPFunction(torch.autograd.Function):
             grads[4] = -(outer(z, u) + outer(w, x)) if need[4] else None
             grads[5] = w if need[5] else None
         out = [None if g is None else _reduce(g, inputs[k], BASES[k]) for k, g in enumerate(grads)]
-        return (*out, None)
+        return (*out, None, None)
 
     @staticmethod
     def jvp(ctx: Any, *tangents: Any) -> tuple[Tensor | None, ...]:
@@ -239,7 +226,7 @@ class TorchQPFunction(torch.autograd.Function):
         V = info.batch_size
         B = logical_batch(args[:6], in_dims[:6], BASES)
         folded = [fold(V, t, d, k, B) for t, d, k in zip(args[:6], in_dims[:6], BASES)]
-        outs = TorchQPFunction.apply(*folded, args[6])
+        outs = TorchQPFunction.apply(*folded, args[6], args[7])
         return tuple(unfold(V, t, B or 1) for t in outs), (0,) * _N_OUT
 
 
@@ -365,27 +352,13 @@ def torch_qp_differentiable(
     b: Tensor | None,
     G: Tensor | None,
     h: Tensor | None,
-    **options: Any,
+    options: TorchOptions,
+    call: TorchCall | None = None,
 ) -> TorchQPResult:
     """:func:`dxopt.qp.autograd.torch_entry.torch_qp_solve` with derivatives through ``x, y, z``
-    (``options``: see :class:`TorchQPFunction`)."""
-    steps = options.get("max_refine")
-    options = dict(options, max_refine=REFINE_STEPS if steps is None else steps)
-    out: tuple[Tensor, ...] = TorchQPFunction.apply(P, q, A, b, G, h, options)
-    x, y, z, slacks, status, iters, pres, dres, polished, regular, L, w_ineq, w_eq, active = out
-    factor = PenaltyFactor(
-        L=L, w_ineq=w_ineq, w_eq=w_eq, active=active, max_refine=options["max_refine"]
-    )
-    return TorchQPResult(
-        x=x,
-        eq_duals=y,
-        ineq_duals=z,
-        slacks=slacks,
-        status=status,
-        iterations=iters,
-        primal_residual=pres,
-        dual_residual=dres,
-        polished=polished,
-        factor=factor,
-        regular=regular,
-    )
+    (``options``, ``call``: see :class:`TorchQPFunction`)."""
+    steps = REFINE_STEPS if options.max_refine is None else options.max_refine
+    if options.max_refine is None:
+        options = replace(options, max_refine=steps)
+    out: tuple[Tensor, ...] = TorchQPFunction.apply(P, q, A, b, G, h, options, call)
+    return TorchQPResult.from_outputs(out, steps)

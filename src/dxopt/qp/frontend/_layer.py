@@ -35,6 +35,7 @@ from dxopt.qp.frontend._eliminate import (
     reduce,
 )
 from dxopt.qp.problem.functorch import functorch_active
+from dxopt.qp.problem.options import QPOptions
 from dxopt.qp.problem.types import QPSolution
 
 __all__ = ["CvxpyQPLayer", "CvxpyQPSolution", "from_cvxpy"]
@@ -129,11 +130,11 @@ class CvxpyQPLayer(nn.Module):
             (:mod:`dxopt.qp.frontend._eliminate`; dense problems only): the solver then sees the
             QP in the original variables, with a nonsingular ``P`` where the problem has one.
             The outputs, multipliers included, are those of the canonical problem either way.
-        backward, solver, eps_abs, eps_rel, on_failure, max_workers, solver_options, check_psd,
-            fallback, polish, infeasible: forwarded to :func:`dxopt.qp.solve`
-            (``infeasible="relax"``: a certified-infeasible sample is solved as the closest
-            feasible problem of the QP the solver sees, after the elimination, status
-            ``RELAXED``; :mod:`dxopt.qp.api.relax`).
+        **options: the keyword options of :func:`dxopt.qp.solve` (the fields of
+            :class:`dxopt.qp.problem.options.QPOptions`, listed in this signature), held by the
+            layer's :class:`~dxopt.qp.QPLayer` (``infeasible="relax"``: a certified-infeasible
+            sample is solved as the closest feasible problem of the QP the solver sees, after
+            the elimination, status ``RELAXED``; :mod:`dxopt.qp.api.relax`).
 
     Raises:
         ImportError: cvxpy is missing (``pip install 'dxopt[cvxpy]'``).
@@ -159,28 +160,15 @@ class CvxpyQPLayer(nn.Module):
         *,
         sparse: bool | None = None,
         eliminate: bool = True,
-        backward: Any = "penalty",
-        solver: str = "auto",
-        eps_abs: float = 1e-9,
-        eps_rel: float = 0.0,
-        on_failure: str = "raise",
-        max_workers: int | None = None,
-        solver_options: dict[str, Any] | None = None,
-        check_psd: bool = True,
-        fallback: bool = True,
-        polish: bool = True,
-        infeasible: str = "fail",
+        **options: Any,
     ) -> None:
         super().__init__()
         if sparse is not None and not isinstance(sparse, bool):
             raise TypeError(f"sparse: expected True, False or None, got {sparse!r}.")
         if not isinstance(eliminate, bool):
             raise TypeError(f"eliminate: expected True or False, got {eliminate!r}.")
-        self.qp = QPLayer(
-            backward=backward, solver=solver, eps_abs=eps_abs, eps_rel=eps_rel,
-            on_failure=on_failure, max_workers=max_workers, solver_options=solver_options,
-            check_psd=check_psd, fallback=fallback, polish=polish, infeasible=infeasible,
-        )  # fmt: skip
+        QPOptions.from_keywords(options, where="CvxpyQPLayer")  # names and values, checked
+        self.qp = QPLayer(**options)
         self.compiled: CompiledQP = compile_problem(problem, parameters, variables)
         c = self.compiled
         self.sparse = self._auto_sparse() if sparse is None else sparse
@@ -194,6 +182,8 @@ class CvxpyQPLayer(nn.Module):
         self._opaque_key = register_opaque(self)  # the layer as one op under torch.compile
         self._patterns: dict[tuple[bool, ...], _Plan] = {}
         self._constants: dict[tuple[torch.device, torch.dtype], dict[str, Tensor | None]] = {}
+
+    __init__.__signature__ = QPOptions.with_options(__init__)  # type: ignore[attr-defined]
 
     # ----------------------------------------------------------------------------- compile
     def _source(self, kind: str, start: int, stop: int) -> tuple[str, int, int]:

@@ -1,7 +1,8 @@
 """What the lean routes take: the input check of one small dense CPU problem
-(:func:`small_inputs`), the lean backends (:data:`LEAN_BACKENDS`) and the backward methods the
-lean kernels compute (:func:`lean_method`). :func:`dxopt.qp.api.route.plan` reads these; the
-lean single path itself is :mod:`dxopt.qp.lean.small`."""
+(:func:`small_inputs`) and the backward methods the lean kernels compute (:func:`lean_method`);
+which backends it takes is their ``lean`` field in :mod:`dxopt.qp.solvers.backends`.
+:func:`dxopt.qp.api.route.plan` reads these; the lean single path itself is
+:mod:`dxopt.qp.lean.small`."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from torch import Tensor
 from dxopt.qp.backward.kkt import KKTBackward
 from dxopt.qp.backward.penalty import PenaltyBackward
 
-__all__ = ["LEAN_BACKENDS", "SMALL_MAX_N", "SYMMETRY_TOL", "lean_method", "small_inputs"]
+__all__ = ["SMALL_MAX_N", "SYMMETRY_TOL", "lean_method", "small_inputs"]
 
 SMALL_MAX_N = 64
 """Largest ``n`` of the lean path: up to here a problem's arithmetic is cheaper than the
@@ -19,11 +20,6 @@ general path's dispatches."""
 
 _DTYPES = (torch.float64, torch.float32)
 SYMMETRY_TOL = {t: 100 * float(torch.finfo(t).eps) for t in _DTYPES}  # P's asymmetry, relative
-
-LEAN_BACKENDS = ("daqp", "piqp", "proxqp", "clarabel", "osqp")
-"""Backends of the lean path: daqp (its exact working set) and the interior-point and ADMM
-backends whose point the polish of :mod:`dxopt.qp.certify.polish` settles (clarabel and osqp take
-scipy CSC matrices, as on the general path)."""
 
 
 def small_inputs(P: object, q: object, A: object, b: object, G: object, h: object) -> bool:

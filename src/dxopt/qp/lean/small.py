@@ -1,7 +1,8 @@
 """One small dense QP without the batch machinery: the lean path of :func:`dxopt.qp.solve`.
 
-A single (unbatched) dense CPU problem with ``n <= SMALL_MAX_N``, solved by daqp, piqp or
-proxqp (``LEAN_BACKENDS``) with the default solver options and differentiated by a method
+A single (unbatched) dense CPU problem with ``n <= SMALL_MAX_N``, solved by a backend whose
+entry in :mod:`dxopt.qp.solvers.backends` says ``lean`` (daqp, piqp, proxqp, clarabel, osqp)
+with the default solver options and differentiated by a method
 ``lean_method`` accepts (all three in :mod:`dxopt.qp.lean.lean_check`), is the call
 decision-focused models and controllers make thousands of times per epoch. Through the general
 path (canonical problem, fallback chain, batch certificate, batched active set and backward) it
@@ -62,7 +63,9 @@ from dxopt.qp.certify.tolerances import RELATIVE_FLOOR, ROUNDOFF
 from dxopt.qp.lean.lean_check import SYMMETRY_TOL
 from dxopt.qp.lean.records import SmallPoint
 from dxopt.qp.lean.small_backward import small_backward
+from dxopt.qp.problem.options import QPOptions
 from dxopt.qp.problem.types import BackwardDiagnostics
+from dxopt.qp.solvers.backends import backend, backend_kwargs, polish_attempt, qpsolvers_attempt
 from dxopt.qp.solvers.kernels.batch import prepare
 from dxopt.qp.solvers.kernels.certify import certify_point, may_be_dependent
 
@@ -116,16 +119,15 @@ def daqp_bounds(m: int, p: int) -> tuple[np.ndarray, np.ndarray]:
 
 def small_forward(
     data: tuple[Tensor | None, ...],
+    options: QPOptions,
     *,
     solver: str = "daqp",
-    eps_abs: float,
-    eps_rel: float,
-    polish: bool = True,
     general: Callable[..., Any],
     warm_start: Tensor | None = None,
 ) -> SmallPoint | None:
     """Solve and certify one small QP ``data = (P, q, A, b, G, h)`` (:func:`small_inputs`
-    holds) with ``solver`` (one of :data:`LEAN_BACKENDS`), started from ``warm_start`` (an
+    holds) with ``solver`` (a lean backend of :mod:`dxopt.qp.solvers.backends`; ``"auto"``
+    already resolved) at ``options``' tolerances and polish, started from ``warm_start`` (an
     ``(n,)`` CPU tensor; anything else: the general path validates it), or ``None`` for the
     general path (module docstring)."""
     q = data[1]
@@ -160,9 +162,11 @@ def small_forward(
     if prepare(Pv, qv, Av, bv, Gv, hv, SYMMETRY_TOL[dtype], Pn, qn, C, upper, g_inf):
         return None  # NaN/Inf, asymmetric P, a zero row of G: the general path's rules, errors
     given = (data[2] is not None, data[4] is not None)
+    eps_abs, eps_rel = options.eps_abs, options.eps_rel
+    entry = backend(solver)
     start = time.perf_counter()
     polished = False
-    if solver == "daqp":
+    if entry.call == "daqp":
         solved = _daqp_point(Pn, qn, C, upper, m, start_x, eps_abs)
         if solved is None:
             return None
@@ -174,7 +178,9 @@ def small_forward(
         An, bn = (C[m:], upper[m:]) if p else (None, None)
         Gn, hn = (C[:m], upper[:m]) if m else (None, None)
         arrays = tuple(None if a is None else a.copy() for a in (Pn, qn, An, bn, Gn, hn))
-        polished_point = _polished_point(arrays, solver, start_x, g_inf, eps_abs, eps_rel, polish)
+        polished_point = _polished_point(
+            arrays, solver, start_x, g_inf, eps_abs, eps_rel, options.polish
+        )
         if polished_point is None:
             return None
         x, nu_p, mu_p, working, polished = polished_point
@@ -188,7 +194,7 @@ def small_forward(
         return None
     if m or p:  # one multiplier selection at degenerate points (qp.certify.multipliers)
         working = _select(Pn, qn, C, upper, m, outputs, duals, working, g_inf, eps_abs, eps_rel,
-                          exact=solver == "daqp")  # fmt: skip
+                          exact=entry.exact_working_set)  # fmt: skip
     return SmallPoint(Pn, qn, C, upper, x, duals, working, g_inf, dtype, general, given, start_x,
                       polished, BackwardDiagnostics(), time.perf_counter() - start, primal, dual,
                       outputs)  # fmt: skip
@@ -263,45 +269,37 @@ def _polished_point(
     polish: bool,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool] | None:
     """``(x, nu, mu, working, polished)``: the general path's first attempt for a backend other
-    than daqp, for one sample: ``P``
-    positive definite (one LAPACK Cholesky; a semidefinite or indefinite ``P`` goes to the
-    general path's check), the backend through :func:`qpsolvers.solve_problem` with the
-    tolerances of :func:`dxopt.qp.solvers.forward.backend_kwargs`, then
-    :func:`dxopt.qp.certify.polish.polish` (the same call as ``solve_forward``'s); ``None`` unless
-    the
-    result certifies and is settled."""
-    import qpsolvers
+    than daqp, for one sample: ``P`` positive definite (one LAPACK Cholesky; a semidefinite or
+    indefinite ``P`` goes to the general path's check), the arrays in the backend's format
+    (:class:`dxopt.qp.solvers.backends.Backend`), the general path's attempt
+    (:func:`dxopt.qp.solvers.backends.qpsolvers_attempt`, with the tolerances of
+    :func:`~dxopt.qp.solvers.backends.backend_kwargs`) and its polish
+    (:func:`~dxopt.qp.solvers.backends.polish_attempt`); ``None`` unless the result certifies
+    and is settled."""
     from scipy.linalg import lapack
 
-    from dxopt.qp.certify.polish import polish as polish_point
     from dxopt.qp.certify.polish import row_inf
-    from dxopt.qp.solvers.forward import SPARSE_ONLY, backend_kwargs
 
     Pn, qn, An, bn, Gn, hn = arrays
     if lapack.dpotrf(Pn, lower=1)[1] != 0:
         return None
     a_inf = row_inf(An) if An is not None else None
-    if solver in SPARSE_ONLY:  # CSC-only backends: the general path's arguments (scipy CSC)
-        import scipy.sparse as sp
-
-        Pn, An, Gn = (None if M is None else sp.csc_matrix(M) for M in (Pn, An, Gn))
+    entry = backend(solver)  # the general path's arguments (scipy CSC for CSC-only backends)
+    args = {"P": entry.matrix(Pn), "q": qn, "A": entry.matrix(An), "b": bn, "G": entry.matrix(Gn),
+            "h": hn}  # fmt: skip
     kw = backend_kwargs(solver, eps_abs, eps_rel, None)
     try:
-        problem = qpsolvers.Problem(Pn, qn, Gn, hn, An, bn)
-        sol = qpsolvers.solve_problem(problem, solver=solver, initvals=start_x, **kw)
+        pt = qpsolvers_attempt(solver, args, kwargs=kw, init=start_x, record_warnings=False)
     except Exception:  # a backend crash: the general path walks its fallback chain
         return None
-    m = 0 if Gn is None else Gn.shape[0]
-    p = 0 if An is None else An.shape[0]
-    if sol.x is None or not np.all(np.isfinite(sol.x)):
+    x, y, z = pt.x, pt.y, pt.z
+    if x is None or not np.all(np.isfinite(x)):
         return None
-    y = np.zeros(0) if sol.y is None else np.asarray(sol.y, dtype=np.float64).reshape(-1)
-    z = np.zeros(0) if sol.z is None else np.asarray(sol.z, dtype=np.float64).reshape(-1)
-    if y.size != p or z.size != m or not (np.isfinite(y).all() and np.isfinite(z).all()):
+    if y is None or z is None or not (np.isfinite(y).all() and np.isfinite(z).all()):
         return None  # missing or non-finite multipliers: the general path recovers them
-    pol = polish_point(
-        Pn, qn, An, bn, Gn, hn, np.asarray(sol.x, dtype=np.float64), y, z,
-        eps_abs=eps_abs, eps_rel=eps_rel, enabled=polish, force=False,
+    m, p = z.size, y.size
+    pol = polish_attempt(
+        args, x, y, z, eps_abs=eps_abs, eps_rel=eps_rel, enabled=polish, force=False,
         exact_working_set=False, g_inf=g_inf if m else None, a_inf=a_inf if p else None,
     )  # fmt: skip
     cert = pol.certificate

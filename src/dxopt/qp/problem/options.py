@@ -136,6 +136,29 @@ class QPOptions:
             params.insert(0, inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD))
         return inspect.Signature(params)
 
+    @classmethod
+    def with_options(cls, fn: Any) -> inspect.Signature:
+        """``fn``'s signature with its ``**options`` replaced by the options as keyword-only
+        parameters (``CvxpyQPLayer.__init__``'s: its own arguments, then these)."""
+        own = [
+            p for p in inspect.signature(fn).parameters.values()
+            if p.kind is not inspect.Parameter.VAR_KEYWORD
+        ]  # fmt: skip
+        return inspect.Signature([*own, *cls.keyword_signature().parameters.values()])
+
+    @classmethod
+    def from_keywords(cls, options: dict[str, Any], *, where: str) -> QPOptions:
+        """The checked options of ``where`` (a class taking ``**options``): ``TypeError``
+        naming the keywords that are not options, else :meth:`check`'s errors."""
+        unknown = sorted(set(options) - set(cls.names()))
+        if unknown:
+            raise TypeError(
+                f"{where}: unexpected keyword argument(s) {', '.join(map(repr, unknown))}; "
+                f"the options are those of dxopt.qp.solve: {', '.join(cls.names())}. Check "
+                "the spelling."
+            )
+        return cls(**options)
+
     def as_keywords(self) -> dict[str, Any]:
         """The options as the keyword arguments of :func:`dxopt.qp.solve`."""
         return {f.name: getattr(self, f.name) for f in fields(self)}

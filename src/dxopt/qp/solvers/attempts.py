@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dxopt.qp.problem.canonical import QPProblem
+from dxopt.qp.solvers.backends import fallback_backends
 from dxopt.qp.solvers.routing import DENSE_FALLBACK_MAX_N, available_backends
 
 __all__ = ["Attempt", "fallback_chain"]
@@ -49,10 +50,12 @@ def fallback_chain(
     """The documented fallback chain for ``solver`` at ``eps_abs`` (:mod:`dxopt.qp.solvers.chain`).
 
     1. the requested backend at the requested tolerance, with the user's ``options``;
-    2. the other backends that suit the problem: ``piqp`` and ``clarabel`` (interior point,
-       robust on badly scaled data), and ``daqp`` (an exact working set, which settles the
-       degenerate LP-like problems where an interior point's active set is ambiguous) when the
-       problem is dense or has at most ``DENSE_FALLBACK_MAX_N`` variables (it is densified);
+    2. the other backends that suit the problem, in the order of their ``fallback`` positions
+       in :data:`dxopt.qp.solvers.backends.BACKENDS`: ``piqp`` and ``clarabel`` (interior
+       point, robust on badly scaled data), and ``daqp`` (an exact working set, which settles
+       the degenerate LP-like problems where an interior point's active set is ambiguous); a
+       dense-only backend when the problem is dense or has at most ``DENSE_FALLBACK_MAX_N``
+       variables (it is densified);
     3. the requested backend at a looser stopping tolerance ``max(1e3 eps_abs, 1e-7)``: the
        polish then restores the requested accuracy, and the certificate is still checked at
        the requested tolerance.
@@ -62,9 +65,12 @@ def fallback_chain(
         return (Attempt(solver, eps_abs, options, final=True),)
     steps: list[tuple[str, float, bool]] = [(solver, eps_abs, False)]
     dense_ok = not problem.any_sparse or problem.n <= DENSE_FALLBACK_MAX_N
-    others = ("piqp", "clarabel", "daqp") if dense_ok else ("piqp", "clarabel")
     installed = available_backends()
-    steps += [(s, eps_abs, False) for s in others if s != solver and s in installed]
+    steps += [
+        (b.name, eps_abs, False)
+        for b in fallback_backends()
+        if b.name != solver and b.name in installed and (dense_ok or not b.dense_only)
+    ]
     loose = max(1e3 * eps_abs, 1e-7)
     if loose > eps_abs and solver != "torch":  # torch: a batch solve, first attempt only
         steps.append((solver, loose, True))

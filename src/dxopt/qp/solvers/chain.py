@@ -7,8 +7,10 @@ attempts themselves (:class:`~dxopt.qp.solvers.attempts.Attempt`,
 :func:`~dxopt.qp.solvers.attempts.fallback_chain`) are values of
 :mod:`dxopt.qp.solvers.attempts`; multipliers a backend did not return are recovered by
 :mod:`dxopt.qp.solvers.duals`. Which backend ``"auto"``
-picks and which settings each backend gets are :mod:`dxopt.qp.solvers.routing`'s; the entry
-point and the batch fast path are :mod:`dxopt.qp.solvers.forward`'s.
+picks is :mod:`dxopt.qp.solvers.routing`'s; how each backend is called, with which settings,
+is its entry in :mod:`dxopt.qp.solvers.backends` (one qpsolvers attempt:
+:func:`~dxopt.qp.solvers.backends.qpsolvers_attempt`); the entry point and the batch fast path
+are :mod:`dxopt.qp.solvers.forward`'s.
 
 **Certificate.** Every backend's output is polished on its active set and certified against
 the requested tolerances (componentwise scales, zero rows handled explicitly;
@@ -41,36 +43,32 @@ certifies is ``INFEASIBLE`` or ``UNBOUNDED`` only with a certificate checked by
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import qpsolvers
 import torch
 
-from dxopt.qp.certify.certificates import diagnose, hit_iteration_limit
+from dxopt.qp.certify.certificates import diagnose
 from dxopt.qp.certify.polish import PolishResult, row_inf
-from dxopt.qp.certify.polish import polish as polish_solution
 from dxopt.qp.problem.canonical import NotPSDError, QPProblem, check_psd
 from dxopt.qp.problem.contracts import ForwardResult
 from dxopt.qp.problem.types import QPStatus
 from dxopt.qp.solvers.attempts import Attempt, fallback_chain
+from dxopt.qp.solvers.backends import backend, backend_kwargs, polish_attempt, qpsolvers_attempt
 from dxopt.qp.solvers.daqp import FACTORED_FLAGS, DaqpBatch, DaqpPoint
 from dxopt.qp.solvers.duals import finite_or_zero, recover_duals
-from dxopt.qp.solvers.routing import backend_kwargs, numpy_views, sample_view
+from dxopt.qp.solvers.routing import numpy_views, sample_view
 
 __all__ = [
     "DAQP_CLAIMS",
     "DAQP_ITERATION_LIMIT",
-    "EXACT_WORKING_SET",
     "Attempt",
     "FallbackChain",
     "SampleLog",
     "fallback_chain",
 ]
 
-EXACT_WORKING_SET = ("daqp",)  # active-set backends: polish only if the point fails
 DAQP_ITERATION_LIMIT = -4  # DAQP's exit flag at its iteration limit (dxopt.qp.solvers.daqp)
 DAQP_CLAIMS = {-1: "daqp: infeasible", -3: "daqp: unbounded"}  # claims, without a ray
 _NAMES = ("P", "q", "A", "b", "G", "h")
@@ -125,6 +123,7 @@ class FallbackChain:
         psd_pending: bool,
     ) -> None:
         self.problem, self.attempts = problem, attempts
+        self.backends = tuple(backend(a.solver) for a in attempts)  # their table entries
         self.eps_abs, self.eps_rel, self.polish = eps_abs, eps_rel, polish
         self.warm = warm_start
         self.logs: dict[int, SampleLog] = {}
@@ -221,7 +220,7 @@ class FallbackChain:
         kw = self.kwargs(k)
         args = None
         try:
-            if step.solver == "daqp":
+            if self.backends[k].call == "daqp":
                 out = self._call_daqp(i, kw, init)
                 if out.x is None and init is not None:  # a warm start that failed: cold
                     out = self._call_daqp(i, kw, None)
@@ -235,23 +234,17 @@ class FallbackChain:
             else:
                 self.ensure_psd(i)
                 args = self.sample_args(step.solver, i)
-                with warnings.catch_warnings(record=True) as seen:
-                    warnings.simplefilter("always")
-                    sol = qpsolvers.solve_problem(
-                        qpsolvers.Problem(**args), solver=step.solver, initvals=init, **kw
-                    )
-                self.log(i).backend_warnings.extend(f"{step.solver}: {w.message}" for w in seen)
-                if hit_iteration_limit(sol):
-                    self.log(i).hit_cap = True
-                if not sol.found:  # the backend's own rays (OSQP), checked in diagnose
-                    extras = sol.extras if isinstance(sol.extras, dict) else {}
-                    rays = {k: extras.get(k) for k in ("prim_inf_cert", "dual_inf_cert")}
-                    self.log(i).claims.append({"claim": step.solver, **rays})
-                if sol.x is None:
+                pt = qpsolvers_attempt(step.solver, args, kwargs=kw, init=init,
+                                       record_warnings=True)  # fmt: skip
+                log = self.log(i)
+                log.backend_warnings.extend(pt.messages)
+                if pt.hit_cap:
+                    log.hit_cap = True
+                if not pt.found:  # the backend's own rays (OSQP), checked in diagnose
+                    log.claims.append({"claim": step.solver, **pt.rays})
+                if pt.x is None:
                     return self._failed(i, step, "no point")
-                x = np.asarray(sol.x, dtype=np.float64)
-                y = None if sol.y is None else np.asarray(sol.y, dtype=np.float64).reshape(-1)
-                z = None if sol.z is None else np.asarray(sol.z, dtype=np.float64).reshape(-1)
+                x, y, z = pt.x, pt.y, pt.z
         except (TypeError, AttributeError) as err:
             if step.options:
                 raise ValueError(
@@ -296,24 +289,11 @@ class FallbackChain:
         args, x, y, z = point
         if args is None:
             args = self.sample_args(step.solver, i)
-        pol = polish_solution(
-            args["P"],
-            args["q"],
-            args["A"],
-            args["b"],
-            args["G"],
-            args["h"],
-            x,
-            y,
-            z,
-            eps_abs=self.eps_abs,
-            eps_rel=self.eps_rel,
-            enabled=self.polish,
-            force=step.loose,
-            exact_working_set=step.solver in EXACT_WORKING_SET,
-            g_inf=self.row_norm("G"),
-            a_inf=self.row_norm("A"),
-        )
+        pol = polish_attempt(
+            args, x, y, z, eps_abs=self.eps_abs, eps_rel=self.eps_rel, enabled=self.polish,
+            force=step.loose, exact_working_set=backend(step.solver).exact_working_set,
+            g_inf=self.row_norm("G"), a_inf=self.row_norm("A"),
+        )  # fmt: skip
         cert = pol.certificate
         if cert.zero_row_infeasible:  # 0'x <= h_i < 0: the ray e_i, checked
             self.reasons[i] = "a zero row of G with h_i < 0 (0 <= h_i is false)"

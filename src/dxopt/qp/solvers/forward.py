@@ -1,8 +1,9 @@
 """Forward solve of a batch of QPs: the entry point :func:`solve_forward` and its batch fast
 path.
 
-Each sample is solved by the chosen :mod:`qpsolvers` backend (which one, with which settings and
-on which arrays: :mod:`dxopt.qp.solvers.routing`), then polished and certified, walking the
+Each sample is solved by the chosen :mod:`qpsolvers` backend (which one and on which arrays:
+:mod:`dxopt.qp.solvers.routing`; how it is called, with which settings:
+:mod:`dxopt.qp.solvers.backends`), then polished and certified, walking the
 fallback chain where an attempt fails (:mod:`dxopt.qp.solvers.chain`: the attempts, the one
 place that certifies, the statuses of unsolved samples). This module owns the order of the
 work: the first attempt on every sample, then the batch certificate of exact-working-set
@@ -38,13 +39,12 @@ from dxopt.qp.certify.multipliers import select_forward
 from dxopt.qp.certify.polish import BatchCertificate, batch_accept_exact
 from dxopt.qp.problem.canonical import QPProblem
 from dxopt.qp.problem.contracts import ForwardResult
+from dxopt.qp.problem.options import QPOptions
 from dxopt.qp.problem.types import QPStatus
-from dxopt.qp.solvers.chain import EXACT_WORKING_SET, Attempt, FallbackChain, fallback_chain
+from dxopt.qp.solvers.backends import BACKEND_RELATIVE_FLOOR, backend_kwargs
+from dxopt.qp.solvers.chain import Attempt, FallbackChain, fallback_chain
 from dxopt.qp.solvers.routing import (
-    BACKEND_RELATIVE_FLOOR,
     LP_PIQP_MIN_N,
-    SPARSE_ONLY,
-    backend_kwargs,
     daqp_certifies_psd,
     default_solver,
     routes_lp_to_piqp,
@@ -53,7 +53,6 @@ from dxopt.qp.solvers.routing import (
 __all__ = [
     "BACKEND_RELATIVE_FLOOR",
     "LP_PIQP_MIN_N",
-    "SPARSE_ONLY",
     "Attempt",
     "backend_kwargs",
     "daqp_certifies_psd",
@@ -128,19 +127,16 @@ def _accept_exact_batch(
 def solve_forward(
     problem: QPProblem,
     *,
+    options: QPOptions,
     solver: str,
-    eps_abs: float,
-    eps_rel: float,
     warm_start: Tensor | None,
-    max_workers: int | None,
-    solver_options: dict[str, Any] | None,
-    fallback: bool = True,
-    polish: bool = True,
     psd_pending: bool = False,
     device_points: list[Any] | None = None,
 ) -> ForwardResult:
-    """Solve, polish and certify every sample, walking the fallback chain where an attempt
-    fails; failed samples get NaN rows and a non-``SOLVED`` status.
+    """Solve, polish and certify every sample with ``solver`` (``"auto"`` resolved) at the
+    tolerances, ``max_workers``, ``solver_options``, ``fallback`` and ``polish`` of
+    ``options``, walking the fallback chain where an attempt fails; failed samples get NaN
+    rows and a non-``SOLVED`` status.
 
     ``device_points``: the first attempt's points ``(None, x, y, z)`` per sample when the
     router computed them in one batch (``solver="torch"`` on the general route,
@@ -152,6 +148,8 @@ def solve_forward(
     Cholesky certifies it (:mod:`dxopt.qp.solvers.daqp`), and a sample whose factorization
     fails is checked by :func:`dxopt.qp.problem.canonical.check_psd` before anything else
     uses it."""
+    eps_abs, eps_rel, max_workers = options.eps_abs, options.eps_rel, options.max_workers
+    solver_options, fallback, polish = options.solver_options, options.fallback, options.polish
     size = problem.size
     attempts = fallback_chain(problem, solver, eps_abs, solver_options, fallback=fallback)
     warm = None if warm_start is None else warm_start.detach().to("cpu", torch.float64).numpy()
@@ -165,7 +163,7 @@ def solve_forward(
         psd_pending=psd_pending,
     )
     start = time.perf_counter()
-    fast = attempts[0].solver in EXACT_WORKING_SET and problem.any_sparse is False
+    fast = chain.backends[0].exact_working_set and problem.any_sparse is False
 
     def each(fn: Callable[[int], None], indices: list[int]) -> None:
         if max_workers is not None and max_workers > 1 and len(indices) > 1:

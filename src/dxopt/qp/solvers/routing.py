@@ -1,26 +1,17 @@
-"""Backend routing and options: which backend ``"auto"`` picks, the stopping tolerances and
-options handed to each backend, and the arrays each backend is given.
+"""Backend routing: which backend ``"auto"`` picks and the arrays each backend is given.
 
-Owns :func:`default_solver` (the CPU/device and dense/sparse/LP routing of ``"auto"``),
-:func:`backend_kwargs` (the requested tolerance in each backend's own setting names),
-:func:`numpy_views`/:func:`sample_view` (each parameter once as numpy or scipy CSC, shared by
-all samples) and :func:`daqp_certifies_psd`. It does not solve anything: the attempts are run
-by :class:`dxopt.qp.solvers.chain.FallbackChain`.
-
-The requested tolerance is passed to every backend in its own setting names (daqp included:
-``primal_tol``), with the relative part never below ``BACKEND_RELATIVE_FLOOR = 1e-12``: asked
-for more than double precision can reach on badly scaled data, a backend stalls until its
-iteration limit (piqp on Maros-Meszaros CVXQP1_L, n = 10000: the dual residual stops at 1e-8
-on data of size 1e8, and the absolute 1e-9 kept it iterating for 250 iterations of about 4 s;
-with the floor it stops after 14). The floor stays below the certificate's own
-(``RELATIVE_FLOOR = 1e-10`` in :mod:`dxopt.qp.certify.polish`): at ``eps_rel = 1e-10`` piqp
-stops at points whose polish fails on a QP scaled by 1e8, at ``1e-12`` it does not. Sparse
-matrices are handed over as scipy CSC; daqp takes dense arrays only (:mod:`dxopt.qp.solvers.daqp`).
+Owns the one rule of ``"auto"`` (:func:`auto_choice`, read by :func:`default_solver` on the
+canonical problem and by :func:`dxopt.qp.api.route.plan` on the raw inputs; its answers named
+once in :data:`AUTO`), :func:`numpy_views`/:func:`sample_view` (each parameter once as numpy or
+scipy CSC, in the format the backend's entry of :mod:`dxopt.qp.solvers.backends` takes, shared
+by all samples) and :func:`daqp_certifies_psd`. It does not solve anything: the attempts are
+run by :class:`dxopt.qp.solvers.chain.FallbackChain`; what each backend is asked for (its
+settings) is :mod:`dxopt.qp.solvers.backends`'s.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from types import MappingProxyType
 from typing import Any
 
 import qpsolvers
@@ -29,14 +20,14 @@ import torch
 from torch import Tensor
 
 from dxopt.qp.problem.canonical import QPProblem
+from dxopt.qp.solvers.backends import backend
 
 __all__ = [
-    "BACKEND_RELATIVE_FLOOR",
+    "AUTO",
     "DENSE_FALLBACK_MAX_N",
     "LP_PIQP_MIN_N",
-    "SPARSE_ONLY",
+    "auto_choice",
     "available_backends",
-    "backend_kwargs",
     "daqp_certifies_psd",
     "default_solver",
     "numpy_views",
@@ -44,23 +35,22 @@ __all__ = [
     "sample_view",
 ]
 
-BACKEND_RELATIVE_FLOOR = 1e-12
-"""The least relative stopping tolerance passed to a backend (:mod:`dxopt.qp.solvers.routing`)."""
+AUTO = MappingProxyType({"sparse": "piqp", "device": "torch", "lp": "piqp", "dense": "daqp"})
+"""What ``"auto"`` names for each kind of problem (:func:`auto_choice`)."""
 
-_TOLERANCE_KEYS: dict[str, Callable[[float, float], dict[str, float]]] = {
-    "daqp": lambda a, r: {"primal_tol": a},
-    "piqp": lambda a, r: {"eps_abs": a, "eps_rel": max(r, BACKEND_RELATIVE_FLOOR)},
-    "osqp": lambda a, r: {"eps_abs": a, "eps_rel": max(r, BACKEND_RELATIVE_FLOOR)},
-    "proxqp": lambda a, r: {"eps_abs": a, "eps_rel": max(r, BACKEND_RELATIVE_FLOOR)},
-    "scs": lambda a, r: {"eps_abs": a, "eps_rel": max(r, BACKEND_RELATIVE_FLOOR)},
-    "clarabel": lambda a, r: {
-        "tol_gap_abs": a,
-        "tol_gap_rel": max(r, BACKEND_RELATIVE_FLOOR),
-        "tol_feas": a,
-        "tol_ktratio": 1e-8,
-    },
-    "highs": lambda a, r: {"primal_feasibility_tolerance": a, "dual_feasibility_tolerance": a},
-}
+
+def auto_choice(*, sparse: bool, on_cpu: bool, P: object, q: object) -> str:
+    """The rule of ``"auto"``: :data:`AUTO`'s ``"sparse"`` backend when ``P``, ``A`` or ``G``
+    is sparse, its ``"device"`` solver for dense inputs off the CPU, its ``"lp"`` backend for a
+    larger pure LP (:func:`routes_lp_to_piqp`), else its ``"dense"`` backend (the measurements:
+    :func:`default_solver`)."""
+    if sparse:
+        return AUTO["sparse"]
+    if not on_cpu:
+        return AUTO["device"]
+    if routes_lp_to_piqp(P, q):
+        return AUTO["lp"]
+    return AUTO["dense"]
 
 
 def default_solver(problem: QPProblem) -> str:
@@ -104,13 +94,8 @@ def default_solver(problem: QPProblem) -> str:
     The same ranking as earlier runs on a quiet machine (daqp 0.80 / 44 ms dense; piqp 16.5 /
     258 ms sparse, the fastest backend at every simplex size up to 1e6).
     """
-    if problem.any_sparse:
-        return "piqp"
-    if problem.device.type != "cpu":
-        return "torch"
-    if routes_lp_to_piqp(problem.P, problem.q):  # a larger pure LP (routes_lp_to_piqp)
-        return "piqp"
-    return "daqp"
+    on_cpu = problem.device.type == "cpu"
+    return auto_choice(sparse=problem.any_sparse, on_cpu=on_cpu, P=problem.P, q=problem.q)
 
 
 LP_PIQP_MIN_N = 65
@@ -146,15 +131,14 @@ def routes_lp_to_piqp(P: object, q: object) -> bool:
     )
 
 
-SPARSE_ONLY = ("clarabel", "osqp", "scs")
-"""Backends that take scipy CSC matrices only (dense data is converted for them)."""
-_DENSE_ONLY = ("daqp",)
 DENSE_FALLBACK_MAX_N = 3000  # daqp joins the chain of sparse problems up to this size
 
 
 def numpy_views(problem: QPProblem, solver: str) -> dict[str, Any]:
-    """Each parameter once as numpy (dense) or scipy CSC (sparse), shared by all samples."""
-    views: dict[str, Any] = {"sparse_only": solver in SPARSE_ONLY}
+    """Each parameter once as numpy (dense) or scipy CSC (sparse), shared by all samples, in
+    the formats ``solver``'s entry takes (:class:`dxopt.qp.solvers.backends.Backend`)."""
+    entry = backend(solver)
+    views: dict[str, Any] = {"sparse_only": entry.sparse_only}
     if not problem.csr and not views["sparse_only"]:  # all dense, kept dense: numpy views
         for name in ("P", "q", "A", "b", "G", "h"):
             t = getattr(problem, name)
@@ -164,12 +148,12 @@ def numpy_views(problem: QPProblem, solver: str) -> dict[str, Any]:
         t = getattr(problem, name)
         if t is None:
             views[name] = None
-        elif t.layout == torch.sparse_coo and solver in _DENSE_ONLY:
+        elif t.layout == torch.sparse_coo and entry.dense_only:
             views[name] = problem.csr[name][0].toarray()  # daqp takes dense arrays only
         elif t.layout == torch.sparse_coo:
             views[name] = problem.csr[name][0].tocsc()
-        elif solver in SPARSE_ONLY and name in ("P", "A", "G") and t.ndim == 2:
-            views[name] = sp.csc_matrix(t.numpy())  # what the backend converts to anyway
+        elif name in ("P", "A", "G") and t.ndim == 2:
+            views[name] = entry.matrix(t.numpy())  # CSC-only: what it converts to anyway
         else:
             views[name] = t.numpy()
     return views
@@ -178,22 +162,11 @@ def numpy_views(problem: QPProblem, solver: str) -> dict[str, Any]:
 def sample_view(views: dict[str, Any], name: str, i: int) -> Any:
     v = views[name]
     if views["sparse_only"] and v is not None and not sp.issparse(v) and v.ndim == 3:
-        return sp.csc_matrix(v[i])  # batched dense matrix for a CSC-only backend
+        return sp.csc_matrix(v[i])  # batched dense matrix for a CSC-only backend (Backend.matrix)
     base = 2 if name in ("P", "A", "G") else 1
     if v is None or sp.issparse(v) or v.ndim == base:
         return v
     return v[i]
-
-
-def backend_kwargs(
-    solver: str, eps_abs: float, eps_rel: float, options: dict[str, Any] | None
-) -> dict[str, Any]:
-    """The keyword arguments for ``solver`` through qpsolvers: its stopping tolerances from
-    ``eps_abs``/``eps_rel`` (relative ones at least :data:`BACKEND_RELATIVE_FLOOR`), then the
-    user's ``options``."""
-    kw: dict[str, Any] = dict(_TOLERANCE_KEYS.get(solver, lambda a, r: {})(eps_abs, eps_rel))
-    kw.update(options or {})
-    return kw
 
 
 def daqp_certifies_psd(
@@ -202,7 +175,7 @@ def daqp_certifies_psd(
     """Whether daqp's own Cholesky can stand in for the PSD check of ``P``: daqp is the
     requested backend, ``P`` is dense, and the user did not set daqp's ``eps_prox``."""
     return (
-        solver == "daqp"
+        backend(solver).call == "daqp"
         and problem.P.layout == torch.strided
         and "eps_prox" not in (solver_options or {})
     )

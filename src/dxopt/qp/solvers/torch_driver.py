@@ -67,7 +67,7 @@ from dxopt.qp.solvers.torch_kkt import (
     penalty_factor,
     small_threads,
 )
-from dxopt.qp.solvers.torch_types import TorchQPResult, code, status_mask
+from dxopt.qp.solvers.torch_types import TorchOptions, TorchQPResult, code, status_mask
 
 __all__ = ["POLISH_ROUNDS", "batch_inputs", "solve_detached"]
 
@@ -107,25 +107,16 @@ def batch_inputs(
 
 
 def solve_detached(
-    P: Tensor,
-    q: Tensor,
-    A: Tensor,
-    b: Tensor,
-    G: Tensor,
-    h: Tensor,
-    *,
-    eps_abs: float,
-    eps_rel: float,
-    eps_inf: float,
-    max_iter: int,
-    check_every: int,
-    polish: bool,
-    max_refine: int | None,
+    P: Tensor, q: Tensor, A: Tensor, b: Tensor, G: Tensor, h: Tensor, options: TorchOptions
 ) -> TorchQPResult:
     """:func:`~dxopt.qp.autograd.torch_entry.torch_qp_solve` on validated ``(B, ...)`` inputs
-    (:func:`batch_inputs`), without autograd. ``max_iter``: interior-point iterations at most;
-    ``max_refine``: refinement passes of each KKT solve at most (``None``:
+    (:func:`batch_inputs`), without autograd, with the checked ``options``
+    (:class:`~dxopt.qp.solvers.torch_types.TorchOptions`: ``max_iter`` interior-point
+    iterations at most, ``max_refine`` refinement passes of each KKT solve at most, ``None``:
     :data:`~dxopt.qp.solvers.torch_kkt.REFINE_STEPS`)."""
+    eps_abs, eps_rel, polish = options.eps_abs, options.eps_rel, options.polish
+    eps_inf, max_iter, check_every = options.eps_inf, options.max_iter, options.check_every
+    max_refine = options.max_refine
     with torch.no_grad(), small_threads(P.shape[-1], G.shape[-2], P.device):
         f64 = P.dtype == torch.float64
         user_abs, user_rel = eps_abs, eps_rel  # the polished point's certificate

@@ -1,25 +1,92 @@
-"""The result types of the batched torch QP solver (:mod:`dxopt.qp.solvers.torch_driver`).
+"""The records of the batched torch QP solver (:mod:`dxopt.qp.solvers.torch_driver`).
 
-Owns :class:`TorchQPResult` (the per-sample solution, statuses, residuals and flags, all on
-the inputs' device), :class:`PenaltyFactor` (the polish's penalty Cholesky factor that the
-backward reuses) and the one table that encodes the shared :class:`dxopt.qp.QPStatus`
-(:class:`dxopt._core.Status`) as int codes on the device (:data:`STATUS_CODES`): the iteration
-keeps its statuses in an int tensor and never syncs for them; :attr:`TorchQPResult.statuses`
-decodes them. Imports nothing of the solver.
+Owns :class:`TorchOptions` (the solver's options, one checked record for every entry),
+:class:`TorchQPResult` (the per-sample solution, statuses, residuals and flags, all on the
+inputs' device; :meth:`TorchQPResult.outputs` and :meth:`TorchQPResult.from_outputs` flatten it
+for the autograd Function and rebuild it), :class:`PenaltyFactor` (the polish's penalty
+Cholesky factor that the backward reuses) and the one table that encodes the shared
+:class:`dxopt.qp.QPStatus` (:class:`dxopt._core.Status`) as int codes on the device
+(:data:`STATUS_CODES`): the iteration keeps its statuses in an int tensor and never syncs for
+them; :attr:`TorchQPResult.statuses` decodes them. Imports nothing of the solver.
 """
 
 from __future__ import annotations
 
 import enum
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
-from dxopt._core import Status
+from dxopt._core import Status, check_int, check_positive, renamed_kwargs
 
-__all__ = ["STATUS_CODES", "PenaltyFactor", "TorchQPResult", "code", "decode", "status_mask"]
+__all__ = [
+    "STATUS_CODES",
+    "PenaltyFactor",
+    "TorchOptions",
+    "TorchQPResult",
+    "code",
+    "decode",
+    "status_mask",
+]
+
+
+@renamed_kwargs(refine_steps="max_refine")
+@dataclass(frozen=True, kw_only=True)
+class TorchOptions:
+    """The options of the batched torch solver, checked when built (``ValueError`` naming the
+    option): ``eps_abs``, ``eps_rel`` (stopping tolerances; the polished point's certificate),
+    ``eps_inf`` (the infeasibility certificates), ``max_iter`` (interior-point iterations),
+    ``check_every`` (iterations between convergence checks, each one host sync), ``polish``
+    and ``max_refine`` (refinement passes of each KKT solve; ``None``: the solver's
+    ``REFINE_STEPS``; ``refine_steps`` is its deprecated name). What each one does:
+    :func:`dxopt.qp.autograd.torch_entry.torch_qp_solve`."""
+
+    eps_abs: float = 1e-9
+    eps_rel: float = 0.0
+    eps_inf: float = 1e-7
+    max_iter: int = 50
+    check_every: int = 4
+    polish: bool = True
+    max_refine: int | None = None
+
+    SOLVER_OPTIONS: ClassVar[tuple[str, ...]] = ("eps_inf", "max_iter", "check_every", "max_refine")
+    """The options ``dxopt.qp.solve(..., solver="torch")`` takes in ``solver_options``."""
+
+    def __post_init__(self) -> None:
+        check_positive("eps_abs", self.eps_abs, allow_zero=True)
+        check_positive("eps_rel", self.eps_rel, allow_zero=True)
+        check_positive("eps_inf", self.eps_inf, allow_zero=True)
+        check_int("max_iter", self.max_iter)
+        check_int("check_every", self.check_every)
+        if self.max_refine is not None:
+            check_int("max_refine", self.max_refine, minimum=0)
+
+    @classmethod
+    def of(
+        cls,
+        solver_options: Mapping[str, Any] | None,
+        *,
+        eps_abs: float,
+        eps_rel: float,
+        polish: bool,
+    ) -> TorchOptions:
+        """The record of a ``solve(..., solver="torch")`` call: its tolerances and polish,
+        and the ``solver_options`` (only :data:`SOLVER_OPTIONS`; the old name
+        ``refine_steps`` of ``max_refine`` warns, for one release)."""
+        opts = dict(solver_options or {})
+        unknown = sorted(set(opts) - set(cls.SOLVER_OPTIONS) - {"refine_steps"})
+        if unknown:
+            raise ValueError(
+                f"solver_options: the torch solver takes {list(cls.SOLVER_OPTIONS)}, got the "
+                f"unknown options {unknown}. Remove them (tolerances go through "
+                "eps_abs/eps_rel)."
+            )
+        return cls(eps_abs=eps_abs, eps_rel=eps_rel, polish=polish, **opts)
+
 
 STATUS_CODES: tuple[Status, ...] = (
     Status.SOLVED,
@@ -126,6 +193,24 @@ class TorchQPResult:
     polished: Tensor
     factor: PenaltyFactor
     regular: Tensor
+
+    def outputs(self) -> tuple[Tensor, ...]:
+        """The result as a flat tuple of tensors, in field order with the factor's tensors
+        last (what :class:`dxopt.qp.autograd.torch_function.TorchQPFunction` returns);
+        :meth:`from_outputs` is the inverse."""
+        f = self.factor
+        return (self.x, self.eq_duals, self.ineq_duals, self.slacks, self.status,
+                self.iterations, self.primal_residual, self.dual_residual, self.polished,
+                self.regular, f.L, f.w_ineq, f.w_eq, f.active)  # fmt: skip
+
+    @classmethod
+    def from_outputs(cls, outputs: tuple[Tensor, ...], max_refine: int) -> TorchQPResult:
+        """The result of :meth:`outputs` (``max_refine``: the factor's refinement passes)."""
+        x, y, z, slacks, status, iters, pres, dres, polished, regular, L, w_ineq, w_eq, active = (
+            outputs
+        )
+        factor = PenaltyFactor(L, w_ineq, w_eq, active, max_refine)
+        return cls(x, y, z, slacks, status, iters, pres, dres, polished, factor, regular)
 
     @property
     def solved(self) -> Tensor:
