@@ -40,9 +40,10 @@ from dxopt._core import (
     check_tensor,
     handle_failure,
 )
-from dxopt.dfl._checks import as_array, check_cost_vectors, lp_bounds, lp_dimension, lp_matrix
+from dxopt.dfl._checks import as_array, check_cost_vectors
 from dxopt.dfl._highs import import_highspy, new_highs, pass_model
 from dxopt.dfl.graphs import _check_edges, grid_graph
+from dxopt.dfl.lp import LPData
 
 __all__ = [
     "CallableOracle",
@@ -174,13 +175,10 @@ class LPOracle(OracleBase):
         sense: Sense = "min",
         solver: str = "auto",
     ) -> None:
-        d = lp_dimension("LPOracle", A=A, b=b, G=G, h=h, lb=lb, ub=ub)
-        super().__init__(dim=d, sense=sense)
-        self.A = None if A is None else lp_matrix("A", A, d)
-        self.G = None if G is None else lp_matrix("G", G, d)
-        self.b = None if self.A is None else as_array("b", b, (self.A.shape[0],))
-        self.h = None if self.G is None else as_array("h", h, (self.G.shape[0],))
-        self.lb, self.ub = lp_bounds(lb, ub, d)
+        self.data = LPData.parse("LPOracle", A=A, b=b, G=G, h=h, lb=lb, ub=ub)
+        super().__init__(dim=self.data.dim, sense=sense)
+        self.A, self.b, self.G, self.h = self.data.A, self.data.b, self.data.G, self.data.h
+        self.lb, self.ub = self.data.lb, self.data.ub
         if solver == "auto":
             try:
                 import highspy  # noqa: F401
