@@ -43,7 +43,6 @@ import torch
 from torch import Tensor, nn
 
 from dxopt._core import (
-    Cost,
     NotConvergedError,
     Status,
     check_choice,
@@ -53,6 +52,7 @@ from dxopt._core import (
     handle_failure,
 )
 from dxopt.dfl._checks import check_cost_vectors
+from dxopt.dfl._cost import CostMeter, Metered
 from dxopt.dfl.lp import LPData
 from dxopt.linalg import saddle_solve, schur_factor
 from dxopt.qp.certify.dependence import DEPENDENT_TOL
@@ -133,7 +133,7 @@ class _BarrierFunction(torch.autograd.Function):
         return (-layer.sign * u).to(grad.device, grad.dtype), None
 
 
-class LogBarrierLP(nn.Module):
+class LogBarrierLP(Metered, nn.Module):
     """Log-barrier smoothed LP layer: ``x = layer(c_hat)`` ``(B, d)`` with exact gradients.
 
     Args:
@@ -190,7 +190,7 @@ class LogBarrierLP(nn.Module):
         self._lmask = torch.as_tensor(self._lower, dtype=t)
         self._umask = torch.as_tensor(self._upper, dtype=t)
         self._x0 = torch.as_tensor(x0, dtype=t)
-        self.cost = Cost()
+        self._meter = CostMeter()
         self.status: list[Status] = []
 
     def _interior_point(self, A, b, G, h, lb, ub) -> np.ndarray:
@@ -335,7 +335,7 @@ class LogBarrierLP(nn.Module):
                 t = torch.where(fail, 0.5 * t, t)
             x = torch.where(done[:, None], x, x + t[:, None] * dx)
         self.status = [Status.SOLVED if d else Status.MAX_ITER for d in done.tolist()]
-        self.cost = self.cost + Cost(forwards=c.shape[0], seconds=time.perf_counter() - start)
+        self._meter.add(c.shape[0], time.perf_counter() - start)
         if not bool(done.all()):
             bad = int((~done).sum())
             message = (

@@ -8,8 +8,9 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from dxopt._core import Cost, DxoptWarning, check_choice, check_int
+from dxopt._core import DxoptWarning, check_choice, check_int
 from dxopt.dfl._checks import check_cost_vectors
+from dxopt.dfl._cost import Metered
 from dxopt.dfl.pool import PoolSolver, SolutionPool
 
 __all__ = ["OracleLoss", "reduce_loss"]
@@ -24,7 +25,7 @@ def reduce_loss(loss: Tensor, reduction: str) -> Tensor:
     return loss
 
 
-class OracleLoss(nn.Module):
+class OracleLoss(Metered, nn.Module):
     """Base class of every loss and layer of :mod:`dxopt.dfl` that calls an oracle; subclass it
     to write your own (the counterpart of PyEPO's ``optModule``).
 
@@ -104,15 +105,11 @@ class OracleLoss(nn.Module):
         self.sign = 1.0 if oracle.sense == "min" else -1.0
         self.reduction = check_choice("reduction", reduction, ("mean", "sum", "none"))
         self.solver = PoolSolver(oracle, pool, solve_ratio=solve_ratio, seed=seed)
+        self._meter = self.solver._meter  # cost: the oracle solves made by this loss
 
     @property
     def pool(self) -> SolutionPool | None:
         return self.solver.pool
-
-    @property
-    def cost(self) -> Cost:
-        """Oracle calls made by this loss (``forwards``) and the seconds they took."""
-        return self.solver.cost
 
     def solve(self, c: Tensor) -> Tensor:
         """:math:`x(c)` for ``(d,)`` or ``(B, d)`` costs (detached), one batched oracle call or

@@ -21,7 +21,6 @@ gradient. It records what it cost in :attr:`~OracleBase.cost` (a :class:`dxopt.C
 
 from __future__ import annotations
 
-import time
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -41,6 +40,7 @@ from dxopt._core import (
     handle_failure,
 )
 from dxopt.dfl._checks import as_array, check_cost_vectors
+from dxopt.dfl._cost import CostMeter, Metered
 from dxopt.dfl._highs import import_highspy, new_highs, pass_model
 from dxopt.dfl.graphs import _check_edges, grid_graph
 from dxopt.dfl.lp import LPData
@@ -78,8 +78,9 @@ class Oracle(Protocol):
     def objective(self, c: Tensor, x: Tensor) -> Tensor: ...
 
 
-class OracleBase:
-    """Shared validation, conversion, cost accounting and per-sample status; subclasses write
+class OracleBase(Metered):
+    """Shared validation, conversion, cost accounting (:class:`~dxopt.dfl._cost.Metered`:
+    ``cost``, ``calls``, ``reset_cost()``) and per-sample status; subclasses write
     :meth:`_solve` ``(B, d) float64 ndarray -> (B, d) ndarray`` in their own sense, and set
     ``self._status`` (one :class:`dxopt.Status` per row) where an answer may not be optimal.
 
@@ -97,7 +98,7 @@ class OracleBase:
     def __init__(self, *, dim: int, sense: Sense = "min") -> None:
         self.dim = check_int("dim", dim)
         self.sense = check_choice("sense", sense, ("min", "max"))
-        self._solved, self._seconds, self.calls = 0, 0.0, 0
+        self._meter = CostMeter()
         self._status: tuple[Status, ...] | None = None
         self._last_status: tuple[Status, ...] = ()
 
@@ -105,11 +106,6 @@ class OracleBase:
     def last_status(self) -> tuple[Status, ...]:
         """One :class:`dxopt.Status` per cost vector of the last call (``()`` before any)."""
         return self._last_status
-
-    @property
-    def cost(self) -> Cost:
-        """What the oracle cost so far: ``forwards`` = cost vectors solved, ``seconds``."""
-        return Cost(forwards=self._solved, seconds=self._seconds)
 
     @property
     def sign(self) -> float:
@@ -127,26 +123,16 @@ class OracleBase:
         """Solve for every cost vector: ``(d,)`` or ``(B, d)`` in, same shape out."""
         c = self.check_costs(c)
         flat = c.detach().reshape(-1, self.dim).to("cpu", torch.float64).numpy()
-        start = time.perf_counter()
         self._status = None
-        x = self._solve(np.ascontiguousarray(flat))
-        seconds = time.perf_counter() - start
+        with self._meter.timed(flat.shape[0]):
+            x = self._solve(np.ascontiguousarray(flat))
         status, self._status = self._status, None
         self._last_status = (Status.SOLVED,) * flat.shape[0] if status is None else status
-        self._solved += flat.shape[0]
-        self._seconds += seconds
-        self.calls += 1
         return torch.as_tensor(x).to(c.device, c.dtype).reshape(c.shape)
 
     def objective(self, c: Tensor, x: Tensor) -> Tensor:
         """:math:`c^\\top x` over the last dimension."""
         return (c * x).sum(-1)
-
-    def reset_cost(self) -> Cost:
-        """Return the cost so far and start a new record."""
-        cost = self.cost
-        self._solved, self._seconds, self.calls = 0, 0.0, 0
-        return cost
 
 
 class LPOracle(OracleBase):

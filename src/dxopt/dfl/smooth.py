@@ -13,14 +13,14 @@ The log-barrier layer of Mandi & Guns (NeurIPS 2020) is :class:`dxopt.dfl.LogBar
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from dxopt._core import Cost, check_choice, check_positive
+from dxopt._core import check_choice, check_positive
 from dxopt.dfl._checks import check_cost_vectors
+from dxopt.dfl._cost import CostMeter, Metered
 from dxopt.dfl.lp import LPData
 from dxopt.qp import QPLayer
 from dxopt.qp.problem.options import QPOptions
@@ -28,7 +28,7 @@ from dxopt.qp.problem.options import QPOptions
 __all__ = ["QPTL"]
 
 
-class QPTL(nn.Module):
+class QPTL(Metered, nn.Module):
     """Quadratic-regularised LP layer: ``x = qptl(c_hat)`` returns :math:`x_\\epsilon(\\hat c)`
     ``(B, d)`` (or ``(d,)``) with exact gradients; train with :meth:`regret_loss` (Wilder et
     al.'s decision loss :math:`s\\,(c^\\top x_\\epsilon(\\hat c) - z^*)`) or any loss of ``x``.
@@ -72,7 +72,7 @@ class QPTL(nn.Module):
             )
         self.layer = QPLayer(**qp_options)
         self._tensors: dict[tuple[torch.dtype, torch.device], dict[str, Tensor | None]] = {}
-        self.cost = Cost()
+        self._meter = CostMeter()
 
     @property
     def qp_options(self) -> dict[str, Any]:
@@ -88,10 +88,8 @@ class QPTL(nn.Module):
     def forward(self, c_hat: Tensor) -> Tensor:
         check_cost_vectors("c_hat", c_hat, self.dim)
         P = self.eps * torch.eye(self.dim, dtype=c_hat.dtype, device=c_hat.device)
-        start = time.perf_counter()
-        sol = self.layer(P, self.sign * c_hat, **self._constraints(c_hat))
-        n = 1 if c_hat.ndim == 1 else int(c_hat.shape[0])
-        self.cost = self.cost + Cost(forwards=n, seconds=time.perf_counter() - start)
+        with self._meter.timed(1 if c_hat.ndim == 1 else int(c_hat.shape[0])):
+            sol = self.layer(P, self.sign * c_hat, **self._constraints(c_hat))
         x: Tensor = sol.x
         return x
 
