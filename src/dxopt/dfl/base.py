@@ -54,7 +54,7 @@ class OracleLoss(Metered, nn.Module):
     :math:`s\\,(x^* - x(\\hat c))`::
 
         import torch
-        from dxopt.dfl import OracleLoss, ShortestPathOracle
+        from dxopt.dfl import OracleLoss, ShortestPathOracle, shortest_path
 
         class Perceptron(OracleLoss):
             def forward(self, c_hat, x_true):
@@ -63,9 +63,20 @@ class OracleLoss(Metered, nn.Module):
                 gap = self.sign * (c_hat * (x_true - x_hat)).sum(-1)
                 return self.reduce(gap)
 
-        loss_fn = Perceptron(ShortestPathOracle((5, 5)))
-        loss = loss_fn(model(features), x_true)
-        loss.backward()
+        oracle = ShortestPathOracle((3, 3))
+        data = shortest_path(200, 5, grid=(3, 3), deg=2, noise_width=0.0, seed=1)
+        x_true = oracle(data.costs)
+        torch.manual_seed(0)
+        model = torch.nn.Linear(5, oracle.dim)
+        loss_fn = Perceptron(oracle)
+        opt = torch.optim.Adam(model.parameters(), lr=0.05)
+        for epoch in range(15):
+            for i in range(0, 200, 20):
+                opt.zero_grad()
+                loss_fn(model(data.features[i : i + 20]), x_true[i : i + 20]).backward()
+                opt.step()
+
+    (``tests/dfl/test_base.py`` runs this example as written.)
 
     Args:
         oracle: the solution oracle.
