@@ -101,3 +101,22 @@ def test_an_uncertified_highs_answer_follows_on_failure(on_failure):
     assert lp.last_status == (Status.INACCURATE,) * 2
     assert lp.last_certificate.primal.min() == pytest.approx(3e-4)
     assert torch.isnan(x).all() == (on_failure == "nan")
+
+
+def test_the_lp_keywords_are_written_once_and_shown_in_every_signature():
+    import inspect
+
+    from dxopt.dfl import QPTL, LogBarrierLP, binding_normals
+    from dxopt.dfl.lp import LP_KEYWORDS
+
+    assert LP_KEYWORDS == ("A", "b", "G", "h", "lb", "ub")
+    for owner in (LPOracle, QPTL, LogBarrierLP, binding_normals):
+        params = inspect.signature(owner).parameters
+        assert all(params[k].kind is inspect.Parameter.KEYWORD_ONLY for k in LP_KEYWORDS)
+        assert all(params[k].default is None for k in LP_KEYWORDS)
+    assert "qp_options" in inspect.signature(QPTL).parameters
+    for owner in (LPOracle, LogBarrierLP):
+        with pytest.raises(TypeError, match=r"unexpected keyword.*'c'"):
+            owner(lb=0.0, ub=np.ones(2), c=np.ones(2))
+    with pytest.raises(TypeError, match=r"unexpected keyword.*'Aeq'"):
+        binding_normals(torch.zeros(2), ub=np.ones(2), Aeq=np.ones((1, 2)))

@@ -53,7 +53,7 @@ from dxopt._core import (
 )
 from dxopt.dfl._checks import check_cost_vectors
 from dxopt.dfl._cost import CostMeter, Metered
-from dxopt.dfl.lp import LPData
+from dxopt.dfl.lp import lp_keywords, no_other_keywords, split_lp
 from dxopt.linalg import saddle_solve, schur_factor
 from dxopt.qp.certify.dependence import DEPENDENT_TOL
 
@@ -150,20 +150,16 @@ class LogBarrierLP(Metered, nn.Module):
             (NaN rows, and NaN gradients, for the samples that did not converge).
     """
 
+    @lp_keywords()
     def __init__(
         self,
         *,
-        A: Any = None,
-        b: Any = None,
-        G: Any = None,
-        h: Any = None,
-        lb: Any = None,
-        ub: Any = None,
         mu: float = 0.1,
         sense: str = "min",
         max_iter: int = 100,
         tol: float = 1e-22,
         on_failure: str = "raise",
+        **lp: Any,
     ) -> None:
         super().__init__()
         self.mu = check_positive("mu", mu)
@@ -172,7 +168,9 @@ class LogBarrierLP(Metered, nn.Module):
         self.max_iter = check_int("max_iter", max_iter)
         self.tol = check_positive("tol", tol)
         self.on_failure = check_on_failure(on_failure, ("raise", "warn", "nan"))
-        data = self.data = LPData.parse("LogBarrierLP", A=A, b=b, G=G, h=h, lb=lb, ub=ub)
+        data, rest = split_lp("LogBarrierLP", lp)
+        no_other_keywords("LogBarrierLP", rest)
+        self.data = data
         d = self.dim = data.dim
         A_, b_ = data.A, data.b
         if A_ is not None and b_ is not None:

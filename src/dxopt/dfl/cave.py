@@ -33,22 +33,13 @@ from torch import Tensor
 
 from dxopt._core import check_positive, check_tensor
 from dxopt.dfl.base import OracleLoss
-from dxopt.dfl.lp import LPData
+from dxopt.dfl.lp import lp_keywords, no_other_keywords, split_lp
 
 __all__ = ["CaVE", "binding_normals", "cone_projection"]
 
 
-def binding_normals(
-    x: Tensor,
-    *,
-    A: Any = None,
-    b: Any = None,
-    G: Any = None,
-    h: Any = None,
-    lb: Any = None,
-    ub: Any = None,
-    rtol: float = 1e-9,
-) -> Tensor:
+@lp_keywords()
+def binding_normals(x: Tensor, *, rtol: float = 1e-9, **lp: Any) -> Tensor:
     """The normals of the constraints binding at each solution, in the ``<=`` orientation:
     rows :math:`g_i` of :math:`Gx \\le h` with :math:`|g_i^\\top x - h_i| \\le`
     ``rtol`` :math:`(|g_i|^\\top|x| + |h_i|)`, both :math:`\\pm a_j` of every equality row,
@@ -59,7 +50,8 @@ def binding_normals(
     to the size of the terms it sums, so 0/1 solutions of integer data are classified exactly.
     """
     check_tensor("x", x, floating=True, finite=True)
-    data = LPData.parse("binding_normals", A=A, b=b, G=G, h=h, lb=lb, ub=ub)
+    data, rest = split_lp("binding_normals", lp)
+    no_other_keywords("binding_normals", rest)
     dim = data.dim
     if x.shape[-1] != dim or x.ndim not in (1, 2):
         raise ValueError(f"x: expected shape ({dim},) or (B, {dim}), got {tuple(x.shape)}.")

@@ -10,8 +10,10 @@ costs change between calls.
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -22,7 +24,16 @@ from dxopt.dfl._checks import as_array, lp_bounds, lp_dimension, lp_matrix
 from dxopt.dfl._highs import import_highspy, new_highs, pass_model
 from dxopt.dfl.oracle_base import OracleBase, OracleError, Sense
 
-__all__ = ["LPCertificate", "LPData", "LPOracle", "certify_lp"]
+__all__ = [
+    "LP_KEYWORDS",
+    "LPCertificate",
+    "LPData",
+    "LPOracle",
+    "certify_lp",
+    "lp_keywords",
+    "no_other_keywords",
+    "split_lp",
+]
 
 
 @dataclass(frozen=True, eq=False)
@@ -98,6 +109,53 @@ class LPData:
             "lb": tensor(self.lb) if self.has_lower.any() else None,
             "ub": tensor(self.ub) if self.has_upper.any() else None,
         }
+
+
+def _lp_parameters() -> list[inspect.Parameter]:
+    """The keyword parameters ``A, b, G, h, lb, ub`` of :meth:`LPData.parse` (written once)."""
+    params = list(inspect.signature(LPData.parse).parameters.values())
+    return [p for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY]
+
+
+LP_KEYWORDS = tuple(p.name for p in _lp_parameters())
+"""The names of the LP's data, ``("A", "b", "G", "h", "lb", "ub")``."""
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def lp_keywords(rest: str | None = None) -> Callable[[F], F]:
+    """Decorator of a function taking the LP's data through ``**lp``: its signature (for
+    ``help()``, IDEs, :mod:`inspect`) lists ``A, b, G, h, lb, ub`` as keyword-only parameters
+    (default ``None``) in place of ``**lp``, followed by ``**rest`` when ``rest`` names other
+    keywords it passes on (QPTL's options of :func:`dxopt.qp.solve`)."""
+
+    def decorate(fn: F) -> F:
+        sig = inspect.signature(fn)
+        params = list(sig.parameters.values())
+        kinds = inspect.Parameter
+        head = [p for p in params if p.kind is not kinds.VAR_KEYWORD]
+        at = next((i for i, p in enumerate(head) if p.kind is kinds.KEYWORD_ONLY), len(head))
+        tail = [kinds(rest, kinds.VAR_KEYWORD, annotation=Any)] if rest else []
+        new = [*head[:at], *_lp_parameters(), *head[at:], *tail]
+        fn.__signature__ = sig.replace(parameters=new)  # type: ignore[attr-defined]
+        return fn
+
+    return decorate
+
+
+def split_lp(owner: str, options: dict[str, Any]) -> tuple[LPData, dict[str, Any]]:
+    """:meth:`LPData.parse` of the LP keywords in ``options``, and the other keywords."""
+    lp = {k: v for k, v in options.items() if k in LP_KEYWORDS}
+    return LPData.parse(owner, **lp), {k: v for k, v in options.items() if k not in lp}
+
+
+def no_other_keywords(owner: str, rest: dict[str, Any]) -> None:
+    """A ``TypeError`` naming the keywords in ``rest`` (none expected)."""
+    if rest:
+        raise TypeError(
+            f"{owner}: unexpected keyword(s) {sorted(rest)}; the LP is given by "
+            f"{', '.join(LP_KEYWORDS)}."
+        )
 
 
 @dataclass(frozen=True)
@@ -208,22 +266,19 @@ class LPOracle(OracleBase):
             status in :attr:`last_status`) or ``"nan"`` (NaN rows).
     """
 
+    @lp_keywords()
     def __init__(
         self,
         *,
-        A: Any = None,
-        b: Any = None,
-        G: Any = None,
-        h: Any = None,
-        lb: Any = None,
-        ub: Any = None,
         sense: Sense = "min",
         solver: str = "auto",
         eps_abs: float = 1e-7,
         eps_rel: float = 0.0,
         on_failure: str = "raise",
+        **lp: Any,
     ) -> None:
-        self.data = LPData.parse("LPOracle", A=A, b=b, G=G, h=h, lb=lb, ub=ub)
+        self.data, rest = split_lp("LPOracle", lp)
+        no_other_keywords("LPOracle", rest)
         super().__init__(dim=self.data.dim, sense=sense)
         self.A, self.b, self.G, self.h = self.data.A, self.data.b, self.data.G, self.data.h
         self.lb, self.ub = self.data.lb, self.data.ub

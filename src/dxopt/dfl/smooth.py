@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from dxopt._core import check_choice, check_positive
 from dxopt.dfl._checks import check_cost_vectors
 from dxopt.dfl._cost import CostMeter, Metered
-from dxopt.dfl.lp import LPData
+from dxopt.dfl.lp import LP_KEYWORDS, lp_keywords, split_lp
 from dxopt.qp import QPLayer
 from dxopt.qp.problem.options import QPOptions
 
@@ -45,30 +45,19 @@ class QPTL(Metered, nn.Module):
             construction (a ``TypeError`` / ``ValueError`` naming the option).
     """
 
-    def __init__(
-        self,
-        *,
-        A: Any = None,
-        b: Any = None,
-        G: Any = None,
-        h: Any = None,
-        lb: Any = None,
-        ub: Any = None,
-        eps: float = 0.1,
-        sense: str = "min",
-        **qp_options: Any,
-    ) -> None:
+    @lp_keywords(rest="qp_options")
+    def __init__(self, *, eps: float = 0.1, sense: str = "min", **options: Any) -> None:
         super().__init__()
         self.eps = check_positive("eps", eps)
         self.sense = check_choice("sense", sense, ("min", "max"))
         self.sign = 1.0 if sense == "min" else -1.0
-        self.data = LPData.parse("QPTL", A=A, b=b, G=G, h=h, lb=lb, ub=ub)
+        self.data, qp_options = split_lp("QPTL", options)
         self.dim = self.data.dim
         unknown = sorted(set(qp_options) - set(QPOptions.names()))
         if unknown:
             raise TypeError(
                 f"QPTL: unknown option(s) {unknown}; the options of dxopt.qp.solve are "
-                f"{list(QPOptions.names())} (the LP data are A, b, G, h, lb, ub; eps, sense)."
+                f"{list(QPOptions.names())} (the LP data are {', '.join(LP_KEYWORDS)}; eps, sense)."
             )
         self.layer = QPLayer(**qp_options)
         self._tensors: dict[tuple[torch.dtype, torch.device], dict[str, Tensor | None]] = {}
