@@ -120,3 +120,17 @@ def test_the_lp_keywords_are_written_once_and_shown_in_every_signature():
             owner(lb=0.0, ub=np.ones(2), c=np.ones(2))
     with pytest.raises(TypeError, match=r"unexpected keyword.*'Aeq'"):
         binding_normals(torch.zeros(2), ub=np.ones(2), Aeq=np.ones((1, 2)))
+
+
+def test_the_certificate_covers_every_sample_of_the_last_call():
+    """Samples HiGHS reports infeasible get ok=False and NaN residuals (not the previous
+    call's certificate): the record always has one row per cost vector of the last call."""
+    lp = LPOracle(A=torch.ones(1, 2), b=torch.tensor([1.0]), lb=0.0, ub=1.0)
+    lp(torch.ones(3, 2, dtype=D))
+    assert lp.last_certificate.ok.tolist() == [True] * 3
+    infeasible = LPOracle(A=torch.ones(1, 2), b=torch.tensor([5.0]), lb=0.0, ub=1.0,
+                          on_failure="ignore")  # fmt: skip
+    infeasible(torch.ones(2, 2, dtype=D))
+    cert = infeasible.last_certificate
+    assert cert.ok.tolist() == [False, False] and np.isnan(cert.primal).all()
+    assert infeasible.last_status == (Status.INFEASIBLE,) * 2

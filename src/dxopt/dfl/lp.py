@@ -246,7 +246,8 @@ class LPOracle(OracleBase):
     against ``eps_abs`` / ``eps_rel`` (:func:`~dxopt.dfl.lp.certify_lp`). :attr:`last_status`
     holds ``Status.SOLVED`` for a certified answer, ``Status.INACCURATE`` for an optimum the
     solver reported that fails the certificate, ``Status.INFEASIBLE`` / ``UNBOUNDED`` /
-    ``FAILED`` from the solver; :attr:`last_certificate` the residuals of the HiGHS answers.
+    ``FAILED`` from the solver; :attr:`last_certificate` (HiGHS only) the certificate of each
+    sample of the last call (``ok`` False, residuals NaN where HiGHS reported no optimum).
     Any of these but ``SOLVED`` is handled by ``on_failure``.
 
     Args:
@@ -336,9 +337,10 @@ class LPOracle(OracleBase):
         bad = [i for i, st in enumerate(status) if st is not Status.SOLVED]
         if bad:
             cert = self.last_certificate
-            worst = "" if cert is None or not len(cert.primal) else (
-                f"; largest primal / dual residuals {float(cert.primal.max()):.3g} / "
-                f"{float(cert.dual.max()):.3g}"
+            seen = None if cert is None else np.isfinite(cert.primal)
+            worst = "" if cert is None or seen is None or not seen.any() else (
+                f"; largest primal / dual residuals {float(cert.primal[seen].max()):.3g} / "
+                f"{float(cert.dual[seen].max()):.3g}"
             )  # fmt: skip
             what = ", ".join(f"{i}: {status[i].value}" for i in bad[:5])
             message = (
@@ -372,6 +374,8 @@ class LPOracle(OracleBase):
             sol = hs.getSolution()
             out[i], row_dual[i], col_dual[i] = sol.col_value, sol.row_dual, sol.col_dual
         found = np.array([st is Status.SOLVED for st in status])
+        nan = np.full(B, np.nan)
+        self.last_certificate = LPCertificate(np.zeros(B, dtype=bool), nan, nan.copy())
         if found.any():
             # HiGHS: c - A'y = s (row duals y, reduced costs s); in qp's convention
             # c + A'mu + G'nu - nu_l + nu_u = 0: mu = -y_A, nu = -y_G, nu_l - nu_u = s
@@ -381,7 +385,8 @@ class LPOracle(OracleBase):
                 np.maximum(s, 0.0), np.maximum(-s, 0.0), eps_abs=self.eps_abs,
                 eps_rel=self.eps_rel,
             )  # fmt: skip
-            self.last_certificate = cert
+            full = self.last_certificate
+            full.ok[found], full.primal[found], full.dual[found] = cert.ok, cert.primal, cert.dual
             for k in np.flatnonzero(found)[~cert.ok].tolist():
                 status[k] = Status.INACCURATE
         return out, status
