@@ -167,3 +167,16 @@ def test_dependent_rows_are_dropped_by_the_pivot_test():
         LogBarrierLP(A=A, b=torch.tensor([0.5, 0.5, 1.1, 0.0]), lb=0.0)
     with pytest.raises(ValueError, match="inconsistent"):
         LogBarrierLP(A=A, b=torch.tensor([0.5, 0.5, 1.0, 0.1]), lb=0.0)
+
+
+def test_a_refused_backward_under_warn_warns_and_gives_nan_rows(monkeypatch):
+    import dxopt.dfl.barrier as barrier
+    from dxopt import DxoptWarning
+
+    c = torch.tensor([[0.3, -0.5, 1.2], [1.0, 0.2, 0.1]], dtype=torch.float64, requires_grad=True)
+    layer = LogBarrierLP(A=torch.ones(1, 3), b=torch.ones(1), lb=0.0, mu=MU, on_failure="warn")
+    x = layer(c)
+    monkeypatch.setattr(barrier, "KKT_RTOL", -1.0)
+    with pytest.warns(DxoptWarning, match="refused"):
+        (g,) = torch.autograd.grad(x.sum(), c)
+    assert torch.isnan(g).all()

@@ -147,7 +147,10 @@ class LogBarrierLP(Metered, nn.Module):
             minimum, Boyd & Vandenberghe 9.6; Newton converges quadratically, so a tight ``tol``
             costs one or two steps).
         on_failure: ``"raise"`` (:class:`dxopt.NotConvergedError`), ``"warn"`` or ``"nan"``
-            (NaN rows, and NaN gradients, for the samples that did not converge).
+            (NaN rows, and NaN gradients, for the samples that did not converge). A backward
+            whose KKT residual misses ``KKT_RTOL`` raises under ``"raise"`` and otherwise gives
+            NaN gradient rows for those samples (with a warning under ``"warn"``): a gradient
+            is right or refused.
     """
 
     @lp_keywords()
