@@ -54,8 +54,6 @@ from dxopt._core import (
 from dxopt.dfl._checks import check_cost_vectors
 from dxopt.dfl._cost import CostMeter, Metered
 from dxopt.dfl.lp import lp_keywords, no_other_keywords, split_lp
-from dxopt.linalg import saddle_solve, schur_factor
-from dxopt.qp.certify.dependence import DEPENDENT_TOL
 
 __all__ = ["KKT_RTOL", "LogBarrierLP"]
 
@@ -71,6 +69,9 @@ def _independent_rows(A: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndar
     dependence test on the pivots of :func:`dxopt.linalg.schur_factor` with :math:`P = I`; a
     row where the factorization breaks down is dropped and the rest refactored); a
     ``ValueError`` when the dropped rows contradict the kept ones."""
+    from dxopt.linalg import schur_factor  # lazily, as every dxopt.qp / linalg use in dfl
+    from dxopt.qp.certify.dependence import DEPENDENT_TOL
+
     n = A.shape[1]
     eye = torch.eye(n, dtype=torch.float64)
     keep = np.flatnonzero(np.abs(A).max(1) > 0)  # zero rows: consistent iff b_j = 0 (below)
@@ -256,6 +257,8 @@ class LogBarrierLP(Metered, nn.Module):
         :func:`dxopt.linalg.saddle_solve` where :math:`H` is not positive definite), refined
         against the exact system while the residual halves; returns ``u`` ``(B, d)`` and the
         relative residual :math:`\\|r - Kz\\|_2 / \\|r\\|_2` ``(B,)``."""
+        from dxopt.linalg import saddle_solve, schur_factor
+
         B, p = r1.shape[0], self._A.shape[0]
         A = self._A.expand(B, -1, -1)
         r2 = r1.new_zeros(B, p)

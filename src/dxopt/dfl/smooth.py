@@ -22,8 +22,6 @@ from dxopt._core import check_choice, check_positive
 from dxopt.dfl._checks import check_cost_vectors
 from dxopt.dfl._cost import CostMeter, Metered
 from dxopt.dfl.lp import LP_KEYWORDS, lp_keywords, split_lp
-from dxopt.qp import QPLayer
-from dxopt.qp.problem.options import QPOptions
 
 __all__ = ["QPTL"]
 
@@ -53,6 +51,9 @@ class QPTL(Metered, nn.Module):
         self.sign = 1.0 if sense == "min" else -1.0
         self.data, qp_options = split_lp("QPTL", options)
         self.dim = self.data.dim
+        from dxopt.qp import QPLayer  # lazily: importing dxopt.dfl does not load dxopt.qp
+        from dxopt.qp.problem.options import QPOptions
+
         unknown = sorted(set(qp_options) - set(QPOptions.names()))
         if unknown:
             raise TypeError(
