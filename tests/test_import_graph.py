@@ -316,7 +316,7 @@ def _subpackage(module: str) -> str:
 def test_architecture_table_parser_reads_rows() -> None:
     rows = _architecture_table()
     assert rows["_core"] == set()
-    assert rows["dfl"] == {"_core", "qp", "conic"}
+    assert rows["dfl"] == {"_core", "linalg", "qp", "conic"}
     assert TOP in rows["distributed"]
 
 

@@ -106,3 +106,77 @@ def test_knapsack_relaxation_with_inequalities_matches_central_differences():
     h = 1e-5
     fd = ((layer(c + h * direction) - layer(c - h * direction)) * w).sum(1) / (2 * h)
     assert torch.allclose(fd, (cg.grad * direction).sum(1), atol=1e-6)
+
+
+def test_free_variables_go_through_the_saddle_solve_and_match_the_closed_form():
+    """x1 - x2 = 0, -1 <= x1 + x2 <= 1, no bounds: the barrier Hessian is singular (rank 1), so
+    the Newton and backward systems take dxopt.linalg.saddle_solve. With x1 = x2 = t and
+    a = c1 + c2 the barrier's stationarity is 4 a t^2 - 8 mu t - a = 0, so
+    t = (2 mu - sqrt(4 mu^2 + a^2)) / (2 a)."""
+    G = torch.tensor([[1.0, 1.0], [-1.0, -1.0]], dtype=torch.float64)
+    layer = LogBarrierLP(
+        A=torch.tensor([[1.0, -1.0]]), b=torch.zeros(1), G=G, h=torch.ones(2), mu=MU
+    )
+    c = torch.tensor([[0.7, 0.2], [-1.5, 0.4], [0.3, -2.0]], dtype=torch.float64)
+    cg = c.clone().requires_grad_(True)
+    x = layer(cg)
+
+    def closed_form(c: torch.Tensor) -> torch.Tensor:
+        a = c.sum(1)
+        t = (2 * MU - torch.sqrt(4 * MU**2 + a**2)) / (2 * a)
+        return torch.stack([t, t], 1)
+
+    assert torch.allclose(x.detach(), closed_form(c), atol=1e-12)
+    w = torch.tensor([[1.0, -0.5], [2.0, 0.3], [-1.0, 1.0]], dtype=torch.float64)
+    (x * w).sum().backward()
+    c_ref = c.clone().requires_grad_(True)
+    (closed_form(c_ref) * w).sum().backward()
+    assert torch.allclose(cg.grad, c_ref.grad, atol=1e-9)
+
+
+def test_a_backward_whose_kkt_residual_misses_the_tolerance_is_refused(monkeypatch):
+    """The backward checks the refined residual of its KKT solve against KKT_RTOL; set below
+    any residual, every sample's gradient is refused: raised, or NaN rows under "nan"."""
+    import dxopt.dfl.barrier as barrier
+
+    c = torch.tensor([[0.3, -0.5, 1.2]], dtype=torch.float64, requires_grad=True)
+    layer = LogBarrierLP(A=torch.ones(1, 3), b=torch.ones(1), lb=0.0, mu=MU)
+    x = layer(c)
+    monkeypatch.setattr(barrier, "KKT_RTOL", -1.0)
+    with pytest.raises(NotConvergedError, match="KKT_RTOL"):
+        x.sum().backward()
+    nan_layer = LogBarrierLP(A=torch.ones(1, 3), b=torch.ones(1), lb=0.0, mu=MU, on_failure="nan")
+    monkeypatch.setattr(barrier, "KKT_RTOL", 1e-10)
+    x = nan_layer(c)
+    monkeypatch.setattr(barrier, "KKT_RTOL", -1.0)
+    (g,) = torch.autograd.grad(x.sum(), c)
+    assert torch.isnan(g).all()
+
+
+def test_dependent_rows_are_dropped_by_the_pivot_test():
+    """Three rows of which the third is the sum of the first two (and a zero row with b = 0):
+    the layer keeps two; the same rows with a contradicting b are refused."""
+    A = torch.tensor(
+        [[1.0, 1.0, 0.0, 0.0], [0.0, 0.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0]]
+    )
+    layer = LogBarrierLP(A=A, b=torch.tensor([0.5, 0.5, 1.0, 0.0]), lb=0.0, mu=MU)
+    assert layer._A.shape == (2, 4)
+    x = layer(torch.tensor([[0.1, 0.2, 0.3, 0.4]], dtype=torch.float64))
+    assert torch.allclose(x @ A.T.double(), torch.tensor([[0.5, 0.5, 1.0, 0.0]]).double())
+    with pytest.raises(ValueError, match="inconsistent"):
+        LogBarrierLP(A=A, b=torch.tensor([0.5, 0.5, 1.1, 0.0]), lb=0.0)
+    with pytest.raises(ValueError, match="inconsistent"):
+        LogBarrierLP(A=A, b=torch.tensor([0.5, 0.5, 1.0, 0.1]), lb=0.0)
+
+
+def test_a_refused_backward_under_warn_warns_and_gives_nan_rows(monkeypatch):
+    import dxopt.dfl.barrier as barrier
+    from dxopt import DxoptWarning
+
+    c = torch.tensor([[0.3, -0.5, 1.2], [1.0, 0.2, 0.1]], dtype=torch.float64, requires_grad=True)
+    layer = LogBarrierLP(A=torch.ones(1, 3), b=torch.ones(1), lb=0.0, mu=MU, on_failure="warn")
+    x = layer(c)
+    monkeypatch.setattr(barrier, "KKT_RTOL", -1.0)
+    with pytest.warns(DxoptWarning, match="refused"):
+        (g,) = torch.autograd.grad(x.sum(), c)
+    assert torch.isnan(g).all()

@@ -127,3 +127,25 @@ def test_qptl_on_the_full_rank_5x5_grid_matches_one_sided_differences():
         assert min(abs(claim - s) for s in sides) <= 1e-5 * (1 + abs(claim)), (claim, sides)
         verdicts += 1
     assert verdicts >= 4
+
+
+@pytest.mark.parametrize(
+    ("option", "error", "match"),
+    [
+        ({"solver": "no-such-backend"}, ValueError, "solver"),
+        ({"eps_abs": -1.0}, ValueError, "eps_abs"),
+        ({"on_failure": "explode"}, ValueError, "on_failure"),
+        ({"backward": "nah"}, ValueError, "backward"),
+        ({"bogus": 1}, TypeError, "bogus"),
+    ],
+)
+def test_qptl_checks_its_qp_options_at_construction(option, error, match):
+    """The options go to a QPLayer built in __init__: a bad one raises there, before any
+    batch (it used to be stored unchecked and raise at the first forward)."""
+    with pytest.raises(error, match=match):
+        QPTL(lb=torch.zeros(3), ub=torch.ones(3), **option)
+    layer = QPTL(lb=torch.zeros(3), ub=torch.ones(3), solver="daqp", eps_abs=1e-10)
+    assert layer.qp_options["solver"] == "daqp" and layer.qp_options["eps_abs"] == 1e-10
+    x = layer(torch.tensor([[1.0, -1.0, 0.02]], dtype=torch.float64))
+    # the box projection of -c/eps (eps = 0.1): x = clip(-10 c, 0, 1)
+    assert torch.allclose(x, torch.tensor([[0.0, 1.0, 0.0]], dtype=torch.float64), atol=1e-9)

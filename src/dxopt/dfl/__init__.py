@@ -7,7 +7,8 @@ on the quality of the decisions :math:`x(\\hat c)` rather than on the accuracy o
 :math:`\\hat c`. The regret :math:`c^\\top x(\\hat c) - c^\\top x(c)` is piecewise constant in
 :math:`\\hat c`, so training uses a surrogate loss or a smoothed layer:
 
-- losses and layers (:mod:`dxopt.dfl.losses`, :mod:`dxopt.dfl.smooth`): :class:`SPOPlus`
+- losses and layers (:mod:`dxopt.dfl.losses`, :mod:`dxopt.dfl.smooth`; your own: subclass
+  :class:`OracleLoss`, PyEPO's ``optModule``): :class:`SPOPlus`
   (Elmachtoub & Grigas, Management Science 2022), :class:`DBB` (Vlastelica et al., ICLR 2020),
   :class:`PerturbedOptimizer` and :class:`PerturbedFenchelYoung` (Berthet et al., NeurIPS
   2020), :class:`NCE` and :class:`CMAP` (Mulamba et al., IJCAI 2021), :class:`ListwiseLTR`,
@@ -15,9 +16,12 @@ on the quality of the decisions :math:`x(\\hat c)` rather than on the accuracy o
   (Wilder, Dilkina & Tambe, AAAI 2019), the quadratically smoothed LP differentiated exactly by
   :func:`dxopt.qp.solve`, and :class:`LogBarrierLP` (Mandi & Guns, NeurIPS 2020), the
   log-barrier smoothed LP (:mod:`dxopt.dfl.barrier`), differentiated exactly too;
-- oracles (:mod:`dxopt.dfl.oracles`), all batched with a :class:`dxopt.Cost` record and a
-  per-sample :class:`dxopt.Status` (``last_status``): :class:`LPOracle` (HiGHS or any qpsolvers
-  backend), :class:`MILPOracle` (the user's own mixed-integer program on HiGHS, PyEPO's
+- oracles (:mod:`dxopt.dfl.oracles`; the contract in :mod:`dxopt.dfl.oracle_base`), all
+  batched with a :class:`dxopt.Cost` record (``cost``, ``calls``, ``reset_cost()``, as every
+  loss and layer here) and a per-sample :class:`dxopt.Status` (``last_status``):
+  :class:`LPOracle` (:mod:`dxopt.dfl.lp`: HiGHS or any qpsolvers backend, every answer certified
+  as :mod:`dxopt.qp`'s; the LP's data parsed once into an :class:`LPData`),
+  :class:`MILPOracle` (the user's own mixed-integer program on HiGHS, PyEPO's
   ``optGrbModel`` without Gurobi; :mod:`dxopt.dfl.milp`), :class:`ShortestPathOracle` (exact
   DP on a DAG), :class:`KnapsackOracle` (exact branch and bound, optional node / time limits),
   :class:`TSPOracle` (Held-Karp, exact, by default up to 12 nodes; 2-opt heuristic beyond),
@@ -78,6 +82,7 @@ from dxopt.dfl.losses import PerturbedFenchelYoung as PerturbedFenchelYoung
 from dxopt.dfl.losses import PerturbedOptimizer as PerturbedOptimizer
 from dxopt.dfl.losses import PointwiseLTR as PointwiseLTR
 from dxopt.dfl.losses import SPOPlus as SPOPlus
+from dxopt.dfl.lp import LPData as LPData
 from dxopt.dfl.markowitz import PortfolioLayer as PortfolioLayer
 from dxopt.dfl.markowitz import PortfolioOracle as PortfolioOracle
 from dxopt.dfl.metrics import RegretReport as RegretReport
@@ -117,6 +122,7 @@ __all__ = [
     "JAIRTask",
     "KNNTargets",
     "KnapsackOracle",
+    "LPData",
     "LPOracle",
     "ListwiseLTR",
     "LogBarrierLP",

@@ -8,8 +8,9 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from dxopt._core import Cost, DxoptWarning, check_choice, check_int
+from dxopt._core import DxoptWarning, check_choice, check_int
 from dxopt.dfl._checks import check_cost_vectors
+from dxopt.dfl._cost import Metered
 from dxopt.dfl.pool import PoolSolver, SolutionPool
 
 __all__ = ["OracleLoss", "reduce_loss"]
@@ -24,7 +25,7 @@ def reduce_loss(loss: Tensor, reduction: str) -> Tensor:
     return loss
 
 
-class OracleLoss(nn.Module):
+class OracleLoss(Metered, nn.Module):
     """Base class of every loss and layer of :mod:`dxopt.dfl` that calls an oracle; subclass it
     to write your own (the counterpart of PyEPO's ``optModule``).
 
@@ -53,7 +54,7 @@ class OracleLoss(nn.Module):
     :math:`s\\,(x^* - x(\\hat c))`::
 
         import torch
-        from dxopt.dfl import OracleLoss, ShortestPathOracle
+        from dxopt.dfl import OracleLoss, ShortestPathOracle, shortest_path
 
         class Perceptron(OracleLoss):
             def forward(self, c_hat, x_true):
@@ -62,9 +63,20 @@ class OracleLoss(nn.Module):
                 gap = self.sign * (c_hat * (x_true - x_hat)).sum(-1)
                 return self.reduce(gap)
 
-        loss_fn = Perceptron(ShortestPathOracle((5, 5)))
-        loss = loss_fn(model(features), x_true)
-        loss.backward()
+        oracle = ShortestPathOracle((3, 3))
+        data = shortest_path(200, 5, grid=(3, 3), deg=2, noise_width=0.0, seed=1)
+        x_true = oracle(data.costs)
+        torch.manual_seed(0)
+        model = torch.nn.Linear(5, oracle.dim)
+        loss_fn = Perceptron(oracle)
+        opt = torch.optim.Adam(model.parameters(), lr=0.05)
+        for epoch in range(15):
+            for i in range(0, 200, 20):
+                opt.zero_grad()
+                loss_fn(model(data.features[i : i + 20]), x_true[i : i + 20]).backward()
+                opt.step()
+
+    (``tests/dfl/test_base.py`` runs this example as written.)
 
     Args:
         oracle: the solution oracle.
@@ -104,15 +116,11 @@ class OracleLoss(nn.Module):
         self.sign = 1.0 if oracle.sense == "min" else -1.0
         self.reduction = check_choice("reduction", reduction, ("mean", "sum", "none"))
         self.solver = PoolSolver(oracle, pool, solve_ratio=solve_ratio, seed=seed)
+        self._meter = self.solver._meter  # cost: the oracle solves made by this loss
 
     @property
     def pool(self) -> SolutionPool | None:
         return self.solver.pool
-
-    @property
-    def cost(self) -> Cost:
-        """Oracle calls made by this loss (``forwards``) and the seconds they took."""
-        return self.solver.cost
 
     def solve(self, c: Tensor) -> Tensor:
         """:math:`x(c)` for ``(d,)`` or ``(B, d)`` costs (detached), one batched oracle call or

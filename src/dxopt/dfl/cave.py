@@ -32,23 +32,14 @@ from scipy.optimize import nnls
 from torch import Tensor
 
 from dxopt._core import check_positive, check_tensor
-from dxopt.dfl._checks import as_array, lp_bounds, lp_dimension, lp_matrix
 from dxopt.dfl.base import OracleLoss
+from dxopt.dfl.lp import lp_keywords, no_other_keywords, split_lp
 
 __all__ = ["CaVE", "binding_normals", "cone_projection"]
 
 
-def binding_normals(
-    x: Tensor,
-    *,
-    A: Any = None,
-    b: Any = None,
-    G: Any = None,
-    h: Any = None,
-    lb: Any = None,
-    ub: Any = None,
-    rtol: float = 1e-9,
-) -> Tensor:
+@lp_keywords()
+def binding_normals(x: Tensor, *, rtol: float = 1e-9, **lp: Any) -> Tensor:
     """The normals of the constraints binding at each solution, in the ``<=`` orientation:
     rows :math:`g_i` of :math:`Gx \\le h` with :math:`|g_i^\\top x - h_i| \\le`
     ``rtol`` :math:`(|g_i|^\\top|x| + |h_i|)`, both :math:`\\pm a_j` of every equality row,
@@ -59,25 +50,24 @@ def binding_normals(
     to the size of the terms it sums, so 0/1 solutions of integer data are classified exactly.
     """
     check_tensor("x", x, floating=True, finite=True)
-    dim = lp_dimension("binding_normals", A=A, b=b, G=G, h=h, lb=lb, ub=ub)
+    data, rest = split_lp("binding_normals", lp)
+    no_other_keywords("binding_normals", rest)
+    dim = data.dim
     if x.shape[-1] != dim or x.ndim not in (1, 2):
         raise ValueError(f"x: expected shape ({dim},) or (B, {dim}), got {tuple(x.shape)}.")
     rtol = check_positive("rtol", rtol, allow_zero=True)
     X = x.detach().reshape(-1, dim).to("cpu", torch.float64).numpy()
     rows: list[list[np.ndarray]] = [[] for _ in range(X.shape[0])]
-    if A is not None:
-        Am = lp_matrix("A", A, dim)
-        as_array("b", b, (Am.shape[0],))
+    if data.A is not None:
         for r in rows:
-            r.extend([Am, -Am])
-    if G is not None:
-        Gm = lp_matrix("G", G, dim)
-        hv = as_array("h", h, (Gm.shape[0],))
+            r.extend([data.A, -data.A])
+    if data.G is not None and data.h is not None:
+        Gm, hv = data.G, data.h
         slack = np.abs(X @ Gm.T - hv)
         scale = np.abs(X) @ np.abs(Gm).T + np.abs(hv)
         for i, r in enumerate(rows):
             r.append(Gm[slack[i] <= rtol * scale[i]])
-    lo, hi = lp_bounds(lb, ub, dim)
+    lo, hi = data.lb, data.ub
     eye = np.eye(dim)
     for i, r in enumerate(rows):
         for sign, bound in ((-1.0, lo), (1.0, hi)):  # an infinite bound never binds

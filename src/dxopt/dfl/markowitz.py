@@ -34,6 +34,7 @@ from dxopt._core import check_positive
 from dxopt.conic import NonnegCone, SecondOrderCone, ZeroCone
 from dxopt.conic import solve as conic_solve
 from dxopt.dfl._checks import check_cost_vectors
+from dxopt.dfl._cost import CostMeter, Metered
 from dxopt.dfl.oracles import OracleBase, OracleError
 
 __all__ = ["PortfolioLayer", "PortfolioOracle", "portfolio_cone_program"]
@@ -142,7 +143,7 @@ class PortfolioOracle(OracleBase):
         return sol.x.detach().numpy()
 
 
-class PortfolioLayer(nn.Module):
+class PortfolioLayer(Metered, nn.Module):
     """The quadratically smoothed portfolio :math:`x_\\mu(\\hat c)` as a differentiable layer.
 
     .. math::
@@ -182,13 +183,15 @@ class PortfolioLayer(nn.Module):
         self.atol = check_positive("atol", atol)
         self.rtol = check_positive("rtol", rtol)
         self._A, self._b, self._cones = A, b, cones
+        self._meter = CostMeter()
 
     def forward(self, c_hat: Tensor) -> Tensor:
         c_hat = check_cost_vectors("c_hat", c_hat, self.dim)
         dev, dt = c_hat.device, c_hat.dtype
         flat = c_hat.reshape(-1, self.dim).to("cpu", torch.float64)
         P = self.mu * torch.eye(self.dim, dtype=torch.float64)
-        sol = conic_solve(
-            P, -flat, self._A, self._b, cones=self._cones, atol=self.atol, rtol=self.rtol
-        )
+        with self._meter.timed(flat.shape[0]):
+            sol = conic_solve(
+                P, -flat, self._A, self._b, cones=self._cones, atol=self.atol, rtol=self.rtol
+            )
         return sol.x.to(dev, dt).reshape(c_hat.shape)

@@ -3,13 +3,14 @@
 
 Every oracle takes ``c`` of shape ``(d,)`` or ``(B, d)`` (any float dtype and device; solved in
 float64 on the CPU) and returns the solutions with the same shape, dtype and device, without
-gradient. It records what it cost in :attr:`~OracleBase.cost` (a :class:`dxopt.Cost`:
+gradient (the contract: :mod:`dxopt.dfl.oracle_base`). It records what it cost in
+:attr:`~OracleBase.cost` (a :class:`dxopt.Cost`:
 ``forwards`` counts the cost vectors solved, ``seconds`` the time spent solving).
 
-- :class:`LPOracle`: a linear program :math:`\\{Ax = b, Gx \\le h, lb \\le x \\le ub\\}`,
-  solved by HiGHS' simplex (hot-started from the previous basis: vertex solutions) or by any
-  :mod:`qpsolvers` backend (piqp, clarabel, ...; interior points may return a non-vertex
-  optimum on ties).
+- :class:`LPOracle` (in :mod:`dxopt.dfl.lp`): a linear program
+  :math:`\\{Ax = b, Gx \\le h, lb \\le x \\le ub\\}`, solved by HiGHS' simplex (hot-started
+  from the previous basis: vertex solutions) or by any :mod:`qpsolvers` backend, its answers
+  certified as :mod:`dxopt.qp`'s.
 - :class:`ShortestPathOracle`: shortest paths on a DAG (by default PyEPO's grid) by dynamic
   programming, exact and far cheaper than an LP solve.
 - :class:`KnapsackOracle`: the 0/1 multi-dimensional knapsack by branch and bound (exact;
@@ -21,8 +22,7 @@ gradient. It records what it cost in :attr:`~OracleBase.cost` (a :class:`dxopt.C
 
 from __future__ import annotations
 
-import time
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import numpy as np
 import torch
@@ -30,8 +30,6 @@ from torch import Tensor
 
 import dxopt.dfl._kernels as _kernels
 from dxopt._core import (
-    Cost,
-    DxoptError,
     Status,
     check_choice,
     check_int,
@@ -40,9 +38,10 @@ from dxopt._core import (
     check_tensor,
     handle_failure,
 )
-from dxopt.dfl._checks import as_array, check_cost_vectors, lp_bounds, lp_dimension, lp_matrix
-from dxopt.dfl._highs import import_highspy, new_highs, pass_model
+from dxopt.dfl._checks import as_array
 from dxopt.dfl.graphs import _check_edges, grid_graph
+from dxopt.dfl.lp import LPOracle
+from dxopt.dfl.oracle_base import Oracle, OracleBase, OracleError, Sense
 
 __all__ = [
     "CallableOracle",
@@ -54,198 +53,6 @@ __all__ = [
     "ShortestPathOracle",
     "TSPOracle",
 ]
-
-Sense = str
-
-
-class OracleError(DxoptError):
-    """An oracle could not solve an instance (infeasible, unbounded, solver failure)."""
-
-
-@runtime_checkable
-class Oracle(Protocol):
-    """What the losses and metrics of :mod:`dxopt.dfl` need from an oracle."""
-
-    sense: str
-    dim: int
-
-    @property
-    def cost(self) -> Cost: ...
-
-    def __call__(self, c: Tensor) -> Tensor: ...
-
-    def objective(self, c: Tensor, x: Tensor) -> Tensor: ...
-
-
-class OracleBase:
-    """Shared validation, conversion, cost accounting and per-sample status; subclasses write
-    :meth:`_solve` ``(B, d) float64 ndarray -> (B, d) ndarray`` in their own sense, and set
-    ``self._status`` (one :class:`dxopt.Status` per row) where an answer may not be optimal.
-
-    After each call, :attr:`last_status` holds one status per cost vector solved:
-    ``Status.SOLVED`` for a certified optimum; ``Status.INACCURATE`` for an answer without
-    a certificate (a heuristic's tour, a MILP stopped at its relative gap);
-    ``Status.BUDGET_EXHAUSTED`` for the best answer found before a time or node limit. The
-    metrics of :mod:`dxopt.dfl.metrics` refuse to call the gap of an uncertified answer a
-    regret. :attr:`exact` says whether every answer is certified by construction.
-    """
-
-    #: True when every answer is an optimum by construction (False: heuristics, limits).
-    exact: bool = True
-
-    def __init__(self, *, dim: int, sense: Sense = "min") -> None:
-        self.dim = check_int("dim", dim)
-        self.sense = check_choice("sense", sense, ("min", "max"))
-        self._solved, self._seconds, self.calls = 0, 0.0, 0
-        self._status: tuple[Status, ...] | None = None
-        self._last_status: tuple[Status, ...] = ()
-
-    @property
-    def last_status(self) -> tuple[Status, ...]:
-        """One :class:`dxopt.Status` per cost vector of the last call (``()`` before any)."""
-        return self._last_status
-
-    @property
-    def cost(self) -> Cost:
-        """What the oracle cost so far: ``forwards`` = cost vectors solved, ``seconds``."""
-        return Cost(forwards=self._solved, seconds=self._seconds)
-
-    @property
-    def sign(self) -> float:
-        """``+1`` for ``"min"``, ``-1`` for ``"max"``: ``sign * c`` is the cost minimized."""
-        return 1.0 if self.sense == "min" else -1.0
-
-    def _solve(self, c: np.ndarray) -> np.ndarray:  # pragma: no cover - abstract
-        raise NotImplementedError
-
-    def check_costs(self, c: Any, name: str = "c") -> Tensor:
-        """Require a floating ``(d,)`` or ``(B, d)`` tensor of finite costs."""
-        return check_cost_vectors(name, c, self.dim)
-
-    def __call__(self, c: Tensor) -> Tensor:
-        """Solve for every cost vector: ``(d,)`` or ``(B, d)`` in, same shape out."""
-        c = self.check_costs(c)
-        flat = c.detach().reshape(-1, self.dim).to("cpu", torch.float64).numpy()
-        start = time.perf_counter()
-        self._status = None
-        x = self._solve(np.ascontiguousarray(flat))
-        seconds = time.perf_counter() - start
-        status, self._status = self._status, None
-        self._last_status = (Status.SOLVED,) * flat.shape[0] if status is None else status
-        self._solved += flat.shape[0]
-        self._seconds += seconds
-        self.calls += 1
-        return torch.as_tensor(x).to(c.device, c.dtype).reshape(c.shape)
-
-    def objective(self, c: Tensor, x: Tensor) -> Tensor:
-        """:math:`c^\\top x` over the last dimension."""
-        return (c * x).sum(-1)
-
-    def reset_cost(self) -> Cost:
-        """Return the cost so far and start a new record."""
-        cost = self.cost
-        self._solved, self._seconds, self.calls = 0, 0.0, 0
-        return cost
-
-
-class LPOracle(OracleBase):
-    """:math:`x(c) \\in \\arg\\min_x c^\\top x` (``argmax`` with ``sense="max"``) s.t.
-    :math:`Ax = b`, :math:`Gx \\le h`, :math:`lb \\le x \\le ub`; the feasible set is fixed, only
-    ``c`` changes.
-
-    Args:
-        A, b, G, h, lb, ub: the constraints (tensors or arrays; ``+-inf`` bounds allowed).
-        sense: ``"min"`` or ``"max"``.
-        solver: ``"highs"`` (HiGHS dual simplex through ``highspy``, one model built once and
-            hot-started from the previous basis: about 0.1-0.3 ms a solve for 40 variables),
-            ``"auto"`` (``"highs"`` when ``highspy`` is installed, else ``"piqp"``) or a
-            :mod:`qpsolvers` name (``"piqp"``, ``"clarabel"``, ...; ``P = 0``).
-    """
-
-    def __init__(
-        self,
-        *,
-        A: Any = None,
-        b: Any = None,
-        G: Any = None,
-        h: Any = None,
-        lb: Any = None,
-        ub: Any = None,
-        sense: Sense = "min",
-        solver: str = "auto",
-    ) -> None:
-        d = lp_dimension("LPOracle", A=A, b=b, G=G, h=h, lb=lb, ub=ub)
-        super().__init__(dim=d, sense=sense)
-        self.A = None if A is None else lp_matrix("A", A, d)
-        self.G = None if G is None else lp_matrix("G", G, d)
-        self.b = None if self.A is None else as_array("b", b, (self.A.shape[0],))
-        self.h = None if self.G is None else as_array("h", h, (self.G.shape[0],))
-        self.lb, self.ub = lp_bounds(lb, ub, d)
-        if solver == "auto":
-            try:
-                import highspy  # noqa: F401
-
-                solver = "highs"
-            except ImportError:
-                solver = "piqp"
-        self.solver = solver
-        self._highs: Any = None
-        if solver == "highs":
-            self._highs = self._build_highs()
-
-    def _build_highs(self) -> Any:
-        import scipy.sparse as sp
-
-        highspy = import_highspy("LPOracle(solver='highs')")
-        rows = [M for M in (self.A, self.G) if M is not None]
-        lower = [self.b] if self.b is not None else []
-        upper = [self.b] if self.b is not None else []
-        if self.G is not None and self.h is not None:
-            lower.append(np.full(self.G.shape[0], -np.inf))
-            upper.append(self.h)
-        hs = new_highs("LPOracle(solver='highs')")
-        pass_model(
-            hs,
-            matrix=sp.csc_matrix(np.vstack(rows) if rows else np.zeros((0, self.dim))),
-            row_lower=np.concatenate(lower) if lower else np.zeros(0),
-            row_upper=np.concatenate(upper) if upper else np.zeros(0),
-            col_lower=self.lb,
-            col_upper=self.ub,
-        )
-        self._optimal = highspy.HighsModelStatus.kOptimal
-        self._cols = np.arange(self.dim, dtype=np.int32)
-        return hs
-
-    def _solve(self, c: np.ndarray) -> np.ndarray:
-        c = self.sign * c
-        out = np.empty_like(c)
-        if self._highs is not None:
-            hs = self._highs
-            for i in range(c.shape[0]):
-                hs.changeColsCost(self.dim, self._cols, c[i])
-                hs.run()
-                status = hs.getModelStatus()
-                if status != self._optimal:
-                    raise OracleError(f"LPOracle (highs): sample {i} ended with {status}.")
-                out[i] = hs.getSolution().col_value
-            return out
-        import qpsolvers
-        import scipy.sparse as sp
-
-        P = sp.csc_matrix((self.dim, self.dim))
-        G = None if self.G is None else sp.csc_matrix(self.G)
-        A = None if self.A is None else sp.csc_matrix(self.A)
-        for i in range(c.shape[0]):
-            problem = qpsolvers.Problem(
-                P, c[i], G, self.h, A, self.b,
-                None if np.isinf(self.lb).all() else self.lb,
-                None if np.isinf(self.ub).all() else self.ub,
-            )  # fmt: skip
-            sol = qpsolvers.solve_problem(problem, solver=self.solver)
-            if not sol.found or sol.x is None:
-                raise OracleError(f"LPOracle ({self.solver}): sample {i} not solved.")
-            out[i] = sol.x
-        return out
 
 
 def _topological_order(num_nodes: int, edges: np.ndarray) -> np.ndarray:

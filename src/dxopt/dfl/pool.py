@@ -9,14 +9,14 @@ a batch with probability :math:`p` (and adds the answers to the pool) and otherw
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from dxopt._core import Cost, check_choice, check_int, check_range, check_tensor
+from dxopt._core import check_choice, check_int, check_range, check_tensor
+from dxopt.dfl._cost import CostMeter, Metered
 
 __all__ = ["PoolSolver", "SolutionPool"]
 
@@ -123,9 +123,10 @@ class SolutionPool:
         return pool[idx]
 
 
-class PoolSolver:
+class PoolSolver(Metered):
     """Answers a batch with the oracle with probability ``solve_ratio`` (adding its answers to
-    ``pool``), else with ``pool.best``; records the oracle's cost.
+    ``pool``), else with ``pool.best``; records the oracle's cost (``cost``, ``calls``:
+    :class:`~dxopt.dfl._cost.Metered`; the pool's answers cost nothing).
 
     One Bernoulli draw per batch from ``numpy.random.default_rng(seed)`` (the papers' scheme).
     """
@@ -146,21 +147,14 @@ class PoolSolver:
             )
         self.pool = pool
         self.rng = np.random.default_rng(seed)
-        self._solved, self._seconds = 0, 0.0
+        self._meter = CostMeter()
         #: whether the last call was answered by the oracle (False: by the pool)
         self.last_from_oracle = False
 
-    @property
-    def cost(self) -> Cost:
-        """Oracle calls made through this solver (``forwards``) and their seconds."""
-        return Cost(forwards=self._solved, seconds=self._seconds)
-
     def __call__(self, c: Tensor, *, force: bool = False) -> Tensor:
         if force or self.solve_ratio >= 1.0 or self.rng.uniform() < self.solve_ratio:
-            start = time.perf_counter()
-            x = self.oracle(c)
-            self._solved += 1 if c.ndim == 1 else int(c.shape[0])
-            self._seconds += time.perf_counter() - start
+            with self._meter.timed(1 if c.ndim == 1 else int(c.shape[0])):
+                x = self.oracle(c)
             if self.pool is not None:
                 self.pool.add(x)
             self.last_from_oracle = True

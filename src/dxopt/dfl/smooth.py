@@ -13,82 +13,73 @@ The log-barrier layer of Mandi & Guns (NeurIPS 2020) is :class:`dxopt.dfl.LogBar
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from dxopt._core import Cost, check_choice, check_positive, check_tensor
-from dxopt.dfl._checks import check_cost_vectors, lp_dimension
+from dxopt._core import check_choice, check_positive
+from dxopt.dfl._checks import check_cost_vectors
+from dxopt.dfl._cost import CostMeter, Metered
+from dxopt.dfl.lp import LP_KEYWORDS, lp_keywords, split_lp
 
 __all__ = ["QPTL"]
 
 
-def _as_tensor(name: str, value: Any) -> Tensor | None:
-    if value is None:
-        return None
-    t = value if isinstance(value, Tensor) else torch.as_tensor(value)
-    check_tensor(name, t)
-    return t.detach()
-
-
-class QPTL(nn.Module):
+class QPTL(Metered, nn.Module):
     """Quadratic-regularised LP layer: ``x = qptl(c_hat)`` returns :math:`x_\\epsilon(\\hat c)`
     ``(B, d)`` (or ``(d,)``) with exact gradients; train with :meth:`regret_loss` (Wilder et
     al.'s decision loss :math:`s\\,(c^\\top x_\\epsilon(\\hat c) - z^*)`) or any loss of ``x``.
 
     Args:
-        A, b, G, h, lb, ub: the LP's constraints (as in :func:`dxopt.qp.solve`).
+        A, b, G, h, lb, ub: the LP's constraints (parsed once into :attr:`data`, an
+            :class:`~dxopt.dfl.lp.LPData`).
         eps: the weight :math:`\\epsilon > 0` of :math:`\\tfrac{\\epsilon}{2}\\|x\\|^2`; scale it
             with the costs (larger is smoother, smaller is closer to the LP).
         sense: ``"min"`` or ``"max"`` (then :math:`\\max \\hat c^\\top x -
             \\tfrac\\epsilon2\\|x\\|^2`).
-        **qp_options: passed to :func:`dxopt.qp.solve` (``backward``, ``solver``, ...).
+        **qp_options: the options of :func:`dxopt.qp.solve` (``backward``, ``solver``, ...),
+            held by a :class:`dxopt.qp.QPLayer` (:attr:`layer`) and so checked here, at
+            construction (a ``TypeError`` / ``ValueError`` naming the option).
     """
 
-    def __init__(
-        self,
-        *,
-        A: Any = None,
-        b: Any = None,
-        G: Any = None,
-        h: Any = None,
-        lb: Any = None,
-        ub: Any = None,
-        eps: float = 0.1,
-        sense: str = "min",
-        **qp_options: Any,
-    ) -> None:
+    @lp_keywords(rest="qp_options")
+    def __init__(self, *, eps: float = 0.1, sense: str = "min", **options: Any) -> None:
         super().__init__()
         self.eps = check_positive("eps", eps)
         self.sense = check_choice("sense", sense, ("min", "max"))
         self.sign = 1.0 if sense == "min" else -1.0
-        self.constraints = {
-            name: _as_tensor(name, value)
-            for name, value in (("A", A), ("b", b), ("G", G), ("h", h), ("lb", lb), ("ub", ub))
-        }
-        self.dim = lp_dimension("QPTL", **self.constraints)
-        for name in ("lb", "ub"):  # a number bounds every entry
-            bound = self.constraints[name]
-            if bound is not None and bound.ndim == 0:
-                self.constraints[name] = bound.expand(self.dim).clone()
-        self.qp_options = qp_options
-        self.cost = Cost()
+        self.data, qp_options = split_lp("QPTL", options)
+        self.dim = self.data.dim
+        from dxopt.qp import QPLayer  # lazily: importing dxopt.dfl does not load dxopt.qp
+        from dxopt.qp.problem.options import QPOptions
+
+        unknown = sorted(set(qp_options) - set(QPOptions.names()))
+        if unknown:
+            raise TypeError(
+                f"QPTL: unknown option(s) {unknown}; the options of dxopt.qp.solve are "
+                f"{list(QPOptions.names())} (the LP data are {', '.join(LP_KEYWORDS)}; eps, sense)."
+            )
+        self.layer = QPLayer(**qp_options)
+        self._tensors: dict[tuple[torch.dtype, torch.device], dict[str, Tensor | None]] = {}
+        self._meter = CostMeter()
+
+    @property
+    def qp_options(self) -> dict[str, Any]:
+        """The options of :func:`dxopt.qp.solve` this layer solves with (all of them)."""
+        return self.layer.options
+
+    def _constraints(self, like: Tensor) -> dict[str, Tensor | None]:
+        key = (like.dtype, like.device)
+        if key not in self._tensors:
+            self._tensors[key] = self.data.tensors(like.dtype, like.device)
+        return self._tensors[key]
 
     def forward(self, c_hat: Tensor) -> Tensor:
-        from dxopt.qp import solve
-
         check_cost_vectors("c_hat", c_hat, self.dim)
-        kw: dict[str, Any] = {
-            k: (None if v is None else v.to(c_hat.device, c_hat.dtype))
-            for k, v in self.constraints.items()
-        }
         P = self.eps * torch.eye(self.dim, dtype=c_hat.dtype, device=c_hat.device)
-        start = time.perf_counter()
-        sol = solve(P, self.sign * c_hat, **kw, **self.qp_options)
-        n = 1 if c_hat.ndim == 1 else int(c_hat.shape[0])
-        self.cost = self.cost + Cost(forwards=n, seconds=time.perf_counter() - start)
+        with self._meter.timed(1 if c_hat.ndim == 1 else int(c_hat.shape[0])):
+            sol = self.layer(P, self.sign * c_hat, **self._constraints(c_hat))
         x: Tensor = sol.x
         return x
 
