@@ -58,6 +58,7 @@ from dxopt.conic.types import ConicInfo as ConicInfo
 from dxopt.conic.types import ConicOptions as ConicOptions
 from dxopt.conic.types import ConicSolution as ConicSolution
 from dxopt.conic.types import ConicSolveError as ConicSolveError
+from dxopt.conic.types import Smoothed as Smoothed
 
 __all__ = [
     "Cone",
@@ -75,6 +76,7 @@ __all__ = [
     "PSDCone",
     "PowerCone",
     "SecondOrderCone",
+    "Smoothed",
     "ZeroCone",
     "smat",
     "solve",

@@ -19,6 +19,7 @@ from dxopt.conic.backward import adjoint_gradients, tangents
 from dxopt.conic.forward import ForwardState, solve_forward
 from dxopt.conic.problem import ConicProblem
 from dxopt.conic.types import ConicOptions
+from dxopt.conic.warm import warm_attempt
 
 __all__ = ["ConicCall", "ConicFunction"]
 
@@ -30,6 +31,7 @@ class ConicCall:
     prob: ConicProblem
     options: ConicOptions
     state: ForwardState | None = None
+    warm: tuple[Tensor, Tensor, Tensor] | None = None
 
 
 def _out(t: Tensor, prob: ConicProblem, ok: Tensor) -> Tensor:
@@ -49,7 +51,8 @@ class ConicFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(P: Tensor, q: Tensor, A: Tensor, b: Tensor, call: ConicCall) -> Any:
-        state = solve_forward(call.prob, call.options)
+        first = () if call.warm is None else (warm_attempt(call.warm),)
+        state = solve_forward(call.prob, call.options, first)
         call.state = state
         ok = state.ok
         prob = call.prob
