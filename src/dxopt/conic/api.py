@@ -9,6 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from dxopt._core import Status, handle_failure
+from dxopt.conic.compiled import compiled_solve, set_eager_solve
 from dxopt.conic.cones.base import Cone
 from dxopt.conic.cones.exp import DUAL_TO_PRIMAL, ExpCone, ExpDualCone
 from dxopt.conic.function import ConicCall, ConicFunction
@@ -110,6 +111,8 @@ def solve_with(
     if not isinstance(options, ConicOptions):
         raise TypeError(f"options: expected a ConicOptions, got {type(options).__name__}")
     cones = tuple(cones)
+    if torch.compiler.is_compiling():  # one opaque custom op (dxopt.conic.compiled)
+        return compiled_solve(P, q, A, b, cones, options, warm_start)
     if any(isinstance(cone, ExpDualCone) for cone in cones):
         return _dual_exp_via_primal(P, q, A, b, cones, options, warm_start)
     if options.infeasible == "relax":
@@ -211,6 +214,9 @@ def _dual_exp_via_primal(
     sol = solve_with(P, q, M @ A, b @ M.T, cones=primal, options=options, warm_start=warm)
     s = sol.s @ Minv.T
     return ConicSolution(x=sol.x, y=sol.y @ M, s=s, status=sol.status, info=sol.info)
+
+
+set_eager_solve(solve_with)
 
 
 class ConicLayer(nn.Module):
