@@ -15,6 +15,7 @@ from dxopt.conic.cones.exp import DUAL_TO_PRIMAL, ExpCone, ExpDualCone
 from dxopt.conic.function import ConicCall, ConicFunction
 from dxopt.conic.problem import conic_problem
 from dxopt.conic.relax import solve_relaxed
+from dxopt.conic.smoothed import check_barriers
 from dxopt.conic.types import ConicOptions, ConicSolution, ConicSolveError, Smoothed
 from dxopt.conic.warm import WarmStart, warm_points
 
@@ -133,6 +134,8 @@ def _plain(
 ) -> ConicSolution:
     """One certified, differentiable solve; failed samples are NaN (no failure handling)."""
     prob = conic_problem(P, q, A, b, cones, check_psd=options.check_psd)
+    if isinstance(options.backward, Smoothed):
+        check_barriers(prob.cones)
     call = ConicCall(prob, options, warm=warm_points(prob, warm_start))
     P_in = P if P is not None else q.new_zeros(0)
     x, y, s = ConicFunction.apply(P_in, q, A, b, call)
