@@ -45,7 +45,9 @@ between active and inactive); it converges to the exact derivative as :math:`\\m
 strictly complementary point, with a bias of order :math:`\\mu`. A sample whose Newton
 iteration does not reach round-off within ``max_iter`` steps, or whose adjoint solve misses
 round-off, is **refused** (:class:`~dxopt.conic.types.ConicBackwardError`): no gradient rather
-than a wrong one. Failed forward samples get zero gradient. Cones without a barrier
+than a wrong one; so is a sample whose barrier problem has no solution (a feasible set
+without interior, e.g. a relaxed sample of ``infeasible="relax"`` whose shifted set is one
+point). Failed forward samples get zero gradient. Cones without a barrier
 (:class:`~dxopt.conic.PowerCone`) are refused when the solve is called
 (:func:`check_barriers`).
 """

@@ -49,6 +49,8 @@ _CONIC_KEYS = {
     "on_failure": ("on_failure",),
     "fallback": ("fallback",),
     "polish": ("polish",),
+    "infeasible": ("infeasible",),
+    "backward": ("backward",),
 }
 _QP_KEYS = {
     "tol": ("eps_abs",),
@@ -122,7 +124,10 @@ class CvxpyLayer(nn.Module):
         solver_args: defaults for every call (keys: ``tol``/``eps`` (both tolerances),
             ``atol``/``eps_abs``, ``rtol``/``eps_rel``, ``on_failure``, ``fallback``,
             ``polish``; conic only: ``max_iter``/``max_iters``, ``infeas_tol``,
-            ``kink_tol``); a call's ``solver_args`` override them.
+            ``kink_tol``, ``infeasible`` (``"relax"``: infeasible samples train on their
+            closest feasible problem, :mod:`dxopt.conic.relax`), ``backward``
+            (``dxopt.conic.Smoothed(mu)``, :mod:`dxopt.conic.smoothed`)); a call's
+            ``solver_args`` override them.
 
     Attributes:
         engine: ``"qp"`` or ``"conic"``.
