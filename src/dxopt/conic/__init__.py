@@ -23,8 +23,14 @@ differentiate the primal ``x``, the dual ``y`` and the slack ``s`` with respect 
 Public API (stable; the CVXPY front end builds on it):
 
 - :func:`solve` ``(P, q, A, b, *, cones, atol, rtol, infeas_tol, max_iter, solver, fallback,
-  on_failure, kink_tol, polish, check_psd) -> ConicSolution``; :func:`solve_with` takes one
-  :class:`ConicOptions`; :class:`ConicLayer` (an ``nn.Module``);
+  on_failure, kink_tol, polish, check_psd, infeasible, backward, warm_start) ->
+  ConicSolution``; :func:`solve_with` takes one :class:`ConicOptions`; :class:`ConicLayer` (an
+  ``nn.Module``);
+- opt-in: ``infeasible="relax"`` (certified infeasible samples solved as their closest
+  feasible problem, :mod:`dxopt.conic.relax`), ``warm_start=`` a previous solution
+  (:mod:`dxopt.conic.warm`), ``backward=`` :class:`Smoothed` ``(mu)`` (the derivative of the
+  barrier solution, :mod:`dxopt.conic.smoothed`); under :func:`torch.compile` the solve is one
+  custom op (:mod:`dxopt.conic.compiled`);
 - results :class:`ConicSolution` (``x, y, s, status, info``), :class:`ConicInfo`,
   :class:`ConicBackwardInfo`; errors :class:`ConicSolveError`, :class:`ConicBackwardError`,
   :class:`ConicDegenerateWarning`;

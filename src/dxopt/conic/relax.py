@@ -23,10 +23,14 @@ sample keeps that status), then
     Ax + s = b + d^\\star(\\theta),\\ s \\in K .
 
 Both are solved by :func:`dxopt.conic.solve` itself with the caller's options and certified like
-any cone program. The relaxed sample's status is ``RELAXED`` (``ok``) and
-``info.relax_shift`` holds :math:`\\Vert d^\\star\\Vert_2` (0.0 for the other samples). A
-relaxed sample whose shifted problem is not certified (e.g. unbounded below along the
-least-violation set) keeps that problem's status, a failure for ``on_failure``.
+any cone program. The shifted feasible set has no interior point (it is the set of
+least-violation points), so an interior-point backend meets it as a degenerate program: its
+residuals are certified to ``atol``/``rtol`` as always, while the point itself may be accurate
+to only about :math:`\\sqrt{\\mathrm{atol}}` where that set is a single point of a curved cone
+(a ball touching a half-space: ``tests/conic/test_relax.py``). The relaxed sample's status is
+``RELAXED`` (``ok``) and ``info.relax_shift`` holds :math:`\\Vert d^\\star\\Vert_2` (0.0 for
+the other samples). A relaxed sample whose shifted problem is not certified (e.g. unbounded
+below along the least-violation set) keeps that problem's status, a failure for ``on_failure``.
 
 **The derivative** is the exact derivative of :math:`\\theta = (P, q, A, b) \\mapsto
 (x, y, s)^\\star(\\theta)` above, the dependence of :math:`d^\\star` on :math:`(A, b)` included:
