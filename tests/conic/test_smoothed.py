@@ -36,6 +36,8 @@ def test_the_closed_form_of_the_half_line(c):
     assert float(gx) == pytest.approx(dx, rel=1e-10)
     # y(mu) = mu / x(mu): dy/dc = -mu / x^2 dx/dc
     assert float(gy) == pytest.approx(-mu / x_mu**2 * dx, rel=1e-8)
+    assert sol.info.backward.linear_solver == "lu (smoothed)"
+    assert sol.info.backward.residual[0] < 1e-14
 
 
 def _mixed():

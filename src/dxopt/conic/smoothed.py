@@ -289,6 +289,16 @@ def smoothed_gradients(
             f"{bad[:10]} could not be solved to round-off (a singular barrier Jacobian: "
             "redundant equality rows?); use backward='kkt'"
         )
+    res = [0.0] * B
+    for j, i in enumerate(point.idx):
+        res[i] = float(sol.residual[j])
+    info = state.info.backward
+    info.linear_solver, info.residual, info.refinement_steps = (
+        "lu (smoothed)",
+        tuple(res),
+        sol.steps,
+    )
+    info.singular, info.condition = (False,) * B, (float("nan"),) * B
     u = sol.z
     u1, u2 = u[:, :n], u[:, n : n + m]
     x, y = point.x, point.y

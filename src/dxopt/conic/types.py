@@ -133,7 +133,8 @@ class ConicBackwardInfo:
     """What the last backward pass did (filled in when it runs).
 
     Attributes:
-        linear_solver: ``"lu"`` (dense batched) or ``"splu"`` (sparse).
+        linear_solver: ``"lu"`` (dense batched), ``"splu"`` (sparse) or ``"lu (smoothed)"``
+            (the barrier system of ``backward=Smoothed(...)``; no condition estimate).
         residual: per sample, the relative residual of the adjoint system at the returned
             adjoint (round-off where the system was regular).
         refinement_steps: refinement rounds used (the most over the batch).
