@@ -29,6 +29,7 @@ ORDER = (
     "qp",
     "cvxpy",
     "frontend",
+    "conic",
     "portfolio",
     "dfl",
     "distributed",

@@ -23,8 +23,14 @@ differentiate the primal ``x``, the dual ``y`` and the slack ``s`` with respect 
 Public API (stable; the CVXPY front end builds on it):
 
 - :func:`solve` ``(P, q, A, b, *, cones, atol, rtol, infeas_tol, max_iter, solver, fallback,
-  on_failure, kink_tol, polish, check_psd) -> ConicSolution``; :func:`solve_with` takes one
-  :class:`ConicOptions`; :class:`ConicLayer` (an ``nn.Module``);
+  on_failure, kink_tol, polish, check_psd, infeasible, backward, warm_start) ->
+  ConicSolution``; :func:`solve_with` takes one :class:`ConicOptions`; :class:`ConicLayer` (an
+  ``nn.Module``);
+- opt-in: ``infeasible="relax"`` (certified infeasible samples solved as their closest
+  feasible problem, :mod:`dxopt.conic.relax`), ``warm_start=`` a previous solution
+  (:mod:`dxopt.conic.warm`), ``backward=`` :class:`Smoothed` ``(mu)`` (the derivative of the
+  barrier solution, :mod:`dxopt.conic.smoothed`); under :func:`torch.compile` the solve is one
+  custom op (:mod:`dxopt.conic.compiled`);
 - results :class:`ConicSolution` (``x, y, s, status, info``), :class:`ConicInfo`,
   :class:`ConicBackwardInfo`; errors :class:`ConicSolveError`, :class:`ConicBackwardError`,
   :class:`ConicDegenerateWarning`;
@@ -58,6 +64,7 @@ from dxopt.conic.types import ConicInfo as ConicInfo
 from dxopt.conic.types import ConicOptions as ConicOptions
 from dxopt.conic.types import ConicSolution as ConicSolution
 from dxopt.conic.types import ConicSolveError as ConicSolveError
+from dxopt.conic.types import Smoothed as Smoothed
 
 __all__ = [
     "Cone",
@@ -75,6 +82,7 @@ __all__ = [
     "PSDCone",
     "PowerCone",
     "SecondOrderCone",
+    "Smoothed",
     "ZeroCone",
     "smat",
     "solve",

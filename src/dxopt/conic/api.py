@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
 
-from dxopt._core import handle_failure
+from dxopt._core import Status, handle_failure
+from dxopt.conic.compiled import compiled_solve, set_eager_solve
 from dxopt.conic.cones.base import Cone
 from dxopt.conic.cones.exp import DUAL_TO_PRIMAL, ExpCone, ExpDualCone
 from dxopt.conic.function import ConicCall, ConicFunction
 from dxopt.conic.problem import conic_problem
-from dxopt.conic.types import ConicOptions, ConicSolution, ConicSolveError
+from dxopt.conic.relax import solve_relaxed
+from dxopt.conic.smoothed import check_barriers
+from dxopt.conic.types import ConicOptions, ConicSolution, ConicSolveError, Smoothed
+from dxopt.conic.warm import WarmStart, warm_points
 
 __all__ = ["ConicLayer", "solve", "solve_with"]
 
@@ -34,6 +39,9 @@ def solve(
     kink_tol: float = 1e-7,
     polish: bool = True,
     check_psd: bool = True,
+    infeasible: str = "fail",
+    backward: str | Smoothed = "kkt",
+    warm_start: WarmStart = None,
 ) -> ConicSolution:
     """Solve :math:`\\min_x \\tfrac12 x^\\top Px + q^\\top x` s.t. :math:`Ax + s = b`,
     :math:`s \\in K = K_1 \\times \\dots \\times K_r` and make ``x``, ``y``, ``s``
@@ -47,7 +55,10 @@ def solve(
         cones: the cones :math:`K_i` in row order (``ZeroCone``, ``NonnegCone``,
             ``SecondOrderCone``, ``PSDCone``, ...); their dimensions add up to ``m``.
         atol, rtol, infeas_tol, max_iter, solver, fallback, on_failure, kink_tol, polish,
-            check_psd: see :class:`~dxopt.conic.types.ConicOptions`.
+            check_psd, infeasible, backward: see :class:`~dxopt.conic.types.ConicOptions`.
+        warm_start: ``None``, a previous :class:`ConicSolution` or a tuple ``(x, y, s)`` of
+            its shapes: tried first by dxopt's own polish and certificate, the backends skipped
+            where it certifies (:mod:`dxopt.conic.warm`).
 
     Returns:
         :class:`~dxopt.conic.types.ConicSolution` with ``x``, ``y`` (in :math:`K^*`), ``s``
@@ -81,8 +92,10 @@ def solve(
         kink_tol=kink_tol,
         polish=polish,
         check_psd=check_psd,
+        infeasible=infeasible,
+        backward=backward,
     )
-    return solve_with(P, q, A, b, cones=cones, options=options)
+    return solve_with(P, q, A, b, cones=cones, options=options, warm_start=warm_start)
 
 
 def solve_with(
@@ -93,35 +106,70 @@ def solve_with(
     *,
     cones: Sequence[Cone],
     options: ConicOptions,
+    warm_start: WarmStart = None,
 ) -> ConicSolution:
     """:func:`solve` with one :class:`~dxopt.conic.types.ConicOptions` record."""
     if not isinstance(options, ConicOptions):
         raise TypeError(f"options: expected a ConicOptions, got {type(options).__name__}")
     cones = tuple(cones)
+    if torch.compiler.is_compiling():  # one opaque custom op (dxopt.conic.compiled)
+        return compiled_solve(P, q, A, b, cones, options, warm_start)
     if any(isinstance(cone, ExpDualCone) for cone in cones):
-        return _dual_exp_via_primal(P, q, A, b, cones, options)
+        return _dual_exp_via_primal(P, q, A, b, cones, options, warm_start)
+    if options.infeasible == "relax":
+        sol = solve_relaxed(P, q, A, b, cones, options, _plain, warm_start)
+    else:
+        sol = _plain(P, q, A, b, cones, options, warm_start)
+    return _finish(sol, options)
+
+
+def _plain(
+    P: Tensor | None,
+    q: Tensor,
+    A: Tensor,
+    b: Tensor,
+    cones: tuple[Cone, ...],
+    options: ConicOptions,
+    warm_start: WarmStart,
+) -> ConicSolution:
+    """One certified, differentiable solve; failed samples are NaN (no failure handling)."""
     prob = conic_problem(P, q, A, b, cones, check_psd=options.check_psd)
-    call = ConicCall(prob, options)
+    if isinstance(options.backward, Smoothed):
+        check_barriers(prob.cones)
+    call = ConicCall(prob, options, warm=warm_points(prob, warm_start))
     P_in = P if P is not None else q.new_zeros(0)
     x, y, s = ConicFunction.apply(P_in, q, A, b, call)
     state = call.state
     assert state is not None
-    status = tuple(state.status)
+    info = state.info
+    if call.warm is not None:
+        info = dataclasses.replace(info, warm=tuple(sv == "warm" for sv in info.solvers))
+    return ConicSolution(x=x, y=y, s=s, status=tuple(state.status), info=info)
+
+
+def _finish(sol: ConicSolution, options: ConicOptions) -> ConicSolution:
+    """``on_failure`` for the samples without a certified solution."""
+    status = sol.status
     failed = tuple(i for i, st in enumerate(status) if not st.ok)
     if failed:
         listed = ", ".join(f"{i}: {status[i].value}" for i in failed[:10])
-        why = "; ".join(state.info.failures[failed[0]][-2:])
+        why = "; ".join(sol.info.failures[failed[0]][-2:])
         message = (
             f"dxopt.conic.solve: {len(failed)} of {len(status)} samples have no certified "
             f"solution ({listed}{', ...' if len(failed) > 10 else ''})"
             + (f"; sample {failed[0]}: {why}" if why else "")
             + ". Infeasible/unbounded samples carry a checked certificate; for the others "
-            "raise max_iter or loosen atol/rtol. Pass on_failure='nan' to keep the rest."
+            "raise max_iter or loosen atol/rtol. Pass on_failure='nan' to keep the rest"
+            + (
+                ", or infeasible='relax' to train on the closest feasible problem."
+                if Status.INFEASIBLE in status and options.infeasible == "fail"
+                else "."
+            )
         )
         if options.on_failure == "raise":
             raise ConicSolveError(message, failed, status)
         handle_failure(options.on_failure, message, status=None)
-    return ConicSolution(x=x, y=y, s=s, status=status, info=state.info)
+    return sol
 
 
 def _dual_exp_via_primal(
@@ -131,6 +179,7 @@ def _dual_exp_via_primal(
     b: Tensor,
     cones: tuple[Cone, ...],
     options: ConicOptions,
+    warm_start: WarmStart,
 ) -> ConicSolution:
     """Rows in the dual exponential cone, solved as primal exponential rows.
 
@@ -158,9 +207,19 @@ def _dual_exp_via_primal(
         else:
             primal.append(cone)
         start += cone.dim
-    sol = solve_with(P, q, M @ A, b @ M.T, cones=primal, options=options)
-    s = sol.s @ torch.linalg.inv(M).T
+    Minv = torch.linalg.inv(M)
+    warm = warm_start
+    if isinstance(warm_start, ConicSolution):
+        warm_start = (warm_start.x, warm_start.y, warm_start.s)
+    if isinstance(warm_start, tuple) and len(warm_start) == 3:
+        wx, wy, ws = warm_start
+        warm = (wx, wy @ Minv, ws @ M.T)  # y = M'y', s' = M s
+    sol = solve_with(P, q, M @ A, b @ M.T, cones=primal, options=options, warm_start=warm)
+    s = sol.s @ Minv.T
     return ConicSolution(x=sol.x, y=sol.y @ M, s=s, status=sol.status, info=sol.info)
+
+
+set_eager_solve(solve_with)
 
 
 class ConicLayer(nn.Module):
@@ -172,8 +231,10 @@ class ConicLayer(nn.Module):
         self.cones = tuple(cones)
         self.options = ConicOptions(**options)  # type: ignore[arg-type]
 
-    def forward(self, P: Tensor | None, q: Tensor, A: Tensor, b: Tensor) -> ConicSolution:
-        return solve_with(P, q, A, b, cones=self.cones, options=self.options)
+    def forward(
+        self, P: Tensor | None, q: Tensor, A: Tensor, b: Tensor, *, warm_start: WarmStart = None
+    ) -> ConicSolution:
+        return solve_with(P, q, A, b, cones=self.cones, options=self.options, warm_start=warm_start)
 
     def extra_repr(self) -> str:
         return f"cones={list(self.cones)}"

@@ -69,8 +69,11 @@ class ForwardState:
         return torch.tensor([st.ok for st in self.status], dtype=torch.bool)
 
 
-def solve_forward(prob: ConicProblem, options: ConicOptions) -> ForwardState:
-    """Solve and certify every sample of ``prob`` (module doc)."""
+def solve_forward(
+    prob: ConicProblem, options: ConicOptions, first: tuple[Attempt, ...] = ()
+) -> ForwardState:
+    """Solve and certify every sample of ``prob`` (module doc); ``first``: attempts run
+    before the chain (the warm start, :mod:`dxopt.conic.warm`; not counted as backend calls)."""
     start = time.perf_counter()
     B, n, m = prob.batch, prob.n, prob.m
     f64 = torch.float64
@@ -83,11 +86,11 @@ def solve_forward(prob: ConicProblem, options: ConicOptions) -> ForwardState:
     last_claim = [""] * B
     pending = list(range(B))
     calls = 0
-    for att in attempts(options):
+    for att in (*first, *attempts(options)):
         if not pending:
             break
         raw = att.run(prob, pending, att.tol, options.max_iter)
-        calls += len(pending)
+        calls += len(pending) if att not in first else 0
         rx, ry, rs = (torch.from_numpy(a) for a in (raw.x, raw.y, raw.s))
         pos = {i: j for j, i in enumerate(raw.index)}
         point_idx = [

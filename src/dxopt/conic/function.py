@@ -18,7 +18,9 @@ from torch import Tensor
 from dxopt.conic.backward import adjoint_gradients, tangents
 from dxopt.conic.forward import ForwardState, solve_forward
 from dxopt.conic.problem import ConicProblem
-from dxopt.conic.types import ConicOptions
+from dxopt.conic.smoothed import smoothed_gradients
+from dxopt.conic.types import ConicBackwardError, ConicOptions, Smoothed
+from dxopt.conic.warm import warm_attempt
 
 __all__ = ["ConicCall", "ConicFunction"]
 
@@ -30,6 +32,7 @@ class ConicCall:
     prob: ConicProblem
     options: ConicOptions
     state: ForwardState | None = None
+    warm: tuple[Tensor, Tensor, Tensor] | None = None
 
 
 def _out(t: Tensor, prob: ConicProblem, ok: Tensor) -> Tensor:
@@ -49,7 +52,8 @@ class ConicFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(P: Tensor, q: Tensor, A: Tensor, b: Tensor, call: ConicCall) -> Any:
-        state = solve_forward(call.prob, call.options)
+        first = () if call.warm is None else (warm_attempt(call.warm),)
+        state = solve_forward(call.prob, call.options, first)
         call.state = state
         ok = state.ok
         prob = call.prob
@@ -69,12 +73,16 @@ class ConicFunction(torch.autograd.Function):
         assert state is not None
         prob = call.prob
         B, n, m = prob.batch, prob.n, prob.m
-        gP, gq, gA, gb = adjoint_gradients(
-            state,
+        cot = (
             torch.nan_to_num(_in(gx, (B, n))),
             torch.nan_to_num(_in(gy, (B, m))),
             torch.nan_to_num(_in(gs, (B, m))),
         )
+        smooth = call.options.backward
+        if isinstance(smooth, Smoothed):
+            gP, gq, gA, gb = smoothed_gradients(state, smooth, *cot)
+        else:
+            gP, gq, gA, gb = adjoint_gradients(state, *cot)
         sP, sq, sA, sb = ctx.shapes
 
         def back(g: Tensor, shape: tuple[int, ...], batched_ndim: int) -> Tensor:
@@ -95,6 +103,11 @@ class ConicFunction(torch.autograd.Function):
         call: ConicCall = ctx.call
         state = call.state
         assert state is not None
+        if isinstance(call.options.backward, Smoothed):
+            raise ConicBackwardError(
+                "dxopt.conic: backward=Smoothed(...) offers reverse mode only (backward(), "
+                "torch.autograd.grad); for forward-mode AD use backward='kkt'"
+            )
         prob = call.prob
         B, n, m = prob.batch, prob.n, prob.m
         sP, _sq, sA, _sb = ctx.shapes

@@ -25,10 +25,44 @@ __all__ = [
     "ConicOptions",
     "ConicSolution",
     "ConicSolveError",
+    "Smoothed",
 ]
 
 SOLVERS = ("clarabel", "scs")
 """Backends of the forward chain, in their default order (SCS only where importable)."""
+INFEASIBLE = ("fail", "relax")
+"""What ``infeasible=`` takes: a certified infeasible sample fails, or is relaxed."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Smoothed:
+    """Smoothed backward for cone programs: the exact derivative of the barrier solution.
+
+    Pass as ``backward=Smoothed(mu=1e-3)`` to :func:`dxopt.conic.solve`,
+    :class:`dxopt.conic.ConicLayer` or :class:`dxopt.frontend.CvxpyLayer` (``solver_args``).
+    The forward is unchanged (the certified solution); the backward differentiates the
+    central-path point :math:`(x, y, s)(\\mu)` of
+    :math:`\\min \\tfrac12 x^\\top Px + q^\\top x + \\mu F(b - Ax)` (``F`` the sum of the cones'
+    log-barriers, zero-cone rows kept as equalities), found by Newton from the certified point;
+    math in :mod:`dxopt.conic.smoothed`. The power cone has no barrier here and is refused.
+
+    Prefer it where the exact derivative is piecewise constant or jumps (decision-focused
+    learning with LP-like decisions, active sets that keep switching); it is biased by
+    :math:`O(\\mu)` at a nondegenerate point.
+
+    Attributes:
+        mu: the barrier parameter (finite, > 0), in the units of the objective.
+        max_iter: Newton steps before the backward is refused.
+    """
+
+    mu: float = 1e-3
+    max_iter: int = 100
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "mu", check_positive("mu", self.mu, hint="pass e.g. Smoothed(mu=1e-3)")
+        )
+        check_int("max_iter", self.max_iter)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,6 +89,11 @@ class ConicOptions:
         polish: a few Newton steps on the optimality map :math:`F(x, w) = 0` (the backward's
             Jacobian) after the backend, kept only where they reduce the residual.
         check_psd: check that ``P`` is symmetric positive semidefinite (one eigenvalue sweep).
+        infeasible: ``"fail"`` (a certified infeasible sample is a failure for ``on_failure``)
+            or ``"relax"``: it is replaced by its closest feasible problem
+            (:mod:`dxopt.conic.relax`), status ``RELAXED``; dense ``A`` only.
+        backward: ``"kkt"`` (the exact implicit derivative) or a :class:`Smoothed` (the
+            derivative of the barrier solution, :mod:`dxopt.conic.smoothed`).
     """
 
     atol: float = 1e-8
@@ -67,6 +106,8 @@ class ConicOptions:
     kink_tol: float = 1e-7
     polish: bool = True
     check_psd: bool = True
+    infeasible: str = "fail"
+    backward: str | Smoothed = "kkt"
 
     def __post_init__(self) -> None:
         check_positive("atol", self.atol)
@@ -76,6 +117,12 @@ class ConicOptions:
         check_int("max_iter", self.max_iter)
         check_choice("solver", self.solver, SOLVERS)
         check_on_failure(self.on_failure, ("raise", "warn", "ignore", "nan"))
+        check_choice("infeasible", self.infeasible, INFEASIBLE)
+        if not (self.backward == "kkt" or isinstance(self.backward, Smoothed)):
+            raise ValueError(
+                f"backward: expected 'kkt' or a dxopt.conic.Smoothed, got {self.backward!r}; "
+                "pass e.g. backward=Smoothed(mu=1e-3)"
+            )
         for name in ("fallback", "polish", "check_psd"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name}: expected a bool, got {getattr(self, name)!r}")
@@ -86,7 +133,8 @@ class ConicBackwardInfo:
     """What the last backward pass did (filled in when it runs).
 
     Attributes:
-        linear_solver: ``"lu"`` (dense batched) or ``"splu"`` (sparse).
+        linear_solver: ``"lu"`` (dense batched), ``"splu"`` (sparse) or ``"lu (smoothed)"``
+            (the barrier system of ``backward=Smoothed(...)``; no condition estimate).
         residual: per sample, the relative residual of the adjoint system at the returned
             adjoint (round-off where the system was regular).
         refinement_steps: refinement rounds used (the most over the batch).
@@ -118,6 +166,10 @@ class ConicInfo:
         failures: per sample, why the attempts that were rejected failed (empty if none).
         cost: the forward's :class:`dxopt.Cost` (``forwards`` = backend calls, ``seconds``).
         backward: diagnostics of the last backward pass (empty until one runs).
+        relax_shift: with ``infeasible="relax"``, per sample :math:`\\Vert d^\\star\\Vert_2`, the
+            norm of the shift of a ``RELAXED`` sample (0.0 for the others); ``()`` otherwise.
+        warm: per sample, whether the warm start certified and the backends were skipped
+            (``()`` without a warm start).
     """
 
     solvers: tuple[str, ...]
@@ -130,6 +182,8 @@ class ConicInfo:
     failures: tuple[tuple[str, ...], ...]
     cost: Cost
     backward: ConicBackwardInfo = field(default_factory=ConicBackwardInfo)
+    relax_shift: tuple[float, ...] = ()
+    warm: tuple[bool, ...] = ()
 
 
 @dataclass(frozen=True)

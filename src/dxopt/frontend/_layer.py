@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from dxopt._core import Status
 from dxopt.conic import ConicOptions, solve_with
 from dxopt.frontend._compile import CompiledConic, check_problem, compile_conic
+from dxopt.qp.api.compiled import opaque_call, register_opaque
 from dxopt.qp.api.layer import QPLayer
 from dxopt.qp.frontend._affine import SparseLinear, affine_map
 from dxopt.qp.frontend._compile import import_cvxpy
@@ -48,6 +49,8 @@ _CONIC_KEYS = {
     "on_failure": ("on_failure",),
     "fallback": ("fallback",),
     "polish": ("polish",),
+    "infeasible": ("infeasible",),
+    "backward": ("backward",),
 }
 _QP_KEYS = {
     "tol": ("eps_abs",),
@@ -69,6 +72,9 @@ class CvxpyLayerSolution:
     values: tuple[Tensor, ...]
     status: tuple[Status, ...]
     engine: str  # "qp" or "conic"
+    raw: Any = None
+    """The engine's own solution (a :class:`dxopt.conic.ConicSolution` or a
+    :class:`dxopt.qp.CvxpyQPSolution`): what ``warm_start=`` of the next call takes it from."""
 
 
 def _translate(engine: str, args: dict[str, Any] | None, where: str) -> dict[str, Any]:
@@ -118,7 +124,10 @@ class CvxpyLayer(nn.Module):
         solver_args: defaults for every call (keys: ``tol``/``eps`` (both tolerances),
             ``atol``/``eps_abs``, ``rtol``/``eps_rel``, ``on_failure``, ``fallback``,
             ``polish``; conic only: ``max_iter``/``max_iters``, ``infeas_tol``,
-            ``kink_tol``); a call's ``solver_args`` override them.
+            ``kink_tol``, ``infeasible`` (``"relax"``: infeasible samples train on their
+            closest feasible problem, :mod:`dxopt.conic.relax`), ``backward``
+            (``dxopt.conic.Smoothed(mu)``, :mod:`dxopt.conic.smoothed`)); a call's
+            ``solver_args`` override them.
 
     Attributes:
         engine: ``"qp"`` or ``"conic"``.
@@ -181,6 +190,7 @@ class CvxpyLayer(nn.Module):
             if self.solver is not None:
                 self.solver_args.setdefault("solver", SOLVERS[self.solver])
             ConicOptions(**self.solver_args)  # checks the values now
+        self._opaque_key = register_opaque(self)  # the layer as one op under torch.compile
 
     # ------------------------------------------------------------------------------ checks
     def _check(self, values: tuple[Any, ...]) -> int | None:
@@ -223,15 +233,30 @@ class CvxpyLayer(nn.Module):
 
     # ------------------------------------------------------------------------------ solve
     def solve(
-        self, *values: Tensor, solver_args: dict[str, Any] | None = None
+        self,
+        *values: Tensor,
+        solver_args: dict[str, Any] | None = None,
+        warm_start: CvxpyLayerSolution | None = None,
     ) -> CvxpyLayerSolution:
-        """Solve for the given values: :class:`CvxpyLayerSolution` with the statuses."""
+        """Solve for the given values: :class:`CvxpyLayerSolution` with the statuses.
+
+        ``warm_start``: this layer's previous solution (same batch size): the conic route
+        tries its point first, certified as a cold answer (:mod:`dxopt.conic.warm`); the QP
+        route passes it to :meth:`dxopt.qp.CvxpyQPLayer.solve`."""
+        if warm_start is not None and not (
+            isinstance(warm_start, CvxpyLayerSolution) and warm_start.engine == self.engine
+        ):
+            raise TypeError(
+                "warm_start: expected a CvxpyLayerSolution of this layer (from layer.solve), "
+                f"got {type(warm_start).__name__}"
+            )
+        raw = None if warm_start is None else warm_start.raw
         if self.qp_layer is not None:
-            return self._solve_qp(values, solver_args)
-        return self._solve_conic(values, solver_args)
+            return self._solve_qp(values, solver_args, raw)
+        return self._solve_conic(values, solver_args, raw)
 
     def _solve_qp(
-        self, values: tuple[Any, ...], solver_args: dict[str, Any] | None
+        self, values: tuple[Any, ...], solver_args: dict[str, Any] | None, warm: Any = None
     ) -> CvxpyLayerSolution:
         layer = self.qp_layer
         assert layer is not None
@@ -240,14 +265,14 @@ class CvxpyLayer(nn.Module):
         if extra:
             layer.qp = QPLayer(**{**saved.options, **extra})
         try:
-            sol = layer.solve(*values)
+            sol = layer.solve(*values, warm_start=warm)
         finally:
             layer.qp = saved
         self.last_status = sol.status
-        return CvxpyLayerSolution(sol.values, sol.status, "qp")
+        return CvxpyLayerSolution(sol.values, sol.status, "qp", sol)
 
     def _solve_conic(
-        self, values: tuple[Any, ...], solver_args: dict[str, Any] | None
+        self, values: tuple[Any, ...], solver_args: dict[str, Any] | None, warm: Any = None
     ) -> CvxpyLayerSolution:
         c = self.compiled
         assert c is not None
@@ -292,7 +317,7 @@ class CvxpyLayer(nn.Module):
         b = block("b", n * n + n + m * n, n * n + n + m * n + m, (m,))
         if batch is not None and q.dim() == 1:
             q = q.expand(B, n)
-        sol = solve_with(P, q, A, b, cones=c.cones, options=options)
+        sol = solve_with(P, q, A, b, cones=c.cones, options=options, warm_start=warm)
         status = tuple(sol.status)
         self.last_status = status
         outs = []
@@ -302,13 +327,41 @@ class CvxpyLayer(nn.Module):
                 vec = torch.exp(vec)
             shaped = _fortran_unflatten(vec, out.shape)  # CVXPY stores column-major
             outs.append(shaped)
-        return CvxpyLayerSolution(tuple(outs), status, "conic")
+        return CvxpyLayerSolution(tuple(outs), status, "conic", sol)
 
     def forward(
         self, *values: Tensor, solver_args: dict[str, Any] | None = None
     ) -> tuple[Tensor, ...]:
-        """The requested variables and multipliers (cvxpylayers' return convention)."""
+        """The requested variables and multipliers (cvxpylayers' return convention). Under
+        :func:`torch.compile` (``fullgraph=True`` included) the whole call is one opaque op
+        (:func:`dxopt.qp.api.compiled.opaque_call`): same outputs and gradients as eager (the
+        backward runs the layer again); per-call ``solver_args`` are refused there (pass them
+        to the constructor)."""
+        if torch.compiler.is_compiling():
+            if solver_args is not None:
+                raise TypeError(
+                    "solver_args: per-call solver_args are not supported under torch.compile; "
+                    "pass them to CvxpyLayer(..., solver_args=...) instead"
+                )
+            return opaque_call(self._opaque_key, values)
         return self.solve(*values, solver_args=solver_args).values
+
+    def _opaque_forward(self, *values: Tensor) -> tuple[Tensor, ...]:
+        """The eager forward, for :mod:`dxopt.qp.api.compiled`."""
+        return self.solve(*values).values
+
+    def _opaque_shapes(self, *values: Tensor) -> list[tuple[int, ...]]:
+        """The output shapes for ``values`` (from their shapes alone)."""
+        batch: tuple[int, ...] = ()
+        for shape, v in zip(self.param_shapes, values):
+            if v.dim() == len(shape) + 1:
+                batch = (int(v.shape[0]),)
+        if self.compiled is not None:
+            shapes = [tuple(out.shape) for out in self.compiled.outputs]
+        else:
+            assert self.qp_layer is not None
+            shapes = [tuple(out.shape) for out in self.qp_layer.compiled.outputs]
+        return [(*batch, *shape) for shape in shapes]
 
     def extra_repr(self) -> str:
         if self.compiled is None:

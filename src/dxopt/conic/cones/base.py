@@ -19,7 +19,10 @@ answers, for a batch of vectors ``v`` of shape ``(..., dim)`` (torch, float32 or
   :meth:`Cone.kink` flags moved onto one defined side (the engine's one-sided rule: each cone
   documents its side; the default is the plain Jacobian);
 - :meth:`Cone.scs_perm`: where SCS stores this cone's entries in a different order (the PSD
-  triangle), the permutation ``p`` with ``v_scs = v[p]``.
+  triangle), the permutation ``p`` with ``v_scs = v[p]``;
+- :meth:`Cone.barrier` / :meth:`Cone.barrier_center`: the gradient and Hessian of the cone's
+  logarithmic barrier :math:`F` at an interior point and one interior point (the smoothed
+  backward, :mod:`dxopt.conic.smoothed`; a cone without them is refused there).
 
 The defaults below derive the dual side from the primal one; a self-dual cone sets
 ``self_dual = True`` and implements only the primal side.
@@ -101,6 +104,16 @@ class Cone:
         shape ``v.shape[:-1]``) resolved to this cone's documented side (default: the plain
         Jacobian :meth:`dproject_dual`)."""
         return self.dproject_dual(v)
+
+    def barrier(self, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The barrier's gradient ``(..., dim)`` and Hessian ``(..., dim, dim)`` at ``v``, and
+        a mask ``(...)`` of the points in the interior of ``K`` (elsewhere the first two are
+        finite placeholders)."""
+        raise NotImplementedError(f"{type(self).__name__} has no log-barrier in dxopt.conic")
+
+    def barrier_center(self) -> Tensor:
+        """A point of the interior of ``K`` (float64, ``(dim,)``)."""
+        raise NotImplementedError(f"{type(self).__name__} has no log-barrier in dxopt.conic")
 
     def scs_perm(self) -> list[int] | None:
         """``p`` with ``v_scs = v[p]`` where SCS orders this cone's entries differently

@@ -52,6 +52,24 @@ Kinks (where :math:`\\Pi_K` is not differentiable): :math:`\\partial K` (the mul
 :math:`\\psi = r e^{s/r - 1} + t`; in case 3 :math:`\\min(-r, -s, |t|)`; in case 4
 :math:`\\min(|p|, |v - p|, \\operatorname{dist}(v, \\{r \\le 0, s \\le 0\\}))`. The Jacobian at a
 kink is the one of the region the point is assigned to (cases 1-4 in that order).
+
+Log-barrier of :math:`K` (the smoothed backward), the standard 3-self-concordant one
+(Nesterov, Todd, Ye, "Infeasible-start primal-dual methods and infeasibility detectors for
+nonlinear programming problems", Math. Program. 1999; Chares' thesis, 2009): with
+:math:`\\psi = s \\log(t/s) - r`,
+
+.. math::
+
+    F(r, s, t) = -\\log \\psi - \\log s - \\log t,\\qquad
+    \\nabla F = -\\nabla\\psi / \\psi - (0, 1/s, 1/t),
+
+    \\nabla^2 F = \\nabla\\psi \\nabla\\psi^\\top / \\psi^2 - \\nabla^2\\psi / \\psi
+    + \\mathrm{diag}(0, 1/s^2, 1/t^2),
+
+:math:`\\nabla\\psi = (-1, \\log(t/s) - 1, s/t)`, :math:`\\psi_{ss} = -1/s`,
+:math:`\\psi_{st} = 1/t`, :math:`\\psi_{tt} = -s/t^2` (the others zero), on the interior
+:math:`s, t, \\psi > 0`. The dual cone's rows are solved as primal ones
+(:func:`dxopt.conic.api.solve_with`), so only :class:`ExpCone` needs it.
 """
 
 from __future__ import annotations
@@ -234,6 +252,34 @@ class ExpCone(Cone):
         # v = 0 (the apex) has unit row 0: margin 0
         margin = torch.where(torch.linalg.vector_norm(u, dim=-1) > 0, margin, zero)
         return (margin <= flat_tol(tol, batch, u)).reshape(batch)
+
+    def barrier(self, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        r, s, t = v[..., 0], v[..., 1], v[..., 2]
+        pos = (s > 0) & (t > 0)
+        s = torch.where(pos, s, torch.ones_like(s))
+        t = torch.where(pos, t, torch.ones_like(t))
+        log_ts = torch.log(t / s)
+        psi = s * log_ts - r
+        inside = pos & (psi > 0)
+        psi = torch.where(inside, psi, torch.ones_like(psi))
+        dpsi = torch.stack([-torch.ones_like(s), log_ts - 1, s / t], dim=-1)
+        zero = torch.zeros_like(s)
+        hpsi = torch.stack(
+            [
+                torch.stack([zero, zero, zero], -1),
+                torch.stack([zero, -1 / s, 1 / t], -1),
+                torch.stack([zero, 1 / t, -s / (t * t)], -1),
+            ],
+            dim=-2,
+        )
+        extra = torch.stack([zero, 1 / s, 1 / t], dim=-1)
+        grad = -dpsi / psi[..., None] - extra
+        hess = dpsi[..., :, None] * dpsi[..., None, :] / (psi * psi)[..., None, None]
+        hess = hess - hpsi / psi[..., None, None] + torch.diag_embed(extra * extra)
+        return grad, hess, inside
+
+    def barrier_center(self) -> Tensor:
+        return torch.tensor([-1.0, 1.0, 1.0], dtype=torch.float64)
 
     def clarabel(self) -> object:
         import clarabel

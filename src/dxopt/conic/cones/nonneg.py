@@ -6,6 +6,9 @@ has a kink where some :math:`v_i = 0` (for :math:`v = y - s` at a solution: a ro
 is taken as **inactive**, :math:`D_{ii} = 0` (its multiplier held at zero), the derivative of the
 problem with that row dropped, which is the one-sided derivative for perturbations that make
 the row slack.
+
+Log-barrier (the smoothed backward): :math:`F(s) = -\\sum_i \\log s_i`,
+:math:`\\nabla F = -1/s`, :math:`\\nabla^2 F = \\mathrm{diag}(1/s^2)`.
 """
 
 from __future__ import annotations
@@ -51,6 +54,14 @@ class NonnegCone(Cone):
 
     def dproject_dual_snapped(self, v: Tensor, atol: Tensor) -> Tensor:
         return torch.diag_embed((v > atol[..., None]).to(v.dtype))
+
+    def barrier(self, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        inside = (v > 0).all(dim=-1)
+        safe = torch.where(v > 0, v, torch.ones_like(v))
+        return -1 / safe, torch.diag_embed(safe**-2), inside
+
+    def barrier_center(self) -> Tensor:
+        return torch.ones(self.n, dtype=torch.float64)
 
     def clarabel(self) -> object:
         import clarabel

@@ -18,6 +18,12 @@ scaling; :meth:`PSDCone.scs_perm` gives the reordering.
 Kinks: a zero eigenvalue. One-sided rule (:meth:`PSDCone.dproject_dual_snapped`): eigenvalues
 within the tolerance of 0 count as negative (the smaller face; the divided differences stay
 continuous, :math:`B_{ij} = 1` against a positive :math:`\\lambda_j`).
+
+Log-barrier (the smoothed backward): :math:`F(v) = -\\log\\det S`, :math:`S = ` ``smat(v)``.
+As ``svec`` is an isometry (:math:`\\langle \\mathrm{svec} X, \\mathrm{svec} Y\\rangle =
+\\mathrm{tr}(XY)`), :math:`\\nabla F = -\\mathrm{svec}(S^{-1})` and the Hessian maps
+:math:`\\mathrm{svec}(E)` to :math:`\\mathrm{svec}(S^{-1} E S^{-1})`, on the interior
+:math:`S \\succ 0` (a Cholesky factor exists).
 """
 
 from __future__ import annotations
@@ -119,6 +125,22 @@ class PSDCone(Cone):
             v, dim=-1
         )
         return (lam.abs() <= bound[..., None]).any(dim=-1)
+
+    def barrier(self, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        k, d = self.k, self.dim
+        S = smat(v, k)
+        L, info = torch.linalg.cholesky_ex(S)
+        inside = info == 0
+        eye = torch.eye(k, dtype=v.dtype, device=v.device)
+        L = torch.where(inside[..., None, None], L, eye)
+        Sinv = torch.cholesky_inverse(L)
+        basis = smat(torch.eye(d, dtype=v.dtype, device=v.device), k)  # (d, k, k)
+        images = Sinv[..., None, :, :] @ basis @ Sinv[..., None, :, :]  # (..., d, k, k)
+        hess = svec(images).transpose(-1, -2)  # column j: svec(S^-1 E_j S^-1)
+        return -svec(Sinv), hess, inside
+
+    def barrier_center(self) -> Tensor:
+        return svec(torch.eye(self.k, dtype=torch.float64))
 
     def clarabel(self) -> object:
         import clarabel

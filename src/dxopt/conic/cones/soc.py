@@ -21,6 +21,11 @@ and :math:`r = -t` (the apex included). One-sided rule
 (:meth:`SecondOrderCone.dproject_dual_snapped`): the adjoining piece of smaller rank, i.e. near
 :math:`r = t > 0` the third formula (with :math:`t/r` clipped to :math:`[-1, 1]`), near
 :math:`r = -t` and at the apex :math:`0` (the multiplier kept on the smaller face).
+
+Log-barrier (the smoothed backward): with :math:`J = \\mathrm{diag}(1, -I)`, :math:`v = (t, x)`
+and :math:`d = t^2 - \\Vert x\\Vert^2 = v^\\top J v`, :math:`F(v) = -\\log d`,
+:math:`\\nabla F = -2 Jv / d` and :math:`\\nabla^2 F = -2J/d + 4 (Jv)(Jv)^\\top / d^2`, on the
+interior :math:`t > \\Vert x\\Vert`.
 """
 
 from __future__ import annotations
@@ -104,6 +109,24 @@ class SecondOrderCone(Cone):
             v, dim=-1
         )
         return ((r - t).abs() <= bound) | ((r + t).abs() <= bound)
+
+    def barrier(self, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        t, x = v[..., 0], v[..., 1:]
+        d = t * t - (x * x).sum(-1)
+        inside = (t > 0) & (d > 0)
+        d = torch.where(inside, d, torch.ones_like(d))
+        Jv = torch.cat([t[..., None], -x], dim=-1)
+        sign = torch.ones(self.n, dtype=v.dtype, device=v.device)
+        sign[1:] = -1.0
+        grad = -2 * Jv / d[..., None]
+        hess = -2 * torch.diag_embed(sign.expand_as(v)) / d[..., None, None]
+        hess = hess + 4 * Jv[..., :, None] * Jv[..., None, :] / (d * d)[..., None, None]
+        return grad, hess, inside
+
+    def barrier_center(self) -> Tensor:
+        e = torch.zeros(self.n, dtype=torch.float64)
+        e[0] = 1.0
+        return e
 
     def clarabel(self) -> object:
         import clarabel
