@@ -17,16 +17,17 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
 from dxopt._core import Status
 from dxopt.conic import ConicOptions, solve_with
-from dxopt.frontend._compile import CompiledConic, check_problem, compile_conic
+from dxopt.frontend._compile import CompiledConic, ConicOutput, check_problem, compile_conic
 from dxopt.qp.api.layer import QPLayer
 from dxopt.qp.frontend._affine import SparseLinear, affine_map
 from dxopt.qp.frontend._compile import import_cvxpy
-from dxopt.qp.frontend._layer import CvxpyQPLayer, _fortran_unflatten
+from dxopt.qp.frontend._layer import CvxpyQPLayer
 from dxopt.qp.problem.functorch import functorch_active
 
 __all__ = ["CvxpyLayer", "CvxpyLayerSolution"]
@@ -95,6 +96,21 @@ def _translate(engine: str, args: dict[str, Any] | None, where: str) -> dict[str
         for name in table[key]:
             out[name] = value
     return out
+
+
+def _gather(out: ConicOutput, x: Tensor, y: Tensor, gp: bool) -> Any:
+    """One output: ``vec[..., index] * scale`` (CVXPY's column-major layout), or the tuple of
+    a constraint's dual variables."""
+    if out.parts:
+        return tuple(_gather(p, x, y, gp) for p in out.parts)
+    vec = x if out.kind == "x" else y
+    index = torch.tensor(np.asarray(out.index, dtype=np.int64))
+    value = vec[..., index.reshape(-1)].reshape(tuple(vec.shape[:-1]) + tuple(out.shape))
+    if out.scale is not None:
+        value = value * torch.tensor(np.asarray(out.scale), dtype=value.dtype)
+    if gp and out.kind == "x":
+        value = torch.exp(value)
+    return value
 
 
 class CvxpyLayer(nn.Module):
@@ -295,14 +311,8 @@ class CvxpyLayer(nn.Module):
         sol = solve_with(P, q, A, b, cones=c.cones, options=options)
         status = tuple(sol.status)
         self.last_status = status
-        outs = []
-        for out in c.outputs:
-            vec = (sol.x if out.kind == "x" else sol.y)[..., out.start : out.stop]
-            if c.gp and out.kind == "x":
-                vec = torch.exp(vec)
-            shaped = _fortran_unflatten(vec, out.shape)  # CVXPY stores column-major
-            outs.append(shaped)
-        return CvxpyLayerSolution(tuple(outs), status, "conic")
+        outs = tuple(_gather(out, sol.x, sol.y, c.gp) for out in c.outputs)
+        return CvxpyLayerSolution(outs, status, "conic")
 
     def forward(
         self, *values: Tensor, solver_args: dict[str, Any] | None = None
