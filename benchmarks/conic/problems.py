@@ -12,7 +12,12 @@ Clarabel, so the raw loop and the layers solve the same program).
 - ``sdp``: ``min <C, X> s.t. <A_i, X> = b_i, X >> 0`` (a small PSD cone), parameters ``C, b``;
 - ``log_penalty``: ``max x + lam (log(1 - x) + log(1 + x))`` (cvxpylayers issue 135 / diffcp
   issue 57 in one variable, two exponential cones), parameter ``lam``; closed form
-  ``x* = sqrt(lam^2 + 1) - lam``, ``dx*/dlam = lam / sqrt(lam^2 + 1) - 1``.
+  ``x* = sqrt(lam^2 + 1) - lam``, ``dx*/dlam = lam / sqrt(lam^2 + 1) - 1``;
+- ``log_trading``: the trading model of cvxpylayers issue 135 (where cvxpylayers returned
+  -45.69 against a finite difference of -2.10), written here from its description: one
+  stock over ``D = 10`` days with known prices, trades ``|q_t| < 1`` kept off the bounds by a
+  log barrier of weight ``lam``, positions ``|cumsum(q)| <= 10``;
+  ``max sum((p_D - p_t) q_t) + lam sum(log(1 - q_t) + log(1 + q_t))``, parameter ``lam``.
 """
 
 from __future__ import annotations
@@ -137,12 +142,27 @@ def log_penalty(batch: int, *, seed: int = 0) -> Problem:
     return Problem("log_penalty", "n=1", prob, [lam], x, _batch(draw, batch, seed))
 
 
+def log_trading(batch: int, *, days: int = 10, seed: int = 0) -> Problem:
+    prices = np.random.default_rng(1234).standard_normal(days)
+    q = cp.Variable(days)
+    lam = cp.Parameter(1, nonneg=True)
+    pnl = (prices[-1] - prices) @ q
+    barrier = cp.sum(cp.log(1 - q) + cp.log(1 + q))
+    prob = cp.Problem(cp.Maximize(pnl + lam * barrier), [cp.abs(cp.cumsum(q)) <= 10])
+
+    def draw(rng: np.random.Generator) -> list[np.ndarray]:
+        return [rng.uniform(0.05, 0.5, 1)]
+
+    return Problem("log_trading", f"D={days}", prob, [lam], q, _batch(draw, batch, seed))
+
+
 PROBLEMS = {
     "socp": socp,
     "portfolio": portfolio,
     "logistic": logistic,
     "sdp": sdp,
     "log_penalty": log_penalty,
+    "log_trading": log_trading,
 }
 
 

@@ -146,3 +146,19 @@ def test_power_cone_dual_is_refused_by_name() -> None:
     prob = cp.Problem(cp.Minimize(-z + a * x + y), [pow3, x <= 2, y <= 2])
     with pytest.raises(ValueError, match=r"PowCone3D.*not available"):
         CvxpyLayer(prob, parameters=[a], variables=[pow3])
+
+
+def test_symmetric_variable_output_matches_cvxpy() -> None:
+    """A symmetric variable (CVXPY's reduced upper-triangle form) as a layer output."""
+    X = cp.Variable((3, 3), symmetric=True)
+    C = cp.Parameter((3, 3), symmetric=True)
+    prob = cp.Problem(cp.Minimize(cp.trace(C @ X)), [X >> 0, cp.trace(X) == 1, X[0, 2] >= 0.1])
+    layer = CvxpyLayer(prob, parameters=[C], variables=[X], solver_args=TIGHT)
+    G = np.random.default_rng(4).standard_normal((3, 3))
+    Cv = G @ G.T + np.diag([0.0, 1.0, 2.0])
+    (Xd,) = layer(torch.tensor(Cv, dtype=D))
+    C.value = Cv
+    prob.solve(solver=cp.CLARABEL, tol_gap_abs=1e-11, tol_gap_rel=1e-11, tol_feas=1e-11)
+    assert Xd.shape == (3, 3)
+    np.testing.assert_allclose(Xd.numpy(), X.value, atol=1e-6)
+    assert float(Xd[0, 2]) == float(Xd[2, 0])

@@ -172,17 +172,24 @@ def _rows(cone_name: str, c: Any) -> int:
 
 def _output(cp: Any, problem: Any, pp: Any, chain: Any, item: Any, gp: bool) -> ConicOutput:
     if isinstance(item, cp.Variable) and item.id in {v.id for v in problem.variables()}:
-        if any(item.attributes.get(a) for a in ("symmetric", "PSD", "NSD", "diag", "hermitian")):
+        symmetric = bool(item.attributes.get("symmetric") or item.attributes.get("PSD"))
+        if any(item.attributes.get(a) for a in ("NSD", "diag", "hermitian")):
             raise ValueError(
-                f"variables: {item.name()} is a structured (symmetric/PSD/diag) variable, which "
+                f"variables: {item.name()} is a structured (NSD/diag/hermitian) variable, which "
                 "CVXPY stores in a reduced form; declare a plain cp.Variable((k, k)) and "
-                "constrain it (X >> 0 makes it symmetric)."
+                "constrain it."
             )
         ids = chain.compose_var_id_map().get(item.id, [item.id])
         if len(ids) != 1 or ids[0] not in pp.var_id_to_col:
             raise ValueError(f"variables: {item.name()} has no single canonical column block.")
         start = int(pp.var_id_to_col[ids[0]])
         shape = tuple(item.shape)
+        if symmetric:  # CVXPY's reduced form: the upper triangle, row by row
+            k = shape[0]
+            rows, cols = np.triu_indices(k)
+            index = np.empty((k, k), dtype=np.int64)
+            index[rows, cols] = index[cols, rows] = start + np.arange(rows.size)
+            return ConicOutput("x", start, start + rows.size, shape, item.name(), index)
         index = fortran_index(start, shape)
         return ConicOutput("x", start, start + item.size, shape, item.name(), index)
     constraint, part = None, None
