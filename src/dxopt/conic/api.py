@@ -12,6 +12,7 @@ from dxopt.conic.cones.base import Cone
 from dxopt.conic.cones.exp import DUAL_TO_PRIMAL, ExpCone, ExpDualCone
 from dxopt.conic.function import ConicCall, ConicFunction
 from dxopt.conic.problem import conic_problem
+from dxopt.conic.sparse import densify
 from dxopt.conic.types import ConicOptions, ConicSolution, ConicSolveError
 
 __all__ = ["ConicLayer", "solve", "solve_with"]
@@ -42,7 +43,9 @@ def solve(
     Args:
         P: ``(n, n)`` or ``(B, n, n)`` symmetric PSD, or ``None`` (a linear objective).
         q: ``(n,)`` or ``(B, n)``.
-        A: ``(m, n)`` or ``(B, m, n)``.
+        A: ``(m, n)`` or ``(B, m, n)``. ``P`` and ``A`` may be sparse COO/CSR ``(n, n)`` /
+            ``(m, n)`` matrices shared by the batch: their gradients are sparse tensors of the
+            same layout and pattern (:mod:`dxopt.conic.sparse`).
         b: ``(m,)`` or ``(B, m)``.
         cones: the cones :math:`K_i` in row order (``ZeroCone``, ``NonnegCone``,
             ``SecondOrderCone``, ``PSDCone``, ...); their dimensions add up to ``m``.
@@ -97,6 +100,7 @@ def solve_with(
     """:func:`solve` with one :class:`~dxopt.conic.types.ConicOptions` record."""
     if not isinstance(options, ConicOptions):
         raise TypeError(f"options: expected a ConicOptions, got {type(options).__name__}")
+    P, A = densify("P", P), densify("A", A)
     cones = tuple(cones)
     if any(isinstance(cone, ExpDualCone) for cone in cones):
         return _dual_exp_via_primal(P, q, A, b, cones, options)
