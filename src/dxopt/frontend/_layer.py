@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from dxopt._core import Status
 from dxopt.conic import ConicOptions, solve_with
+from dxopt.frontend._blocks import SPARSE_FROM, conic_blocks
 from dxopt.frontend._compile import CompiledConic, ConicOutput, check_problem, compile_conic
 from dxopt.qp.api.layer import QPLayer
 from dxopt.qp.frontend._affine import SparseLinear, affine_map
@@ -184,6 +185,8 @@ class CvxpyLayer(nn.Module):
         self.param_shapes = tuple(tuple(p.shape) for p in parameters)
         self.param_names = tuple(p.name() for p in parameters)
         self.last_status: tuple[Status, ...] = ()
+        #: dense entries of a shared P or A above which it is passed sparse (_blocks)
+        self.sparse_from = SPARSE_FROM
         if self.engine == "qp":
             self.qp_layer: CvxpyQPLayer | None = CvxpyQPLayer(
                 problem, list(parameters), list(variables), **self.solver_args
@@ -289,23 +292,13 @@ class CvxpyLayer(nn.Module):
         flat.append(torch.ones(B, 1, dtype=like.dtype, device=like.device))
         theta = torch.cat(flat, dim=1)
         entries = affine_map(theta, self._map)
-        data = entries.new_zeros(B, c.total)
-        data[:, self._rows] = entries
-        n, m = c.n, c.m
+        n = c.n
         batched = (
             set()
             if batch is None
             else {i for i, v in enumerate(values) if v.dim() == len(self.param_shapes[i]) + 1}
         )
-
-        def block(name: str, lo: int, hi: int, shape: tuple[int, ...]) -> Tensor:
-            part = data[:, lo:hi].reshape(B, *shape)
-            return part if c.block_params[name] & batched else part[0]
-
-        P = block("P", 0, n * n, (n, n)) if c.has_P else None
-        q = block("q", n * n, n * n + n, (n,))
-        A = block("A", n * n + n, n * n + n + m * n, (m, n))
-        b = block("b", n * n + n + m * n, n * n + n + m * n + m, (m,))
+        P, q, A, b = conic_blocks(c, entries, batched, sparse_from=self.sparse_from)
         if batch is not None and q.dim() == 1:
             q = q.expand(B, n)
         sol = solve_with(P, q, A, b, cones=c.cones, options=options)
