@@ -14,7 +14,10 @@ epigraph and auxiliary columns, e.g. of ``abs(x) <= 1``, that are not unique).
   one-sided slopes do not approach each other like the step, or unresolved differences give
   *no verdict*). The same slope from raw Clarabel points (``fd_clarabel``: the tightest of
   :data:`REF_TOLS` Clarabel reports ``Solved``) is a cross-check; it resolves less often,
-  Clarabel stopping at about 1e-10. ``x_err`` is against that Clarabel point.
+  Clarabel stopping at about 1e-10. ``x_err`` is against that Clarabel point,
+  ``x_err_scs`` against SCS at ``eps = 1e-12`` through CVXPY (a first-order method that
+  reaches such tolerances on these sizes; ``-`` where it did not report optimal): where
+  Clarabel's point is the looser one, every method shows the same ``x_err``.
 - **Methods**: each method's gradient dotted with the direction: the layers (dxopt's
   ``CvxpyLayer``, cvxpylayers) with respect to the parameters; the raw-data methods
   (``dxopt.conic.solve``, Moreau) with respect to the cone data ``(P, q, A, b)``, dotted
@@ -175,6 +178,20 @@ def _dxopt_x(d: ConeData) -> np.ndarray:
     return sol.x[0].numpy()
 
 
+def _scs_variable(prob: Problem, values: Sequence[np.ndarray]) -> np.ndarray | None:
+    """The variable (C-order flat) from CVXPY + SCS at ``eps = 1e-12``, if optimal."""
+    import cvxpy as cp
+
+    _set(prob, values)
+    try:
+        prob.problem.solve(solver=cp.SCS, eps_abs=1e-12, eps_rel=1e-12, max_iters=200_000)
+    except cp.error.SolverError:
+        return None
+    if prob.problem.status != cp.OPTIMAL or prob.variable.value is None:
+        return None
+    return np.asarray(prob.variable.value, dtype=float).reshape(-1)
+
+
 # ------------------------------------------------------------------------- the methods
 def _layer_grad(layer: Callable[..., Any], values, direction, weight, args=None):
     leaves = [torch.tensor(v, dtype=F64, requires_grad=True) for v in values]
@@ -313,6 +330,7 @@ def accuracy_rows(
         return at
 
     x_ref = variable_value(_clarabel_x(_data_at(prob, values)), start, var)
+    x_scs = _scs_variable(prob, values)
     floor = FLOOR * float(np.abs(weight * x_ref).sum())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a DEGENERATE point's warning: the slope says kink
@@ -347,6 +365,8 @@ def accuracy_rows(
             rows.append({**row, "verdict": "-", "note": f"{type(exc).__name__}: {exc}"[:120]})
             continue
         row.update(grad=g, x_err=float(np.abs(x - x_ref).max()))
+        if x_scs is not None:
+            row["x_err_scs"] = float(np.abs(x - x_scs).max())
         if slope.value is None or slope.verdict != "smooth":
             row.update(verdict="no verdict", note=f"finite differences: {slope.verdict}")
         else:

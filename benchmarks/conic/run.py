@@ -58,8 +58,8 @@ from benchmarks.conic.problems import PROBLEMS
 
 COLUMNS = ("problem", "batch", "method", "ms", "vs_raw", "x_err", "grad_rel_err", "note")
 TARGET_COLUMNS = ("problem", "target", "figure", "verdict")
-ACCURACY_COLUMNS = ("problem", "method", "x_err", "grad", "fd", "fd_err", "fd_clarabel",
-                    "grad_rel_err", "verdict", "note")  # fmt: skip
+ACCURACY_COLUMNS = ("problem", "method", "x_err", "x_err_scs", "grad", "fd", "fd_err",
+                    "fd_clarabel", "grad_rel_err", "verdict", "note")  # fmt: skip
 CANONICAL = ("raw Clarabel loop", "Moreau", "dxopt.conic")
 BIG = 128
 
@@ -233,9 +233,11 @@ def main(argv: list[str] | None = None) -> None:
         f"{machine_line(info)}; 1 thread; {load}\n\n"
         + (f"{SMOKE_NOTE}\n\n" if args.quick else "")
         + f"{markdown_table(rows, COLUMNS)}\n\n"
-        + "Accuracy (sample 0, float64, tight tolerances; x_err over the user's variable; "
-        "grad = directional derivative of w'x; fd from dxopt's certified forward at 1e-12, "
-        "fd_clarabel the same from raw Clarabel points):\n\n"
+        + "Accuracy (sample 0, float64, tight tolerances; x_err over the user's variable "
+        "against Clarabel at its tightest Solved tolerance, x_err_scs against CVXPY + SCS at "
+        "eps 1e-12 (the solver of cvxpylayers default too); grad = directional derivative of "
+        "w'x; fd from dxopt's certified forward at 1e-12, fd_clarabel the same from raw "
+        "Clarabel points; benchmarks/conic/accuracy.py):\n\n"
         + f"{markdown_table(acc, ACCURACY_COLUMNS)}\n\n{markdown_table(goals, TARGET_COLUMNS)}\n"
     )
     (out / f"{stem}.md").write_text(text)
