@@ -223,7 +223,7 @@ def _output(cp: Any, problem: Any, pp: Any, chain: Any, item: Any, gp: bool) -> 
                 raise ValueError(
                     f"variables: the dual of {constraint} (a {kind} cone in the canonical "
                     "program) is not available; duals are returned for equality, inequality, "
-                    "cp.SOC, cp.ExpCone and PSD (>>) constraints."
+                    "cp.SOC, cp.ExpCone, cp.PowCone3D and PSD (>>) constraints."
                 )
             name = str(constraint)
             outs = tuple(

@@ -10,8 +10,8 @@ into ``y``, one per dual variable of the constraint, each of the dual variable's
 - ``cp.SOC(t, X, axis)``: the rows are ``num`` cones of ``cone_size`` entries, the first of
   each the ``t`` part; the ``X`` part is transposed for ``axis=0``
   (``SOC.save_dual_value``);
-- ``cp.ExpCone(x, y, z)``: the rows are triples :math:`(x_i, y_i, z_i)` over the elements in
-  Fortran order (``ExpCone.save_dual_value``);
+- ``cp.ExpCone(x, y, z)`` and ``cp.PowCone3D(x, y, z, alpha)``: the rows are triples
+  :math:`(x_i, y_i, z_i)` over the elements in Fortran order (``ExpCone.save_dual_value``);
 - ``X >> 0`` (``cp.PSD``): the rows are the upper triangle of each matrix, column by column,
   off-diagonal entries scaled by :math:`\\sqrt 2` (Clarabel's ``PSDTriangleConeT``); the dual is
   the symmetric matrix with entries :math:`y_k` on the diagonal and :math:`y_k/\\sqrt 2` off it
@@ -88,7 +88,8 @@ def _psd(constraint: Any, rows: np.ndarray) -> list[DualPart]:
 
 def dual_layout(constraint: Any, canonical: str, row: int, size: int) -> list[DualPart] | None:
     """The dual variables of the user ``constraint`` whose canonical constraint is a
-    ``canonical`` (``"Zero"``, ``"NonNeg"``, ``"SOC"``, ``"ExpCone"``, ``"SvecPSD"``) on the
+    ``canonical`` (``"Zero"``, ``"NonNeg"``, ``"SOC"``, ``"ExpCone"``, ``"PowCone3D"``,
+    ``"SvecPSD"``) on the
     rows ``[row, row + size)``; ``None`` where dxopt does not know CVXPY's layout (the caller
     refuses the output)."""
     import cvxpy as cp
@@ -102,6 +103,8 @@ def dual_layout(constraint: Any, canonical: str, row: int, size: int) -> list[Du
         return _soc(constraint, rows)
     if canonical == "ExpCone" and isinstance(constraint, cp.constraints.ExpCone):
         return _exp(constraint, rows)
+    if canonical == "PowCone3D" and isinstance(constraint, cp.constraints.PowCone3D):
+        return _exp(constraint, rows)  # the same (x_i, y_i, z_i) triples
     if canonical == "SvecPSD" and isinstance(constraint, cp.constraints.PSD):
         return _psd(constraint, rows)
     return None
