@@ -120,9 +120,14 @@ class CvxpyLayer(nn.Module):
     cvxpylayers' calling convention: ``CvxpyLayer(problem, parameters=[...],
     variables=[...])``, then ``layer(*values, solver_args={...})`` with one tensor per
     parameter (its shape, or a leading batch dimension; batched and shared values mix) returns
-    a tuple with one tensor per entry of ``variables``: a variable of the problem, or a
-    constraint / its dual variable (the multiplier, CVXPY's ``dual_value`` convention;
-    equality and elementwise inequality constraints).
+    a tuple with one entry per item of ``variables``: a variable of the problem (symmetric
+    ones included), or a constraint / one of its dual variables (the multiplier, in CVXPY's
+    ``dual_value`` layout: equality and inequality constraints, ``cp.SOC``, ``cp.ExpCone``,
+    ``cp.PowCone3D`` and ``X >> 0``; a constraint with several dual variables, ``cp.SOC``
+    ``(t, X)`` or a 3-d cone ``(x, y, z)``, gives a tuple of tensors as ``dual_value`` gives a
+    list, each of its dual variable's shape; :mod:`dxopt.frontend._duals`). Shared ``P``/``A``
+    blocks of a large problem are passed to :mod:`dxopt.conic` sparse
+    (:mod:`dxopt.frontend._blocks`).
 
     Args:
         problem: a :class:`cvxpy.Problem`, DPP (DGP-DPP with ``gp=True``).
