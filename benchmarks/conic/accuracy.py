@@ -18,7 +18,8 @@ epigraph and auxiliary columns, e.g. of ``abs(x) <= 1``, that are not unique).
   ``x_err_scs`` against SCS at ``eps = 1e-12`` through CVXPY (a first-order method that
   reaches such tolerances on these sizes; ``-`` where it did not report optimal): where
   Clarabel's point is the looser one, every method shows the same ``x_err``.
-- **Methods**: each method's gradient dotted with the direction: the layers (dxopt's
+- **Methods**, each asked for tolerance :data:`TIGHT` (``note`` says what it ran with): each
+  method's gradient dotted with the direction: the layers (dxopt's
   ``CvxpyLayer``, cvxpylayers) with respect to the parameters; the raw-data methods
   (``dxopt.conic.solve``, Moreau) with respect to the cone data ``(P, q, A, b)``, dotted
   with the data's direction (the data are affine in :math:`\\theta`, so the direction is
@@ -207,22 +208,38 @@ def _dxopt_layer(prob: Problem) -> Callable[..., Any]:
     from dxopt.frontend import CvxpyLayer
 
     layer = CvxpyLayer(prob.problem, parameters=prob.parameters, variables=[prob.variable],
-                       solver_args={"tol": 1e-10})  # fmt: skip
-    return lambda values, direction, weight: _layer_grad(layer, values, direction, weight)
+                       solver_args={"tol": TIGHT})  # fmt: skip
+
+    def run(values, direction, weight):
+        return (*_layer_grad(layer, values, direction, weight), f"tolerance {TIGHT:g}")
+
+    return run
+
+
+TIGHT = 1e-10
+"""The tolerance every peer is asked for (``note`` says where a peer refused it)."""
 
 
 def _cvxpylayers(prob: Problem, solver: str | None) -> Callable[..., Any]:
+    """cvxpylayers (diffcp) with SCS (``solver=None``) or Clarabel as diffcp's solver, asked
+    for :data:`TIGHT` through ``solver_args`` (diffcp hands them to the solver)."""
     from cvxpylayers.torch import CvxpyLayer
 
     layer = CvxpyLayer(prob.problem, parameters=prob.parameters, variables=[prob.variable])
-    base = {} if solver is None else {"solve_method": solver}
-    tight = {"eps_abs": 1e-10, "eps_rel": 1e-10, "max_iters": 100000} if solver is None else {}
+    if solver is None:
+        base: dict[str, Any] = {}
+        tight: dict[str, Any] = {"eps_abs": TIGHT, "eps_rel": TIGHT, "max_iters": 100_000}
+    else:
+        base = {"solve_method": solver}
+        tight = {"tol_gap_abs": TIGHT, "tol_gap_rel": TIGHT, "tol_feas": TIGHT}
 
     def run(values, direction, weight):
         try:
-            return _layer_grad(layer, values, direction, weight, {**base, **tight})
-        except Exception:  # a peer that refuses the tight options runs at its defaults
-            return _layer_grad(layer, values, direction, weight, base)
+            g, x = _layer_grad(layer, values, direction, weight, {**base, **tight})
+            return g, x, f"tolerance {TIGHT:g}"
+        except Exception as exc:  # a peer that refuses the tight options runs at its defaults
+            g, x = _layer_grad(layer, values, direction, weight, base)
+            return g, x, f"defaults (tight options refused: {type(exc).__name__})"
 
     return run
 
@@ -241,12 +258,12 @@ def _dxopt_raw(prob: Problem, start: int, var: Any) -> Callable[..., Any]:
         P, q, A, b, cones = dxopt_data(_raw_batch(prob, values, direction))
         leaves = [t.clone().requires_grad_() for t in (q, A, b)]
         P_leaf = P.clone().requires_grad_() if P is not None else None
-        sol = conic.solve(P_leaf, *leaves, cones=cones, atol=1e-10, rtol=1e-10)
+        sol = conic.solve(P_leaf, *leaves, cones=cones, atol=TIGHT, rtol=TIGHT)
         xv = _torch_variable(sol.x[0], start, var)
         (xv * torch.tensor(weight)).sum().backward()
         inputs = ([P_leaf] if P_leaf is not None else []) + leaves
         g = sum(float((t.grad[0] * (t.detach()[1] - t.detach()[2]) / 2).sum()) for t in inputs)
-        return g, xv.detach().numpy()
+        return g, xv.detach().numpy(), f"tolerance {TIGHT:g}"
 
     return run
 
@@ -260,6 +277,8 @@ def _torch_variable(x: torch.Tensor, start: int, var: Any) -> torch.Tensor:
 def _moreau(prob: Problem, start: int, var: Any) -> Callable[..., Any]:
     import moreau
     from moreau.torch import Solver
+
+    ipm = moreau.IPMSettings(tol_gap_abs=TIGHT, tol_gap_rel=TIGHT, tol_feas=TIGHT)
 
     def run(values, direction, weight):
         data = _raw_batch(prob, values, direction)
@@ -288,7 +307,8 @@ def _moreau(prob: Problem, start: int, var: Any) -> Callable[..., Any]:
             A_row_offsets=torch.tensor(a_csr.indptr, dtype=torch.int64),
             A_col_indices=torch.tensor(a_csr.indices, dtype=torch.int64),
             cones=cones,
-            settings=moreau.Settings(device="cpu", batch_size=3, enable_grad=True),
+            settings=moreau.Settings(device="cpu", batch_size=3, enable_grad=True,
+                                     ipm_settings=ipm),
         )  # fmt: skip
         leaves = [t.clone().requires_grad_() for t in tensors]
         sol = solver.solve(*leaves)
@@ -296,7 +316,7 @@ def _moreau(prob: Problem, start: int, var: Any) -> Callable[..., Any]:
         xv = _torch_variable(x[0], start, var)
         (xv * torch.tensor(weight)).sum().backward()
         g = sum(float((t.grad[0] * (t.detach()[1] - t.detach()[2]) / 2).sum()) for t in leaves)
-        return g, xv.detach().numpy()
+        return g, xv.detach().numpy(), f"tolerance {TIGHT:g}"
 
     return run
 
@@ -360,15 +380,17 @@ def accuracy_rows(
             rows.append({**row, "verdict": "-", "note": fn})
             continue
         try:
-            g, x = fn(values, direction, weight)
+            g, x, settings = fn(values, direction, weight)
         except Exception as exc:  # a method that fails is reported with its error
             rows.append({**row, "verdict": "-", "note": f"{type(exc).__name__}: {exc}"[:120]})
             continue
-        row.update(grad=g, x_err=float(np.abs(x - x_ref).max()))
+        row.update(grad=g, x_err=float(np.abs(x - x_ref).max()), note=settings)
         if x_scs is not None:
             row["x_err_scs"] = float(np.abs(x - x_scs).max())
         if slope.value is None or slope.verdict != "smooth":
-            row.update(verdict="no verdict", note=f"finite differences: {slope.verdict}")
+            row.update(
+                verdict="no verdict", note=f"{settings}; finite differences: {slope.verdict}"
+            )
         else:
             rel = abs(g - slope.value) / max(abs(slope.value), floor, 1e-300)
             row.update(grad_rel_err=rel, verdict="within" if rel <= TARGET else "outside")
