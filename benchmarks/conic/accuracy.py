@@ -260,10 +260,17 @@ def _dxopt_raw(prob: Problem, start: int, var: Any) -> Callable[..., Any]:
         P_leaf = P.clone().requires_grad_() if P is not None else None
         sol = conic.solve(P_leaf, *leaves, cones=cones, atol=TIGHT, rtol=TIGHT)
         xv = _torch_variable(sol.x[0], start, var)
-        (xv * torch.tensor(weight)).sum().backward()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the note says what the warning says
+            (xv * torch.tensor(weight)).sum().backward()
         inputs = ([P_leaf] if P_leaf is not None else []) + leaves
         g = sum(float((t.grad[0] * (t.detach()[1] - t.detach()[2]) / 2).sum()) for t in inputs)
-        return g, xv.detach().numpy(), f"tolerance {TIGHT:g}"
+        note = f"tolerance {TIGHT:g}"
+        if sol.info.backward.singular and sol.info.backward.singular[0]:
+            note += "; singular J (canonical solution not unique): minimum-norm adjoint"
+        if sol.info.kink[0]:
+            note += "; at a cone kink: one-sided rule"
+        return g, xv.detach().numpy(), note
 
     return run
 
