@@ -5,13 +5,16 @@ bidiagonal difference matrix ``D`` and parameters ``y`` (n - 1) and ``r``. Each 
 its layer in a fresh subprocess (so the peak resident memory is its own); the JSON and
 Markdown go to benchmarks/conic/results/construction.{json,md}.
 
-Run: ``python benchmarks/conic/construction.py --n 5000`` (the issue's size).
+Run: ``python benchmarks/conic/construction.py --n 5000`` (the issue's size). Each child runs
+under a wall-clock cap (``--timeout`` seconds) and an address-space cap (``--mem-gib``,
+``RLIMIT_AS``); a peer that exceeds one is reported with the cap it hit, not dropped.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -46,27 +49,41 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=positive_int, default=5000)
     parser.add_argument("--timeout", type=positive_int, default=1800)
+    parser.add_argument("--mem-gib", type=positive_int, default=16)
     args = parser.parse_args()
+    cap = args.mem_gib * 2**30
+
+    def limit() -> None:  # runs in the child before exec
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+
     rows = []
     for peer in ("dxopt", "cvxpylayers"):
         try:
             out = subprocess.run(
                 [sys.executable, "-c", CHILD, str(args.n), peer],
                 capture_output=True, text=True, timeout=args.timeout, check=False,
+                preexec_fn=limit,
             )  # fmt: skip
             if out.returncode != 0:
-                rows.append({"peer": peer, "n": args.n, "error": out.stderr.strip()[-300:]})
+                tail = out.stderr.strip()[-240:]
+                if "MemoryError" in tail or out.returncode < 0:
+                    cap_note = f"over the {args.mem_gib} GiB address-space cap?"
+                    tail = f"{cap_note} rc {out.returncode}: {tail}"
+                rows.append({"peer": peer, "n": args.n, "error": tail})
                 continue
             rows.append(
                 {"peer": peer, "n": args.n, **json.loads(out.stdout.strip().splitlines()[-1])}
             )
         except subprocess.TimeoutExpired:
-            rows.append({"peer": peer, "n": args.n, "error": f"over {args.timeout} s"})
+            rows.append(
+                {"peer": peer, "n": args.n, "error": f"over the {args.timeout} s cap (killed)"}
+            )
     out_dir = results_dir("conic")
     write_json(out_dir / "construction.json", {"machine": machine_info(), "rows": rows})
     table = markdown_table(rows, ["peer", "n", "seconds", "peak_rss_mib", "added_mib", "error"])
     (out_dir / "construction.md").write_text(
-        f"### Layer construction, sparse conic problem (n = {args.n})\n\n{table}\n"
+        f"### Layer construction, sparse conic problem (n = {args.n})\n\n"
+        f"caps per peer: {args.timeout} s, {args.mem_gib} GiB address space\n\n{table}\n"
     )
     print(table)
 

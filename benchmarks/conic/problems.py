@@ -12,7 +12,17 @@ Clarabel, so the raw loop and the layers solve the same program).
 - ``sdp``: ``min <C, X> s.t. <A_i, X> = b_i, X >> 0`` (a small PSD cone), parameters ``C, b``;
 - ``log_penalty``: ``max x + lam (log(1 - x) + log(1 + x))`` (cvxpylayers issue 135 / diffcp
   issue 57 in one variable, two exponential cones), parameter ``lam``; closed form
-  ``x* = sqrt(lam^2 + 1) - lam``, ``dx*/dlam = lam / sqrt(lam^2 + 1) - 1``.
+  ``x* = sqrt(lam^2 + 1) - lam``, ``dx*/dlam = lam / sqrt(lam^2 + 1) - 1``;
+- ``log_trading``: the trading model of cvxpylayers issue 135 (where cvxpylayers returned
+  -45.69 against a finite difference of -2.10), written here from its description: one
+  stock over ``D = 10`` days with known prices, trades ``|q_t| < 1`` kept off the bounds by a
+  log barrier of weight ``lam``, positions ``|cumsum(q)| <= 10``;
+  ``max sum((p_D - p_t) q_t) + lam sum(log(1 - q_t) + log(1 + q_t))``, parameter ``lam``;
+- three of cvxpylayers' torch examples as their models read (our own code): ``monotone``
+  (monotone output regression, ``min ||x - y||_2 s.t. diff(x) >= 0``, parameter ``y``),
+  ``transport`` (entropic optimal transport, ``min <C, T> - eps sum(entr(T))`` with fixed
+  marginals, parameter ``C``) and ``resource`` (resource allocation,
+  ``min w' exp(-x) s.t. 1'x = 1, x >= 0``, parameter ``w``).
 """
 
 from __future__ import annotations
@@ -137,12 +147,65 @@ def log_penalty(batch: int, *, seed: int = 0) -> Problem:
     return Problem("log_penalty", "n=1", prob, [lam], x, _batch(draw, batch, seed))
 
 
+def log_trading(batch: int, *, days: int = 10, seed: int = 0) -> Problem:
+    prices = np.random.default_rng(1234).standard_normal(days)
+    q = cp.Variable(days)
+    lam = cp.Parameter(1, nonneg=True)
+    pnl = (prices[-1] - prices) @ q
+    barrier = cp.sum(cp.log(1 - q) + cp.log(1 + q))
+    prob = cp.Problem(cp.Maximize(pnl + lam * barrier), [cp.abs(cp.cumsum(q)) <= 10])
+
+    def draw(rng: np.random.Generator) -> list[np.ndarray]:
+        return [rng.uniform(0.05, 0.5, 1)]
+
+    return Problem("log_trading", f"D={days}", prob, [lam], q, _batch(draw, batch, seed))
+
+
+def monotone(batch: int, *, n: int = 12, seed: int = 0) -> Problem:
+    x, y = cp.Variable(n), cp.Parameter(n)
+    prob = cp.Problem(cp.Minimize(cp.norm(x - y, 2)), [cp.diff(x) >= 0])
+
+    def draw(rng: np.random.Generator) -> list[np.ndarray]:
+        return [np.linspace(-1.0, 1.0, n) + 0.3 * rng.standard_normal(n)]
+
+    return Problem("monotone", f"n={n}", prob, [y], x, _batch(draw, batch, seed))
+
+
+def transport(batch: int, *, n: int = 4, eps: float = 0.1, seed: int = 0) -> Problem:
+    C = cp.Parameter((n, n))
+    T = cp.Variable((n, n))
+    a = np.full(n, 1.0 / n)
+    prob = cp.Problem(
+        cp.Minimize(cp.sum(cp.multiply(C, T)) - eps * cp.sum(cp.entr(T))),
+        [cp.sum(T, axis=1) == a, cp.sum(T, axis=0) == a],
+    )
+
+    def draw(rng: np.random.Generator) -> list[np.ndarray]:
+        return [rng.uniform(0.0, 1.0, (n, n))]
+
+    return Problem("transport", f"n={n}", prob, [C], T, _batch(draw, batch, seed))
+
+
+def resource(batch: int, *, n: int = 6, seed: int = 0) -> Problem:
+    w, x = cp.Parameter(n, nonneg=True), cp.Variable(n)
+    prob = cp.Problem(cp.Minimize(w @ cp.exp(-x)), [cp.sum(x) == 1, x >= 0])
+
+    def draw(rng: np.random.Generator) -> list[np.ndarray]:
+        return [rng.uniform(0.5, 2.0, n)]
+
+    return Problem("resource", f"n={n}", prob, [w], x, _batch(draw, batch, seed))
+
+
 PROBLEMS = {
     "socp": socp,
     "portfolio": portfolio,
     "logistic": logistic,
     "sdp": sdp,
     "log_penalty": log_penalty,
+    "log_trading": log_trading,
+    "monotone": monotone,
+    "transport": transport,
+    "resource": resource,
 }
 
 

@@ -20,8 +20,9 @@ def test_runners_agree_at_batch_two(name):
         assert rows["Moreau"]["x_err"] <= 1e-4
     dx = rows["dxopt.conic"]
     assert dx["note"] == "forward+backward" and dx["ms"] > 0
-    if name != "socp":  # socp's canonical x holds the epigraph of abs(x) <= 1, not unique
-        assert dx["x_err"] <= 1e-4
+    # x_err is over the user's variable: socp's canonical x also holds the epigraph of
+    # abs(x) <= 1, which is not unique (the old whole-vector comparison gave 0.4 there)
+    assert dx["x_err"] <= 1e-4
     for key in ("raw Clarabel loop", "cvxpylayers default"):
         assert rows[key]["ms"] > 0
 

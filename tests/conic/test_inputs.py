@@ -47,7 +47,8 @@ CONES = [dc.SecondOrderCone(3)]
             "P: expected a symmetric",
         ),
         ((-P, Q, A, B), CONES, ValueError, "P: expected a positive semidefinite"),
-        ((P, Q, A.to_sparse(), B), CONES, TypeError, "A: expected a dense"),
+        ((P, Q.to_sparse(), A, B), CONES, TypeError, "q: expected a dense"),
+        ((P, Q, A.to_sparse_csc(), B), CONES, TypeError, "A: expected a dense, sparse COO or"),
     ],
 )
 def test_bad_inputs_name_the_argument(args, cones, error, match):

@@ -16,6 +16,7 @@ from dxopt.conic.function import ConicCall, ConicFunction
 from dxopt.conic.problem import conic_problem
 from dxopt.conic.relax import solve_relaxed
 from dxopt.conic.smoothed import check_barriers
+from dxopt.conic.sparse import densify
 from dxopt.conic.types import ConicOptions, ConicSolution, ConicSolveError, Smoothed
 from dxopt.conic.warm import WarmStart, warm_points
 
@@ -50,7 +51,9 @@ def solve(
     Args:
         P: ``(n, n)`` or ``(B, n, n)`` symmetric PSD, or ``None`` (a linear objective).
         q: ``(n,)`` or ``(B, n)``.
-        A: ``(m, n)`` or ``(B, m, n)``.
+        A: ``(m, n)`` or ``(B, m, n)``. ``P`` and ``A`` may be sparse COO/CSR ``(n, n)`` /
+            ``(m, n)`` matrices shared by the batch: their gradients are sparse tensors of the
+            same layout and pattern (:mod:`dxopt.conic.sparse`).
         b: ``(m,)`` or ``(B, m)``.
         cones: the cones :math:`K_i` in row order (``ZeroCone``, ``NonnegCone``,
             ``SecondOrderCone``, ``PSDCone``, ...); their dimensions add up to ``m``.
@@ -111,6 +114,7 @@ def solve_with(
     """:func:`solve` with one :class:`~dxopt.conic.types.ConicOptions` record."""
     if not isinstance(options, ConicOptions):
         raise TypeError(f"options: expected a ConicOptions, got {type(options).__name__}")
+    P, A = densify("P", P), densify("A", A)
     cones = tuple(cones)
     if torch.compiler.is_compiling():  # one opaque custom op (dxopt.conic.compiled)
         return compiled_solve(P, q, A, b, cones, options, warm_start)

@@ -38,6 +38,7 @@ from dxopt.conic import (
     SecondOrderCone,
     ZeroCone,
 )
+from dxopt.frontend._duals import dual_layout, fortran_index
 from dxopt.qp.frontend._compile import (
     _entries,
     _param_columns,
@@ -53,13 +54,19 @@ _HINT = "See https://www.cvxpy.org/tutorial/dcp/ (or /dgp/ with gp=True)."
 
 @dataclass(frozen=True)
 class ConicOutput:
-    """A requested output: canonical ``x`` columns or dual ``y`` rows ``[start, stop)``."""
+    """A requested output: canonical ``x`` columns or dual ``y`` rows ``[start, stop)``,
+    gathered as ``vec[..., index] * scale`` (``index`` of the output's ``shape``); a
+    constraint with several dual variables (``cp.SOC``, ``cp.ExpCone``) has one ``part`` per
+    dual variable and comes back as a tuple (CVXPY's ``dual_value`` list)."""
 
     kind: str  # "x" or "y"
     start: int
     stop: int
     shape: tuple[int, ...]
     name: str
+    index: Any = None  # int64 array of ``shape``: positions in x or y
+    scale: Any = None  # float array of ``shape`` or None (factor 1)
+    parts: tuple[ConicOutput, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -157,36 +164,44 @@ def _cones(dims: Any) -> tuple[Cone, ...]:
 
 
 def _rows(cone_name: str, c: Any) -> int:
-    if cone_name == "SvecPSD":
-        k = int(c.args[0].shape[0]) if len(c.args[0].shape) == 2 else None
-        if k is None:  # pragma: no cover - cvxpy invariant
-            raise ValueError(f"variables: cannot size the PSD constraint {c}.")
-        return k * (k + 1) // 2
+    """Rows of a canonical constraint: ``c.size`` (for ``SvecPSD`` its triangle; its argument
+    is the svec vector, not the matrix)."""
+    del cone_name
     return int(c.size)
 
 
 def _output(cp: Any, problem: Any, pp: Any, chain: Any, item: Any, gp: bool) -> ConicOutput:
     if isinstance(item, cp.Variable) and item.id in {v.id for v in problem.variables()}:
-        if any(item.attributes.get(a) for a in ("symmetric", "PSD", "NSD", "diag", "hermitian")):
+        symmetric = bool(item.attributes.get("symmetric") or item.attributes.get("PSD"))
+        if any(item.attributes.get(a) for a in ("NSD", "diag", "hermitian")):
             raise ValueError(
-                f"variables: {item.name()} is a structured (symmetric/PSD/diag) variable, which "
+                f"variables: {item.name()} is a structured (NSD/diag/hermitian) variable, which "
                 "CVXPY stores in a reduced form; declare a plain cp.Variable((k, k)) and "
-                "constrain it (X >> 0 makes it symmetric)."
+                "constrain it."
             )
         ids = chain.compose_var_id_map().get(item.id, [item.id])
         if len(ids) != 1 or ids[0] not in pp.var_id_to_col:
             raise ValueError(f"variables: {item.name()} has no single canonical column block.")
         start = int(pp.var_id_to_col[ids[0]])
-        return ConicOutput("x", start, start + item.size, tuple(item.shape), item.name())
-    constraint, offset = None, 0
+        shape = tuple(item.shape)
+        if symmetric:  # CVXPY's reduced form: the upper triangle, row by row
+            k = shape[0]
+            rows, cols = np.triu_indices(k)
+            index = np.empty((k, k), dtype=np.int64)
+            index[rows, cols] = index[cols, rows] = start + np.arange(rows.size)
+            return ConicOutput("x", start, start + rows.size, shape, item.name(), index)
+        index = fortran_index(start, shape)
+        return ConicOutput("x", start, start + item.size, shape, item.name(), index)
+    constraint, part = None, None
     for c in problem.constraints:
         if item is c:
             constraint = c
             break
-        if any(item is d for d in c.dual_variables):
-            if len(c.dual_variables) != 1:
-                raise ValueError(f"variables: {c} has several dual variables; pass the constraint.")
-            constraint = c
+        for j, d in enumerate(c.dual_variables):
+            if item is d:
+                constraint, part = c, j
+                break
+        if constraint is not None:
             break
     if constraint is None:
         raise ValueError(
@@ -203,14 +218,23 @@ def _output(cp: Any, problem: Any, pp: Any, chain: Any, item: Any, gp: bool) -> 
         kind = type(c).__name__
         size = _rows(kind, c)
         if c.id == canon_id:
-            if kind not in ("Zero", "NonNeg") or size != constraint.size:
+            layout = dual_layout(constraint, kind, row, size)
+            if layout is None:
                 raise ValueError(
                     f"variables: the dual of {constraint} (a {kind} cone in the canonical "
-                    "program) is not available; duals are returned for equality and "
-                    "elementwise inequality constraints."
+                    "program) is not available; duals are returned for equality, inequality, "
+                    "cp.SOC, cp.ExpCone, cp.PowCone3D and PSD (>>) constraints."
                 )
-            shape = tuple(constraint.shape)
-            return ConicOutput("y", row + offset, row + offset + size, shape, str(constraint))
+            name = str(constraint)
+            outs = tuple(
+                ConicOutput("y", row, row + size, tuple(p.index.shape), name, p.index, p.scale)
+                for p in layout
+            )
+            if part is not None:
+                return outs[part]
+            if len(outs) == 1:
+                return outs[0]
+            return ConicOutput("y", row, row + size, (), name, parts=outs)
         row += size
     raise ValueError(
         f"variables: the constraint {constraint} has no rows in the canonical program (CVXPY "

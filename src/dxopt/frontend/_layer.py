@@ -17,17 +17,19 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
 from dxopt._core import Status
 from dxopt.conic import ConicOptions, solve_with
-from dxopt.frontend._compile import CompiledConic, check_problem, compile_conic
+from dxopt.frontend._blocks import SPARSE_FROM, conic_blocks
+from dxopt.frontend._compile import CompiledConic, ConicOutput, check_problem, compile_conic
 from dxopt.qp.api.compiled import opaque_call, register_opaque
 from dxopt.qp.api.layer import QPLayer
 from dxopt.qp.frontend._affine import SparseLinear, affine_map
 from dxopt.qp.frontend._compile import import_cvxpy
-from dxopt.qp.frontend._layer import CvxpyQPLayer, _fortran_unflatten
+from dxopt.qp.frontend._layer import CvxpyQPLayer
 from dxopt.qp.problem.functorch import functorch_active
 
 __all__ = ["CvxpyLayer", "CvxpyLayerSolution"]
@@ -103,15 +105,35 @@ def _translate(engine: str, args: dict[str, Any] | None, where: str) -> dict[str
     return out
 
 
+def _gather(out: ConicOutput, x: Tensor, y: Tensor, gp: bool) -> Any:
+    """One output: ``vec[..., index] * scale`` (CVXPY's column-major layout), or the tuple of
+    a constraint's dual variables."""
+    if out.parts:
+        return tuple(_gather(p, x, y, gp) for p in out.parts)
+    vec = x if out.kind == "x" else y
+    index = torch.tensor(np.asarray(out.index, dtype=np.int64))
+    value = vec[..., index.reshape(-1)].reshape(tuple(vec.shape[:-1]) + tuple(out.shape))
+    if out.scale is not None:
+        value = value * torch.tensor(np.asarray(out.scale), dtype=value.dtype)
+    if gp and out.kind == "x":
+        value = torch.exp(value)
+    return value
+
+
 class CvxpyLayer(nn.Module):
     """A DPP CVXPY problem (or a DGP one with ``gp=True``) as a differentiable layer.
 
     cvxpylayers' calling convention: ``CvxpyLayer(problem, parameters=[...],
     variables=[...])``, then ``layer(*values, solver_args={...})`` with one tensor per
     parameter (its shape, or a leading batch dimension; batched and shared values mix) returns
-    a tuple with one tensor per entry of ``variables``: a variable of the problem, or a
-    constraint / its dual variable (the multiplier, CVXPY's ``dual_value`` convention;
-    equality and elementwise inequality constraints).
+    a tuple with one entry per item of ``variables``: a variable of the problem (symmetric
+    ones included), or a constraint / one of its dual variables (the multiplier, in CVXPY's
+    ``dual_value`` layout: equality and inequality constraints, ``cp.SOC``, ``cp.ExpCone``,
+    ``cp.PowCone3D`` and ``X >> 0``; a constraint with several dual variables, ``cp.SOC``
+    ``(t, X)`` or a 3-d cone ``(x, y, z)``, gives a tuple of tensors as ``dual_value`` gives a
+    list, each of its dual variable's shape; :mod:`dxopt.frontend._duals`). Shared ``P``/``A``
+    blocks of a large problem are passed to :mod:`dxopt.conic` sparse
+    (:mod:`dxopt.frontend._blocks`).
 
     Args:
         problem: a :class:`cvxpy.Problem`, DPP (DGP-DPP with ``gp=True``).
@@ -177,6 +199,8 @@ class CvxpyLayer(nn.Module):
         self.param_shapes = tuple(tuple(p.shape) for p in parameters)
         self.param_names = tuple(p.name() for p in parameters)
         self.last_status: tuple[Status, ...] = ()
+        #: dense entries of a shared P or A above which it is passed sparse (_blocks)
+        self.sparse_from = SPARSE_FROM
         if self.engine == "qp":
             self.qp_layer: CvxpyQPLayer | None = CvxpyQPLayer(
                 problem, list(parameters), list(variables), **self.solver_args
@@ -298,36 +322,20 @@ class CvxpyLayer(nn.Module):
         flat.append(torch.ones(B, 1, dtype=like.dtype, device=like.device))
         theta = torch.cat(flat, dim=1)
         entries = affine_map(theta, self._map)
-        data = entries.new_zeros(B, c.total)
-        data[:, self._rows] = entries
-        n, m = c.n, c.m
+        n = c.n
         batched = (
             set()
             if batch is None
             else {i for i, v in enumerate(values) if v.dim() == len(self.param_shapes[i]) + 1}
         )
-
-        def block(name: str, lo: int, hi: int, shape: tuple[int, ...]) -> Tensor:
-            part = data[:, lo:hi].reshape(B, *shape)
-            return part if c.block_params[name] & batched else part[0]
-
-        P = block("P", 0, n * n, (n, n)) if c.has_P else None
-        q = block("q", n * n, n * n + n, (n,))
-        A = block("A", n * n + n, n * n + n + m * n, (m, n))
-        b = block("b", n * n + n + m * n, n * n + n + m * n + m, (m,))
+        P, q, A, b = conic_blocks(c, entries, batched, sparse_from=self.sparse_from)
         if batch is not None and q.dim() == 1:
             q = q.expand(B, n)
         sol = solve_with(P, q, A, b, cones=c.cones, options=options, warm_start=warm)
         status = tuple(sol.status)
         self.last_status = status
-        outs = []
-        for out in c.outputs:
-            vec = (sol.x if out.kind == "x" else sol.y)[..., out.start : out.stop]
-            if c.gp and out.kind == "x":
-                vec = torch.exp(vec)
-            shaped = _fortran_unflatten(vec, out.shape)  # CVXPY stores column-major
-            outs.append(shaped)
-        return CvxpyLayerSolution(tuple(outs), status, "conic", sol)
+        outs = tuple(_gather(out, sol.x, sol.y, c.gp) for out in c.outputs)
+        return CvxpyLayerSolution(outs, status, "conic", sol)
 
     def forward(
         self, *values: Tensor, solver_args: dict[str, Any] | None = None
