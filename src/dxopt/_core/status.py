@@ -51,9 +51,10 @@ class Status(enum.Enum):
     FAILED = "failed"
     DIVERGED = "diverged"
     RELAXED = "relaxed"
-    """Opt-in (``infeasible="relax"`` of :func:`dxopt.qp.solve`): the sample was certified
-    infeasible and the returned point solves the closest feasible problem, whose constraints
-    are shifted by the least-squares smallest violation (:mod:`dxopt.qp.api.relax`). ``ok``:
+    """Opt-in (``infeasible="relax"`` of :func:`dxopt.qp.solve` and :func:`dxopt.conic.solve`):
+    the sample was certified infeasible and the returned point solves the closest feasible
+    problem, whose constraints are shifted by the least-squares smallest violation
+    (:mod:`dxopt.qp.api.relax`, :mod:`dxopt.conic.relax`). ``ok``:
     that point and its derivative are valid for the relaxed problem."""
     # deprecated aliases (same value, so ``Status.CONVERGED is Status.SOLVED``)
     CONVERGED = "solved"
