@@ -50,7 +50,15 @@ from dxopt.conic.kkt import (
 from dxopt.conic.problem import ConicProblem
 from dxopt.conic.types import ConicOptions
 
-__all__ = ["Certified", "certify_infeasible", "certify_points", "certify_unbounded", "subset"]
+__all__ = [
+    "Certified",
+    "PolishFactor",
+    "certify_infeasible",
+    "certify_points",
+    "certify_unbounded",
+    "structurally_singular",
+    "subset",
+]
 
 POLISH_STEPS = 3
 """Most Newton steps of the polish (each one batched LU of ``J``, on the samples not yet at
@@ -84,6 +92,21 @@ def _amax(v: Tensor) -> Tensor:
 
 
 @dataclass(frozen=True)
+class PolishFactor:
+    """The LU of the polish's last plain (unshifted) Jacobian per sample, kept for the
+    backward (:mod:`dxopt.conic.backward` uses it as the factor of its refined solve where
+    it is close enough to the Jacobian at the returned point, and refactors otherwise).
+
+    ``has[i]`` is False where sample ``i`` got no such LU (no polish step, a non-finite or
+    rejected plain step); ``D`` is the cone Jacobian the factored ``J`` was built from."""
+
+    has: Tensor
+    LU: Tensor
+    piv: Tensor
+    D: Tensor
+
+
+@dataclass(frozen=True)
 class Certified:
     """The cleaned (and polished) points of a set of samples and their certificate."""
 
@@ -97,15 +120,26 @@ class Certified:
     gap: Tensor
     polished: Tensor
     reasons: list[str]
+    factor: PolishFactor | None = None
 
 
-def _step(J: Tensor, F: Tensor, active: Tensor, *, shift: Tensor | None = None) -> Tensor:
+def structurally_singular(J: Tensor) -> Tensor:
+    """Per sample: does ``J`` have an all-zero row or column (so no LU of it is usable)?"""
+    zero_row = (J.abs().amax(dim=-1) == 0).any(dim=-1)
+    zero_col = (J.abs().amax(dim=-2) == 0).any(dim=-1)
+    return zero_row | zero_col
+
+
+def _step(
+    J: Tensor, F: Tensor, active: Tensor, *, shift: Tensor | None = None
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The Newton step :math:`-(J + \\delta I)^{-1} F` of the ``active`` samples (NaN where
-    the LU is invalid or the sample is inactive); ``shift`` is :math:`\\delta` per sample."""
+    the LU is invalid or the sample is inactive); ``shift`` is :math:`\\delta` per sample.
+    Also returns the active indices and their LU (``(LU, piv)``, of :math:`J + \\delta I`)."""
     dz = torch.full_like(F, torch.nan)
     idx = torch.nonzero(active).flatten()
     if not idx.numel():
-        return dz
+        return dz, idx, J.new_zeros((0,)), torch.zeros(0, dtype=torch.int32)
     J = J[idx]
     if shift is not None:
         eye = torch.eye(J.shape[-1], dtype=J.dtype, device=J.device)
@@ -113,7 +147,7 @@ def _step(J: Tensor, F: Tensor, active: Tensor, *, shift: Tensor | None = None) 
     LU, piv, valid = lu_factor_finite(J)
     step = torch.linalg.lu_solve(LU, piv, -F[idx, :, None])[..., 0]
     dz[idx] = torch.where(valid[:, None], step, torch.nan)
-    return dz
+    return dz, idx, LU, piv
 
 
 def _trial(
@@ -123,8 +157,8 @@ def _trial(
     w: Tensor,
     fnorm: Tensor,
     dz: Tensor,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """The point after the step ``dz``, its ``F`` and :math:`\\Vert F\\Vert_\\infty`
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The point after the step ``dz``, its ``y``, ``F`` and :math:`\\Vert F\\Vert_\\infty`
     (``inf`` where the step is non-finite or does not lower ``fnorm``)."""
     P, q, A, b = data
     n = prob.n
@@ -135,7 +169,11 @@ def _trial(
     F_new = residual_map(P, q, A, b, y_new, x_new, w_new)
     f_new = _amax(F_new)
     ok = torch.isfinite(f_new) & (f_new < fnorm) & finite
-    return x_new, w_new, F_new, torch.where(ok, f_new, torch.inf)
+    return x_new, w_new, y_new, F_new, torch.where(ok, f_new, torch.inf)
+
+
+def _keep(mask: Tensor, new: Tensor, old: Tensor) -> Tensor:
+    return torch.where(mask.reshape(-1, *([1] * (new.ndim - 1))), new, old)
 
 
 def _polish(prob: ConicProblem, data: tuple[Tensor, ...], x: Tensor, w: Tensor):
@@ -146,8 +184,13 @@ def _polish(prob: ConicProblem, data: tuple[Tensor, ...], x: Tensor, w: Tensor):
     ``F`` still lies in the range of ``J``), the step of :math:`J + \\delta I` with
     :math:`\\delta =` :data:`POLISH_SHIFT` :math:`\\Vert J\\Vert_\\infty` is tried (a
     Levenberg-Marquardt-like regularisation: it solves the range part to a relative error
-    :math:`\\delta / \\sigma_{\\min}` per step). Every step is kept only where it lowers
-    :math:`\\Vert F\\Vert_\\infty`."""
+    :math:`\\delta / \\sigma_{\\min}` per step). A sample whose ``J`` has a zero row or
+    column (a plain LU of it must fail) and a sample whose plain step failed once go to the
+    regularised step directly. Every step is kept only where it lowers
+    :math:`\\Vert F\\Vert_\\infty`.
+
+    Returns ``x, w, y`` (:math:`y = \\Pi_{K^*}(w)`), the mask of polished samples and the
+    :class:`PolishFactor` of the last plain LU per sample."""
     P, q, A, b = data
     y = project_dual(prob.cones, prob.slices, w)
     F = residual_map(P, q, A, b, y, x, w)
@@ -155,32 +198,62 @@ def _polish(prob: ConicProblem, data: tuple[Tensor, ...], x: Tensor, w: Tensor):
     parts = [_mv(P, x), _mv(A.transpose(-1, -2), y), q, _mv(A, x), y - w, b]
     scale = torch.stack([_amax(t) for t in parts]).amax(0)
     polished = torch.zeros_like(fnorm, dtype=torch.bool)
+    needs_shift = torch.zeros_like(polished)
+    factor: PolishFactor | None = None
     for _ in range(POLISH_STEPS):
         active = torch.isfinite(fnorm) & (fnorm > POLISH_ROUNDOFF * scale)
         if not bool(active.any()):
             break
         D = cone_jacobian(prob.cones, prob.slices, w)
-        J = jacobian(P, A, D)
-
-        x_new, w_new, F_new, f_new = _trial(prob, data, x, w, fnorm, _step(J, F, active))
+        J = jacobian(P, A, D, cones=prob.cones, slices=prob.slices)
+        needs_shift |= active & structurally_singular(J)
+        plain = active & ~needs_shift
+        dz, pidx, LU, piv = _step(J, F, plain)
+        x_new, w_new, y_new, F_new, f_new = _trial(prob, data, x, w, fnorm, dz)
         retry = active & ~torch.isfinite(f_new)
         if bool(retry.any()):
             shift = POLISH_SHIFT * J.abs().sum(-1).amax(-1)
-            x_r, w_r, F_r, f_r = _trial(prob, data, x, w, fnorm, _step(J, F, retry, shift=shift))
+            dz_r = _step(J, F, retry, shift=shift)[0]
+            x_r, w_r, y_r, F_r, f_r = _trial(prob, data, x, w, fnorm, dz_r)
             use = retry & (f_r < f_new)
-            x_new = torch.where(use[:, None], x_r, x_new)
-            w_new = torch.where(use[:, None], w_r, w_new)
-            F_new = torch.where(use[:, None], F_r, F_new)
-            f_new = torch.where(use, f_r, f_new)
+            x_new, w_new, y_new = (
+                _keep(use, x_r, x_new),
+                _keep(use, w_r, w_new),
+                _keep(use, y_r, y_new),
+            )
+            F_new, f_new = _keep(use, F_r, F_new), _keep(use, f_r, f_new)
+        # a failed plain step: the regularised one from now on
+        needs_shift |= plain & ~torch.isfinite(f_new)
+        if pidx.numel():
+            good = torch.isfinite(f_new[pidx])
+            factor = _record_factor(factor, J, D, pidx[good], LU[good], piv[good])
         better = torch.isfinite(f_new)
         if not bool(better.any()):
             break
-        x = torch.where(better[:, None], x_new, x)
-        w = torch.where(better[:, None], w_new, w)
-        F = torch.where(better[:, None], F_new, F)
+        x, w, y = _keep(better, x_new, x), _keep(better, w_new, w), _keep(better, y_new, y)
+        F = _keep(better, F_new, F)
         fnorm = torch.where(better, f_new, fnorm)
         polished |= better
-    return x, w, polished
+    return x, w, y, polished, factor
+
+
+def _record_factor(
+    factor: PolishFactor | None, J: Tensor, D: Tensor, idx: Tensor, LU: Tensor, piv: Tensor
+) -> PolishFactor | None:
+    """``factor`` with the rows ``idx`` replaced by the new LU (allocated on first use)."""
+    if not idx.numel():
+        return factor
+    if factor is None:
+        k, N = J.shape[0], J.shape[-1]
+        factor = PolishFactor(
+            has=torch.zeros(k, dtype=torch.bool),
+            LU=J.new_zeros((k, N, N)),
+            piv=torch.ones(k, N, dtype=piv.dtype),
+            D=D.new_zeros(D.shape),
+        )
+    factor.has[idx] = True
+    factor.LU[idx], factor.piv[idx], factor.D[idx] = LU, piv, D[idx]
+    return factor
 
 
 def certify_points(
@@ -194,9 +267,11 @@ def certify_points(
     x, y, s = (torch.where(finite[:, None], t, zero(t)) for t in (x, y, s))
     w = y - s
     polished = torch.zeros_like(finite)
+    factor = None
     if options.polish:
-        x, w, polished = _polish(prob, data, x, w)
-    y = project_dual(prob.cones, prob.slices, w)
+        x, w, y, polished, factor = _polish(prob, data, x, w)
+    else:
+        y = project_dual(prob.cones, prob.slices, w)
     s = y - w
     Ax, Px, Aty = _mv(A, x), _mv(P, x), _mv(A.transpose(-1, -2), y)
     primal = _amax(Ax + s - b)
@@ -219,12 +294,14 @@ def certify_points(
     ok = finite.clone()
     reasons = ["" if f else "non-finite point" for f in finite.tolist()]
     for name, (value, scale) in checks.items():
-        bound = at + rt * scale
-        bad = ~(value <= bound)
-        for i in torch.nonzero(bad & ok).flatten().tolist():
-            reasons[i] = f"{name} {float(value[i]):.2e} > {float(bound[i]):.2e}"
+        bad = ~(value <= at + rt * scale)
         ok &= ~bad
-    return Certified(ok, x, y, s, w, primal, dual, gap, polished, reasons)
+        if bool(bad.any()):
+            bound = at + rt * scale
+            for i in torch.nonzero(bad).flatten().tolist():
+                if not reasons[i]:
+                    reasons[i] = f"{name} {float(value[i]):.2e} > {float(bound[i]):.2e}"
+    return Certified(ok, x, y, s, w, primal, dual, gap, polished, reasons, factor)
 
 
 def certify_infeasible(prob: ConicProblem, idx: list[int], y: Tensor, tol: float) -> Tensor:

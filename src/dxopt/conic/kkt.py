@@ -133,13 +133,36 @@ def residual_map(
     return torch.cat([f1, f2], dim=-1)
 
 
-def jacobian(P: Tensor, A: Tensor, D: Tensor) -> Tensor:
-    """:math:`J = [[P, A^\\top D], [A, D - I]]`, ``(k, n + m, n + m)`` (``P``, ``A`` broadcast)."""
+def jacobian(
+    P: Tensor,
+    A: Tensor,
+    D: Tensor,
+    *,
+    cones: tuple[Cone, ...] | None = None,
+    slices: tuple[slice, ...] | None = None,
+) -> Tensor:
+    """:math:`J = [[P, A^\\top D], [A, D - I]]`, ``(k, n + m, n + m)`` (``P``, ``A`` broadcast).
+
+    With ``cones`` and ``slices`` the block :math:`A^\\top D` is formed run by run of equal
+    cones (``D`` is block diagonal: a run of ``cnt`` blocks of size ``d`` costs
+    :math:`O(k\\, n\\, \\mathrm{cnt}\\, d^2)`, not :math:`O(k\\, n\\, m^2)`)."""
     k, m = D.shape[0], D.shape[-1]
     n = P.shape[-1]
     J = D.new_empty((k, n + m, n + m))
     J[:, :n, :n] = P
-    J[:, :n, n:] = A.transpose(-1, -2) @ D
+    if cones is None or slices is None:
+        J[:, :n, n:] = A.transpose(-1, -2) @ D
+    else:
+        BA = A.shape[0]
+        for _c, s0, cnt, d in _runs(cones, slices):
+            s1 = s0 + cnt * d
+            Ar = A[:, s0:s1, :].reshape(BA, cnt, d, n)
+            # the diagonal blocks of the run, (k, cnt, d, d)
+            Dr = D[:, s0:s1, s0:s1].reshape(k, cnt, d, cnt, d).diagonal(dim1=1, dim2=3)
+            Dr = Dr.permute(0, 3, 1, 2)
+            # (k, cnt, n, d); a run of scalar cones is a column scaling
+            blk = Ar.transpose(-1, -2) * Dr if d == 1 else Ar.transpose(-1, -2) @ Dr
+            J[:, :n, n + s0 : n + s1] = blk.permute(0, 2, 1, 3).reshape(k, n, cnt * d)
     J[:, n:, :n] = A
     J[:, n:, n:] = D - torch.eye(m, dtype=D.dtype)
     return J
