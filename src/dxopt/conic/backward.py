@@ -44,11 +44,14 @@ from dxopt.conic.certify import PolishFactor, structurally_singular, subset
 from dxopt.conic.forward import ForwardState, kink_scale
 from dxopt.conic.kkt import (
     EPS,
+    LUSolve,
     condition_1,
     cone_jacobian,
     jacobian,
     lu_factor_finite,
+    lu_storage,
     solve_refined,
+    take,
 )
 from dxopt.conic.types import ConicBackwardInfo, ConicDegenerateWarning
 
@@ -93,14 +96,16 @@ class _System:
         k, N = self.J.shape[0], self.J.shape[-1]
         dead = structurally_singular(self.J)
         old: PolishFactor | None = state.cache.get("polish_factor")
-        reuse = old.has[ix] & ~dead if old is not None else torch.zeros(k, dtype=torch.bool)
-        LU = self.J.new_empty((k, N, N))
-        LU[:] = torch.eye(N, dtype=self.J.dtype)
-        piv = torch.arange(1, N + 1, dtype=torch.int32).repeat(k, 1)
-        fresh = ~reuse & ~dead
-        self._factor(LU, piv, fresh)
-        if old is not None and bool(reuse.any()):
-            LU[reuse], piv[reuse] = old.LU[ix[reuse]], old.piv[ix[reuse]].to(piv.dtype)
+        reuse = take(old.has, ix) & ~dead if old is not None else torch.zeros(k, dtype=torch.bool)
+        if old is not None and bool(reuse.all()):
+            LU, piv = take(old.LU, ix), take(old.piv, ix)
+        else:
+            LU = lu_storage(k, N, self.J)
+            LU[:] = torch.eye(N, dtype=self.J.dtype)
+            piv = torch.arange(1, N + 1, dtype=torch.int32).repeat(k, 1)
+            self._factor(LU, piv, ~reuse & ~dead)
+            if old is not None and bool(reuse.any()):
+                LU[reuse], piv[reuse] = old.LU[ix[reuse]], old.piv[ix[reuse]].to(piv.dtype)
         self.factor = (LU, piv)
         cond = condition_1(self.J, self.factor)
         if old is not None and bool(reuse.any()):
@@ -121,10 +126,25 @@ class _System:
         self.cond = cond
         self.kink = torch.tensor([state.info.kink[i] for i in self.idx], dtype=torch.bool)
 
+    def refactor(self, sel: Tensor) -> None:
+        """A fresh LU (and condition estimate) for the samples ``sel`` (indices)."""
+        mask = torch.zeros_like(self.reused)
+        mask[sel] = True
+        LU, piv = self.factor
+        self._factor(LU, piv, mask)
+        self.cond[sel] = condition_1(self.J[sel], (LU[sel], piv[sel]))
+        self.reused[sel] = False
+
     def _factor(self, LU: Tensor, piv: Tensor, sel: Tensor) -> None:
         if bool(sel.any()):
             LU_s, piv_s, _ = lu_factor_finite(self.J[sel])
             LU[sel], piv[sel] = LU_s, piv_s.to(piv.dtype)
+
+
+def _refined(sys: _System, sel: Tensor, rhs: Tensor, adjoint: bool) -> LUSolve:
+    LU, piv = sys.factor
+    factor = (take(LU, sel), take(piv, sel))
+    return solve_refined(take(sys.J, sel), take(rhs, sel), adjoint=adjoint, factor=factor)[0]
 
 
 def _system(state: ForwardState) -> _System:
@@ -146,12 +166,21 @@ def _solve(state: ForwardState, sys: _System, rhs: Tensor, *, adjoint: bool) -> 
     steps = 0
     regular = torch.nonzero(~singular).flatten()
     if regular.numel():
-        LU, piv = sys.factor
-        sol, _ = solve_refined(
-            sys.J[regular], rhs[regular], adjoint=adjoint, factor=(LU[regular], piv[regular])
-        )
+        sol = _refined(sys, regular, rhs, adjoint)
         z[regular], residual[regular], steps = sol.z, sol.residual, sol.steps
-        singular[regular] = ~sol.ok
+        was_reused = sys.reused[regular].clone()
+        singular[regular] = ~sol.ok & ~was_reused
+        miss = regular[~sol.ok & was_reused]
+        if miss.numel():
+            # the reused LU did not get there: a fresh LU of the exact J before giving up
+            sys.refactor(miss)
+            again = miss[sys.cond[miss] <= COND_MAX]
+            if again.numel():
+                sol2 = _refined(sys, again, rhs, adjoint)
+                z[again], residual[again] = sol2.z, sol2.residual
+                steps = max(steps, sol2.steps)
+                singular[again] = ~sol2.ok
+            singular[miss[~(sys.cond[miss] <= COND_MAX)]] = True
     if bool(singular.any()):
         sel = torch.nonzero(singular).flatten()
         M = sys.J[sel].transpose(-1, -2) if adjoint else sys.J[sel]

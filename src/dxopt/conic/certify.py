@@ -44,8 +44,10 @@ from dxopt.conic.kkt import (
     cone_jacobian,
     jacobian,
     lu_factor_finite,
+    lu_storage,
     project_dual,
     residual_map,
+    take,
 )
 from dxopt.conic.problem import ConicProblem
 from dxopt.conic.types import ConicOptions
@@ -125,9 +127,8 @@ class Certified:
 
 def structurally_singular(J: Tensor) -> Tensor:
     """Per sample: does ``J`` have an all-zero row or column (so no LU of it is usable)?"""
-    zero_row = (J.abs().amax(dim=-1) == 0).any(dim=-1)
-    zero_col = (J.abs().amax(dim=-2) == 0).any(dim=-1)
-    return zero_row | zero_col
+    nz = J != 0
+    return ~nz.any(dim=-1).all(dim=-1) | ~nz.any(dim=-2).all(dim=-1)
 
 
 def _step(
@@ -140,7 +141,7 @@ def _step(
     idx = torch.nonzero(active).flatten()
     if not idx.numel():
         return dz, idx, J.new_zeros((0,)), torch.zeros(0, dtype=torch.int32)
-    J = J[idx]
+    J = take(J, idx)
     if shift is not None:
         eye = torch.eye(J.shape[-1], dtype=J.dtype, device=J.device)
         J = J + shift[idx, None, None] * eye
@@ -209,8 +210,14 @@ def _polish(prob: ConicProblem, data: tuple[Tensor, ...], x: Tensor, w: Tensor):
         needs_shift |= active & structurally_singular(J)
         plain = active & ~needs_shift
         dz, pidx, LU, piv = _step(J, F, plain)
-        x_new, w_new, y_new, F_new, f_new = _trial(prob, data, x, w, fnorm, dz)
+        if pidx.numel():
+            x_new, w_new, y_new, F_new, f_new = _trial(prob, data, x, w, fnorm, dz)
+        else:  # every active sample takes the regularised step
+            x_new, w_new, y_new, F_new = x, w, y, F
+            f_new = torch.full_like(fnorm, torch.inf)
         retry = active & ~torch.isfinite(f_new)
+        # a failed plain step: the regularised one from now on
+        needs_shift |= plain & retry
         if bool(retry.any()):
             shift = POLISH_SHIFT * J.abs().sum(-1).amax(-1)
             dz_r = _step(J, F, retry, shift=shift)[0]
@@ -222,11 +229,9 @@ def _polish(prob: ConicProblem, data: tuple[Tensor, ...], x: Tensor, w: Tensor):
                 _keep(use, y_r, y_new),
             )
             F_new, f_new = _keep(use, F_r, F_new), _keep(use, f_r, f_new)
-        # a failed plain step: the regularised one from now on
-        needs_shift |= plain & ~torch.isfinite(f_new)
         if pidx.numel():
-            good = torch.isfinite(f_new[pidx])
-            factor = _record_factor(factor, J, D, pidx[good], LU[good], piv[good])
+            good = torch.nonzero(torch.isfinite(f_new[pidx])).flatten()
+            factor = _record_factor(factor, J, D, pidx[good], take(LU, good), take(piv, good))
         better = torch.isfinite(f_new)
         if not bool(better.any()):
             break
@@ -243,11 +248,14 @@ def _record_factor(
     """``factor`` with the rows ``idx`` replaced by the new LU (allocated on first use)."""
     if not idx.numel():
         return factor
+    k, N = J.shape[0], J.shape[-1]
+    if factor is None and idx.numel() == k:  # every sample: the LU itself, no copy
+        ones = torch.ones(k, dtype=torch.bool)
+        return PolishFactor(has=ones, LU=take(LU, idx), piv=piv, D=take(D, idx))
     if factor is None:
-        k, N = J.shape[0], J.shape[-1]
         factor = PolishFactor(
             has=torch.zeros(k, dtype=torch.bool),
-            LU=J.new_zeros((k, N, N)),
+            LU=lu_storage(k, N, J),
             piv=torch.ones(k, N, dtype=piv.dtype),
             D=D.new_zeros(D.shape),
         )

@@ -27,7 +27,7 @@ from dxopt.conic.certify import (
     certify_points,
     certify_unbounded,
 )
-from dxopt.conic.kkt import cone_kink, project_dual
+from dxopt.conic.kkt import cone_kink, lu_storage, project_dual
 from dxopt.conic.problem import ConicProblem
 from dxopt.conic.types import ConicInfo, ConicOptions
 
@@ -177,11 +177,16 @@ class _Factors:
         if not bool(has.any()):
             return
         ii, jj = ii[has], jj[has]
+        k = cert.LU.shape[0]
+        if self.factor is None and ii.numel() == B == k and bool((ii == jj).all()):
+            # the whole batch certified in the first attempt, in order: no copy
+            self.factor = PolishFactor(has=cert.has[jj], LU=cert.LU, piv=cert.piv, D=cert.D)
+            return
         if self.factor is None:
             N, m = cert.LU.shape[-1], cert.D.shape[-1]
             self.factor = PolishFactor(
                 has=torch.zeros(B, dtype=torch.bool),
-                LU=cert.LU.new_zeros((B, N, N)),
+                LU=lu_storage(B, N, cert.LU),
                 piv=torch.ones(B, N, dtype=cert.piv.dtype),
                 D=cert.D.new_zeros((B, m, m)),
             )

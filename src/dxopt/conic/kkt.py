@@ -37,9 +37,11 @@ __all__ = [
     "cone_kink",
     "jacobian",
     "lu_factor_finite",
+    "lu_storage",
     "project_dual",
     "residual_map",
     "solve_refined",
+    "take",
 ]
 
 EPS = torch.finfo(torch.float64).eps
@@ -168,6 +170,20 @@ def jacobian(
     return J
 
 
+def lu_storage(k: int, N: int, like: Tensor) -> Tensor:
+    """An uninitialised ``(k, N, N)`` tensor in LAPACK's column-major layout (that of
+    ``torch.linalg.lu_factor``): ``lu_solve`` on a row-major LU copies it on every call."""
+    return like.new_empty((k, N, N)).transpose(-1, -2)
+
+
+def take(t: Tensor, idx: Tensor) -> Tensor:
+    """``t[idx]`` without the copy where ``idx`` is ``0, 1, ..., len(t) - 1``."""
+    k = t.shape[0]
+    if idx.numel() == k and bool((idx == torch.arange(k, device=idx.device)).all()):
+        return t
+    return t[idx]
+
+
 @dataclass(frozen=True)
 class LUSolve:
     """A refined solve: ``z``, per-sample relative residual and whether it met
@@ -179,10 +195,9 @@ class LUSolve:
     steps: int
 
 
-def _relres(J: Tensor, z: Tensor, r: Tensor, adjoint: bool) -> Tensor:
+def _relres(J: Tensor, z: Tensor, r: Tensor, adjoint: bool, norm_j: Tensor) -> Tensor:
     Jz = (J.transpose(-1, -2) if adjoint else J) @ z[..., None]
     res = (r - Jz[..., 0]).abs().amax(dim=-1)
-    norm_j = J.abs().sum(dim=-2 if adjoint else -1).amax(dim=-1)
     scale = norm_j * z.abs().amax(dim=-1) + r.abs().amax(dim=-1)
     out = res / torch.where(scale > 0, scale, torch.ones_like(scale))
     return torch.where(torch.isfinite(out), out, torch.full_like(out, float("inf")))
@@ -227,13 +242,14 @@ def solve_refined(
     """Solve :math:`Jz = r` (or :math:`J^\\top z = r`) for a batch, refined against ``J``."""
     LU, piv = lu_factor_finite(J)[:2] if factor is None else factor
     z = torch.linalg.lu_solve(LU, piv, r[..., None], adjoint=adjoint)[..., 0]
-    res = _relres(J, z, r, adjoint)
+    norm_j = J.abs().sum(dim=-2 if adjoint else -1).amax(dim=-1)
+    res = _relres(J, z, r, adjoint, norm_j)
     steps = 0
     while steps < max_refine and bool((res > ROUNDOFF).any()):
         Jz = (J.transpose(-1, -2) if adjoint else J) @ z[..., None]
         dz = torch.linalg.lu_solve(LU, piv, r[..., None] - Jz, adjoint=adjoint)[..., 0]
         z_new = z + dz
-        res_new = _relres(J, z_new, r, adjoint)
+        res_new = _relres(J, z_new, r, adjoint, norm_j)
         better = res_new < res
         z = torch.where(better[:, None], z_new, z)
         res = torch.where(better, res_new, res)
@@ -248,12 +264,16 @@ def condition_1(J: Tensor, factor: tuple[Tensor, Tensor], rounds: int = 5) -> Te
     k, N = J.shape[0], J.shape[-1]
     v = J.new_full((k, N), 1.0 / N)
     est = J.new_zeros(k)
+    j_prev: Tensor | None = None
     for _ in range(rounds):
         y = torch.linalg.lu_solve(LU, piv, v[..., None])[..., 0]
         est = torch.maximum(est, y.abs().sum(dim=-1))
         xi = torch.where(y >= 0, 1.0, -1.0).to(J.dtype)
         z = torch.linalg.lu_solve(LU, piv, xi[..., None], adjoint=True)[..., 0]
         j = z.abs().argmax(dim=-1)
+        if j_prev is not None and bool((j == j_prev).all()):
+            break  # the next rounds would repeat this one exactly
+        j_prev = j
         v = torch.nn.functional.one_hot(j, N).to(J.dtype)
     norm_1 = J.abs().sum(dim=-2).amax(dim=-1)
     cond = norm_1 * est
