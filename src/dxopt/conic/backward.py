@@ -94,9 +94,12 @@ class _System:
         self.D = cone_jacobian(prob.cones, prob.slices, w, atol)
         self.J = jacobian(P, A, self.D, cones=prob.cones, slices=prob.slices)
         k, N = self.J.shape[0], self.J.shape[-1]
-        dead = structurally_singular(self.J)
         old: PolishFactor | None = state.cache.get("polish_factor")
-        reuse = take(old.has, ix) & ~dead if old is not None else torch.zeros(k, dtype=torch.bool)
+        reuse = take(old.has, ix) if old is not None else torch.zeros(k, dtype=torch.bool)
+        # a J with a zero row or column is not factored (reused LUs: checked by REUSE_RHO)
+        dead = torch.zeros_like(reuse)
+        if not bool(reuse.all()):
+            dead[~reuse] = structurally_singular(self.J[~reuse])
         if old is not None and bool(reuse.all()):
             LU, piv = take(old.LU, ix), take(old.piv, ix)
         else:

@@ -201,13 +201,14 @@ def _polish(prob: ConicProblem, data: tuple[Tensor, ...], x: Tensor, w: Tensor):
     polished = torch.zeros_like(fnorm, dtype=torch.bool)
     needs_shift = torch.zeros_like(polished)
     factor: PolishFactor | None = None
-    for _ in range(POLISH_STEPS):
+    for rnd in range(POLISH_STEPS):
         active = torch.isfinite(fnorm) & (fnorm > POLISH_ROUNDOFF * scale)
         if not bool(active.any()):
             break
         D = cone_jacobian(prob.cones, prob.slices, w)
         J = jacobian(P, A, D, cones=prob.cones, slices=prob.slices)
-        needs_shift |= active & structurally_singular(J)
+        if rnd == 0:  # later rounds: needs_shift remembers the failed plain steps
+            needs_shift |= active & structurally_singular(J)
         plain = active & ~needs_shift
         dz, pidx, LU, piv = _step(J, F, plain)
         if pidx.numel():
