@@ -44,6 +44,7 @@ from dxopt.conic.certify import PolishFactor, structurally_singular, subset
 from dxopt.conic.forward import ForwardState, kink_scale
 from dxopt.conic.kkt import (
     EPS,
+    ROUNDOFF,
     LUSolve,
     condition_1,
     cone_jacobian,
@@ -147,7 +148,9 @@ class _System:
 def _refined(sys: _System, sel: Tensor, rhs: Tensor, adjoint: bool) -> LUSolve:
     LU, piv = sys.factor
     factor = (take(LU, sel), take(piv, sel))
-    return solve_refined(take(sys.J, sel), take(rhs, sel), adjoint=adjoint, factor=factor)[0]
+    target = EPS if bool(sys.reused[sel].any()) else ROUNDOFF
+    J, r = take(sys.J, sel), take(rhs, sel)
+    return solve_refined(J, r, adjoint=adjoint, factor=factor, target=target)[0]
 
 
 def _system(state: ForwardState) -> _System:

@@ -70,6 +70,13 @@ POLISH_ROUNDOFF = 1e2 * EPS
 largest of :math:`\\Vert Px\\Vert_\\infty, \\Vert A^\\top y\\Vert_\\infty,
 \\Vert q\\Vert_\\infty, \\Vert Ax\\Vert_\\infty, \\Vert s\\Vert_\\infty,
 \\Vert b\\Vert_\\infty`."""
+CHORD_GAIN = 1e-3
+"""A chord step (the previous round's LU, no new Jacobian) is kept where it brings
+:math:`\\Vert F\\Vert_\\infty` to round-off or lowers it by this factor at least (what a
+Newton step achieves from an interior-point point); elsewhere the round takes a Newton
+step."""
+CHORD_STEPS = 3
+"""Most chord steps per polish round."""
 POLISH_SHIFT = 1e-10
 """The regularised polish step's :math:`\\delta / \\Vert J\\Vert_\\infty`."""
 ROUNDOFF_SIGN = 100 * EPS
@@ -178,7 +185,7 @@ def _keep(mask: Tensor, new: Tensor, old: Tensor) -> Tensor:
 
 
 def _polish(prob: ConicProblem, data: tuple[Tensor, ...], x: Tensor, w: Tensor):
-    """Up to :data:`POLISH_STEPS` safeguarded Newton steps on :math:`F(x, w) = 0`.
+    """Up to :data:`POLISH_STEPS` rounds of safeguarded Newton steps on :math:`F(x, w) = 0`.
 
     A sample stops once :math:`\\Vert F\\Vert_\\infty` is at round-off of its scale. Where the
     plain step fails (a singular ``J``: redundant equality rows, non-unique solutions, whose
@@ -188,7 +195,9 @@ def _polish(prob: ConicProblem, data: tuple[Tensor, ...], x: Tensor, w: Tensor):
     :math:`\\delta / \\sigma_{\\min}` per step). A sample whose ``J`` has a zero row or
     column (a plain LU of it must fail) and a sample whose plain step failed once go to the
     regularised step directly. Every step is kept only where it lowers
-    :math:`\\Vert F\\Vert_\\infty`.
+    :math:`\\Vert F\\Vert_\\infty`. From the second round on, a sample with a plain LU
+    first tries the chord step with it (:data:`CHORD_GAIN`): near a regular solution it
+    contracts as fast as a Newton step, without a new Jacobian or LU.
 
     Returns ``x, w, y`` (:math:`y = \\Pi_{K^*}(w)`), the mask of polished samples and the
     :class:`PolishFactor` of the last plain LU per sample."""
@@ -203,6 +212,10 @@ def _polish(prob: ConicProblem, data: tuple[Tensor, ...], x: Tensor, w: Tensor):
     factor: PolishFactor | None = None
     for rnd in range(POLISH_STEPS):
         active = torch.isfinite(fnorm) & (fnorm > POLISH_ROUNDOFF * scale)
+        if factor is not None and bool((active & factor.has).any()):
+            x, w, y, F, fnorm, moved = _chord(prob, data, factor, x, w, y, F, fnorm, scale, active)
+            polished |= moved
+            active &= ~moved
         if not bool(active.any()):
             break
         D = cone_jacobian(prob.cones, prob.slices, w)
@@ -241,6 +254,42 @@ def _polish(prob: ConicProblem, data: tuple[Tensor, ...], x: Tensor, w: Tensor):
         fnorm = torch.where(better, f_new, fnorm)
         polished |= better
     return x, w, y, polished, factor
+
+
+def _chord(
+    prob: ConicProblem,
+    data: tuple[Tensor, ...],
+    factor: PolishFactor,
+    x: Tensor,
+    w: Tensor,
+    y: Tensor,
+    F: Tensor,
+    fnorm: Tensor,
+    scale: Tensor,
+    active: Tensor,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Chord steps :math:`-J_0^{-1} F` with the last plain LU: the first is kept where it
+    meets :data:`CHORD_GAIN`, then up to :data:`CHORD_STEPS` - 1 more where each at least
+    halves :math:`\\Vert F\\Vert_\\infty` (down to the round-off floor a Newton step would
+    overshoot to). Returns the updated point and the mask of samples it moved."""
+    moved = torch.zeros_like(active)
+    cand = active & factor.has
+    target = torch.maximum(POLISH_ROUNDOFF * scale, CHORD_GAIN * fnorm)
+    for step in range(CHORD_STEPS):
+        sel = torch.nonzero(cand).flatten()
+        if not sel.numel():
+            break
+        dz = torch.full_like(F, torch.nan)
+        LU, piv = take(factor.LU, sel), take(factor.piv, sel)
+        dz[sel] = torch.linalg.lu_solve(LU, piv, -take(F, sel)[..., None])[..., 0]
+        x_new, w_new, y_new, F_new, f_new = _trial(prob, data, x, w, fnorm, dz)
+        bound = target if step == 0 else 0.5 * fnorm
+        ok = cand & torch.isfinite(f_new) & (f_new <= bound)
+        x, w, y = _keep(ok, x_new, x), _keep(ok, w_new, w), _keep(ok, y_new, y)
+        F, fnorm = _keep(ok, F_new, F), torch.where(ok, f_new, fnorm)
+        moved |= ok
+        cand = ok
+    return x, w, y, F, fnorm, moved
 
 
 def _record_factor(

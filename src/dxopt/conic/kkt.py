@@ -238,22 +238,30 @@ def solve_refined(
     adjoint: bool,
     factor: tuple[Tensor, Tensor] | None = None,
     max_refine: int = 4,
+    target: float = ROUNDOFF,
 ) -> tuple[LUSolve, tuple[Tensor, Tensor]]:
-    """Solve :math:`Jz = r` (or :math:`J^\\top z = r`) for a batch, refined against ``J``."""
+    """Solve :math:`Jz = r` (or :math:`J^\\top z = r`) for a batch, refined against ``J``.
+
+    Refinement rounds run while a sample's relative residual exceeds ``target`` and the last
+    round lowered one; ``ok`` is the residual at :data:`ROUNDOFF` or below (a ``factor`` of a
+    nearby matrix is refined to ``target = EPS``, what a fresh LU gives in one solve)."""
     LU, piv = lu_factor_finite(J)[:2] if factor is None else factor
     z = torch.linalg.lu_solve(LU, piv, r[..., None], adjoint=adjoint)[..., 0]
     norm_j = J.abs().sum(dim=-2 if adjoint else -1).amax(dim=-1)
     res = _relres(J, z, r, adjoint, norm_j)
     steps = 0
-    while steps < max_refine and bool((res > ROUNDOFF).any()):
+    while steps < max_refine and bool((res > target).any()):
         Jz = (J.transpose(-1, -2) if adjoint else J) @ z[..., None]
         dz = torch.linalg.lu_solve(LU, piv, r[..., None] - Jz, adjoint=adjoint)[..., 0]
         z_new = z + dz
         res_new = _relres(J, z_new, r, adjoint, norm_j)
         better = res_new < res
+        progress = bool((better & (res > target)).any())
         z = torch.where(better[:, None], z_new, z)
         res = torch.where(better, res_new, res)
         steps += 1
+        if not progress:
+            break
     return LUSolve(z, res, res <= ROUNDOFF, steps), (LU, piv)
 
 
