@@ -160,3 +160,65 @@ def test_structurally_singular_jacobian_gets_the_minimum_norm_adjoint() -> None:
     gw = D.T @ zeros[0] - zeros[0]
     u = torch.linalg.pinv(J.T, rtol=bw.PINV_RTOL) @ torch.cat([gx[0], gw])
     torch.testing.assert_close(gq[0], -u[:2], atol=1e-12, rtol=1e-10)
+
+
+def _logistic_like(batch: int) -> tuple[torch.Tensor, ...]:
+    """``min 1/2 |x|^2 + sum_i log(1 + exp(a_i'x))`` in exponential cones (n = 2, 4 terms):
+    ``t_i >= log(e^0 + e^{a_i'x})`` as ``u + v <= 1``, ``(a_i'x - t_i, 1, u) in K_exp``,
+    ``(-t_i, 1, v) in K_exp``; variables ``(x, t, u, v)``."""
+    g = torch.Generator().manual_seed(3)
+    n, k = 2, 4
+    N = n + 3 * k
+    qs, As, bs = [], [], []
+    for _ in range(batch):
+        a = torch.randn(k, n, generator=g, dtype=F64)
+        q = torch.zeros(N, dtype=F64)
+        q[n : n + k] = 1.0
+        A = torch.zeros(k + 6 * k, N, dtype=F64)
+        b = torch.zeros(k + 6 * k, dtype=F64)
+        for i in range(k):
+            A[i, n + k + i] = A[i, n + 2 * k + i] = 1.0  # u + v + s = 1
+            b[i] = 1.0
+            r = k + 6 * i  # s = b - Ax = (a'x - t, 1, u), then (-t, 1, v)
+            A[r, :n], A[r, n + i] = -a[i], 1.0
+            b[r + 1] = 1.0
+            A[r + 2, n + k + i] = -1.0
+            A[r + 3, n + i] = 1.0
+            b[r + 4] = 1.0
+            A[r + 5, n + 2 * k + i] = -1.0
+        qs.append(q)
+        As.append(A)
+        bs.append(b)
+    P = torch.zeros(N, N, dtype=F64)
+    P[:n, :n] = torch.eye(n, dtype=F64)
+    return P, torch.stack(qs), torch.stack(As), torch.stack(bs)
+
+
+def test_chord_steps_polish_as_far_as_newton_with_fewer_lus(monkeypatch) -> None:
+    import dxopt.conic.certify as cert
+
+    P, q, A, b = _logistic_like(4)
+    cones = [dc.NonnegCone(4)] + [dc.ExpCone() for _ in range(8)]
+    prob = conic_problem(P, q, A, b, cones, check_psd=True)
+    calls = {"n": 0}
+    real = cert.lu_factor_finite
+
+    def counting(J):
+        calls["n"] += 1
+        return real(J)
+
+    monkeypatch.setattr(cert, "lu_factor_finite", counting)
+    with_chord = solve_forward(prob, ConicOptions())
+    lus_chord = calls["n"]
+    monkeypatch.setattr(cert, "CHORD_STEPS", 0)
+    calls["n"] = 0
+    newton = solve_forward(prob, ConicOptions())
+    lus_newton = calls["n"]
+    assert all(st.ok for st in with_chord.status) and all(st.ok for st in newton.status)
+    assert lus_chord < lus_newton
+    eps = torch.finfo(F64).eps
+    for name in ("primal_residual", "dual_residual"):
+        chord_r = torch.tensor(getattr(with_chord.info, name))
+        newton_r = torch.tensor(getattr(newton.info, name))
+        assert bool((chord_r <= 4 * newton_r + 64 * eps).all()), (name, chord_r, newton_r)
+    torch.testing.assert_close(with_chord.x, newton.x, atol=1e-12, rtol=1e-10)
