@@ -203,12 +203,14 @@ def _solve(state: ForwardState, sys: _System, rhs: Tensor, *, adjoint: bool) -> 
 def _record(state: ForwardState, sys: _System, residual: Tensor, singular: Tensor, steps: int):
     B = state.prob.batch
     res, sing, cond = [0.0] * B, [False] * B, [float("nan")] * B
+    rl, sl, cl = residual.tolist(), singular.tolist(), sys.cond.tolist()
     for j, i in enumerate(sys.idx):
-        res[i], sing[i], cond[i] = float(residual[j]), bool(singular[j]), float(sys.cond[j])
+        res[i], sing[i], cond[i] = rl[j], sl[j], cl[j]
     bi: ConicBackwardInfo = state.info.backward
     bi.linear_solver, bi.residual, bi.refinement_steps = "lu", tuple(res), steps
     bi.singular, bi.condition = tuple(sing), tuple(cond)
-    flagged = [i for j, i in enumerate(sys.idx) if bool(singular[j] | sys.kink[j])]
+    bad = (singular | sys.kink).tolist()
+    flagged = [i for j, i in enumerate(sys.idx) if bad[j]]
     if flagged:
         warnings.warn(
             "dxopt.conic: the derivative of samples "
