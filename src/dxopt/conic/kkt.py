@@ -12,7 +12,7 @@ optimality conditions of :math:`\\min \\tfrac12 x^\\top Px + q^\\top x` s.t.
     J = \\begin{pmatrix} P & A^\\top D \\\\ A & D - I \\end{pmatrix},
 
 :math:`D = D\\Pi_{K^*}(w)` block diagonal over the cones. :func:`solve_refined` solves
-:math:`Jz = r` or :math:`J^\\top z = r` with a dense LU per sample (:func:`lu_factor`) and iterative
+:math:`Jz = r` or :math:`J^\\top z = r` with a batched dense LU (``torch.linalg``) and iterative
 refinement against the exact ``J`` until the residual is at round-off (:data:`ROUNDOFF`),
 and reports per sample whether it got there; :func:`condition_1` estimates
 :math:`\\kappa_1(J)` from the same LU (Hager's method, Higham's *Accuracy and Stability of
@@ -174,7 +174,7 @@ def jacobian(
 
 def lu_storage(k: int, N: int, like: Tensor) -> Tensor:
     """An uninitialised ``(k, N, N)`` tensor in LAPACK's column-major layout (that of
-    ``torch.linalg.lu_factor``; a row-major LU would be copied on every solve)."""
+    ``torch.linalg.lu_factor``): ``lu_solve`` on a row-major LU copies it on every call."""
     return like.new_empty((k, N, N)).transpose(-1, -2)
 
 
