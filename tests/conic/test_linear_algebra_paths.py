@@ -222,22 +222,3 @@ def test_chord_steps_polish_as_far_as_newton_with_fewer_lus(monkeypatch) -> None
         newton_r = torch.tensor(getattr(newton.info, name))
         assert bool((chord_r <= 4 * newton_r + 64 * eps).all()), (name, chord_r, newton_r)
     torch.testing.assert_close(with_chord.x, newton.x, atol=1e-12, rtol=1e-10)
-
-
-def test_lapack_lu_solves_like_torch_and_flags_a_zero_pivot() -> None:
-    from dxopt.conic.kkt import lu_factor, lu_solve
-
-    g = torch.Generator().manual_seed(4)
-    J = torch.randn(5, 9, 9, generator=g, dtype=F64)
-    J[3, 4] = 0.0  # a zero row: singular
-    B = torch.randn(5, 9, 2, generator=g, dtype=F64)
-    LU, piv = lu_factor(J)
-    LU_t, piv_t = torch.linalg.lu_factor(J[[0, 1, 2, 4]])
-    torch.testing.assert_close(LU[[0, 1, 2, 4]], LU_t, atol=1e-13, rtol=0)
-    assert torch.equal(piv[[0, 1, 2, 4]], piv_t)
-    for adjoint in (False, True):
-        X = lu_solve(LU, piv, B, adjoint=adjoint)
-        M = J.transpose(-1, -2) if adjoint else J
-        ok = [0, 1, 2, 4]
-        torch.testing.assert_close(M[ok] @ X[ok], B[ok], atol=1e-12, rtol=0)
-        assert not bool(torch.isfinite(X[3]).all())

@@ -44,7 +44,6 @@ from dxopt.conic.kkt import (
     cone_jacobian,
     jacobian,
     lu_factor_finite,
-    lu_solve,
     lu_storage,
     project_dual,
     residual_map,
@@ -154,7 +153,7 @@ def _step(
         eye = torch.eye(J.shape[-1], dtype=J.dtype, device=J.device)
         J = J + shift[idx, None, None] * eye
     LU, piv, valid = lu_factor_finite(J)
-    step = lu_solve(LU, piv, -F[idx, :, None])[..., 0]
+    step = torch.linalg.lu_solve(LU, piv, -F[idx, :, None])[..., 0]
     dz[idx] = torch.where(valid[:, None], step, torch.nan)
     return dz, idx, LU, piv
 
@@ -282,7 +281,7 @@ def _chord(
             break
         dz = torch.full_like(F, torch.nan)
         LU, piv = take(factor.LU, sel), take(factor.piv, sel)
-        dz[sel] = lu_solve(LU, piv, -take(F, sel)[..., None])[..., 0]
+        dz[sel] = torch.linalg.lu_solve(LU, piv, -take(F, sel)[..., None])[..., 0]
         x_new, w_new, y_new, F_new, f_new = _trial(prob, data, x, w, fnorm, dz)
         bound = target if step == 0 else 0.5 * fnorm
         ok = cand & torch.isfinite(f_new) & (f_new <= bound)

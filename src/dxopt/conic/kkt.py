@@ -36,9 +36,7 @@ __all__ = [
     "cone_jacobian",
     "cone_kink",
     "jacobian",
-    "lu_factor",
     "lu_factor_finite",
-    "lu_solve",
     "lu_storage",
     "project_dual",
     "residual_map",
@@ -205,44 +203,6 @@ def _relres(J: Tensor, z: Tensor, r: Tensor, adjoint: bool, norm_j: Tensor) -> T
     return torch.where(torch.isfinite(out), out, torch.full_like(out, float("inf")))
 
 
-def lu_factor(J: Tensor) -> tuple[Tensor, Tensor]:
-    """The LU (``getrf``, partial pivoting) of each ``J[i]`` ``(k, N, N)``, float64 CPU, in
-    ``torch.linalg.lu_factor``'s format (column-major factors, 1-based pivots).
-
-    One LAPACK call per sample (scipy's ``dgetrf`` on the sample's column-major copy, in
-    place): for the sizes of the dense path this beats the batched ``torch.linalg``
-    routines, whose per-matrix overhead dominates below a few hundred rows."""
-    from scipy.linalg import lapack
-
-    k, N = J.shape[0], J.shape[-1]
-    LU = lu_storage(k, N, J)
-    LU.copy_(J)
-    piv = torch.empty((k, N), dtype=torch.int32)
-    LUn, pn = LU.numpy(), piv.numpy()
-    for i in range(k):
-        _, p, _info = lapack.dgetrf(LUn[i], overwrite_a=1)
-        pn[i] = p + 1
-    return LU, piv
-
-
-def lu_solve(LU: Tensor, piv: Tensor, B: Tensor, *, adjoint: bool = False) -> Tensor:
-    """:math:`J^{-1} B` (or :math:`J^{-\\top} B`) per sample from :func:`lu_factor`'s (or
-    ``torch.linalg.lu_factor``'s) ``LU, piv``; ``B`` is ``(k, N, r)``. One ``dgetrs`` per
-    sample (a zero pivot gives non-finite values, as ``torch.linalg.lu_solve``)."""
-    from scipy.linalg import lapack
-
-    k = LU.shape[0]
-    LUn = LU.detach().numpy()
-    pn = (piv - 1).to(torch.int32).numpy()
-    Bn = B.detach().numpy()
-    out = torch.empty(B.shape, dtype=B.dtype)
-    on = out.numpy()
-    trans = 1 if adjoint else 0
-    for i in range(k):
-        on[i], _info = lapack.dgetrs(LUn[i], pn[i], Bn[i], trans=trans)
-    return out
-
-
 def lu_factor_finite(J: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """The batched LU of ``J`` ``(k, N, N)`` and a mask of the samples it is valid for.
 
@@ -256,7 +216,7 @@ def lu_factor_finite(J: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     if not bool(ok.all()):
         eye = torch.eye(J.shape[-1], dtype=J.dtype, device=J.device)
         J = torch.where(ok[:, None, None], J, eye)
-    LU, piv = lu_factor(J)
+    LU, piv, _info = torch.linalg.lu_factor_ex(J)
     N = J.shape[-1]
     bad = ((piv < 1) | (piv > N)).any(-1)
     for i in torch.nonzero(bad).flatten().tolist():
@@ -286,13 +246,13 @@ def solve_refined(
     round lowered one; ``ok`` is the residual at :data:`ROUNDOFF` or below (a ``factor`` of a
     nearby matrix is refined to ``target = EPS``, what a fresh LU gives in one solve)."""
     LU, piv = lu_factor_finite(J)[:2] if factor is None else factor
-    z = lu_solve(LU, piv, r[..., None], adjoint=adjoint)[..., 0]
+    z = torch.linalg.lu_solve(LU, piv, r[..., None], adjoint=adjoint)[..., 0]
     norm_j = J.abs().sum(dim=-2 if adjoint else -1).amax(dim=-1)
     res = _relres(J, z, r, adjoint, norm_j)
     steps = 0
     while steps < max_refine and bool((res > target).any()):
         Jz = (J.transpose(-1, -2) if adjoint else J) @ z[..., None]
-        dz = lu_solve(LU, piv, r[..., None] - Jz, adjoint=adjoint)[..., 0]
+        dz = torch.linalg.lu_solve(LU, piv, r[..., None] - Jz, adjoint=adjoint)[..., 0]
         z_new = z + dz
         res_new = _relres(J, z_new, r, adjoint, norm_j)
         better = res_new < res
@@ -314,10 +274,10 @@ def condition_1(J: Tensor, factor: tuple[Tensor, Tensor], rounds: int = 5) -> Te
     est = J.new_zeros(k)
     j_prev: Tensor | None = None
     for _ in range(rounds):
-        y = lu_solve(LU, piv, v[..., None])[..., 0]
+        y = torch.linalg.lu_solve(LU, piv, v[..., None])[..., 0]
         est = torch.maximum(est, y.abs().sum(dim=-1))
         xi = torch.where(y >= 0, 1.0, -1.0).to(J.dtype)
-        z = lu_solve(LU, piv, xi[..., None], adjoint=True)[..., 0]
+        z = torch.linalg.lu_solve(LU, piv, xi[..., None], adjoint=True)[..., 0]
         j = z.abs().argmax(dim=-1)
         if j_prev is not None and bool((j == j_prev).all()):
             break  # the next rounds would repeat this one exactly
