@@ -4,7 +4,7 @@ infeasibility / unboundedness certificates.
 **A solution** :math:`(x, y, s)` from a backend is first *cleaned*: :math:`w = y - s`,
 :math:`y \\leftarrow \\Pi_{K^*}(w)`, :math:`s \\leftarrow \\Pi_{K^*}(w) - w` (so that
 :math:`y \\in K^*`, :math:`s \\in K` and :math:`s \\perp y` hold to round-off, Moreau's
-decomposition), then optionally *polished* by Newton steps on :math:`F(x, w) = 0`
+decomposition), then optionally *polished* by Newton (and chord) steps on :math:`F(x, w) = 0`
 (:mod:`dxopt.conic.kkt`; a step is kept only where it lowers :math:`\\Vert F\\Vert_\\infty`).
 The returned point is accepted when each residual is at most ``atol + rtol * scale`` with its
 own scale:
