@@ -20,14 +20,16 @@ of smaller rank: a weakly active row or face is taken as inactive), the derivati
 perturbations that move the point off the kink onto that side; a
 :class:`~dxopt.conic.types.ConicDegenerateWarning` says so.
 
-**The linear solve**: a batched float64 LU of ``J`` with refinement to round-off
+**The linear solve**: a batched float64 LU of ``J`` (the polish's LU of a nearby Jacobian
+where :data:`REUSE_RHO` allows) with refinement against the exact ``J`` to round-off
 (:func:`dxopt.conic.kkt.solve_refined`), checked per sample, and Hager's estimate of
 :math:`\\kappa_1(J)`. Where the refined residual misses round-off or
 :math:`\\kappa_1(J) >` :data:`COND_MAX` (a singular Jacobian: non-unique solutions, a kink the
 rule could not resolve) the adjoint is the minimum-norm least-squares solution
-:math:`u = (J^\\top)^+ g` (SVD, singular values below :data:`PINV_RTOL` times the largest
-dropped), the sample is flagged ``singular`` in :class:`~dxopt.conic.types.ConicBackwardInfo`
-and a :class:`~dxopt.conic.types.ConicDegenerateWarning` is issued. Failed samples give zero
+:math:`u = (J^\\top)^+ g` (LAPACK's SVD-based ``gelsd``, singular values below
+:data:`PINV_RTOL` times the largest dropped), the sample is flagged ``singular`` in
+:class:`~dxopt.conic.types.ConicBackwardInfo` and a
+:class:`~dxopt.conic.types.ConicDegenerateWarning` is issued. Failed samples give zero
 gradient.
 """
 
@@ -38,19 +40,23 @@ import warnings
 import torch
 from torch import Tensor
 
-from dxopt.conic.certify import subset
+from dxopt.conic.certify import PolishFactor, structurally_singular, subset
 from dxopt.conic.forward import ForwardState, kink_scale
 from dxopt.conic.kkt import (
     EPS,
+    ROUNDOFF,
+    LUSolve,
     condition_1,
     cone_jacobian,
     jacobian,
     lu_factor_finite,
+    lu_storage,
     solve_refined,
+    take,
 )
 from dxopt.conic.types import ConicBackwardInfo, ConicDegenerateWarning
 
-__all__ = ["COND_MAX", "PINV_RTOL", "adjoint_gradients", "tangents"]
+__all__ = ["COND_MAX", "PINV_RTOL", "REUSE_RHO", "adjoint_gradients", "tangents"]
 
 COND_MAX = 1e-4 / EPS
 """Above this estimated :math:`\\kappa_1(J)` (about 4.5e11) the LU solution's forward error
@@ -59,8 +65,22 @@ PINV_RTOL = 1e-10
 """Relative cut-off of the singular values in the minimum-norm adjoint."""
 
 
+REUSE_RHO = 0.1
+"""The polish's LU of :math:`J_0` serves as the backward's factor of :math:`J` only where
+:math:`\\rho = \\Vert J_0^{-1}\\Vert_1 \\Vert J - J_0\\Vert_1 \\le` this (estimated from
+Hager's :math:`\\Vert J_0^{-1}\\Vert_1` and the bound
+:math:`\\Vert J - J_0\\Vert_1 \\le (\\Vert A\\Vert_\\infty + 1) \\Vert D - D_0\\Vert_1`):
+then the refinement contracts by about :math:`\\rho` per round and
+:math:`\\kappa_1(J)` is within a factor :math:`(1 \\pm \\rho)` of the estimate."""
+
+
 class _System:
-    """``J``, ``D`` and the LU of the certified samples, built once per forward state."""
+    """``J``, ``D`` and the LU of the certified samples, built once per forward state.
+
+    The LU is the polish's last one (:class:`dxopt.conic.certify.PolishFactor`) where it is
+    close enough to ``J`` (:data:`REUSE_RHO`; the refined solve is checked against the exact
+    ``J`` either way) and a fresh one otherwise; a ``J`` with a zero row or column is not
+    factored (condition ``inf``: the minimum-norm adjoint)."""
 
     def __init__(self, state: ForwardState):
         prob = state.prob
@@ -68,13 +88,69 @@ class _System:
         P, _, A, _ = subset(prob, self.idx)
         ix = torch.as_tensor(self.idx, dtype=torch.long)
         w = state.w[ix]
-        atol = state.options.kink_tol * kink_scale(prob, state.x, state.w)[ix]
+        scale = state.cache.get("kink_scale")
+        if scale is None:
+            scale = kink_scale(prob, state.x, state.w, y=state.y)
+        atol = state.options.kink_tol * scale[ix]
         self.D = cone_jacobian(prob.cones, prob.slices, w, atol)
-        self.J = jacobian(P, A, self.D)
-        LU, piv, _ = lu_factor_finite(self.J)
+        self.J = jacobian(P, A, self.D, cones=prob.cones, slices=prob.slices)
+        k, N = self.J.shape[0], self.J.shape[-1]
+        old: PolishFactor | None = state.cache.get("polish_factor")
+        reuse = take(old.has, ix) if old is not None else torch.zeros(k, dtype=torch.bool)
+        # a J with a zero row or column is not factored (reused LUs: checked by REUSE_RHO)
+        dead = torch.zeros_like(reuse)
+        if not bool(reuse.all()):
+            dead[~reuse] = structurally_singular(self.J[~reuse])
+        if old is not None and bool(reuse.all()):
+            LU, piv = take(old.LU, ix), take(old.piv, ix)
+        else:
+            LU = lu_storage(k, N, self.J)
+            LU[:] = torch.eye(N, dtype=self.J.dtype)
+            piv = torch.arange(1, N + 1, dtype=torch.int32).repeat(k, 1)
+            self._factor(LU, piv, ~reuse & ~dead)
+            if old is not None and bool(reuse.any()):
+                LU[reuse], piv[reuse] = old.LU[ix[reuse]], old.piv[ix[reuse]].to(piv.dtype)
         self.factor = (LU, piv)
-        self.cond = condition_1(self.J, self.factor)
+        cond = condition_1(self.J, self.factor)
+        if old is not None and bool(reuse.any()):
+            # rho = ||J0^-1||_1 ||J - J0||_1 (module constant REUSE_RHO)
+            norm_j = self.J.abs().sum(dim=-2).amax(dim=-1)
+            inv_norm = cond / torch.where(norm_j > 0, norm_j, torch.ones_like(norm_j))
+            a_inf = A.abs().sum(dim=-1).amax(dim=-1)
+            dD = (self.D - old.D[ix]).abs().sum(dim=-2).amax(dim=-1)
+            rho = inv_norm * (a_inf + 1) * dD
+            redo = reuse & ~(rho <= REUSE_RHO)
+            if bool(redo.any()):
+                self._factor(LU, piv, redo)
+                cond[redo] = condition_1(self.J[redo], (LU[redo], piv[redo]))
+            self.reused = reuse & ~redo
+        else:
+            self.reused = torch.zeros(k, dtype=torch.bool)
+        cond[dead] = float("inf")
+        self.cond = cond
         self.kink = torch.tensor([state.info.kink[i] for i in self.idx], dtype=torch.bool)
+
+    def refactor(self, sel: Tensor) -> None:
+        """A fresh LU (and condition estimate) for the samples ``sel`` (indices)."""
+        mask = torch.zeros_like(self.reused)
+        mask[sel] = True
+        LU, piv = self.factor
+        self._factor(LU, piv, mask)
+        self.cond[sel] = condition_1(self.J[sel], (LU[sel], piv[sel]))
+        self.reused[sel] = False
+
+    def _factor(self, LU: Tensor, piv: Tensor, sel: Tensor) -> None:
+        if bool(sel.any()):
+            LU_s, piv_s, _ = lu_factor_finite(self.J[sel])
+            LU[sel], piv[sel] = LU_s, piv_s.to(piv.dtype)
+
+
+def _refined(sys: _System, sel: Tensor, rhs: Tensor, adjoint: bool) -> LUSolve:
+    LU, piv = sys.factor
+    factor = (take(LU, sel), take(piv, sel))
+    target = EPS if bool(sys.reused[sel].any()) else ROUNDOFF
+    J, r = take(sys.J, sel), take(rhs, sel)
+    return solve_refined(J, r, adjoint=adjoint, factor=factor, target=target)[0]
 
 
 def _system(state: ForwardState) -> _System:
@@ -86,32 +162,55 @@ def _system(state: ForwardState) -> _System:
 
 
 def _solve(state: ForwardState, sys: _System, rhs: Tensor, *, adjoint: bool) -> Tensor:
-    sol, _ = solve_refined(sys.J, rhs, adjoint=adjoint, factor=sys.factor)
-    singular = ~sol.ok | (sys.cond > COND_MAX)
-    z = sol.z
-    residual = sol.residual.clone()
+    """The refined LU solve where :math:`\\kappa_1(J) \\le` :data:`COND_MAX`, the
+    minimum-norm least-squares solution (``gelsd``, the SVD cut at :data:`PINV_RTOL`) where
+    it is not or the refinement misses round-off."""
+    k = rhs.shape[0]
+    z = torch.zeros_like(rhs)
+    residual = rhs.new_full((k,), float("inf"))
+    singular = ~(sys.cond <= COND_MAX)
+    steps = 0
+    regular = torch.nonzero(~singular).flatten()
+    if regular.numel():
+        sol = _refined(sys, regular, rhs, adjoint)
+        z[regular], residual[regular], steps = sol.z, sol.residual, sol.steps
+        was_reused = sys.reused[regular].clone()
+        singular[regular] = ~sol.ok & ~was_reused
+        miss = regular[~sol.ok & was_reused]
+        if miss.numel():
+            # the reused LU did not get there: a fresh LU of the exact J before giving up
+            sys.refactor(miss)
+            again = miss[sys.cond[miss] <= COND_MAX]
+            if again.numel():
+                sol2 = _refined(sys, again, rhs, adjoint)
+                z[again], residual[again] = sol2.z, sol2.residual
+                steps = max(steps, sol2.steps)
+                singular[again] = ~sol2.ok
+            singular[miss[~(sys.cond[miss] <= COND_MAX)]] = True
     if bool(singular.any()):
         sel = torch.nonzero(singular).flatten()
         M = sys.J[sel].transpose(-1, -2) if adjoint else sys.J[sel]
-        pinv = torch.linalg.pinv(M, rtol=PINV_RTOL)
-        z = z.clone()
-        z[sel] = (pinv @ rhs[sel][..., None])[..., 0]
+        z[sel] = torch.linalg.lstsq(
+            M, rhs[sel][..., None], rcond=PINV_RTOL, driver="gelsd"
+        ).solution[..., 0]
         Mz = (M @ z[sel][..., None])[..., 0]
         scale = M.abs().sum(-1).amax(-1) * z[sel].abs().amax(-1) + rhs[sel].abs().amax(-1)
         residual[sel] = (rhs[sel] - Mz).abs().amax(-1) / torch.clamp(scale, min=EPS)
-    _record(state, sys, residual, singular, sol.steps)
+    _record(state, sys, residual, singular, steps)
     return z
 
 
 def _record(state: ForwardState, sys: _System, residual: Tensor, singular: Tensor, steps: int):
     B = state.prob.batch
     res, sing, cond = [0.0] * B, [False] * B, [float("nan")] * B
+    rl, sl, cl = residual.tolist(), singular.tolist(), sys.cond.tolist()
     for j, i in enumerate(sys.idx):
-        res[i], sing[i], cond[i] = float(residual[j]), bool(singular[j]), float(sys.cond[j])
+        res[i], sing[i], cond[i] = rl[j], sl[j], cl[j]
     bi: ConicBackwardInfo = state.info.backward
     bi.linear_solver, bi.residual, bi.refinement_steps = "lu", tuple(res), steps
     bi.singular, bi.condition = tuple(sing), tuple(cond)
-    flagged = [i for j, i in enumerate(sys.idx) if bool(singular[j] | sys.kink[j])]
+    bad = (singular | sys.kink).tolist()
+    flagged = [i for j, i in enumerate(sys.idx) if bad[j]]
     if flagged:
         warnings.warn(
             "dxopt.conic: the derivative of samples "

@@ -4,7 +4,7 @@ infeasibility / unboundedness certificates.
 **A solution** :math:`(x, y, s)` from a backend is first *cleaned*: :math:`w = y - s`,
 :math:`y \\leftarrow \\Pi_{K^*}(w)`, :math:`s \\leftarrow \\Pi_{K^*}(w) - w` (so that
 :math:`y \\in K^*`, :math:`s \\in K` and :math:`s \\perp y` hold to round-off, Moreau's
-decomposition), then optionally *polished* by Newton steps on :math:`F(x, w) = 0`
+decomposition), then optionally *polished* by Newton (and chord) steps on :math:`F(x, w) = 0`
 (:mod:`dxopt.conic.kkt`; a step is kept only where it lowers :math:`\\Vert F\\Vert_\\infty`).
 The returned point is accepted when each residual is at most ``atol + rtol * scale`` with its
 own scale:
@@ -44,13 +44,23 @@ from dxopt.conic.kkt import (
     cone_jacobian,
     jacobian,
     lu_factor_finite,
+    lu_storage,
     project_dual,
     residual_map,
+    take,
 )
 from dxopt.conic.problem import ConicProblem
 from dxopt.conic.types import ConicOptions
 
-__all__ = ["Certified", "certify_infeasible", "certify_points", "certify_unbounded", "subset"]
+__all__ = [
+    "Certified",
+    "PolishFactor",
+    "certify_infeasible",
+    "certify_points",
+    "certify_unbounded",
+    "structurally_singular",
+    "subset",
+]
 
 POLISH_STEPS = 3
 """Most Newton steps of the polish (each one batched LU of ``J``, on the samples not yet at
@@ -60,6 +70,13 @@ POLISH_ROUNDOFF = 1e2 * EPS
 largest of :math:`\\Vert Px\\Vert_\\infty, \\Vert A^\\top y\\Vert_\\infty,
 \\Vert q\\Vert_\\infty, \\Vert Ax\\Vert_\\infty, \\Vert s\\Vert_\\infty,
 \\Vert b\\Vert_\\infty`."""
+CHORD_GAIN = 1e-3
+"""A chord step (the previous round's LU, no new Jacobian) is kept where it brings
+:math:`\\Vert F\\Vert_\\infty` to round-off or lowers it by this factor at least (what a
+Newton step achieves from an interior-point point); elsewhere the round takes a Newton
+step."""
+CHORD_STEPS = 3
+"""Most chord steps per polish round."""
 POLISH_SHIFT = 1e-10
 """The regularised polish step's :math:`\\delta / \\Vert J\\Vert_\\infty`."""
 ROUNDOFF_SIGN = 100 * EPS
@@ -84,6 +101,21 @@ def _amax(v: Tensor) -> Tensor:
 
 
 @dataclass(frozen=True)
+class PolishFactor:
+    """The LU of the polish's last plain (unshifted) Jacobian per sample, kept for the
+    backward (:mod:`dxopt.conic.backward` uses it as the factor of its refined solve where
+    it is close enough to the Jacobian at the returned point, and refactors otherwise).
+
+    ``has[i]`` is False where sample ``i`` got no such LU (no polish step, a non-finite or
+    rejected plain step); ``D`` is the cone Jacobian the factored ``J`` was built from."""
+
+    has: Tensor
+    LU: Tensor
+    piv: Tensor
+    D: Tensor
+
+
+@dataclass(frozen=True)
 class Certified:
     """The cleaned (and polished) points of a set of samples and their certificate."""
 
@@ -97,23 +129,33 @@ class Certified:
     gap: Tensor
     polished: Tensor
     reasons: list[str]
+    factor: PolishFactor | None = None
 
 
-def _step(J: Tensor, F: Tensor, active: Tensor, *, shift: Tensor | None = None) -> Tensor:
+def structurally_singular(J: Tensor) -> Tensor:
+    """Per sample: does ``J`` have an all-zero row or column (so no LU of it is usable)?"""
+    nz = J != 0
+    return ~nz.any(dim=-1).all(dim=-1) | ~nz.any(dim=-2).all(dim=-1)
+
+
+def _step(
+    J: Tensor, F: Tensor, active: Tensor, *, shift: Tensor | None = None
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The Newton step :math:`-(J + \\delta I)^{-1} F` of the ``active`` samples (NaN where
-    the LU is invalid or the sample is inactive); ``shift`` is :math:`\\delta` per sample."""
+    the LU is invalid or the sample is inactive); ``shift`` is :math:`\\delta` per sample.
+    Also returns the active indices and their LU (``(LU, piv)``, of :math:`J + \\delta I`)."""
     dz = torch.full_like(F, torch.nan)
     idx = torch.nonzero(active).flatten()
     if not idx.numel():
-        return dz
-    J = J[idx]
+        return dz, idx, J.new_zeros((0,)), torch.zeros(0, dtype=torch.int32)
+    J = take(J, idx)
     if shift is not None:
         eye = torch.eye(J.shape[-1], dtype=J.dtype, device=J.device)
         J = J + shift[idx, None, None] * eye
     LU, piv, valid = lu_factor_finite(J)
     step = torch.linalg.lu_solve(LU, piv, -F[idx, :, None])[..., 0]
     dz[idx] = torch.where(valid[:, None], step, torch.nan)
-    return dz
+    return dz, idx, LU, piv
 
 
 def _trial(
@@ -123,8 +165,8 @@ def _trial(
     w: Tensor,
     fnorm: Tensor,
     dz: Tensor,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """The point after the step ``dz``, its ``F`` and :math:`\\Vert F\\Vert_\\infty`
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The point after the step ``dz``, its ``y``, ``F`` and :math:`\\Vert F\\Vert_\\infty`
     (``inf`` where the step is non-finite or does not lower ``fnorm``)."""
     P, q, A, b = data
     n = prob.n
@@ -135,19 +177,30 @@ def _trial(
     F_new = residual_map(P, q, A, b, y_new, x_new, w_new)
     f_new = _amax(F_new)
     ok = torch.isfinite(f_new) & (f_new < fnorm) & finite
-    return x_new, w_new, F_new, torch.where(ok, f_new, torch.inf)
+    return x_new, w_new, y_new, F_new, torch.where(ok, f_new, torch.inf)
+
+
+def _keep(mask: Tensor, new: Tensor, old: Tensor) -> Tensor:
+    return torch.where(mask.reshape(-1, *([1] * (new.ndim - 1))), new, old)
 
 
 def _polish(prob: ConicProblem, data: tuple[Tensor, ...], x: Tensor, w: Tensor):
-    """Up to :data:`POLISH_STEPS` safeguarded Newton steps on :math:`F(x, w) = 0`.
+    """Up to :data:`POLISH_STEPS` rounds of safeguarded Newton steps on :math:`F(x, w) = 0`.
 
     A sample stops once :math:`\\Vert F\\Vert_\\infty` is at round-off of its scale. Where the
     plain step fails (a singular ``J``: redundant equality rows, non-unique solutions, whose
     ``F`` still lies in the range of ``J``), the step of :math:`J + \\delta I` with
     :math:`\\delta =` :data:`POLISH_SHIFT` :math:`\\Vert J\\Vert_\\infty` is tried (a
     Levenberg-Marquardt-like regularisation: it solves the range part to a relative error
-    :math:`\\delta / \\sigma_{\\min}` per step). Every step is kept only where it lowers
-    :math:`\\Vert F\\Vert_\\infty`."""
+    :math:`\\delta / \\sigma_{\\min}` per step). A sample whose ``J`` has a zero row or
+    column (a plain LU of it must fail) and a sample whose plain step failed once go to the
+    regularised step directly. Every step is kept only where it lowers
+    :math:`\\Vert F\\Vert_\\infty`. From the second round on, a sample with a plain LU
+    first tries the chord step with it (:data:`CHORD_GAIN`): near a regular solution it
+    contracts as fast as a Newton step, without a new Jacobian or LU.
+
+    Returns ``x, w, y`` (:math:`y = \\Pi_{K^*}(w)`), the mask of polished samples and the
+    :class:`PolishFactor` of the last plain LU per sample."""
     P, q, A, b = data
     y = project_dual(prob.cones, prob.slices, w)
     F = residual_map(P, q, A, b, y, x, w)
@@ -155,32 +208,110 @@ def _polish(prob: ConicProblem, data: tuple[Tensor, ...], x: Tensor, w: Tensor):
     parts = [_mv(P, x), _mv(A.transpose(-1, -2), y), q, _mv(A, x), y - w, b]
     scale = torch.stack([_amax(t) for t in parts]).amax(0)
     polished = torch.zeros_like(fnorm, dtype=torch.bool)
-    for _ in range(POLISH_STEPS):
+    needs_shift = torch.zeros_like(polished)
+    factor: PolishFactor | None = None
+    for rnd in range(POLISH_STEPS):
         active = torch.isfinite(fnorm) & (fnorm > POLISH_ROUNDOFF * scale)
+        if factor is not None and bool((active & factor.has).any()):
+            x, w, y, F, fnorm, moved = _chord(prob, data, factor, x, w, y, F, fnorm, scale, active)
+            polished |= moved
+            active &= ~moved
         if not bool(active.any()):
             break
         D = cone_jacobian(prob.cones, prob.slices, w)
-        J = jacobian(P, A, D)
-
-        x_new, w_new, F_new, f_new = _trial(prob, data, x, w, fnorm, _step(J, F, active))
+        J = jacobian(P, A, D, cones=prob.cones, slices=prob.slices)
+        if rnd == 0:  # later rounds: needs_shift remembers the failed plain steps
+            needs_shift |= active & structurally_singular(J)
+        plain = active & ~needs_shift
+        dz, pidx, LU, piv = _step(J, F, plain)
+        if pidx.numel():
+            x_new, w_new, y_new, F_new, f_new = _trial(prob, data, x, w, fnorm, dz)
+        else:  # every active sample takes the regularised step
+            x_new, w_new, y_new, F_new = x, w, y, F
+            f_new = torch.full_like(fnorm, torch.inf)
         retry = active & ~torch.isfinite(f_new)
+        # a failed plain step: the regularised one from now on
+        needs_shift |= plain & retry
         if bool(retry.any()):
             shift = POLISH_SHIFT * J.abs().sum(-1).amax(-1)
-            x_r, w_r, F_r, f_r = _trial(prob, data, x, w, fnorm, _step(J, F, retry, shift=shift))
+            dz_r = _step(J, F, retry, shift=shift)[0]
+            x_r, w_r, y_r, F_r, f_r = _trial(prob, data, x, w, fnorm, dz_r)
             use = retry & (f_r < f_new)
-            x_new = torch.where(use[:, None], x_r, x_new)
-            w_new = torch.where(use[:, None], w_r, w_new)
-            F_new = torch.where(use[:, None], F_r, F_new)
-            f_new = torch.where(use, f_r, f_new)
+            x_new, w_new, y_new = (
+                _keep(use, x_r, x_new),
+                _keep(use, w_r, w_new),
+                _keep(use, y_r, y_new),
+            )
+            F_new, f_new = _keep(use, F_r, F_new), _keep(use, f_r, f_new)
+        if pidx.numel():
+            good = torch.nonzero(torch.isfinite(f_new[pidx])).flatten()
+            factor = _record_factor(factor, J, D, pidx[good], take(LU, good), take(piv, good))
         better = torch.isfinite(f_new)
         if not bool(better.any()):
             break
-        x = torch.where(better[:, None], x_new, x)
-        w = torch.where(better[:, None], w_new, w)
-        F = torch.where(better[:, None], F_new, F)
+        x, w, y = _keep(better, x_new, x), _keep(better, w_new, w), _keep(better, y_new, y)
+        F = _keep(better, F_new, F)
         fnorm = torch.where(better, f_new, fnorm)
         polished |= better
-    return x, w, polished
+    return x, w, y, polished, factor
+
+
+def _chord(
+    prob: ConicProblem,
+    data: tuple[Tensor, ...],
+    factor: PolishFactor,
+    x: Tensor,
+    w: Tensor,
+    y: Tensor,
+    F: Tensor,
+    fnorm: Tensor,
+    scale: Tensor,
+    active: Tensor,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """Chord steps :math:`-J_0^{-1} F` with the last plain LU: the first is kept where it
+    meets :data:`CHORD_GAIN`, then up to :data:`CHORD_STEPS` - 1 more where each at least
+    halves :math:`\\Vert F\\Vert_\\infty` (down to the round-off floor a Newton step would
+    overshoot to). Returns the updated point and the mask of samples it moved."""
+    moved = torch.zeros_like(active)
+    cand = active & factor.has
+    target = torch.maximum(POLISH_ROUNDOFF * scale, CHORD_GAIN * fnorm)
+    for step in range(CHORD_STEPS):
+        sel = torch.nonzero(cand).flatten()
+        if not sel.numel():
+            break
+        dz = torch.full_like(F, torch.nan)
+        LU, piv = take(factor.LU, sel), take(factor.piv, sel)
+        dz[sel] = torch.linalg.lu_solve(LU, piv, -take(F, sel)[..., None])[..., 0]
+        x_new, w_new, y_new, F_new, f_new = _trial(prob, data, x, w, fnorm, dz)
+        bound = target if step == 0 else 0.5 * fnorm
+        ok = cand & torch.isfinite(f_new) & (f_new <= bound)
+        x, w, y = _keep(ok, x_new, x), _keep(ok, w_new, w), _keep(ok, y_new, y)
+        F, fnorm = _keep(ok, F_new, F), torch.where(ok, f_new, fnorm)
+        moved |= ok
+        cand = ok
+    return x, w, y, F, fnorm, moved
+
+
+def _record_factor(
+    factor: PolishFactor | None, J: Tensor, D: Tensor, idx: Tensor, LU: Tensor, piv: Tensor
+) -> PolishFactor | None:
+    """``factor`` with the rows ``idx`` replaced by the new LU (allocated on first use)."""
+    if not idx.numel():
+        return factor
+    k, N = J.shape[0], J.shape[-1]
+    if factor is None and idx.numel() == k:  # every sample: the LU itself, no copy
+        ones = torch.ones(k, dtype=torch.bool)
+        return PolishFactor(has=ones, LU=take(LU, idx), piv=piv, D=take(D, idx))
+    if factor is None:
+        factor = PolishFactor(
+            has=torch.zeros(k, dtype=torch.bool),
+            LU=lu_storage(k, N, J),
+            piv=torch.ones(k, N, dtype=piv.dtype),
+            D=D.new_zeros(D.shape),
+        )
+    factor.has[idx] = True
+    factor.LU[idx], factor.piv[idx], factor.D[idx] = LU, piv, D[idx]
+    return factor
 
 
 def certify_points(
@@ -194,9 +325,11 @@ def certify_points(
     x, y, s = (torch.where(finite[:, None], t, zero(t)) for t in (x, y, s))
     w = y - s
     polished = torch.zeros_like(finite)
+    factor = None
     if options.polish:
-        x, w, polished = _polish(prob, data, x, w)
-    y = project_dual(prob.cones, prob.slices, w)
+        x, w, y, polished, factor = _polish(prob, data, x, w)
+    else:
+        y = project_dual(prob.cones, prob.slices, w)
     s = y - w
     Ax, Px, Aty = _mv(A, x), _mv(P, x), _mv(A.transpose(-1, -2), y)
     primal = _amax(Ax + s - b)
@@ -219,12 +352,14 @@ def certify_points(
     ok = finite.clone()
     reasons = ["" if f else "non-finite point" for f in finite.tolist()]
     for name, (value, scale) in checks.items():
-        bound = at + rt * scale
-        bad = ~(value <= bound)
-        for i in torch.nonzero(bad & ok).flatten().tolist():
-            reasons[i] = f"{name} {float(value[i]):.2e} > {float(bound[i]):.2e}"
+        bad = ~(value <= at + rt * scale)
         ok &= ~bad
-    return Certified(ok, x, y, s, w, primal, dual, gap, polished, reasons)
+        if bool(bad.any()):
+            bound = at + rt * scale
+            for i in torch.nonzero(bad).flatten().tolist():
+                if not reasons[i]:
+                    reasons[i] = f"{name} {float(value[i]):.2e} > {float(bound[i]):.2e}"
+    return Certified(ok, x, y, s, w, primal, dual, gap, polished, reasons, factor)
 
 
 def certify_infeasible(prob: ConicProblem, idx: list[int], y: Tensor, tol: float) -> Tensor:

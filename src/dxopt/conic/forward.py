@@ -21,8 +21,13 @@ from torch import Tensor
 
 from dxopt._core import Cost, Status
 from dxopt.conic.backends import RawPoints, run_clarabel, run_scs, scs_available
-from dxopt.conic.certify import certify_infeasible, certify_points, certify_unbounded
-from dxopt.conic.kkt import cone_kink, project_dual
+from dxopt.conic.certify import (
+    PolishFactor,
+    certify_infeasible,
+    certify_points,
+    certify_unbounded,
+)
+from dxopt.conic.kkt import cone_kink, lu_storage, project_dual
 from dxopt.conic.problem import ConicProblem
 from dxopt.conic.types import ConicInfo, ConicOptions
 
@@ -86,6 +91,7 @@ def solve_forward(
     last_claim = [""] * B
     pending = list(range(B))
     calls = 0
+    factors = _Factors()
     for att in (*first, *attempts(options)):
         if not pending:
             break
@@ -99,12 +105,19 @@ def solve_forward(
         if point_idx:
             rows = [pos[i] for i in point_idx]
             cert = certify_points(prob, point_idx, rx[rows], ry[rows], rs[rows], options)
+            ok_j = cert.ok.tolist()
+            kept = [j for j, o in enumerate(ok_j) if o]
+            if kept:
+                jj = torch.as_tensor(kept, dtype=torch.long)
+                ii = torch.as_tensor([point_idx[j] for j in kept], dtype=torch.long)
+                X[ii], Y[ii], S[ii], W[ii] = cert.x[jj], cert.y[jj], cert.s[jj], cert.w[jj]
+                factors.keep(cert.factor, ii, jj, B)
+            cp, cd, cg = cert.primal.tolist(), cert.dual.tolist(), cert.gap.tolist()
+            cpol = cert.polished.tolist()
             for j, i in enumerate(point_idx):
-                if bool(cert.ok[j]):
+                if ok_j[j]:
                     status[i] = Status.SOLVED
-                    X[i], Y[i], S[i], W[i] = cert.x[j], cert.y[j], cert.s[j], cert.w[j]
-                    primal[i], dual[i] = float(cert.primal[j]), float(cert.dual[j])
-                    gap[i], polished[i] = float(cert.gap[j]), bool(cert.polished[j])
+                    primal[i], dual[i], gap[i], polished[i] = cp[j], cd[j], cg[j], cpol[j]
                     solvers[i], iters[i] = att.name, raw.iterations[pos[i]]
                 else:
                     claim = raw.claims[pos[i]]
@@ -134,7 +147,8 @@ def solve_forward(
             else Status.INACCURATE
         )
     final = [st if st is not None else Status.FAILED for st in status]
-    kink = _kinks(prob, X, W, final, options.kink_tol)
+    scale = kink_scale(prob, X, W, y=Y)
+    kink = _kinks(prob, W, scale, final, options.kink_tol)
     final = [Status.DEGENERATE if k and st is Status.SOLVED else st for k, st in zip(kink, final)]
     info = ConicInfo(
         solvers=tuple(solvers),
@@ -147,16 +161,52 @@ def solve_forward(
         failures=tuple(tuple(f) for f in failures),
         cost=Cost(forwards=calls, seconds=time.perf_counter() - start),
     )
-    return ForwardState(prob, options, X, Y, S, W, final, info)
+    cache: dict[str, Any] = {"kink_scale": scale}
+    if factors.factor is not None:
+        cache["polish_factor"] = factors.factor
+    return ForwardState(prob, options, X, Y, S, W, final, info, cache)
 
 
-def kink_scale(prob: ConicProblem, x: Tensor, w: Tensor) -> Tensor:
+class _Factors:
+    """The polish's LUs of the certified samples, by batch index (for the backward)."""
+
+    def __init__(self) -> None:
+        self.factor: PolishFactor | None = None
+
+    def keep(self, cert: PolishFactor | None, ii: Tensor, jj: Tensor, B: int) -> None:
+        if cert is None:
+            return
+        has = cert.has[jj]
+        if not bool(has.any()):
+            return
+        ii, jj = ii[has], jj[has]
+        k = cert.LU.shape[0]
+        if self.factor is None and ii.numel() == B == k and bool((ii == jj).all()):
+            # the whole batch certified in the first attempt, in order: no copy
+            self.factor = PolishFactor(has=cert.has[jj], LU=cert.LU, piv=cert.piv, D=cert.D)
+            return
+        if self.factor is None:
+            N, m = cert.LU.shape[-1], cert.D.shape[-1]
+            self.factor = PolishFactor(
+                has=torch.zeros(B, dtype=torch.bool),
+                LU=lu_storage(B, N, cert.LU),
+                piv=torch.ones(B, N, dtype=cert.piv.dtype),
+                D=cert.D.new_zeros((B, m, m)),
+            )
+        f = self.factor
+        f.has[ii] = True
+        f.LU[ii], f.piv[ii], f.D[ii] = cert.LU[jj], cert.piv[jj], cert.D[jj]
+
+
+def kink_scale(prob: ConicProblem, x: Tensor, w: Tensor, *, y: Tensor | None = None) -> Tensor:
     """The scale the kink tolerance is relative to, per sample: the largest of
     :math:`\\Vert w\\Vert_2 = \\Vert (y, s)\\Vert_2` and the scales of the primal and dual
     residuals (:mod:`dxopt.conic.certify`), so that a point whose ``y`` and ``s`` are both
-    near zero is judged against the data, not against itself."""
+    near zero is judged against the data, not against itself. ``y`` is
+    :math:`\\Pi_{K^*}(w)` where the caller has it."""
     P, A = prob.P, prob.A
-    y = project_dual(prob.cones, prob.slices, w)
+    if y is None:
+        y = project_dual(prob.cones, prob.slices, w)
     s = y - w
 
     def amax(v: Tensor) -> Tensor:
@@ -171,7 +221,7 @@ def kink_scale(prob: ConicProblem, x: Tensor, w: Tensor) -> Tensor:
 
 
 def _kinks(
-    prob: ConicProblem, X: Tensor, W: Tensor, status: list[Status], tol: float
+    prob: ConicProblem, W: Tensor, scale: Tensor, status: list[Status], tol: float
 ) -> list[bool]:
-    flag = cone_kink(prob.cones, prob.slices, W, tol, kink_scale(prob, X, W))
+    flag = cone_kink(prob.cones, prob.slices, W, tol, scale)
     return [bool(f) and st.ok for f, st in zip(flag.tolist(), status)]

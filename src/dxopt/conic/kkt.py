@@ -37,9 +37,11 @@ __all__ = [
     "cone_kink",
     "jacobian",
     "lu_factor_finite",
+    "lu_storage",
     "project_dual",
     "residual_map",
     "solve_refined",
+    "take",
 ]
 
 EPS = torch.finfo(torch.float64).eps
@@ -133,16 +135,53 @@ def residual_map(
     return torch.cat([f1, f2], dim=-1)
 
 
-def jacobian(P: Tensor, A: Tensor, D: Tensor) -> Tensor:
-    """:math:`J = [[P, A^\\top D], [A, D - I]]`, ``(k, n + m, n + m)`` (``P``, ``A`` broadcast)."""
+def jacobian(
+    P: Tensor,
+    A: Tensor,
+    D: Tensor,
+    *,
+    cones: tuple[Cone, ...] | None = None,
+    slices: tuple[slice, ...] | None = None,
+) -> Tensor:
+    """:math:`J = [[P, A^\\top D], [A, D - I]]`, ``(k, n + m, n + m)`` (``P``, ``A`` broadcast).
+
+    With ``cones`` and ``slices`` the block :math:`A^\\top D` is formed run by run of equal
+    cones (``D`` is block diagonal: a run of ``cnt`` blocks of size ``d`` costs
+    :math:`O(k\\, n\\, \\mathrm{cnt}\\, d^2)`, not :math:`O(k\\, n\\, m^2)`)."""
     k, m = D.shape[0], D.shape[-1]
     n = P.shape[-1]
     J = D.new_empty((k, n + m, n + m))
     J[:, :n, :n] = P
-    J[:, :n, n:] = A.transpose(-1, -2) @ D
+    if cones is None or slices is None:
+        J[:, :n, n:] = A.transpose(-1, -2) @ D
+    else:
+        BA = A.shape[0]
+        for _c, s0, cnt, d in _runs(cones, slices):
+            s1 = s0 + cnt * d
+            Ar = A[:, s0:s1, :].reshape(BA, cnt, d, n)
+            # the diagonal blocks of the run, (k, cnt, d, d)
+            Dr = D[:, s0:s1, s0:s1].reshape(k, cnt, d, cnt, d).diagonal(dim1=1, dim2=3)
+            Dr = Dr.permute(0, 3, 1, 2)
+            # (k, cnt, n, d); a run of scalar cones is a column scaling
+            blk = Ar.transpose(-1, -2) * Dr if d == 1 else Ar.transpose(-1, -2) @ Dr
+            J[:, :n, n + s0 : n + s1] = blk.permute(0, 2, 1, 3).reshape(k, n, cnt * d)
     J[:, n:, :n] = A
     J[:, n:, n:] = D - torch.eye(m, dtype=D.dtype)
     return J
+
+
+def lu_storage(k: int, N: int, like: Tensor) -> Tensor:
+    """An uninitialised ``(k, N, N)`` tensor in LAPACK's column-major layout (that of
+    ``torch.linalg.lu_factor``): ``lu_solve`` on a row-major LU copies it on every call."""
+    return like.new_empty((k, N, N)).transpose(-1, -2)
+
+
+def take(t: Tensor, idx: Tensor) -> Tensor:
+    """``t[idx]`` without the copy where ``idx`` is ``0, 1, ..., len(t) - 1``."""
+    k = t.shape[0]
+    if idx.numel() == k and bool((idx == torch.arange(k, device=idx.device)).all()):
+        return t
+    return t[idx]
 
 
 @dataclass(frozen=True)
@@ -156,10 +195,9 @@ class LUSolve:
     steps: int
 
 
-def _relres(J: Tensor, z: Tensor, r: Tensor, adjoint: bool) -> Tensor:
+def _relres(J: Tensor, z: Tensor, r: Tensor, adjoint: bool, norm_j: Tensor) -> Tensor:
     Jz = (J.transpose(-1, -2) if adjoint else J) @ z[..., None]
     res = (r - Jz[..., 0]).abs().amax(dim=-1)
-    norm_j = J.abs().sum(dim=-2 if adjoint else -1).amax(dim=-1)
     scale = norm_j * z.abs().amax(dim=-1) + r.abs().amax(dim=-1)
     out = res / torch.where(scale > 0, scale, torch.ones_like(scale))
     return torch.where(torch.isfinite(out), out, torch.full_like(out, float("inf")))
@@ -200,21 +238,30 @@ def solve_refined(
     adjoint: bool,
     factor: tuple[Tensor, Tensor] | None = None,
     max_refine: int = 4,
+    target: float = ROUNDOFF,
 ) -> tuple[LUSolve, tuple[Tensor, Tensor]]:
-    """Solve :math:`Jz = r` (or :math:`J^\\top z = r`) for a batch, refined against ``J``."""
+    """Solve :math:`Jz = r` (or :math:`J^\\top z = r`) for a batch, refined against ``J``.
+
+    Refinement rounds run while a sample's relative residual exceeds ``target`` and the last
+    round lowered one; ``ok`` is the residual at :data:`ROUNDOFF` or below (a ``factor`` of a
+    nearby matrix is refined to ``target = EPS``, what a fresh LU gives in one solve)."""
     LU, piv = lu_factor_finite(J)[:2] if factor is None else factor
     z = torch.linalg.lu_solve(LU, piv, r[..., None], adjoint=adjoint)[..., 0]
-    res = _relres(J, z, r, adjoint)
+    norm_j = J.abs().sum(dim=-2 if adjoint else -1).amax(dim=-1)
+    res = _relres(J, z, r, adjoint, norm_j)
     steps = 0
-    while steps < max_refine and bool((res > ROUNDOFF).any()):
+    while steps < max_refine and bool((res > target).any()):
         Jz = (J.transpose(-1, -2) if adjoint else J) @ z[..., None]
         dz = torch.linalg.lu_solve(LU, piv, r[..., None] - Jz, adjoint=adjoint)[..., 0]
         z_new = z + dz
-        res_new = _relres(J, z_new, r, adjoint)
+        res_new = _relres(J, z_new, r, adjoint, norm_j)
         better = res_new < res
+        progress = bool((better & (res > target)).any())
         z = torch.where(better[:, None], z_new, z)
         res = torch.where(better, res_new, res)
         steps += 1
+        if not progress:
+            break
     return LUSolve(z, res, res <= ROUNDOFF, steps), (LU, piv)
 
 
@@ -225,12 +272,16 @@ def condition_1(J: Tensor, factor: tuple[Tensor, Tensor], rounds: int = 5) -> Te
     k, N = J.shape[0], J.shape[-1]
     v = J.new_full((k, N), 1.0 / N)
     est = J.new_zeros(k)
+    j_prev: Tensor | None = None
     for _ in range(rounds):
         y = torch.linalg.lu_solve(LU, piv, v[..., None])[..., 0]
         est = torch.maximum(est, y.abs().sum(dim=-1))
         xi = torch.where(y >= 0, 1.0, -1.0).to(J.dtype)
         z = torch.linalg.lu_solve(LU, piv, xi[..., None], adjoint=True)[..., 0]
         j = z.abs().argmax(dim=-1)
+        if j_prev is not None and bool((j == j_prev).all()):
+            break  # the next rounds would repeat this one exactly
+        j_prev = j
         v = torch.nn.functional.one_hot(j, N).to(J.dtype)
     norm_1 = J.abs().sum(dim=-2).amax(dim=-1)
     cond = norm_1 * est
