@@ -28,6 +28,13 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from benchmarks.dfl.jair_methods import (
+    NEW_METHODS,
+    PYEPO_NEW,
+    dxopt_new_loss,
+    nce_loss,
+    pyepo_new_loss,
+)
 from benchmarks.dfl.methods import (
     PYEPO_METHODS,
     Hyper,
@@ -39,7 +46,9 @@ from benchmarks.dfl.methods import (
 from benchmarks.dfl.methods import pyepo_loss as methods_pyepo_loss
 
 TASKS = ("knapsack", "scheduling")
-METHODS = ("2S", "SPO+", "DBB", "PFYL", "NCE", "QPTL")
+METHODS = ("2S", "SPO+", "DBB", "PFYL", "NCE", "QPTL", *NEW_METHODS)
+#: the methods PyEPO 2.2.7 has (all but QPTL)
+PYEPO_HAS = (*PYEPO_METHODS, *PYEPO_NEW)
 SPEEDUP_TARGET = 3.0
 COLUMNS = ("task", "method", "library", "seed", "regret", "seconds_per_epoch", "oracle_calls")
 
@@ -120,6 +129,7 @@ def pyepo_model(inst: JairInstance) -> Any:
     class JairGrbModel(optGrbModel):  # type: ignore[misc]
         def _getModel(self) -> tuple[Any, Any]:
             m = gp.Model("jair_" + inst.name)
+            m.Params.Threads = 1  # the suite's protocol: one thread for both libraries
             d = inst.num_vars
             x = {j: m.addVar(vtype=GRB.BINARY, name=f"x{j}") for j in range(d)}
             if inst.name == "knapsack":
@@ -163,9 +173,13 @@ def pyepo_optimum(optmodel: Any, c: Tensor) -> tuple[np.ndarray, float]:
 
 
 def fresh_oracle(oracle: Any) -> Any:
-    """A new oracle on the same problem (its own call count and solver state)."""
+    """A new oracle on the same problem (its own call count and solver state); the MILP
+    without HiGHS' presolve (the scheduling MILPs are solved at the root node, where presolving
+    every new cost costs more than it saves: about half the time per solve on instance 1)."""
     from dxopt import dfl
 
+    if isinstance(oracle, dfl.MILPOracle):
+        return oracle.copy(presolve=False)
     if hasattr(oracle, "copy"):
         return oracle.copy()
     return dfl.KnapsackOracle(oracle.weights, oracle.capacity)
@@ -176,10 +190,16 @@ def dxopt_loss(method: str, inst: JairInstance, hp: Hyper, seed: int) -> tuple[A
     if method == "QPTL":
         layer = qptl_layer(inst, hp)
         return (lambda c_hat, c, w, z: layer.regret_loss(c_hat, c, z)), lambda: layer.cost.forwards
-    if method not in PYEPO_METHODS:
+    if method not in METHODS:
         raise ValueError(f"methods: expected names from {METHODS}, got {method!r}.")
     oracle = fresh_oracle(inst.task.oracle)
-    return oracle_method_loss(method, oracle, inst, hp, seed), lambda: int(oracle.cost.forwards)
+    if method == "NCE":
+        loss = nce_loss("dxopt", oracle, inst, hp, seed, None)
+    elif method in NEW_METHODS:
+        loss = dxopt_new_loss(method, oracle, inst, hp, seed)
+    else:
+        loss = oracle_method_loss(method, oracle, inst, hp, seed)
+    return loss, lambda: int(oracle.cost.forwards)
 
 
 def qptl_layer(inst: JairInstance, hp: Hyper) -> Any:
@@ -208,8 +228,11 @@ def qptl_layer(inst: JairInstance, hp: Hyper) -> Any:
 def pyepo_loss(method: str, optmodel: Any, inst: JairInstance, hp: Hyper, seed: int) -> Any:
     """PyEPO's ``method`` (``pyepo.func``) on the ``optGrbModel``; NCE's pool is PyEPO's own
     ``optDataset`` of the training days."""
-    train_ds = _pool_dataset(optmodel, inst) if method == "NCE" else None
-    return methods_pyepo_loss(method, optmodel, inst, train_ds, hp, seed)
+    if method == "NCE":
+        return nce_loss("pyepo", optmodel, inst, hp, seed, _pool_dataset(optmodel, inst))
+    if method in NEW_METHODS:
+        return pyepo_new_loss(method, optmodel, inst, hp, seed)
+    return methods_pyepo_loss(method, optmodel, inst, None, hp, seed)
 
 
 def _pool_dataset(optmodel: Any, inst: JairInstance) -> Any:
@@ -255,7 +278,7 @@ def run_one(
     hp = Hyper(lambd=10.0) if name == "knapsack" else Hyper(lambd=10.0, batch=32)
     trainers, labels = [], []
     for lib in libraries:
-        if lib == "pyepo" and method not in PYEPO_METHODS:
+        if lib == "pyepo" and method not in PYEPO_HAS:
             continue
         model = PriceModel(inst.task, seed)
         if lib == "pyepo":
