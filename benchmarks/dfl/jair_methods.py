@@ -43,6 +43,8 @@ from torch import Tensor
 from benchmarks.dfl.methods import Hyper, regret_loss
 
 NEW_METHODS = ("PG", "I-MLE", "AI-MLE", "NID", "CaVE", "FW-FY")
+#: every method of the JAIR suite
+JAIR_METHODS = ("2S", "SPO+", "DBB", "PFYL", "NCE", "QPTL", *NEW_METHODS)
 #: the methods PyEPO 2.2.7 has among the new ones (all of them)
 PYEPO_NEW = NEW_METHODS
 CAVE_ITERATIONS = 50
