@@ -175,6 +175,18 @@ def pyepo_optimum(optmodel: Any, c: Tensor) -> tuple[np.ndarray, float]:
     return np.asarray(sol), float(obj)
 
 
+def optimum_agreement(name: str, option: int, *, seed: int, num_test: int | None) -> dict[str, Any]:
+    """dxopt's oracle against PyEPO's Gurobi model on the test days' true costs: the largest
+    relative difference of their optimal objectives, :math:`\\max_i |z^{dx}_i - z^{pe}_i| /
+    \\max(1, |z^{pe}_i|)` (both exact, so it is solver tolerance only)."""
+    inst = load_task(name, seed=seed, num_train=1, option=option, num_test=num_test)
+    te, optmodel = inst.task.test, pyepo_model(inst)
+    z_dx = (te.solutions.double() * te.costs.double()).sum(1)  # float64: no float32 rounding
+    z_pe = torch.tensor([pyepo_optimum(optmodel, c)[1] for c in te.costs], dtype=torch.float64)
+    rel = (z_dx - z_pe).abs() / z_pe.abs().clamp_min(1.0)
+    return {"days": int(z_pe.numel()), "max_rel_diff": float(rel.max())}
+
+
 # --------------------------------------------------------------------------------------------
 # losses
 # --------------------------------------------------------------------------------------------
@@ -413,9 +425,11 @@ def run_suite(
 
     load0 = list(os.getloadavg())
     rows: list[dict[str, Any]] = []
+    agreement: dict[str, Any] = {}
     for spec in tasks:
         name, _, opt = spec.partition("-")
         option = int(opt) if opt else (60 if name == "knapsack" else 1)
+        agreement[spec] = optimum_agreement(name, option, seed=seeds[0], num_test=num_test)
         for seed in seeds:
             for method in methods:
                 if method in SKIPPED.get(name, {}):
@@ -443,6 +457,7 @@ def run_suite(
         "num_test": num_test,
         "seeds": list(seeds),
         "quick": quick,
+        "optimum_agreement": agreement,
         "skipped": {
             t: {m: why for m, why in SKIPPED.get(t.partition("-")[0], {}).items() if m in methods}
             for t in tasks
