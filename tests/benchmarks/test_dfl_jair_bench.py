@@ -72,3 +72,9 @@ def test_cli_bench_dfl_jair_quick(tmp_path: Path) -> None:
     assert rows["PG", "dxopt"]["oracle_calls"] == 32  # two costs per day, 16 days
     agree = saved["optimum_agreement"]["knapsack-60"]
     assert agree["days"] == 16 and agree["max_rel_diff"] <= 1e-9
+
+
+def test_main_suite_refuses_jair_only_methods(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        run.main(["--methods", "SPO+", "PG", "--quick"])
+    assert "run in --suite jair only" in capsys.readouterr().err
