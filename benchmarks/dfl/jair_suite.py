@@ -6,9 +6,14 @@ minimised). The model is the benchmark's: one ``nn.Linear(8, 1)`` shared by the 
 predicts the slot prices, mapped to the oracle's costs by :meth:`JAIRTask.costs_from_prices`.
 Both libraries train the same model (same seed, same batches, same Adam settings) in the same
 process: dxopt through its oracles (``KnapsackOracle``; ``MILPOracle`` on HiGHS), PyEPO through
-an ``optGrbModel`` written here over the same feasible set (Gurobi; the pip licence's size
-limit of 2000 variables and 2000 constraints holds for knapsack and scheduling instance 1:
-411 variables, 154 rows). The losses are those of :mod:`benchmarks.dfl.methods`.
+an ``optGrbModel`` written here over the same feasible set (Gurobi at one thread; the pip
+licence's size limit of 2000 variables and 2000 constraints holds for the knapsack and the
+scheduling instances: 411, 888 and 1545 variables). The losses are those of
+:mod:`benchmarks.dfl.methods` and, for PG, I-MLE, AI-MLE, NID, CaVE and FW-FY, of
+:mod:`benchmarks.dfl.jair_methods` (NCE there too: both libraries draw which batches call the
+oracle from one stream, so their oracle calls are equal). dxopt's MILP runs without HiGHS'
+presolve (:func:`fresh_oracle`). The JSON's ``optimum_agreement`` compares both libraries'
+optimal objectives on the test days' true costs.
 
 Measured: normalised test regret :math:`\\sum_i |c_i^\\top \\hat w_i - z_i^*| / \\sum_i |z_i^*|`,
 seconds per epoch (median after the first), oracle calls per epoch. Targets: for each method
