@@ -35,6 +35,7 @@ from benchmarks.common import (
     write_json,
 )
 from benchmarks.dfl.data import PROBLEMS, Instance, make_instance, pyepo_backend
+from benchmarks.dfl.jair_methods import JAIR_METHODS
 from benchmarks.dfl.methods import (
     HYPER,
     LIBRARIES,
@@ -242,9 +243,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--methods",
         nargs="+",
-        default=list(METHODS),
-        choices=METHODS,
-        help="methods, space separated",
+        default=None,
+        choices=sorted(set(METHODS) | set(JAIR_METHODS)),
+        help=f"methods, space separated (main: {' '.join(METHODS)}; --suite jair also "
+        f"{' '.join(m for m in JAIR_METHODS if m not in METHODS)})",
     )
     parser.add_argument(
         "--libraries",
@@ -279,6 +281,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         help="--suite jair tasks: knapsack-<capacity>, scheduling-<instance>, space separated",
     )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.suite == "main":
+        unknown = [m for m in args.methods or () if m not in METHODS]
+        if unknown:
+            parser.error(f"--methods: {unknown} run in --suite jair only; main has {METHODS}")
+        args.methods = args.methods or list(METHODS)
     if args.suite == "jair":
         from benchmarks.dfl.jair_suite import main_jair
 

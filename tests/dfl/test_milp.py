@@ -214,3 +214,25 @@ def test_warm_started_answers_are_the_optima_on_the_jair_scheduling_milp():
     x = warm(c)
     assert warm.last_status == (Status.SOLVED,)
     assert torch.allclose(warm.objective(c, x), z, rtol=1e-9)
+
+
+@pytest.mark.parametrize("sense", ["min", "max"])
+def test_presolve_off_equals_enumeration_and_copy_overrides(sense):
+    rng = np.random.default_rng(7)
+    d = 10
+    A_ub, b_ub = rng.integers(1, 9, (2, d)).astype(float), np.array([15.0, 13.0])
+    A_eq, b_eq = np.ones((1, d)), np.array([3.0])
+    oracle = MILPOracle(A_ub=A_ub, b_ub=b_ub, A_eq=A_eq, b_eq=b_eq, bounds=(0, 1), sense=sense)
+    off = oracle.copy(presolve=False)
+    assert oracle.presolve and not off.presolve and off.copy().presolve is False
+    assert off._hs.getOptionValue("presolve")[-1] == "off"
+    assert pickle.loads(pickle.dumps(off)).presolve is False
+    c = torch.as_tensor(rng.standard_normal((10, d)))
+    sol = off.solve(c)
+    ref = _enumerate(c.numpy(), A_ub, b_ub, A_eq, b_eq, sense)
+    np.testing.assert_allclose((c * sol.x).sum(1).numpy(), ref, atol=1e-9)
+    assert sol.certified
+    with pytest.raises(TypeError, match="copy: unknown options"):
+        oracle.copy(presolv=False)
+    with pytest.raises(TypeError, match="presolve"):
+        MILPOracle(dim=2, presolve="off")

@@ -177,6 +177,10 @@ class MILPOracle(OracleBase):
             incumbent, warn with a :class:`dxopt.DxoptWarning`), ``"raise"``, ``"ignore"``
             (status only) or ``"nan"`` (NaN rows).
         threads: HiGHS' thread count (``None``: HiGHS' choice).
+        presolve: run HiGHS' presolve before each solve (default, HiGHS' own default). Off,
+            each solve starts branch and cut on the model as built: on small models that
+            HiGHS solves at the root node, such as the JAIR scheduling MILPs (411-1545 binary
+            variables), presolving every new cost costs more than it saves.
     """
 
     def __init__(
@@ -198,6 +202,7 @@ class MILPOracle(OracleBase):
         pool_size: int = 32,
         on_failure: str = "warn",
         threads: int | None = None,
+        presolve: bool = True,
     ) -> None:
         import scipy.sparse as sp
 
@@ -259,6 +264,9 @@ class MILPOracle(OracleBase):
         self.pool_size = check_int("pool_size", pool_size)
         self.on_failure = check_on_failure(on_failure, ("raise", "warn", "ignore", "nan"))
         self.threads = None if threads is None else check_int("threads", threads)
+        if not isinstance(presolve, bool):
+            raise TypeError(f"presolve: expected True or False, got {presolve!r}.")
+        self.presolve = presolve
         self.exact = self.time_limit is None and self.node_limit is None and mip_rel_gap == 0
         self._pool = np.zeros((0, d))
         self._info: dict[str, np.ndarray] = {}
@@ -278,6 +286,8 @@ class MILPOracle(OracleBase):
             hs.setOptionValue("mip_max_nodes", int(self.node_limit))
         if self.threads is not None:
             hs.setOptionValue("threads", int(self.threads))
+        if not self.presolve:
+            hs.setOptionValue("presolve", "off")
         self._hs, self._highspy = hs, highspy
         self._cols = np.arange(self.dim, dtype=np.int32)
 
@@ -289,12 +299,21 @@ class MILPOracle(OracleBase):
             "dim": self.dim, "sense": self.sense, "time_limit": self.time_limit,
             "node_limit": self.node_limit, "mip_rel_gap": self.mip_rel_gap,
             "warm_start": self.warm_start, "pool_size": self.pool_size,
-            "on_failure": self.on_failure, "threads": self.threads,
+            "on_failure": self.on_failure, "threads": self.threads, "presolve": self.presolve,
         }  # fmt: skip
 
-    def copy(self) -> MILPOracle:
-        """A new oracle on the same model and options (its own HiGHS instance and pool)."""
-        return MILPOracle(**self._kwargs())
+    def copy(self, **options: Any) -> MILPOracle:
+        """A new oracle on the same model and options (its own HiGHS instance and pool);
+        keyword ``options`` of the constructor (``time_limit``, ``presolve``, ...) replace
+        this oracle's."""
+        kw = self._kwargs()
+        unknown = sorted(set(options) - set(kw))
+        if unknown:
+            raise TypeError(
+                f"copy: unknown options {unknown}; expected constructor options such as "
+                "time_limit, node_limit, mip_rel_gap, warm_start, pool_size, presolve."
+            )
+        return MILPOracle(**{**kw, **options})
 
     def with_constraint(self, coefs: Any, rhs: float, *, kind: str = "<=") -> MILPOracle:
         """A new oracle with one more row ``coefs @ x <= rhs`` (``kind``: ``"<="``, ``">="``
