@@ -444,7 +444,6 @@ def test_the_forward_finds_the_backwards_active_set_accuracy(monkeypatch):
             len(case["q"]),
             eps_abs=1e-9,
             eps_rel=0.0,
-            general=None,
             compiled=True,
             for_backward=True,
         )
@@ -459,8 +458,7 @@ def test_the_forward_finds_the_backwards_active_set_accuracy(monkeypatch):
             if own >= 0:
                 assert abs(given - own) <= 1e-3 * own + 1e-15, (i, given, own)
     assert sb.accuracy_given[3] < 0 and (sb.accuracy_given[[0, 1, 2, 4]] >= 0).all()
-    plain = _small_batch.small_batch_forward(args, 5, eps_abs=1e-9, eps_rel=0.0, general=None,
-                                             compiled=True)  # fmt: skip
+    plain = _small_batch.small_batch_forward(args, 5, eps_abs=1e-9, eps_rel=0.0, compiled=True)
     assert plain is not None and plain.accuracy_given.size == 0
 
     results = {}
