@@ -1,6 +1,6 @@
 """The general route's state (:class:`~dxopt.qp.problem.contracts.QPState`) from plain tensors:
 :func:`forward_state` validates and solves (``QPFunction.forward`` calls it through a
-:class:`~dxopt.qp.autograd.function.QPCall`), :func:`rebuilt_state` does the same for a lean
+:class:`~dxopt.qp.problem.contracts.QPCall`), :func:`rebuilt_state` does the same for a lean
 route's saved numpy copies where the lean backward declines (:mod:`dxopt.qp.lean`), and
 :func:`residuals` reads the per-sample residuals of :class:`~dxopt.qp.problem.types.QPInfo` off
 a forward result. Below the lean layer, so that the lean backward calls them directly."""

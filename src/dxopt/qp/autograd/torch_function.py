@@ -37,7 +37,7 @@ tensors; its ``vmap`` rule and the one of :class:`TorchQPFunction` fold a vmappe
 into the batch (:func:`dxopt.qp.autograd.tangent.fold`): ``vmap`` is one batched solve, and the
 cotangents of ``jacrev`` / the tangents of ``jacfwd`` one batched KKT solve. The solve takes
 the QP's inputs as anchors and refuses to be differentiated again
-(:class:`dxopt.qp.autograd.tangent._FirstOrderOnly`), so second derivatives raise instead of
+(:class:`dxopt.qp.autograd.vjp.FirstOrderOnly`), so second derivatives raise instead of
 dropping
 the QP's second-order term. The forward stores its plain result on a :class:`TorchCall`
 (statuses and residuals for :class:`dxopt.qp.QPInfo`, which must not be read off tensors that
@@ -55,7 +55,7 @@ import torch
 from torch import Tensor
 
 from dxopt._core import Status
-from dxopt.qp.autograd.tangent import _FirstOrderOnly
+from dxopt.qp.autograd.vjp import FirstOrderOnly
 from dxopt.qp.problem.functorch import BASES, fold, functorch_active, logical_batch, unfold
 from dxopt.qp.problem.types import BackwardDiagnostics, QPBackwardError
 from dxopt.qp.solvers.torch_driver import batch_inputs, solve_detached
@@ -257,7 +257,7 @@ def _unpack(ctx: Any) -> tuple[_Inputs, tuple[Tensor, ...], tuple[Tensor, ...]]:
     return (P, q, A, b, G, h), tuple(saved[-10:-7]), tuple(saved[-7:])
 
 
-class TorchKKTSolve(_FirstOrderOnly):
+class TorchKKTSolve(FirstOrderOnly):
     """``(r1, r2, r3, P, A, G, status, polished, regular, L, w_ineq, w_eq, active, how,
     *anchors) ->
     (u, v, w)``: the refined reduced-KKT solve of the module docstring for the adjoint

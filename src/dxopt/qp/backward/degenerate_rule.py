@@ -44,8 +44,8 @@ import torch
 from torch import Tensor
 
 from dxopt.qp.backward.rows import active_rows_sparse
-from dxopt.qp.certify.active import ActiveSet
 from dxopt.qp.problem.canonical import QPProblem
+from dxopt.qp.problem.contracts import ActiveSet
 from dxopt.qp.problem.types import QPDegenerateWarning
 
 __all__ = [
@@ -164,7 +164,7 @@ def _flags_qr(Cn: np.ndarray, nonzero: np.ndarray) -> Tensor:
 def _stack(problem: QPProblem, used: Tensor, *, eq_first: bool) -> tuple[Tensor, Tensor]:
     """``([A; G_used] or [G_used; A] (S, p + k, n), index (S, k))`` of a dense problem, the
     used rows of ``G`` compressed in row order (padding rows zero)."""
-    from dxopt.qp.certify.active import compress_rows, gather_rows
+    from dxopt.qp.backward.rows import compress_rows, gather_rows
 
     S, n = used.shape[0], problem.n
     parts = []
@@ -256,7 +256,7 @@ def _weak_gram(problem: QPProblem, used: Tensor, weak: Tensor) -> tuple[Tensor, 
     Where ``A`` and ``G`` are shared by the batch the blocks are gathered (compiled) from one
     unit Gram matrix of all their rows (:func:`_weak_gram_shared`; torch's advanced indexing
     was slower than these batched products at QPTL's sizes, the compiled gather is not)."""
-    from dxopt.qp.certify.active import compress_rows, gather_rows
+    from dxopt.qp.backward.rows import compress_rows, gather_rows
 
     assert problem.G is not None
     A = problem.A if problem.A is not None and problem.p else None
@@ -292,7 +292,7 @@ def _weak_gram_shared(
     blocks gathered from one unit Gram matrix of ``[A; G]``
     (:mod:`dxopt.qp.backward.gram_blocks`)."""
     from dxopt.qp.backward.gram_blocks import gather_gram_blocks, shared_unit_gram
-    from dxopt.qp.certify.active import compress_rows
+    from dxopt.qp.backward.rows import compress_rows
 
     full, norms = shared_unit_gram(A, G)
     p = 0 if A is None else A.shape[0]
@@ -330,7 +330,7 @@ def weak_rows_with_factor(
     ``order`` mapping the row order of :func:`stacked_rows` of ``used | adopt`` to it
     (:class:`RuleFactor`; the flags are those of the appended order, the same count as in
     row order, and the columns of the independent rows span the same space)."""
-    from dxopt.qp.certify.active import compress_rows
+    from dxopt.qp.backward.rows import compress_rows
 
     S = used.shape[0]
     if problem.G is None or not bool(weak.any()):
@@ -392,7 +392,7 @@ def _in_span(
 ) -> Tensor:
     """The rows ``weak`` of ``G`` whose squared distance (normalised) to the span of the
     factored rows is below ``DEPENDENT_TOL``: :math:`1 - \\|L^{-1}\\hat C\\hat w\\|^2`."""
-    from dxopt.qp.certify.active import compress_rows, gather_rows
+    from dxopt.qp.backward.rows import compress_rows, gather_rows
 
     Cn, L, _, info = factor
     if bool((info != 0).any()):  # pragma: no cover - the shift keeps the Gram matrix PD

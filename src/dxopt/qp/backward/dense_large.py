@@ -34,9 +34,8 @@ from torch import Tensor
 from dxopt.linalg.augmented import augmented_solve, certify_independent_rows
 from dxopt.linalg.threads import blas_threads
 from dxopt.qp.backward.rows import dense_rows
-from dxopt.qp.certify.active import ActiveSet
 from dxopt.qp.certify.dependence import DEPENDENT_TOL
-from dxopt.qp.problem.contracts import AdjointInput
+from dxopt.qp.problem.contracts import ActiveSet, AdjointInput
 
 __all__ = ["LARGE_N", "MAX_BATCH", "large_dense_adjoint", "reused_dense_adjoint"]
 

@@ -24,10 +24,9 @@ from dxopt.qp.backward.rows import (
     dependent_rows_sparse,
     scipy_matrix,
 )
-from dxopt.qp.certify.active import ActiveSet
 from dxopt.qp.certify.dependence import count_dependent_dense
 from dxopt.qp.problem.canonical import QPProblem, sparse_positive_definite
-from dxopt.qp.problem.contracts import AdjointInput, AdjointSolution
+from dxopt.qp.problem.contracts import ActiveSet, AdjointInput, AdjointSolution
 from dxopt.qp.problem.types import BackwardDiagnostics, QPBackwardError
 
 __all__ = [

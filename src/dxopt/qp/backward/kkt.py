@@ -53,8 +53,14 @@ from dxopt.linalg.schur import SchurFactor, schur_factor
 from dxopt.qp.backward.adjoint import kkt_residual
 from dxopt.qp.backward.base import BackwardBase
 from dxopt.qp.backward.regular import RegularBudget, check_residual, schur_refine
-from dxopt.qp.backward.rows import DenseRows, dense_rows, sparse_factor, sparse_rows
-from dxopt.qp.certify.active import ActiveSet, compress_rows, gather_rows
+from dxopt.qp.backward.rows import (
+    DenseRows,
+    compress_rows,
+    dense_rows,
+    gather_rows,
+    sparse_factor,
+    sparse_rows,
+)
 from dxopt.qp.certify.dependence import (
     DEPENDENT_TOL,
     count_dependent_dense,
@@ -62,7 +68,7 @@ from dxopt.qp.certify.dependence import (
     min_norm_sparse,
     record_degenerate,
 )
-from dxopt.qp.problem.contracts import AdjointInput, AdjointSolution
+from dxopt.qp.problem.contracts import ActiveSet, AdjointInput, AdjointSolution
 from dxopt.qp.problem.types import BackwardDiagnostics, QPBackwardError
 
 _PIVOT_RATIO = 1e-10  # LU pivots below this (relative) trigger the dependent-row test

@@ -76,8 +76,7 @@ from dxopt.qp.backward.base import BackwardBase
 from dxopt.qp.backward.kkt import KKTBackward, solve_sparse
 from dxopt.qp.backward.penalty_sparse import SparseKKTSolve, SparsePenaltySolve, gmres_refine
 from dxopt.qp.backward.regular import RegularAdjoint, RegularBudget, check_residual, schur_refine
-from dxopt.qp.backward.rows import dense_rows, dependent_rows_sparse
-from dxopt.qp.certify.active import ActiveSet, compress_rows, gather_rows
+from dxopt.qp.backward.rows import compress_rows, dense_rows, dependent_rows_sparse, gather_rows
 from dxopt.qp.certify.dependence import (
     DEPENDENT_TOL,
     count_dependent_dense,
@@ -85,7 +84,7 @@ from dxopt.qp.certify.dependence import (
     record_degenerate,
     refine_schur,
 )
-from dxopt.qp.problem.contracts import AdjointInput, AdjointSolution
+from dxopt.qp.problem.contracts import ActiveSet, AdjointInput, AdjointSolution
 from dxopt.qp.problem.types import BackwardDiagnostics, QPBackwardError
 
 __all__ = ["PenaltyBackward"]

@@ -46,8 +46,8 @@ from dxopt.qp.backward.degenerate_rule import (
     dependent_flags_dense,
     dependent_flags_factor,
 )
+from dxopt.qp.backward.rows import compress_rows, gather_rows
 from dxopt.qp.backward.vertex_simplex import parallel_groups, simplex_batch, vertex_from_factor
-from dxopt.qp.certify.active import compress_rows, gather_rows
 from dxopt.qp.problem.canonical import QPProblem
 
 __all__ = ["vertex_cost", "vertex_rows_batched"]
