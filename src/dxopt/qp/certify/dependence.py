@@ -63,6 +63,7 @@ __all__ = [
     "min_norm_sparse",
     "record_degenerate",
     "refine_schur",
+    "sample_matrix",
 ]
 
 _RELATIVE_DELTA = 1e-8
@@ -309,12 +310,12 @@ def dependent_weak_rows(problem: QPProblem, active: Tensor, weak: Tensor) -> Ten
         if rows.numel() == 0:
             continue
         blocks = []
-        G_i = _matrix(problem, "G", i)
+        G_i = sample_matrix(problem, "G", i)
         act = torch.nonzero(active[i]).flatten().numpy()
         if act.size:
             blocks.append(G_i[act])
         if problem.A is not None and problem.p:
-            blocks.append(_matrix(problem, "A", i))
+            blocks.append(sample_matrix(problem, "A", i))
         if not blocks:
             continue
         if sum(B.shape[0] for B in blocks) * problem.n > 4e6:
@@ -332,7 +333,7 @@ def dependent_weak_rows(problem: QPProblem, active: Tensor, weak: Tensor) -> Ten
     return out
 
 
-def _matrix(problem: QPProblem, name: str, i: int) -> Any:
+def sample_matrix(problem: QPProblem, name: str, i: int) -> Any:
     t = getattr(problem, name)
     if t.layout == torch.sparse_coo:
         return problem.csr[name][0]

@@ -30,9 +30,12 @@ __all__ = [
     "REFINE_STEPS",
     "ROUNDOFF_KKT",
     "SMALL_THREADS_MAX_DIM",
+    "cho_solve",
+    "cholesky_flagged",
     "kkt_solve",
     "penalty_factor",
     "small_threads",
+    "weighted_gram",
 ]
 
 
@@ -40,12 +43,12 @@ __all__ = [
 # small batched helpers: matrices are (B, r, n), vectors (B, r)
 
 
-def _gram(G: Tensor, d: Tensor) -> Tensor:
+def weighted_gram(G: Tensor, d: Tensor) -> Tensor:
     """:math:`G^\\top \\mathrm{diag}(d) G` per sample."""
     return (G.mT * d.unsqueeze(-2)) @ G
 
 
-def _chol(H: Tensor) -> tuple[Tensor, Tensor]:
+def cholesky_flagged(H: Tensor) -> tuple[Tensor, Tensor]:
     """Batched Cholesky without a host sync, and the ``(B,)`` mask of failed samples.
 
     A failed sample's factor is garbage (solves with it give non-finite values); callers mask
@@ -55,7 +58,7 @@ def _chol(H: Tensor) -> tuple[Tensor, Tensor]:
     return L, info != 0
 
 
-def _cho_solve(L: Tensor, r: Tensor) -> Tensor:
+def cho_solve(L: Tensor, r: Tensor) -> Tensor:
     """:math:`(LL^\\top)^{-1} r` by two triangular solves (faster than ``cholesky_solve``)."""
     t = torch.linalg.solve_triangular(L, r.unsqueeze(-1), upper=False)
     return torch.linalg.solve_triangular(L.mT, t, upper=True).squeeze(-1)
@@ -116,9 +119,9 @@ def penalty_factor(
 
     w_ineq = weights(G) * active
     w_eq = weights(A)
-    H = P + _gram(G, w_ineq) + _gram(A, w_eq)
+    H = P + weighted_gram(G, w_ineq) + weighted_gram(A, w_eq)
     H.diagonal(dim1=-2, dim2=-1).add_((sigma * scale)[:, None])
-    L, bad = _chol(H)
+    L, bad = cholesky_flagged(H)
     return PenaltyFactor(L=L, w_ineq=w_ineq, w_eq=w_eq, active=active, max_refine=max_refine), bad
 
 
@@ -162,7 +165,7 @@ def kkt_solve(
     def reg_solve(s1: Tensor, s2: Tensor, s3: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         s3 = s3 * act
         rhs = s1 + rmv(A, w_eq * s2) + rmv(G, w_ineq * s3)
-        u = _cho_solve(f.L, rhs)
+        u = cho_solve(f.L, rhs)
         return u, w_eq * (mv(A, u) - s2), w_ineq * (mv(G, u) - s3)
 
     def residual(u: Tensor, v: Tensor, w: Tensor) -> tuple[Tensor, Tensor, Tensor]:
