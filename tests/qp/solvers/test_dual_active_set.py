@@ -17,7 +17,7 @@ from tests.qp.lean.test_small_batch import NAMES, _harden, _problems, _run, _sha
 
 import dxopt.qp as dqp
 from dxopt.linalg.small import lapack_kernels
-from dxopt.qp.lean.small_batch import COMPILED_SOLVER
+from dxopt.qp.problem.options import COMPILED_SOLVER
 from dxopt.qp.solvers.dual_active_set import SOLVE_STATUS, solve_batch
 
 LEAN = "SmallQPFunction"

@@ -105,7 +105,7 @@ def torch_qp_solve(
         check_every: iterations between convergence checks (each check is one host sync).
         polish: move the solution onto the identified active set by the refined KKT solve.
         max_refine: the most refinement passes of each KKT solve (default
-            :data:`~dxopt.qp.solvers.torch_kkt.REFINE_STEPS`; a solve stops as soon as every
+            :data:`~dxopt.qp.certify.tolerances.TORCH_REFINE_STEPS`; a solve stops as soon as every
             sample is at round-off). ``refine_steps`` is its deprecated name.
         check_psd: check that ``P`` is symmetric positive semidefinite (one batched
             Cholesky), as :func:`dxopt.qp.solve` does.

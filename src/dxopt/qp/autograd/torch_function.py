@@ -56,10 +56,11 @@ from torch import Tensor
 
 from dxopt._core import Status
 from dxopt.qp.autograd.vjp import FirstOrderOnly
+from dxopt.qp.certify.tolerances import TORCH_REFINE_STEPS
 from dxopt.qp.problem.functorch import BASES, fold, functorch_active, logical_batch, unfold
 from dxopt.qp.problem.types import BackwardDiagnostics, QPBackwardError
 from dxopt.qp.solvers.torch_driver import batch_inputs, solve_detached
-from dxopt.qp.solvers.torch_kkt import REFINE_STEPS, kkt_solve, small_threads
+from dxopt.qp.solvers.torch_kkt import kkt_solve, small_threads
 from dxopt.qp.solvers.torch_types import PenaltyFactor, TorchQPResult, code, decode
 
 __all__ = ["TorchCall", "TorchKKTSolve", "TorchQPFunction", "torch_qp_differentiable"]
@@ -370,7 +371,7 @@ def torch_qp_differentiable(
     """:func:`dxopt.qp.autograd.torch_entry.torch_qp_solve` with derivatives through ``x, y, z``
     (``options``: see :class:`TorchQPFunction`)."""
     steps = options.get("max_refine")
-    options = dict(options, max_refine=REFINE_STEPS if steps is None else steps)
+    options = dict(options, max_refine=TORCH_REFINE_STEPS if steps is None else steps)
     out: tuple[Tensor, ...] = TorchQPFunction.apply(P, q, A, b, G, h, options)
     x, y, z, slacks, status, iters, pres, dres, polished, regular, L, w_ineq, w_eq, active = out
     factor = PenaltyFactor(

@@ -44,6 +44,7 @@ import torch
 from torch import Tensor
 
 from dxopt.qp.backward.rows import active_rows_sparse
+from dxopt.qp.certify.tolerances import RULE_GRAM_SHIFT, RULE_LSMR_TOL, RULE_RANK_CUT
 from dxopt.qp.problem.canonical import QPProblem
 from dxopt.qp.problem.contracts import ActiveSet
 from dxopt.qp.problem.types import QPDegenerateWarning
@@ -64,8 +65,6 @@ __all__ = [
 _TOL = (
     1e-10  # = dxopt.qp.certify.dependence.DEPENDENT_TOL (squared distance of a unit row to a span)
 )
-_RCOND = 1e-8  # relative singular value below which a direction of C counts as dependent
-_LSMR_TOL = 1e-14
 _GRAM_PIVOT = (
     1e-8  # _min_norm_lstsq: squared Cholesky pivot of the unit Gram matrix for the fast path
 )
@@ -104,7 +103,7 @@ def _unit_gram_factor(C: Tensor, *, keep_gram: bool = False) -> Any:
     nonzero = norms > 0
     Cn = C / norms.clamp_min(torch.finfo(C.dtype).tiny)[..., None]
     gram = torch.bmm(Cn, Cn.mT)
-    gram.diagonal(dim1=-2, dim2=-1).add_((~nonzero).to(C.dtype) + 1e-14)
+    gram.diagonal(dim1=-2, dim2=-1).add_((~nonzero).to(C.dtype) + RULE_GRAM_SHIFT)
     L, info = torch.linalg.cholesky_ex(gram)
     return (Cn, L, nonzero, info, gram) if keep_gram else (Cn, L, nonzero, info)
 
@@ -448,7 +447,7 @@ def rule_multipliers(
         return nu, mu
     for i in chosen.tolist():
         Ci, rows = _sample_rows(problem, used, i)
-        lam = spla.lsmr(sp.csr_matrix(Ci).T, r[i].numpy(), atol=_LSMR_TOL, btol=_LSMR_TOL,
+        lam = spla.lsmr(sp.csr_matrix(Ci).T, r[i].numpy(), atol=RULE_LSMR_TOL, btol=RULE_LSMR_TOL,
                         maxiter=10 * max(Ci.shape))[0]  # fmt: skip
         if m:
             nu[i] = 0.0
@@ -496,7 +495,9 @@ def _min_norm_lstsq_svd(M: Tensor, r: Tensor) -> Tensor:
     U, sigma, Vh = torch.linalg.svd(Mn, full_matrices=True)
     b = M.shape[-1]
     big = torch.zeros(M.shape[0], b, dtype=torch.bool)
-    big[:, : sigma.shape[-1]] = sigma > _RCOND * sigma.amax(-1, keepdim=True).clamp_min(1e-300)
+    big[:, : sigma.shape[-1]] = sigma > RULE_RANK_CUT * sigma.amax(-1, keepdim=True).clamp_min(
+        1e-300
+    )
     inv = torch.zeros(M.shape[0], b, dtype=M.dtype)
     k = sigma.shape[-1]
     inv[:, :k] = torch.where(big[:, :k], 1.0 / sigma.clamp_min(1e-300), torch.zeros_like(sigma))
@@ -527,14 +528,16 @@ def project_multiplier_rhs(
         g = np.concatenate([gi[i, torch.from_numpy(rows)].numpy() if m else np.zeros(0),
                             ge[i].numpy() if p else np.zeros(0)])  # fmt: skip
         if sp.issparse(C):
-            v = spla.lsmr(C, g, atol=_LSMR_TOL, btol=_LSMR_TOL, maxiter=10 * max(C.shape))[0]
+            v = spla.lsmr(C, g, atol=RULE_LSMR_TOL, btol=RULE_LSMR_TOL, maxiter=10 * max(C.shape))[
+                0
+            ]
             proj = C @ v
         else:  # g minus its part in ker C^T = D^{-1} ker Cn^T (rank on the normalised rows)
             Cd = np.asarray(C)
             norms = np.linalg.norm(Cd, axis=1)
             norms = np.where(norms > 0, norms, 1.0)
             U, sigma, _ = np.linalg.svd(Cd / norms[:, None], full_matrices=True)
-            rank = int((sigma > _RCOND * max(float(sigma.max(initial=0.0)), 1e-300)).sum())
+            rank = int((sigma > RULE_RANK_CUT * max(float(sigma.max(initial=0.0)), 1e-300)).sum())
             N = U[:, rank:] / norms[:, None]
             proj = g - N @ np.linalg.lstsq(N, g, rcond=None)[0] if N.shape[1] else g
         if m:

@@ -51,6 +51,7 @@ from dxopt.qp.lean.small import daqp_bounds, daqp_module
 from dxopt.qp.lean.small_backward import cotangent_array, record_diagnostics, regular_settings
 from dxopt.qp.problem.canonical import canonical_problem
 from dxopt.qp.problem.contracts import BackwardMethod, ForwardFactors, ForwardResult, QPState
+from dxopt.qp.problem.options import COMPILED_SOLVER
 from dxopt.qp.problem.types import BackwardDiagnostics, QPStatus
 from dxopt.qp.solvers.kernels.batch import (
     certify_batch,
@@ -62,13 +63,11 @@ from dxopt.qp.solvers.kernels.certify import may_be_dependent_batch
 
 __all__ = [
     "COMPILED_MAX_ENTRIES",
-    "COMPILED_SOLVER",
     "small_batch_backward",
     "small_batch_forward",
     "small_batch_inputs",
 ]
 
-COMPILED_SOLVER = "dual_active_set"  # the name the compiled solver's samples report
 _MAX_ITER_PER_ROW = 5  # its working-set changes: at most this many per row, plus 20
 COMPILED_MAX_ENTRIES = 1 << 25  # the compiled route's factors: at most this many float64s
 

@@ -48,19 +48,17 @@ import torch
 from torch import Tensor
 
 from dxopt._core import Status
+from dxopt.qp.certify.tolerances import IPM_EPS_FLOOR, ROUNDOFF_KKT, TORCH_REFINE_STEPS
 from dxopt.qp.certify.torch_certify import certify, infeasibility_masks, polish_update
 from dxopt.qp.certify.torch_certify import regular as regular_rows
 from dxopt.qp.certify.torch_ops import amax, mv, rmv
 from dxopt.qp.solvers.torch_ipm import (
-    IPM_EPS_FLOOR,
     Iterate,
     interior_point,
     interior_point_null_space,
     null_space_basis,
 )
 from dxopt.qp.solvers.torch_kkt import (
-    REFINE_STEPS,
-    ROUNDOFF_KKT,
     kkt_solve,
     penalty_factor,
     small_threads,
@@ -123,7 +121,7 @@ def solve_detached(
     """:func:`~dxopt.qp.autograd.torch_entry.torch_qp_solve` on validated ``(B, ...)`` inputs
     (:func:`batch_inputs`), without autograd. ``max_iter``: interior-point iterations at most;
     ``max_refine``: refinement passes of each KKT solve at most (``None``:
-    :data:`~dxopt.qp.solvers.torch_kkt.REFINE_STEPS`)."""
+    :data:`~dxopt.qp.certify.tolerances.TORCH_REFINE_STEPS`)."""
     with torch.no_grad(), small_threads(P.shape[-1], G.shape[-2], P.device):
         f64 = P.dtype == torch.float64
         user_abs, user_rel = eps_abs, eps_rel  # the polished point's certificate
@@ -147,7 +145,7 @@ def solve_detached(
 
         it, status, iters, raw = run()
         nonzero = G.abs().amax(-1) > 0  # zero rows of G are never active (multiplier 0)
-        max_refine = REFINE_STEPS if max_refine is None else max_refine
+        max_refine = TORCH_REFINE_STEPS if max_refine is None else max_refine
         m, gap_abs = h.shape[-1], max(eps_abs, IPM_EPS_FLOOR)
         for attempt in range(3):
             # a polish that fails certification (a nearly weakly active row) resumes the

@@ -27,8 +27,6 @@ from dxopt.qp.certify.torch_ops import amax, mv, rmv
 from dxopt.qp.solvers.torch_types import PenaltyFactor
 
 __all__ = [
-    "REFINE_STEPS",
-    "ROUNDOFF_KKT",
     "SMALL_THREADS_MAX_DIM",
     "cho_solve",
     "cholesky_flagged",
@@ -65,16 +63,6 @@ def cho_solve(L: Tensor, r: Tensor) -> Tensor:
 
 
 SMALL_THREADS_MAX_DIM = 256
-ROUNDOFF_KKT = 1e-10
-"""The relative residual of the polish's float64 KKT solve up to which the active set's KKT
-matrix is taken as numerically nonsingular (a regular sample; else the CPU path): the float64
-backward's own acceptance threshold (:mod:`dxopt.qp.autograd.torch_function`)."""
-REFINE_STEPS = 16
-"""Default cap on the refinement passes of a KKT solve (polish and backward). Each pass after
-the first runs only while some sample is above round-off and still halving its residual, so a
-well-conditioned batch takes one or two; measured: an active set of 20 rows in R^20 with a
-normalised smallest singular value of 4e-3 needs 5-8 passes to reach 1e-14 (4 left the
-adjoint residual at 1.4e-10)."""
 
 
 def small_threads(n: int, m: int, device: torch.device) -> contextlib.AbstractContextManager[Any]:
