@@ -7,7 +7,7 @@ with the validator of every route (:func:`dxopt.qp.problem.canonical.canonical_p
 sends inputs that carry derivatives (or run under torch.func) through the Function and the
 others straight to :func:`dxopt.qp.solvers.torch_driver.solve_detached`, so neither of those
 imports upward. Owns the torch solver's options (:data:`TORCH_OPTIONS`: ``max_iter`` and
-``max_refine``, whose old name ``refine_steps`` warns for one release).
+``max_refinement``, whose old names ``max_refine`` and ``refine_steps`` warn for one release).
 
 May import: ``qp.solvers.torch_*``, ``qp.autograd.torch_function``, ``qp.problem``.
 """
@@ -32,38 +32,42 @@ if TYPE_CHECKING:
 
 __all__ = ["TORCH_OPTIONS", "torch_options", "torch_points", "torch_qp_solve"]
 
-TORCH_OPTIONS = ("eps_inf", "max_iter", "check_every", "max_refine")
-"""The ``solver_options`` the torch solver takes (see :func:`torch_qp_solve`; ``refine_steps``
-is the deprecated name of ``max_refine``)."""
+TORCH_OPTIONS = ("eps_inf", "max_iter", "check_every", "max_refinement")
+"""The ``solver_options`` the torch solver takes (see :func:`torch_qp_solve`; ``max_refine`` and
+``refine_steps`` are the deprecated names of ``max_refinement``, the name
+:class:`dxopt.qp.PenaltyBackward` uses too)."""
+_RENAMED = {"max_refine": "max_refinement", "refine_steps": "max_refinement"}
 
 
-@renamed_kwargs(refine_steps="max_refine")
+@renamed_kwargs(**_RENAMED)
 def torch_solver_options(
     *,
     eps_inf: float = 1e-7,
     max_iter: int = 50,
     check_every: int = 4,
-    max_refine: int | None = None,
+    max_refinement: int | None = None,
 ) -> dict[str, Any]:
-    """The torch solver's options, checked, with their defaults."""
+    """The torch solver's options, checked, with their defaults (``max_refinement`` under the
+    solver's own keyword ``max_refine``)."""
     check_positive("eps_inf", eps_inf, allow_zero=True)
     check_int("max_iter", max_iter)
     check_int("check_every", check_every)
-    if max_refine is not None:
-        check_int("max_refine", max_refine, minimum=0)
+    if max_refinement is not None:
+        check_int("max_refinement", max_refinement, minimum=0)
     return {
         "eps_inf": eps_inf,
         "max_iter": max_iter,
         "check_every": check_every,
-        "max_refine": max_refine,
+        "max_refine": max_refinement,
     }
 
 
 def torch_options(solver_options: dict[str, Any] | None) -> dict[str, Any]:
     """``solver_options`` of ``solver="torch"``, checked and completed with the defaults (the
-    old name ``refine_steps`` of ``max_refine`` warns, for one release)."""
+    old names ``max_refine`` and ``refine_steps`` of ``max_refinement`` warn, for one
+    release)."""
     opts = dict(solver_options or {})
-    unknown = sorted(set(opts) - set(TORCH_OPTIONS) - {"refine_steps"})
+    unknown = sorted(set(opts) - set(TORCH_OPTIONS) - set(_RENAMED))
     if unknown:
         raise ValueError(
             f"solver_options: the torch solver takes {list(TORCH_OPTIONS)}, got the unknown "
@@ -72,7 +76,7 @@ def torch_options(solver_options: dict[str, Any] | None) -> dict[str, Any]:
     return torch_solver_options(**opts)
 
 
-@renamed_kwargs(refine_steps="max_refine")
+@renamed_kwargs(**_RENAMED)
 def torch_qp_solve(
     P: Tensor,
     q: Tensor,
@@ -87,7 +91,7 @@ def torch_qp_solve(
     max_iter: int = 50,
     check_every: int = 4,
     polish: bool = True,
-    max_refine: int | None = None,
+    max_refinement: int | None = None,
     check_psd: bool = True,
 ) -> TorchQPResult:
     """Solve a batch of dense QPs on the inputs' device (:mod:`dxopt.qp.solvers.torch_driver`).
@@ -104,9 +108,10 @@ def torch_qp_solve(
         max_iter: interior-point iteration limit (samples not done get ``MAX_ITER``).
         check_every: iterations between convergence checks (each check is one host sync).
         polish: move the solution onto the identified active set by the refined KKT solve.
-        max_refine: the most refinement passes of each KKT solve (default
-            :data:`~dxopt.qp.certify.tolerances.TORCH_REFINE_STEPS`; a solve stops as soon as every
-            sample is at round-off). ``refine_steps`` is its deprecated name.
+        max_refinement: the most refinement passes of each KKT solve (default
+            :data:`~dxopt.qp.certify.tolerances.TORCH_REFINE_STEPS`; a solve stops as soon as
+            every sample is at round-off). ``max_refine`` and ``refine_steps`` are its
+            deprecated names (a DeprecationWarning, for one release).
         check_psd: check that ``P`` is symmetric positive semidefinite (one batched
             Cholesky), as :func:`dxopt.qp.solve` does.
 
@@ -124,7 +129,10 @@ def torch_qp_solve(
     for name, fval in (("eps_abs", eps_abs), ("eps_rel", eps_rel)):
         check_positive(name, fval, allow_zero=True)
     opts = torch_solver_options(
-        eps_inf=eps_inf, max_iter=max_iter, check_every=check_every, max_refine=max_refine
+        eps_inf=eps_inf,
+        max_iter=max_iter,
+        check_every=check_every,
+        max_refinement=max_refinement,
     )
     validate = functools.partial(canonical_problem, check_psd=check_psd, keep_device=True)
     if functorch_active():  # values are batched tensors: the Function validates the plain ones
