@@ -71,9 +71,8 @@ def small_threads(n: int, m: int, device: torch.device) -> contextlib.AbstractCo
     (:func:`dxopt.linalg.threads.small_work` with the per-matrix size as its measure: a batch
     of small matrices gains nothing from intra-op threads whatever the batch size).
 
-    Measured: batch 128, n = 50 (m = 50, p = 25), forward+backward, the same process on the
-    shared 2-core machine (load average 2.5-3.6): 0.25 s at 1 thread, 4.8 s at 2 threads
-    without this cap.
+    Intra-op threads on such a batch cost more than they save (20x at batch 128, n = 50;
+    ``benchmarks/qp_speed/results/routing_measurements.md``).
     """
     if device.type == "cpu":
         size = float(max(n, m)) ** 3
