@@ -238,8 +238,7 @@ class TangentSolve(FirstOrderOnly):
             used = rule.active.used
             base = replace(base, ineq_duals=rule.ineq_duals, eq_duals=rule.eq_duals)
             r1, r2, r3 = tangent_rhs(base, tangents, used.to(_F64))
-            fixed = replace(base, grad_x=r1, grad_ineq=r2, grad_eq=r3, active=used,
-                            rule_fixed=True)  # fmt: skip
+            fixed = replace(base, grad_x=r1, grad_ineq=r2, grad_eq=r3, active=used, rule_fixed=True)
             adj = run_adjoint(state, fixed)
             state.method.record_rule(rule, state.diagnostics)
             return _tangent_outputs(state, idx, adj)

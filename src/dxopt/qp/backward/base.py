@@ -449,8 +449,9 @@ class BackwardBase:
             if not bool((rule.active.used != rule.full).any()):
                 raise
             full = replace(rule.active, used=rule.full)
-            out = self._solve_projected(data, full, rule.counts, dual_rhs(data, rule.full),
-                                        diagnostics)  # fmt: skip
+            out = self._solve_projected(
+                data, full, rule.counts, dual_rhs(data, rule.full), diagnostics
+            )
             dropped = torch.zeros_like(rule.dropped)
         self.record_rule(replace(rule, dropped=dropped), diagnostics, warn=warn)
         cotangent = (data.grad_ineq != 0).any(-1) | (data.grad_eq != 0).any(-1)

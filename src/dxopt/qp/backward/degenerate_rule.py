@@ -377,8 +377,9 @@ def weak_rows_with_factor(
     # row order: the G rows of both blocks sorted by their row index (padding last)
     idx = index.numpy()
     big = used.shape[1]
-    ids = np.concatenate([np.where(used.numpy()[s_, idx], idx, big),
-                          np.where(av, widx.numpy()[s_, ai], big)], 1)  # fmt: skip
+    ids = np.concatenate(
+        [np.where(used.numpy()[s_, idx], idx, big), np.where(av, widx.numpy()[s_, ai], big)], 1
+    )
     k2 = int((used | adopt).sum(-1).max())
     order = torch.from_numpy(np.argsort(ids, axis=1, kind="stable")[:, :k2])
     return adopt, RuleFactor(

@@ -108,8 +108,7 @@ class SmallBatch:
         """``(P, q, A, b, G, h)`` of ``samples`` as the caller gave them (shared ones without
         the batch axis, absent ones ``None``), from the copies."""
         m, p = self.m, self.C.shape[1] - self.m
-        full = (self.P, self.q, self.C[:, m:], self.upper[:, m:], self.C[:, :m],
-                self.upper[:, :m])  # fmt: skip
+        full = (self.P, self.q, self.C[:, m:], self.upper[:, m:], self.C[:, :m], self.upper[:, :m])
         present = (True, True, p > 0 or self.empty[0], p > 0 or self.empty[0],
                    m > 0 or self.empty[1], m > 0 or self.empty[1])  # fmt: skip
         every = samples.size == self.q.shape[0]  # the whole batch, in order: views

@@ -153,8 +153,9 @@ def small_batch_forward(
     if starts is False:
         return None
     try:
-        views: list[Any] = [None if t is None else (t.detach() if t.requires_grad else t).numpy()
-                            for t in data]  # fmt: skip
+        views: list[Any] = [
+            None if t is None else (t.detach() if t.requires_grad else t).numpy() for t in data
+        ]
     except RuntimeError:  # no numpy view (e.g. a negative-bit view): the general path
         return None
     shared = tuple(v is not None and v.ndim == base for v, base in zip(views, _BASE))
@@ -425,8 +426,9 @@ def _general_state(sb: SmallBatch, samples: np.ndarray, method: BackwardMethod) 
         residuals=(np.array(sb.primal)[samples], np.array(sb.dual)[samples]),
         factors=_sample_factors(sb, samples),
     )
-    return QPState(problem, result, method, BackwardDiagnostics(), solvers[0],
-                   residuals(problem, result))  # fmt: skip
+    return QPState(
+        problem, result, method, BackwardDiagnostics(), solvers[0], residuals(problem, result)
+    )
 
 
 def _merge(lean: BackwardDiagnostics, general: BackwardDiagnostics, samples: np.ndarray) -> None:
