@@ -337,10 +337,8 @@ def check_psd_sparse(P: sp.spmatrix, eps: float) -> None:
        iterations); when it does not converge ``P`` is accepted with a
        :class:`~dxopt.DxoptWarning` (not certified).
 
-    Measured on the 125 Maros-Meszaros problems (n up to 20200, 1 thread): 1.4 s for all,
-    the largest single cost 0.26 s (CVXQP3_L, n = 10000, LDLᵀ); 74 pass by step 1, 50 by
-    step 2, and VALUES is refused (smallest eigenvalue -1.27e-5 of a largest 10.8, which the
-    dense check refuses too)."""
+    On the Maros-Meszaros set the whole check stays well below a solve (the figures:
+    ``benchmarks/qp_speed/results/routing_measurements.md``)."""
     M = sp.csr_matrix(P, dtype=np.float64)
     n = M.shape[0]
     scale = float(np.abs(M.data).max()) if M.nnz else 0.0
