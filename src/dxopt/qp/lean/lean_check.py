@@ -10,6 +10,7 @@ from torch import Tensor
 
 from dxopt.qp.backward.kkt import KKTBackward
 from dxopt.qp.backward.penalty import PenaltyBackward
+from dxopt.qp.problem.canonical import SYMMETRY_FACTOR
 
 __all__ = ["LEAN_BACKENDS", "SMALL_MAX_N", "SYMMETRY_TOL", "lean_method", "small_inputs"]
 
@@ -18,7 +19,9 @@ SMALL_MAX_N = 64
 general path's dispatches."""
 
 _DTYPES = (torch.float64, torch.float32)
-SYMMETRY_TOL = {t: 100 * float(torch.finfo(t).eps) for t in _DTYPES}  # P's asymmetry, relative
+SYMMETRY_TOL = {t: SYMMETRY_FACTOR * float(torch.finfo(t).eps) for t in _DTYPES}
+"""``P``'s asymmetry accepted by the lean kernels, relative, per dtype: the general path's
+(:data:`dxopt.qp.problem.canonical.SYMMETRY_FACTOR`)."""
 
 LEAN_BACKENDS = ("daqp", "piqp", "proxqp", "clarabel", "osqp")
 """Backends of the lean path: daqp (its exact working set) and the interior-point and ADMM
