@@ -220,8 +220,8 @@ def test_graph_covers_the_package() -> None:
     graph, _ = _graph()
     assert len(graph) > 50
     assert (
-        "dxopt.qp.api.general" in graph
-        and "dxopt.qp.solvers.forward" in graph["dxopt.qp.api.general"]
+        "dxopt.qp.autograd.state" in graph
+        and "dxopt.qp.solvers.forward" in graph["dxopt.qp.autograd.state"]
     )
 
 

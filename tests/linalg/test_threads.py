@@ -43,13 +43,13 @@ def test_torch_qp_solver_runs_small_matrices_at_one_thread(two_threads, monkeypa
     from dxopt.qp.autograd.torch_entry import torch_qp_solve
 
     seen = []
-    chol = ts._chol
+    chol = ts.cholesky_flagged
 
     def spy(H):
         seen.append(torch.get_num_threads())
         return chol(H)
 
-    monkeypatch.setattr(ts, "_chol", spy)
+    monkeypatch.setattr(ts, "cholesky_flagged", spy)
     d = torch.float64
     eye = torch.eye(n, dtype=d)
     torch_qp_solve(eye, torch.ones(n, dtype=d), G=-eye, h=torch.zeros(n, dtype=d))

@@ -40,11 +40,11 @@ from dxopt.conic import (
 )
 from dxopt.frontend._duals import dual_layout, fortran_index
 from dxopt.qp.frontend._compile import (
-    _entries,
-    _param_columns,
     check_lists,
     check_parameters,
+    coo_entries,
     import_cvxpy,
+    param_columns,
 )
 
 __all__ = ["CompiledConic", "ConicOutput", "check_problem", "compile_conic"]
@@ -265,7 +265,7 @@ def compile_conic(problem: Any, parameters: Any, variables: Any, *, gp: bool) ->
     n = int(pp.x.size)
     m = int(data["A"].shape[0])
     cones = _cones(dims)
-    cols, _, sizes = _param_columns(parameters, pp, chain)
+    cols, _, sizes = param_columns(parameters, pp, chain)
     num_columns = int(cols[-1]) + 1
     for key in ("lower_bounds", "upper_bounds"):
         bound = data.get(key)
@@ -287,13 +287,13 @@ def compile_conic(problem: Any, parameters: Any, variables: Any, *, gp: bool) ->
 
     has_P = pp.P is not None
     if has_P:
-        r, k, v = _entries(pp.P)
+        r, k, v = coo_entries(pp.P)
         emit(starts["P"] + (r % n) * n + r // n, k, v)
-    r, k, v = _entries(pp.q)
+    r, k, v = coo_entries(pp.q)
     keep = r < n  # row n: the objective's constant
     emit(starts["q"] + r[keep], k[keep], v[keep])
     if m:
-        r, k, v = _entries(pp.A)
+        r, k, v = coo_entries(pp.A)
         i, j = r % m, r // m
         offset = j == n
         emit(starts["A"] + i[~offset] * n + j[~offset], k[~offset], -v[~offset])  # A = -C

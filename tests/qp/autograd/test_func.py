@@ -204,7 +204,7 @@ def test_vmap_is_one_batched_solve_of_every_sample(backward, monkeypatch):
     qs = q + 0.05 * torch.randn(5, 6, generator=gen, dtype=F64)
     hs = h + 0.05 * torch.rand(5, 4, generator=gen, dtype=F64)
 
-    import dxopt.qp.api.general as api
+    import dxopt.qp.autograd.state as api
 
     calls: list[int] = []
     original = api.solve_forward

@@ -12,13 +12,10 @@ import torch
 from torch import Tensor
 
 from dxopt.qp.backward.degenerate_rule import dependent_flags_dense
-from dxopt.qp.backward.vertex_batch import (
-    _FEASIBLE_TOL,
-    _RANK_CUT,
-    _equality_rows,
-    vertex_cost,
-)
-from dxopt.qp.certify.active import compress_rows, gather_rows
+from dxopt.qp.backward.rows import compress_rows, gather_rows
+from dxopt.qp.backward.vertex_batch import _equality_rows, vertex_cost
+from dxopt.qp.certify.tolerances import RULE_RANK_CUT as _RANK_CUT
+from dxopt.qp.certify.tolerances import VERTEX_FEASIBLE_TOL as _FEASIBLE_TOL
 from dxopt.qp.problem.canonical import QPProblem
 
 _PIVOT_TOL = 1e-12

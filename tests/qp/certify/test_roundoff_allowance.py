@@ -23,7 +23,7 @@ from .test_routes_agree import route_tolerances as route_tolerances  # the fixtu
 K = 1e8
 
 
-def _point(e: float) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray, np.ndarray]:
+def split_point(e: float) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray, np.ndarray]:
     x = np.array([1.0, 0.0, 0.5])
     mu, nu = np.zeros(1), np.array([K, K])
     d = {
@@ -45,7 +45,7 @@ def test_residual_within_its_evaluation_roundoff(route_tolerances, fraction, acc
     allowance = t_d + EVALUATION_ROUNDOFF * (2 * K + 2.0)
     e = fraction * allowance
     assert e > 10 * t_d  # the old rule (t_d alone) rejects both points
-    d, x, mu, nu = _point(e)
+    d, x, mu, nu = split_point(e)
     residual = x[0] + d["q"][0] + (nu[0] - nu[1])  # the residual the certificates evaluate
     assert abs(residual - e) <= 1e-15
     verdicts = _verdicts(d, x, mu, nu, tol)

@@ -310,10 +310,9 @@ def test_inputs_outside_the_lean_path():
     assert lean_check.small_inputs(P, q, None, None, None, None)
     assert not lean_check.small_inputs(P[None], q[None], None, None, None, None)  # batched
     # a sparse P passes the cheap checks; the forward finds no numpy view: the general path
-    general = lambda point: None  # noqa: E731
     for sparse in (P.to_sparse(), P.to_sparse_csr()):
         data = (sparse, q, None, None, None, None)
-        assert _small.small_forward(data, QPOptions(), general=general) is None
+        assert _small.small_forward(data, QPOptions()) is None
         assert torch.allclose(dqp.solve(**dict(zip("PqAbGh", data))).x, -q)
     assert not lean_check.small_inputs(P, q.float(), None, None, None, None)  # mixed dtypes
     big = torch.eye(lean_check.SMALL_MAX_N + 1, dtype=torch.float64)

@@ -20,7 +20,8 @@ import torch
 
 import dxopt.qp as dqp
 import dxopt.qp.solvers.backends as backends
-from dxopt.qp.certify.certificates import NEAR_MISS, diagnose
+from dxopt.qp.certify.certificates import diagnose
+from dxopt.qp.certify.tolerances import NEAR_MISS
 from dxopt.qp.problem.canonical import canonical_problem
 from dxopt.qp.solvers.attempts import fallback_chain
 

@@ -17,7 +17,7 @@ from tests.qp.lean.test_small_batch import NAMES, _harden, _problems, _run, _sha
 
 import dxopt.qp as dqp
 from dxopt.linalg.small import lapack_kernels
-from dxopt.qp.lean.small_batch import COMPILED_SOLVER
+from dxopt.qp.problem.options import COMPILED_SOLVER
 from dxopt.qp.solvers.dual_active_set import SOLVE_STATUS, solve_batch
 
 LEAN = "SmallQPFunction"
@@ -431,7 +431,7 @@ def test_the_forward_finds_the_backwards_active_set_accuracy(monkeypatch):
     the same gradients and diagnostics as a forward that leaves it to the backward."""
     from dxopt.qp.certify.tolerances import LEAN_MARGIN_FLOOR as _MARGIN
     from dxopt.qp.lean import small_batch as _small_batch
-    from dxopt.qp.solvers.kernels.certify import _point, _point_accuracy
+    from dxopt.qp.solvers.kernels.certify import point_accuracy, split_point
 
     data = _problems(5, 12, 10, 0, seed=51)
     x_free = torch.linalg.solve(data["P"][3], -data["q"][3])
@@ -444,23 +444,21 @@ def test_the_forward_finds_the_backwards_active_set_accuracy(monkeypatch):
             len(case["q"]),
             eps_abs=1e-9,
             eps_rel=0.0,
-            general=None,
             compiled=True,
             for_backward=True,
         )
         assert sb is not None and sb.given.all() and sb.accuracy_given.shape == (len(case["q"]),)
         m = sb.m
         for i in range(len(case["q"])):
-            x, mu, nu, working = _point(sb.X[i], sb.duals[i], np.zeros(0, np.bool_), m)
-            own = _point_accuracy(sb.P[i], sb.q[i], sb.C[i], sb.upper[i], m, x, nu, mu,
+            x, mu, nu, working = split_point(sb.X[i], sb.duals[i], np.zeros(0, np.bool_), m)
+            own = point_accuracy(sb.P[i], sb.q[i], sb.C[i], sb.upper[i], m, x, nu, mu,
                                   working, sb.g_inf[i], _MARGIN)  # fmt: skip
             given = sb.accuracy_given[i]
             assert (own < 0) == (given < 0), i
             if own >= 0:
                 assert abs(given - own) <= 1e-3 * own + 1e-15, (i, given, own)
     assert sb.accuracy_given[3] < 0 and (sb.accuracy_given[[0, 1, 2, 4]] >= 0).all()
-    plain = _small_batch.small_batch_forward(args, 5, eps_abs=1e-9, eps_rel=0.0, general=None,
-                                             compiled=True)  # fmt: skip
+    plain = _small_batch.small_batch_forward(args, 5, eps_abs=1e-9, eps_rel=0.0, compiled=True)
     assert plain is not None and plain.accuracy_given.size == 0
 
     results = {}

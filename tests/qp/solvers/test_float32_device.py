@@ -199,9 +199,11 @@ def test_torch_solver_float32_stays_float32_and_matches_float64(
     problem = _ill_conditioned(cond, seed=21)
     if batched:
         problem = stack([problem, _ill_conditioned(cond, seed=22)])
-    factored, chol = [], kkt._chol
+    factored, chol = [], kkt.cholesky_flagged
     for module in (ipm, kkt):  # the Newton systems and the polish's penalty factor
-        monkeypatch.setattr(module, "_chol", lambda H: (factored.append(H.dtype), chol(H))[1])
+        monkeypatch.setattr(
+            module, "cholesky_flagged", lambda H: (factored.append(H.dtype), chol(H))[1]
+        )
     sol32, grads32 = _run_solver(problem, torch.float32, "torch")
     monkeypatch.undo()
     sol64, grads64 = _run_solver(problem, torch.float64, "daqp")

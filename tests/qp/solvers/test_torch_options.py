@@ -15,7 +15,7 @@ D = torch.float64
 
 
 def test_the_record_checks_and_takes_only_the_solver_options() -> None:
-    assert TORCH_OPTIONS == ("eps_inf", "max_iter", "check_every", "max_refine")
+    assert TORCH_OPTIONS == ("eps_inf", "max_iter", "check_every", "max_refinement")
     opts = TorchOptions.of({"max_iter": 7}, eps_abs=1e-8, eps_rel=1e-9, polish=False)
     assert opts == TorchOptions(eps_abs=1e-8, eps_rel=1e-9, polish=False, max_iter=7)
     with pytest.raises(ValueError, match=r"the torch solver takes .* unknown options \['tol'\]"):
@@ -24,9 +24,10 @@ def test_the_record_checks_and_takes_only_the_solver_options() -> None:
         TorchOptions(max_iter=0)
     with pytest.raises(ValueError, match="eps_rel: expected a non-negative finite number"):
         TorchOptions(eps_rel=-1.0)
-    with pytest.warns(DeprecationWarning, match="'refine_steps' is renamed 'max_refine'"):
-        old = TorchOptions.of({"refine_steps": 2}, eps_abs=1e-9, eps_rel=0.0, polish=True)
-    assert old.max_refine == 2
+    for old_name in ("max_refine", "refine_steps"):  # the deprecated names of max_refinement
+        with pytest.warns(DeprecationWarning, match=f"'{old_name}' is renamed 'max_refinement'"):
+            old = TorchOptions.of({old_name: 2}, eps_abs=1e-9, eps_rel=0.0, polish=True)
+        assert old.max_refinement == 2
 
 
 def test_the_result_round_trips_through_its_outputs() -> None:

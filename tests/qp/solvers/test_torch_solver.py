@@ -334,7 +334,7 @@ def test_bad_inputs_raise_the_cpu_paths_errors(case):
     [
         ({"max_iter": 0}, "max_iter: expected an integer >= 1, got 0"),
         ({"check_every": 1.5}, "check_every: expected an integer >= 1"),
-        ({"max_refine": -1}, "max_refine: expected an integer >= 0"),
+        ({"max_refinement": -1}, "max_refinement: expected an integer >= 0"),
         ({"eps_abs": -1.0}, "eps_abs: expected a non-negative finite number"),
         ({"eps_inf": float("nan")}, "eps_inf: expected a non-negative finite number"),
     ],
@@ -345,33 +345,36 @@ def test_bad_options_raise_value_errors_naming_them(kwargs, match):
         torch_qp_solve(**args, **kwargs)
 
 
-def test_max_refine_and_its_deprecated_names():
-    """``max_refine`` caps the refinement passes of the polish's KKT solve (keyword and
-    solver_options); the old name ``refine_steps`` still works, with a DeprecationWarning,
-    and passing both is a TypeError."""
+def test_max_refinement_and_its_deprecated_names():
+    """``max_refinement`` caps the refinement passes of the polish's KKT solve (keyword and
+    solver_options; the name :class:`dxopt.qp.PenaltyBackward` uses); the old names
+    ``max_refine`` and ``refine_steps`` still work, each with a DeprecationWarning naming the
+    new one, and passing an old and the new name together is a TypeError."""
     probs = batch(8, 6, 2, 3, seed=11)
     data = tensors(probs, torch.float64)
-    new = torch_qp_solve(*data, max_refine=3)
+    new = torch_qp_solve(*data, max_refinement=3)
     assert new.factor.max_refine == 3
-    with pytest.warns(DeprecationWarning, match="'refine_steps' is renamed 'max_refine'"):
-        old = torch_qp_solve(*data, refine_steps=3)
-    assert old.factor.max_refine == 3
-    torch.testing.assert_close(old.x, new.x, rtol=0, atol=0)
-    with pytest.raises(TypeError, match="refine_steps"):
-        torch_qp_solve(*data, refine_steps=3, max_refine=3)
+    for old_name in ("max_refine", "refine_steps"):
+        with pytest.warns(DeprecationWarning, match=f"'{old_name}' is renamed 'max_refinement'"):
+            old = torch_qp_solve(*data, **{old_name: 3})
+        assert old.factor.max_refine == 3
+        torch.testing.assert_close(old.x, new.x, rtol=0, atol=0)
+        with pytest.raises(TypeError, match=old_name):
+            torch_qp_solve(*data, **{old_name: 3, "max_refinement": 3})
     P, q, A, b, G, h = data
     kw = {"A": A, "b": b, "G": G, "h": h, "solver": "torch"}
-    sol = solve(P, q, **kw, solver_options={"max_refine": 2})
-    with pytest.warns(DeprecationWarning, match="'refine_steps' is renamed 'max_refine'"):
-        sol_old = solve(P, q, **kw, solver_options={"refine_steps": 2})
-    torch.testing.assert_close(sol_old.x, sol.x, rtol=0, atol=0)
+    sol = solve(P, q, **kw, solver_options={"max_refinement": 2})
+    for old_name in ("max_refine", "refine_steps"):
+        with pytest.warns(DeprecationWarning, match=f"'{old_name}' is renamed 'max_refinement'"):
+            sol_old = solve(P, q, **kw, solver_options={old_name: 2})
+        torch.testing.assert_close(sol_old.x, sol.x, rtol=0, atol=0)
     q_grad = q.clone().requires_grad_()
-    with_grad = solve(P, q_grad, **kw, solver_options={"max_refine": 2})
+    with_grad = solve(P, q_grad, **kw, solver_options={"max_refinement": 2})
     with_grad.x.sum().backward()
     assert with_grad.info.backward.method == "torch"
     assert with_grad.info.backward.refinement_steps == 2  # the backward's cap too
-    with pytest.raises(ValueError, match="max_refine: expected an integer >= 0"):
-        solve(P, q, **kw, solver_options={"max_refine": -1})
+    with pytest.raises(ValueError, match="max_refinement: expected an integer >= 0"):
+        solve(P, q, **kw, solver_options={"max_refinement": -1})
 
 
 def test_dispatch_through_dxopt_qp_solve():

@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 import dxopt.qp.solvers.backends as backends
+from dxopt.qp.autograd.state import check_warm_start
 from dxopt.qp.lean.lean_check import SMALL_MAX_N, lean_method, small_inputs
 from dxopt.qp.lean.small_batch import small_batch_inputs
 from dxopt.qp.problem.canonical import QPProblem, canonical_problem
@@ -76,16 +77,6 @@ def _batch_route(batch: int, compiled: bool, single: bool) -> Route:
     """The shared lean-batch :class:`Route` of one batch size and mode."""
     name = COMPILED_SOLVER if compiled else "daqp"
     return Route("lean_batch", name, "a dense CPU batch", batch, compiled, single)
-
-
-def check_warm_start(warm_start: object, n: int) -> None:
-    """``ValueError`` unless ``warm_start`` is ``None`` or a tensor ending in ``n``."""
-    if warm_start is not None and (not isinstance(warm_start, Tensor) or warm_start.shape[-1] != n):
-        got = tuple(warm_start.shape) if isinstance(warm_start, Tensor) else type(warm_start)
-        raise ValueError(
-            f"warm_start: expected a tensor (n,) or (B, n) with n = {n}, got {got}. Pass the "
-            "previous solution's x, or None."
-        )
 
 
 def _refuse_executor_under_func(executor: object, data: tuple[Any, ...]) -> None:

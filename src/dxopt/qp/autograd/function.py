@@ -2,10 +2,11 @@
 derivative.
 
 Solving and differentiating are kept apart: the forward calls the solve that
-:func:`dxopt.qp.solve` prepared (a :class:`QPCall`: validation, backend, polish, certificate)
-and stores the :class:`QPState` on it; ``backward`` asks the chosen backward method
-(:class:`~dxopt.qp.PenaltyBackward` or :class:`~dxopt.qp.KKTBackward`) for the adjoint
-:math:`(u, w_J, w_E)`, from which ``_grads.py`` forms every parameter gradient; ``jvp`` solves
+:func:`dxopt.qp.solve` prepared (a :class:`~dxopt.qp.problem.contracts.QPCall`: validation,
+backend, polish, certificate) and stores the :class:`QPState` on it; ``backward`` asks the
+chosen backward method (:class:`~dxopt.qp.PenaltyBackward` or :class:`~dxopt.qp.KKTBackward`)
+for the adjoint :math:`(u, w_J, w_E)` (:mod:`dxopt.qp.autograd.vjp`), from which
+:mod:`dxopt.qp.backward.grads` forms every parameter gradient; ``jvp`` solves
 the same system for the tangents (:mod:`dxopt.qp.autograd.tangent`). The solve runs *inside*
 ``forward`` because :mod:`torch.func` calls it with plain tensors (its inputs cannot be copied
 to numpy before); ``vmap`` folds a vmapped dimension into the batch (one batched solve), and
@@ -24,8 +25,7 @@ raise the same error when differentiated (:mod:`dxopt.qp.autograd.tangent`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -36,20 +36,14 @@ from dxopt._core.torch_compat import (
     functorch_unwrap_dead_wrappers,
     is_legacy_batched_tensor,
 )
-from dxopt.qp.autograd.tangent import (
-    AdjointSolve,
-    TangentSolve,
-    adjoint_input,
-    gradients_from_adjoint,
-    run_adjoint,
-)
+from dxopt.qp.autograd.tangent import AdjointSolve, TangentSolve
+from dxopt.qp.autograd.vjp import adjoint_input, gradients_from_adjoint, run_adjoint
 from dxopt.qp.backward.grads import parameter_gradients
-from dxopt.qp.problem.contracts import QPState
+from dxopt.qp.problem.contracts import QPCall, QPState
 from dxopt.qp.problem.functorch import BASES, fold, functorch_active, logical_batch, unfold
 
 __all__ = [
     "NoDoubleBackward",
-    "QPCall",
     "QPFunction",
     "eager_gradients",
     "refuse_batched_cotangents",
@@ -58,16 +52,6 @@ __all__ = [
 
 # the private helper torch's own Function.apply calls (None: no shortcut)
 unwrap_dead_wrappers = functorch_unwrap_dead_wrappers
-
-
-@dataclass
-class QPCall:
-    """One call of :func:`dxopt.qp.solve`: ``solve(P, q, A, b, G, h, warm_start)`` returns the
-    :class:`QPState` (validation and forward solve on plain tensors); ``QPFunction.forward``
-    stores it in ``state``, where the caller and the backward read it."""
-
-    solve: Callable[..., QPState]
-    state: QPState | None = None
 
 
 class QPFunction(torch.autograd.Function):

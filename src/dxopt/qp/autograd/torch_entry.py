@@ -8,8 +8,8 @@ sends inputs that carry derivatives (or run under torch.func) through the Functi
 others straight to :func:`dxopt.qp.solvers.torch_driver.solve_detached`, so neither of those
 imports upward. The torch solver's options are one record,
 :class:`dxopt.qp.solvers.torch_types.TorchOptions` (:data:`TORCH_OPTIONS`: the names
-``solver_options`` takes; the old name ``refine_steps`` of ``max_refine`` warns for one
-release).
+``solver_options`` takes; the old names ``max_refine`` and ``refine_steps`` of
+``max_refinement`` warn for one release).
 
 May import: ``qp.solvers.torch_*``, ``qp.autograd.torch_function``, ``qp.problem``.
 """
@@ -27,7 +27,7 @@ from dxopt.qp.autograd.torch_function import TorchCall, torch_qp_differentiable
 from dxopt.qp.problem.canonical import canonical_problem
 from dxopt.qp.problem.functorch import forward_ad_dual, functorch_active
 from dxopt.qp.solvers.torch_driver import batch_inputs, solve_detached
-from dxopt.qp.solvers.torch_types import TorchOptions, TorchQPResult
+from dxopt.qp.solvers.torch_types import RENAMED_OPTIONS, TorchOptions, TorchQPResult
 
 if TYPE_CHECKING:
     from dxopt.qp.problem.canonical import QPProblem
@@ -35,11 +35,12 @@ if TYPE_CHECKING:
 __all__ = ["TORCH_OPTIONS", "torch_points", "torch_qp_solve"]
 
 TORCH_OPTIONS = TorchOptions.SOLVER_OPTIONS
-"""The ``solver_options`` the torch solver takes (see :func:`torch_qp_solve`; ``refine_steps``
-is the deprecated name of ``max_refine``)."""
+"""The ``solver_options`` the torch solver takes (see :func:`torch_qp_solve`; ``max_refine`` and
+``refine_steps`` are the deprecated names of ``max_refinement``, the name
+:class:`dxopt.qp.PenaltyBackward` uses too)."""
 
 
-@renamed_kwargs(refine_steps="max_refine")
+@renamed_kwargs(**RENAMED_OPTIONS)
 def torch_qp_solve(
     P: Tensor,
     q: Tensor,
@@ -54,7 +55,7 @@ def torch_qp_solve(
     max_iter: int = 50,
     check_every: int = 4,
     polish: bool = True,
-    max_refine: int | None = None,
+    max_refinement: int | None = None,
     check_psd: bool = True,
 ) -> TorchQPResult:
     """Solve a batch of dense QPs on the inputs' device (:mod:`dxopt.qp.solvers.torch_driver`).
@@ -71,9 +72,10 @@ def torch_qp_solve(
         max_iter: interior-point iteration limit (samples not done get ``MAX_ITER``).
         check_every: iterations between convergence checks (each check is one host sync).
         polish: move the solution onto the identified active set by the refined KKT solve.
-        max_refine: the most refinement passes of each KKT solve (default
-            :data:`~dxopt.qp.solvers.torch_kkt.REFINE_STEPS`; a solve stops as soon as every
-            sample is at round-off). ``refine_steps`` is its deprecated name.
+        max_refinement: the most refinement passes of each KKT solve (default
+            :data:`~dxopt.qp.certify.tolerances.TORCH_REFINE_STEPS`; a solve stops as soon as
+            every sample is at round-off). ``max_refine`` and ``refine_steps`` are its
+            deprecated names (a DeprecationWarning, for one release).
         check_psd: check that ``P`` is symmetric positive semidefinite (one batched
             Cholesky), as :func:`dxopt.qp.solve` does.
 
@@ -90,7 +92,7 @@ def torch_qp_solve(
     """
     opts = TorchOptions(
         eps_abs=eps_abs, eps_rel=eps_rel, eps_inf=eps_inf, max_iter=max_iter,
-        check_every=check_every, polish=polish, max_refine=max_refine,
+        check_every=check_every, polish=polish, max_refinement=max_refinement,
     )  # fmt: skip
     validate = functools.partial(canonical_problem, check_psd=check_psd, keep_device=True)
     if functorch_active():  # values are batched tensors: the Function validates the plain ones

@@ -37,7 +37,7 @@ tensors; its ``vmap`` rule and the one of :class:`TorchQPFunction` fold a vmappe
 into the batch (:func:`dxopt.qp.autograd.tangent.fold`): ``vmap`` is one batched solve, and the
 cotangents of ``jacrev`` / the tangents of ``jacfwd`` one batched KKT solve. The solve takes
 the QP's inputs as anchors and refuses to be differentiated again
-(:class:`dxopt.qp.autograd.tangent._FirstOrderOnly`), so second derivatives raise instead of
+(:class:`dxopt.qp.autograd.vjp.FirstOrderOnly`), so second derivatives raise instead of
 dropping
 the QP's second-order term. The forward stores its plain result on a :class:`TorchCall`
 (statuses and residuals for :class:`dxopt.qp.QPInfo`, which must not be read off tensors that
@@ -55,11 +55,12 @@ import torch
 from torch import Tensor
 
 from dxopt._core import Status
-from dxopt.qp.autograd.tangent import _FirstOrderOnly
+from dxopt.qp.autograd.vjp import FirstOrderOnly
+from dxopt.qp.certify.tolerances import TORCH_REFINE_STEPS
 from dxopt.qp.problem.functorch import BASES, fold, functorch_active, logical_batch, unfold
 from dxopt.qp.problem.types import BackwardDiagnostics, QPBackwardError
 from dxopt.qp.solvers.torch_driver import batch_inputs, solve_detached
-from dxopt.qp.solvers.torch_kkt import REFINE_STEPS, kkt_solve, small_threads
+from dxopt.qp.solvers.torch_kkt import kkt_solve, small_threads
 from dxopt.qp.solvers.torch_types import PenaltyFactor, TorchOptions, TorchQPResult, code, decode
 
 __all__ = ["TorchCall", "TorchKKTSolve", "TorchQPFunction", "torch_qp_differentiable"]
@@ -122,7 +123,7 @@ class TorchQPFunction(torch.autograd.Function):
     ``forward`` returns ``x, y, z`` (differentiable) followed by the solver's non-differentiable
     outputs (status, iterations, residuals, polish flags, slacks and the penalty factorization:
     :meth:`TorchQPResult.outputs`) so that ``setup_context`` saves everything through
-    ``save_for_backward``. ``options``: the solver's :class:`TorchOptions` (``max_refine``
+    ``save_for_backward``. ``options``: the solver's :class:`TorchOptions` (``max_refinement``
     resolved); ``call``: a :class:`TorchCall`, or ``None``.
     """
 
@@ -152,7 +153,7 @@ class TorchQPFunction(torch.autograd.Function):
         polished, regular = output[8], output[9]
         L, w_ineq, w_eq, active = output[-4:]
         ctx.mark_non_differentiable(*output[3:])
-        ctx.max_refine = options.max_refine
+        ctx.max_refine = options.max_refinement
         ctx.reroute = call is not None and call.reroute
         ctx.diagnostics = None if call is None else call.diagnostics
         ctx.present = tuple(t is not None for t in (A, G))
@@ -244,7 +245,7 @@ def _unpack(ctx: Any) -> tuple[_Inputs, tuple[Tensor, ...], tuple[Tensor, ...]]:
     return (P, q, A, b, G, h), tuple(saved[-10:-7]), tuple(saved[-7:])
 
 
-class TorchKKTSolve(_FirstOrderOnly):
+class TorchKKTSolve(FirstOrderOnly):
     """``(r1, r2, r3, P, A, G, status, polished, regular, L, w_ineq, w_eq, active, how,
     *anchors) ->
     (u, v, w)``: the refined reduced-KKT solve of the module docstring for the adjoint
@@ -357,8 +358,8 @@ def torch_qp_differentiable(
 ) -> TorchQPResult:
     """:func:`dxopt.qp.autograd.torch_entry.torch_qp_solve` with derivatives through ``x, y, z``
     (``options``, ``call``: see :class:`TorchQPFunction`)."""
-    steps = REFINE_STEPS if options.max_refine is None else options.max_refine
-    if options.max_refine is None:
-        options = replace(options, max_refine=steps)
+    steps = TORCH_REFINE_STEPS if options.max_refinement is None else options.max_refinement
+    if options.max_refinement is None:
+        options = replace(options, max_refinement=steps)
     out: tuple[Tensor, ...] = TorchQPFunction.apply(P, q, A, b, G, h, options, call)
     return TorchQPResult.from_outputs(out, steps)

@@ -16,9 +16,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from dxopt.qp.certify.active import ActiveSet
 from dxopt.qp.problem.canonical import QPProblem
-from dxopt.qp.problem.contracts import AdjointInput
+from dxopt.qp.problem.contracts import ActiveSet, AdjointInput
 
 __all__ = ["kkt_apply", "kkt_residual"]
 

@@ -103,10 +103,10 @@ from dxopt.qp.backward.fallbacks import (
 from dxopt.qp.backward.notices import collect_warnings, note_degenerate, trial_warnings
 from dxopt.qp.backward.regular import RegularAdjoint, RegularBudget, regular_adjoint
 from dxopt.qp.backward.vertex import vertex_rows
-from dxopt.qp.certify.active import WEAK_POLICIES, ActiveSet, identify_active
+from dxopt.qp.certify.active import WEAK_POLICIES, identify_active
 from dxopt.qp.certify.dependence import dependent_weak_rows
 from dxopt.qp.problem.canonical import QPProblem
-from dxopt.qp.problem.contracts import AdjointInput, AdjointSolution
+from dxopt.qp.problem.contracts import ActiveSet, AdjointInput, AdjointSolution
 from dxopt.qp.problem.types import BackwardDiagnostics, QPBackwardError
 
 __all__ = [
@@ -449,8 +449,9 @@ class BackwardBase:
             if not bool((rule.active.used != rule.full).any()):
                 raise
             full = replace(rule.active, used=rule.full)
-            out = self._solve_projected(data, full, rule.counts, dual_rhs(data, rule.full),
-                                        diagnostics)  # fmt: skip
+            out = self._solve_projected(
+                data, full, rule.counts, dual_rhs(data, rule.full), diagnostics
+            )
             dropped = torch.zeros_like(rule.dropped)
         self.record_rule(replace(rule, dropped=dropped), diagnostics, warn=warn)
         cotangent = (data.grad_ineq != 0).any(-1) | (data.grad_eq != 0).any(-1)

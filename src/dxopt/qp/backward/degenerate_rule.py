@@ -44,8 +44,9 @@ import torch
 from torch import Tensor
 
 from dxopt.qp.backward.rows import active_rows_sparse
-from dxopt.qp.certify.active import ActiveSet
+from dxopt.qp.certify.tolerances import RULE_GRAM_SHIFT, RULE_LSMR_TOL, RULE_RANK_CUT
 from dxopt.qp.problem.canonical import QPProblem
+from dxopt.qp.problem.contracts import ActiveSet
 from dxopt.qp.problem.types import QPDegenerateWarning
 
 __all__ = [
@@ -64,8 +65,6 @@ __all__ = [
 _TOL = (
     1e-10  # = dxopt.qp.certify.dependence.DEPENDENT_TOL (squared distance of a unit row to a span)
 )
-_RCOND = 1e-8  # relative singular value below which a direction of C counts as dependent
-_LSMR_TOL = 1e-14
 _GRAM_PIVOT = (
     1e-8  # _min_norm_lstsq: squared Cholesky pivot of the unit Gram matrix for the fast path
 )
@@ -104,7 +103,7 @@ def _unit_gram_factor(C: Tensor, *, keep_gram: bool = False) -> Any:
     nonzero = norms > 0
     Cn = C / norms.clamp_min(torch.finfo(C.dtype).tiny)[..., None]
     gram = torch.bmm(Cn, Cn.mT)
-    gram.diagonal(dim1=-2, dim2=-1).add_((~nonzero).to(C.dtype) + 1e-14)
+    gram.diagonal(dim1=-2, dim2=-1).add_((~nonzero).to(C.dtype) + RULE_GRAM_SHIFT)
     L, info = torch.linalg.cholesky_ex(gram)
     return (Cn, L, nonzero, info, gram) if keep_gram else (Cn, L, nonzero, info)
 
@@ -164,7 +163,7 @@ def _flags_qr(Cn: np.ndarray, nonzero: np.ndarray) -> Tensor:
 def _stack(problem: QPProblem, used: Tensor, *, eq_first: bool) -> tuple[Tensor, Tensor]:
     """``([A; G_used] or [G_used; A] (S, p + k, n), index (S, k))`` of a dense problem, the
     used rows of ``G`` compressed in row order (padding rows zero)."""
-    from dxopt.qp.certify.active import compress_rows, gather_rows
+    from dxopt.qp.backward.rows import compress_rows, gather_rows
 
     S, n = used.shape[0], problem.n
     parts = []
@@ -256,7 +255,7 @@ def _weak_gram(problem: QPProblem, used: Tensor, weak: Tensor) -> tuple[Tensor, 
     Where ``A`` and ``G`` are shared by the batch the blocks are gathered (compiled) from one
     unit Gram matrix of all their rows (:func:`_weak_gram_shared`; torch's advanced indexing
     was slower than these batched products at QPTL's sizes, the compiled gather is not)."""
-    from dxopt.qp.certify.active import compress_rows, gather_rows
+    from dxopt.qp.backward.rows import compress_rows, gather_rows
 
     assert problem.G is not None
     A = problem.A if problem.A is not None and problem.p else None
@@ -292,7 +291,7 @@ def _weak_gram_shared(
     blocks gathered from one unit Gram matrix of ``[A; G]``
     (:mod:`dxopt.qp.backward.gram_blocks`)."""
     from dxopt.qp.backward.gram_blocks import gather_gram_blocks, shared_unit_gram
-    from dxopt.qp.certify.active import compress_rows
+    from dxopt.qp.backward.rows import compress_rows
 
     full, norms = shared_unit_gram(A, G)
     p = 0 if A is None else A.shape[0]
@@ -330,7 +329,7 @@ def weak_rows_with_factor(
     ``order`` mapping the row order of :func:`stacked_rows` of ``used | adopt`` to it
     (:class:`RuleFactor`; the flags are those of the appended order, the same count as in
     row order, and the columns of the independent rows span the same space)."""
-    from dxopt.qp.certify.active import compress_rows
+    from dxopt.qp.backward.rows import compress_rows
 
     S = used.shape[0]
     if problem.G is None or not bool(weak.any()):
@@ -378,8 +377,9 @@ def weak_rows_with_factor(
     # row order: the G rows of both blocks sorted by their row index (padding last)
     idx = index.numpy()
     big = used.shape[1]
-    ids = np.concatenate([np.where(used.numpy()[s_, idx], idx, big),
-                          np.where(av, widx.numpy()[s_, ai], big)], 1)  # fmt: skip
+    ids = np.concatenate(
+        [np.where(used.numpy()[s_, idx], idx, big), np.where(av, widx.numpy()[s_, ai], big)], 1
+    )
     k2 = int((used | adopt).sum(-1).max())
     order = torch.from_numpy(np.argsort(ids, axis=1, kind="stable")[:, :k2])
     return adopt, RuleFactor(
@@ -392,7 +392,7 @@ def _in_span(
 ) -> Tensor:
     """The rows ``weak`` of ``G`` whose squared distance (normalised) to the span of the
     factored rows is below ``DEPENDENT_TOL``: :math:`1 - \\|L^{-1}\\hat C\\hat w\\|^2`."""
-    from dxopt.qp.certify.active import compress_rows, gather_rows
+    from dxopt.qp.backward.rows import compress_rows, gather_rows
 
     Cn, L, _, info = factor
     if bool((info != 0).any()):  # pragma: no cover - the shift keeps the Gram matrix PD
@@ -448,7 +448,7 @@ def rule_multipliers(
         return nu, mu
     for i in chosen.tolist():
         Ci, rows = _sample_rows(problem, used, i)
-        lam = spla.lsmr(sp.csr_matrix(Ci).T, r[i].numpy(), atol=_LSMR_TOL, btol=_LSMR_TOL,
+        lam = spla.lsmr(sp.csr_matrix(Ci).T, r[i].numpy(), atol=RULE_LSMR_TOL, btol=RULE_LSMR_TOL,
                         maxiter=10 * max(Ci.shape))[0]  # fmt: skip
         if m:
             nu[i] = 0.0
@@ -496,7 +496,9 @@ def _min_norm_lstsq_svd(M: Tensor, r: Tensor) -> Tensor:
     U, sigma, Vh = torch.linalg.svd(Mn, full_matrices=True)
     b = M.shape[-1]
     big = torch.zeros(M.shape[0], b, dtype=torch.bool)
-    big[:, : sigma.shape[-1]] = sigma > _RCOND * sigma.amax(-1, keepdim=True).clamp_min(1e-300)
+    big[:, : sigma.shape[-1]] = sigma > RULE_RANK_CUT * sigma.amax(-1, keepdim=True).clamp_min(
+        1e-300
+    )
     inv = torch.zeros(M.shape[0], b, dtype=M.dtype)
     k = sigma.shape[-1]
     inv[:, :k] = torch.where(big[:, :k], 1.0 / sigma.clamp_min(1e-300), torch.zeros_like(sigma))
@@ -527,14 +529,16 @@ def project_multiplier_rhs(
         g = np.concatenate([gi[i, torch.from_numpy(rows)].numpy() if m else np.zeros(0),
                             ge[i].numpy() if p else np.zeros(0)])  # fmt: skip
         if sp.issparse(C):
-            v = spla.lsmr(C, g, atol=_LSMR_TOL, btol=_LSMR_TOL, maxiter=10 * max(C.shape))[0]
+            v = spla.lsmr(C, g, atol=RULE_LSMR_TOL, btol=RULE_LSMR_TOL, maxiter=10 * max(C.shape))[
+                0
+            ]
             proj = C @ v
         else:  # g minus its part in ker C^T = D^{-1} ker Cn^T (rank on the normalised rows)
             Cd = np.asarray(C)
             norms = np.linalg.norm(Cd, axis=1)
             norms = np.where(norms > 0, norms, 1.0)
             U, sigma, _ = np.linalg.svd(Cd / norms[:, None], full_matrices=True)
-            rank = int((sigma > _RCOND * max(float(sigma.max(initial=0.0)), 1e-300)).sum())
+            rank = int((sigma > RULE_RANK_CUT * max(float(sigma.max(initial=0.0)), 1e-300)).sum())
             N = U[:, rank:] / norms[:, None]
             proj = g - N @ np.linalg.lstsq(N, g, rcond=None)[0] if N.shape[1] else g
         if m:

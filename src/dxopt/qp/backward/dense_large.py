@@ -34,15 +34,14 @@ from torch import Tensor
 from dxopt.linalg.augmented import augmented_solve, certify_independent_rows
 from dxopt.linalg.threads import blas_threads
 from dxopt.qp.backward.rows import dense_rows
-from dxopt.qp.certify.active import ActiveSet
 from dxopt.qp.certify.dependence import DEPENDENT_TOL
-from dxopt.qp.problem.contracts import AdjointInput
+from dxopt.qp.certify.tolerances import GRAM_EIGEN_FLOOR
+from dxopt.qp.problem.contracts import ActiveSet, AdjointInput
 
 __all__ = ["LARGE_N", "MAX_BATCH", "large_dense_adjoint", "reused_dense_adjoint"]
 
 LARGE_N = 256  # from this n the augmented path is tried (smaller: the batched Schur path)
 MAX_BATCH = 4  # at most this many samples (each is factored on its own)
-_FLOOR = 100 * DEPENDENT_TOL  # certified smallest eigenvalue of the normalised Gram matrix
 
 
 def large_dense_adjoint(
@@ -69,7 +68,7 @@ def large_dense_adjoint(
             keep = np.ones(rows_total, dtype=bool)
             keep[:k] = mask[i]
             C_i = C[i] if keep.all() else C[i][keep]
-            if C_i.shape[0] == 0 or not certify_independent_rows(C_i, floor=_FLOOR):
+            if C_i.shape[0] == 0 or not certify_independent_rows(C_i, floor=GRAM_EIGEN_FLOOR):
                 return None
             solved = augmented_solve(P if P.ndim == 2 else P[i], C_i, g[i], rhs2[i][keep], tol=tol)
             if solved is None or not solved.residual <= max_residual:

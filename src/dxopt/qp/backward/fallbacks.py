@@ -24,10 +24,10 @@ from dxopt.qp.backward.rows import (
     dependent_rows_sparse,
     scipy_matrix,
 )
-from dxopt.qp.certify.active import ActiveSet
 from dxopt.qp.certify.dependence import count_dependent_dense
+from dxopt.qp.certify.tolerances import PINV_NORMAL_LIMIT, PINV_NULL_X_PART, PINV_RANK_TOL
 from dxopt.qp.problem.canonical import QPProblem, sparse_positive_definite
-from dxopt.qp.problem.contracts import AdjointInput, AdjointSolution
+from dxopt.qp.problem.contracts import ActiveSet, AdjointInput, AdjointSolution
 from dxopt.qp.problem.types import BackwardDiagnostics, QPBackwardError
 
 __all__ = [
@@ -41,9 +41,6 @@ __all__ = [
     "with_zero_equalities",
     "without_zero_equalities",
 ]
-
-_NORMAL_LIMIT = 1e-9  # relative residual of the normal equations accepted for K^+ r
-_SCALED_RANK_TOL = 1e-12  # sigma_min/sigma_max of the equilibrated K below which K is singular
 
 
 def independent_equalities(data: AdjointInput) -> tuple[AdjointInput, Tensor] | None:
@@ -334,14 +331,14 @@ def moore_penrose_saddle(P: Any, C: Any, rhs: np.ndarray) -> MoorePenrose:
     norm = max(float(np.linalg.norm(d * rhs)), 1e-300)
     N = K.shape[0]
     if N > _DENSE_SVD:
-        z, _ = lstsq_saddle(P, C, rhs, target=_NORMAL_LIMIT)
+        z, _ = lstsq_saddle(P, C, rhs, target=PINV_NORMAL_LIMIT)
         rel = float(np.linalg.norm(d * (rhs - K @ z))) / norm
         Pc = sp.csc_matrix(P)
         return MoorePenrose(z, rel, "unique" if sparse_positive_definite(Pc) else "singular")
     Kd = K.toarray() if sp.issparse(K) else np.asarray(K)
     Ks = d[:, None] * Kd * d[None, :]
     U, sigma, Vt = np.linalg.svd(Ks)
-    keep = sigma > _SCALED_RANK_TOL * (float(sigma[0]) if sigma.size else 0.0)
+    keep = sigma > PINV_RANK_TOL * (float(sigma[0]) if sigma.size else 0.0)
     Uk, Vk, inv = U[:, keep], Vt[keep].T, 1.0 / sigma[keep]
 
     def apply(v: np.ndarray) -> np.ndarray:
@@ -357,7 +354,7 @@ def moore_penrose_saddle(P: Any, C: Any, rhs: np.ndarray) -> MoorePenrose:
     if null.shape[1]:
         Q, _ = np.linalg.qr(null)
         z = z - Q @ (Q.T @ z)
-        if float(np.linalg.norm(Q[:n], axis=0).max()) > _NULL_X_PART:
+        if float(np.linalg.norm(Q[:n], axis=0).max()) > PINV_NULL_X_PART:
             cause = "face"
         for _ in range(2):  # the computed null space is exact only to round-off of DKD:
             z = z + d * apply(d * (rhs - Kd @ z))  # restore the residual (the norm moves less)
@@ -366,4 +363,3 @@ def moore_penrose_saddle(P: Any, C: Any, rhs: np.ndarray) -> MoorePenrose:
 
 
 _DENSE_SVD = 3000  # unknowns of K up to which moore_penrose_saddle takes one dense SVD
-_NULL_X_PART = 1e-6  # x part of a unit null vector of K above which x is not unique

@@ -20,11 +20,11 @@ import torch
 from numba import njit
 from torch import Tensor
 
+from dxopt.qp.certify.tolerances import RULE_GRAM_SHIFT
+
 __all__ = ["gather_gram_blocks", "shared_unit_gram"]
 
 _jit: Any = njit(cache=True, nogil=True)
-
-_GRAM_SHIFT = 1e-14  # the diagonal shift of the rule's Gram factor (degenerate_rule)
 
 
 def shared_unit_gram(A: Tensor | None, G: Tensor) -> tuple[np.ndarray, np.ndarray]:
@@ -83,7 +83,7 @@ def gather_gram_blocks(
                 for j in range(kw):
                     if wvalid[s, j]:
                         cross[s, i, j] = full[ri, wrows[j]]
-            gram[s, i, i] += (0.0 if nonzero[s, i] else 1.0) + _GRAM_SHIFT
+            gram[s, i, i] += (0.0 if nonzero[s, i] else 1.0) + RULE_GRAM_SHIFT
         for i in range(kw):
             if wvalid[s, i]:
                 for j in range(kw):

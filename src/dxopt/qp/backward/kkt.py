@@ -53,8 +53,14 @@ from dxopt.linalg.schur import SchurFactor, schur_factor
 from dxopt.qp.backward.adjoint import kkt_residual
 from dxopt.qp.backward.base import BackwardBase
 from dxopt.qp.backward.regular import RegularBudget, check_residual, schur_refine
-from dxopt.qp.backward.rows import DenseRows, dense_rows, sparse_factor, sparse_rows
-from dxopt.qp.certify.active import ActiveSet, compress_rows, gather_rows
+from dxopt.qp.backward.rows import (
+    DenseRows,
+    compress_rows,
+    dense_rows,
+    gather_rows,
+    sparse_factor,
+    sparse_rows,
+)
 from dxopt.qp.certify.dependence import (
     DEPENDENT_TOL,
     count_dependent_dense,
@@ -62,12 +68,9 @@ from dxopt.qp.certify.dependence import (
     min_norm_sparse,
     record_degenerate,
 )
-from dxopt.qp.problem.contracts import AdjointInput, AdjointSolution
+from dxopt.qp.certify.tolerances import KKT_PIVOT_RATIO, KKT_REFINE_STEPS, KKT_REFINE_TOL
+from dxopt.qp.problem.contracts import ActiveSet, AdjointInput, AdjointSolution
 from dxopt.qp.problem.types import BackwardDiagnostics, QPBackwardError
-
-_PIVOT_RATIO = 1e-10  # LU pivots below this (relative) trigger the dependent-row test
-_KKT_STEPS = 5  # refinement steps of the (exact) Schur solve against K
-_KKT_TOL = 1e-13
 
 __all__ = ["KKTBackward", "solve_sparse"]
 
@@ -94,7 +97,7 @@ class KKTBackward(BackwardBase):
         return "kkt"
 
     def regular_budget(self) -> RegularBudget:
-        return RegularBudget(_KKT_TOL, _KKT_STEPS, self.max_residual)
+        return RegularBudget(KKT_REFINE_TOL, KKT_REFINE_STEPS, self.max_residual)
 
     def _adjoint(
         self, data: AdjointInput, active: ActiveSet, diagnostics: BackwardDiagnostics
@@ -137,7 +140,9 @@ def _solve_schur(
     ``(u, w_J, w_E, dependent row counts, relative residual or None if not final)``."""
     S, m = data.x.shape[0], data.problem.m
     dependent = factor.dependent(DEPENDENT_TOL) * data.ok
-    u, w, residual, _ = schur_refine(rows, factor, data.grad_x, data.ok, _KKT_STEPS, _KKT_TOL)
+    u, w, residual, _ = schur_refine(
+        rows, factor, data.grad_x, data.ok, KKT_REFINE_STEPS, KKT_REFINE_TOL
+    )
     degenerate = dependent > 0
     final: Tensor | None = residual
     if bool(degenerate.any()):
@@ -183,7 +188,7 @@ def _solve_dense(data: AdjointInput, used: Tensor) -> tuple[Tensor, Tensor, Tens
     # dependent rows make K exactly singular, so LU has a (near-)zero pivot: only such
     # samples get the exact Gram test (most batches never pay for it)
     diag = LU.diagonal(dim1=-2, dim2=-1).abs()
-    suspect = ((info != 0) | (diag.amin(-1) <= _PIVOT_RATIO * diag.amax(-1))) & data.ok
+    suspect = ((info != 0) | (diag.amin(-1) <= KKT_PIVOT_RATIO * diag.amax(-1))) & data.ok
     dependent = torch.zeros(S, dtype=torch.int64)
     if bool(suspect.any()):
         dependent[suspect] = count_dependent_dense(K[suspect, n:, :n])

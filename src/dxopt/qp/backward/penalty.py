@@ -76,8 +76,7 @@ from dxopt.qp.backward.base import BackwardBase
 from dxopt.qp.backward.kkt import KKTBackward, solve_sparse
 from dxopt.qp.backward.penalty_sparse import SparseKKTSolve, SparsePenaltySolve, gmres_refine
 from dxopt.qp.backward.regular import RegularAdjoint, RegularBudget, check_residual, schur_refine
-from dxopt.qp.backward.rows import dense_rows, dependent_rows_sparse
-from dxopt.qp.certify.active import ActiveSet, compress_rows, gather_rows
+from dxopt.qp.backward.rows import compress_rows, dense_rows, dependent_rows_sparse, gather_rows
 from dxopt.qp.certify.dependence import (
     DEPENDENT_TOL,
     count_dependent_dense,
@@ -85,12 +84,11 @@ from dxopt.qp.certify.dependence import (
     record_degenerate,
     refine_schur,
 )
-from dxopt.qp.problem.contracts import AdjointInput, AdjointSolution
+from dxopt.qp.certify.tolerances import PENALTY_PRECONDITIONER_BETA
+from dxopt.qp.problem.contracts import ActiveSet, AdjointInput, AdjointSolution
 from dxopt.qp.problem.types import BackwardDiagnostics, QPBackwardError
 
 __all__ = ["PenaltyBackward"]
-
-_PRECONDITIONER_BETA = 1e-6  # least beta of a penalty matrix that preconditions the refinement
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -230,7 +228,7 @@ class PenaltyBackward(BackwardBase):
             # times P's scale keep it factorable (at beta = 1e-8 the regularised SuperLU
             # factor's refinement stalled on chains at n = 1e5 and the exact KKT fallback
             # factored a second, larger matrix: 0.48 s against 0.23 s)
-            floor = _PRECONDITIONER_BETA if self.max_refinement > 0 else 0.0
+            floor = PENALTY_PRECONDITIONER_BETA if self.max_refinement > 0 else 0.0
             beta, W, W_E = self.weights(data, active, beta_floor=floor)
             solve = SparsePenaltySolve(regular, active, W, W_E)
         diagnostics.linear_solver, diagnostics.jitter = solve.name, 0.0

@@ -33,8 +33,7 @@ from torch import Tensor
 from dxopt.linalg.sparse import FactorizationError, KKTFactor, kkt_factor
 from dxopt.qp.backward.adjoint import kkt_apply
 from dxopt.qp.backward.rows import scipy_matrix, sparse_factor, sparse_rows
-from dxopt.qp.certify.active import ActiveSet
-from dxopt.qp.problem.contracts import AdjointInput
+from dxopt.qp.problem.contracts import ActiveSet, AdjointInput
 from dxopt.qp.problem.types import QPBackwardError
 
 __all__ = ["SparseKKTSolve", "SparsePenaltySolve", "gmres_refine"]

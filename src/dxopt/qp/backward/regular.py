@@ -38,9 +38,8 @@ from torch import Tensor
 from dxopt.linalg.schur import SchurFactor, schur_factor
 from dxopt.qp.backward.dense_large import large_dense_adjoint, reused_dense_adjoint
 from dxopt.qp.backward.rows import DenseRows, dense_rows
-from dxopt.qp.certify.active import ActiveSet
 from dxopt.qp.certify.dependence import DEPENDENT_TOL
-from dxopt.qp.problem.contracts import AdjointInput
+from dxopt.qp.problem.contracts import ActiveSet, AdjointInput
 from dxopt.qp.problem.types import QPBackwardError
 
 __all__ = [

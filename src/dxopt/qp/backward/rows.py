@@ -41,12 +41,41 @@ __all__ = [
     "DenseRows",
     "SparseRows",
     "active_rows_sparse",
+    "compress_rows",
     "dense_rows",
     "dependent_rows_sparse",
+    "gather_rows",
+    "row_norms",
     "scipy_matrix",
     "sparse_factor",
     "sparse_rows",
 ]
+
+
+def compress_rows(used: Tensor) -> tuple[Tensor, Tensor]:
+    """Row indices ``(S, k)`` with each sample's used rows first (``k`` = the largest count)
+    and their validity mask, so dense backward work scales with the active rows, not ``m``."""
+    k = int(used.sum(-1).max()) if used.numel() else 0
+    order = torch.argsort((~used).to(torch.int8), dim=-1, stable=True)[:, :k]
+    return order, used.gather(1, order)
+
+
+def gather_rows(M: Tensor, index: Tensor) -> Tensor:
+    """Rows ``index`` (S, k) of a dense ``(m, n)`` or ``(S, m, n)`` matrix, as ``(S, k, n)``."""
+    if M.ndim == 2:
+        return M[index]
+    return M.gather(1, index.unsqueeze(-1).expand(-1, -1, M.shape[-1]))
+
+
+def row_norms(M: Tensor) -> Tensor:
+    """Euclidean row norms, (k,) or (S, k), clamped away from zero."""
+    if M.layout == torch.sparse_coo:
+        sq = torch.zeros(M.shape[0], dtype=M.dtype)
+        sq.index_add_(0, M.indices()[0], M.values() ** 2)
+        out = sq.sqrt()
+    else:
+        out = torch.linalg.vector_norm(M, dim=-1)
+    return out.clamp_min(torch.finfo(M.dtype).tiny)
 
 
 def scipy_matrix(problem: QPProblem, name: str, i: int) -> sp.csr_matrix:
@@ -60,7 +89,7 @@ def scipy_matrix(problem: QPProblem, name: str, i: int) -> sp.csr_matrix:
 @dataclass(frozen=True)
 class DenseRows:
     """The dense adjoint system of a batch: ``C`` (S, k + p, n) stacks each sample's used
-    inequality rows (``index``/``mask`` from :func:`~dxopt.qp.certify.active.compress_rows`, padding
+    inequality rows (``index``/``mask`` from :func:`compress_rows`, padding
     rows zero) and the equality rows; ``P`` is (n, n) when shared by the batch and every
     sample is solved, else (S, n, n) with the identity on failed samples; ``rhs2`` (S, k + p)
     the matching multiplier cotangents."""

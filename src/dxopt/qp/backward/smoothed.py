@@ -63,7 +63,6 @@ from torch import Tensor
 from dxopt._core import Status
 from dxopt._core.validate import check_int, check_positive
 from dxopt.linalg.schur import SchurFactor, schur_factor
-from dxopt.qp.certify.active import ActiveSet
 from dxopt.qp.certify.tolerances import (
     SMOOTHED_ARMIJO,
     SMOOTHED_BOUNDARY,
@@ -74,7 +73,7 @@ from dxopt.qp.certify.tolerances import (
     SMOOTHED_REFINE_STEPS,
 )
 from dxopt.qp.problem.canonical import QPProblem
-from dxopt.qp.problem.contracts import AdjointInput, AdjointSolution
+from dxopt.qp.problem.contracts import ActiveSet, AdjointInput, AdjointSolution
 from dxopt.qp.problem.types import BackwardDiagnostics, QPBackwardError
 
 __all__ = ["BarrierData", "BarrierPoint", "Smoothed", "barrier_adjoint", "central_path"]

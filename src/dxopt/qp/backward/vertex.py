@@ -27,7 +27,7 @@ from torch import Tensor
 from dxopt.linalg.sparse import FactorizationError, kkt_factor
 from dxopt.qp.backward.degenerate_rule import RuleFactor
 from dxopt.qp.backward.vertex_batch import vertex_cost, vertex_rows_batched
-from dxopt.qp.certify.dependence import DEPENDENT_TOL, _matrix, count_dependent_sparse
+from dxopt.qp.certify.dependence import DEPENDENT_TOL, count_dependent_sparse, sample_matrix
 from dxopt.qp.problem.canonical import QPProblem
 
 __all__ = [
@@ -108,10 +108,10 @@ def vertex_rows(
         act = torch.nonzero(used[i]).flatten().numpy()
         if act.size == 0:
             continue
-        blocks = [_matrix(problem, "G", i)[act]]
+        blocks = [sample_matrix(problem, "G", i)[act]]
         has_eq = problem.A is not None and bool(problem.p)
         if has_eq:
-            blocks.append(_matrix(problem, "A", i))
+            blocks.append(sample_matrix(problem, "A", i))
         rows = sum(b.shape[0] for b in blocks)
         k = act.size
         if rows * blocks[0].shape[1] > MAX_VERTEX_ENTRIES:

@@ -46,15 +46,14 @@ from dxopt.qp.backward.degenerate_rule import (
     dependent_flags_dense,
     dependent_flags_factor,
 )
+from dxopt.qp.backward.rows import compress_rows, gather_rows
 from dxopt.qp.backward.vertex_simplex import parallel_groups, simplex_batch, vertex_from_factor
-from dxopt.qp.certify.active import compress_rows, gather_rows
+from dxopt.qp.certify.tolerances import RULE_RANK_CUT, VERTEX_FEASIBLE_TOL
 from dxopt.qp.problem.canonical import QPProblem
 
 __all__ = ["vertex_cost", "vertex_rows_batched"]
 
-_RANK_CUT = 1e-8  # relative singular value below which a direction counts as dependent
 _SQRT2 = 2.0**0.5
-_FEASIBLE_TOL = 1e-9  # relative: vertex residual and negative entries accepted as round-off
 
 
 def vertex_cost(k: int) -> np.ndarray:
@@ -179,11 +178,11 @@ def _unit_rows(G: Tensor, index: Tensor, valid: np.ndarray, norms: np.ndarray) -
 def _projected_range_svd(Gn: np.ndarray, Ua: np.ndarray) -> np.ndarray:
     r"""``M`` (s, r, K): orthonormal rows spanning the range of :math:`\hat G_J\Pi` by its
     thin SVD (``Ua``: an orthonormal basis of range :math:`\hat A^\top`), zero rows beyond
-    each sample's rank (cut relative at ``_RANK_CUT``): for the samples whose Gram factor
+    each sample's rank (cut relative at ``RULE_RANK_CUT``): for the samples whose Gram factor
     failed (round-off)."""
     B = Gn - (Gn @ Ua) @ np.swapaxes(Ua, -1, -2) if Ua.shape[-1] else Gn
     U, sigma, _ = np.linalg.svd(B, full_matrices=False)  # U (s, K, min(K, n))
-    rho = (sigma > _RANK_CUT * np.maximum(sigma.max(-1, keepdims=True), 1e-300)).sum(-1)
+    rho = (sigma > RULE_RANK_CUT * np.maximum(sigma.max(-1, keepdims=True), 1e-300)).sum(-1)
     return np.swapaxes(U, 1, 2) * (np.arange(U.shape[2])[None, :] < rho[:, None])[..., None]
 
 
@@ -213,7 +212,11 @@ def _vertex_by_svd(
     )
     scale = np.maximum(np.abs(z0).max(-1), 1e-300)
     resid = np.linalg.norm((M @ (z - z0)[..., None])[..., 0], axis=-1)
-    ok = solved & (z.min(-1) >= -_FEASIBLE_TOL * scale) & (resid <= _FEASIBLE_TOL * scale)
+    ok = (
+        solved
+        & (z.min(-1) >= -VERTEX_FEASIBLE_TOL * scale)
+        & (resid <= VERTEX_FEASIBLE_TOL * scale)
+    )
     support = (z > 1e-9 * np.maximum(z.max(-1, keepdims=True), 1e-300)) & valid
     order = np.argsort(~support, axis=1, kind="stable")  # support first, each in row order
     Go = np.take_along_axis(Gn, order[..., None], 1)
@@ -242,11 +245,11 @@ def _unit_equality_rows(problem: QPProblem, chosen: Tensor, n: int) -> np.ndarra
 
 def _equality_basis(An: np.ndarray) -> np.ndarray:
     """An orthonormal basis of the span of each sample's rows ``An`` (s, p, n): (s, n, r),
-    padded with zero columns (rank cut ``_RANK_CUT``, relative)."""
+    padded with zero columns (rank cut ``RULE_RANK_CUT``, relative)."""
     if An.shape[1] == 0:
         return np.zeros((An.shape[0], An.shape[2], 0))
     U, sigma, _ = np.linalg.svd(np.swapaxes(An, -1, -2), full_matrices=False)
-    big = sigma > _RANK_CUT * np.maximum(sigma.max(-1, keepdims=True), 1e-300)
+    big = sigma > RULE_RANK_CUT * np.maximum(sigma.max(-1, keepdims=True), 1e-300)
     return U * big[:, None, :]
 
 

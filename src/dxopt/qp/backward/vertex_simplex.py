@@ -28,18 +28,21 @@ from typing import Any
 import numpy as np
 from numba import njit
 
+from dxopt.qp.certify.tolerances import (
+    DEPENDENT_TOL,
+    RULE_GRAM_SHIFT,
+    SIMPLEX_DRIVE_OUT_TOL,
+    SIMPLEX_PIVOT_TOL,
+    SIMPLEX_RATIO_TIE,
+    SIMPLEX_SUPPORT_TOL,
+    VERTEX_FEASIBLE_TOL,
+)
+
 __all__ = ["parallel_groups", "range_basis", "simplex_batch", "vertex_from_factor"]
 
 _jit: Any = njit(cache=True, nogil=True)
 
-_PIVOT_TOL = 1e-12  # entries and reduced costs below this are zero
 _STALL = 8  # degenerate pivots in a row after which a sample pivots by Bland's rule
-_RATIO_TIE = 1e-15  # relative: ratios within this of the minimum tie (smallest basic index)
-_DRIVE_OUT_TOL = 1e-9  # an artificial's row with no entry above this is redundant
-_FEASIBLE_TOL = 1e-9  # relative: phase 1's optimum below this is zero (a feasible program)
-_SUPPORT_TOL = 1e-9  # relative to the largest entry: a vertex's support
-_DEPENDENT_TOL = 1e-10  # = dxopt.qp.certify.dependence.DEPENDENT_TOL (squared distance to a span)
-_GRAM_SHIFT = 1e-14  # the diagonal shift of the rule's Gram factor (degenerate_rule)
 
 
 @_jit
@@ -77,7 +80,7 @@ def _pivots(T: np.ndarray, basis: np.ndarray, K: int, budget: int, skip: int) ->
         best = np.inf
         for k in range(K):
             r = T[R, k]
-            if r < -_PIVOT_TOL:
+            if r < -SIMPLEX_PIVOT_TOL:
                 if bland:
                     e = k
                     break
@@ -89,7 +92,7 @@ def _pivots(T: np.ndarray, basis: np.ndarray, K: int, budget: int, skip: int) ->
         t = np.inf
         for i in range(R):
             c = T[i, e]
-            if c > _PIVOT_TOL:
+            if c > SIMPLEX_PIVOT_TOL:
                 ratio = T[i, last] / c
                 if ratio < t:
                     t = ratio
@@ -99,12 +102,12 @@ def _pivots(T: np.ndarray, basis: np.ndarray, K: int, budget: int, skip: int) ->
         low = np.iinfo(np.int64).max
         for i in range(R):
             c = T[i, e]
-            if c > _PIVOT_TOL:
+            if c > SIMPLEX_PIVOT_TOL:
                 ratio = T[i, last] / c
-                if ratio <= t + _RATIO_TIE * (1.0 + abs(t)) and basis[i] < low:
+                if ratio <= t + SIMPLEX_RATIO_TIE * (1.0 + abs(t)) and basis[i] < low:
                     low = basis[i]
                     leave = i
-        stall = stall + 1 if (t <= _RATIO_TIE or bland) else 0
+        stall = stall + 1 if (t <= SIMPLEX_RATIO_TIE or bland) else 0
         _pivot(T, basis, leave, e, skip)
     return 0
 
@@ -112,7 +115,7 @@ def _pivots(T: np.ndarray, basis: np.ndarray, K: int, budget: int, skip: int) ->
 @_jit
 def _drive_out(T: np.ndarray, basis: np.ndarray, K: int, skip: int) -> None:
     """Pivot the artificials still basic (at zero) out on the z column of largest magnitude
-    in their row; rows without an entry above ``_DRIVE_OUT_TOL`` keep their artificial."""
+    in their row; rows without an entry above ``SIMPLEX_DRIVE_OUT_TOL`` keep their artificial."""
     R = basis.shape[0]
     for _ in range(R):
         leave = -1
@@ -121,7 +124,7 @@ def _drive_out(T: np.ndarray, basis: np.ndarray, K: int, skip: int) -> None:
                 big = 0.0
                 for k in range(K):
                     big = max(big, abs(T[i, k]))
-                if big > _DRIVE_OUT_TOL:
+                if big > SIMPLEX_DRIVE_OUT_TOL:
                     leave = i
                     break
         if leave < 0:
@@ -167,7 +170,7 @@ def _simplex_one(
     scale = 1.0
     for r in range(R):
         scale = max(scale, abs(T[r, cols - 1]))
-    if not abs(T[R, cols - 1]) <= _FEASIBLE_TOL * scale:
+    if not abs(T[R, cols - 1]) <= VERTEX_FEASIBLE_TOL * scale:
         return False
     _drive_out(T, basis, K, R)  # from here on the artificial columns are not updated
     for j in range(cols):  # phase 2: the objective row of the cost
@@ -198,7 +201,7 @@ def simplex_batch(
     """``(z (s, K), solved (s,))``: :math:`\\min c^\\top z` s.t. :math:`Mz = b`, :math:`z \\ge
     0` for each sample with ``work`` (``M`` (s, R, K), zero rows allowed; ``b`` (s, R);
     ``cost`` (s, K) positive); ``solved`` False where the program is infeasible to
-    ``_FEASIBLE_TOL``, the pivot budget ran out or the sample is not in ``work`` (z zero)."""
+    ``VERTEX_FEASIBLE_TOL``, the pivot budget ran out or the sample is not in ``work`` (z zero)."""
     s, R, K = M.shape
     z = np.zeros((s, K))
     solved = np.zeros(s, dtype=np.bool_)
@@ -234,7 +237,7 @@ def range_basis(
     perm]`` (``W`` (k, k), ``perm`` (K,) positions in it; read in place) and an
     orthonormal basis of their range as rows (Gram-Schmidt, twice; the columns are
     independent: ``W`` is a block of a Cholesky factor and the pivot of each such column is
-    above ``_DEPENDENT_TOL``). With ``W`` the ``G`` block of the factor of the unit Gram
+    above ``DEPENDENT_TOL``). With ``W`` the ``G`` block of the factor of the unit Gram
     matrix of :math:`[\hat A; \hat G_J]`, ``M`` spans the range of :math:`\hat G_J\Pi`
     (:mod:`dxopt.qp.backward.vertex_batch`)."""
     K = perm.shape[0]
@@ -285,12 +288,12 @@ def vertex_from_factor(
     rows), so (1) the constraint rows of the program are an orthonormal basis of the range of
     :math:`W_c` (Gram-Schmidt, twice, on its columns: independent by the triangular structure),
     the program :math:`\min c^\top z`, :math:`Mz = Mz_0`, :math:`z \ge 0` solved by
-    :func:`_simplex_one`; (2) the vertex must be feasible to ``_FEASIBLE_TOL`` (relative to
+    :func:`_simplex_one`; (2) the vertex must be feasible to ``VERTEX_FEASIBLE_TOL`` (relative to
     :math:`\|z_0\|_\infty`); (3) the squared distance of unit row :math:`\hat g_k` to the
     span of :math:`\hat A` and rows taken before it is the squared distance of row ``k`` of
     :math:`W_c` to the span of those rows of :math:`W_c`: the rows are taken greedily,
     support first then the others, each in row order, where that distance (plus the factor's
-    shift ``_GRAM_SHIFT``) is at least ``_DEPENDENT_TOL`` (the pivots of the Gram factor of
+    shift ``RULE_GRAM_SHIFT``) is at least ``DEPENDENT_TOL`` (the pivots of the Gram factor of
     the completion, without refactoring). ``ok``: solved, feasible, the support independent
     and the kept rows of full rank; ``keep`` is meaningful where ``ok``."""
     s, K = valid.shape
@@ -320,9 +323,9 @@ def vertex_from_factor(
                 acc += M[r, k] * (zs[k] - z0[si, k])
             resid += acc * acc
         for k in range(K):
-            if zs[k] < -_FEASIBLE_TOL * scale:
+            if zs[k] < -VERTEX_FEASIBLE_TOL * scale:
                 feasible = False
-        if not feasible or np.sqrt(resid) > _FEASIBLE_TOL * scale:
+        if not feasible or np.sqrt(resid) > VERTEX_FEASIBLE_TOL * scale:
             continue
         top = 1e-300
         for k in range(K):
@@ -333,14 +336,14 @@ def vertex_from_factor(
         good = True
         for support_pass in (True, False):
             for k in range(K):
-                if not valid[si, k] or (zs[k] > _SUPPORT_TOL * top) != support_pass:
+                if not valid[si, k] or (zs[k] > SIMPLEX_SUPPORT_TOL * top) != support_pass:
                     continue
                 d = 0.0
                 if taken < rho:
                     for c in range(rho):
                         v[c] = Wc[k, c]
                     d = _orthogonalise(v, basis, taken)
-                if taken >= rho or d + _GRAM_SHIFT < _DEPENDENT_TOL:
+                if taken >= rho or d + RULE_GRAM_SHIFT < DEPENDENT_TOL:
                     good = good and not support_pass  # a dependent support: no vertex
                     continue
                 scale = 1.0 / np.sqrt(d)

@@ -26,7 +26,6 @@ of the active rows join them, and weak rows are kept when :math:`x` is otherwise
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -35,72 +34,13 @@ from torch import Tensor
 
 from dxopt.qp.certify.tolerances import STRONG_MULTIPLIER, WEAK_FACTOR, WEAK_FLOOR
 from dxopt.qp.problem.canonical import QPProblem
+from dxopt.qp.problem.contracts import ActiveSet
 from dxopt.qp.problem.types import QPBackwardError
 
-__all__ = [
-    "WEAK_POLICIES",
-    "ActiveSet",
-    "compress_rows",
-    "identify_active",
-    "row_inf_np",
-    "row_norms",
-]
+__all__ = ["WEAK_POLICIES", "identify_active", "row_inf_np"]
 
 WEAK_POLICIES = ("inactive", "active", "raise")
 _TINY = float(np.finfo(np.float64).tiny)
-
-
-def compress_rows(used: Tensor) -> tuple[Tensor, Tensor]:
-    """Row indices ``(S, k)`` with each sample's used rows first (``k`` = the largest count)
-    and their validity mask, so dense backward work scales with the active rows, not ``m``."""
-    k = int(used.sum(-1).max()) if used.numel() else 0
-    order = torch.argsort((~used).to(torch.int8), dim=-1, stable=True)[:, :k]
-    return order, used.gather(1, order)
-
-
-def gather_rows(M: Tensor, index: Tensor) -> Tensor:
-    """Rows ``index`` (S, k) of a dense ``(m, n)`` or ``(S, m, n)`` matrix, as ``(S, k, n)``."""
-    if M.ndim == 2:
-        return M[index]
-    return M.gather(1, index.unsqueeze(-1).expand(-1, -1, M.shape[-1]))
-
-
-def row_norms(M: Tensor) -> Tensor:
-    """Euclidean row norms, (k,) or (S, k), clamped away from zero."""
-    if M.layout == torch.sparse_coo:
-        sq = torch.zeros(M.shape[0], dtype=M.dtype)
-        sq.index_add_(0, M.indices()[0], M.values() ** 2)
-        out = sq.sqrt()
-    else:
-        out = torch.linalg.vector_norm(M, dim=-1)
-    return out.clamp_min(torch.finfo(M.dtype).tiny)
-
-
-@dataclass(frozen=True)
-class ActiveSet:
-    """Per-sample row classification (masks are (S, m)), accuracy (S,), and the normalised
-    slack :math:`\\hat s` (S, m) and signed equality residual :math:`(Ax - b)/\\|a_j\\|` (S, p);
-    ``adopted`` (S, m) the weak rows the backward added to ``used`` (in the span of the others)."""
-
-    active: Tensor
-    weak: Tensor
-    used: Tensor
-    accuracy: Tensor
-    g_norm: Tensor | None
-    a_norm: Tensor | None
-    slack: Tensor | None = None
-    eq_residual: Tensor | None = None
-    #: weak rows that joined ``used`` because they lie in the span of the active rows (the
-    #: backward's rule, :mod:`dxopt.qp.backward.base`), or None
-    adopted: Tensor | None = None
-
-    @property
-    def n_active(self) -> tuple[int, ...]:
-        return tuple(self.used.numpy().sum(-1).tolist())
-
-    @property
-    def n_weak(self) -> tuple[int, ...]:
-        return tuple(self.weak.numpy().sum(-1).tolist())
 
 
 def row_inf(M: Tensor) -> Tensor:

@@ -49,11 +49,10 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
+from dxopt.qp.certify.tolerances import CERT_TOL, NEAR_MISS
 from dxopt.qp.problem.types import QPStatus
 
 __all__ = [
-    "CERT_TOL",
-    "NEAR_MISS",
     "Diagnosis",
     "check_descent",
     "check_farkas",
@@ -61,12 +60,6 @@ __all__ = [
     "hit_iteration_limit",
 ]
 
-CERT_TOL = 1e-7
-"""Relative tolerance of the certificate checks (module docstring)."""
-
-NEAR_MISS = 10.0
-"""A point whose worst residual is at most this times its tolerance is a near miss: the
-status is ``INACCURATE`` with the factor to loosen by, not ``MAX_ITER`` (module docstring)."""
 
 _LP_SOLVER = "clarabel"  # a core dependency: interior point, sparse, LPs with P = 0
 

@@ -21,7 +21,7 @@ value :math:`\\sigma` of :math:`C` by about :math:`\\delta p/(\\sigma^2 + \\delt
 (:math:`p` the curvature of :math:`P` along it), so it stalls where :math:`C` has singular values
 far below its largest row norm (rows of very different norms; a long chain of difference rows,
 as on Maros-Meszaros STADAT2/3); :math:`\\delta` then steps down the ladder
-``_DELTA_LADDER`` (:math:`10^{-8}, 10^{-11}, 10^{-13}` times
+``DEPENDENCE_DELTA_LADDER`` (:math:`10^{-8}, 10^{-11}, 10^{-13}` times
 :math:`\\max_i\\|c_i\\|^2/\\bar P_{ii}`), each rung refining the previous point, whose
 multiplier part stays in :math:`\\operatorname{range} C`, so the limit is unchanged. The
 multiplier cotangents must lie in :math:`\\operatorname{range} C` (the multipliers themselves
@@ -50,7 +50,13 @@ import torch
 from torch import Tensor
 
 from dxopt.linalg.sparse import FactorizationError, UnitRows, splu, unit_rows
-from dxopt.qp.certify.tolerances import DEPENDENT_TOL
+from dxopt.qp.certify.tolerances import (
+    DEPENDENCE_DELTA_LADDER,
+    DEPENDENCE_MAX_STEPS,
+    DEPENDENCE_REFINE_TOL,
+    DEPENDENCE_STALL_FLOOR,
+    DEPENDENT_TOL,
+)
 from dxopt.qp.problem.canonical import QPProblem
 from dxopt.qp.problem.types import BackwardDiagnostics, QPBackwardError
 
@@ -63,14 +69,9 @@ __all__ = [
     "min_norm_sparse",
     "record_degenerate",
     "refine_schur",
+    "sample_matrix",
 ]
 
-_RELATIVE_DELTA = 1e-8
-#: the relative regularisations tried in turn while the refinement stalls (module docstring)
-_DELTA_LADDER = (_RELATIVE_DELTA, 1e-11, 1e-13)
-_STALL_FLOOR = 1e-12  # relative residual below which a stalled refinement is at round-off
-_MAX_STEPS = 60
-_TOL = 1e-14
 _DENSE_GRAM = 300  # sparse C with more rows: SuperLU of the Gram matrix
 
 
@@ -189,7 +190,7 @@ def min_norm_dense(
 ) -> tuple[Tensor, Tensor, Tensor, int]:
     """Minimum-norm multiplier adjoint of dense samples (module docstring): ``P`` (s, n, n),
     ``C`` (s, k, n) (zero rows allowed), cotangents (s, n) and (s, k). The regularisation
-    follows the ladder ``_DELTA_LADDER`` while the refinement stalls above round-off."""
+    follows the ladder ``DEPENDENCE_DELTA_LADDER`` while the refinement stalls above round-off."""
     s = grad_x.shape[0]
     c_P = P.diagonal(dim1=-2, dim2=-1).abs().mean(-1)
     c_P = torch.where(c_P > 0, c_P, torch.ones_like(c_P))
@@ -200,7 +201,7 @@ def min_norm_dense(
     rel = torch.full((s,), torch.inf, dtype=grad_x.dtype)
     norm = (grad_x.pow(2).sum(-1) + rhs2.pow(2).sum(-1)).sqrt().clamp_min(1e-300)
     steps = 0
-    for rung, relative_delta in enumerate(_DELTA_LADDER):
+    for rung, relative_delta in enumerate(DEPENDENCE_DELTA_LADDER):
         D = (c_P / (relative_delta * row_sq))[:, None].expand(s, C.shape[1]).contiguous()
         H = torch.baddbmm(P, C.mT, D[..., None] * C)
         L, info = torch.linalg.cholesky_ex(H)
@@ -213,7 +214,9 @@ def min_norm_dense(
                 "is singular). Regularise P or remove the redundant constraints."
             )
         # the correction of the current point: its multiplier part stays in range C
-        du, dw, _, k = refine_schur(P, C, D, L, r1, r2, ok, _MAX_STEPS, _TOL)
+        du, dw, _, k = refine_schur(
+            P, C, D, L, r1, r2, ok, DEPENDENCE_MAX_STEPS, DEPENDENCE_REFINE_TOL
+        )
         steps += k
         u_t, w_t = u + du, w + dw
         r1_t = grad_x - torch.bmm(P, u_t.unsqueeze(-1)).squeeze(-1)
@@ -224,7 +227,7 @@ def min_norm_dense(
         u, w = torch.where(better[:, None], u_t, u), torch.where(better[:, None], w_t, w)
         r1, r2 = torch.where(better[:, None], r1_t, r1), torch.where(better[:, None], r2_t, r2)
         rel = torch.where(better, rel_t, rel)
-        if float(rel.max()) <= _STALL_FLOOR:
+        if float(rel.max()) <= DEPENDENCE_STALL_FLOOR:
             break
     U, sigma, _ = torch.linalg.svd(C, full_matrices=True)
     keep = torch.zeros(s, C.shape[1], dtype=C.dtype)
@@ -238,7 +241,7 @@ def min_norm_sparse(P: sp.spmatrix, C: sp.csr_matrix, rhs: np.ndarray) -> np.nda
     """Minimum-norm multiplier adjoint of one sparse sample: ``z = [u; w]`` for
     :math:`K = [[P, C^\\top], [C, 0]]` (SuperLU of the quasi-definite :math:`K_\\delta`,
     refinement against K,
-    :math:`\\delta` down the ladder ``_DELTA_LADDER`` while the refinement stalls)."""
+    :math:`\\delta` down the ladder ``DEPENDENCE_DELTA_LADDER`` while the refinement stalls)."""
     k = C.shape[0]
     diag = np.abs(P.diagonal())
     c_P = float(diag.mean()) if diag.size and diag.mean() > 0 else 1.0
@@ -247,7 +250,7 @@ def min_norm_sparse(P: sp.spmatrix, C: sp.csr_matrix, rhs: np.ndarray) -> np.nda
     z = np.zeros_like(rhs)
     norm = max(float(np.linalg.norm(rhs)), 1e-300)
     best = 1.0  # relative residual of z
-    for rung, relative_delta in enumerate(_DELTA_LADDER):
+    for rung, relative_delta in enumerate(DEPENDENCE_DELTA_LADDER):
         delta = relative_delta * max(row_sq, 1e-300) / c_P
         # both blocks regularised (quasi-definite): SuperLU crashes the process on a singular
         # [[P, C'], [C, -delta I]]; the refinement against K keeps the minimum-norm solution
@@ -264,19 +267,21 @@ def min_norm_sparse(P: sp.spmatrix, C: sp.csr_matrix, rhs: np.ndarray) -> np.nda
                 f"backward: the active rows are linearly dependent and the regularised KKT "
                 f"matrix is singular ({err}): P is singular on the null space of the active rows."
             ) from err
-        last = rung == len(_DELTA_LADDER) - 1
+        last = rung == len(DEPENDENCE_DELTA_LADDER) - 1
         trial, prev = z, best
-        for _ in range(_MAX_STEPS):
+        for _ in range(DEPENDENCE_MAX_STEPS):
             trial = trial + lu.solve(rhs - K @ trial)
             rel = float(np.linalg.norm(rhs - K @ trial)) / norm
             if rel < best:
                 z, best = trial, rel
-            if best <= _TOL or (rel > 0.5 * prev and best < _STALL_FLOOR):
+            if best <= DEPENDENCE_REFINE_TOL or (
+                rel > 0.5 * prev and best < DEPENDENCE_STALL_FLOOR
+            ):
                 break  # converged, or stalled at round-off
             if rel > 0.9 * prev and not last:
                 break  # slow contraction (or divergence): the next rung of the ladder
             prev = rel
-        if best <= _STALL_FLOOR:
+        if best <= DEPENDENCE_STALL_FLOOR:
             break
     return z
 
@@ -309,12 +314,12 @@ def dependent_weak_rows(problem: QPProblem, active: Tensor, weak: Tensor) -> Ten
         if rows.numel() == 0:
             continue
         blocks = []
-        G_i = _matrix(problem, "G", i)
+        G_i = sample_matrix(problem, "G", i)
         act = torch.nonzero(active[i]).flatten().numpy()
         if act.size:
             blocks.append(G_i[act])
         if problem.A is not None and problem.p:
-            blocks.append(_matrix(problem, "A", i))
+            blocks.append(sample_matrix(problem, "A", i))
         if not blocks:
             continue
         if sum(B.shape[0] for B in blocks) * problem.n > 4e6:
@@ -332,7 +337,7 @@ def dependent_weak_rows(problem: QPProblem, active: Tensor, weak: Tensor) -> Ten
     return out
 
 
-def _matrix(problem: QPProblem, name: str, i: int) -> Any:
+def sample_matrix(problem: QPProblem, name: str, i: int) -> Any:
     t = getattr(problem, name)
     if t.layout == torch.sparse_coo:
         return problem.csr[name][0]

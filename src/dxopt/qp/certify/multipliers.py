@@ -228,15 +228,15 @@ def select_forward(
     The rows that get a positive multiplier join ``active``."""
     from dataclasses import replace
 
-    from dxopt.qp.certify.polish import _matrix, row_inf
+    from dxopt.qp.certify.polish import numpy_matrix, row_inf
 
     if not (problem.p or problem.m):
         return result
     X, MU, NU = result.x.numpy(), result.eq_duals.numpy(), result.ineq_duals.numpy()
     solved = np.array([s.ok for s in result.status], dtype=bool)
-    P, q = _matrix(problem, "P"), problem.q.numpy()
-    A = _matrix(problem, "A") if problem.p else None
-    G = _matrix(problem, "G") if problem.m else None
+    P, q = numpy_matrix(problem, "P"), problem.q.numpy()
+    A = numpy_matrix(problem, "A") if problem.p else None
+    G = numpy_matrix(problem, "G") if problem.m else None
     h = problem.h.numpy() if problem.m else None
     shared_g = G is not None and (sp.issparse(G) or G.ndim == 2)
     g_shared = row_inf(G) if shared_g else None

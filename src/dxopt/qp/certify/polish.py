@@ -74,6 +74,7 @@ __all__ = [
     "batch_accept_exact",
     "certify",
     "identification_scale",
+    "numpy_matrix",
     "polish",
     "row_inf",
 ]
@@ -378,7 +379,7 @@ def _rows_inf(v: np.ndarray) -> np.ndarray:
     return _max(np.abs(v), -1) if v.shape[-1] else np.zeros(v.shape[:-1])
 
 
-def _matrix(problem: QPProblem, name: str) -> Any:
+def numpy_matrix(problem: QPProblem, name: str) -> Any:
     """The dense numpy view of a matrix parameter, or its scipy CSR if it is sparse."""
     pair = problem.csr.get(name)
     return pair[0] if pair is not None else getattr(problem, name).numpy()
@@ -430,13 +431,13 @@ def batch_accept_exact(
     |G^\\top\\nu|)` (the same number, fewer passes over small arrays)."""
     rel = relative_tolerance(eps_rel)
     q = problem.q.numpy()
-    px = _mv(_matrix(problem, "P"), x)
+    px = _mv(numpy_matrix(problem, "P"), x)
     dual = px + q
     big = np.abs(px)  # componentwise max of |Px|, |A^T mu|, |G^T nu|
     ok: Any = True
     primal: Any = 0.0
     if problem.A is not None and problem.p:
-        A, b = _matrix(problem, "A"), problem.b.numpy()  # type: ignore[union-attr]
+        A, b = numpy_matrix(problem, "A"), problem.b.numpy()  # type: ignore[union-attr]
         ax = _mv(A, x)
         primal = _rows_inf(ax - b)
         scale_e = np.maximum(_rows_inf(ax), _rows_inf(b))[..., None]
@@ -448,7 +449,7 @@ def batch_accept_exact(
         big = np.maximum(big, np.abs(at_mu))
     has_g = problem.G is not None and problem.m > 0
     if has_g:
-        G = _matrix(problem, "G")
+        G = numpy_matrix(problem, "G")
         gt_nu = _rmv(G, nu)
         dual += gt_nu
         big = np.maximum(big, np.abs(gt_nu))
@@ -456,7 +457,7 @@ def batch_accept_exact(
     dual_inf = _rows_inf(dual)
     dual_ok = dual_inf <= tol_d
     if not np.all(dual_ok):  # within the round-off of its own evaluation? (tolerances.py)
-        terms = _mv(_abs(_matrix(problem, "P")), np.abs(x)) + np.abs(q)
+        terms = _mv(_abs(numpy_matrix(problem, "P")), np.abs(x)) + np.abs(q)
         if problem.A is not None and problem.p:
             terms = terms + _rmv(_abs(A), np.abs(mu))
         if has_g:

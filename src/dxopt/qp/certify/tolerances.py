@@ -80,15 +80,43 @@ import torch
 
 __all__ = [
     "AMBIGUITY",
+    "CERT_TOL",
+    "DAS_DEPENDENT",
+    "DAS_REFINE_STEPS",
     "DENSE_SELECTION",
+    "DEPENDENCE_DELTA",
+    "DEPENDENCE_DELTA_LADDER",
+    "DEPENDENCE_MAX_STEPS",
+    "DEPENDENCE_REFINE_TOL",
+    "DEPENDENCE_STALL_FLOOR",
     "DEPENDENT_TOL",
     "EVALUATION_ROUNDOFF",
+    "GRAM_EIGEN_FLOOR",
+    "IPM_EPS_FLOOR",
+    "KKT_PIVOT_RATIO",
+    "KKT_REFINE_STEPS",
+    "KKT_REFINE_TOL",
     "LEAN_MARGIN_FACTOR",
     "LEAN_MARGIN_FLOOR",
+    "NEAR_MISS",
+    "PENALTY_PRECONDITIONER_BETA",
+    "PINV_NORMAL_LIMIT",
+    "PINV_NULL_X_PART",
+    "PINV_RANK_TOL",
     "RELATIVE_FLOOR",
     "ROUNDOFF",
+    "ROUNDOFF_KKT",
     "ROW_FLOOR",
+    "RULE_GRAM_SHIFT",
+    "RULE_LSMR_TOL",
+    "RULE_RANK_CUT",
+    "SIMPLEX_DRIVE_OUT_TOL",
+    "SIMPLEX_PIVOT_TOL",
+    "SIMPLEX_RATIO_TIE",
+    "SIMPLEX_SUPPORT_TOL",
     "STRONG_MULTIPLIER",
+    "TORCH_REFINE_STEPS",
+    "VERTEX_FEASIBLE_TOL",
     "WEAK_FACTOR",
     "WEAK_FLOOR",
     "relative_tolerance",
@@ -213,3 +241,100 @@ SMOOTHED_ARMIJO = 1e-4
 """Sufficient-decrease constant of the barrier Newton's backtracking on ``||F||^2``."""
 SMOOTHED_HALVINGS = 40
 """Step halvings of that backtracking before the smallest step is taken."""
+
+
+# --- the backward (:mod:`dxopt.qp.backward`) --------------------------------------------------
+KKT_PIVOT_RATIO = 1e-10
+"""LU pivots of the exact KKT backward below this (relative) trigger the dependent-row test
+(:mod:`dxopt.qp.backward.kkt`)."""
+KKT_REFINE_STEPS = 5
+"""Refinement steps of the exact Schur solve against the KKT matrix :math:`K`
+(:mod:`dxopt.qp.backward.kkt`, and the lean adjoint of :mod:`dxopt.qp.lean.small_backward`)."""
+KKT_REFINE_TOL = 1e-13
+"""Relative residual at which that refinement stops."""
+PENALTY_PRECONDITIONER_BETA = 1e-6
+"""The least penalty weight :math:`\\beta` of a penalty matrix that preconditions the refinement
+against the exact reduced KKT system (:class:`dxopt.qp.PenaltyBackward`)."""
+GRAM_EIGEN_FLOOR = 100 * DEPENDENT_TOL
+"""The certified smallest eigenvalue of the normalised Gram matrix of the active rows on the
+large dense path (:mod:`dxopt.qp.backward.dense_large`)."""
+RULE_GRAM_SHIFT = 1e-14
+"""The diagonal shift of the degenerate rule's Gram factor
+(:mod:`dxopt.qp.backward.degenerate_rule`, :mod:`dxopt.qp.backward.gram_blocks`,
+:mod:`dxopt.qp.backward.vertex_simplex`)."""
+RULE_RANK_CUT = 1e-8
+"""Relative singular value below which a direction of the active rows counts as dependent
+(the degenerate rule, :mod:`dxopt.qp.backward.degenerate_rule`, and the batched vertex rule,
+:mod:`dxopt.qp.backward.vertex_batch`)."""
+RULE_LSMR_TOL = 1e-14
+"""Tolerance of the LSMR solves of the degenerate rule
+(:mod:`dxopt.qp.backward.degenerate_rule`)."""
+VERTEX_FEASIBLE_TOL = 1e-9
+"""Relative: a vertex's residual and negative entries below this are round-off (the batched
+vertex rule), and a phase-1 optimum below this is zero, a feasible program (its simplex,
+:mod:`dxopt.qp.backward.vertex_simplex`)."""
+SIMPLEX_PIVOT_TOL = 1e-12
+"""Entries and reduced costs of the vertex simplex below this are zero
+(:mod:`dxopt.qp.backward.vertex_simplex`)."""
+SIMPLEX_RATIO_TIE = 1e-15
+"""Relative: ratio-test ratios within this of the minimum tie (the smallest basic index wins)."""
+SIMPLEX_DRIVE_OUT_TOL = 1e-9
+"""An artificial variable's row with no entry above this is redundant."""
+SIMPLEX_SUPPORT_TOL = 1e-9
+"""Relative to the largest entry: the support of a vertex."""
+PINV_NORMAL_LIMIT = 1e-9
+"""Relative residual of the normal equations accepted for :math:`K^+ r`
+(:mod:`dxopt.qp.backward.fallbacks`)."""
+PINV_RANK_TOL = 1e-12
+""":math:`\\sigma_{min}/\\sigma_{max}` of the equilibrated :math:`K` below which :math:`K` is
+singular."""
+PINV_NULL_X_PART = 1e-6
+"""The ``x`` part of a unit null vector of :math:`K` above which ``x`` is not unique."""
+
+
+# --- the dependent-row test (:mod:`dxopt.qp.certify.dependence`) ------------------------------
+DEPENDENCE_DELTA = 1e-8
+"""The first relative regularisation of the dependent-row test's refinement
+(:mod:`dxopt.qp.certify.dependence`)."""
+DEPENDENCE_DELTA_LADDER = (DEPENDENCE_DELTA, 1e-11, 1e-13)
+"""The relative regularisations tried in turn while that refinement stalls."""
+DEPENDENCE_STALL_FLOOR = 1e-12
+"""Relative residual below which a stalled refinement is at round-off."""
+DEPENDENCE_MAX_STEPS = 60
+"""Refinement steps of the regularised Gram solve at most."""
+DEPENDENCE_REFINE_TOL = 1e-14
+"""Relative residual at which the regularised Gram solve stops."""
+
+
+# --- the compiled dual active-set solver (:mod:`dxopt.qp.solvers.dual_active_set`) ------------
+DAS_DEPENDENT = 1e-12
+"""A row joining the compiled dual active-set solver's working set is dependent when its squared
+pivot is below this times :math:`\\|y_r\\|^2` (:mod:`dxopt.qp.solvers.dual_active_set`)."""
+DAS_REFINE_STEPS = 2
+"""Newton steps on the working set's KKT system at the end of that solver."""
+
+
+# --- the certificates of failure (:mod:`dxopt.qp.certify.certificates`) ----------------------
+CERT_TOL = 1e-7
+"""Relative tolerance of the certificate checks (:mod:`dxopt.qp.certify.certificates`)."""
+NEAR_MISS = 10.0
+"""A point whose worst residual is at most this times its tolerance is a near miss: the
+status is ``INACCURATE`` with the factor to loosen by, not ``MAX_ITER``
+(:mod:`dxopt.qp.certify.certificates`)."""
+
+
+# --- the torch device solver (:mod:`dxopt.qp.solvers.torch_ipm`, :mod:`~.torch_kkt`) ---------
+IPM_EPS_FLOOR = 1e-6
+"""The torch interior point (:mod:`dxopt.qp.solvers.torch_ipm`) stops at
+``max(eps_abs, IPM_EPS_FLOOR)``: the polish solves the identified active set exactly and
+certifies it at the user's ``eps_abs``; a sample whose polish fails resumes with a 1000x tighter
+complementarity."""
+ROUNDOFF_KKT = 1e-10
+"""The relative residual of the torch polish's float64 KKT solve up to which the active set's KKT
+matrix is taken as numerically nonsingular (a regular sample; else the CPU path): the float64
+backward's own acceptance threshold (:mod:`dxopt.qp.autograd.torch_function`)."""
+TORCH_REFINE_STEPS = 16
+"""Default cap on the refinement passes of a KKT solve of the torch solver (polish and
+backward, :mod:`dxopt.qp.solvers.torch_kkt`). Each pass after the first runs only while some
+sample is above round-off and still halving its residual, so a well-conditioned batch takes
+one or two."""

@@ -50,9 +50,9 @@ from dxopt.qp.certify.tolerances import (
     row_floor,
     row_tolerance,
 )
-from dxopt.qp.certify.torch_ops import amax, mv, rmv, wide
+from dxopt.qp.certify.torch_ops import amax, dot, mv, rmv, wide
 
-__all__ = ["certify", "polish_update", "regular"]
+__all__ = ["certify", "infeasibility_masks", "polish_update", "regular"]
 
 
 def certify(
@@ -221,3 +221,32 @@ def regular(
     if C.shape[-2]:
         ok = ok & (count_dependent_dense(C) == 0)
     return ok
+
+
+def infeasibility_masks(
+    P: Tensor,
+    q: Tensor,
+    A: Tensor,
+    b: Tensor,
+    G: Tensor,
+    h: Tensor,
+    x: Tensor,
+    y: Tensor,
+    z: Tensor,
+    eps: float,
+) -> tuple[Tensor, Tensor]:
+    """Masks ``(B,)`` of the samples whose interior-point iterates ``(x, y, z)`` are primal /
+    dual infeasibility certificates: scaled multipliers :math:`(\\hat y, \\hat z)` with
+    :math:`\\|A^\top\\hat y + G^\top\\hat z\\|_\\infty \\le \\epsilon` and
+    :math:`b^\top\\hat y + h^\top\\hat z < -\\epsilon` (primal), or a scaled direction
+    :math:`\\hat x` with :math:`\\|P\\hat x\\|_\\infty, \\|A\\hat x\\|_\\infty,
+    \\max_i (G\\hat x)_i \\le \\epsilon` and :math:`q^\top\\hat x < -\\epsilon` (dual)."""
+    tiny = torch.finfo(q.dtype).tiny ** 0.5
+    t = torch.maximum(amax(y), amax(z)).clamp_min(tiny)
+    yh, zh = y / t[:, None], z / t[:, None]
+    pinf = (amax(rmv(A, yh) + rmv(G, zh)) <= eps) & (dot(b, yh) + dot(h, zh) < -eps)
+    xh = x / amax(x).clamp_min(tiny)[:, None]
+    gx = mv(G, xh)
+    gmax = gx.amax(-1) if gx.shape[-1] else torch.zeros_like(t)
+    dinf = (amax(mv(P, xh)) <= eps) & (amax(mv(A, xh)) <= eps) & (gmax <= eps)
+    return pinf, dinf & (dot(q, xh) < -eps)

@@ -5,6 +5,10 @@ CVXPY problem whose canonical form is a QP into a sparse affine map from the par
 data of :func:`dxopt.qp.solve` (CVXPY's own canonicalisation; Agrawal et al., NeurIPS 2019)
 and calls it with cvxpylayers' convention. cvxpy is an optional extra:
 ``pip install 'dxopt[cvxpy]'``.
+
+Its modules are private (``_affine``, ``_compile``, ``_eliminate``, ``_layer``), as in
+:mod:`dxopt.frontend`; the public names are re-exported here. May import: every other layer
+of :mod:`dxopt.qp` (``api`` and below), :mod:`dxopt._core`.
 """
 
 from dxopt.qp.frontend._layer import CvxpyQPLayer as CvxpyQPLayer

@@ -41,7 +41,9 @@ __all__ = [
     "check_lists",
     "check_parameters",
     "compile_problem",
+    "coo_entries",
     "import_cvxpy",
+    "param_columns",
 ]
 
 #: QP solvers whose cvxpy data are (P, q, A, b, F, g) with variable bounds; the first installed
@@ -263,7 +265,7 @@ def _canonicalise(cp: Any, problem: Any) -> tuple[Any, Any]:
     return data[cp.settings.PARAM_PROB], chain
 
 
-def _param_columns(
+def param_columns(
     parameters: Any, param_prob: Any, chain: Any
 ) -> tuple[np.ndarray, list[int], list[int]]:
     """``cols[k]``: the map column of cvxpy column ``k`` (-1: unused), offsets and sizes."""
@@ -297,7 +299,9 @@ def _param_columns(
     return cols, offsets, sizes
 
 
-def _entries(tensor: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def coo_entries(tensor: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(rows, cols, values)`` of a sparse or dense matrix ``tensor``, duplicates summed
+    (int64, int64, float64)."""
     coo = sp.coo_array(tensor)
     coo.sum_duplicates()
     return coo.row.astype(np.int64), coo.col.astype(np.int64), coo.data.astype(np.float64)
@@ -316,7 +320,7 @@ def compile_problem(problem: Any, parameters: Any, variables: Any) -> CompiledQP
     _check_problem(cp, problem, parameters, variables)
     pp, chain = _canonicalise(cp, problem)
     n = int(pp.x.size)
-    cols, offsets, sizes = _param_columns(parameters, pp, chain)
+    cols, offsets, sizes = param_columns(parameters, pp, chain)
     num_columns = int(cols[-1]) + 1
     p = int(pp.cone_dims.zero)
     m = int(pp.cone_dims.nonneg)
@@ -339,15 +343,15 @@ def compile_problem(problem: Any, parameters: Any, variables: Any) -> CompiledQP
         vals_out.append(vals[keep])
 
     if pp.P is not None:
-        r, k, v = _entries(pp.P)
+        r, k, v = coo_entries(pp.P)
         i, j = r % n, r // n
         emit(starts["P"] + i * n + j, k, v)
-    r, k, v = _entries(pp.q)
+    r, k, v = coo_entries(pp.q)
     keep = r < n  # row n is the objective's constant
     emit(starts["q"] + r[keep], k[keep], v[keep])
     rows_c = p + m
     if rows_c:
-        r, k, v = _entries(pp.A)
+        r, k, v = coo_entries(pp.A)
         i, j = r % rows_c, r // rows_c
         eq, offset = i < p, j == n
         # matrix entries sit at row * n + column, offset entries at row (with n == 1 the

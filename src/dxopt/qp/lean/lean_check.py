@@ -11,6 +11,7 @@ from torch import Tensor
 
 from dxopt.qp.backward.kkt import KKTBackward
 from dxopt.qp.backward.penalty import PenaltyBackward
+from dxopt.qp.problem.canonical import SYMMETRY_FACTOR
 
 __all__ = ["SMALL_MAX_N", "SYMMETRY_TOL", "lean_method", "small_inputs"]
 
@@ -19,7 +20,9 @@ SMALL_MAX_N = 64
 general path's dispatches."""
 
 _DTYPES = (torch.float64, torch.float32)
-SYMMETRY_TOL = {t: 100 * float(torch.finfo(t).eps) for t in _DTYPES}  # P's asymmetry, relative
+SYMMETRY_TOL = {t: SYMMETRY_FACTOR * float(torch.finfo(t).eps) for t in _DTYPES}
+"""``P``'s asymmetry accepted by the lean kernels, relative, per dtype: the general path's
+(:data:`dxopt.qp.problem.canonical.SYMMETRY_FACTOR`)."""
 
 
 def small_inputs(P: object, q: object, A: object, b: object, G: object, h: object) -> bool:

@@ -6,13 +6,13 @@ problem, :func:`dxopt.qp.lean.small.small_forward`) and :class:`SmallBatch` (a b
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
+from dxopt.qp.problem.options import QPOptions
 from dxopt.qp.problem.types import BackwardDiagnostics
 
 __all__ = ["SmallBatch", "SmallPoint"]
@@ -26,8 +26,9 @@ class SmallPoint:
     views of them, ``None`` without rows), the point ``x`` with the multipliers
     ``duals = [nu; mu]`` and the active set ``working`` (no entries: daqp's working set, read
     off the multipliers), and the certificate's residuals; ``given``: whether ``A`` and ``G``
-    were given (their gradients, empty without rows, or ``None``); ``general(point)`` rebuilds
-    the general path's state."""
+    were given (their gradients, empty without rows, or ``None``); the call's ``options`` and
+    ``solver``, with which the backward rebuilds the general path's state where it declines
+    (:func:`dxopt.qp.autograd.state.rebuilt_state`)."""
 
     P: np.ndarray
     q: np.ndarray
@@ -38,7 +39,8 @@ class SmallPoint:
     working: np.ndarray
     g_inf: np.ndarray
     dtype: torch.dtype
-    general: Callable[..., Any]
+    options: QPOptions
+    solver: str
     given: tuple[bool, bool] = (False, False)  # A, G given (perhaps without rows): gradients
     warm_start: Any = None  # the backend's primal start (float64), for the general path
     polished: bool = False
@@ -74,7 +76,8 @@ class SmallBatch:
     """The certified solutions of a batch and what its backward needs: float64 copies of the
     data in daqp's layout (``C = [G; A]``, ``upper = [h; b]``, a leading batch axis), daqp's
     points ``X`` and multipliers ``duals``, which inputs were shared (their gradients are
-    summed), and ``general(batch, samples)``, the general path's state for some samples."""
+    summed), and the call's ``eps_abs``, with which the backward builds the general path's
+    state for the samples it declines."""
 
     P: np.ndarray
     q: np.ndarray
@@ -87,7 +90,7 @@ class SmallBatch:
     shared: tuple[bool, ...]
     empty: tuple[bool, bool]
     dtype: torch.dtype
-    general: Callable[..., Any]
+    eps_abs: float
     diagnostics: BackwardDiagnostics = field(default_factory=BackwardDiagnostics)
     solve_time: float = 0.0
     primal: tuple[float, ...] = ()
@@ -105,8 +108,7 @@ class SmallBatch:
         """``(P, q, A, b, G, h)`` of ``samples`` as the caller gave them (shared ones without
         the batch axis, absent ones ``None``), from the copies."""
         m, p = self.m, self.C.shape[1] - self.m
-        full = (self.P, self.q, self.C[:, m:], self.upper[:, m:], self.C[:, :m],
-                self.upper[:, :m])  # fmt: skip
+        full = (self.P, self.q, self.C[:, m:], self.upper[:, m:], self.C[:, :m], self.upper[:, :m])
         present = (True, True, p > 0 or self.empty[0], p > 0 or self.empty[0],
                    m > 0 or self.empty[1], m > 0 or self.empty[1])  # fmt: skip
         every = samples.size == self.q.shape[0]  # the whole batch, in order: views

@@ -51,7 +51,6 @@ differences).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -59,6 +58,7 @@ import numpy as np
 from torch import Tensor
 
 from dxopt.qp.autograd.function import eager_gradients
+from dxopt.qp.autograd.state import rebuilt_state
 from dxopt.qp.certify.tolerances import RELATIVE_FLOOR, ROUNDOFF
 from dxopt.qp.lean.lean_check import SYMMETRY_TOL
 from dxopt.qp.lean.records import SmallPoint
@@ -122,14 +122,14 @@ def small_forward(
     options: QPOptions,
     *,
     solver: str = "daqp",
-    general: Callable[..., Any],
     warm_start: Tensor | None = None,
 ) -> SmallPoint | None:
     """Solve and certify one small QP ``data = (P, q, A, b, G, h)`` (:func:`small_inputs`
     holds) with ``solver`` (a lean backend of :mod:`dxopt.qp.solvers.backends`; ``"auto"``
     already resolved) at ``options``' tolerances and polish, started from ``warm_start`` (an
     ``(n,)`` CPU tensor; anything else: the general path validates it), or ``None`` for the
-    general path (module docstring)."""
+    general path (module docstring). ``options`` also travel in the point, for the general
+    path's state where the lean backward declines."""
     q = data[1]
     assert q is not None
     start_x = None
@@ -195,9 +195,9 @@ def small_forward(
     if m or p:  # one multiplier selection at degenerate points (qp.certify.multipliers)
         working = _select(Pn, qn, C, upper, m, outputs, duals, working, g_inf, eps_abs, eps_rel,
                           exact=entry.exact_working_set)  # fmt: skip
-    return SmallPoint(Pn, qn, C, upper, x, duals, working, g_inf, dtype, general, given, start_x,
-                      polished, BackwardDiagnostics(), time.perf_counter() - start, primal, dual,
-                      outputs)  # fmt: skip
+    return SmallPoint(Pn, qn, C, upper, x, duals, working, g_inf, dtype, options, solver, given,
+                      start_x, polished, BackwardDiagnostics(), time.perf_counter() - start,
+                      primal, dual, outputs)  # fmt: skip
 
 
 def _select(
@@ -323,6 +323,9 @@ def point_gradients(
     declines the general path's (its state rebuilt from the saved data, same point)."""
     grads = small_backward(point, method, grad_x, grad_eq, grad_ineq, needs)
     if grads is None:
-        state = replace(point.general(point), diagnostics=point.diagnostics)
+        arrays = (point.P, point.q, point.A, point.b, point.G, point.h, point.warm_start)
+        rebuilt = rebuilt_state(arrays, point.dtype, method=method, solver=point.solver,
+                                options=point.options)  # fmt: skip
+        state = replace(rebuilt, diagnostics=point.diagnostics)
         grads = eager_gradients(state, grad_x, grad_eq, grad_ineq, needs)
     return grads

@@ -12,9 +12,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from dxopt.qp.backward.kkt import _KKT_STEPS, _KKT_TOL
 from dxopt.qp.backward.penalty import PenaltyBackward
-from dxopt.qp.certify.tolerances import DEPENDENT_TOL, LEAN_MARGIN_FLOOR
+from dxopt.qp.certify.tolerances import (
+    DEPENDENT_TOL,
+    KKT_REFINE_STEPS,
+    KKT_REFINE_TOL,
+    LEAN_MARGIN_FLOOR,
+)
 from dxopt.qp.lean.records import SmallPoint
 from dxopt.qp.problem.types import BackwardDiagnostics
 from dxopt.qp.solvers.kernels.adjoint import lean_adjoint
@@ -59,7 +63,7 @@ def regular_settings(method: Any) -> _Regular:
         )
         penalty = True
     else:
-        steps, tol, beta, beta_min, penalty = _KKT_STEPS, _KKT_TOL, None, 0.0, False
+        steps, tol, beta, beta_min, penalty = KKT_REFINE_STEPS, KKT_REFINE_TOL, None, 0.0, False
     settings = np.array(
         [steps, tol, method.max_residual, DEPENDENT_TOL, LEAN_MARGIN_FLOOR], dtype=np.float64
     )

@@ -32,7 +32,6 @@ solve), and their gradients and diagnostics are merged in. The results are the g
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import fields
 from typing import Any
 
@@ -44,12 +43,16 @@ from dxopt._core.memory import MAX_SET_BYTES, host_array, host_buffers
 from dxopt.linalg.small import lapack_kernels
 from dxopt.linalg.threads import blas_threads
 from dxopt.qp.autograd.function import eager_gradients
+from dxopt.qp.autograd.state import residuals
 from dxopt.qp.certify.tolerances import LEAN_MARGIN_FLOOR, RELATIVE_FLOOR, ROUNDOFF
 from dxopt.qp.lean.lean_check import SMALL_MAX_N, SYMMETRY_TOL
 from dxopt.qp.lean.records import SmallBatch
 from dxopt.qp.lean.small import daqp_bounds, daqp_module
 from dxopt.qp.lean.small_backward import cotangent_array, record_diagnostics, regular_settings
-from dxopt.qp.problem.types import BackwardDiagnostics
+from dxopt.qp.problem.canonical import canonical_problem
+from dxopt.qp.problem.contracts import BackwardMethod, ForwardFactors, ForwardResult, QPState
+from dxopt.qp.problem.options import COMPILED_SOLVER
+from dxopt.qp.problem.types import BackwardDiagnostics, QPStatus
 from dxopt.qp.solvers.kernels.batch import (
     certify_batch,
     forward_batch,
@@ -60,13 +63,11 @@ from dxopt.qp.solvers.kernels.certify import may_be_dependent_batch
 
 __all__ = [
     "COMPILED_MAX_ENTRIES",
-    "COMPILED_SOLVER",
     "small_batch_backward",
     "small_batch_forward",
     "small_batch_inputs",
 ]
 
-COMPILED_SOLVER = "dual_active_set"  # the name the compiled solver's samples report
 _MAX_ITER_PER_ROW = 5  # its working-set changes: at most this many per row, plus 20
 COMPILED_MAX_ENTRIES = 1 << 25  # the compiled route's factors: at most this many float64s
 
@@ -133,7 +134,6 @@ def small_batch_forward(
     *,
     eps_abs: float,
     eps_rel: float,
-    general: Callable[..., Any],
     warm_start: Tensor | None = None,
     compiled: bool = False,
     for_backward: bool = False,
@@ -153,8 +153,9 @@ def small_batch_forward(
     if starts is False:
         return None
     try:
-        views: list[Any] = [None if t is None else (t.detach() if t.requires_grad else t).numpy()
-                            for t in data]  # fmt: skip
+        views: list[Any] = [
+            None if t is None else (t.detach() if t.requires_grad else t).numpy() for t in data
+        ]
     except RuntimeError:  # no numpy view (e.g. a negative-bit view): the general path
         return None
     shared = tuple(v is not None and v.ndim == base for v, base in zip(views, _BASE))
@@ -212,7 +213,7 @@ def small_batch_forward(
     solvers = tuple(COMPILED_SOLVER if g else "daqp" for g in given.tolist())
     if m or p:  # one multiplier selection at degenerate points (qp.certify.multipliers)
         _select_batch(Pn, qn, C, upper, m, X, duals, g_inf, (Xo, MU, NU), given, eps_abs, eps_rel)
-    out = SmallBatch(Pn, qn, C, upper, m, X, duals, g_inf, shared, empty, q.dtype, general)
+    out = SmallBatch(Pn, qn, C, upper, m, X, duals, g_inf, shared, empty, q.dtype, eps_abs)
     out.primal, out.dual, out.outputs = tuple(primal.tolist()), tuple(dual.tolist()), (Xo, MU, NU)
     out.solvers = solvers
     out.L_given, out.Y_given, out.given = L_given, Y_given, given
@@ -334,7 +335,7 @@ def small_batch_backward(
             for a in out:
                 if a is not None:
                     a[declined] = 0.0
-        _general_samples(sb, declined, out, (grad_x, grad_eq, grad_ineq), needs)
+        _general_samples(sb, method, declined, out, (grad_x, grad_eq, grad_ineq), needs)
         for i in range(6):  # (uninitialized memory must never come out as a gradient)
             if declined.size == B and out[i] is not None and out[i] is grads[i]:
                 out[i][...] = 0.0
@@ -352,6 +353,7 @@ def small_batch_backward(
 
 def _general_samples(
     sb: SmallBatch,
+    method: BackwardMethod,
     samples: np.ndarray,
     out: list[Any],
     cotangents: tuple[Tensor | None, ...],
@@ -364,7 +366,7 @@ def _general_samples(
     are (at n = 2000 the copy alone touched some 100 MB of fresh pages); merge its
     diagnostics into ``sb.diagnostics`` sample by sample."""
     index = torch.from_numpy(samples)
-    state = sb.general(sb, samples)
+    state = _general_state(sb, samples, method)
     gx, geq, gin = (None if g is None else g[index] for g in cotangents)
     sub = eager_gradients(state, gx, geq, gin, needs)
     whole = samples.size == sb.X.shape[0]  # every sample: its arrays as they are, no copy
@@ -380,6 +382,53 @@ def _general_samples(
         else:
             out[i][samples] = a
     _merge(sb.diagnostics, state.diagnostics, samples)
+
+
+def _sample_factors(sb: SmallBatch, samples: np.ndarray) -> ForwardFactors | None:
+    """The compiled solver's factors of ``samples`` when it solved all of them (views when
+    they are the whole batch), else ``None``."""
+    if not sb.given[samples].all():
+        return None
+    factors = ForwardFactors(sb.L_given, sb.Y_given, sb.order_given, sb.LW_given)
+    if samples.size == sb.given.size:  # every sample, in order
+        return factors
+    return factors.take(samples)
+
+
+def _general_state(sb: SmallBatch, samples: np.ndarray, method: BackwardMethod) -> QPState:
+    """The general route's state for ``samples`` at the lean forward's certified points: what
+    its forward returns on the same data when every daqp point certifies (daqp is
+    deterministic; the active set is the working set, nu > 0), without solving again (for the
+    compiled solver's points: the same state at its certified point)."""
+    P, q, A, b, G, h = (
+        None if a is None else torch.from_numpy(a).to(sb.dtype) for a in sb.arrays(samples)
+    )
+    assert P is not None and q is not None
+    # validated by the lean forward (finite, symmetric as the general route demands, P
+    # certified positive definite by the solver's Cholesky): no second symmetry pass
+    problem = canonical_problem(P, q, A, b, G, h, check_psd=False)
+    X, duals = sb.X[samples], sb.duals[samples]
+    NU = np.maximum(duals[:, : sb.m], 0.0)
+    size = samples.size
+    solvers = tuple(sb.solvers[i] for i in samples.tolist())
+    result = ForwardResult(
+        x=torch.from_numpy(X),
+        eq_duals=torch.from_numpy(np.ascontiguousarray(duals[:, sb.m :])),
+        ineq_duals=torch.from_numpy(NU),
+        status=(QPStatus.SOLVED,) * size,
+        solver=solvers[0],
+        solve_time=0.0,
+        active=torch.from_numpy(NU > 0),
+        sample_solvers=solvers,
+        sample_eps=(sb.eps_abs,) * size,
+        polished=(False,) * size,
+        settled=(True,) * size,
+        residuals=(np.array(sb.primal)[samples], np.array(sb.dual)[samples]),
+        factors=_sample_factors(sb, samples),
+    )
+    return QPState(
+        problem, result, method, BackwardDiagnostics(), solvers[0], residuals(problem, result)
+    )
 
 
 def _merge(lean: BackwardDiagnostics, general: BackwardDiagnostics, samples: np.ndarray) -> None:

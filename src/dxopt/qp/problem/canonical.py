@@ -23,6 +23,7 @@ from dxopt._core import DxoptError
 from dxopt.linalg.threads import small_work
 
 __all__ = [
+    "SYMMETRY_FACTOR",
     "NotPSDError",
     "QPProblem",
     "canonical_problem",
@@ -34,6 +35,10 @@ __all__ = [
 ]
 
 _NAMES = ("P", "q", "A", "b", "G", "h")
+SYMMETRY_FACTOR = 100.0
+"""``P`` is symmetric when :math:`|P - P^\\top|` is at most ``SYMMETRY_FACTOR`` times the dtype's
+machine epsilon times its scale (every route's check: this layer's and the lean kernels'). It
+lives here, below :mod:`dxopt.qp.certify.tolerances`, because validation is the lowest layer."""
 _SPARSE_LAYOUTS = (torch.sparse_coo, torch.sparse_csr)
 
 
@@ -234,14 +239,14 @@ class NotPSDError(DxoptError, ValueError):
 def _check_symmetric(
     P: Tensor, eps: float, csr: tuple[sp.csr_matrix, sp.csr_matrix] | None = None
 ) -> None:
-    """``P`` symmetric up to ``100 eps`` relative (sparse: also its diagonal sign; ``csr`` is
-    the scipy pair ``(P, P^T)`` of a sparse ``P`` when the caller has it)."""
+    """``P`` symmetric up to :data:`SYMMETRY_FACTOR` ``eps`` relative (sparse: also its diagonal
+    sign; ``csr`` is the scipy pair ``(P, P^T)`` of a sparse ``P`` when the caller has it)."""
     if P.layout == torch.sparse_coo:
         mat, mat_t = csr if csr is not None else (to_scipy_csr(P), to_scipy_csr(P).T.tocsr())
         scale = max(1.0, float(np.abs(mat.data).max())) if mat.nnz else 1.0
         diff = mat - mat_t
         worst = float(np.abs(diff.data).max()) if diff.nnz else 0.0
-        if worst > 100 * eps * scale:
+        if worst > SYMMETRY_FACTOR * eps * scale:
             raise _fail(
                 "P",
                 "a symmetric matrix",
@@ -249,7 +254,7 @@ def _check_symmetric(
                 "Pass (P + P.T) / 2.",
             )
         diag = mat.diagonal()
-        if bool((diag < -100 * eps * scale).any()):
+        if bool((diag < -SYMMETRY_FACTOR * eps * scale).any()):
             raise NotPSDError(
                 "P: expected a positive semidefinite matrix, got a negative diagonal entry. "
                 "Check the sign of the quadratic term."
@@ -266,7 +271,7 @@ def _check_symmetric(
     # numpy's strided transpose is much faster than torch's here
     asym = np.abs(Pn - np.swapaxes(Pn, -1, -2)).max(axis=(-2, -1))
     scale = np.maximum(np.abs(Pn).max(axis=(-2, -1)), 1.0)
-    if bool((asym > 100 * eps * scale).any()):
+    if bool((asym > SYMMETRY_FACTOR * eps * scale).any()):
         raise _fail(
             "P",
             "a symmetric matrix",
@@ -337,10 +342,8 @@ def check_psd_sparse(P: sp.spmatrix, eps: float) -> None:
        iterations); when it does not converge ``P`` is accepted with a
        :class:`~dxopt.DxoptWarning` (not certified).
 
-    Measured on the 125 Maros-Meszaros problems (n up to 20200, 1 thread): 1.4 s for all,
-    the largest single cost 0.26 s (CVXQP3_L, n = 10000, LDLᵀ); 74 pass by step 1, 50 by
-    step 2, and VALUES is refused (smallest eigenvalue -1.27e-5 of a largest 10.8, which the
-    dense check refuses too)."""
+    On the Maros-Meszaros set the whole check stays well below a solve (the figures:
+    ``benchmarks/qp_speed/results/routing_measurements.md``)."""
     M = sp.csr_matrix(P, dtype=np.float64)
     n = M.shape[0]
     scale = float(np.abs(M.data).max()) if M.nnz else 0.0

@@ -6,6 +6,9 @@ the next.
 - :class:`ForwardResult`: what the forward (:func:`dxopt.qp.solvers.forward.solve_forward`, the
   lean paths of :mod:`dxopt.qp.lean.small`/:mod:`dxopt.qp.lean.small_batch`) returns: the float64
   solution, the statuses, the certified active set and the reusable factors.
+- :class:`ActiveSet`: the backward's row classification
+  (:func:`dxopt.qp.certify.active.identify_active` builds it).
+- :class:`QPCall`: one call's solve, run inside the autograd Function, and the state it stores.
 - :class:`QPState`: the non-tensor context the autograd Function
   (:class:`dxopt.qp.autograd.function.QPFunction`) keeps between forward and backward.
 - :class:`AdjointInput` and :class:`AdjointSolution`: what a backward method receives and
@@ -14,14 +17,14 @@ the next.
   point of :func:`dxopt.qp.solve`; :class:`dxopt.qp.BackwardBase` implements it).
 
 Every layer imports them from here, so no layer imports another one's implementation to get
-a type. May import: the rest of :mod:`dxopt.qp.problem` (and, for types only,
-:mod:`dxopt.qp.certify.active`).
+a type. May import: the rest of :mod:`dxopt.qp.problem`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 from torch import Tensor
@@ -29,15 +32,14 @@ from torch import Tensor
 from dxopt.qp.problem.canonical import QPProblem
 from dxopt.qp.problem.types import BackwardDiagnostics, QPStatus
 
-if TYPE_CHECKING:
-    from dxopt.qp.certify.active import ActiveSet
-
 __all__ = [
+    "ActiveSet",
     "AdjointInput",
     "AdjointSolution",
     "BackwardMethod",
     "ForwardFactors",
     "ForwardResult",
+    "QPCall",
     "QPState",
 ]
 
@@ -99,6 +101,33 @@ class ForwardResult:
     residuals: tuple[np.ndarray, np.ndarray] | None = None
     factors: ForwardFactors | None = None
     reasons: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ActiveSet:
+    """Per-sample row classification (masks are (S, m)), accuracy (S,), and the normalised
+    slack :math:`\\hat s` (S, m) and signed equality residual :math:`(Ax - b)/\\|a_j\\|` (S, p);
+    ``adopted`` (S, m) the weak rows the backward added to ``used`` (in the span of the others)."""
+
+    active: Tensor
+    weak: Tensor
+    used: Tensor
+    accuracy: Tensor
+    g_norm: Tensor | None
+    a_norm: Tensor | None
+    slack: Tensor | None = None
+    eq_residual: Tensor | None = None
+    #: weak rows that joined ``used`` because they lie in the span of the active rows (the
+    #: backward's rule, :mod:`dxopt.qp.backward.base`), or None
+    adopted: Tensor | None = None
+
+    @property
+    def n_active(self) -> tuple[int, ...]:
+        return tuple(self.used.numpy().sum(-1).tolist())
+
+    @property
+    def n_weak(self) -> tuple[int, ...]:
+        return tuple(self.weak.numpy().sum(-1).tolist())
 
 
 @dataclass(frozen=True)
@@ -181,3 +210,13 @@ class QPState:
     diagnostics: BackwardDiagnostics
     solver: str = ""
     residuals: tuple[tuple[float, ...], tuple[float, ...]] = ((), ())
+
+
+@dataclass
+class QPCall:
+    """One call of :func:`dxopt.qp.solve`: ``solve(P, q, A, b, G, h, warm_start)`` returns the
+    :class:`QPState` (validation and forward solve on plain tensors); ``QPFunction.forward``
+    stores it in ``state``, where the caller and the backward read it."""
+
+    solve: Callable[..., QPState]
+    state: QPState | None = None

@@ -19,7 +19,7 @@ included: ``primal_tol``), with the relative part never below
 scaled data, a backend stalls until its iteration limit (piqp on Maros-Meszaros CVXQP1_L,
 n = 10000: the dual residual stops at 1e-8 on data of size 1e8, and the absolute 1e-9 kept it
 iterating for 250 iterations; with the floor it stops after 14). The floor stays below the
-certificate's own (``RELATIVE_FLOOR = 1e-10`` in :mod:`dxopt.qp.certify.polish`): at
+certificate's own (``RELATIVE_FLOOR = 1e-10`` in :mod:`dxopt.qp.certify.tolerances`): at
 ``eps_rel = 1e-10`` piqp stops at points whose polish fails on a QP scaled by 1e8, at
 ``1e-12`` it does not.
 

@@ -69,6 +69,7 @@ from dxopt.linalg.small import (
     lower_transpose_solve_inplace,
     schur_solve_rows,
 )
+from dxopt.qp.certify.tolerances import DAS_DEPENDENT, DAS_REFINE_STEPS
 
 __all__ = ["SOLVE_STATUS", "solve_batch", "solve_one"]
 
@@ -78,7 +79,6 @@ SOLVE_STATUS = ("solved", "factorization", "dependent equality", "infeasible", "
 """What :func:`solve_batch`'s status code means: 0 solved; otherwise the caller solves the
 sample another way."""
 
-_DEPENDENT = 1e-12  # a joining row's squared pivot below this times ||y_r||^2: dependent
 _EQ_GRAM = 2048  # p^2 n from which the equality rows join through their Gram matrix
 
 
@@ -97,7 +97,7 @@ def _add(Yt: np.ndarray, W: np.ndarray, LW: np.ndarray, k: int, r: int) -> bool:
         s /= LW[j, j]
         LW[k, j] = s
         piv2 -= s * s
-    if k >= y.shape[0] or not piv2 > _DEPENDENT * norm2:  # n rows span everything
+    if k >= y.shape[0] or not piv2 > DAS_DEPENDENT * norm2:  # n rows span everything
         return False
     LW[k, k] = math.sqrt(piv2)
     W[k] = r
@@ -129,7 +129,7 @@ def _add_equalities(
     if cholesky_lapack(S, lapack[0]) != 0:
         return -1
     for j in range(p):
-        if not S[j, j] * S[j, j] > _DEPENDENT * norm2[j]:
+        if not S[j, j] * S[j, j] > DAS_DEPENDENT * norm2[j]:
             return -1
         W[j] = m + j
         member[m + j] = True
@@ -180,7 +180,6 @@ _PRICING_FRACTION = 16  # the candidates: the m / 16 most violated rows of the l
 _PRICING_MIN_KEEP = 16
 _PRICING_RATIO = 0.5  # a candidate joins only if at least half as violated as at that scan
 
-_REFINE_STEPS = 2  # Newton steps on the working set's KKT system at the end
 _REFINE_MIN_ROWS = 64  # for working sets above this size (smaller: accurate already)
 
 
@@ -200,7 +199,7 @@ def _refine(
     lam: np.ndarray,
 ) -> None:
     """In place: ``x`` and the working set's multipliers ``lam`` refined by up to
-    :data:`_REFINE_STEPS` Newton steps on :math:`Px + q + C_W^\\top\\lambda_W = 0`,
+    :data:`DAS_REFINE_STEPS` Newton steps on :math:`Px + q + C_W^\\top\\lambda_W = 0`,
     :math:`C_Wx = \\text{upper}_W` with the factors at hand (iterative refinement: the
     multipliers come from a factor of :math:`S_W` updated row by row, whose error grows with
     the working set; the steps bring the point to the accuracy of one solve). A step that would
@@ -214,7 +213,7 @@ def _refine(
     r1 = P @ x + q + CW.T @ lam[:k]
     r2 = CW @ x - upper[W[:k]]
     norm = math.sqrt(r1 @ r1 + r2 @ r2)
-    for _ in range(_REFINE_STEPS):
+    for _ in range(DAS_REFINE_STEPS):
         if norm == 0.0:
             return
         dx, dlam = schur_solve_rows(L, YW, LW, -r1, -r2)

@@ -16,11 +16,9 @@ certified all at once by the vectorised certificate
 per-sample polish and fallback path, and when it accepts every sample its residuals are the
 ones :class:`~dxopt.qp.QPInfo` reports.
 
-Parallelism: ``max_workers > 1`` solves samples on a thread pool. Measured on the shared
-2-core machine (load average about 10 from other jobs; batch 128, n = 50, m = 50, p = 25, daqp
-through qpsolvers, median of 7): serial loop 49 ms, 2 threads 48 ms, a warm 2-process pool
-53 ms, a fresh 2-process pool per call 160 ms (start-up and pickling). Threads tie with the loop
-and processes lose, so the default is the serial loop, threads are offered, processes are not.
+Parallelism: ``max_workers > 1`` solves samples on a thread pool. Threads tie with the serial
+loop and processes lose (start-up and pickling), so the default is the serial loop, threads are
+offered, processes are not (the figures: ``benchmarks/qp_speed/results/routing_measurements.md``).
 """
 
 from __future__ import annotations

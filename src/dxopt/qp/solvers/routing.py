@@ -60,39 +60,14 @@ def default_solver(problem: QPProblem) -> str:
 
     Inputs on a GPU (any non-CPU device) get the batched torch interior point
     (:mod:`dxopt.qp.solvers.torch_ipm`): it runs on the device, with no host round trip of the
-    data. On the CPU daqp is the fastest in every cell of this measurement (``python -m
-    benchmarks.qp_torch.auto_rule``): ``dxopt.qp.solve`` forward+backward, ``solver="daqp"``
-    (the lean paths of :mod:`dxopt.qp.lean.small` and :mod:`dxopt.qp.lean.small_batch`) against
-    ``solver="torch"`` back to back in one process, 1 torch thread, dQP's random dense QPs
-    (m = n, p = n/2), medians of 3-5 on the 2-core machine at a load average of 1
-    (``benchmarks/qp_torch/results/auto_rule.json``); torch/daqp time ratio by batch size B:
-
-    ======  =====================================================================
-    n       torch / daqp
-    ======  =====================================================================
-    10      26.1 (B=1), 11.6 (32), 5.73 (128), 3.12 (512), 2.70 (2048)
-    20      25.4 (B=1), 4.94 (128), 3.71 (1024)
-    50      24.2 (B=1), 4.12 (32), 2.59 (128)
-    100     4.30 (B=1), 2.03 (32)
-    ======  =====================================================================
-
-    (Before the lean batch path, torch measured 0.44-0.96 of daqp at B >= 512, n = 10, and
-    ``"auto"`` picked it there.) A dense CPU batch, or one dense problem with n > 64, with
-    the default options is solved under ``"auto"`` by dxopt's compiled dual active-set solver
-    (:mod:`dxopt.qp.solvers.dual_active_set`; :func:`dxopt.qp.solve` routes it there before this
-    function is asked): fwd+bwd against the raw qpsolvers daqp loop's forward, 128 x n=50
-    1.12x (daqp: 1.58x), 1024 x n=20 0.93x (1.20x) (``dxopt bench qp_speed``); one dense
-    problem, n = 1000, 0.64x raw daqp (``python -m benchmarks.qp_speed.dense``; its forward
-    alone is 0.57x: the same iterations as daqp, LAPACK/BLAS for the factorization and the
-    transformed rows).
-
-    Backends on the CPU, measured through :func:`dxopt.qp.solvers.forward.solve_forward`
-    (eps_abs = 1e-9, 1 thread, the shared 2-core machine under a load average of 5-9, medians):
-    dense dQP problems (m = n, p = n/2) at n = 100 / 500: daqp 3.4 / 219 ms, piqp 5.5 / 429 ms,
-    proxqp 9.9 / 308 ms, clarabel 260 ms / 10.9 s; sparse simplex projection at n = 1e4 / 1e5:
-    piqp 30 ms / 1.18 s, clarabel 177 ms / 4.86 s, osqp hit its iteration limit (FAILED) at 1e4.
-    The same ranking as earlier runs on a quiet machine (daqp 0.80 / 44 ms dense; piqp 16.5 /
-    258 ms sparse, the fastest backend at every simplex size up to 1e6).
+    data. On the CPU daqp, through the lean paths of :mod:`dxopt.qp.lean.small` and
+    :mod:`dxopt.qp.lean.small_batch`, is faster than the torch solver forward+backward at every
+    size and batch measured (``python -m benchmarks.qp_torch.auto_rule``); a dense CPU batch, or
+    one dense problem with n > 64, with the default options is solved under ``"auto"`` by
+    dxopt's compiled dual active-set solver (:mod:`dxopt.qp.solvers.dual_active_set`;
+    :func:`dxopt.qp.solve` routes it there before this function is asked). Among the qpsolvers
+    backends daqp is the fastest on dense problems and piqp on sparse ones. The figures:
+    ``benchmarks/qp_speed/results/routing_measurements.md``.
     """
     on_cpu = problem.device.type == "cpu"
     return auto_choice(sparse=problem.any_sparse, on_cpu=on_cpu, P=problem.P, q=problem.q)
@@ -107,15 +82,10 @@ def routes_lp_to_piqp(P: object, q: object) -> bool:
     (not under a torch.func transform) and ``n >= LP_PIQP_MIN_N``.
 
     DAQP solves an LP by proximal-point iterations on :math:`\\tfrac{\\epsilon}{2}\\|x -
-    x_k\\|^2 + q^\\top x`; their number grows with the size. Measured through
-    :func:`dxopt.qp.solve` (1 torch thread, warm, medians of 4, the shared 2-core machine at a
-    load average of 11; ``"auto"`` = daqp against ``solver="piqp"``, ms per LP): random LPs
-    with :math:`1.5n` inequality rows and a box, n = 20: 4.1 / 12.9, 60: 10.0 / 18.9,
-    100: 52.6 / 28.0, 150: 170 / 62, n = 200: 537 / 129, batch 8 x n = 100: 38.0 / 20.6; the
-    5 x 5 grid shortest path (n = 40, PyEPO's DFL task): 1.0 / 5.5 (one LP), 0.37 / 1.8
-    (batch of 32); a 32-item 2-row knapsack: 1.3-2.1 / 2.6-8.6. HiGHS through qpsolvers was
-    slower than both (11-16 ms on the shortest path). So small LPs stay with daqp, larger ones
-    go to piqp."""
+    x_k\\|^2 + q^\\top x`; their number grows with the size, and from about n = 100 piqp is
+    faster (random LPs, PyEPO's shortest path and knapsack; the figures:
+    ``benchmarks/qp_speed/results/routing_measurements.md``). So small LPs stay with daqp,
+    larger ones go to piqp."""
     from dxopt.qp.problem.functorch import functorch_active
 
     return (

@@ -48,21 +48,17 @@ import torch
 from torch import Tensor
 
 from dxopt._core import Status
-from dxopt.qp.certify.torch_certify import certify as _certify
-from dxopt.qp.certify.torch_certify import polish_update as _polish_update
-from dxopt.qp.certify.torch_certify import regular as _regular
+from dxopt.qp.certify.tolerances import IPM_EPS_FLOOR, ROUNDOFF_KKT, TORCH_REFINE_STEPS
+from dxopt.qp.certify.torch_certify import certify, infeasibility_masks, polish_update
+from dxopt.qp.certify.torch_certify import regular as regular_rows
 from dxopt.qp.certify.torch_ops import amax, mv, rmv
 from dxopt.qp.solvers.torch_ipm import (
-    IPM_EPS_FLOOR,
-    _certificates,
-    _ipm,
-    _ipm_null_space,
-    _Iterate,
-    _null_space,
+    Iterate,
+    interior_point,
+    interior_point_null_space,
+    null_space_basis,
 )
 from dxopt.qp.solvers.torch_kkt import (
-    REFINE_STEPS,
-    ROUNDOFF_KKT,
     kkt_solve,
     penalty_factor,
     small_threads,
@@ -112,11 +108,11 @@ def solve_detached(
     """:func:`~dxopt.qp.autograd.torch_entry.torch_qp_solve` on validated ``(B, ...)`` inputs
     (:func:`batch_inputs`), without autograd, with the checked ``options``
     (:class:`~dxopt.qp.solvers.torch_types.TorchOptions`: ``max_iter`` interior-point
-    iterations at most, ``max_refine`` refinement passes of each KKT solve at most, ``None``:
-    :data:`~dxopt.qp.solvers.torch_kkt.REFINE_STEPS`)."""
+    iterations at most, ``max_refinement`` refinement passes of each KKT solve at most,
+    ``None``: :data:`~dxopt.qp.certify.tolerances.TORCH_REFINE_STEPS`)."""
     eps_abs, eps_rel, polish = options.eps_abs, options.eps_rel, options.polish
     eps_inf, max_iter, check_every = options.eps_inf, options.max_iter, options.check_every
-    max_refine = options.max_refine
+    max_refine = options.max_refinement
     with torch.no_grad(), small_threads(P.shape[-1], G.shape[-2], P.device):
         f64 = P.dtype == torch.float64
         user_abs, user_rel = eps_abs, eps_rel  # the polished point's certificate
@@ -130,17 +126,17 @@ def solve_detached(
             "check_every": check_every,
             "gap_rel": 0.0,  # the complementarity decides the active set: keep it absolute
         }
-        null = _null_space(A, b) if 0 < A.shape[-2] < A.shape[-1] and h.shape[-1] else None
+        null = null_space_basis(A, b) if 0 < A.shape[-2] < A.shape[-1] and h.shape[-1] else None
 
-        def run(**kw: Any) -> tuple[_Iterate, Tensor, Tensor, _Iterate]:
+        def run(**kw: Any) -> tuple[Iterate, Tensor, Tensor, Iterate]:
             if null is None:
-                out = _ipm(P, q, A, b, G, h, **ipm, **kw)
+                out = interior_point(P, q, A, b, G, h, **ipm, **kw)
                 return (*out, out[0])
-            return _ipm_null_space(P, q, A, G, h, null, {**ipm, **kw})
+            return interior_point_null_space(P, q, A, G, h, null, {**ipm, **kw})
 
         it, status, iters, raw = run()
         nonzero = G.abs().amax(-1) > 0  # zero rows of G are never active (multiplier 0)
-        max_refine = REFINE_STEPS if max_refine is None else max_refine
+        max_refine = TORCH_REFINE_STEPS if max_refine is None else max_refine
         m, gap_abs = h.shape[-1], max(eps_abs, IPM_EPS_FLOOR)
         for attempt in range(3):
             # a polish that fails certification (a nearly weakly active row) resumes the
@@ -155,11 +151,11 @@ def solve_detached(
                 # in float64 even for float32 data: certified as the CPU path's points are
                 xw, yw, zw, kkt_err = kkt_solve(factor, P, A, G, -q, b, h, wide=True)
                 zw = torch.where(active, zw, 0.0)
-                ok_p = _certify(P, q, A, b, G, h, xw, yw, zw, user_abs, user_rel) & ~bad
+                ok_p = certify(P, q, A, b, G, h, xw, yw, zw, user_abs, user_rel) & ~bad
                 if m == 0 or bool(ok_p.all()):
                     break
                 # the CPU polish's rule: drop wrong-signed multipliers, add violated rows
-                new = _polish_update(
+                new = polish_update(
                     P, q, G, h, xw, zw, active, eps_abs=user_abs, eps_rel=user_rel
                 )  # fmt: skip
                 change = ~ok_p & ~bad & (new != active).any(-1)
@@ -185,12 +181,12 @@ def solve_detached(
             if h.shape[-1] == 0 and bool((~ok_p).any()):
                 # equality-only: -r, r = b - A A^+ b, is a Farkas certificate when nonzero
                 r = b - mv(A, mv(torch.linalg.pinv(A), b)) if A.shape[-2] else b
-                cand = _Iterate(x=xp, y=-r, z=zp, s=zp)
-                pinf, dinf = _certificates(P, q, A, b, G, h, cand, eps_inf)
+                cand = Iterate(x=xp, y=-r, z=zp, s=zp)
+                pinf, dinf = infeasibility_masks(P, q, A, b, G, h, cand.x, cand.y, cand.z, eps_inf)
                 pinf, dinf = pinf & ~ok_p, dinf & ~ok_p
                 status = torch.where(pinf, code(Status.INFEASIBLE), status)
                 status = torch.where(dinf & ~pinf, code(Status.UNBOUNDED), status)
-        ok = _certify(P, q, A, b, G, h, x, y, z, eps_abs, eps_rel, settled_only=polish)
+        ok = certify(P, q, A, b, G, h, x, y, z, eps_abs, eps_rel, settled_only=polish)
         if polish or m == 0:  # a polished sample: its float64 point's certificate
             ok = torch.where(polished, ok_p, ok)
         ok = ok & ~status_mask(status, Status.INFEASIBLE, Status.UNBOUNDED)
@@ -200,7 +196,7 @@ def solve_detached(
         # only there is the device's active-set derivative the CPU path's (dxopt.qp.api.device)
         regular = ok & polished
         if polish or m == 0:  # and the polish's own KKT solve reached round-off
-            regular = regular & _regular(P, q, A, b, G, h, xw, zw, factor.active)
+            regular = regular & regular_rows(P, q, A, b, G, h, xw, zw, factor.active)
             regular = regular & (kkt_err <= ROUNDOFF_KKT)
         slacks = h - mv(G, x)
         pres = torch.maximum(amax(mv(A, x) - b), amax((-slacks).clamp_min(0.0)))

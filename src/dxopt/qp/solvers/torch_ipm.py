@@ -51,20 +51,14 @@ import torch
 from torch import Tensor
 
 from dxopt._core import Status
+from dxopt.qp.certify.torch_certify import infeasibility_masks
 from dxopt.qp.certify.torch_ops import amax, dot, mv, rmv
-from dxopt.qp.solvers.torch_kkt import _cho_solve, _chol, _gram
+from dxopt.qp.solvers.torch_kkt import cho_solve, cholesky_flagged, weighted_gram
 from dxopt.qp.solvers.torch_types import code, deprecated_status_enum
-
-IPM_EPS_FLOOR = 1e-6
-"""The interior point stops at ``max(eps_abs, IPM_EPS_FLOOR)``: the polish solves the identified
-active set exactly and certifies it at the user's ``eps_abs``; a sample whose polish fails
-resumes with a 1000x tighter complementarity. Measured on dQP's random QPs (128 x n=50,
-256 x n=20, 64 x n=100, seed 1): 16% fewer iterations than stopping at 1e-9, the same ``x``
-(within 3e-13 of daqp), every sample polished and solved."""
 
 
 @dataclass
-class _Iterate:
+class Iterate:
     x: Tensor
     y: Tensor
     z: Tensor
@@ -85,26 +79,26 @@ class _Newton:
         wide = torch.float64 if P.dtype == torch.float32 else P.dtype
         P, A, G, D, delta = (t.to(wide) for t in (P, A, G, D, delta))
         p = A.shape[-2]
-        H = P + _gram(G, D)
+        H = P + weighted_gram(G, D)
         H.diagonal(dim1=-2, dim2=-1).add_(delta[:, None])
-        self.L, bad = _chol(H)
+        self.L, bad = cholesky_flagged(H)
         self.A, self.p = A, p
         if p:
             X = torch.linalg.solve_triangular(self.L, A.mT, upper=False)  # L^{-1} A^T
             S = X.mT @ X
             S.diagonal(dim1=-2, dim2=-1).add_(delta[:, None])
-            self.LS, bad_s = _chol(S)
+            self.LS, bad_s = cholesky_flagged(S)
             bad = bad | bad_s
         self.bad = bad
 
     def solve(self, r1: Tensor, r2: Tensor) -> tuple[Tensor, Tensor]:
         """Solve :math:`H\\,dx + A^\\top dy = r_1`, :math:`A\\,dx = r_2`."""
         r1, r2 = r1.to(self.L.dtype), r2.to(self.L.dtype)
-        u = _cho_solve(self.L, r1)
+        u = cho_solve(self.L, r1)
         if not self.p:
             return u.to(self.dtype), r2.to(self.dtype)
-        dy = _cho_solve(self.LS, mv(self.A, u) - r2)
-        dx = _cho_solve(self.L, r1 - rmv(self.A, dy))
+        dy = cho_solve(self.LS, mv(self.A, u) - r2)
+        dx = cho_solve(self.L, r1 - rmv(self.A, dy))
         return dx.to(self.dtype), dy.to(self.dtype)
 
 
@@ -147,24 +141,9 @@ def _kkt_residuals(
     return rd, re, ri, ok
 
 
-def _certificates(
-    P: Tensor, q: Tensor, A: Tensor, b: Tensor, G: Tensor, h: Tensor, it: _Iterate, eps: float
-) -> tuple[Tensor, Tensor]:
-    """Masks of samples whose iterates are primal / dual infeasibility certificates."""
-    tiny = torch.finfo(q.dtype).tiny ** 0.5
-    t = torch.maximum(amax(it.y), amax(it.z)).clamp_min(tiny)
-    yh, zh = it.y / t[:, None], it.z / t[:, None]
-    pinf = (amax(rmv(A, yh) + rmv(G, zh)) <= eps) & (dot(b, yh) + dot(h, zh) < -eps)
-    xh = it.x / amax(it.x).clamp_min(tiny)[:, None]
-    gx = mv(G, xh)
-    gmax = gx.amax(-1) if gx.shape[-1] else torch.zeros_like(t)
-    dinf = (amax(mv(P, xh)) <= eps) & (amax(mv(A, xh)) <= eps) & (gmax <= eps)
-    return pinf, dinf & (dot(q, xh) < -eps)
-
-
 def _initial_point(
     P: Tensor, q: Tensor, A: Tensor, b: Tensor, G: Tensor, h: Tensor, delta: Tensor
-) -> _Iterate:
+) -> Iterate:
     """CVXOPT's starting point: solve the Newton system with :math:`D = I`, then shift."""
     newton = _Newton(P, A, G, torch.ones_like(h), delta)
     x, y = newton.solve(-q + rmv(G, h), b)
@@ -177,10 +156,10 @@ def _initial_point(
         z = torch.where(ad < 0, zh, zh + 1 + ad)
     else:
         s, z = zh, zh
-    return _Iterate(x=x, y=y, z=z, s=s)
+    return Iterate(x=x, y=y, z=z, s=s)
 
 
-def _ipm(
+def interior_point(
     P: Tensor,
     q: Tensor,
     A: Tensor,
@@ -195,8 +174,8 @@ def _ipm(
     check_every: int,
     gap_rel: float,
     gap_abs: float | None = None,
-    start: tuple[_Iterate, Tensor, Tensor] | None = None,
-) -> tuple[_Iterate, Tensor, Tensor]:
+    start: tuple[Iterate, Tensor, Tensor] | None = None,
+) -> tuple[Iterate, Tensor, Tensor]:
     """Mehrotra predictor-corrector; returns the final iterate, status and iteration counts.
 
     ``SOLVED`` here means the interior-point tolerance was met; :func:`solve_detached`
@@ -229,13 +208,13 @@ def _ipm(
     work: Tensor | None = None  # indices of the working samples in the batch (None: all)
     data = (P, q, A, b, G, h, delta)
 
-    def write_back() -> tuple[_Iterate, Tensor, Tensor]:
+    def write_back() -> tuple[Iterate, Tensor, Tensor]:
         if work is None:
             return it, status, iters
         f_it, f_status, f_iters = full
         put = lambda dst, src: dst.index_copy(0, work, src)  # noqa: E731
         return (
-            _Iterate(
+            Iterate(
                 x=put(f_it.x, it.x), y=put(f_it.y, it.y), z=put(f_it.z, it.z), s=put(f_it.s, it.s)
             ),
             put(f_status, status),
@@ -253,7 +232,7 @@ def _ipm(
         done = done | ok | stalled
         certify = k % check_every == 0 or k == max_iter
         if certify:
-            pinf, dinf = _certificates(P, q, A, b, G, h, it, eps_inf)
+            pinf, dinf = infeasibility_masks(P, q, A, b, G, h, it.x, it.y, it.z, eps_inf)
             pinf, dinf = pinf & ~done, dinf & ~done
             status = torch.where(pinf, code(Status.INFEASIBLE), status)
             status = torch.where(dinf & ~pinf, code(Status.UNBOUNDED), status)
@@ -267,7 +246,7 @@ def _ipm(
                 work = live if work is None else work[live]
                 P, q, A, b, G, h, delta = (t[live] for t in data)
                 data = (P, q, A, b, G, h, delta)
-                it = _Iterate(x=it.x[live], y=it.y[live], z=it.z[live], s=it.s[live])
+                it = Iterate(x=it.x[live], y=it.y[live], z=it.z[live], s=it.s[live])
                 rd, re, ri, mu = rd[live], re[live], ri[live], mu[live]
                 done, status, iters = done[live], status[live], iters[live]
         D = it.z / it.s
@@ -286,7 +265,7 @@ def _ipm(
         sig = (mu_aff / mu.clamp_min(tiny)).clamp(0.0, 1.0) ** 3
         dx, dy, dz, ds = step(it.s * it.z + ds * dz - (sig * mu)[:, None])
         alpha = 0.99 * torch.minimum(_max_step(it.s, ds), _max_step(it.z, dz))
-        new = _Iterate(
+        new = Iterate(
             x=it.x + alpha[:, None] * dx,
             y=it.y + alpha[:, None] * dy,
             z=it.z + alpha[:, None] * dz,
@@ -299,7 +278,7 @@ def _ipm(
         move = (~done & fine)[:, None]
         done = done | broken
         iters = iters + move.squeeze(-1).long()
-        it = _Iterate(
+        it = Iterate(
             x=torch.where(move, new.x, it.x),
             y=torch.where(move, new.y, it.y),
             z=torch.where(move, new.z, it.z),
@@ -308,7 +287,7 @@ def _ipm(
     return write_back()
 
 
-def _null_space(A: Tensor, b: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
+def null_space_basis(A: Tensor, b: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
     """``(Q1, R1, Z, x_p)`` from a complete QR of :math:`A^\\top = [Q_1\\ Z][R_1; 0]`, with
     :math:`x_p = Q_1 R_1^{-\\top} b`, or None when some :math:`R_1` is (nearly) singular."""
     p = A.shape[-2]
@@ -323,7 +302,7 @@ def _null_space(A: Tensor, b: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor] |
     return Q1, R1, Z, (Q1 @ u).squeeze(-1)
 
 
-def _ipm_null_space(
+def interior_point_null_space(
     P: Tensor,
     q: Tensor,
     A: Tensor,
@@ -331,7 +310,7 @@ def _ipm_null_space(
     h: Tensor,
     null: tuple[Tensor, Tensor, Tensor, Tensor],
     ipm: dict,
-) -> tuple[_Iterate, Tensor, Tensor, _Iterate]:
+) -> tuple[Iterate, Tensor, Tensor, Iterate]:
     """The interior point on the equality-free problem in :math:`x = x_p + Zw`.
 
     With :math:`AZ = 0`, the QP becomes
@@ -349,11 +328,11 @@ def _ipm_null_space(
     Gz = G @ Z
     hz = h - mv(G, xp)
     e_mat, e_vec = P.new_zeros(B, 0, Z.shape[-1]), q.new_zeros(B, 0)
-    it, status, iters = _ipm(Pz, qz, e_mat, e_vec, Gz, hz, **ipm)
+    it, status, iters = interior_point(Pz, qz, e_mat, e_vec, Gz, hz, **ipm)
     x = xp + mv(Z, it.x)
     grad = mv(P, x) + q + rmv(G, it.z)
     y = -torch.linalg.solve_triangular(R1, rmv(Q1, grad).unsqueeze(-1), upper=True).squeeze(-1)
-    return _Iterate(x=x, y=y, z=it.z, s=it.s), status, iters, it
+    return Iterate(x=x, y=y, z=it.z, s=it.s), status, iters, it
 
 
 def __getattr__(name: str) -> object:

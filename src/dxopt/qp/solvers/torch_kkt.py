@@ -27,12 +27,13 @@ from dxopt.qp.certify.torch_ops import amax, mv, rmv
 from dxopt.qp.solvers.torch_types import PenaltyFactor
 
 __all__ = [
-    "REFINE_STEPS",
-    "ROUNDOFF_KKT",
     "SMALL_THREADS_MAX_DIM",
+    "cho_solve",
+    "cholesky_flagged",
     "kkt_solve",
     "penalty_factor",
     "small_threads",
+    "weighted_gram",
 ]
 
 
@@ -40,12 +41,12 @@ __all__ = [
 # small batched helpers: matrices are (B, r, n), vectors (B, r)
 
 
-def _gram(G: Tensor, d: Tensor) -> Tensor:
+def weighted_gram(G: Tensor, d: Tensor) -> Tensor:
     """:math:`G^\\top \\mathrm{diag}(d) G` per sample."""
     return (G.mT * d.unsqueeze(-2)) @ G
 
 
-def _chol(H: Tensor) -> tuple[Tensor, Tensor]:
+def cholesky_flagged(H: Tensor) -> tuple[Tensor, Tensor]:
     """Batched Cholesky without a host sync, and the ``(B,)`` mask of failed samples.
 
     A failed sample's factor is garbage (solves with it give non-finite values); callers mask
@@ -55,23 +56,13 @@ def _chol(H: Tensor) -> tuple[Tensor, Tensor]:
     return L, info != 0
 
 
-def _cho_solve(L: Tensor, r: Tensor) -> Tensor:
+def cho_solve(L: Tensor, r: Tensor) -> Tensor:
     """:math:`(LL^\\top)^{-1} r` by two triangular solves (faster than ``cholesky_solve``)."""
     t = torch.linalg.solve_triangular(L, r.unsqueeze(-1), upper=False)
     return torch.linalg.solve_triangular(L.mT, t, upper=True).squeeze(-1)
 
 
 SMALL_THREADS_MAX_DIM = 256
-ROUNDOFF_KKT = 1e-10
-"""The relative residual of the polish's float64 KKT solve up to which the active set's KKT
-matrix is taken as numerically nonsingular (a regular sample; else the CPU path): the float64
-backward's own acceptance threshold (:mod:`dxopt.qp.autograd.torch_function`)."""
-REFINE_STEPS = 16
-"""Default cap on the refinement passes of a KKT solve (polish and backward). Each pass after
-the first runs only while some sample is above round-off and still halving its residual, so a
-well-conditioned batch takes one or two; measured: an active set of 20 rows in R^20 with a
-normalised smallest singular value of 4e-3 needs 5-8 passes to reach 1e-14 (4 left the
-adjoint residual at 1.4e-10)."""
 
 
 def small_threads(n: int, m: int, device: torch.device) -> contextlib.AbstractContextManager[Any]:
@@ -80,9 +71,8 @@ def small_threads(n: int, m: int, device: torch.device) -> contextlib.AbstractCo
     (:func:`dxopt.linalg.threads.small_work` with the per-matrix size as its measure: a batch
     of small matrices gains nothing from intra-op threads whatever the batch size).
 
-    Measured: batch 128, n = 50 (m = 50, p = 25), forward+backward, the same process on the
-    shared 2-core machine (load average 2.5-3.6): 0.25 s at 1 thread, 4.8 s at 2 threads
-    without this cap.
+    Intra-op threads on such a batch cost more than they save (20x at batch 128, n = 50;
+    ``benchmarks/qp_speed/results/routing_measurements.md``).
     """
     if device.type == "cpu":
         size = float(max(n, m)) ** 3
@@ -116,9 +106,9 @@ def penalty_factor(
 
     w_ineq = weights(G) * active
     w_eq = weights(A)
-    H = P + _gram(G, w_ineq) + _gram(A, w_eq)
+    H = P + weighted_gram(G, w_ineq) + weighted_gram(A, w_eq)
     H.diagonal(dim1=-2, dim2=-1).add_((sigma * scale)[:, None])
-    L, bad = _chol(H)
+    L, bad = cholesky_flagged(H)
     return PenaltyFactor(L=L, w_ineq=w_ineq, w_eq=w_eq, active=active, max_refine=max_refine), bad
 
 
@@ -162,7 +152,7 @@ def kkt_solve(
     def reg_solve(s1: Tensor, s2: Tensor, s3: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         s3 = s3 * act
         rhs = s1 + rmv(A, w_eq * s2) + rmv(G, w_ineq * s3)
-        u = _cho_solve(f.L, rhs)
+        u = cho_solve(f.L, rhs)
         return u, w_eq * (mv(A, u) - s2), w_ineq * (mv(G, u) - s3)
 
     def residual(u: Tensor, v: Tensor, w: Tensor) -> tuple[Tensor, Tensor, Tensor]:

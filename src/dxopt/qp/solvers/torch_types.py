@@ -24,6 +24,7 @@ from torch import Tensor
 from dxopt._core import Status, check_int, check_positive, renamed_kwargs
 
 __all__ = [
+    "RENAMED_OPTIONS",
     "STATUS_CODES",
     "PenaltyFactor",
     "TorchOptions",
@@ -34,16 +35,22 @@ __all__ = [
 ]
 
 
-@renamed_kwargs(refine_steps="max_refine")
+RENAMED_OPTIONS = {"max_refine": "max_refinement", "refine_steps": "max_refinement"}
+"""The deprecated names of :class:`TorchOptions`' ``max_refinement`` (one release)."""
+
+
+@renamed_kwargs(**RENAMED_OPTIONS)
 @dataclass(frozen=True, kw_only=True)
 class TorchOptions:
     """The options of the batched torch solver, checked when built (``ValueError`` naming the
     option): ``eps_abs``, ``eps_rel`` (stopping tolerances; the polished point's certificate),
     ``eps_inf`` (the infeasibility certificates), ``max_iter`` (interior-point iterations),
     ``check_every`` (iterations between convergence checks, each one host sync), ``polish``
-    and ``max_refine`` (refinement passes of each KKT solve; ``None``: the solver's
-    ``REFINE_STEPS``; ``refine_steps`` is its deprecated name). What each one does:
-    :func:`dxopt.qp.autograd.torch_entry.torch_qp_solve`."""
+    and ``max_refinement`` (refinement passes of each KKT solve, the name
+    :class:`dxopt.qp.PenaltyBackward` uses too; ``None``:
+    :data:`~dxopt.qp.certify.tolerances.TORCH_REFINE_STEPS`; ``max_refine`` and
+    ``refine_steps`` are its deprecated names, a DeprecationWarning for one release). What
+    each one does: :func:`dxopt.qp.autograd.torch_entry.torch_qp_solve`."""
 
     eps_abs: float = 1e-9
     eps_rel: float = 0.0
@@ -51,9 +58,14 @@ class TorchOptions:
     max_iter: int = 50
     check_every: int = 4
     polish: bool = True
-    max_refine: int | None = None
+    max_refinement: int | None = None
 
-    SOLVER_OPTIONS: ClassVar[tuple[str, ...]] = ("eps_inf", "max_iter", "check_every", "max_refine")
+    SOLVER_OPTIONS: ClassVar[tuple[str, ...]] = (
+        "eps_inf",
+        "max_iter",
+        "check_every",
+        "max_refinement",
+    )
     """The options ``dxopt.qp.solve(..., solver="torch")`` takes in ``solver_options``."""
 
     def __post_init__(self) -> None:
@@ -62,8 +74,8 @@ class TorchOptions:
         check_positive("eps_inf", self.eps_inf, allow_zero=True)
         check_int("max_iter", self.max_iter)
         check_int("check_every", self.check_every)
-        if self.max_refine is not None:
-            check_int("max_refine", self.max_refine, minimum=0)
+        if self.max_refinement is not None:
+            check_int("max_refinement", self.max_refinement, minimum=0)
 
     @classmethod
     def of(
@@ -75,10 +87,10 @@ class TorchOptions:
         polish: bool,
     ) -> TorchOptions:
         """The record of a ``solve(..., solver="torch")`` call: its tolerances and polish,
-        and the ``solver_options`` (only :data:`SOLVER_OPTIONS`; the old name
-        ``refine_steps`` of ``max_refine`` warns, for one release)."""
+        and the ``solver_options`` (only :data:`SOLVER_OPTIONS`; the old names ``max_refine``
+        and ``refine_steps`` of ``max_refinement`` warn, for one release)."""
         opts = dict(solver_options or {})
-        unknown = sorted(set(opts) - set(cls.SOLVER_OPTIONS) - {"refine_steps"})
+        unknown = sorted(set(opts) - set(cls.SOLVER_OPTIONS) - set(RENAMED_OPTIONS))
         if unknown:
             raise ValueError(
                 f"solver_options: the torch solver takes {list(cls.SOLVER_OPTIONS)}, got the "

@@ -24,9 +24,20 @@ from dxopt.linalg.small import (
     schur_solve_indexed,
     schur_solve_small,
 )
-from dxopt.qp.solvers.kernels.certify import _jit, _jit_sums, _point, _point_accuracy
+from dxopt.qp.solvers.kernels.certify import (
+    kernel_jit,
+    kernel_jit_sums,
+    point_accuracy,
+    split_point,
+)
 
-__all__ = ["ADJOINT_STATUS", "lean_adjoint", "reused_adjoint_rows"]
+__all__ = [
+    "ADJOINT_STATUS",
+    "gradients_into",
+    "lean_adjoint",
+    "reused_adjoint_rows",
+    "reused_solve",
+]
 
 ADJOINT_STATUS = ("ok", "ambiguous", "factorization", "dependent", "residual")
 """What :func:`lean_adjoint`'s status code means: 0 solved; otherwise the general path
@@ -34,7 +45,7 @@ decides (an active set that is not unambiguous, ``P``'s Cholesky factorization f
 row dependent on the others, a refined residual above the bound)."""
 
 
-@_jit
+@kernel_jit
 def lean_adjoint(
     P: np.ndarray,
     q: np.ndarray,
@@ -60,7 +71,7 @@ def lean_adjoint(
     """``(status, residual, steps, k, accuracy)``: the lean backward of one problem
     (:func:`dxopt.qp.lean.small_backward.small_backward`) at the certified point ``x``, ``duals``,
     ``working`` (as for :func:`certify_point`). The active set is the forward's when
-    unambiguous (:func:`_active_accuracy`); the reduced KKT system
+    unambiguous (:func:`active_accuracy`); the reduced KKT system
     :math:`[[P, C_J^\\top], [C_J, 0]][u; w] = [g; r]` (:math:`C_J` the working rows of ``G``
     and all of ``A``) is solved by block elimination (:func:`schur_factor_small`), refined
     against the exact matrix with the stopping and best-iterate rules of
@@ -72,10 +83,10 @@ def lean_adjoint(
     has factors, :func:`lean_adjoint_batch` reads them in place instead.)"""
     steps_max, tol, max_residual = int(settings[0]), settings[1], settings[2]
     dependent_tol, margin_min = settings[3], settings[4]
-    x, mu, nu, working = _point(x, duals, working, m)
+    x, mu, nu, working = split_point(x, duals, working, m)
     n, rows = x.shape[0], C.shape[0]
     p = rows - m
-    accuracy = _point_accuracy(P, q, C, upper, m, x, nu, mu, working, g_inf, margin_min)
+    accuracy = point_accuracy(P, q, C, upper, m, x, nu, mu, working, g_inf, margin_min)
     if accuracy < 0.0:
         return 1, 0.0, 0, 0, 0.0
     J = np.flatnonzero(working)
@@ -96,11 +107,11 @@ def lean_adjoint(
     u, w, rel, steps = _refined_solve(P, CJ, L, Y, LS, g, r2, steps_max, tol)
     if not rel <= max_residual:
         return 4, rel, steps, k, accuracy
-    _gradients_into(x, mu, nu, working, J, u, w, m, p, needs, gP, gq, gA, gb, gG, gh)
+    gradients_into(x, mu, nu, working, J, u, w, m, p, needs, gP, gq, gA, gb, gG, gh)
     return 0, rel, steps, k, accuracy
 
 
-@_jit
+@kernel_jit
 def _refined_solve(
     P: np.ndarray,
     CJ: np.ndarray,
@@ -131,13 +142,13 @@ def _refined_solve(
     return u, w, rel, steps
 
 
-@_jit
+@kernel_jit
 def _row(G: np.ndarray, A: np.ndarray, m: int, r: int) -> np.ndarray:
     """Row ``r`` of ``[G; A]``."""
     return G[r] if r < m else A[r - m]
 
 
-@_jit
+@kernel_jit
 def reused_adjoint_rows(
     P: np.ndarray,
     G: np.ndarray,
@@ -188,7 +199,7 @@ def reused_adjoint_rows(
         for a in range(rows_sel.shape[0]):
             r = rows_sel[a]
             r2[a] = grad_ineq[i, r] if r < m else grad_eq[i, r - m]
-        status[i], u, w, residual[i], steps[i] = _reused_solve(
+        status[i], u, w, residual[i], steps[i] = reused_solve(
             Pi, Gi, Ai, m, rows_sel, g[i], r2, L_given[i], Y_given[i], order_given[i],
             LW_given[i], lapack, steps_max, tol, dependent_tol,
         )  # fmt: skip
@@ -204,8 +215,8 @@ def reused_adjoint_rows(
     return status, u_out, w_ineq, w_eq, residual, steps
 
 
-@_jit
-def _reused_solve(
+@kernel_jit
+def reused_solve(
     P: np.ndarray,
     G: np.ndarray,
     A: np.ndarray,
@@ -278,7 +289,7 @@ def _reused_solve(
     return 0, u, w_sel, rel, done
 
 
-@_jit_sums
+@kernel_jit_sums
 def _residual_rows(
     P: np.ndarray,
     G: np.ndarray,
@@ -305,7 +316,7 @@ def _residual_rows(
     return a, b, math.sqrt(dot(a, a) + dot(b, b)) / norm
 
 
-@_jit
+@kernel_jit
 def _residual(
     P: np.ndarray,
     C: np.ndarray,
@@ -321,8 +332,8 @@ def _residual(
     return _residual_rows(P, C, C[:0], k, np.arange(k), r1, r2, u, w, norm)
 
 
-@_jit
-def _gradients_into(
+@kernel_jit
+def gradients_into(
     x: np.ndarray,
     mu: np.ndarray,
     nu: np.ndarray,

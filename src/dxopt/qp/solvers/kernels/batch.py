@@ -18,20 +18,20 @@ import numpy as np
 from numba import njit
 
 from dxopt.qp.solvers.dual_active_set import solve_one
-from dxopt.qp.solvers.kernels.adjoint import _gradients_into, _reused_solve, lean_adjoint
+from dxopt.qp.solvers.kernels.adjoint import gradients_into, lean_adjoint, reused_solve
 from dxopt.qp.solvers.kernels.certify import (
-    _active_accuracy,
-    _certified,
-    _clear_of_residual,
-    _jit,
-    _point,
-    _point_accuracy,
+    active_accuracy,
+    certified_point,
+    clear_of_residual,
+    kernel_jit,
+    point_accuracy,
+    split_point,
 )
 
 __all__ = ["certify_batch", "forward_batch", "lean_adjoint_batch", "prepare", "prepare_batch"]
 
 
-@_jit
+@kernel_jit
 def prepare_batch(
     P: np.ndarray,
     q: np.ndarray,
@@ -126,7 +126,7 @@ def prepare(
     return 0
 
 
-@_jit
+@kernel_jit
 def certify_batch(
     P: np.ndarray,
     q: np.ndarray,
@@ -159,7 +159,7 @@ def certify_batch(
     return True
 
 
-@_jit
+@kernel_jit
 def _certify_into(
     P: np.ndarray,
     q: np.ndarray,
@@ -184,23 +184,23 @@ def _certify_into(
 ) -> bool:
     """Sample ``i`` of :func:`certify_batch`: :func:`certify_point` on its rows; with entries
     in ``accuracy`` (B,), also the lean backward's accuracy of its active set
-    (:func:`_point_accuracy`) from the certificate's own slacks and stationarity residual,
+    (:func:`point_accuracy`) from the certificate's own slacks and stationarity residual,
     written to ``accuracy[i]``, so that the backward does not form them again."""
-    ok, primal[i], dual[i], x, working, slack, nu_inf, eq_residual = _certified(
+    ok, primal[i], dual[i], x, working, slack, nu_inf, eq_residual = certified_point(
         P[i], q[i], C[i], upper[i], m, X[i], duals[i], none, g_inf[i], eps_abs, rel, roundoff,
         Xo[i], MU[i], NU[i],
     )  # fmt: skip
     if ok and accuracy.shape[0]:
-        eps, smallest, dual_scale = _active_accuracy(
+        eps, smallest, dual_scale = active_accuracy(
             P[i], q[i], C[i], upper[i], m, x, working, slack, nu_inf, g_inf[i], eq_residual,
             margin_min,
         )  # fmt: skip
-        # dual[i]: the certificate's ||P x + q + C' [nu; mu]||_inf, _point_accuracy's residual
-        accuracy[i] = _clear_of_residual(eps, smallest, dual_scale, dual[i])
+        # dual[i]: the certificate's ||P x + q + C' [nu; mu]||_inf, point_accuracy's residual
+        accuracy[i] = clear_of_residual(eps, smallest, dual_scale, dual[i])
     return ok
 
 
-@_jit
+@kernel_jit
 def forward_batch(
     P: np.ndarray,
     q: np.ndarray,
@@ -266,7 +266,7 @@ def forward_batch(
     return 0, solved, True
 
 
-@_jit
+@kernel_jit
 def lean_adjoint_batch(
     P: np.ndarray,
     q: np.ndarray,
@@ -299,10 +299,10 @@ def lean_adjoint_batch(
     Cholesky factors of ``P``, rows :math:`L^{-1}c_r`, working sets and factors of their Schur
     complements (:mod:`dxopt.qp.solvers.dual_active_set`) of the samples with ``given[i]`` (no
     entries when none has them), from which the block elimination of the working rows is
-    taken (:func:`_reused_solve`, the rows read in place; ``lapack``: a
+    taken (:func:`reused_solve`, the rows read in place; ``lapack``: a
     :class:`dxopt.linalg.small.LapackKernels`) instead of factoring again; ``accuracy_given``
     (B,), or no entries: their active sets' accuracies, as the forward's certificate found them
-    (:func:`forward_batch`), instead of :func:`_point_accuracy` here."""
+    (:func:`forward_batch`), instead of :func:`point_accuracy` here."""
     B = X.shape[0]
     rows = C.shape[1]
     p = rows - m
@@ -315,11 +315,11 @@ def lean_adjoint_batch(
     none = np.zeros(0, np.bool_)
     for i in range(B):
         if given[i]:  # the forward's factors, every row read in place
-            x, mu, nu, working = _point(X[i], duals[i], none, m)
+            x, mu, nu, working = split_point(X[i], duals[i], none, m)
             if accuracy_given.shape[0]:
                 accuracy_i = accuracy_given[i]
             else:
-                accuracy_i = _point_accuracy(
+                accuracy_i = point_accuracy(
                     P[i], q[i], C[i], upper[i], m, x, nu, mu, working, g_inf[i], margin_min
                 )
             if accuracy_i < 0.0:
@@ -334,7 +334,7 @@ def lean_adjoint_batch(
                 r2[a] = r_ineq[i, J[a]]
             r2[J.shape[0] :] = r_eq[i]
             Ci = C[i]
-            status[i], u, w, rel, done = _reused_solve(
+            status[i], u, w, rel, done = reused_solve(
                 P[i], Ci[:m], Ci[m:], m, rows_sel, g[i], r2, L_given[i], Y_given[i],
                 order_given[i], LW_given[i], lapack, steps_max, tol, dependent_tol,
             )  # fmt: skip
@@ -343,7 +343,7 @@ def lean_adjoint_batch(
             if status[i]:
                 continue
             residual[i], steps[i], k[i], accuracy[i] = rel, done, J.shape[0], accuracy_i
-            _gradients_into(
+            gradients_into(
                 x, mu, nu, working, J, u, w, m, p, needs, gP[i], gq[i], gA[i], gb[i], gG[i],
                 gh[i],
             )  # fmt: skip

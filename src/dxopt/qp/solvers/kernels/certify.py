@@ -11,7 +11,7 @@ fixed at compile time; a tiny row's absolute floor, ``tolerances.row_floor``, is
 the loop over the rows, its norm only for rows whose own scale is below ``eps_abs``); only the
 order of floating-point operations differs. Any NaN met where
 a test is made fails the test (the caller then takes the general path).
-:func:`_active_accuracy` / :func:`_point_accuracy` are the accuracy of
+:func:`active_accuracy` / :func:`point_accuracy` are the accuracy of
 :func:`dxopt.qp.certify.active.identify_active` with the forward's set, or -1 when the set is
 not clear of its weak test by the lean margin.
 """
@@ -26,16 +26,27 @@ from numba import njit
 
 from dxopt.qp.certify.tolerances import EVALUATION_ROUNDOFF, LEAN_MARGIN_FACTOR, ROW_FLOOR
 
-__all__ = ["certify_point", "may_be_dependent", "may_be_dependent_batch"]
+__all__ = [
+    "active_accuracy",
+    "certified_point",
+    "certify_point",
+    "clear_of_residual",
+    "kernel_jit",
+    "kernel_jit_sums",
+    "may_be_dependent",
+    "may_be_dependent_batch",
+    "point_accuracy",
+    "split_point",
+]
 
-_jit: Any = njit(cache=True, nogil=True)
+kernel_jit: Any = njit(cache=True, nogil=True)
 # sums that may be reassociated (vectorised): their values are held against margins and
 # tolerances far above the last bits (10x the general path's thresholds, or above round-off)
-_jit_sums: Any = njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
+kernel_jit_sums: Any = njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
 
 
-@_jit
-def _point(
+@kernel_jit
+def split_point(
     x: np.ndarray, duals: np.ndarray, working: np.ndarray, m: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``(x, mu, nu, working)`` as float64 arrays from the point ``x`` and the multipliers
@@ -51,7 +62,7 @@ def _point(
     return np.ascontiguousarray(x).astype(np.float64), mu, nu, working
 
 
-@_jit
+@kernel_jit
 def certify_point(
     P: np.ndarray,
     q: np.ndarray,
@@ -70,19 +81,19 @@ def certify_point(
     nu_out: np.ndarray,
 ) -> tuple[bool, float, float]:
     """``(ok, primal, dual)``: the certificate of :func:`_certificate` for the point of
-    :func:`_point` (``ok`` and the primal and dual residuals), with copies of the point's
+    :func:`split_point` (``ok`` and the primal and dual residuals), with copies of the point's
     ``(x, mu, nu)`` written into the caller's ``x_out, mu_out, nu_out``. (Only these come
     back: every array a kernel hands back to Python costs a third of a microsecond, more than
     the caller's allocation; the backward recomputes the rest.)"""
-    ok, primal, dual, _, _, _, _, _ = _certified(
+    ok, primal, dual, _, _, _, _, _ = certified_point(
         P, q, C, upper, m, x, duals, working, g_inf, eps_abs, rel, roundoff, x_out, mu_out,
         nu_out,
     )  # fmt: skip
     return ok, primal, dual
 
 
-@_jit
-def _certified(
+@kernel_jit
+def certified_point(
     P: np.ndarray,
     q: np.ndarray,
     C: np.ndarray,
@@ -101,7 +112,7 @@ def _certified(
 ) -> tuple[bool, float, float, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """:func:`certify_point`, also handing back (within the kernels) the point ``x``, its
     working set and the certificate's ``slack, nu_inf, eq_residual``."""
-    x, mu, nu, working = _point(x, duals, working, m)
+    x, mu, nu, working = split_point(x, duals, working, m)
     ok, primal, dual, slack, nu_inf, eq_residual = _certificate(
         P, q, C, upper, m, x, mu, nu, working, g_inf, eps_abs, rel, roundoff
     )
@@ -111,7 +122,7 @@ def _certified(
     return ok, primal, dual, x, working, slack, nu_inf, eq_residual
 
 
-@_jit_sums
+@kernel_jit_sums
 def _certificate(
     P: np.ndarray,
     q: np.ndarray,
@@ -236,7 +247,7 @@ def _certificate(
     return True, primal, dual_inf, slack, nu_inf, eq_residual
 
 
-@_jit
+@kernel_jit
 def _within_roundoff(
     P: np.ndarray,
     q: np.ndarray,
@@ -269,8 +280,8 @@ def _within_roundoff(
     return True
 
 
-@_jit_sums
-def _active_accuracy(
+@kernel_jit_sums
+def active_accuracy(
     P: np.ndarray,
     q: np.ndarray,
     C: np.ndarray,
@@ -359,8 +370,8 @@ def _active_accuracy(
     return max(used, eq_eps), smallest, dual_scale
 
 
-@_jit_sums
-def _point_accuracy(
+@kernel_jit_sums
+def point_accuracy(
     P: np.ndarray,
     q: np.ndarray,
     C: np.ndarray,
@@ -373,7 +384,7 @@ def _point_accuracy(
     g_inf: np.ndarray,
     margin_min: float,
 ) -> float:
-    """:func:`_active_accuracy` at the point ``x`` with inequality multipliers ``nu``,
+    """:func:`active_accuracy` at the point ``x`` with inequality multipliers ``nu``,
     equality multipliers ``mu`` and the working set ``working`` (its slacks and residuals
     computed here), -1 also when a working multiplier is within 1e4 times the relative
     stationarity residual :math:`\\|Px + q + C^\\top\\lambda\\|_\\infty` of zero (a multiplier
@@ -393,7 +404,7 @@ def _point_accuracy(
             nu_inf[r] = nu[r] * g_inf[r]
         else:
             eq_residual[r - m] = s - upper[r]
-    eps, smallest, dual_scale = _active_accuracy(
+    eps, smallest, dual_scale = active_accuracy(
         P, q, C, upper, m, x, working, slack, nu_inf, g_inf, eq_residual, margin_min
     )
     if eps < 0.0 or smallest == math.inf:
@@ -411,16 +422,14 @@ def _point_accuracy(
     stationarity = 0.0
     for i in range(n):
         stationarity = max(stationarity, abs(grad[i]))
-    return _clear_of_residual(eps, smallest, dual_scale, stationarity)
+    return clear_of_residual(eps, smallest, dual_scale, stationarity)
 
 
-@_jit
-def _clear_of_residual(
-    eps: float, smallest: float, dual_scale: float, stationarity: float
-) -> float:
+@kernel_jit
+def clear_of_residual(eps: float, smallest: float, dual_scale: float, stationarity: float) -> float:
     """``eps``, or -1 when the smallest working multiplier (over the dual scale; ``inf``
     without working rows) is within ``LEAN_MARGIN_FACTOR`` times the relative stationarity
-    residual ``stationarity / dual_scale`` of zero (:func:`_point_accuracy`)."""
+    residual ``stationarity / dual_scale`` of zero (:func:`point_accuracy`)."""
     if eps < 0.0 or smallest == math.inf:
         return eps
     if smallest > LEAN_MARGIN_FACTOR * stationarity / dual_scale:
@@ -428,7 +437,7 @@ def _clear_of_residual(
     return -1.0
 
 
-@_jit
+@kernel_jit
 def may_be_dependent(
     C: np.ndarray,
     upper: np.ndarray,
@@ -468,7 +477,7 @@ def may_be_dependent(
     return False
 
 
-@_jit
+@kernel_jit
 def may_be_dependent_batch(
     C: np.ndarray,
     upper: np.ndarray,
