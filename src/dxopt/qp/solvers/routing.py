@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from dxopt.qp.problem.canonical import QPProblem
+from dxopt.qp.problem.functorch import functorch_active
 from dxopt.qp.solvers.backends import backend
 
 __all__ = [
@@ -116,8 +117,6 @@ def routes_lp_to_piqp(P: object, q: object) -> bool:
     (batch of 32); a 32-item 2-row knapsack: 1.3-2.1 / 2.6-8.6. HiGHS through qpsolvers was
     slower than both (11-16 ms on the shortest path). So small LPs stay with daqp, larger ones
     go to piqp."""
-    from dxopt.qp.problem.functorch import functorch_active
-
     return (
         isinstance(q, Tensor)
         and isinstance(P, Tensor)
