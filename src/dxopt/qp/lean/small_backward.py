@@ -130,34 +130,6 @@ def small_backward(
     return tuple([None if a is None else from_numpy(a).to(point.dtype) for a in out])
 
 
-_FIXED: dict[tuple[str, bool, int], dict[str, Any]] = {}  # the fields no call changes
-
-
-def _fixed_fields(name: str, penalty: bool, size: int) -> dict[str, Any]:
-    """The diagnostics fields of :func:`record_diagnostics` that depend only on the method's
-    name, whether it is the penalty method, and the batch size (cached: one ``dict.update``
-    per backward instead of a dozen attribute stores and tuple products)."""
-    key = (name, penalty, size)
-    fixed = _FIXED.get(key)
-    if fixed is None:
-        fixed = {
-            "method": name,
-            "linear_solver": "schur",
-            "dependent_rows": (0,) * size,
-            "licq": True,
-            "n_weak": (0,) * size,
-            "pseudo_inverse": (False,) * size,
-            "vertex_dropped": (0,) * size,
-            "dropped_rows": ((),) * size,
-            "weak_kept": False,
-        }
-        if penalty:
-            fixed["jitter"] = 0.0
-        if size <= 64 and len(_FIXED) < 256:
-            _FIXED[key] = fixed
-    return fixed
-
-
 def record_diagnostics(
     diagnostics: BackwardDiagnostics,
     method: Any,
@@ -171,13 +143,21 @@ def record_diagnostics(
     ``len(k)`` samples (the largest residual and step count; per sample the active rows and
     the penalty method's :math:`\\beta`)."""
     size = len(k)
-    fields = diagnostics.__dict__  # a plain dataclass: the same as setting each attribute
-    fields.update(_fixed_fields(method.name, regular.penalty, size))
-    fields["residual"] = residual
-    fields["n_active"] = k
+    diagnostics.method = method.name
+    diagnostics.linear_solver = "schur"
+    diagnostics.dependent_rows = (0,) * size
+    diagnostics.licq = True
+    diagnostics.residual = residual
+    diagnostics.n_active = k
+    diagnostics.n_weak = (0,) * size
+    diagnostics.pseudo_inverse = (False,) * size
+    diagnostics.vertex_dropped = (0,) * size
+    diagnostics.dropped_rows = ((),) * size
+    diagnostics.weak_kept = False
     if regular.penalty:  # its fixed beta, or max(10 eps, beta_min) (PenaltyBackward._beta)
-        fields["refinement_steps"] = steps
+        diagnostics.jitter = 0.0
+        diagnostics.refinement_steps = steps
         beta, beta_min = regular.beta, regular.beta_min
-        fields["beta"] = (
+        diagnostics.beta = (
             tuple([max(10.0 * a, beta_min) for a in accuracy]) if beta is None else (beta,) * size
         )
