@@ -59,6 +59,7 @@ from torch import Tensor
 
 from dxopt.qp.autograd.function import eager_gradients
 from dxopt.qp.autograd.state import rebuilt_state
+from dxopt.qp.certify.multipliers import note_not_selected, select_multipliers
 from dxopt.qp.certify.tolerances import RELATIVE_FLOOR, ROUNDOFF
 from dxopt.qp.lean.lean_check import SYMMETRY_TOL
 from dxopt.qp.lean.records import SmallPoint
@@ -219,8 +220,6 @@ def _select(
     caller's copies ``outputs = (x, mu, nu)`` and the saved ``duals = [nu; mu]`` take the
     minimum-norm multipliers where the active rows are dependent; returns the working set
     (with the rows that got a positive multiplier)."""
-    from dxopt.qp.certify.multipliers import note_not_selected, select_multipliers
-
     x, mu, nu = outputs
     if exact and not may_be_dependent(C, upper, m, x, duals, eps_abs, max(eps_rel, RELATIVE_FLOOR)):
         return working  # daqp's working set, and no active row outside it (one kernel pass)

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from dxopt.qp.problem.canonical import QPProblem
+from dxopt.qp.problem.functorch import functorch_active
 from dxopt.qp.solvers.backends import backend
 
 __all__ = [
@@ -86,8 +87,6 @@ def routes_lp_to_piqp(P: object, q: object) -> bool:
     faster (random LPs, PyEPO's shortest path and knapsack; the figures:
     ``benchmarks/qp_speed/results/routing_measurements.md``). So small LPs stay with daqp,
     larger ones go to piqp."""
-    from dxopt.qp.problem.functorch import functorch_active
-
     return (
         isinstance(q, Tensor)
         and isinstance(P, Tensor)
