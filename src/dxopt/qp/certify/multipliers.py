@@ -227,13 +227,15 @@ def _general(C: np.ndarray, p: int, dependent: int) -> bool:
 
 
 def note_not_selected(samples: list[int]) -> None:
-    """Warn that the selection of ``samples`` was not dual feasible (the minimum-norm
-    multipliers, or the vertex of :func:`vertex_selection`), so their returned multipliers are
-    the backend's and only some derivatives are exact."""
+    """Warn that the selection of ``samples`` (the minimum-norm multipliers, or the vertex of
+    :func:`vertex_selection`) failed its tests (dual feasibility; for the vertex also the
+    stationarity residual), so their returned multipliers are the backend's and only some
+    derivatives are exact."""
     warnings.warn(
         "the active constraint rows are linearly dependent (LICQ fails) and the backend-"
         "independent multiplier selection (minimum-norm multipliers, or the backward's vertex) "
-        "is not dual feasible, so the returned multipliers of the dependent rows are the "
+        "is not dual feasible or does not keep the stationarity residual, so the returned "
+        "multipliers of the dependent rows are the "
         "backend's own choice; the backward's derivative of those entries is that of the "
         "rule's selection, not of the returned numbers. Exact: the derivatives of x "
         f"(every dL/dx-only loss) and of the multipliers of rows in no dependency (batch "
