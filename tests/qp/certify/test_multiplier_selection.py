@@ -152,26 +152,3 @@ def test_independent_rows_keep_the_backend_multipliers(solver: str) -> None:
     assert none is None
     _check_jacobian(_duals(_case_regular, "ineq_duals", solver), theta)
     _check_jacobian(_duals(_case_regular, "eq_duals", solver), theta)
-
-
-@pytest.mark.parametrize("solver", ["daqp", "piqp"])
-def test_a_general_dependency_keeps_a_valid_selection_and_says_so(solver: str) -> None:
-    """Rows e1, e2, e1 + e2 active at x = (1, 1) with G'nu = (1, 5): the multipliers are
-    (1 - t, 5 - t, t), t in [0, 1] (the minimum-norm element, t = 2, is not even dual
-    feasible). The backward reduces such rows to a vertex, so the forward keeps the backend's
-    valid selection, the x-gradient is exact, and a multiplier cotangent gets a warning that
-    says which derivatives are exact."""
-    G = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]], dtype=F64)
-    h = torch.tensor([1.0, 1.0, 2.0], dtype=F64)
-    q = torch.tensor([-2.0, -6.0], dtype=F64, requires_grad=True)
-    sol = dqp.solve(torch.eye(2, dtype=F64), q, G=G, h=h, solver=solver)
-    nu = sol.ineq_duals.detach().numpy()
-    assert (nu >= -1e-9).all()
-    np.testing.assert_allclose(G.numpy().T @ nu, [1.0, 5.0], atol=1e-7)
-    with warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter("always")
-        (gx,) = torch.autograd.grad(sol.x.sum(), q, retain_graph=True)
-    assert not any("cotangent" in str(w.message) for w in seen)
-    torch.testing.assert_close(gx, torch.zeros(2, dtype=F64), rtol=0, atol=1e-12)  # x pinned
-    with pytest.warns(dqp.QPDegenerateWarning, match="not of the returned"):
-        torch.autograd.grad(sol.ineq_duals.sum(), q)

@@ -87,6 +87,7 @@ from dxopt.qp.backward.degenerate_rule import (
     dependent_flags_factor,
     independent_rows_dense,
     project_multiplier_rhs,
+    returned_vertex,
     rule_multipliers,
     stacked_rows,
     weak_rows_with_factor,
@@ -455,16 +456,22 @@ class BackwardBase:
             dropped = torch.zeros_like(rule.dropped)
         self.record_rule(replace(rule, dropped=dropped), diagnostics, warn=warn)
         cotangent = (data.grad_ineq != 0).any(-1) | (data.grad_eq != 0).any(-1)
-        if warn and bool(((dropped > 0) & cotangent & data.ok).any()):
-            # the forward keeps the backend's multipliers on such rows
-            # (dxopt.qp.certify.multipliers): their derivative is the vertex's, not theirs
+        reached = (dropped > 0) & cotangent & data.ok
+        if (
+            warn
+            and bool(reached.any())
+            and bool((reached & ~returned_vertex(data, rule.active.used, reached)).any())
+        ):
+            # the forward returns this vertex's multipliers (dxopt.qp.certify.multipliers);
+            # where it did not (a tie, another active-set tolerance, a sample too big for the
+            # dense selection) their derivative is the vertex's, not theirs
             note_degenerate(
                 f"{self.name} backward: the multipliers of linearly dependent active rows got "
-                "a cotangent, and the rows were reduced to a vertex of the multiplier set; the "
-                "returned multipliers there are the backend's selection, so the derivative of "
-                "those entries is that of the vertex's multipliers, not of the returned "
-                "numbers (the derivatives through x, and through the multipliers of rows in "
-                "no dependency, are exact). Per sample: sol.info.backward.dropped_rows."
+                "a cotangent, and the rows were reduced to a vertex of the multiplier set "
+                "other than the returned multipliers, so the derivative of those entries is "
+                "that of the vertex's multipliers, not of the returned numbers (the "
+                "derivatives through x, and through the multipliers of rows in no "
+                "dependency, are exact). Per sample: sol.info.backward.dropped_rows."
             )
         if not data.needs_rows:
             return out

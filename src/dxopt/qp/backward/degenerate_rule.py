@@ -46,7 +46,7 @@ from torch import Tensor
 from dxopt.qp.backward.rows import active_rows_sparse
 from dxopt.qp.certify.tolerances import RULE_GRAM_SHIFT, RULE_LSMR_TOL, RULE_RANK_CUT
 from dxopt.qp.problem.canonical import QPProblem
-from dxopt.qp.problem.contracts import ActiveSet
+from dxopt.qp.problem.contracts import ActiveSet, AdjointInput
 from dxopt.qp.problem.types import QPDegenerateWarning
 
 __all__ = [
@@ -56,6 +56,7 @@ __all__ = [
     "dependent_weak_rows_dense",
     "independent_rows_dense",
     "project_multiplier_rhs",
+    "returned_vertex",
     "rule_multipliers",
     "stacked_rows",
     "warn_degenerate",
@@ -456,6 +457,21 @@ def rule_multipliers(
         if p:
             mu[i] = torch.from_numpy(lam[rows.size :])
     return nu, mu
+
+
+def returned_vertex(data: AdjointInput, used: Tensor, samples: Tensor) -> Tensor:
+    """Per sample (S,), True where ``samples`` holds and the multipliers the forward returned
+    are the vertex's of the rows ``used`` (:func:`rule_multipliers`, the forward's selection,
+    :func:`dxopt.qp.certify.multipliers.vertex_selection`) to round-off of the dual scale
+    :math:`\\max(\\|Px + q\\|_\\infty, \\|\\lambda\\|_\\infty)`: their derivative is then
+    the derivative of the returned numbers."""
+    problem = data.problem
+    nu, mu = rule_multipliers(problem, data.x, used, samples, data.ineq_duals, data.eq_duals)
+    r = problem.mv("P", data.x) + problem.dense_vec("q").expand_as(data.x)
+    scale = torch.cat([r.abs(), data.ineq_duals.abs(), data.eq_duals.abs()], -1).amax(-1)
+    gap = torch.cat([(nu - data.ineq_duals).abs(), (mu - data.eq_duals).abs()], -1)
+    gap = gap.amax(-1) if gap.shape[-1] else torch.zeros_like(scale)
+    return samples & (gap <= 1e-9 * torch.clamp(scale, min=1e-300))
 
 
 def _min_norm_lstsq(M: Tensor, r: Tensor) -> Tensor:

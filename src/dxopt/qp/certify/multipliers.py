@@ -20,14 +20,20 @@ whatever the backend. It is the selection whose derivative the backward returns 
 minimum-norm multiplier adjoint of :mod:`dxopt.qp.certify.dependence` is
 :math:`\\partial y^\\star`, the adjoint on the range of :math:`C`).
 
-The selection is made only where the backward's default rule differentiates the minimum-norm
-multipliers: dependencies among the rows of ``A`` and parallel copies of rows of ``G``
-(duplicated or opposite rows). A dependency that involves a row of ``G`` otherwise (rows
-:math:`e_1, e_2, e_1 + e_2`) is reduced by the backward to a vertex of the multiplier set
-(:func:`dxopt.qp.backward.vertex.vertex_rows`); there the backend's multipliers stay (a valid
-selection, but backend-dependent), and the backward warns where a multiplier cotangent reaches
-such rows: only the derivatives through ``x`` and through the multipliers of rows in no
-dependency are exact then. The selection is kept only when it is dual feasible:
+The minimum-norm selection is made where the backward's default rule differentiates the
+minimum-norm multipliers: dependencies among the rows of ``A`` and parallel copies of rows of
+``G`` (duplicated or opposite rows). A dependency that involves a row of ``G`` otherwise (rows
+:math:`e_1, e_2, e_1 + e_2`) is reduced by the backward to the vertex of the multiplier set
+:math:`\\Lambda = \\{y: C^\\top y = C^\\top y_0,\\ y_T \\ge 0\\}` that minimises the l1 norm
+of the row-normalised multipliers, ties broken by row order
+(:func:`dxopt.qp.backward.vertex.vertex_rows`, a function of :math:`\\Lambda` alone); there the
+returned multipliers are **that vertex's** (:func:`vertex_selection`, the backward's own rule
+and multipliers, :func:`~dxopt.qp.backward.degenerate_rule.rule_multipliers`), so they do not
+depend on the backend and the backward's multiplier derivative (the derivative of the QP
+restricted to the vertex's independent rows) is the derivative of what is returned wherever
+that vertex is locally the rule's choice. The backward checks that the rule it runs gives the
+returned numbers and warns where it does not (a tie, another active-set tolerance). The
+selection is kept only when it is dual feasible:
 :math:`\\nu^\\star_i\\|g_i\\|_\\infty \\ge -\\text{ROUNDOFF}\\max(\\sigma^d, \\|\\nu^\\star \\circ
 g_\\infty\\|_\\infty)` on every row of :math:`T` (the polish's own round-off test; entries within
 it are clipped to 0); otherwise (opposite rows, whose minimum-norm multipliers have opposite
@@ -38,7 +44,10 @@ Points with independent active rows are returned untouched (bitwise). On an exac
 (daqp's, whose working set satisfies LICQ) the test runs only when some row of :math:`T` or of
 ``A`` has a zero multiplier (a weakly active row may then be a copy of a working row).
 Samples whose dense :math:`C` would exceed ``DENSE_SELECTION`` entries are left as the
-backend gave them (``None``).
+backend gave them: ``Selection(..., checked=False)``, and :func:`select_forward` warns
+(:func:`note_too_big`) where their active rows are dependent by the sparse Gram test
+(:func:`dxopt.qp.certify.dependence.count_dependent_sparse`), since the backward's multiplier
+derivative there is not the derivative of the returned numbers.
 """
 
 from __future__ import annotations
@@ -55,23 +64,37 @@ from dxopt.qp.certify.tolerances import (
     DENSE_SELECTION,
     DEPENDENT_TOL,
     ROUNDOFF,
+    STRONG_MULTIPLIER,
     relative_tolerance,
 )
 from dxopt.qp.problem.types import QPDegenerateWarning
 
-__all__ = ["Selection", "note_not_selected", "select_multipliers", "zero_slack_rows"]
+__all__ = [
+    "Selection",
+    "dependent_sparse",
+    "note_not_selected",
+    "note_too_big",
+    "select_multipliers",
+    "vertex_selection",
+    "zero_slack_rows",
+]
 
 
 @dataclass(frozen=True)
 class Selection:
     """The selected ``mu`` (p,) and ``nu`` (m,), the number of dependent active rows, and
     whether the minimum-norm selection was dual feasible (``False``: ``mu, nu`` are the
-    backend's)."""
+    backend's). ``rows``: the zero-slack rows :math:`T` (m,) where the dependency is a general
+    one (``mu, nu`` are then the backend's, to be replaced by :func:`vertex_selection`), else
+    ``None``. ``checked=False``: the sample was too big for the dense test (``mu, nu`` the
+    backend's, ``dependent`` -1: not counted)."""
 
     mu: np.ndarray
     nu: np.ndarray
     dependent: int
     feasible: bool
+    rows: np.ndarray | None = None
+    checked: bool = True
 
 
 def _dense(M: Any) -> np.ndarray:
@@ -109,8 +132,9 @@ def select_multipliers(
 ) -> Selection | None:
     """The minimum-norm multipliers of one certified sample (module docstring), or ``None``
     where the active rows are independent (the multipliers are unique and stay as they are)
-    or the sample is too big for the dense test. ``P, A, G`` dense or scipy sparse (``A``,
-    ``G`` may be ``None``); ``g_inf`` the row max-norms of ``G``."""
+    (see :class:`Selection` for a general dependency and a sample too big for the dense test).
+    ``P, A, G`` dense or scipy sparse (``A``, ``G`` may be ``None``); ``g_inf`` the row
+    max-norms of ``G``."""
     p = 0 if A is None else A.shape[0]
     m = 0 if G is None else G.shape[0]
     n = x.shape[0]
@@ -136,7 +160,7 @@ def select_multipliers(
     if exact_working_set and bool(np.all(mu != 0)) and bool(np.all(nu[T] > 0)):
         return None  # daqp's working set satisfies LICQ and no row outside it is active
     if k * n > DENSE_SELECTION:
-        return None
+        return Selection(mu, nu, -1, True, T if m else None, checked=False)
     blocks = []
     if p:
         blocks.append(_dense(A))
@@ -144,8 +168,10 @@ def select_multipliers(
         blocks.append(_dense(G[np.flatnonzero(T)]))
     C = np.concatenate(blocks, 0) if len(blocks) > 1 else blocks[0]
     dependent = _count_dependent(C)
-    if dependent == 0 or _general(C, p, dependent):
+    if dependent == 0:
         return None
+    if _general(C, p, dependent):
+        return Selection(mu, nu, dependent, True, T)
     y0 = np.concatenate([mu, nu[T]])
     U, _, _ = np.linalg.svd(C, full_matrices=False)
     rank = (np.linalg.norm(C, axis=1) > 0).sum() - dependent
@@ -201,13 +227,17 @@ def _general(C: np.ndarray, p: int, dependent: int) -> bool:
 
 
 def note_not_selected(samples: list[int]) -> None:
-    """Warn that the minimum-norm multipliers of ``samples`` were not dual feasible, so their
-    returned multipliers are the backend's (a vertex) and only some derivatives are exact."""
+    """Warn that the selection of ``samples`` (the minimum-norm multipliers, or the vertex of
+    :func:`vertex_selection`) failed its tests (dual feasibility; for the vertex also the
+    stationarity residual), so their returned multipliers are the backend's and only some
+    derivatives are exact."""
     warnings.warn(
-        "the active constraint rows are linearly dependent (LICQ fails) and the minimum-norm "
-        "multipliers are not dual feasible, so the returned multipliers of the dependent rows "
-        "are the backend's own choice; the backward's derivative of those entries is that of "
-        "the minimum-norm selection, not of the returned numbers. Exact: the derivatives of x "
+        "the active constraint rows are linearly dependent (LICQ fails) and the backend-"
+        "independent multiplier selection (minimum-norm multipliers, or the backward's vertex) "
+        "is not dual feasible or does not keep the stationarity residual, so the returned "
+        "multipliers of the dependent rows are the "
+        "backend's own choice; the backward's derivative of those entries is that of the "
+        "rule's selection, not of the returned numbers. Exact: the derivatives of x "
         f"(every dL/dx-only loss) and of the multipliers of rows in no dependency (batch "
         f"indices {samples[:10]}).",
         QPDegenerateWarning,
@@ -244,6 +274,8 @@ def select_forward(
     nu_out: Any = None
     active: Any = None
     refused: list[int] = []
+    general: list[tuple[int, np.ndarray]] = []
+    big: list[tuple[int, np.ndarray | None]] = []
     for i in np.flatnonzero(solved).tolist():
         Gi = None if G is None else _sample(G, i)
         hi = None if h is None else (h if h.ndim == 1 else h[i])
@@ -255,8 +287,15 @@ def select_forward(
         )  # fmt: skip
         if sel is None:
             continue
+        if not sel.checked:
+            if sel.rows is not None or A is not None:
+                big.append((i, sel.rows))
+            continue
         if not sel.feasible:
             refused.append(i)
+            continue
+        if sel.rows is not None:
+            general.append((i, sel.rows))
             continue
         if mu_out is None:
             mu_out, nu_out = MU.copy(), NU.copy()
@@ -264,8 +303,20 @@ def select_forward(
         mu_out[i], nu_out[i] = sel.mu, sel.nu
         if active is not None:
             active[i] |= sel.nu > 0
+    if general:
+        if mu_out is None:
+            mu_out, nu_out = MU.copy(), NU.copy()
+            active = None if result.active is None else result.active.numpy().copy()
+        kept, infeasible = vertex_selection(problem, X, mu_out, nu_out, general)
+        refused += infeasible
+        if active is not None:
+            for i in kept:
+                active[i] |= nu_out[i] > 0
     if refused:
-        note_not_selected(refused)
+        note_not_selected(sorted(refused))
+    dependent_big = [i for i, rows in big if dependent_sparse(A, G, i, rows)]
+    if dependent_big:
+        note_too_big(dependent_big)
     if mu_out is None:
         return result
     return replace(
@@ -274,3 +325,158 @@ def select_forward(
         ineq_duals=torch.from_numpy(nu_out),
         active=None if active is None else torch.from_numpy(active),
     )
+
+
+def note_too_big(samples: list[int]) -> None:
+    """Warn that ``samples`` (too big for the dense selection, ``DENSE_SELECTION`` entries)
+    have dependent active rows and keep the backend's multipliers."""
+    warnings.warn(
+        "the active constraint rows are linearly dependent (LICQ fails), and the samples are "
+        f"too big for the multiplier selection (over {DENSE_SELECTION} entries in the dense "
+        "active rows), so the returned multipliers of the dependent rows are the backend's own "
+        "choice and the backward's derivative of those entries is that of its rule's "
+        "selection, not of the returned numbers. Exact: the derivatives of x (every "
+        f"dL/dx-only loss) and of the multipliers of rows in no dependency (batch indices "
+        f"{samples[:10]}).",
+        QPDegenerateWarning,
+        stacklevel=3,
+    )
+
+
+def dependent_sparse(A: Any, G: Any, i: int, rows: np.ndarray | None) -> bool:
+    """True where the active rows ``[A; G_T]`` of sample ``i`` (``A``, ``G`` dense shared,
+    dense batched or scipy sparse; ``rows`` the mask :math:`T`) are dependent by the sparse
+    Gram test of the backward (:func:`~dxopt.qp.certify.dependence.count_dependent_sparse`)."""
+    from dxopt.qp.certify.dependence import count_dependent_sparse
+
+    blocks = []
+    if A is not None:
+        blocks.append(sp.csr_matrix(_sample(A, i)))
+    if G is not None and rows is not None and rows.any():
+        blocks.append(sp.csr_matrix(_sample(G, i))[np.flatnonzero(rows)])
+    if not blocks:
+        return False
+    return count_dependent_sparse(sp.vstack(blocks, format="csr")) > 0
+
+
+def vertex_selection(
+    problem: Any,
+    X: np.ndarray,
+    MU: np.ndarray,
+    NU: np.ndarray,
+    samples: list[tuple[int, np.ndarray]],
+) -> tuple[list[int], list[int]]:
+    """Replace, in place, the multipliers ``MU`` (S, p), ``NU`` (S, m) of the ``samples``
+    (``(index, zero-slack rows T)``, a general dependency) by the backward's vertex: the rows
+    of :func:`~dxopt.qp.backward.vertex.vertex_rows` (``keep_parallel=True``, the default
+    rule's) from the rows ``T``, and their multipliers
+    :func:`~dxopt.qp.backward.degenerate_rule.rule_multipliers` (the minimum-norm solution of
+    :math:`[G_B; A]^\\top\\lambda = -(Px + q)` on the vertex's rows :math:`B`, unique where
+    they are independent). Kept where it is dual feasible by the test of
+    :func:`select_multipliers` and its stationarity residual
+    :math:`\\|C^\\top\\lambda + Px + q\\|_\\infty` is no larger than the backend's (or at
+    round-off. Returns ``(kept, infeasible)``: the samples that took the vertex, and those
+    where it failed these tests (they keep the backend's multipliers). Where the rule keeps the
+    rows or the vertex's strongly active rows span less than the rows ``T``
+    (:func:`_narrower`), the backend's multipliers stay too, without a notice here: the
+    backward warns where a multiplier cotangent reaches them."""
+    from dxopt.qp.backward.degenerate_rule import rule_multipliers
+    from dxopt.qp.backward.vertex import vertex_rows
+
+    S, m = NU.shape
+    used = torch.zeros(S, m, dtype=torch.bool)
+    skip = torch.ones(S, dtype=torch.bool)
+    for i, rows in samples:
+        used[i] = torch.from_numpy(rows)
+        skip[i] = False
+    nu0, mu0 = torch.from_numpy(NU.copy()), torch.from_numpy(MU.copy())
+    new_used, dropped = vertex_rows(problem, used, nu0, mu0, skip, keep_parallel=True)
+    chosen = ~skip & (dropped > 0)
+    x = torch.from_numpy(X)
+    nu_v, mu_v = rule_multipliers(problem, x, new_used, chosen, nu0, mu0)
+    from dxopt.qp.certify.polish import _matrix, row_inf
+
+    G = _matrix(problem, "G")
+    A = _matrix(problem, "A") if problem.p else None
+    r = -(problem.mv("P", x) + problem.dense_vec("q").expand_as(x)).numpy()
+    P_abs = (problem.mv("P", x.abs()) + problem.dense_vec("q").abs().expand_as(x)).numpy()
+    kept, failed = [], []
+    for i, rows in samples:
+        if not bool(chosen[i]):
+            continue  # the rule keeps these rows (the backward warns where that matters)
+        Gi = _sample(G, i)
+        g_inf = row_inf(Gi)
+        nu, mu = nu_v[i].numpy(), mu_v[i].numpy()
+        scale = max(_inf(r[i]), _inf(nu * g_inf), 1e-300)
+        after = _inf(Gi.T @ nu + (0.0 if A is None else _sample(A, i).T @ mu) - r[i])
+        before = _inf(Gi.T @ NU[i] + (0.0 if A is None else _sample(A, i).T @ MU[i]) - r[i])
+        if bool((nu * g_inf < -ROUNDOFF * scale).any()) or after > max(before, ROUNDOFF * scale):
+            failed.append(i)
+            continue
+        if _narrower(Gi, None if A is None else _sample(A, i), rows, nu, g_inf, r[i], P_abs[i]):
+            continue  # the backend's stay (the backward warns where a cotangent reaches them)
+        NU[i] = np.maximum(nu, 0.0)
+        if A is not None:
+            MU[i] = mu
+        kept.append(i)
+    return kept, failed
+
+
+def _narrower(
+    G: Any,
+    A: Any,
+    rows: np.ndarray,
+    nu: np.ndarray,
+    g_inf: np.ndarray,
+    r: np.ndarray,
+    p_abs: np.ndarray,
+) -> bool:
+    """True where the vertex's strongly active rows (equality rows, and rows of ``T`` whose
+    :math:`\\nu_i\\|g_i\\|_\\infty` exceeds ``STRONG_MULTIPLIER`` times the dual scale of
+    :func:`dxopt.qp.certify.active.identify_active`) span less than all the rows ``[A; G_T]``.
+    The backward identifies its rows from the returned multipliers (the zero-multiplier rows
+    rejoin only where they lie in the span of the others), so returning such a vertex would
+    change the rows, and so the derivative of ``x``: two rows that together pin a variable
+    without curvature, each outside the span of the rest (Maros-Meszaros STADAT)."""
+    dual_scale = max(_inf(p_abs), _inf(nu * g_inf), 1e-300)
+    strong = rows & (nu * g_inf > STRONG_MULTIPLIER * dual_scale)
+    blocks = [] if A is None else [_dense(A)]
+    full = [*blocks, _dense(G[np.flatnonzero(rows)])]
+    kept = [*blocks, _dense(G[np.flatnonzero(strong)])]
+    return _rank(np.concatenate(kept, 0)) < _rank(np.concatenate(full, 0))
+
+
+def _rank(C: np.ndarray) -> int:
+    """The rank of ``C`` by the Gram test of :func:`_count_dependent`."""
+    if C.shape[0] == 0:
+        return 0
+    return int((np.linalg.norm(C, axis=1) > 0).sum()) - _count_dependent(C)
+
+
+def vertex_selection_dense(
+    P: np.ndarray,
+    q: np.ndarray,
+    A: np.ndarray | None,
+    G: np.ndarray,
+    h: np.ndarray,
+    x: np.ndarray,
+    mu: np.ndarray,
+    nu: np.ndarray,
+    rows: np.ndarray,
+) -> bool:
+    """:func:`vertex_selection` for one dense sample given as arrays (the lean path): ``mu``,
+    ``nu`` are replaced in place; returns False where the vertex is infeasible (``mu, nu``
+    unchanged, as where the vertex is not kept for the other reasons)."""
+    from dxopt.qp.problem.canonical import canonical_problem
+
+    t = torch.from_numpy
+    b = None if A is None else t(A @ x)  # b enters neither the rule nor its multipliers
+    problem = canonical_problem(
+        t(P), t(q), None if A is None else t(A), b, t(G), t(h), check_psd=False
+    )
+    MU, NU = mu[None].copy(), nu[None].copy()
+    _, infeasible = vertex_selection(problem, x[None], MU, NU, [(0, rows)])
+    if infeasible:
+        return False
+    mu[:], nu[:] = MU[0], NU[0]  # unchanged where the vertex was not kept
+    return True

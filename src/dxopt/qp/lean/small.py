@@ -230,12 +230,58 @@ def _select(
     )  # fmt: skip
     if sel is None:
         return working
+    if not sel.checked:
+        _note_too_big(C, m, [(0, sel.rows)])
+        return working
+    if sel.rows is not None:  # a general dependency: the backward's vertex
+        sel = _vertex(Pn, qn, C, upper, m, x, sel)
+        if sel is None:
+            return working
     if not sel.feasible:
         note_not_selected([0])
         return working
     mu[:], nu[:] = sel.mu, sel.nu
     duals[:m], duals[m:] = sel.nu, sel.mu
     return working | (sel.nu > 0) if working.size else working
+
+
+def _vertex(
+    Pn: np.ndarray,
+    qn: np.ndarray,
+    C: np.ndarray,
+    upper: np.ndarray,
+    m: int,
+    x: np.ndarray,
+    sel: Any,
+) -> Any:
+    """The selection ``sel`` of a general dependency (``sel.rows``) replaced by the backward's
+    vertex (:func:`dxopt.qp.certify.multipliers.vertex_selection_dense`); ``feasible=False``
+    where it is infeasible, ``None`` where it is not kept for another reason (the backend's
+    multipliers stay)."""
+    from dataclasses import replace
+
+    from dxopt.qp.certify.multipliers import vertex_selection_dense
+
+    mu, nu = sel.mu.copy(), sel.nu.copy()
+    A = C[m:] if C.shape[0] > m else None
+    kept = vertex_selection_dense(Pn, qn, A, C[:m], upper[:m], x, mu, nu, sel.rows)
+    if kept and np.array_equal(mu, sel.mu) and np.array_equal(nu, sel.nu):
+        return None
+    return replace(sel, mu=mu, nu=nu, feasible=kept, rows=None)
+
+
+def _note_too_big(C: np.ndarray, m: int, samples: list[tuple[int, Any]]) -> None:
+    """Warn (:func:`dxopt.qp.certify.multipliers.note_too_big`) for the ``samples``
+    ``(index, zero-slack rows)`` too big for the selection whose active rows of
+    ``C = [G; A]`` (one (k, n) or a batch) are dependent."""
+    from dxopt.qp.certify.multipliers import dependent_sparse, note_too_big
+
+    Cs = C if C.ndim == 3 else C[None]
+    A = Cs[:, m:] if Cs.shape[1] > m else None
+    G = Cs[:, :m] if m else None
+    found = [i for i, rows in samples if dependent_sparse(A, G, i, rows)]
+    if found:
+        note_too_big(found)
 
 
 def _daqp_point(

@@ -243,11 +243,13 @@ def _select_batch(
     multipliers in place, and a changed sample's compiled factors are not reused (``given``
     False: its backward factors its own rows)."""
     from dxopt.qp.certify.multipliers import note_not_selected, select_multipliers
+    from dxopt.qp.lean.small import _note_too_big, _vertex
 
     _, MU, NU = outputs
     p = C.shape[1] - m
     maybe = may_be_dependent_batch(C, upper, m, X, duals, eps_abs, max(eps_rel, RELATIVE_FLOOR))
     refused = []
+    big: list[tuple[int, Any]] = []
     for i in np.flatnonzero(maybe).tolist():
         Ci = C[i]
         sel = select_multipliers(
@@ -257,6 +259,13 @@ def _select_batch(
         )  # fmt: skip
         if sel is None:
             continue
+        if not sel.checked:
+            big.append((i, sel.rows))
+            continue
+        if sel.rows is not None:  # a general dependency: the backward's vertex
+            sel = _vertex(Pn[i], qn[i], Ci, upper[i], m, X[i], sel)
+            if sel is None:
+                continue
         if not sel.feasible:
             refused.append(i)
             continue
@@ -265,6 +274,8 @@ def _select_batch(
         given[i] = False
     if refused:
         note_not_selected(refused)
+    if big:
+        _note_too_big(C, m, big)
 
 
 def _workspace(batch: int, n: int, m: int, p: int, factors: bool) -> tuple[np.ndarray, ...]:
