@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from dxopt.qp.autograd.torch_entry import torch_points
+from dxopt.qp.backward.vertex_select import finish_selection
 from dxopt.qp.problem.canonical import QPProblem, canonical_problem
 from dxopt.qp.problem.canonical import check_psd as check_psd_of
 from dxopt.qp.problem.contracts import BackwardMethod, ForwardResult, QPState
@@ -94,6 +95,7 @@ def forward_state(
             problem, options=options, solver=solver, warm_start=warm_start,
             psd_pending=psd_pending, device_points=device_points,
         )  # fmt: skip
+        result = finish_selection(problem, result)  # the backward's vertex (general dependency)
     else:
         result = trivial_forward(problem, options.eps_abs, solver)
     state_residuals = residuals(problem, result)

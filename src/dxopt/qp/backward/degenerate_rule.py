@@ -462,7 +462,7 @@ def rule_multipliers(
 def returned_vertex(data: AdjointInput, used: Tensor, samples: Tensor) -> Tensor:
     """Per sample (S,), True where ``samples`` holds and the multipliers the forward returned
     are the vertex's of the rows ``used`` (:func:`rule_multipliers`, the forward's selection,
-    :func:`dxopt.qp.certify.multipliers.vertex_selection`) to round-off of the dual scale
+    :func:`dxopt.qp.backward.vertex_select.vertex_selection`) to round-off of the dual scale
     :math:`\\max(\\|Px + q\\|_\\infty, \\|\\lambda\\|_\\infty)`: their derivative is then
     the derivative of the returned numbers."""
     problem = data.problem

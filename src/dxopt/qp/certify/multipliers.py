@@ -27,7 +27,8 @@ minimum-norm multipliers: dependencies among the rows of ``A`` and parallel copi
 :math:`\\Lambda = \\{y: C^\\top y = C^\\top y_0,\\ y_T \\ge 0\\}` that minimises the l1 norm
 of the row-normalised multipliers, ties broken by row order
 (:func:`dxopt.qp.backward.vertex.vertex_rows`, a function of :math:`\\Lambda` alone); there the
-returned multipliers are **that vertex's** (:func:`vertex_selection`, the backward's own rule
+returned multipliers are **that vertex's**
+(:func:`dxopt.qp.backward.vertex_select.vertex_selection`, the backward's own rule
 and multipliers, :func:`~dxopt.qp.backward.degenerate_rule.rule_multipliers`), so they do not
 depend on the backend and the backward's multiplier derivative (the derivative of the QP
 restricted to the vertex's independent rows) is the derivative of what is returned wherever
@@ -64,18 +65,20 @@ from dxopt.qp.certify.tolerances import (
     DENSE_SELECTION,
     DEPENDENT_TOL,
     ROUNDOFF,
-    STRONG_MULTIPLIER,
     relative_tolerance,
 )
 from dxopt.qp.problem.types import QPDegenerateWarning
 
 __all__ = [
     "Selection",
+    "count_dependent_dense",
+    "dense_array",
     "dependent_sparse",
+    "inf_norm",
     "note_not_selected",
     "note_too_big",
+    "sample_of",
     "select_multipliers",
-    "vertex_selection",
     "zero_slack_rows",
 ]
 
@@ -85,8 +88,9 @@ class Selection:
     """The selected ``mu`` (p,) and ``nu`` (m,), the number of dependent active rows, and
     whether the minimum-norm selection was dual feasible (``False``: ``mu, nu`` are the
     backend's). ``rows``: the zero-slack rows :math:`T` (m,) where the dependency is a general
-    one (``mu, nu`` are then the backend's, to be replaced by :func:`vertex_selection`), else
-    ``None``. ``checked=False``: the sample was too big for the dense test (``mu, nu`` the
+    one (``mu, nu`` are then the backend's, to be replaced by the backward's vertex:
+    :func:`dxopt.qp.backward.vertex_select.vertex_selection`), else ``None``.
+    ``checked=False``: the sample was too big for the dense test (``mu, nu`` the
     backend's, ``dependent`` -1: not counted)."""
 
     mu: np.ndarray
@@ -97,11 +101,11 @@ class Selection:
     checked: bool = True
 
 
-def _dense(M: Any) -> np.ndarray:
+def dense_array(M: Any) -> np.ndarray:
     return M.toarray() if sp.issparse(M) else np.asarray(M)
 
 
-def _inf(v: np.ndarray) -> float:
+def inf_norm(v: np.ndarray) -> float:
     return float(np.abs(v).max()) if v.size else 0.0
 
 
@@ -111,7 +115,7 @@ def zero_slack_rows(
     """The rows :math:`T` of the module docstring: nonzero rows of ``G`` whose slack is within
     :math:`t_p` (``G`` dense or scipy sparse, one sample)."""
     gx = G @ x
-    t_p = eps_abs + relative_tolerance(eps_rel) * max(_inf(gx), _inf(h))
+    t_p = eps_abs + relative_tolerance(eps_rel) * max(inf_norm(gx), inf_norm(h))
     return (h - gx <= t_p) & (g_inf > 0)
 
 
@@ -150,7 +154,7 @@ def select_multipliers(
     if m:
         assert h is not None
         if g_inf is None:
-            g_inf = np.abs(_dense(G)).max(axis=1)
+            g_inf = np.abs(dense_array(G)).max(axis=1)
         T = zero_slack_rows(G, h, x, g_inf, eps_abs, eps_rel)
     else:
         T = np.zeros(0, dtype=bool)
@@ -163,11 +167,11 @@ def select_multipliers(
         return Selection(mu, nu, -1, True, T if m else None, checked=False)
     blocks = []
     if p:
-        blocks.append(_dense(A))
+        blocks.append(dense_array(A))
     if T.any():
-        blocks.append(_dense(G[np.flatnonzero(T)]))
+        blocks.append(dense_array(G[np.flatnonzero(T)]))
     C = np.concatenate(blocks, 0) if len(blocks) > 1 else blocks[0]
-    dependent = _count_dependent(C)
+    dependent = count_dependent_dense(C)
     if dependent == 0:
         return None
     if _general(C, p, dependent):
@@ -180,9 +184,9 @@ def select_multipliers(
     nu_T = y[p:]
     if m:
         assert g_inf is not None
-        dual_scale = max(_inf(P @ x), _inf(q))
+        dual_scale = max(inf_norm(P @ x), inf_norm(q))
         nu_g = nu_T * g_inf[T]
-        floor = -ROUNDOFF * max(dual_scale, _inf(nu_g), 1e-300)
+        floor = -ROUNDOFF * max(dual_scale, inf_norm(nu_g), 1e-300)
         if bool((nu_g < floor).any()):
             return Selection(mu, nu, dependent, False)
     nu_new = nu.copy()
@@ -190,7 +194,7 @@ def select_multipliers(
     return Selection(y[:p].copy(), nu_new, dependent, True)
 
 
-def _count_dependent(C: np.ndarray) -> int:
+def count_dependent_dense(C: np.ndarray) -> int:
     """The rule of :func:`~dxopt.qp.certify.dependence.count_dependent_dense` for one dense
     ``C`` in numpy (the torch call costs small problems a tenth of a millisecond): rows whose
     Cholesky pivot of the row-normalised Gram matrix is below ``DEPENDENT_TOL`` (zero rows not
@@ -222,13 +226,14 @@ def _general(C: np.ndarray, p: int, dependent: int) -> bool:
     cos = np.abs(unit @ unit.T)
     copy = np.triu(1.0 - cos**2 < DEPENDENT_TOL, 1).any(0)  # parallel to an earlier row
     left = dependent - int(copy.sum())  # each copy is one dependent row of its own
-    alone = _count_dependent(C[:p]) if p else 0
+    alone = count_dependent_dense(C[:p]) if p else 0
     return left > alone
 
 
 def note_not_selected(samples: list[int]) -> None:
     """Warn that the selection of ``samples`` (the minimum-norm multipliers, or the vertex of
-    :func:`vertex_selection`) failed its tests (dual feasibility; for the vertex also the
+    :func:`dxopt.qp.backward.vertex_select.vertex_selection`) failed its tests (dual
+    feasibility; for the vertex also the
     stationarity residual), so their returned multipliers are the backend's and only some
     derivatives are exact."""
     warnings.warn(
@@ -245,7 +250,7 @@ def note_not_selected(samples: list[int]) -> None:
     )
 
 
-def _sample(M: Any, i: int) -> Any:
+def sample_of(M: Any, i: int) -> Any:
     return M if sp.issparse(M) or M.ndim == 2 else M[i]
 
 
@@ -277,11 +282,11 @@ def select_forward(
     general: list[tuple[int, np.ndarray]] = []
     big: list[tuple[int, np.ndarray | None]] = []
     for i in np.flatnonzero(solved).tolist():
-        Gi = None if G is None else _sample(G, i)
+        Gi = None if G is None else sample_of(G, i)
         hi = None if h is None else (h if h.ndim == 1 else h[i])
         gi = g_shared if g_shared is not None or Gi is None else row_inf(Gi)
         sel = select_multipliers(
-            _sample(P, i), q if q.ndim == 1 else q[i], None if A is None else _sample(A, i),
+            sample_of(P, i), q if q.ndim == 1 else q[i], None if A is None else sample_of(A, i),
             Gi, hi, X[i], MU[i], NU[i], eps_abs=eps_abs, eps_rel=eps_rel, g_inf=gi,
             exact_working_set=exact_working_set,
         )  # fmt: skip
@@ -303,15 +308,9 @@ def select_forward(
         mu_out[i], nu_out[i] = sel.mu, sel.nu
         if active is not None:
             active[i] |= sel.nu > 0
-    if general:
-        if mu_out is None:
-            mu_out, nu_out = MU.copy(), NU.copy()
-            active = None if result.active is None else result.active.numpy().copy()
-        kept, infeasible = vertex_selection(problem, X, mu_out, nu_out, general)
-        refused += infeasible
-        if active is not None:
-            for i in kept:
-                active[i] |= nu_out[i] > 0
+    if general and mu_out is None:
+        mu_out, nu_out = MU.copy(), NU.copy()
+        active = None if result.active is None else result.active.numpy().copy()
     if refused:
         note_not_selected(sorted(refused))
     dependent_big = [i for i, rows in big if dependent_sparse(A, G, i, rows)]
@@ -324,6 +323,7 @@ def select_forward(
         eq_duals=torch.from_numpy(mu_out),
         ineq_duals=torch.from_numpy(nu_out),
         active=None if active is None else torch.from_numpy(active),
+        vertex_pending=tuple(general),
     )
 
 
@@ -351,132 +351,9 @@ def dependent_sparse(A: Any, G: Any, i: int, rows: np.ndarray | None) -> bool:
 
     blocks = []
     if A is not None:
-        blocks.append(sp.csr_matrix(_sample(A, i)))
+        blocks.append(sp.csr_matrix(sample_of(A, i)))
     if G is not None and rows is not None and rows.any():
-        blocks.append(sp.csr_matrix(_sample(G, i))[np.flatnonzero(rows)])
+        blocks.append(sp.csr_matrix(sample_of(G, i))[np.flatnonzero(rows)])
     if not blocks:
         return False
     return count_dependent_sparse(sp.vstack(blocks, format="csr")) > 0
-
-
-def vertex_selection(
-    problem: Any,
-    X: np.ndarray,
-    MU: np.ndarray,
-    NU: np.ndarray,
-    samples: list[tuple[int, np.ndarray]],
-) -> tuple[list[int], list[int]]:
-    """Replace, in place, the multipliers ``MU`` (S, p), ``NU`` (S, m) of the ``samples``
-    (``(index, zero-slack rows T)``, a general dependency) by the backward's vertex: the rows
-    of :func:`~dxopt.qp.backward.vertex.vertex_rows` (``keep_parallel=True``, the default
-    rule's) from the rows ``T``, and their multipliers
-    :func:`~dxopt.qp.backward.degenerate_rule.rule_multipliers` (the minimum-norm solution of
-    :math:`[G_B; A]^\\top\\lambda = -(Px + q)` on the vertex's rows :math:`B`, unique where
-    they are independent). Kept where it is dual feasible by the test of
-    :func:`select_multipliers` and its stationarity residual
-    :math:`\\|C^\\top\\lambda + Px + q\\|_\\infty` is no larger than the backend's (or at
-    round-off. Returns ``(kept, infeasible)``: the samples that took the vertex, and those
-    where it failed these tests (they keep the backend's multipliers). Where the rule keeps the
-    rows or the vertex's strongly active rows span less than the rows ``T``
-    (:func:`_narrower`), the backend's multipliers stay too, without a notice here: the
-    backward warns where a multiplier cotangent reaches them."""
-    from dxopt.qp.backward.degenerate_rule import rule_multipliers
-    from dxopt.qp.backward.vertex import vertex_rows
-
-    S, m = NU.shape
-    used = torch.zeros(S, m, dtype=torch.bool)
-    skip = torch.ones(S, dtype=torch.bool)
-    for i, rows in samples:
-        used[i] = torch.from_numpy(rows)
-        skip[i] = False
-    nu0, mu0 = torch.from_numpy(NU.copy()), torch.from_numpy(MU.copy())
-    new_used, dropped = vertex_rows(problem, used, nu0, mu0, skip, keep_parallel=True)
-    chosen = ~skip & (dropped > 0)
-    x = torch.from_numpy(X)
-    nu_v, mu_v = rule_multipliers(problem, x, new_used, chosen, nu0, mu0)
-    from dxopt.qp.certify.polish import _matrix, row_inf
-
-    G = _matrix(problem, "G")
-    A = _matrix(problem, "A") if problem.p else None
-    r = -(problem.mv("P", x) + problem.dense_vec("q").expand_as(x)).numpy()
-    P_abs = (problem.mv("P", x.abs()) + problem.dense_vec("q").abs().expand_as(x)).numpy()
-    kept, failed = [], []
-    for i, rows in samples:
-        if not bool(chosen[i]):
-            continue  # the rule keeps these rows (the backward warns where that matters)
-        Gi = _sample(G, i)
-        g_inf = row_inf(Gi)
-        nu, mu = nu_v[i].numpy(), mu_v[i].numpy()
-        scale = max(_inf(r[i]), _inf(nu * g_inf), 1e-300)
-        after = _inf(Gi.T @ nu + (0.0 if A is None else _sample(A, i).T @ mu) - r[i])
-        before = _inf(Gi.T @ NU[i] + (0.0 if A is None else _sample(A, i).T @ MU[i]) - r[i])
-        if bool((nu * g_inf < -ROUNDOFF * scale).any()) or after > max(before, ROUNDOFF * scale):
-            failed.append(i)
-            continue
-        if _narrower(Gi, None if A is None else _sample(A, i), rows, nu, g_inf, r[i], P_abs[i]):
-            continue  # the backend's stay (the backward warns where a cotangent reaches them)
-        NU[i] = np.maximum(nu, 0.0)
-        if A is not None:
-            MU[i] = mu
-        kept.append(i)
-    return kept, failed
-
-
-def _narrower(
-    G: Any,
-    A: Any,
-    rows: np.ndarray,
-    nu: np.ndarray,
-    g_inf: np.ndarray,
-    r: np.ndarray,
-    p_abs: np.ndarray,
-) -> bool:
-    """True where the vertex's strongly active rows (equality rows, and rows of ``T`` whose
-    :math:`\\nu_i\\|g_i\\|_\\infty` exceeds ``STRONG_MULTIPLIER`` times the dual scale of
-    :func:`dxopt.qp.certify.active.identify_active`) span less than all the rows ``[A; G_T]``.
-    The backward identifies its rows from the returned multipliers (the zero-multiplier rows
-    rejoin only where they lie in the span of the others), so returning such a vertex would
-    change the rows, and so the derivative of ``x``: two rows that together pin a variable
-    without curvature, each outside the span of the rest (Maros-Meszaros STADAT)."""
-    dual_scale = max(_inf(p_abs), _inf(nu * g_inf), 1e-300)
-    strong = rows & (nu * g_inf > STRONG_MULTIPLIER * dual_scale)
-    blocks = [] if A is None else [_dense(A)]
-    full = [*blocks, _dense(G[np.flatnonzero(rows)])]
-    kept = [*blocks, _dense(G[np.flatnonzero(strong)])]
-    return _rank(np.concatenate(kept, 0)) < _rank(np.concatenate(full, 0))
-
-
-def _rank(C: np.ndarray) -> int:
-    """The rank of ``C`` by the Gram test of :func:`_count_dependent`."""
-    if C.shape[0] == 0:
-        return 0
-    return int((np.linalg.norm(C, axis=1) > 0).sum()) - _count_dependent(C)
-
-
-def vertex_selection_dense(
-    P: np.ndarray,
-    q: np.ndarray,
-    A: np.ndarray | None,
-    G: np.ndarray,
-    h: np.ndarray,
-    x: np.ndarray,
-    mu: np.ndarray,
-    nu: np.ndarray,
-    rows: np.ndarray,
-) -> bool:
-    """:func:`vertex_selection` for one dense sample given as arrays (the lean path): ``mu``,
-    ``nu`` are replaced in place; returns False where the vertex is infeasible (``mu, nu``
-    unchanged, as where the vertex is not kept for the other reasons)."""
-    from dxopt.qp.problem.canonical import canonical_problem
-
-    t = torch.from_numpy
-    b = None if A is None else t(A @ x)  # b enters neither the rule nor its multipliers
-    problem = canonical_problem(
-        t(P), t(q), None if A is None else t(A), b, t(G), t(h), check_psd=False
-    )
-    MU, NU = mu[None].copy(), nu[None].copy()
-    _, infeasible = vertex_selection(problem, x[None], MU, NU, [(0, rows)])
-    if infeasible:
-        return False
-    mu[:], nu[:] = MU[0], NU[0]  # unchanged where the vertex was not kept
-    return True

@@ -231,10 +231,10 @@ def _select(
     if sel is None:
         return working
     if not sel.checked:
-        _note_too_big(C, m, [(0, sel.rows)])
+        note_too_big_rows(C, m, [(0, sel.rows)])
         return working
     if sel.rows is not None:  # a general dependency: the backward's vertex
-        sel = _vertex(Pn, qn, C, upper, m, x, sel)
+        sel = vertex_selected(Pn, qn, C, upper, m, x, sel)
         if sel is None:
             return working
     if not sel.feasible:
@@ -245,7 +245,7 @@ def _select(
     return working | (sel.nu > 0) if working.size else working
 
 
-def _vertex(
+def vertex_selected(
     Pn: np.ndarray,
     qn: np.ndarray,
     C: np.ndarray,
@@ -255,12 +255,12 @@ def _vertex(
     sel: Any,
 ) -> Any:
     """The selection ``sel`` of a general dependency (``sel.rows``) replaced by the backward's
-    vertex (:func:`dxopt.qp.certify.multipliers.vertex_selection_dense`); ``feasible=False``
+    vertex (:func:`dxopt.qp.backward.vertex_select.vertex_selection_dense`); ``feasible=False``
     where it is infeasible, ``None`` where it is not kept for another reason (the backend's
     multipliers stay)."""
     from dataclasses import replace
 
-    from dxopt.qp.certify.multipliers import vertex_selection_dense
+    from dxopt.qp.backward.vertex_select import vertex_selection_dense
 
     mu, nu = sel.mu.copy(), sel.nu.copy()
     A = C[m:] if C.shape[0] > m else None
@@ -270,7 +270,7 @@ def _vertex(
     return replace(sel, mu=mu, nu=nu, feasible=kept, rows=None)
 
 
-def _note_too_big(C: np.ndarray, m: int, samples: list[tuple[int, Any]]) -> None:
+def note_too_big_rows(C: np.ndarray, m: int, samples: list[tuple[int, Any]]) -> None:
     """Warn (:func:`dxopt.qp.certify.multipliers.note_too_big`) for the ``samples``
     ``(index, zero-slack rows)`` too big for the selection whose active rows of
     ``C = [G; A]`` (one (k, n) or a batch) are dependent."""

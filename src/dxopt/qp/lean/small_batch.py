@@ -243,7 +243,7 @@ def _select_batch(
     multipliers in place, and a changed sample's compiled factors are not reused (``given``
     False: its backward factors its own rows)."""
     from dxopt.qp.certify.multipliers import note_not_selected, select_multipliers
-    from dxopt.qp.lean.small import _note_too_big, _vertex
+    from dxopt.qp.lean.small import note_too_big_rows, vertex_selected
 
     _, MU, NU = outputs
     p = C.shape[1] - m
@@ -263,7 +263,7 @@ def _select_batch(
             big.append((i, sel.rows))
             continue
         if sel.rows is not None:  # a general dependency: the backward's vertex
-            sel = _vertex(Pn[i], qn[i], Ci, upper[i], m, X[i], sel)
+            sel = vertex_selected(Pn[i], qn[i], Ci, upper[i], m, X[i], sel)
             if sel is None:
                 continue
         if not sel.feasible:
@@ -275,7 +275,7 @@ def _select_batch(
     if refused:
         note_not_selected(refused)
     if big:
-        _note_too_big(C, m, big)
+        note_too_big_rows(C, m, big)
 
 
 def _workspace(batch: int, n: int, m: int, p: int, factors: bool) -> tuple[np.ndarray, ...]:

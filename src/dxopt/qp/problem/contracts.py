@@ -101,6 +101,10 @@ class ForwardResult:
     residuals: tuple[np.ndarray, np.ndarray] | None = None
     factors: ForwardFactors | None = None
     reasons: tuple[str, ...] = ()
+    vertex_pending: tuple[tuple[int, np.ndarray], ...] = ()
+    """Samples ``(index, zero-slack rows T)`` with a general dependency among their active rows,
+    whose multipliers :func:`dxopt.qp.backward.vertex_select.finish_selection` replaces by the
+    backward's vertex (the forward below the backward layer leaves that step to its caller)."""
 
 
 @dataclass(frozen=True)
