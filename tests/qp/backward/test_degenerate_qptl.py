@@ -7,6 +7,7 @@ finite differences, one stable warning per call site and the counts in ``sol.inf
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import numpy as np
@@ -122,6 +123,9 @@ def test_qp_speed_has_the_qptl_case_and_its_target() -> None:
         CASE + " (all 25 flow rows)",
         CASE + ", b requires grad (row gradients)",
     ]
-    assert all(r["forward_ms"] > 0 and r["fwd_bwd_ms"] > r["forward_ms"] for r in rows)
+    # timings of one unrepeated call each: positive and finite, never compared with each other
+    # here (a loaded machine can make one forward slower than one forward+backward; the
+    # benchmark's medians judge speed)
+    assert all(0 < r["forward_ms"] < math.inf and 0 < r["fwd_bwd_ms"] < math.inf for r in rows)
     found = [t for t in targets(rows) if t["target"].startswith(CASE)]
     assert len(found) == 3 and all(t["verdict"] in ("MET", "MISSED") for t in found)
