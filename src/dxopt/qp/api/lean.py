@@ -74,7 +74,7 @@ def _lean_outputs(
     (every one certified; ``sample_solvers``: each one's solver, ``solver`` for all when
     empty): the outputs through :class:`dxopt.qp.lean.small_function.SmallQPFunction`."""
     x, mu, nu = apply_small(*data, solved, method)  # outside torch.func (the router checks)
-    info = QPInfo._every_field(
+    info = QPInfo.from_every_field(
         solver, solved.solve_time, primal, dual, solved.diagnostics,
         sample_solvers or (solver,) * size, (eps_abs,) * size, polished, route,
     )  # fmt: skip

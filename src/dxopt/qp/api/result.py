@@ -35,7 +35,7 @@ def solution(
         lb_duals = nu[..., m0 : m0 + k_lb] if lb is not None else None
         ub_duals = nu[..., m0 + k_lb : m0 + k_lb + k_ub] if ub is not None else None
         nu = nu[..., :m0]
-    return QPSolution._every_field(
+    return QPSolution.from_every_field(
         x, mu if has_eq else None, nu if m_user is not None else None, status, info, lb_duals,
         ub_duals,
     )  # fmt: skip

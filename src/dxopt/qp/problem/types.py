@@ -155,7 +155,7 @@ class QPInfo:
         return tuple(c > 0 for c in self.backward.dependent_rows)
 
     @classmethod
-    def _every_field(
+    def from_every_field(
         cls,
         solver: str,
         solve_time: float,
@@ -204,7 +204,7 @@ class QPSolution:
     ub_duals: Tensor | None = None
 
     @classmethod
-    def _every_field(
+    def from_every_field(
         cls,
         x: Tensor,
         eq_duals: Tensor | None,
@@ -214,7 +214,7 @@ class QPSolution:
         lb_duals: Tensor | None,
         ub_duals: Tensor | None,
     ) -> QPSolution:
-        """What ``QPSolution(...)`` makes of every field, as :meth:`QPInfo._every_field`."""
+        """What ``QPSolution(...)`` makes of every field, as :meth:`QPInfo.from_every_field`."""
         solution = object.__new__(cls)
         solution.__dict__.update(
             x=x, eq_duals=eq_duals, ineq_duals=ineq_duals, status=status, info=info,
