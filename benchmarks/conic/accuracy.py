@@ -40,6 +40,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
+from benchmarks.conic.peers import moreau_batch
 from benchmarks.conic.problems import ConeData, Problem, cone_data
 
 __all__ = ["FD_TOL", "REF_TOLS", "STEPS", "TARGET", "Slope", "accuracy_rows", "kink_aware_slope"]
@@ -283,40 +284,12 @@ def _torch_variable(x: torch.Tensor, start: int, var: Any) -> torch.Tensor:
 
 def _moreau(prob: Problem, start: int, var: Any) -> Callable[..., Any]:
     import moreau
-    from moreau.torch import Solver
 
     ipm = moreau.IPMSettings(tol_gap_abs=TIGHT, tol_gap_rel=TIGHT, tol_feas=TIGHT)
 
     def run(values, direction, weight):
         data = _raw_batch(prob, values, direction)
-        d0 = data[0]
-        n, m = d0.q.shape[0], d0.b.shape[0]
-        Ps = [np.asarray(d.P.todense()) if d.P is not None else np.zeros((n, n)) for d in data]
-        As = [np.asarray(d.A.todense()) for d in data]
-        p_mask = np.any([P != 0 for P in Ps], axis=0) | np.eye(n, dtype=bool)
-        a_mask = np.any([A != 0 for A in As], axis=0)
-        p_csr, a_csr = sp.csr_matrix(p_mask.astype(float)), sp.csr_matrix(a_mask.astype(float))
-        pr, pc = np.nonzero(p_mask)
-        ar, ac = np.nonzero(a_mask)
-        tensors = [
-            torch.tensor(np.stack([P[pr, pc] for P in Ps]), dtype=F64),
-            torch.tensor(np.stack([A[ar, ac] for A in As]), dtype=F64),
-            torch.tensor(np.stack([d.q for d in data]), dtype=F64),
-            torch.tensor(np.stack([d.b for d in data]), dtype=F64),
-        ]
-        cones = moreau.Cones(num_zero_cones=d0.zero, num_nonneg_cones=d0.nonneg,
-                             so_cone_dims=list(d0.soc), num_exp_cones=d0.exp,
-                             power_alphas=list(d0.power), psd_dims=list(d0.psd))  # fmt: skip
-        solver = Solver(
-            n=n, m=m,
-            P_row_offsets=torch.tensor(p_csr.indptr, dtype=torch.int64),
-            P_col_indices=torch.tensor(p_csr.indices, dtype=torch.int64),
-            A_row_offsets=torch.tensor(a_csr.indptr, dtype=torch.int64),
-            A_col_indices=torch.tensor(a_csr.indices, dtype=torch.int64),
-            cones=cones,
-            settings=moreau.Settings(device="cpu", batch_size=3, enable_grad=True,
-                                     ipm_settings=ipm),
-        )  # fmt: skip
+        solver, tensors = moreau_batch(data, ipm_settings=ipm)
         leaves = [t.clone().requires_grad_() for t in tensors]
         sol = solver.solve(*leaves)
         x = sol.x if hasattr(sol, "x") else sol[0]

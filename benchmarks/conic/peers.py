@@ -8,7 +8,7 @@ Each runner returns a callable that runs one forward (and, for the layers, the b
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -159,15 +159,14 @@ def run_dxopt(problem: Problem, batch: int, *, tol: float = 1e-8) -> Callable[[]
     return run
 
 
-def moreau_solver(prob: Problem, *, tol: float = 1e-8) -> Callable[[], Any]:
-    """Moreau's batched ``moreau.torch.Solver`` (CPU) on the raw cone data: forward and the
-    backward of ``L = sum(w * x)`` with respect to the program's ``P, A, q, b`` values (one
-    shared sparsity pattern, the union over the batch)."""
+def moreau_batch(data: Sequence[Any], **settings: Any) -> tuple[Any, list[torch.Tensor]]:
+    """Moreau's batched ``moreau.torch.Solver`` (CPU) for the raw cone data ``data`` (one
+    :class:`~benchmarks.conic.problems.ConeData` per sample) on one shared sparsity pattern
+    (the union over the batch, the diagonal of ``P`` always in it), and the values
+    ``[P, A, q, b]`` (B, ...) it solves; ``settings`` go to ``moreau.Settings``."""
     import moreau
     from moreau.torch import Solver
 
-    del tol  # Moreau's IPM tolerances are left at their defaults
-    data = cone_data(prob)
     d0 = data[0]
     n, m = d0.q.shape[0], d0.b.shape[0]
     Ps = [np.asarray(d.P.todense()) if d.P is not None else np.zeros((n, n)) for d in data]
@@ -177,10 +176,13 @@ def moreau_solver(prob: Problem, *, tol: float = 1e-8) -> Callable[[], Any]:
     p_csr, a_csr = sp.csr_matrix(p_mask.astype(float)), sp.csr_matrix(a_mask.astype(float))
     p_rows, p_cols = np.nonzero(p_mask)
     a_rows, a_cols = np.nonzero(a_mask)
-    P_vals = torch.tensor(np.stack([P[p_rows, p_cols] for P in Ps]), dtype=torch.float64)
-    A_vals = torch.tensor(np.stack([A[a_rows, a_cols] for A in As]), dtype=torch.float64)
-    q = torch.tensor(np.stack([d.q for d in data]), dtype=torch.float64)
-    b = torch.tensor(np.stack([d.b for d in data]), dtype=torch.float64)
+    f64 = torch.float64
+    values = [
+        torch.tensor(np.stack([P[p_rows, p_cols] for P in Ps]), dtype=f64),
+        torch.tensor(np.stack([A[a_rows, a_cols] for A in As]), dtype=f64),
+        torch.tensor(np.stack([d.q for d in data]), dtype=f64),
+        torch.tensor(np.stack([d.b for d in data]), dtype=f64),
+    ]
     cones = moreau.Cones(
         num_zero_cones=d0.zero,
         num_nonneg_cones=d0.nonneg,
@@ -189,7 +191,6 @@ def moreau_solver(prob: Problem, *, tol: float = 1e-8) -> Callable[[], Any]:
         power_alphas=list(d0.power),
         psd_dims=list(d0.psd),
     )
-    settings = moreau.Settings(device="cpu", batch_size=len(data), enable_grad=True)
     solver = Solver(
         n=n,
         m=m,
@@ -198,12 +199,23 @@ def moreau_solver(prob: Problem, *, tol: float = 1e-8) -> Callable[[], Any]:
         A_row_offsets=torch.tensor(a_csr.indptr, dtype=torch.int64),
         A_col_indices=torch.tensor(a_csr.indices, dtype=torch.int64),
         cones=cones,
-        settings=settings,
+        settings=moreau.Settings(device="cpu", batch_size=len(data), enable_grad=True, **settings),
     )
+    return solver, values
+
+
+def moreau_solver(prob: Problem, *, tol: float = 1e-8) -> Callable[[], Any]:
+    """Moreau's batched ``moreau.torch.Solver`` (CPU) on the raw cone data: forward and the
+    backward of ``L = sum(w * x)`` with respect to the program's ``P, A, q, b`` values (one
+    shared sparsity pattern, the union over the batch: :func:`moreau_batch`)."""
+    del tol  # Moreau's IPM tolerances are left at their defaults
+    data = cone_data(prob)
+    solver, values = moreau_batch(data)
+    n = data[0].q.shape[0]
     weight = torch.ones(len(data), n, dtype=torch.float64)
 
     def run() -> Any:
-        leaves = [t.clone().requires_grad_() for t in (P_vals, A_vals, q, b)]
+        leaves = [t.clone().requires_grad_() for t in values]
         sol = solver.solve(*leaves)
         x = sol.x if hasattr(sol, "x") else sol[0]
         (weight * x).sum().backward()
