@@ -27,7 +27,9 @@ tolerances, the variable's error and each method's gradient error against kink-a
 differences; target: within 1e-6 relative for dxopt on every problem with a verdict. Run
 ``dxopt bench conic`` or ``--quick`` (batch 1 and 4, two rounds: a smoke run). Writes
 ``results/conic{_quick}.json``, ``.md`` and ``.png``, with the load average at start and end
-(the machine may be shared); it does not edit BENCHMARKS.md.
+(the machine may be shared); a full run also replaces the ``conic`` section of BENCHMARKS.md
+(the command, a summary of which targets were met and missed with their figures, the tables
+and the plot); ``--quick`` and ``--no-md`` leave BENCHMARKS.md alone.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from benchmarks.common import (
     machine_line,
     markdown_table,
     results_dir,
+    update_benchmarks_md,
     verdict,
     write_json,
 )
@@ -208,6 +211,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--problems", nargs="*", default=list(PROBLEMS), choices=list(PROBLEMS))
+    parser.add_argument("--no-md", action="store_true", help="do not touch BENCHMARKS.md")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     load_start = os.getloadavg()
@@ -249,7 +253,44 @@ def main(argv: list[str] | None = None) -> None:
         plot(out / f"{stem}.png", rows)
     except ImportError as exc:  # no matplotlib: the tables stand alone
         print(f"no plot: {exc}")
+    if not (args.quick or args.no_md):
+        update_benchmarks_md("conic", section(argv, info, goals, text, stem))
     print(text)
+
+
+def summary(goals: list[dict[str, Any]]) -> str:
+    """One sentence per target kind: how many problems met it, and the range of the figures
+    of those that missed (a missed target is reported as missed, with its figure)."""
+    lines = []
+    for label in dict.fromkeys(g["target"] for g in goals):
+        rows = [g for g in goals if g["target"] == label and g["verdict"] != "-"]
+        if not rows:
+            continue
+        missed = [g for g in rows if g["verdict"] != "MET"]
+        figs = ", ".join(f"{g['problem']} {g['figure']}" for g in missed)
+        tail = f"**MISSED** on {len(missed)} ({figs})" if missed else "MET on all"
+        lines.append(f"- {label}: met on {len(rows) - len(missed)} of {len(rows)}; {tail}")
+    return "\n".join(lines)
+
+
+def section(
+    argv: list[str] | None, info: dict[str, Any], goals: list[dict[str, Any]], text: str, stem: str
+) -> str:
+    """The BENCHMARKS.md section of a full run: command, target summary, tables, plot."""
+    import sys
+
+    args = " ".join(sys.argv[1:] if argv is None else argv)
+    command = f"OMP_NUM_THREADS=1 PYTHONPATH=src:. python -m benchmarks.conic.run {args}".strip()
+    return (
+        "## Cone programs (`dxopt bench conic`)\n\n"
+        f"Command: `{command}` (written by the run itself), 1 thread, medians after one warm-up "
+        "round, methods interleaved in a seeded random order, every peer in the same process. "
+        "dxopt.conic: one batched `dxopt.conic.solve` call on the raw cone data (CVXPY's "
+        "Clarabel canonicalisation), forward + backward of `sum(w * x)` in `P, q, A, b`, every "
+        "point certified.\n\n"
+        f"Targets (issue 37):\n\n{summary(goals)}\n\n{text}\n"
+        f"![conic](benchmarks/conic/results/{stem}.png)\n"
+    )
 
 
 if __name__ == "__main__":

@@ -37,3 +37,40 @@ def test_cone_data_has_the_cones_of_each_model():
     assert port.soc and port.zero == 1
     assert logi.exp == 2 * 20  # two exponential cones per logistic term, m = 20
     assert sdp.psd == (4,)
+
+
+def test_summary_reports_each_missed_target_with_its_figure():
+    from benchmarks.conic.run import section, summary
+
+    goals = [
+        {
+            "problem": "socp",
+            "target": "batch 128: <= 1.25x",
+            "figure": "9.85x",
+            "verdict": "MISSED",
+        },
+        {"problem": "sdp", "target": "batch 128: <= 1.25x", "figure": "1.10x", "verdict": "MET"},
+        {"problem": "socp", "target": "batch 1: <= 2x", "figure": "-", "verdict": "-"},
+    ]
+    text = summary(goals)
+    assert "met on 1 of 2" in text and "**MISSED** on 1 (socp 9.85x)" in text
+    assert "batch 1: <= 2x" not in text  # no figure: no verdict, not counted
+    sec = section(["--rounds", "3"], {}, goals, "TABLES", "conic")
+    assert "python -m benchmarks.conic.run --rounds 3" in sec and "TABLES" in sec
+    assert "results/conic.png" in sec
+
+
+def test_quick_run_leaves_benchmarks_md_alone(monkeypatch, tmp_path):
+    import benchmarks.conic.run as run
+
+    called = []
+    monkeypatch.setattr(run, "update_benchmarks_md", lambda *a: called.append(a))
+    monkeypatch.setattr(run, "results_dir", lambda area: tmp_path)
+    monkeypatch.setattr(run, "run_case", lambda *a: [])
+    monkeypatch.setattr(run, "accuracy_rows", lambda *a, **k: [])
+    monkeypatch.setattr(run, "targets", lambda rows, quick: [])
+    monkeypatch.setattr(run, "plot", lambda *a: None)
+    run.main(["--quick", "--problems", "socp"])
+    assert called == []
+    run.main(["--problems", "socp"])
+    assert called and called[0][0] == "conic"
