@@ -41,6 +41,7 @@ __all__ = [
     "ForwardState",
     "attempts",
     "run_chain",
+    "scale_of",
     "solve_forward",
 ]
 
@@ -270,16 +271,26 @@ def kink_scale(prob: ConicProblem, x: Tensor, w: Tensor, *, y: Tensor | None = N
     P, A = prob.P, prob.A
     if y is None:
         y = project_dual(prob.cones, prob.slices, w)
+    Ax = (A @ x[..., None])[..., 0]
+    Px = (P @ x[..., None])[..., 0]
+    Aty = (A.transpose(-1, -2) @ y[..., None])[..., 0]
+    return scale_of(w, y, (Ax, Px, Aty), (prob.q, prob.b))
+
+
+def scale_of(
+    w: Tensor, y: Tensor, products: tuple[Tensor, Tensor, Tensor], data: tuple[Tensor, Tensor]
+) -> Tensor:
+    """:func:`kink_scale` from the products ``(Ax, Px, A'y)`` and ``(q, b)`` (dense or
+    sparse matvecs alike)."""
+    Ax, Px, Aty = products
+    q, b = data
     s = y - w
 
     def amax(v: Tensor) -> Tensor:
         return v.abs().amax(dim=-1)
 
-    Ax = (A @ x[..., None])[..., 0]
-    Px = (P @ x[..., None])[..., 0]
-    Aty = (A.transpose(-1, -2) @ y[..., None])[..., 0]
-    parts = [torch.linalg.vector_norm(w, dim=-1), amax(Ax), amax(s), amax(prob.b)]
-    parts += [amax(Px), amax(Aty), amax(prob.q)]
+    parts = [torch.linalg.vector_norm(w, dim=-1), amax(Ax), amax(s), amax(b)]
+    parts += [amax(Px), amax(Aty), amax(q)]
     return torch.stack(parts).amax(dim=0)
 
 

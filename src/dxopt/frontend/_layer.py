@@ -53,6 +53,7 @@ _CONIC_KEYS = {
     "polish": ("polish",),
     "infeasible": ("infeasible",),
     "backward": ("backward",),
+    "route": ("route",),
 }
 _QP_KEYS = {
     "tol": ("eps_abs",),
