@@ -216,20 +216,26 @@ class SparseJacobian:
         U, C = self.D.U, self.D.C
         Acsr = sp.csr_matrix(self.A)
         for start, stop, col in self.D.low_rank:
-            # the columns start..stop of A'D and D - I, exactly: lam_k e_k + U C U'[:, k]
             d = stop - start
-            Ur = U[start:stop, col : col + 2].toarray()  # (d, 2)
+            Ur = U[start:stop, col : col + 2].toarray()  # (d, 2): [e_0, (0, xbar)]
             CU = C[col : col + 2, col : col + 2].toarray() @ Ur.T  # (2, d)
             lam = self.D.diag[start:stop]
+            # column k of D - I on these rows: e_0 CU[0, k] + (0, xbar) CU[1, k] + (lam_k - 1) e_k
+            xbar = Ur[:, 1]
+            dmi = np.abs(CU[0]) + np.abs(CU[1]) * np.abs(xbar).sum()
+            onk = Ur[:, 0] * CU[0] + xbar * CU[1]  # entry k of column k before lam_k - 1
+            dmi += np.abs(onk + lam - 1.0) - np.abs(onk)
+            # column k of A'D: lam_k A[k, :]' + G CU[:, k], G = A_R' U_R (n, 2)
             Ar = Acsr[start:stop]
             touched = np.unique(Ar.indices)
-            G = Ar[:, touched].toarray().T  # (touched, d): A_R' restricted
-            GU = G @ Ur  # (touched, 2)
+            G = (Ar[:, touched].T @ Ur) if touched.size else np.zeros((0, 2))
+            atd = np.zeros(d)
             for a in range(0, d, _CHUNK):
                 b = min(a + _CHUNK, d)
-                k = np.arange(b - a)
-                atd = GU @ CU[:, a:b] + G[:, a:b] * lam[a:b]
-                dmi = Ur @ CU[:, a:b]
-                dmi[a + k, k] += lam[a:b] - 1.0
-                cols_w[start + a : start + b] = np.abs(atd).sum(0) + np.abs(dmi).sum(0)
+                atd[a:b] = np.abs(G @ CU[:, a:b]).sum(0)
+            Ac = Ar.tocoo()
+            kk, jj = Ac.row, np.searchsorted(touched, Ac.col)
+            v = (G[jj] * CU[:, kk].T).sum(1)
+            np.add.at(atd, kk, np.abs(v + lam[kk] * Ac.data) - np.abs(v))
+            cols_w[start:stop] = atd + dmi
         return float(max(cols_x.max(initial=0.0), cols_w.max(initial=0.0)))

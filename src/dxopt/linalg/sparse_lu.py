@@ -46,10 +46,16 @@ class RefinedSolve:
 
 
 def shifted_splu(
-    M: sp.spmatrix, shift: float, *, size: int | None = None, what: str = "matrix"
+    M: sp.spmatrix,
+    shift: float,
+    *,
+    size: int | None = None,
+    what: str = "matrix",
+    permc_spec: str = "COLAMD",
 ) -> spla.SuperLU:
     """SuperLU of :math:`M + \\delta E` (module doc), ``E`` the identity on the first
-    ``size`` (default: all) diagonal entries.
+    ``size`` (default: all) diagonal entries. ``permc_spec`` is SuperLU's column ordering
+    (``"MMD_AT_PLUS_A"`` for a matrix of nearly symmetric pattern, such as a KKT matrix).
 
     Raises:
         FactorizationError: SuperLU still found the shifted matrix singular or it has a
@@ -62,7 +68,7 @@ def shifted_splu(
     if not np.isfinite(S.data).all():
         raise FactorizationError(f"sparse LU of the {what} failed: a non-finite entry")
     try:
-        return spla.splu(S)
+        return spla.splu(S, permc_spec=permc_spec)
     except RuntimeError as err:
         raise FactorizationError(f"sparse LU of the {what} failed: {err}") from err
 
