@@ -56,7 +56,9 @@ def solve(
         q: ``(n,)`` or ``(B, n)``.
         A: ``(m, n)`` or ``(B, m, n)``. ``P`` and ``A`` may be sparse COO/CSR ``(n, n)`` /
             ``(m, n)`` matrices shared by the batch: their gradients are sparse tensors of the
-            same layout and pattern (:mod:`dxopt.conic.sparse`).
+            same layout and pattern (:mod:`dxopt.conic.sparse`); from
+            :math:`n + m \\ge` :data:`~dxopt.conic.sparse_problem.SPARSE_MIN` (or with
+            ``route="sparse"``) they are never densified (:mod:`dxopt.conic.sparse_route`).
         b: ``(m,)`` or ``(B, m)``.
         cones: the cones :math:`K_i` in row order (``ZeroCone``, ``NonnegCone``,
             ``SecondOrderCone``, ``PSDCone``, ...); their dimensions add up to ``m``.

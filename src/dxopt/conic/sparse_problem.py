@@ -41,10 +41,11 @@ __all__ = [
     "sparse_route_wanted",
 ]
 
-SPARSE_MIN = 1500
+SPARSE_MIN = 800
 """``route="auto"`` takes the sparse route for sparse shared ``P``, ``A`` from this
-:math:`n + m` on (benchmarks/conic/large.py ``--crossover`` measures where the sparse route's
-forward+backward gets faster than the dense one's)."""
+:math:`n + m` on: about twice the size at which the sparse route's forward+backward
+overtakes the dense route's on least squares with a box and a norm ball, at batch 1 and 16
+(``benchmarks/conic/large.py --crossover``; the margin is for less sparse data)."""
 
 _SPARSE = (torch.sparse_coo, torch.sparse_csr)
 
