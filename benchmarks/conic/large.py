@@ -8,8 +8,10 @@ Jacobian is singular: the backward is refused there, which the table reports. ``
 with ``r = ||y|| / 2`` (the ball active) is a regular point, timed forward and
 forward+backward. Each peer runs in a fresh subprocess (its own peak RSS) under a
 wall-clock cap (``--timeout``) and an address-space cap (``--mem-gib``); one thread.
-Where both peers return a gradient, the relative difference of ``dL/dy``
-(``L = sum(x)``) is reported.
+Each peer's directional derivative of ``dL/dy``
+(``L = sum(x)``) along a random direction is compared with central differences of dxopt's
+forward at tol 1e-10 (``slope_rel_err``); ``dxopt-kink0`` is dxopt with ``kink_tol=0`` (no
+point classified as a kink, so no one-sided rule).
 
 ``--crossover`` instead times one forward+backward of dxopt's dense and sparse routes on
 least squares with a box and a norm ball (sparse ``P``, ``A``) at growing ``n`` (in this
@@ -45,15 +47,18 @@ n, peer, lam, out = int(sys.argv[1]), sys.argv[2], float(sys.argv[3]), sys.argv[
 D = sp.diags([np.ones(n - 1), -np.ones(n - 1)], [0, 1], shape=(n - 1, n))
 x, y, r = cp.Variable(n), cp.Parameter(n - 1), cp.Parameter(nonneg=True)
 prob = cp.Problem(cp.Minimize(cp.norm(D @ x - y, 2) + lam * cp.norm(x, 1)), [cp.norm(x, 2) <= r])
-if peer == "dxopt":
+if peer.startswith("dxopt"):
     from dxopt.frontend import CvxpyLayer
+    kw = {"solver_args": {"kink_tol": 0.0}} if peer == "dxopt-kink0" else {}
 else:
     from cvxpylayers.torch import CvxpyLayer
+    kw = {}
 t0 = time.perf_counter()
-layer = CvxpyLayer(prob, parameters=[y, r], variables=[x])
+layer = CvxpyLayer(prob, parameters=[y, r], variables=[x], **kw)
 row = {"build_s": time.perf_counter() - t0}
 yv = torch.tensor(np.random.default_rng(0).standard_normal(n - 1))
 rv = torch.tensor(0.5 * float(yv.norm()), dtype=torch.float64)
+d = torch.tensor(np.random.default_rng(1).standard_normal(n - 1))
 t0 = time.perf_counter()
 (xs,) = layer(yv, rv)
 row["forward_s"] = time.perf_counter() - t0
@@ -65,11 +70,19 @@ try:
         (xg,) = layer(yg, rg)
         xg.sum().backward()
     row["fwd_bwd_s"] = time.perf_counter() - t0
+    row["dL_dy_d"] = float(yg.grad @ d)
     np.savez(out, x=xs.detach().numpy(), gy=yg.grad.numpy())
 except Exception as err:  # the refusal is a result, reported as such
     row["backward"] = f"{type(err).__name__}: {str(err)[:90]}"
     np.savez(out, x=xs.detach().numpy())
 row["x_nnz"] = int((xs.detach().abs() > 1e-6).sum())
+if peer.startswith("dxopt"):
+    row["status"] = layer.last_status[0].value
+if peer == "dxopt" and lam != 1.0:  # the reference slope: central differences, tight solves
+    fd = CvxpyLayer(prob, parameters=[y, r], variables=[x], solver_args={"tol": 1e-10})
+    h = 1e-6
+    up, down = fd(yv + h * d, rv)[0].sum(), fd(yv - h * d, rv)[0].sum()
+    row["fd_slope"] = float(up - down) / (2 * h)
 row["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 print(json.dumps(row))
 """
@@ -84,7 +97,6 @@ def _peer_rows(args: argparse.Namespace) -> list[dict]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     rows = []
     for lam in (1.0, 0.01):
-        grads = {}
         for peer in args.peers:
             row: dict = {"peer": peer, "n": args.n, "lam": lam}
             with tempfile.TemporaryDirectory() as tmp:
@@ -105,17 +117,12 @@ def _peer_rows(args: argparse.Namespace) -> list[dict]:
                     rows.append({**row, "error": tail})
                     continue
                 row.update(json.loads(done.stdout.strip().splitlines()[-1]))
-                import numpy as np
-
-                saved = np.load(out)
-                if "gy" in saved:
-                    grads[peer] = saved["gy"]
             rows.append(row)
-        if len(grads) == 2:
-            a, b = grads["dxopt"], grads["cvxpylayers"]
-            diff = float(abs(a - b).max() / max(abs(a).max(), 1e-300))
-            for row in rows[-2:]:
-                row["grad_rel_diff"] = diff
+        mine = [row for row in rows if row["lam"] == lam]
+        fd = next((row["fd_slope"] for row in mine if "fd_slope" in row), None)
+        for row in mine:
+            if fd is not None and "dL_dy_d" in row:
+                row["slope_rel_err"] = abs(row["dL_dy_d"] - fd) / abs(fd)
     return rows
 
 
@@ -175,7 +182,7 @@ def main() -> None:
     parser.add_argument("--n", type=positive_int, default=5000)
     parser.add_argument("--timeout", type=positive_int, default=900)
     parser.add_argument("--mem-gib", type=positive_int, default=16)
-    parser.add_argument("--peers", nargs="+", default=["dxopt", "cvxpylayers"])
+    parser.add_argument("--peers", nargs="+", default=["dxopt", "dxopt-kink0", "cvxpylayers"])
     parser.add_argument("--crossover", action="store_true")
     parser.add_argument("--sizes", type=positive_int, nargs="+", default=[50, 100, 200, 400, 800])
     parser.add_argument("--repeats", type=positive_int, default=3)
@@ -197,7 +204,7 @@ def main() -> None:
     rows = _peer_rows(args)
     write_json(out_dir / "large.json", {"machine": machine_info(), "rows": rows})
     cols = ["peer", "n", "lam", "build_s", "forward_s", "fwd_bwd_s", "peak_rss_mib", "x_nnz",
-            "grad_rel_diff", "backward", "error"]  # fmt: skip
+            "status", "dL_dy_d", "fd_slope", "slope_rel_err", "backward", "error"]  # fmt: skip
     table = markdown_table(rows, cols)
     (out_dir / "large.md").write_text(
         f"### Calling the sparse conic layer (n = {args.n}), 1 thread\n\n"

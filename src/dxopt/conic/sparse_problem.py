@@ -30,7 +30,7 @@ from torch import Tensor
 
 from dxopt.conic.cones.base import Cone
 from dxopt.conic.cones.exp import ExpDualCone
-from dxopt.conic.problem import _cones
+from dxopt.conic.problem import check_cones
 from dxopt.conic.types import ConicOptions, Smoothed
 
 __all__ = [
@@ -273,7 +273,7 @@ def sparse_problem(
     B = next(iter(batches.values())) if batched else 1
     if B == 0:
         raise ValueError("q, b: the batch is empty (B = 0)")
-    cone_list = _cones(cones, m)
+    cone_list = check_cones(cones, m)
     f64: dict[str, Any] = {"dtype": torch.float64, "device": "cpu"}
     slices, start = [], 0
     for cone in cone_list:

@@ -10,7 +10,7 @@ Nothing here forms a dense ``(n, n)``, ``(m, n)`` or ``(n + m)``-square matrix:
 - **polish**: up to :data:`~dxopt.conic.certify.POLISH_STEPS` Newton steps on
   :math:`F(x, w) = 0` per sample, each a sparse LU of the lifted Jacobian
   (:mod:`dxopt.conic.sparse_kkt`) shifted by :data:`~dxopt.conic.certify.POLISH_SHIFT`
-  :math:`\\Vert J\\Vert_1` and refined against the exact ``J``; a step is kept only where it
+  :math:`\\Vert L\\Vert_1` and refined against the exact ``J``; a step is kept only where it
   lowers :math:`\\Vert F\\Vert_\\infty` (the point is certified afterwards either way);
 - **backward**: the adjoint :math:`J^\\top u = g` of :mod:`dxopt.conic.backward` (the same
   right-hand side, one-sided rule at kinks and gradient formulas) with a sparse LU of the
@@ -102,14 +102,15 @@ def _amax(v: np.ndarray) -> float:
     return float(np.abs(v).max(initial=0.0))
 
 
-def _lifted_solvers(J: SparseJacobian, shift: float) -> tuple[Any, Any]:
+def _lifted_solvers(J: SparseJacobian, shift: float, L: Any = None) -> tuple[Any, Any]:
     """``(solve, solve_t)``: :math:`(J + \\delta I)^{-1}` and its transpose through the LU of
-    the shifted lifted matrix (:mod:`dxopt.conic.sparse_kkt`)."""
+    the shifted lifted matrix ``L`` (:mod:`dxopt.conic.sparse_kkt`; built here if not
+    given)."""
     N, r = J.size, J.r
     # the pattern of L is nearly symmetric: minimum degree on L' + L (for the n = 5000
     # problem of benchmarks/conic/large.py 8x less fill than COLAMD, the LU 3x faster)
     lu = shifted_splu(
-        J.lifted(),
+        J.lifted() if L is None else L,
         shift,
         size=N,
         what="lifted cone-program Jacobian",
@@ -141,9 +142,12 @@ def _polish_one(
             break
         D = cone_jacobian_sparse(prob.cones, prob.slices, torch.from_numpy(w))
         J = SparseJacobian(prob.P, prob.A, D)
-        norm = J.norm_1()
+        # the scale of the shift and of the refinement: ||L||_1, within a small factor of
+        # ||J||_1 and free (the polished point is certified afterwards either way)
+        L = J.lifted()
+        norm = float(abs(L).sum(axis=0).max())
         try:
-            solve, _ = _lifted_solvers(J, POLISH_SHIFT * norm)
+            solve, _ = _lifted_solvers(J, POLISH_SHIFT * norm, L)
         except FactorizationError:
             break
         dz = refine(solve, J.matvec, -F, norm=norm, target=ROUNDOFF, max_steps=3).z
