@@ -13,6 +13,7 @@ import scipy.sparse as sp
 import torch
 
 import dxopt.conic as dc
+from dxopt import Status
 from dxopt.conic.kkt import cone_jacobian, jacobian
 from dxopt.conic.sparse_kkt import SparseJacobian, cone_jacobian_sparse
 from dxopt.conic.sparse_problem import SPARSE_MIN
@@ -309,3 +310,44 @@ def test_frontend_passes_route():
         grads[route] = (yg.grad, rg.grad)
     for a, b in zip(grads["dense"], grads["sparse"]):
         torch.testing.assert_close(a, b, atol=1e-9, rtol=1e-9)
+
+
+def test_infeasible_and_unbounded_samples_carry_checked_certificates():
+    """Per-sample statuses on the sparse route equal the dense route's (LPs in a box): sample
+    1 infeasible (x_0 >= 1 and x_0 <= -1 through b), the others solvable; and an LP
+    unbounded below (min -x_0 with only x_0 >= -1)."""
+    n = 3
+    A = torch.cat([-torch.eye(n, dtype=F64), torch.eye(n, dtype=F64)]).to_sparse_coo()
+    b = torch.tensor(
+        [[1.0] * 3 + [1.0] * 3, [-1.0] + [1.0] * 2 + [-1.0] + [1.0] * 2, [1.0] * 6], dtype=F64
+    )  # sample 1: x_0 >= 1 and x_0 <= -1
+    q = torch.tensor([[1.0, -1.0, 0.5], [1.0, 1.0, 1.0], [1.0, 1.0, 1.0]], dtype=F64)
+    cones = [dc.NonnegCone(2 * n)]
+    statuses = {}
+    for route in ("dense", "sparse"):
+        sol = dc.solve(None, q, A, b, cones=cones, route=route, on_failure="nan", **TOL)
+        statuses[route] = sol.status
+    assert statuses["sparse"] == statuses["dense"]
+    assert statuses["sparse"] == (Status.SOLVED, Status.INFEASIBLE, Status.SOLVED)
+    A1 = -torch.eye(1, 2, dtype=F64).to_sparse_coo()
+    q1 = torch.tensor([-1.0, 0.0], dtype=F64)
+    for route in ("dense", "sparse"):
+        sol = dc.solve(None, q1, A1, torch.ones(1, dtype=F64), cones=[dc.NonnegCone(1)],
+                       route=route, on_failure="nan", **TOL)  # fmt: skip
+        assert sol.status == (Status.UNBOUNDED,), route
+
+
+def test_warm_start_and_float32():
+    P, q, A, b, cones = _ball_box(40, batch=2, seed=3)
+    cold = dc.solve(P, q, A, b, cones=cones, route="sparse", **TOL)
+    warm = dc.solve(P, q, A, b, cones=cones, route="sparse", warm_start=cold, **TOL)
+    assert warm.info.warm == (True, True) and warm.info.solvers == ("warm", "warm")
+    torch.testing.assert_close(warm.x, cold.x, atol=1e-9, rtol=0)
+    q32 = q.float().requires_grad_()
+    sol = dc.solve(P.float(), q32, A.float(), b.float(), cones=cones, route="sparse")
+    assert sol.x.dtype == torch.float32
+    sol.x.sum().backward()
+    assert q32.grad is not None and q32.grad.dtype == torch.float32
+    q64 = q.clone().requires_grad_()
+    dc.solve(P, q64, A, b, cones=cones, route="sparse").x.sum().backward()
+    torch.testing.assert_close(q32.grad.double(), q64.grad, atol=1e-4, rtol=1e-4)
