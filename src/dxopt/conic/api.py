@@ -17,6 +17,8 @@ from dxopt.conic.problem import conic_problem
 from dxopt.conic.relax import solve_relaxed
 from dxopt.conic.smoothed import check_barriers
 from dxopt.conic.sparse import densify
+from dxopt.conic.sparse_problem import sparse_route_wanted
+from dxopt.conic.sparse_route import solve_sparse
 from dxopt.conic.types import ConicOptions, ConicSolution, ConicSolveError, Smoothed
 from dxopt.conic.warm import WarmStart, warm_points
 
@@ -42,6 +44,7 @@ def solve(
     check_psd: bool = True,
     infeasible: str = "fail",
     backward: str | Smoothed = "kkt",
+    route: str = "auto",
     warm_start: WarmStart = None,
 ) -> ConicSolution:
     """Solve :math:`\\min_x \\tfrac12 x^\\top Px + q^\\top x` s.t. :math:`Ax + s = b`,
@@ -53,12 +56,14 @@ def solve(
         q: ``(n,)`` or ``(B, n)``.
         A: ``(m, n)`` or ``(B, m, n)``. ``P`` and ``A`` may be sparse COO/CSR ``(n, n)`` /
             ``(m, n)`` matrices shared by the batch: their gradients are sparse tensors of the
-            same layout and pattern (:mod:`dxopt.conic.sparse`).
+            same layout and pattern (:mod:`dxopt.conic.sparse`); from
+            :math:`n + m \\ge` :data:`~dxopt.conic.sparse_problem.SPARSE_MIN` (or with
+            ``route="sparse"``) they are never densified (:mod:`dxopt.conic.sparse_route`).
         b: ``(m,)`` or ``(B, m)``.
         cones: the cones :math:`K_i` in row order (``ZeroCone``, ``NonnegCone``,
             ``SecondOrderCone``, ``PSDCone``, ...); their dimensions add up to ``m``.
         atol, rtol, infeas_tol, max_iter, solver, fallback, on_failure, kink_tol, polish,
-            check_psd, infeasible, backward: see :class:`~dxopt.conic.types.ConicOptions`.
+            check_psd, infeasible, backward, route: see :class:`~dxopt.conic.types.ConicOptions`.
         warm_start: ``None``, a previous :class:`ConicSolution` or a tuple ``(x, y, s)`` of
             its shapes: tried first by dxopt's own polish and certificate, the backends skipped
             where it certifies (:mod:`dxopt.conic.warm`).
@@ -97,6 +102,7 @@ def solve(
         check_psd=check_psd,
         infeasible=infeasible,
         backward=backward,
+        route=route,
     )
     return solve_with(P, q, A, b, cones=cones, options=options, warm_start=warm_start)
 
@@ -114,8 +120,10 @@ def solve_with(
     """:func:`solve` with one :class:`~dxopt.conic.types.ConicOptions` record."""
     if not isinstance(options, ConicOptions):
         raise TypeError(f"options: expected a ConicOptions, got {type(options).__name__}")
-    P, A = densify("P", P), densify("A", A)
     cones = tuple(cones)
+    if not torch.compiler.is_compiling() and sparse_route_wanted(P, q, A, cones, options):
+        return _finish(solve_sparse(P, q, A, b, cones, options, warm_start), options)
+    P, A = densify("P", P), densify("A", A)
     if torch.compiler.is_compiling():  # one opaque custom op (dxopt.conic.compiled)
         return compiled_solve(P, q, A, b, cones, options, warm_start)
     if any(isinstance(cone, ExpDualCone) for cone in cones):

@@ -18,6 +18,7 @@ import scipy.sparse as sp
 import torch
 
 from dxopt.conic.problem import ConicProblem
+from dxopt.conic.sparse_problem import SparseConicProblem
 
 __all__ = ["RawPoints", "run_clarabel", "run_scs", "scs_available"]
 
@@ -54,6 +55,28 @@ class _Pattern:
         self.values = arr[:, rws, cols]  # (BM, nnz)
         self.batched = arr.shape[0] > 1
 
+    @classmethod
+    def of(cls, M: Any, *, upper: bool, rows: np.ndarray | None = None) -> _Pattern:
+        """The pattern of a dense ``(BM, r, c)`` tensor or of a shared scipy sparse matrix
+        (the sparse route, :mod:`dxopt.conic.sparse_route`: its stored entries, no dense
+        copy)."""
+        if not sp.issparse(M):
+            return cls(M, upper=upper, rows=rows)
+        S = sp.csr_matrix(M)
+        if rows is not None:
+            S = S[rows]
+        if upper:
+            S = sp.triu(S)
+        C = sp.csc_matrix(S)
+        C.sort_indices()
+        self = cls.__new__(cls)
+        self.shape = C.shape
+        self.rows = C.indices.astype(np.int64)
+        self.cols = np.repeat(np.arange(C.shape[1]), np.diff(C.indptr))
+        self.values = C.data[None, :]
+        self.batched = False
+        return self
+
     def matrix(self, i: int) -> sp.csc_matrix:
         k = i if self.batched else 0
         return sp.csc_matrix((self.values[k], (self.rows, self.cols)), shape=self.shape)
@@ -75,7 +98,9 @@ def _clarabel_claim(status: Any) -> str:
     return "failed"
 
 
-def run_clarabel(prob: ConicProblem, index: list[int], tol: float, max_iter: int) -> RawPoints:
+def run_clarabel(
+    prob: ConicProblem | SparseConicProblem, index: list[int], tol: float, max_iter: int
+) -> RawPoints:
     """Clarabel (Goulart & Chen, arXiv 2405.12762) on the samples ``index``."""
     import clarabel
 
@@ -87,8 +112,8 @@ def run_clarabel(prob: ConicProblem, index: list[int], tol: float, max_iter: int
     settings.tol_gap_abs = settings.tol_gap_rel = settings.tol_feas = tol
     settings.tol_infeas_abs = settings.tol_infeas_rel = tol
     cones = [cone.clarabel() for cone in prob.cones]
-    Pp = _Pattern(prob.P, upper=True)
-    Ap = _Pattern(prob.A, upper=False)
+    Pp = _Pattern.of(prob.P, upper=True)
+    Ap = _Pattern.of(prob.A, upper=False)
     q, b = prob.q.numpy(), prob.b.numpy()
     k, n, m = len(index), prob.n, prob.m
     X, Y, S = np.full((k, n), np.nan), np.full((k, m), np.nan), np.full((k, m), np.nan)
@@ -123,7 +148,7 @@ def scs_available() -> bool:
 _SCS_ORDER = ("z", "l", "q", "s", "ep", "ed", "p")
 
 
-def _scs_layout(prob: ConicProblem) -> tuple[np.ndarray, dict[str, Any]]:
+def _scs_layout(prob: ConicProblem | SparseConicProblem) -> tuple[np.ndarray, dict[str, Any]]:
     """SCS's row order (cones grouped by kind in SCS's fixed order, PSD triangles in its
     lower-triangle order) as the rows of ours, and its cone dictionary."""
     groups: dict[str, list[np.ndarray]] = {key: [] for key in _SCS_ORDER}
@@ -154,14 +179,16 @@ def _scs_claim(info: dict[str, Any]) -> str:
     return "failed"
 
 
-def run_scs(prob: ConicProblem, index: list[int], tol: float, max_iter: int) -> RawPoints:
+def run_scs(
+    prob: ConicProblem | SparseConicProblem, index: list[int], tol: float, max_iter: int
+) -> RawPoints:
     """SCS (O'Donoghue, Chu, Parikh & Boyd, 2016; O'Donoghue 2021) on the samples ``index``
     (``max_iter`` is scaled by 100: SCS's iterations are first-order steps)."""
     import scs
 
     order, cone = _scs_layout(prob)
-    Pp = _Pattern(prob.P, upper=True)
-    Ap = _Pattern(prob.A, upper=False, rows=order)
+    Pp = _Pattern.of(prob.P, upper=True)
+    Ap = _Pattern.of(prob.A, upper=False, rows=order)
     q, b = prob.q.numpy(), prob.b.numpy()[:, order]
     k, n, m = len(index), prob.n, prob.m
     X, Y, S = np.full((k, n), np.nan), np.full((k, m), np.nan), np.full((k, m), np.nan)

@@ -33,11 +33,13 @@ normalised to :math:`q^\\top \\hat d = -1` with :math:`\\Vert P\\hat d\\Vert_\\i
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from dxopt.conic.cones.base import Cone
 from dxopt.conic.kkt import (
     EPS,
     cone_dist,
@@ -58,6 +60,10 @@ __all__ = [
     "certify_infeasible",
     "certify_points",
     "certify_unbounded",
+    "clean",
+    "farkas_check",
+    "point_checks",
+    "ray_check",
     "structurally_singular",
     "subset",
 ]
@@ -314,31 +320,38 @@ def _record_factor(
     return factor
 
 
-def certify_points(
-    prob: ConicProblem, idx: list[int], x: Tensor, y: Tensor, s: Tensor, options: ConicOptions
-) -> Certified:
-    """Clean, polish and certify the points ``(x, y, s)`` of the samples ``idx``."""
-    data = subset(prob, idx)
-    P, q, A, b = data
+def clean(x: Tensor, y: Tensor, s: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(finite, x, y, s)``: the mask of finite points and the points with the non-finite
+    ones zeroed (no NaN into the projections)."""
     finite = torch.isfinite(x).all(-1) & torch.isfinite(y).all(-1) & torch.isfinite(s).all(-1)
     zero = torch.zeros_like
     x, y, s = (torch.where(finite[:, None], t, zero(t)) for t in (x, y, s))
-    w = y - s
-    polished = torch.zeros_like(finite)
-    factor = None
-    if options.polish:
-        x, w, y, polished, factor = _polish(prob, data, x, w)
-    else:
-        y = project_dual(prob.cones, prob.slices, w)
-    s = y - w
-    Ax, Px, Aty = _mv(A, x), _mv(P, x), _mv(A.transpose(-1, -2), y)
+    return finite, x, y, s
+
+
+def point_checks(
+    cones: tuple[Cone, ...],
+    slices: tuple[slice, ...],
+    point: tuple[Tensor, Tensor, Tensor],
+    data: tuple[Tensor, Tensor],
+    products: tuple[Tensor, Tensor, Tensor],
+    finite: Tensor,
+    options: ConicOptions,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, list[str]]:
+    """The certificate of the module doc for the points ``(x, y, s)`` given ``(q, b)`` and the
+    products ``(Ax, Px, A'y)`` (dense batched or sparse matvecs: the same checks either way).
+
+    Returns ``(ok, primal, dual, gap, reasons)``."""
+    x, y, s = point
+    q, b = data
+    Ax, Px, Aty = products
     primal = _amax(Ax + s - b)
     dual = _amax(Px + Aty + q)
     xPx, qx, by = (x * Px).sum(-1), (q * x).sum(-1), (b * y).sum(-1)
     gap = (xPx + qx + by).abs()
     comp = (s * y).sum(-1).abs()
-    dist_s = cone_dist(prob.cones, prob.slices, s, dual=False)
-    dist_y = cone_dist(prob.cones, prob.slices, y, dual=True)
+    dist_s = cone_dist(cones, slices, s, dual=False)
+    dist_y = cone_dist(cones, slices, y, dual=True)
     ns, ny = torch.linalg.vector_norm(s, dim=-1), torch.linalg.vector_norm(y, dim=-1)
     at, rt = options.atol, options.rtol
     checks = {
@@ -359,35 +372,88 @@ def certify_points(
             for i in torch.nonzero(bad).flatten().tolist():
                 if not reasons[i]:
                     reasons[i] = f"{name} {float(value[i]):.2e} > {float(bound[i]):.2e}"
+    return ok, primal, dual, gap, reasons
+
+
+def certify_points(
+    prob: ConicProblem, idx: list[int], x: Tensor, y: Tensor, s: Tensor, options: ConicOptions
+) -> Certified:
+    """Clean, polish and certify the points ``(x, y, s)`` of the samples ``idx``."""
+    data = subset(prob, idx)
+    P, q, A, b = data
+    finite, x, y, s = clean(x, y, s)
+    w = y - s
+    polished = torch.zeros_like(finite)
+    factor = None
+    if options.polish:
+        x, w, y, polished, factor = _polish(prob, data, x, w)
+    else:
+        y = project_dual(prob.cones, prob.slices, w)
+    s = y - w
+    products = (_mv(A, x), _mv(P, x), _mv(A.transpose(-1, -2), y))
+    ok, primal, dual, gap, reasons = point_checks(
+        prob.cones, prob.slices, (x, y, s), (q, b), products, finite, options
+    )
     return Certified(ok, x, y, s, w, primal, dual, gap, polished, reasons, factor)
 
 
-def certify_infeasible(prob: ConicProblem, idx: list[int], y: Tensor, tol: float) -> Tensor:
-    """Per sample: does ``y`` certify primal infeasibility (module doc)?"""
-    _, _, A, b = subset(prob, idx)
+def farkas_check(
+    cones: tuple[Cone, ...],
+    slices: tuple[slice, ...],
+    y: Tensor,
+    b: Tensor,
+    at: Callable[[Tensor], Tensor],
+    a_max: Tensor,
+    tol: float,
+) -> Tensor:
+    """The infeasibility certificate of the module doc for ``y`` given ``b``, the product
+    ``at(v)`` :math:`= A^\\top v` and :math:`\\max_{ij}|A_{ij}|` per sample."""
     y = torch.where(torch.isfinite(y), y, torch.zeros_like(y))
-    yp = project_dual(prob.cones, prob.slices, y)
+    yp = project_dual(cones, slices, y)
     by = (b * yp).sum(-1)
     y1 = yp.abs().sum(-1)
     negative = -by > ROUNDOFF_SIGN * _amax(b) * y1
     safe = torch.where(negative, -by, torch.ones_like(by))
-    aty = _amax(_mv(A.transpose(-1, -2), yp / safe[:, None]))
-    a_max = A.abs().amax(dim=(-2, -1)).expand_as(by)
-    return negative & (aty * _amax(b) <= tol * a_max)
+    aty = _amax(at(yp / safe[:, None]))
+    return negative & (aty * _amax(b) <= tol * a_max.expand_as(by))
 
 
-def certify_unbounded(prob: ConicProblem, idx: list[int], d: Tensor, tol: float) -> Tensor:
-    """Per sample: does ``d`` certify dual infeasibility, an improving direction (module doc)?"""
-    P, q, A, _ = subset(prob, idx)
+def ray_check(
+    cones: tuple[Cone, ...],
+    slices: tuple[slice, ...],
+    d: Tensor,
+    q: Tensor,
+    products: tuple[Callable[[Tensor], Tensor], Callable[[Tensor], Tensor]],
+    maxima: tuple[Tensor, Tensor],
+    tol: float,
+) -> Tensor:
+    """The unboundedness certificate of the module doc for ``d`` given ``q``, the products
+    ``(Pv, Av)`` and :math:`(\\max|P_{ij}|, \\max|A_{ij}|)` per sample."""
+    pmv, amv = products
     d = torch.where(torch.isfinite(d), d, torch.zeros_like(d))
     qd = (q * d).sum(-1)
     negative = -qd > ROUNDOFF_SIGN * _amax(q) * d.abs().sum(-1)
     safe = torch.where(negative, -qd, torch.ones_like(qd))
     dh = d / safe[:, None]
-    pd = _amax(_mv(P, dh))
-    mad = -_mv(A, dh)
-    dist = cone_dist(prob.cones, prob.slices, mad, dual=False)
-    p_max = P.abs().amax(dim=(-2, -1)).expand_as(qd)
-    a_max = A.abs().amax(dim=(-2, -1)).expand_as(qd)
+    pd = _amax(pmv(dh))
+    dist = cone_dist(cones, slices, -amv(dh), dual=False)
+    p_max, a_max = (t.expand_as(qd) for t in maxima)
     qn = _amax(q)
     return negative & (pd * qn <= tol * p_max) & (dist * qn <= tol * a_max)
+
+
+def certify_infeasible(prob: ConicProblem, idx: list[int], y: Tensor, tol: float) -> Tensor:
+    """Per sample: does ``y`` certify primal infeasibility (module doc)?"""
+    _, _, A, b = subset(prob, idx)
+    a_max = A.abs().amax(dim=(-2, -1))
+    return farkas_check(
+        prob.cones, prob.slices, y, b, lambda v: _mv(A.transpose(-1, -2), v), a_max, tol
+    )
+
+
+def certify_unbounded(prob: ConicProblem, idx: list[int], d: Tensor, tol: float) -> Tensor:
+    """Per sample: does ``d`` certify dual infeasibility, an improving direction (module doc)?"""
+    P, q, A, _ = subset(prob, idx)
+    maxima = (P.abs().amax(dim=(-2, -1)), A.abs().amax(dim=(-2, -1)))
+    products = (lambda v: _mv(P, v), lambda v: _mv(A, v))
+    return ray_check(prob.cones, prob.slices, d, q, products, maxima, tol)

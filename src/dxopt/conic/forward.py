@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -22,18 +22,47 @@ from torch import Tensor
 from dxopt._core import Cost, Status
 from dxopt.conic.backends import RawPoints, run_clarabel, run_scs, scs_available
 from dxopt.conic.certify import (
+    Certified,
     PolishFactor,
     certify_infeasible,
     certify_points,
     certify_unbounded,
 )
+from dxopt.conic.cones.base import Cone
 from dxopt.conic.kkt import cone_kink, lu_storage, project_dual
 from dxopt.conic.problem import ConicProblem
 from dxopt.conic.types import ConicInfo, ConicOptions
 
-__all__ = ["Attempt", "ForwardState", "attempts", "solve_forward"]
+__all__ = [
+    "Attempt",
+    "Chain",
+    "ChainProblem",
+    "Checks",
+    "ForwardState",
+    "attempts",
+    "run_chain",
+    "scale_of",
+    "solve_forward",
+]
 
-Runner = Callable[[ConicProblem, list[int], float, int], RawPoints]
+
+class ChainProblem(Protocol):
+    """What the chain needs of a problem: a dense :class:`ConicProblem` or the sparse
+    route's (:mod:`dxopt.conic.sparse_problem`)."""
+
+    @property
+    def batch(self) -> int: ...
+    @property
+    def n(self) -> int: ...
+    @property
+    def m(self) -> int: ...
+    @property
+    def cones(self) -> tuple[Cone, ...]: ...
+    @property
+    def slices(self) -> tuple[slice, ...]: ...
+
+
+Runner = Callable[[Any, list[int], float, int], RawPoints]
 
 
 @dataclass(frozen=True)
@@ -53,6 +82,32 @@ def attempts(options: ConicOptions) -> list[Attempt]:
     scs = [Attempt("scs", run_scs, options.atol)] if scs_available() else []
     chain = scs + clarabel if options.solver == "scs" else clarabel + scs
     return chain if options.fallback else chain[:1]
+
+
+@dataclass(frozen=True)
+class Checks:
+    """The certificate functions the chain calls: the dense ones of
+    :mod:`dxopt.conic.certify` (:data:`DENSE_CHECKS`) or the sparse route's, which run the
+    same checks on sparse matrix-vector products."""
+
+    points: Callable[..., Certified]
+    infeasible: Callable[[Any, list[int], Tensor, float], Tensor]
+    unbounded: Callable[[Any, list[int], Tensor, float], Tensor]
+    kink_scale: Callable[[Any, Tensor, Tensor, Tensor], Tensor]
+
+
+@dataclass
+class Chain:
+    """What :func:`run_chain` found (float64 CPU tensors; failed samples hold zeros)."""
+
+    x: Tensor
+    y: Tensor
+    s: Tensor
+    w: Tensor
+    status: list[Status]
+    info: ConicInfo
+    kink_scale: Tensor
+    factor: PolishFactor | None
 
 
 @dataclass
@@ -79,6 +134,18 @@ def solve_forward(
 ) -> ForwardState:
     """Solve and certify every sample of ``prob`` (module doc); ``first``: attempts run
     before the chain (the warm start, :mod:`dxopt.conic.warm`; not counted as backend calls)."""
+    c = run_chain(prob, options, first, DENSE_CHECKS)
+    cache: dict[str, Any] = {"kink_scale": c.kink_scale}
+    if c.factor is not None:
+        cache["polish_factor"] = c.factor
+    return ForwardState(prob, options, c.x, c.y, c.s, c.w, c.status, c.info, cache)
+
+
+def run_chain(
+    prob: ChainProblem, options: ConicOptions, first: tuple[Attempt, ...], checks: Checks
+) -> Chain:
+    """The attempts of the module doc over the pending samples, each point certified by
+    ``checks``; then the kink classification."""
     start = time.perf_counter()
     B, n, m = prob.batch, prob.n, prob.m
     f64 = torch.float64
@@ -104,7 +171,7 @@ def solve_forward(
         ]
         if point_idx:
             rows = [pos[i] for i in point_idx]
-            cert = certify_points(prob, point_idx, rx[rows], ry[rows], rs[rows], options)
+            cert = checks.points(prob, point_idx, rx[rows], ry[rows], rs[rows], options)
             ok_j = cert.ok.tolist()
             kept = [j for j, o in enumerate(ok_j) if o]
             if kept:
@@ -124,8 +191,8 @@ def solve_forward(
                     failures[i].append(f"{att.name} ({claim}): {cert.reasons[j]}")
                     last_claim[i] = claim
         for claim, check, st, what in (
-            ("infeasible", certify_infeasible, Status.INFEASIBLE, ry),
-            ("unbounded", certify_unbounded, Status.UNBOUNDED, rx),
+            ("infeasible", checks.infeasible, Status.INFEASIBLE, ry),
+            ("unbounded", checks.unbounded, Status.UNBOUNDED, rx),
         ):
             idx = [i for i, c in zip(raw.index, raw.claims) if c == claim]
             if not idx:
@@ -147,7 +214,7 @@ def solve_forward(
             else Status.INACCURATE
         )
     final = [st if st is not None else Status.FAILED for st in status]
-    scale = kink_scale(prob, X, W, y=Y)
+    scale = checks.kink_scale(prob, X, W, Y)
     kink = _kinks(prob, W, scale, final, options.kink_tol)
     final = [Status.DEGENERATE if k and st is Status.SOLVED else st for k, st in zip(kink, final)]
     info = ConicInfo(
@@ -161,10 +228,7 @@ def solve_forward(
         failures=tuple(tuple(f) for f in failures),
         cost=Cost(forwards=calls, seconds=time.perf_counter() - start),
     )
-    cache: dict[str, Any] = {"kink_scale": scale}
-    if factors.factor is not None:
-        cache["polish_factor"] = factors.factor
-    return ForwardState(prob, options, X, Y, S, W, final, info, cache)
+    return Chain(X, Y, S, W, final, info, scale, factors.factor)
 
 
 class _Factors:
@@ -207,21 +271,39 @@ def kink_scale(prob: ConicProblem, x: Tensor, w: Tensor, *, y: Tensor | None = N
     P, A = prob.P, prob.A
     if y is None:
         y = project_dual(prob.cones, prob.slices, w)
+    Ax = (A @ x[..., None])[..., 0]
+    Px = (P @ x[..., None])[..., 0]
+    Aty = (A.transpose(-1, -2) @ y[..., None])[..., 0]
+    return scale_of(w, y, (Ax, Px, Aty), (prob.q, prob.b))
+
+
+def scale_of(
+    w: Tensor, y: Tensor, products: tuple[Tensor, Tensor, Tensor], data: tuple[Tensor, Tensor]
+) -> Tensor:
+    """:func:`kink_scale` from the products ``(Ax, Px, A'y)`` and ``(q, b)`` (dense or
+    sparse matvecs alike)."""
+    Ax, Px, Aty = products
+    q, b = data
     s = y - w
 
     def amax(v: Tensor) -> Tensor:
         return v.abs().amax(dim=-1)
 
-    Ax = (A @ x[..., None])[..., 0]
-    Px = (P @ x[..., None])[..., 0]
-    Aty = (A.transpose(-1, -2) @ y[..., None])[..., 0]
-    parts = [torch.linalg.vector_norm(w, dim=-1), amax(Ax), amax(s), amax(prob.b)]
-    parts += [amax(Px), amax(Aty), amax(prob.q)]
+    parts = [torch.linalg.vector_norm(w, dim=-1), amax(Ax), amax(s), amax(b)]
+    parts += [amax(Px), amax(Aty), amax(q)]
     return torch.stack(parts).amax(dim=0)
 
 
 def _kinks(
-    prob: ConicProblem, W: Tensor, scale: Tensor, status: list[Status], tol: float
+    prob: ChainProblem, W: Tensor, scale: Tensor, status: list[Status], tol: float
 ) -> list[bool]:
     flag = cone_kink(prob.cones, prob.slices, W, tol, scale)
     return [bool(f) and st.ok for f, st in zip(flag.tolist(), status)]
+
+
+def _dense_kink_scale(prob: ConicProblem, x: Tensor, w: Tensor, y: Tensor) -> Tensor:
+    return kink_scale(prob, x, w, y=y)
+
+
+DENSE_CHECKS = Checks(certify_points, certify_infeasible, certify_unbounded, _dense_kink_scale)
+"""The chain's certificate on dense data (:mod:`dxopt.conic.certify`)."""

@@ -35,6 +35,7 @@ __all__ = [
     "cone_dist",
     "cone_jacobian",
     "cone_kink",
+    "cone_runs",
     "jacobian",
     "lu_factor_finite",
     "lu_storage",
@@ -64,6 +65,14 @@ def _runs(cones: tuple[Cone, ...], slices: tuple[slice, ...]) -> list[tuple[Cone
         else:
             runs.append((c, start, 1, d))
     return runs
+
+
+def cone_runs(
+    cones: tuple[Cone, ...], slices: tuple[slice, ...]
+) -> list[tuple[Cone, int, int, int]]:
+    """The runs of equal consecutive cones, ``(cone, start, count, dim)`` (for the sparse
+    route's Jacobian, :mod:`dxopt.conic.sparse_kkt`)."""
+    return _runs(cones, slices)
 
 
 def project_dual(cones: tuple[Cone, ...], slices: tuple[slice, ...], w: Tensor) -> Tensor:

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from dxopt.conic.cones.base import Cone
 
-__all__ = ["ConicProblem", "conic_problem"]
+__all__ = ["ConicProblem", "check_cones", "conic_problem"]
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,9 @@ def _tensor(name: str, value: object, ndims: tuple[int, int], what: str) -> Tens
     return value
 
 
-def _cones(cones: object, m: int) -> tuple[Cone, ...]:
+def check_cones(cones: object, m: int) -> tuple[Cone, ...]:
+    """``cones`` checked against the ``m`` rows (a non-empty sequence of cones whose
+    dimensions add up to ``m``), as a tuple; shared with the sparse route."""
     if isinstance(cones, Cone):
         cones = (cones,)
     if not isinstance(cones, Sequence) or not cones:
@@ -157,7 +159,7 @@ def conic_problem(
     for name, t in named.items():
         if not bool(torch.isfinite(t).all()):
             raise ValueError(f"{name}: expected finite values, got NaN or infinity")
-    cone_list = _cones(cones, m)
+    cone_list = check_cones(cones, m)
     f64: dict[str, Any] = {"dtype": torch.float64, "device": "cpu"}
     q64 = q.detach().to(**f64).reshape(-1, n).expand(B, n)
     b64 = b.detach().to(**f64).reshape(-1, m).expand(B, m)

@@ -6,9 +6,11 @@ dense one by :class:`Scatter`, the one autograd Function here, whose backward ga
 dense gradient at the input's stored entries: the gradient is a sparse tensor of the input's
 layout, indices and shape, holding :math:`\\partial L / \\partial M_{ij}` for each stored
 :math:`(i, j)` (the derivative with respect to the stored values; entries outside the pattern
-are not parameters). The engine itself works on the dense matrices (its Jacobian is
+are not parameters). The dense route works on the dense matrices (its Jacobian is
 :math:`(n + m)^2`, :mod:`dxopt.conic.kkt`), so this keeps the pattern of the result, not the
-memory of a large problem.
+memory of a large problem; large problems take the sparse route instead
+(:mod:`dxopt.conic.sparse_route`, never densified), whose gradients have the same layout and
+pattern.
 """
 
 from __future__ import annotations

@@ -30,6 +30,8 @@ __all__ = [
 
 SOLVERS = ("clarabel", "scs")
 """Backends of the forward chain, in their default order (SCS only where importable)."""
+ROUTES = ("auto", "dense", "sparse")
+"""What ``route=`` takes (:mod:`dxopt.conic.sparse_route`)."""
 INFEASIBLE = ("fail", "relax")
 """What ``infeasible=`` takes: a certified infeasible sample fails, or is relaxed."""
 
@@ -94,6 +96,10 @@ class ConicOptions:
             (:mod:`dxopt.conic.relax`), status ``RELAXED``; dense ``A`` only.
         backward: ``"kkt"`` (the exact implicit derivative) or a :class:`Smoothed` (the
             derivative of the barrier solution, :mod:`dxopt.conic.smoothed`).
+        route: ``"auto"`` (the sparse route for sparse shared ``P``, ``A`` from
+            :math:`n + m \\ge` :data:`dxopt.conic.sparse_problem.SPARSE_MIN`), ``"dense"``
+            or ``"sparse"`` (:mod:`dxopt.conic.sparse_route`: CSC data to the backends,
+            sparse certificate, sparse LU of the Jacobian; never a dense matrix).
     """
 
     atol: float = 1e-8
@@ -108,6 +114,7 @@ class ConicOptions:
     check_psd: bool = True
     infeasible: str = "fail"
     backward: str | Smoothed = "kkt"
+    route: str = "auto"
 
     def __post_init__(self) -> None:
         check_positive("atol", self.atol)
@@ -118,6 +125,7 @@ class ConicOptions:
         check_choice("solver", self.solver, SOLVERS)
         check_on_failure(self.on_failure, ("raise", "warn", "ignore", "nan"))
         check_choice("infeasible", self.infeasible, INFEASIBLE)
+        check_choice("route", self.route, ROUTES)
         if not (self.backward == "kkt" or isinstance(self.backward, Smoothed)):
             raise ValueError(
                 f"backward: expected 'kkt' or a dxopt.conic.Smoothed, got {self.backward!r}; "

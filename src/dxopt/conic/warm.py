@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from dxopt.conic.backends import RawPoints
-from dxopt.conic.forward import Attempt
+from dxopt.conic.forward import Attempt, ChainProblem
 from dxopt.conic.problem import ConicProblem
 from dxopt.conic.types import ConicSolution
 
@@ -51,7 +51,7 @@ def _part(name: str, t: object, B: int, d: int) -> Tensor:
     return t.detach().to(dtype=torch.float64, device="cpu").reshape(-1, d).expand(B, d)
 
 
-def warm_points(prob: ConicProblem, warm: object) -> tuple[Tensor, Tensor, Tensor] | None:
+def warm_points(prob: ChainProblem, warm: object) -> tuple[Tensor, Tensor, Tensor] | None:
     """``warm`` checked and laid out as float64 CPU ``(B, n), (B, m), (B, m)`` (or ``None``)."""
     if warm is None:
         return None

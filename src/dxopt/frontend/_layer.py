@@ -53,6 +53,7 @@ _CONIC_KEYS = {
     "polish": ("polish",),
     "infeasible": ("infeasible",),
     "backward": ("backward",),
+    "route": ("route",),
 }
 _QP_KEYS = {
     "tol": ("eps_abs",),
@@ -148,7 +149,8 @@ class CvxpyLayer(nn.Module):
             ``polish``; conic only: ``max_iter``/``max_iters``, ``infeas_tol``,
             ``kink_tol``, ``infeasible`` (``"relax"``: infeasible samples train on their
             closest feasible problem, :mod:`dxopt.conic.relax`), ``backward``
-            (``dxopt.conic.Smoothed(mu)``, :mod:`dxopt.conic.smoothed`)); a call's
+            (``dxopt.conic.Smoothed(mu)``, :mod:`dxopt.conic.smoothed`), ``route``
+            (``"auto"``, ``"dense"``, ``"sparse"``: :mod:`dxopt.conic.sparse_route`)); a call's
             ``solver_args`` override them.
 
     Attributes:

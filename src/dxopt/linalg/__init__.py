@@ -9,6 +9,9 @@
   by a quasi-definite regularised factorization plus refinement, dense or scipy sparse, with the
   residual reported; :func:`lstsq_saddle` the Moore-Penrose fallback; :func:`splu` the one
   SuperLU wrapper (errors mapped to :class:`FactorizationError`).
+- :func:`shifted_splu`, :func:`refine`, :func:`inverse_norm_1`: a sparse LU of a general
+  square matrix (slightly shifted), iterative refinement against the exact operator with the
+  relative residual reported, and a 1-norm estimate of the inverse (condition numbers).
 - :func:`schur_factor`: batched block elimination of a positive definite :math:`P` in
   :math:`[[P, C^\\top], [C, 0]]` (Cholesky of :math:`P` and of the Schur complement
   :math:`CP^{-1}C^\\top`), with the linear dependence of the rows of :math:`C` read off it;
@@ -39,6 +42,10 @@ from dxopt.linalg.sparse import SaddleSolveInfo as SaddleSolveInfo
 from dxopt.linalg.sparse import lstsq_saddle as lstsq_saddle
 from dxopt.linalg.sparse import saddle_solve as saddle_solve
 from dxopt.linalg.sparse import splu as splu
+from dxopt.linalg.sparse_lu import RefinedSolve as RefinedSolve
+from dxopt.linalg.sparse_lu import inverse_norm_1 as inverse_norm_1
+from dxopt.linalg.sparse_lu import refine as refine
+from dxopt.linalg.sparse_lu import shifted_splu as shifted_splu
 from dxopt.linalg.threads import blas_threads as blas_threads
 from dxopt.linalg.threads import small_work as small_work
 
@@ -46,6 +53,7 @@ __all__ = [
     "AugmentedSolution",
     "FactorizationError",
     "KrylovResult",
+    "RefinedSolve",
     "SPDSolveInfo",
     "SaddleSolveInfo",
     "SchurFactor",
@@ -54,9 +62,12 @@ __all__ = [
     "blas_threads",
     "certify_independent_rows",
     "conjugate_gradient",
+    "inverse_norm_1",
     "lstsq_saddle",
+    "refine",
     "saddle_solve",
     "schur_factor",
+    "shifted_splu",
     "small_schur",
     "small_work",
     "spd_solve",
