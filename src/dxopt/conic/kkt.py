@@ -212,7 +212,10 @@ def lu_factor_finite(J: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     others; a sample whose batched factorization returns out-of-range pivots is factored
     alone (masked out if that fails too). A zero pivot (a singular ``J``) is kept: its solves
     are non-finite and the callers' residual checks refuse them."""
-    ok = torch.isfinite(J).flatten(-2).all(-1)
+    # a finite sum has only finite terms; an overflowing one is checked entry by entry
+    ok = torch.isfinite(J.sum(dim=(-2, -1)))
+    if not bool(ok.all()):
+        ok = torch.isfinite(J).flatten(-2).all(-1)
     if not bool(ok.all()):
         eye = torch.eye(J.shape[-1], dtype=J.dtype, device=J.device)
         J = torch.where(ok[:, None, None], J, eye)

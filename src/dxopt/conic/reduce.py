@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["Reduction", "reduce_jacobian", "reduced_solve"]
+__all__ = ["Reduction", "reduce_jacobian", "reduced_solve", "zero_lines"]
 
 
 @dataclass(frozen=True)
@@ -79,14 +79,18 @@ def reduce_jacobian(
     ``(BA, m, n)``), the padded :math:`J_R` ``(k, K, K)`` and the pad scale ``c`` ``(k,)``
     (``pad`` given: that scale, so that a factor built with it serves this matrix too)."""
     k, N = J.shape[0], J.shape[-1]
-    dnz = D != 0
-    E = ~(dnz.any(dim=-1) | dnz.any(dim=-2))
+    # exact zero tests: a 1-norm is 0 iff every entry is (NaN and inf are not)
+    E = (zero_lines(D, dim=-1) & zero_lines(D, dim=-2)) if D.shape[-1] else D.new_zeros((k, 0)) > 0
     Ef = torch.cat([torch.zeros(k, n, dtype=torch.bool, device=J.device), E], dim=-1)
-    nz = J != 0
-    if bool(Ef.any()):
-        nz &= ~Ef[:, None, :]
-        nz &= ~Ef[:, :, None]
-    Z = ~Ef & ~nz.any(dim=-1) & ~nz.any(dim=-2)
+    # a Z row is zero in J (its entries in the columns E are zero by construction); its
+    # column is tested on the rows outside E only, for those candidates
+    Z = zero_lines(J, dim=-1) & ~Ef
+    if bool(Z.any()):
+        cz = int(Z.sum(dim=-1).max())
+        cidx = torch.argsort((~Z).to(torch.int8), dim=-1, stable=True)[:, :cz]
+        cols = torch.gather(J, 2, cidx[:, None, :].expand(k, N, cz))
+        live = ((cols != 0) & ~Ef[:, :, None]).any(dim=1)
+        Z = Z & ~torch.zeros_like(Z).scatter(1, cidx, live & Z.gather(1, cidx))
     R = ~Ef & ~Z
     count = R.sum(dim=-1)
     K = int(count.max()) if k else N
@@ -102,7 +106,7 @@ def reduce_jacobian(
         Jr = J[bi, idx[:, :, None], idx[:, None, :]]
         Jr.masked_fill_(padm[:, :, None] | padm[:, None, :], 0.0)
         if pad is None:
-            c = Jr.abs().sum(dim=-2).amax(dim=-1)
+            c = torch.linalg.vector_norm(Jr, 1, dim=-2).amax(dim=-1)
             c = torch.where(c > 0, c, torch.ones_like(c))
         else:
             c = pad
@@ -121,6 +125,12 @@ def reduce_jacobian(
         G_chol = torch.linalg.cholesky(eye + C.transpose(-1, -2) @ C)
     red = Reduction(n, perm, count, idx, padm, E, Z, zidx, C, G_chol, trivial)
     return red, Jr, c
+
+
+def zero_lines(M: Tensor, *, dim: int) -> Tensor:
+    """Per row (``dim=-1``) or column (``dim=-2``) of ``M`` ``(k, a, b)``: is it exactly zero?
+    (Its 1-norm is 0 iff every entry is 0: NaN and inf are not; one pass, no temporary.)"""
+    return torch.linalg.vector_norm(M, 1, dim=dim) == 0
 
 
 def _gather(red: Reduction, v: Tensor) -> Tensor:
