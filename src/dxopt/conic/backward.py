@@ -117,10 +117,10 @@ class _System:
         cond = condition_1(self.J, self.factor)
         if old is not None and bool(reuse.any()):
             # rho = ||J0^-1||_1 ||J - J0||_1 (module constant REUSE_RHO)
-            norm_j = self.J.abs().sum(dim=-2).amax(dim=-1)
+            norm_j = torch.linalg.vector_norm(self.J, 1, dim=-2).amax(dim=-1)
             inv_norm = cond / torch.where(norm_j > 0, norm_j, torch.ones_like(norm_j))
             a_inf = A.abs().sum(dim=-1).amax(dim=-1)
-            dD = (self.D - old.D[ix]).abs().sum(dim=-2).amax(dim=-1)
+            dD = torch.linalg.vector_norm(self.D - old.D[ix], 1, dim=-2).amax(-1)
             rho = inv_norm * (a_inf + 1) * dD
             redo = reuse & ~(rho <= REUSE_RHO)
             if bool(redo.any()):
@@ -223,7 +223,9 @@ def _solve(state: ForwardState, sys: _System, rhs: Tensor, *, adjoint: bool) -> 
             M, rhs[sel][..., None], rcond=PINV_RTOL, driver="gelsd"
         ).solution[..., 0]
         Mz = (M @ z[sel][..., None])[..., 0]
-        scale = M.abs().sum(-1).amax(-1) * z[sel].abs().amax(-1) + rhs[sel].abs().amax(-1)
+        scale = torch.linalg.vector_norm(M, 1, dim=-1).amax(-1) * z[sel].abs().amax(-1) + rhs[
+            sel
+        ].abs().amax(-1)
         residual[sel] = (rhs[sel] - Mz).abs().amax(-1) / torch.clamp(scale, min=EPS)
     _record(state, sys, residual, singular, steps)
     return z
@@ -256,7 +258,9 @@ def _structural_solve(
     zz = reduced_solve(red, A, rhs[idx], solve_r, adjoint=adjoint)
     M = sys.J[idx].transpose(-1, -2) if adjoint else sys.J[idx]
     Mz = (M @ zz[..., None])[..., 0]
-    scale = M.abs().sum(-1).amax(-1) * zz.abs().amax(-1) + rhs[idx].abs().amax(-1)
+    scale = torch.linalg.vector_norm(M, 1, dim=-1).amax(-1) * zz.abs().amax(-1) + rhs[
+        idx
+    ].abs().amax(-1)
     res = (rhs[idx] - Mz).abs().amax(-1) / torch.clamp(scale, min=EPS)
     done = idx[ok]
     z[done], residual[done] = zz[ok], res[ok]

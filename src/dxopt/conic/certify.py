@@ -241,7 +241,7 @@ def _polish(prob: ConicProblem, data: tuple[Tensor, ...], x: Tensor, w: Tensor):
         # a failed plain (or reduced) step: the regularised one from now on
         needs_shift |= (plain | reduced) & retry
         if bool(retry.any()):
-            shift = POLISH_SHIFT * J.abs().sum(-1).amax(-1)
+            shift = POLISH_SHIFT * torch.linalg.vector_norm(J, 1, dim=-1).amax(-1)
             dz_r = _step(J, F, retry, shift=shift)[0]
             x_r, w_r, y_r, F_r, f_r = _trial(prob, data, x, w, fnorm, dz_r)
             use = retry & (f_r < f_new)

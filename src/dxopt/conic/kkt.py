@@ -250,7 +250,7 @@ def solve_refined(
     nearby matrix is refined to ``target = EPS``, what a fresh LU gives in one solve)."""
     LU, piv = lu_factor_finite(J)[:2] if factor is None else factor
     z = torch.linalg.lu_solve(LU, piv, r[..., None], adjoint=adjoint)[..., 0]
-    norm_j = J.abs().sum(dim=-2 if adjoint else -1).amax(dim=-1)
+    norm_j = torch.linalg.vector_norm(J, 1, dim=-2 if adjoint else -1).amax(dim=-1)
     res = _relres(J, z, r, adjoint, norm_j)
     steps = 0
     while steps < max_refine and bool((res > target).any()):
@@ -286,7 +286,7 @@ def condition_1(J: Tensor, factor: tuple[Tensor, Tensor], rounds: int = 5) -> Te
             break  # the next rounds would repeat this one exactly
         j_prev = j
         v = torch.nn.functional.one_hot(j, N).to(J.dtype)
-    norm_1 = J.abs().sum(dim=-2).amax(dim=-1)
+    norm_1 = torch.linalg.vector_norm(J, 1, dim=-2).amax(dim=-1)
     cond = norm_1 * est
     pivots = torch.diagonal(LU, dim1=-2, dim2=-1).abs().amin(dim=-1)
     bad = ~torch.isfinite(cond) | (pivots == 0)
