@@ -61,16 +61,19 @@ def test_reduced_solve_is_the_minimum_norm_least_squares_solution(seed: int, adj
     torch.testing.assert_close(z, ref, atol=1e-10, rtol=1e-10)
 
 
-def test_structurally_singular_sample_is_solved_without_an_svd(monkeypatch) -> None:
+@pytest.mark.parametrize("batched_a", [False, True])
+def test_structurally_singular_sample_is_solved_without_an_svd(monkeypatch, batched_a) -> None:
     """``t`` free in ``[-1, 1]`` and absent from the objective (sample 0), next to a regular
     sample with ``t`` held at its bound (sample 1): the backward must give ``pinv(J') g`` for
     sample 0 through the reduction (``lstsq`` is not called), flag it singular with condition
-    ``inf``, and leave sample 1 regular."""
+    ``inf``, and leave sample 1 regular (with ``A`` shared and one ``A`` per sample)."""
     c = torch.tensor([[0.3], [0.4]], dtype=F64)
     P = torch.diag(torch.tensor([1.0, 0.0], dtype=F64))
     q = torch.cat([-c, torch.tensor([[0.0], [1.0]], dtype=F64)], dim=-1)
     A = torch.tensor([[0.0, 1.0], [0.0, -1.0], [1.0, 0.0]], dtype=F64)
     b = torch.tensor([1.0, 1.0, 10.0], dtype=F64)
+    if batched_a:  # one A per sample (as CVXPY's data gives), only sample 0 singular
+        A = A.expand(2, 3, 2).contiguous()
     prob = conic_problem(P, q, A, b, [dc.NonnegCone(3)], check_psd=True)
     state = solve_forward(prob, ConicOptions())
 

@@ -141,12 +141,18 @@ class _System:
         cand = torch.nonzero(dead).flatten()
         if not cand.numel():
             return
-        red, Jr, _ = reduce_jacobian(self.J[cand], self.D[cand], A, n)
+
+        def rows(sel: Tensor) -> Tensor:
+            return A if A.shape[0] == 1 else A[sel]
+
+        red, Jr, _ = reduce_jacobian(self.J[cand], self.D[cand], rows(cand), n)
         keep = red.has_z & ~structurally_singular(Jr)
         if not bool(keep.any()):
             return
         if not bool(keep.all()):
-            red, Jr, _ = reduce_jacobian(self.J[cand[keep]], self.D[cand[keep]], A, n)
+            cand = cand[keep]
+            red, Jr, _ = reduce_jacobian(self.J[cand], self.D[cand], rows(cand), n)
+            keep = torch.ones(cand.numel(), dtype=torch.bool)
         self.zsel, self.zred, self.zJ = cand[keep], red, Jr
         LU, piv, _ = lu_factor_finite(Jr)
         self.zfactor = (LU, piv)
