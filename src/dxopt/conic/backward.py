@@ -29,7 +29,12 @@ rule could not resolve) the adjoint is the minimum-norm least-squares solution
 :math:`u = (J^\\top)^+ g` (LAPACK's SVD-based ``gelsd``, singular values below
 :data:`PINV_RTOL` times the largest dropped), the sample is flagged ``singular`` in
 :class:`~dxopt.conic.types.ConicBackwardInfo` and a
-:class:`~dxopt.conic.types.ConicDegenerateWarning` is issued. Failed samples give zero
+:class:`~dxopt.conic.types.ConicDegenerateWarning` is issued. A ``J`` singular only through
+decoupled variables (a zero row and column once the inactive rows are eliminated, as the
+free epigraph variable of an inactive ``abs`` bound) gets the same minimum-norm solution
+exactly from one LU of its reduced system (:mod:`dxopt.conic.reduce`), where that system's
+:math:`\\kappa_1 \\le` :data:`COND_MAX` and its refined residual is at round-off; it is flagged
+``singular`` (condition ``inf``) the same way. Failed samples give zero
 gradient.
 """
 
