@@ -58,7 +58,7 @@ def _hager_five_rounds(J: torch.Tensor) -> torch.Tensor:
         xi = torch.where(y >= 0, 1.0, -1.0).to(J.dtype)
         z = torch.linalg.lu_solve(LU, piv, xi[..., None], adjoint=True)[..., 0]
         v = torch.nn.functional.one_hot(z.abs().argmax(-1), N).to(J.dtype)
-    return J.abs().sum(-2).amax(-1) * est
+    return torch.linalg.vector_norm(J, 1, dim=-2).amax(-1) * est
 
 
 def test_condition_estimate_early_stop_is_the_five_round_estimate() -> None:

@@ -29,12 +29,18 @@ rule could not resolve) the adjoint is the minimum-norm least-squares solution
 :math:`u = (J^\\top)^+ g` (LAPACK's SVD-based ``gelsd``, singular values below
 :data:`PINV_RTOL` times the largest dropped), the sample is flagged ``singular`` in
 :class:`~dxopt.conic.types.ConicBackwardInfo` and a
-:class:`~dxopt.conic.types.ConicDegenerateWarning` is issued. Failed samples give zero
+:class:`~dxopt.conic.types.ConicDegenerateWarning` is issued. A ``J`` singular only through
+decoupled variables (a zero row and column once the inactive rows are eliminated, as the
+free epigraph variable of an inactive ``abs`` bound) gets the same minimum-norm solution
+exactly from one LU of its reduced system (:mod:`dxopt.conic.reduce`), where that system's
+:math:`\\kappa_1 \\le` :data:`COND_MAX` and its refined residual is at round-off; it is flagged
+``singular`` (condition ``inf``) the same way. Failed samples give zero
 gradient.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import torch
@@ -54,6 +60,7 @@ from dxopt.conic.kkt import (
     solve_refined,
     take,
 )
+from dxopt.conic.reduce import Reduction, reduce_jacobian, reduced_solve
 from dxopt.conic.types import ConicBackwardInfo, ConicDegenerateWarning
 
 __all__ = ["COND_MAX", "PINV_RTOL", "REUSE_RHO", "adjoint_gradients", "tangents"]
@@ -86,6 +93,7 @@ class _System:
         prob = state.prob
         self.idx = torch.nonzero(state.ok).flatten().tolist()
         P, _, A, _ = subset(prob, self.idx)
+        self.A = A
         ix = torch.as_tensor(self.idx, dtype=torch.long)
         w = state.w[ix]
         scale = state.cache.get("kink_scale")
@@ -114,10 +122,10 @@ class _System:
         cond = condition_1(self.J, self.factor)
         if old is not None and bool(reuse.any()):
             # rho = ||J0^-1||_1 ||J - J0||_1 (module constant REUSE_RHO)
-            norm_j = self.J.abs().sum(dim=-2).amax(dim=-1)
+            norm_j = torch.linalg.vector_norm(self.J, 1, dim=-2).amax(dim=-1)
             inv_norm = cond / torch.where(norm_j > 0, norm_j, torch.ones_like(norm_j))
             a_inf = A.abs().sum(dim=-1).amax(dim=-1)
-            dD = (self.D - old.D[ix]).abs().sum(dim=-2).amax(dim=-1)
+            dD = torch.linalg.vector_norm(self.D - old.D[ix], 1, dim=-2).amax(-1)
             rho = inv_norm * (a_inf + 1) * dD
             redo = reuse & ~(rho <= REUSE_RHO)
             if bool(redo.any()):
@@ -128,7 +136,32 @@ class _System:
             self.reused = torch.zeros(k, dtype=torch.bool)
         cond[dead] = float("inf")
         self.cond = cond
+        self._structural(A, prob.n, dead)
         self.kink = torch.tensor([state.info.kink[i] for i in self.idx], dtype=torch.bool)
+
+    def _structural(self, A: Tensor, n: int, dead: Tensor) -> None:
+        """The samples whose ``J`` is singular only through decoupled variables
+        (:mod:`dxopt.conic.reduce`): their reduced system's LU and condition estimate."""
+        self.zsel: Tensor | None = None
+        cand = torch.nonzero(dead).flatten()
+        if not cand.numel():
+            return
+
+        def rows(sel: Tensor) -> Tensor:
+            return A if A.shape[0] == 1 else A[sel]
+
+        red, Jr, _ = reduce_jacobian(self.J[cand], self.D[cand], rows(cand), n)
+        keep = red.has_z & ~structurally_singular(Jr)
+        if not bool(keep.any()):
+            return
+        if not bool(keep.all()):
+            cand = cand[keep]
+            red, Jr, _ = reduce_jacobian(self.J[cand], self.D[cand], rows(cand), n)
+            keep = torch.ones(cand.numel(), dtype=torch.bool)
+        self.zsel, self.zred, self.zJ = cand[keep], red, Jr
+        LU, piv, _ = lu_factor_finite(Jr)
+        self.zfactor = (LU, piv)
+        self.zcond = condition_1(Jr, self.zfactor)
 
     def refactor(self, sel: Tensor) -> None:
         """A fresh LU (and condition estimate) for the samples ``sel`` (indices)."""
@@ -187,17 +220,80 @@ def _solve(state: ForwardState, sys: _System, rhs: Tensor, *, adjoint: bool) -> 
                 steps = max(steps, sol2.steps)
                 singular[again] = ~sol2.ok
             singular[miss[~(sys.cond[miss] <= COND_MAX)]] = True
-    if bool(singular.any()):
-        sel = torch.nonzero(singular).flatten()
+    if sys.zsel is not None and bool(singular.any()):
+        done = _structural_solve(sys, rhs, adjoint, z, residual, singular)
+        singular[sys.zsel] = True
+        todo = singular.clone()
+        todo[done] = False
+    else:
+        todo = singular
+    if bool(todo.any()):
+        sel = torch.nonzero(todo).flatten()
         M = sys.J[sel].transpose(-1, -2) if adjoint else sys.J[sel]
         z[sel] = torch.linalg.lstsq(
             M, rhs[sel][..., None], rcond=PINV_RTOL, driver="gelsd"
         ).solution[..., 0]
         Mz = (M @ z[sel][..., None])[..., 0]
-        scale = M.abs().sum(-1).amax(-1) * z[sel].abs().amax(-1) + rhs[sel].abs().amax(-1)
+        scale = torch.linalg.vector_norm(M, 1, dim=-1).amax(-1) * z[sel].abs().amax(-1) + rhs[
+            sel
+        ].abs().amax(-1)
         residual[sel] = (rhs[sel] - Mz).abs().amax(-1) / torch.clamp(scale, min=EPS)
     _record(state, sys, residual, singular, steps)
     return z
+
+
+def _structural_solve(
+    sys: _System, rhs: Tensor, adjoint: bool, z: Tensor, residual: Tensor, singular: Tensor
+) -> Tensor:
+    """The minimum-norm least-squares solution of the samples ``sys.zsel`` through their
+    reduced system (:mod:`dxopt.conic.reduce`; exact where :math:`\\kappa_1(J_R) \\le`
+    :data:`COND_MAX` and the refined solve of :math:`J_R` is at round-off), written into
+    ``z`` and ``residual``; returns the indices it solved."""
+    assert sys.zsel is not None
+    zs = sys.zsel
+    good = (sys.zcond <= COND_MAX) & singular[zs]
+    if not bool(good.any()):
+        return zs[:0]
+    gi = torch.nonzero(good).flatten()
+    red = _subset_reduction(sys.zred, gi)
+    Jr, LU, piv = sys.zJ[gi], sys.zfactor[0][gi], sys.zfactor[1][gi]
+    ok = torch.ones(gi.numel(), dtype=torch.bool)
+
+    def solve_r(r: Tensor) -> Tensor:
+        sol = solve_refined(Jr, r, adjoint=adjoint, factor=(LU, piv))[0]
+        ok.copy_(sol.ok)
+        return sol.z
+
+    idx = zs[gi]
+    A = sys.A if sys.A.shape[0] == 1 else sys.A[idx]
+    zz = reduced_solve(red, A, rhs[idx], solve_r, adjoint=adjoint)
+    M = sys.J[idx].transpose(-1, -2) if adjoint else sys.J[idx]
+    Mz = (M @ zz[..., None])[..., 0]
+    scale = torch.linalg.vector_norm(M, 1, dim=-1).amax(-1) * zz.abs().amax(-1) + rhs[
+        idx
+    ].abs().amax(-1)
+    res = (rhs[idx] - Mz).abs().amax(-1) / torch.clamp(scale, min=EPS)
+    done = idx[ok]
+    z[done], residual[done] = zz[ok], res[ok]
+    return done
+
+
+def _subset_reduction(red: Reduction, sel: Tensor) -> Reduction:
+    if sel.numel() == red.perm.shape[0]:
+        return red
+    pick = [None if t is None else t[sel] for t in (red.zidx, red.C, red.G_chol)]
+    return dataclasses.replace(
+        red,
+        perm=red.perm[sel],
+        count=red.count[sel],
+        idx=red.idx[sel],
+        pad=red.pad[sel],
+        E=red.E[sel],
+        Z=red.Z[sel],
+        zidx=pick[0],
+        C=pick[1],
+        G_chol=pick[2],
+    )
 
 
 def _record(state: ForwardState, sys: _System, residual: Tensor, singular: Tensor, steps: int):

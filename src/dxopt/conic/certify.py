@@ -52,6 +52,7 @@ from dxopt.conic.kkt import (
     take,
 )
 from dxopt.conic.problem import ConicProblem
+from dxopt.conic.reduce import reduce_jacobian, reduced_solve, zero_lines
 from dxopt.conic.types import ConicOptions
 
 __all__ = [
@@ -140,8 +141,7 @@ class Certified:
 
 def structurally_singular(J: Tensor) -> Tensor:
     """Per sample: does ``J`` have an all-zero row or column (so no LU of it is usable)?"""
-    nz = J != 0
-    return ~nz.any(dim=-1).all(dim=-1) | ~nz.any(dim=-2).all(dim=-1)
+    return zero_lines(J, dim=-1).any(dim=-1) | zero_lines(J, dim=-2).any(dim=-1)
 
 
 def _step(
@@ -199,11 +199,13 @@ def _polish(prob: ConicProblem, data: tuple[Tensor, ...], x: Tensor, w: Tensor):
     :math:`\\delta =` :data:`POLISH_SHIFT` :math:`\\Vert J\\Vert_\\infty` is tried (a
     Levenberg-Marquardt-like regularisation: it solves the range part to a relative error
     :math:`\\delta / \\sigma_{\\min}` per step). A sample whose ``J`` has a zero row or
-    column (a plain LU of it must fail) and a sample whose plain step failed once go to the
-    regularised step directly. Every step is kept only where it lowers
-    :math:`\\Vert F\\Vert_\\infty`. From the second round on, a sample with a plain LU
-    first tries the chord step with it (:data:`CHORD_GAIN`): near a regular solution it
-    contracts as fast as a Newton step, without a new Jacobian or LU.
+    column (a plain LU of it must fail) takes the exact minimum-norm step
+    :math:`-J^+ F` through its reduced system where that singularity is decoupled variables
+    only (:mod:`dxopt.conic.reduce`), the regularised step otherwise; a sample whose plain
+    (or reduced) step failed once goes to the regularised step directly. Every step is kept
+    only where it lowers :math:`\\Vert F\\Vert_\\infty`. From the second round on, a sample
+    with a plain LU first tries the chord step with it (:data:`CHORD_GAIN`): near a regular
+    solution it contracts as fast as a Newton step, without a new Jacobian or LU.
 
     Returns ``x, w, y`` (:math:`y = \\Pi_{K^*}(w)`), the mask of polished samples and the
     :class:`PolishFactor` of the last plain LU per sample."""
@@ -215,6 +217,7 @@ def _polish(prob: ConicProblem, data: tuple[Tensor, ...], x: Tensor, w: Tensor):
     scale = torch.stack([_amax(t) for t in parts]).amax(0)
     polished = torch.zeros_like(fnorm, dtype=torch.bool)
     needs_shift = torch.zeros_like(polished)
+    decoupled = torch.zeros_like(polished)
     factor: PolishFactor | None = None
     for rnd in range(POLISH_STEPS):
         active = torch.isfinite(fnorm) & (fnorm > POLISH_ROUNDOFF * scale)
@@ -227,19 +230,24 @@ def _polish(prob: ConicProblem, data: tuple[Tensor, ...], x: Tensor, w: Tensor):
         D = cone_jacobian(prob.cones, prob.slices, w)
         J = jacobian(P, A, D, cones=prob.cones, slices=prob.slices)
         if rnd == 0:  # later rounds: needs_shift remembers the failed plain steps
-            needs_shift |= active & structurally_singular(J)
-        plain = active & ~needs_shift
+            dead = active & structurally_singular(J)
+            decoupled = dead & _decoupled(J, D, A, prob.n, dead)
+            needs_shift |= dead & ~decoupled
+        plain = active & ~needs_shift & ~decoupled
         dz, pidx, LU, piv = _step(J, F, plain)
-        if pidx.numel():
+        reduced = active & decoupled & ~needs_shift
+        if bool(reduced.any()):
+            dz = _reduced_step(J, D, A, prob.n, F, reduced, dz)
+        if pidx.numel() or bool(reduced.any()):
             x_new, w_new, y_new, F_new, f_new = _trial(prob, data, x, w, fnorm, dz)
         else:  # every active sample takes the regularised step
             x_new, w_new, y_new, F_new = x, w, y, F
             f_new = torch.full_like(fnorm, torch.inf)
         retry = active & ~torch.isfinite(f_new)
-        # a failed plain step: the regularised one from now on
-        needs_shift |= plain & retry
+        # a failed plain (or reduced) step: the regularised one from now on
+        needs_shift |= (plain | reduced) & retry
         if bool(retry.any()):
-            shift = POLISH_SHIFT * J.abs().sum(-1).amax(-1)
+            shift = POLISH_SHIFT * torch.linalg.vector_norm(J, 1, dim=-1).amax(-1)
             dz_r = _step(J, F, retry, shift=shift)[0]
             x_r, w_r, y_r, F_r, f_r = _trial(prob, data, x, w, fnorm, dz_r)
             use = retry & (f_r < f_new)
@@ -260,6 +268,36 @@ def _polish(prob: ConicProblem, data: tuple[Tensor, ...], x: Tensor, w: Tensor):
         fnorm = torch.where(better, f_new, fnorm)
         polished |= better
     return x, w, y, polished, factor
+
+
+def _decoupled(J: Tensor, D: Tensor, A: Tensor, n: int, sel: Tensor) -> Tensor:
+    """Per sample (``sel`` only): is ``J`` singular only through decoupled variables, its
+    reduced system (:mod:`dxopt.conic.reduce`) free of zero rows and columns?"""
+    out = torch.zeros_like(sel)
+    idx = torch.nonzero(sel).flatten()
+    if idx.numel():
+        red, Jr, _ = reduce_jacobian(J[idx], D[idx], A if A.shape[0] == 1 else A[idx], n)
+        out[idx] = red.has_z & ~structurally_singular(Jr)
+    return out
+
+
+def _reduced_step(
+    J: Tensor, D: Tensor, A: Tensor, n: int, F: Tensor, sel: Tensor, dz: Tensor
+) -> Tensor:
+    """``dz`` with the rows ``sel`` set to the minimum-norm Newton step :math:`-J^+ F`
+    through the reduced system (NaN where its LU is invalid)."""
+    idx = torch.nonzero(sel).flatten()
+    As = A if A.shape[0] == 1 else A[idx]
+    red, Jr, _ = reduce_jacobian(J[idx], D[idx], As, n)
+    LU, piv, valid = lu_factor_finite(Jr)
+
+    def solve_r(r: Tensor) -> Tensor:
+        return torch.linalg.lu_solve(LU, piv, r[..., None])[..., 0]
+
+    step = reduced_solve(red, As, -F[idx], solve_r, adjoint=False)
+    dz = dz.clone()
+    dz[idx] = torch.where(valid[:, None], step, torch.nan)
+    return dz
 
 
 def _chord(

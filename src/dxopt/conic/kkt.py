@@ -221,7 +221,10 @@ def lu_factor_finite(J: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     others; a sample whose batched factorization returns out-of-range pivots is factored
     alone (masked out if that fails too). A zero pivot (a singular ``J``) is kept: its solves
     are non-finite and the callers' residual checks refuse them."""
-    ok = torch.isfinite(J).flatten(-2).all(-1)
+    # a finite sum has only finite terms; an overflowing one is checked entry by entry
+    ok = torch.isfinite(J.sum(dim=(-2, -1)))
+    if not bool(ok.all()):
+        ok = torch.isfinite(J).flatten(-2).all(-1)
     if not bool(ok.all()):
         eye = torch.eye(J.shape[-1], dtype=J.dtype, device=J.device)
         J = torch.where(ok[:, None, None], J, eye)
@@ -256,7 +259,7 @@ def solve_refined(
     nearby matrix is refined to ``target = EPS``, what a fresh LU gives in one solve)."""
     LU, piv = lu_factor_finite(J)[:2] if factor is None else factor
     z = torch.linalg.lu_solve(LU, piv, r[..., None], adjoint=adjoint)[..., 0]
-    norm_j = J.abs().sum(dim=-2 if adjoint else -1).amax(dim=-1)
+    norm_j = torch.linalg.vector_norm(J, 1, dim=-2 if adjoint else -1).amax(dim=-1)
     res = _relres(J, z, r, adjoint, norm_j)
     steps = 0
     while steps < max_refine and bool((res > target).any()):
@@ -292,7 +295,7 @@ def condition_1(J: Tensor, factor: tuple[Tensor, Tensor], rounds: int = 5) -> Te
             break  # the next rounds would repeat this one exactly
         j_prev = j
         v = torch.nn.functional.one_hot(j, N).to(J.dtype)
-    norm_1 = J.abs().sum(dim=-2).amax(dim=-1)
+    norm_1 = torch.linalg.vector_norm(J, 1, dim=-2).amax(dim=-1)
     cond = norm_1 * est
     pivots = torch.diagonal(LU, dim1=-2, dim2=-1).abs().amin(dim=-1)
     bad = ~torch.isfinite(cond) | (pivots == 0)
