@@ -264,9 +264,11 @@ class _Factors:
 
 def kink_scale(prob: ConicProblem, x: Tensor, w: Tensor, *, y: Tensor | None = None) -> Tensor:
     """The scale the kink tolerance is relative to, per sample: the largest of
-    :math:`\\Vert w\\Vert_2 = \\Vert (y, s)\\Vert_2` and the scales of the primal and dual
+    :math:`\\Vert w\\Vert_\\infty` (``w = y - s``) and the scales of the primal and dual
     residuals (:mod:`dxopt.conic.certify`), so that a point whose ``y`` and ``s`` are both
-    near zero is judged against the data, not against itself. ``y`` is
+    near zero is judged against the data, not against itself. Every part is a max-norm, so
+    the scale does not grow with the number of cones (a 2-norm of ``w`` over ``m`` rows would
+    flag a multiplier of ``sqrt(m) * kink_tol`` as a kink). ``y`` is
     :math:`\\Pi_{K^*}(w)` where the caller has it."""
     P, A = prob.P, prob.A
     if y is None:
@@ -289,7 +291,7 @@ def scale_of(
     def amax(v: Tensor) -> Tensor:
         return v.abs().amax(dim=-1)
 
-    parts = [torch.linalg.vector_norm(w, dim=-1), amax(Ax), amax(s), amax(b)]
+    parts = [amax(w), amax(Ax), amax(s), amax(b)]
     parts += [amax(Px), amax(Aty), amax(q)]
     return torch.stack(parts).amax(dim=0)
 
