@@ -25,7 +25,9 @@ Problems are dQP's random dense QPs (:func:`benchmarks.qp.generators.random_dens
 - ``qpth``: qpth's batched interior point (Amos & Kolter, arXiv 1703.00443), forward+backward,
   when it is importable (``make bench-peers``).
 
-Cases: one tiny QP (n = 10, m = 5, no equalities), batch 128 x n=50 (m = 50, p = 25), and
+Cases: one tiny QP (n = 10, m = 5, no equalities), batch 128 x n=50 (m = 50, p = 25) of
+dQP's problems and of :mod:`benchmarks.qp_speed.illcond`'s (ill-conditioned ``P``, dense
+positive ``G``, a few active rows; the same 1.0 target), and
 batches 1024 x n=20 and 1024 x n=100, each at every ``--threads`` count; the QPTL shortest
 path 5x5, batch 32 (:mod:`benchmarks.qp_speed.qptl`: a degenerate QP by structure; its row
 reports backward/forward, target <= 2, issue 30); plus the dense
@@ -72,6 +74,7 @@ from benchmarks.qp_speed.qptl import run_qptl
 COMMAND = "dxopt bench qp_speed"
 TINY_TARGET = 10.0  # tiny fwd+bwd over the raw qpsolvers daqp solve
 BATCH_TARGET = 1.0  # 128 x n=50 fwd+bwd (best solver) over the raw qpsolvers daqp loop (issue 38)
+ILL_CASE = "128 x n=50 ill-conditioned"  # the same target on benchmarks.qp_speed.illcond's kind
 COLUMNS = (
     "case",
     "threads",
@@ -87,7 +90,13 @@ COLUMNS = (
 GRAD_KEYS = ("q", "h", "b")
 
 
-def _problems(batch: int, n: int, m: int, p: int) -> list[QPProblem]:
+def _problems(batch: int, n: int, m: int, p: int, kind: str = "") -> list[QPProblem]:
+    """dQP's random problems, or with ``kind="ill-conditioned"`` those of
+    :mod:`benchmarks.qp_speed.illcond`."""
+    if kind:
+        from benchmarks.qp_speed.illcond import ill_conditioned
+
+        return [ill_conditioned(n, seed=i, m=m, p=p) for i in range(batch)]
     return [random_dense(n, seed=i, m=m, p=p) for i in range(batch)]
 
 
@@ -285,15 +294,24 @@ def _grad_error(grads: dict, probs: list[QPProblem], w: np.ndarray, k: int) -> f
 
 
 def run_case(
-    batch: int, n: int, m: int, p: int, threads: int, rounds: int, *, qpth: bool = True
+    batch: int,
+    n: int,
+    m: int,
+    p: int,
+    threads: int,
+    rounds: int,
+    *,
+    qpth: bool = True,
+    kind: str = "",
 ) -> list[dict[str, Any]]:
-    """Rows of one case at ``threads`` torch threads (see the module docstring)."""
+    """Rows of one case at ``threads`` torch threads (see the module docstring; ``kind``:
+    :func:`_problems`)."""
     import torch
 
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        probs = _problems(batch, n, m, p)
+        probs = _problems(batch, n, m, p, kind)
         w = np.random.default_rng(1).standard_normal((batch, n))
         case = Case(probs, w)
         fns: dict[str, Callable[[], Any]] = {
@@ -314,6 +332,7 @@ def run_case(
     raw_s = secs["raw daqp (qpsolvers)"]
     x_raw = np.asarray(outs["raw daqp (qpsolvers)"]).reshape(batch, n)
     name = f"{batch} x n={n}" if batch > 1 else f"tiny n={n}, m={m}"
+    name += f" {kind}" if kind else ""
     rows: list[dict[str, Any]] = []
     for method in (
         "raw daqp (qpsolvers)",
@@ -375,6 +394,12 @@ def _targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         if r["case"].startswith("tiny") and r["method"] == "dxopt daqp":
             out.append(_target("tiny n=10: dxopt fwd+bwd / raw daqp", r["x_raw"], TINY_TARGET))
+    kinds = [r for r in rows if r["threads"] == 1 and r["case"] == ILL_CASE]
+    best = [r for r in kinds if r["method"].startswith("dxopt") and "x_raw" in r]
+    if best:
+        r = min(best, key=lambda r: r["x_raw"])
+        label = f"{ILL_CASE}: best dxopt fwd+bwd ({r['method']}) / raw daqp loop"
+        out.append(_target(label, r["x_raw"], BATCH_TARGET))
     batch = [r for r in rows if r["threads"] == 1 and r["case"] == "128 x n=50"]
     best = [r for r in batch if r["method"].startswith("dxopt") and "x_raw" in r]
     if best:
@@ -525,19 +550,21 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", str(max(threads)))
     start, load0 = time.perf_counter(), os.getloadavg()[0]
     rows: list[dict[str, Any]] = []
-    # (batch, n, m, p, rounds)
+    # (batch, n, m, p, rounds, kind)
     if args.quick:
-        plan = [(1, 10, 5, 0, args.rounds or 20), (16, 20, 20, 10, args.rounds or 3)]
+        plan = [(1, 10, 5, 0, args.rounds or 20, ""), (16, 20, 20, 10, args.rounds or 3, "")]
     else:
         plan = [
-            (1, 10, 5, 0, args.rounds or 100),
-            (128, 50, 50, 25, args.rounds or 21),
-            (1024, 20, 20, 10, args.rounds or 3),
-            (1024, 100, 100, 50, args.rounds or 2),
+            (1, 10, 5, 0, args.rounds or 100, ""),
+            (128, 50, 50, 25, args.rounds or 21, ""),
+            (128, 50, 50, 25, args.rounds or 21, "ill-conditioned"),
+            (1024, 20, 20, 10, args.rounds or 3, ""),
+            (1024, 100, 100, 50, args.rounds or 2, ""),
         ]
     for t in threads:
-        for batch, n, m, p, rounds in plan:
-            rows += run_case(batch, n, m, p, t, rounds, qpth=not (args.quick and batch == 1))
+        for batch, n, m, p, rounds, kind in plan:
+            quick_tiny = args.quick and batch == 1
+            rows += run_case(batch, n, m, p, t, rounds, qpth=not quick_tiny, kind=kind)
             print(f"done {batch} x n={n} at {t} threads", flush=True)
         rows += run_qptl(t, args.rounds or (5 if args.quick else 21))
         print(f"done {QPTL_CASE} at {t} threads", flush=True)
@@ -563,7 +590,7 @@ def main(argv: list[str] | None = None) -> None:
         "dense": dense,
     }
     write_json(out / f"qp_speed{suffix}.json", payload)
-    rounds = ", ".join(f"{r} ({b} x n={n})" for b, n, _, _, r in plan)
+    rounds = ", ".join(f"{r} ({b} x n={n}{' ' + k if k else ''})" for b, n, _, _, r, k in plan)
     text = section(rows, dense, dense_note, info, load, line, rounds, quick=args.quick) + (
         f"\nWhole run: {duration:.0f} s.\n"
     )

@@ -5,18 +5,26 @@
   from ``(5, 0)`` to the origin by a condensed MPC of horizon ``T`` (``n = T`` inputs,
   ``|u| <= 1`` and ``|position| <= 6`` over the horizon, ``m = 4T`` rows), one QP per step,
   the first input applied; consecutive QPs differ only in the initial state. Warm: each step
-  starts from the previous step's solution.
+  starts from the previous step's solution (daqp's ``dual_start`` at ``n <= 64``, the
+  compiled dual active-set solver's warm working set above). Horizons 30 and 80: at
+  ``T = 30`` a step's solve is a fraction of a millisecond and sits at the per-call floor
+  (validation, certificate, outputs), so little is left for a warm start to save; at
+  ``T = 80`` (``m = 320``) the cold solve builds a working set of dozens of rows, which is
+  most of the step.
 - **DFL training epochs**: a linear cost model trained with QPTL's regret loss
-  (:mod:`benchmarks.qp_speed.qptl`: PyEPO's 5 x 5 shortest-path LP with ``eps/2 ||x||^2``,
-  40 arcs, flow rows and ``0 <= x <= 1``) by SGD, mini-batches of 32, forward and backward
-  per batch. Warm: each batch starts from the previous epoch's solution of the same batch.
+  (:mod:`benchmarks.qp_speed.qptl`: PyEPO's ``side x side`` shortest-path LP with
+  ``eps/2 ||x||^2``, flow rows and ``0 <= x <= 1``) by SGD, mini-batches of 32, forward and
+  backward per batch. Warm: each batch starts from the previous epoch's solution of the same
+  batch (the compiled solver's warm working sets). Sides 5 (40 arcs, PyEPO's size: the
+  backward and the per-call costs weigh as much as the solve) and 8 (112 arcs, 224 bound rows:
+  the solve is the larger part of the step).
 
 Both loops follow the same trajectory cold and warm (the answers agree to the certificate's
 tolerance: the script checks ``max |x_warm - x_cold|``). Reported per loop: the median over
 rounds of the whole loop's seconds, cold / warm (above 1: the warm start pays).
 
-Run ``python -m benchmarks.qp_speed.warm_start [--rounds R]``; writes
-``results/warm_start.json`` and ``.md``.
+Run ``python -m benchmarks.qp_speed.warm_start [--rounds R] [--horizons 30,80]
+[--sides 5,8]``; writes ``results/warm_start.json`` and ``.md``.
 """
 
 from __future__ import annotations
@@ -82,10 +90,11 @@ def mpc_loop(data: dict[str, Any], steps: int, warm: bool) -> tuple[float, np.nd
 
 
 def dfl_loop(
-    epochs: int, warm: bool, *, n_samples: int = 128, batch: int = 32
+    epochs: int, warm: bool, *, n_samples: int = 128, batch: int = 32, side: int = 5
 ) -> tuple[float, Any]:
-    """Seconds of ``epochs`` QPTL training epochs (solve + backward only) and the weights."""
-    A, b = grid_incidence()
+    """Seconds of ``epochs`` QPTL training epochs (solve + backward only) on the ``side x
+    side`` grid and the weights."""
+    A, b = grid_incidence(side)
     n = A.shape[1]
     rng = np.random.default_rng(0)
     features = torch.tensor(rng.normal(size=(n_samples, 5)))
@@ -118,39 +127,45 @@ def dfl_loop(
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--horizon", type=int, default=30)
+    parser.add_argument("--horizons", default="30,80", help="MPC horizons, comma-separated")
     parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--sides", default="5,8", help="DFL grid sides, comma-separated")
     parser.add_argument("--epochs", type=int, default=5)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    data = mpc_data(args.horizon)
-    times: dict[str, list[float]] = {
-        k: [] for k in ("mpc_cold", "mpc_warm", "dfl_cold", "dfl_warm")
-    }
-    diff = {"mpc": 0.0, "dfl": 0.0}
-    for warm in (False, True):  # untimed: first-call costs (imports, kernel set-up)
-        mpc_loop(data, 3, warm)
-        dfl_loop(1, warm)
+    horizons = [int(t) for t in args.horizons.split(",") if t]
+    sides = [int(t) for t in args.sides.split(",") if t]
+    loops: list[tuple[str, Any]] = []
+    for T in horizons:
+        data = mpc_data(T)
+        loops.append((f"MPC, horizon {T} (n={T}, m={4 * T}), {args.steps} steps",
+                      lambda warm, data=data: mpc_loop(data, args.steps, warm)))  # fmt: skip
+    for side in sides:
+        arcs = 2 * side * (side - 1)
+        loops.append((f"DFL QPTL {side}x{side} shortest path (n={arcs}), 128 samples, batch 32, "
+                      f"{args.epochs} epochs (fwd+bwd)",
+                      lambda warm, side=side: dfl_loop(args.epochs, warm, side=side)))  # fmt: skip
+    for _, run in loops:  # untimed: first-call costs (imports, kernel set-up)
+        for warm in (False, True):
+            run(warm)
+    times: dict[tuple[int, bool], list[float]] = {(k, w): [] for k in range(len(loops))
+                                                  for w in (False, True)}  # fmt: skip
+    diff = [0.0] * len(loops)
     for r in range(args.rounds):
         order = (False, True) if r % 2 == 0 else (True, False)  # swap who goes first
-        mpc, dfl = {}, {}
-        for warm in order:
-            mpc[warm] = mpc_loop(data, args.steps, warm)
-            dfl[warm] = dfl_loop(args.epochs, warm)
-            tag = "warm" if warm else "cold"
-            times[f"mpc_{tag}"].append(mpc[warm][0])
-            times[f"dfl_{tag}"].append(dfl[warm][0])
-        diff["mpc"] = max(diff["mpc"], float(np.abs(mpc[True][1] - mpc[False][1]).max()))
-        diff["dfl"] = max(diff["dfl"], float((dfl[True][1] - dfl[False][1]).abs().max()))
-    med = {k: statistics.median(v) for k, v in times.items()}
-    rows = [
-        {"loop": f"MPC, horizon {args.horizon} (n={args.horizon}, m={4 * args.horizon}), "
-                 f"{args.steps} steps", "cold_s": med["mpc_cold"], "warm_s": med["mpc_warm"],
-         "ratio": med["mpc_cold"] / med["mpc_warm"], "max_abs_diff": diff["mpc"]},
-        {"loop": f"DFL QPTL 5x5 shortest path, 128 samples, batch 32, {args.epochs} epochs "
-                 "(fwd+bwd)", "cold_s": med["dfl_cold"], "warm_s": med["dfl_warm"],
-         "ratio": med["dfl_cold"] / med["dfl_warm"], "max_abs_diff": diff["dfl"]},
-    ]  # fmt: skip
+        for k, (_, run) in enumerate(loops):
+            got = {}
+            for warm in order:
+                got[warm] = run(warm)
+                times[(k, warm)].append(got[warm][0])
+            a, b = got[True][1], got[False][1]
+            delta = (a - b).abs().max() if isinstance(a, torch.Tensor) else np.abs(a - b).max()
+            diff[k] = max(diff[k], float(delta))
+    rows = []
+    for k, (label, _) in enumerate(loops):
+        cold, warm = statistics.median(times[(k, False)]), statistics.median(times[(k, True)])
+        rows.append({"loop": label, "cold_s": cold, "warm_s": warm, "ratio": cold / warm,
+                     "max_abs_diff": diff[k]})  # fmt: skip
     out = {"rounds": args.rounds, "threads": 1, "torch": torch.__version__, "rows": rows}
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "warm_start.json").write_text(json.dumps(out, indent=2))

@@ -47,12 +47,13 @@ def test_warm_from_previous_solution_equals_cold(batch, solver):
 
 
 def test_batched_warm_start_keeps_the_compiled_batch_solver():
-    """``solver="auto"`` on a batch: the compiled solver runs cold (it is faster than daqp
-    warm), the previous solution is dropped, not turned into a slower route."""
+    """``solver="auto"`` on a batch: the compiled solver keeps the batch, started from the
+    previous solution's working sets (not turned into daqp's slower per-sample route)."""
     P, q, G, h = _problem(8)
     first = dqp.solve(P, q, G=G, h=h)
     warm = dqp.solve(P, q, G=G, h=h, warm_start=first)
     assert first.info.solver == warm.info.solver == "dual_active_set"
+    assert all(warm.info.warm_started) and sum(warm.info.iterations) == 0  # the same problem
     _assert_same(warm, first)
 
 

@@ -22,7 +22,7 @@ def _values(cls: type) -> dict:
         "solver": "daqp", "solve_time": 0.25, "primal_residual": (1e-13,),
         "dual_residual": (3e-13,), "backward": BackwardDiagnostics(method="kkt"),
         "sample_solvers": ("daqp",), "sample_tolerances": (1e-9,), "polished": (True,),
-        "route": "lean_single", "relax_shift": (0.5,),
+        "route": "lean_single", "relax_shift": (0.5,), "iterations": (7,), "warm_started": (True,),
         "x": x, "eq_duals": x + 1, "ineq_duals": x + 2, "status": (QPStatus.SOLVED,),
         "info": info, "lb_duals": x + 3, "ub_duals": x + 4,
     }  # fmt: skip

@@ -42,8 +42,9 @@ def _solve(P, q, C, upper, m, tol=1e-6, max_iter=1000):
     L, Yt = np.zeros((B, n, n)), np.zeros((B, rows, n))
     w = min(n, rows) + 1
     order, LW = np.zeros((B, w), np.int64), np.zeros((B, w, w))
+    cold = np.zeros((B, 0), np.int64)  # no warm working sets
     status, iterations = solve_batch(P, q, C, upper, m, tol, max_iter, lapack_kernels(), X,
-                                     duals, L, Yt, order, LW)  # fmt: skip
+                                     duals, L, Yt, order, LW, cold)  # fmt: skip
     return status, iterations, X, duals, L, Yt, order, LW
 
 

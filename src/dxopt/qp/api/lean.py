@@ -39,21 +39,21 @@ def run_lean_single(
     options: QPOptions,
     method: BackwardMethod,
     layout: tuple[Any, ...],
+    warm_duals: Tensor | None = None,
 ) -> QPSolution:
     """One small dense QP through :mod:`dxopt.qp.lean.small` (a certified point), else the
-    general route."""
+    general route. ``warm_duals``: a previous solution's multipliers of the rows of ``G``
+    (:func:`dxopt.qp.api.solve.warm_duals`), whose working set daqp starts from."""
     solver = route.solver
     point = small_forward(
-        data,
-        options,
-        solver=solver,
-        warm_start=warm_start,
+        data, options, solver=solver, warm_start=warm_start, warm_duals=warm_duals
     )
     if point is None:
         general = declined(route, options, data)
         return run_general(general, data, warm_start, options, method, layout)
     out = _lean_outputs(data, point, method, solver, 1, options.eps_abs, (point.primal,),
-                        (point.dual,), (point.polished,), route.name)  # fmt: skip
+                        (point.dual,), (point.polished,), route.name, (),
+                        (point.iterations,), (point.warm_used,))  # fmt: skip
     return solution(*out, data[2] is not None, *layout)
 
 
@@ -69,6 +69,8 @@ def _lean_outputs(
     polished: tuple[bool, ...],
     route: str,
     sample_solvers: tuple[str, ...] = (),
+    iterations: tuple[int, ...] = (),
+    warm_started: tuple[bool, ...] = (),
 ) -> tuple[Tensor, Tensor, Tensor, tuple[QPStatus, ...], QPInfo]:
     """``(x, eq_duals, ineq_duals, status, info)`` of ``size`` problems solved by a lean route
     (every one certified; ``sample_solvers``: each one's solver, ``solver`` for all when
@@ -76,7 +78,8 @@ def _lean_outputs(
     x, mu, nu = apply_small(*data, solved, method)  # outside torch.func (the router checks)
     info = QPInfo.from_every_field(
         solver, solved.solve_time, primal, dual, solved.diagnostics,
-        sample_solvers or (solver,) * size, (eps_abs,) * size, polished, route,
+        sample_solvers or (solver,) * size, (eps_abs,) * size, polished, route, (), iterations,
+        warm_started,
     )  # fmt: skip
     return x, mu, nu, (QPStatus.SOLVED,) * size, info
 
@@ -88,10 +91,12 @@ def run_lean_batch(
     options: QPOptions,
     method: BackwardMethod,
     layout: tuple[Any, ...],
+    warm_duals: Tensor | None = None,
 ) -> QPSolution:
     """A batch of dense QPs through :mod:`dxopt.qp.lean.small_batch` (every point certified;
     ``route.compiled``: its compiled solver first; ``route.single``: one problem as a batch of
-    one), else the general route."""
+    one; ``warm_duals``: a previous solution's multipliers of the rows of ``G``, whose working
+    sets the compiled solver and daqp start from), else the general route."""
     batch, eps_abs = route.batch, options.eps_abs
     lean_data = data
     if route.single:
@@ -99,7 +104,8 @@ def run_lean_batch(
     for_backward = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in data)
     sb = small_batch_forward(
         lean_data, batch, eps_abs=eps_abs, eps_rel=options.eps_rel,
-        warm_start=warm_start, compiled=route.compiled, for_backward=for_backward,
+        warm_start=warm_start, warm_duals=warm_duals, compiled=route.compiled,
+        for_backward=for_backward,
     )  # fmt: skip
     if sb is None:
         general = declined(route, options, data)
@@ -107,7 +113,7 @@ def run_lean_batch(
     solver = COMPILED_SOLVER if sb.given.any() else "daqp"
     x, mu, nu, status, info = _lean_outputs(
         lean_data, sb, method, solver, batch, eps_abs, sb.primal, sb.dual, (False,) * batch,
-        route.name, sb.solvers,
+        route.name, sb.solvers, sb.iterations, sb.warm_used,
     )  # fmt: skip
     if route.single:
         x, mu, nu = x[0], mu[0], nu[0]

@@ -124,13 +124,15 @@ def plan(
     method: BackwardMethod,
     *,
     warm_start: Tensor | None,
+    warm_set: bool = False,
 ) -> Route:
     """The route of one :func:`dxopt.qp.solve` call on ``data = (P, q, A, b, G, h)`` (the box
     bounds already rows of ``G``; with an ``executor=``, which takes the bounds as they came:
     ``(P, q, A, b, G, h, lb, ub)``), its checked ``options`` and its backward
     ``method`` (module docstring). Raises the errors of the checks a route needs
     (``executor=`` under torch.func; a bad ``warm_start`` or invalid inputs on the device
-    route, which validates the problem to decide)."""
+    route, which validates the problem to decide). ``warm_set``: the warm start carries a
+    working set (a previous solution's multipliers), which the compiled solver takes."""
     solver = options.solver
     if options.executor is not None:
         _refuse_executor_under_func(options.executor, data)
@@ -150,8 +152,9 @@ def plan(
         and options.max_workers is None
         and (solver == "auto" or solver == "daqp" or solver == COMPILED_SOLVER)
     ):
-        # the compiled solver takes no warm start; one problem runs on it as a batch of one
-        compiled = solver != "daqp" and warm_start is None
+        # the compiled solver takes a warm working set, not a primal point; one problem runs
+        # on it as a batch of one
+        compiled = solver != "daqp" and (warm_start is None or warm_set)
         batch = small_batch_inputs(*data, max_n=None if compiled else SMALL_MAX_N)
         single = (
             not batch
@@ -176,7 +179,8 @@ def plan(
 def general_solver(solver: str, data: tuple[Any, ...]) -> str:
     """The solver the general route starts with for the requested ``solver``: ``"auto"``
     resolved (:func:`auto_solver`), ``"dual_active_set"`` as daqp (the same method, for what
-    its compiled route does not take: warm starts, options, sparse or non-CPU inputs)."""
+    its compiled route does not take: a primal warm start, options, sparse or non-CPU
+    inputs)."""
     if solver == "auto":
         return auto_solver(data)
     if solver == COMPILED_SOLVER:

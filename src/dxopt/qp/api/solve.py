@@ -34,7 +34,7 @@ from dxopt.qp.problem.types import QPSolution
 if TYPE_CHECKING:
     from dxopt.qp.problem.executor import QPExecutor
 
-__all__ = ["ORDER_NOTE", "solve", "warm_point"]
+__all__ = ["ORDER_NOTE", "solve", "warm_duals", "warm_point"]
 
 ORDER_NOTE = (
     "qpsolvers and qpth take (P, q, G, h, A, b) while dxopt's old positional order was (P, q, "
@@ -56,13 +56,12 @@ def _solve_eagerly(*args: Any, **kwargs: Any) -> QPSolution:
 def warm_point(warm_start: object, options: QPOptions) -> Tensor | None:
     """The primal point of a previous :class:`QPSolution` given as ``warm_start`` (detached:
     a warm start carries no gradient). daqp, on the lean paths and in the fallback chain,
-    takes its initial working set from the constraints active at that point, the previous
-    solve's active set; a warm start that fails is retried cold
+    takes its initial working set from the constraints active at that point on the general
+    route; a warm start that fails is retried cold
     (:meth:`dxopt.qp.solvers.chain.FallbackChain.point`), and the answer is certified as a
     cold one. ``None`` for a batched solution with ``solver="auto"`` or
-    ``"dual_active_set"``: the compiled batch solver takes no warm start, and it runs a batch
-    cold faster than daqp runs it warm (``benchmarks/qp_speed/warm_start.py``, the DFL
-    loop), so the warm start is dropped there rather than paid for."""
+    ``"dual_active_set"``: the compiled batch solver takes no primal point; it starts from the
+    solution's working set instead (:func:`warm_duals`), as daqp does on the lean routes."""
     if isinstance(warm_start, QPSolution):
         if warm_start.x.ndim > 1 and options.solver in ("auto", "dual_active_set"):
             return None
@@ -71,6 +70,25 @@ def warm_point(warm_start: object, options: QPOptions) -> Tensor | None:
         f"warm_start: expected a tensor (n,) or (B, n) or a previous dxopt.qp.QPSolution, got "
         f"{type(warm_start).__name__}. Pass sol.x or the solution itself."
     )
+
+
+def warm_duals(warm_start: QPSolution) -> Tensor | None:
+    """A previous solution's multipliers of the inequality rows in the order the bounds are
+    appended to ``G`` (:func:`dxopt.qp.api.bounds.append_bounds`: ``G``'s rows, then the finite
+    ``lb`` and ``ub`` entries), detached; their positive entries are the working set the lean
+    routes' active-set solvers start from (daqp's ``dual_start``, the compiled solver's warm
+    rows; :func:`dxopt.qp.lean.small_batch.warm_rows`). ``None`` without inequality rows. A
+    solution of another problem's shape gives multipliers of another length, which the lean
+    routes do not use (a cold start)."""
+    parts = [t for t in (warm_start.ineq_duals, warm_start.lb_duals, warm_start.ub_duals)
+             if t is not None]  # fmt: skip
+    if not parts:
+        return None
+    if len(parts) == 1:
+        return parts[0].detach()
+    if len({t.shape[:-1] for t in parts}) > 1:
+        return None
+    return torch.cat([t.detach() for t in parts], -1)
 
 
 def _refuse_vectors(A: object, G: object) -> None:
@@ -148,17 +166,19 @@ def solve(
             daqp's proximal iterations there, :func:`dxopt.qp.solvers.forward.routes_lp_to_piqp`),
             and on the CPU ``"daqp"`` for one dense problem with n <= 64 (or with
             options the lean paths do not take), else, for a dense batch or one dense problem
-            with n > 64 with the default options and no warm start, the compiled dual
+            with n > 64 with the default options (a warm start from a previous solution
+            included: its working set), the compiled dual
             active-set solver of :mod:`dxopt.qp.solvers.dual_active_set` (``info.solver ==
             "dual_active_set"``; daqp for any sample it does not solve, named in
             ``info.sample_solvers``; its backward reuses the solver's factors). Fastest in our
             measurements (see :func:`dxopt.qp.solvers.forward.default_solver`).
             ``"dual_active_set"``
             names that compiled solver for any dense CPU problem or batch with the default
-            options and no warm start (one problem with n <= 64 runs as a batch of one: some
+            options (one problem with n <= 64 runs as a batch of one: some
             0.23 ms fwd+bwd at n = 10 against 0.1 ms on ``"auto"``'s daqp lean path, which is
             why ``"auto"`` keeps daqp there); daqp, the same method, solves
-            what it does not take (warm starts, ``solver_options``, sparse or non-CPU inputs,
+            what it does not take (a primal guess as warm start, ``solver_options``, sparse
+            or non-CPU inputs,
             ``max_workers``) and ``info.solver`` then says ``"daqp"``. Any other name is
             refused with the list of installed backends.
         eps_abs, eps_rel: solver tolerances, mapped to each backend's own settings (daqp is an
@@ -171,9 +191,12 @@ def solve(
             which samples failed).
         warm_start: initial primal guess ``(n,)`` or ``(B, n)`` (backends that support it), or
             a previous :class:`QPSolution` of a problem of the same shape (its ``x``,
-            detached; :func:`warm_point`). daqp starts from the working set active at that
-            point; a failed warm start is retried cold, and the certificate is the cold
-            one's, so a bad warm start costs time, never accuracy.
+            detached; :func:`warm_point`). On the lean routes daqp and the compiled dual
+            active-set solver start from that solution's working set (its rows of positive
+            multiplier, :func:`warm_duals`), on the general route daqp from the rows active
+            at its point; a failed warm start is retried cold, and the certificate is the
+            cold one's, so a bad warm start costs time, never accuracy. ``info.iterations``
+            and ``info.warm_started`` say what it saved on the lean routes.
         max_workers: threads over the batch (``None``: serial loop, the measured winner on
             small problems).
         solver_options: extra keyword arguments for the backend.
@@ -294,7 +317,10 @@ def solve_with(
         if options.on_failure == "warn" and not all(s.ok for s in sol.status):
             handle_failure("warn", unsolved_message(sol.info.solver, sol.status), stacklevel=3)
         return sol
+    duals = None
     if warm_start is not None and not isinstance(warm_start, Tensor):
+        if isinstance(warm_start, QPSolution):
+            duals = warm_duals(warm_start)
         warm_start = warm_point(warm_start, options)
     if torch.compiler.is_compiling():  # the custom op, else a graph break
         if route is None and compiles(options):
@@ -321,14 +347,14 @@ def solve_with(
         G, h, k_lb, k_ub = append_bounds(q, G, h, lb, ub, sparse=sparse)
     data = (P, q, A, b, G, h)
     layout = (m_user, lb, ub, k_lb, k_ub)
-    planned = plan(data, options, method, warm_start=warm_start)
+    planned = plan(data, options, method, warm_start=warm_start, warm_set=duals is not None)
     if route == "general" and planned.name != "general":
         planned = declined(planned, options, data)
     name = planned.name
     if name == "lean_single":
-        return run_lean_single(planned, data, warm_start, options, method, layout)
+        return run_lean_single(planned, data, warm_start, options, method, layout, duals)
     if name == "lean_batch":
-        return run_lean_batch(planned, data, warm_start, options, method, layout)
+        return run_lean_batch(planned, data, warm_start, options, method, layout, duals)
     if name == "device":
         return _run_device(planned, data, options, layout)
     return run_general(planned, data, warm_start, options, method, layout)

@@ -49,6 +49,8 @@ class SmallPoint:
     primal: float = 0.0
     dual: float = 0.0
     outputs: Any = None  # copies of (x, mu, nu) for the caller (theirs to change)
+    iterations: int = 0  # the solver's working-set changes (daqp's count)
+    warm_used: bool = False  # whether the answer is the warm start's
 
     @property
     def G(self) -> np.ndarray | None:
@@ -103,6 +105,8 @@ class SmallBatch:
     order_given: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.int64))
     LW_given: np.ndarray = field(default_factory=lambda: np.zeros((0, 0, 0)))
     accuracy_given: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    iterations: tuple[int, ...] = ()  # each sample's working-set changes (its solver's count)
+    warm_used: tuple[bool, ...] = ()  # whether each sample's answer is its warm start's
 
     def arrays(self, samples: np.ndarray) -> tuple[Any, ...]:
         """``(P, q, A, b, G, h)`` of ``samples`` as the caller gave them (shared ones without

@@ -124,11 +124,15 @@ def small_forward(
     *,
     solver: str = "daqp",
     warm_start: Tensor | None = None,
+    warm_duals: Tensor | None = None,
 ) -> SmallPoint | None:
     """Solve and certify one small QP ``data = (P, q, A, b, G, h)`` (:func:`small_inputs`
     holds) with ``solver`` (a lean backend of :mod:`dxopt.qp.solvers.backends`; ``"auto"``
     already resolved) at ``options``' tolerances and polish, started from ``warm_start`` (an
-    ``(n,)`` CPU tensor; anything else: the general path validates it), or ``None`` for the
+    ``(n,)`` CPU tensor; anything else: the general path validates it) or, for daqp, from the
+    working set of a previous solve's multipliers ``warm_duals`` of the rows of ``G``
+    (``(m,)``; daqp's ``dual_start``, the rows of positive multiplier; another shape: unused);
+    a failed warm daqp solve is solved again cold. ``None`` for the
     general path (module docstring). ``options`` also travel in the point, for the general
     path's state where the lean backward declines."""
     q = data[1]
@@ -167,11 +171,17 @@ def small_forward(
     entry = backend(solver)
     start = time.perf_counter()
     polished = False
+    iterations, warm_used = 0, False
     if entry.call == "daqp":
-        solved = _daqp_point(Pn, qn, C, upper, m, start_x, eps_abs)
+        dual_start = None
+        if warm_duals is not None and warm_duals.shape == (m,) and m:
+            lam = _array(warm_duals)
+            lam = np.where(lam > 0.0, lam, 0.0)  # the rows of positive multiplier (NaN: none)
+            dual_start = np.concatenate((lam, np.zeros(p))) if p else lam
+        solved = _daqp_point(Pn, qn, C, upper, m, start_x, dual_start, eps_abs)
         if solved is None:
             return None
-        x, duals = solved
+        x, duals, iterations, warm_used = solved
         working = _NO_ROWS  # daqp: the working set is read off the multipliers (nu > 0)
     else:
         # own arrays for the backend, as the general path's (views of C change the rounding
@@ -198,7 +208,7 @@ def small_forward(
                           exact=entry.exact_working_set)  # fmt: skip
     return SmallPoint(Pn, qn, C, upper, x, duals, working, g_inf, dtype, options, solver, given,
                       start_x, polished, BackwardDiagnostics(), time.perf_counter() - start,
-                      primal, dual, outputs)  # fmt: skip
+                      primal, dual, outputs, iterations, warm_used)  # fmt: skip
 
 
 def _select(
@@ -291,17 +301,32 @@ def _daqp_point(
     upper: np.ndarray,
     m: int,
     start_x: Any,
+    dual_start: Any,
     eps_abs: float,
-) -> tuple[np.ndarray, np.ndarray] | None:
-    """daqp's point ``(x, multipliers of [G; A])`` with ``eps_prox = 0`` (its Cholesky
-    certifies ``P``); ``None`` unless it solved."""
+) -> tuple[np.ndarray, np.ndarray, int, bool] | None:
+    """daqp's point ``(x, multipliers of [G; A], iterations, warm)`` with ``eps_prox = 0``
+    (its Cholesky certifies ``P``), started from ``dual_start``'s working set (the rows of
+    positive multiplier), else from ``start_x``; a warm solve that fails is solved again cold
+    (``warm`` False; ``iterations``: both attempts'). ``None`` unless it solved."""
     lower, sense = daqp_bounds(m, C.shape[0] - m)
-    x, _, flag, info = daqp_module().solve(
-        Pn, qn, C, upper, lower, sense, primal_start=start_x, primal_tol=eps_abs, eps_prox=0.0
-    )
+    solve = daqp_module().solve
+    if dual_start is not None:
+        start_x = None
+    warm = start_x is not None or dual_start is not None
+    x, _, flag, info = solve(
+        Pn, qn, C, upper, lower, sense, primal_start=start_x, dual_start=dual_start,
+        primal_tol=eps_abs, eps_prox=0.0,
+    )  # fmt: skip
+    iterations = int(info["iterations"])
+    if warm and flag != 1 and flag != 2:  # the warm start failed: cold
+        warm = False
+        x, _, flag, info = solve(
+            Pn, qn, C, upper, lower, sense, primal_tol=eps_abs, eps_prox=0.0
+        )  # fmt: skip
+        iterations += int(info["iterations"])
     if flag != 1 and flag != 2:  # not solved, or P not positive definite: the general path
         return None
-    return x, info["lam"]
+    return x, info["lam"], iterations, warm
 
 
 def _polished_point(

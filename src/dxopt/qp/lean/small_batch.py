@@ -4,10 +4,12 @@
 A batch of ``B`` dense CPU problems (every input batched along its first axis or shared by all
 samples) with the default options (no thread pool) and a method
 :func:`~dxopt.qp.lean.lean_check.lean_method` accepts: with ``solver="daqp"`` (warm starts allowed)
-``n <= SMALL_MAX_N``; with ``"auto"`` and no warm start any ``n`` whose buffers fit the pool,
+``n <= SMALL_MAX_N``; with ``"auto"`` and no warm start, or one from a previous solution (its
+working set), any ``n`` whose buffers fit the pool,
 and one problem with ``n > SMALL_MAX_N`` as a batch of one, solved by the compiled dual
 active-set solver of :mod:`dxopt.qp.solvers.dual_active_set` (daqp for the samples it does not
-solve; the backward reuses its factors). It runs as one compiled kernel over the batch
+solve or whose point does not certify; the backward reuses its factors). It runs as one
+compiled kernel over the batch
 (:func:`dxopt.qp.solvers.kernels.batch.prepare_batch`: the checks and daqp's layout), the solver
 (one kernel, or one :func:`daqp.solve` per sample with ``eps_prox = 0``: either's Cholesky
 certifies ``P``), one kernel for
@@ -49,6 +51,7 @@ from dxopt.qp.lean.lean_check import SMALL_MAX_N, SYMMETRY_TOL
 from dxopt.qp.lean.records import SmallBatch
 from dxopt.qp.lean.small import daqp_bounds, daqp_module
 from dxopt.qp.lean.small_backward import cotangent_array, record_diagnostics, regular_settings
+from dxopt.qp.lean.warm import warm_rows
 from dxopt.qp.problem.canonical import canonical_problem
 from dxopt.qp.problem.contracts import BackwardMethod, ForwardFactors, ForwardResult, QPState
 from dxopt.qp.problem.options import COMPILED_SOLVER
@@ -135,14 +138,19 @@ def small_batch_forward(
     eps_abs: float,
     eps_rel: float,
     warm_start: Tensor | None = None,
+    warm_duals: Tensor | None = None,
     compiled: bool = False,
     for_backward: bool = False,
 ) -> SmallBatch | None:
     """Solve and certify the batch ``data = (P, q, A, b, G, h)`` (:func:`small_batch_inputs`
     is ``batch``) with daqp, each sample started from its row of ``warm_start`` (a CPU
     tensor ``(B, n)``, or ``(n,)`` for all; anything else: the general path validates it),
-    or ``None`` for the general path (module docstring). ``compiled`` (without a warm start):
-    the compiled dual active-set solver of :mod:`dxopt.qp.solvers.dual_active_set` first, daqp for
+    or ``None`` for the general path (module docstring). ``warm_duals``: a previous solve's
+    multipliers of the rows of ``G`` (``(B, m)`` or ``(m,)``; :func:`warm_rows`), whose
+    positive entries are each sample's warm working set, for the compiled solver and daqp
+    (``dual_start``); a warm start that fails is solved again cold. ``compiled``: the compiled
+    dual active-set solver of :mod:`dxopt.qp.solvers.dual_active_set` first (warm only from
+    ``warm_duals``: it takes no primal point), daqp for
     the samples it does not solve; the backward reuses its factors and, with
     ``for_backward`` (a backward is likely: some input requires grad), the accuracies of their
     active sets, which the certificate finds from its own residuals at little cost."""
@@ -167,7 +175,8 @@ def small_batch_forward(
         elif v.ndim == base:
             views[i] = np.broadcast_to(v, (batch, *v.shape))
     m, p = views[4].shape[1], views[2].shape[1]
-    use_compiled = compiled and starts is None
+    rows = warm_rows(warm_duals, batch, m, p)
+    use_compiled = compiled and (starts is None or rows is not None)
     Pn, qn, C, upper, g_inf, L_given, Y_given, order, LW = _workspace(batch, n, m, p, use_compiled)
     empty = (data[2] is not None and not p, data[4] is not None and not m)  # given, no rows
     X, duals = np.empty((batch, n)), np.empty((batch, m + p))
@@ -178,13 +187,16 @@ def small_batch_forward(
     start = time.perf_counter()
     sym_tol = SYMMETRY_TOL[q.dtype]
     accuracy = np.empty(batch if use_compiled and for_backward else 0)
+    iterations = np.zeros(batch, np.int64)
+    warm_used = np.zeros(batch, np.bool_)
     if use_compiled:  # checks, solve and certificate sample by sample (one kernel)
         with blas_threads(1):
             status, solved, ok = forward_batch(
                 *views, sym_tol, Pn, qn, C, upper, g_inf, eps_abs,
                 _MAX_ITER_PER_ROW * (m + p) + 20, lapack_kernels(), X, duals, L_given, Y_given,
                 order, LW, eps_abs, rel, ROUNDOFF, Xo, MU, NU, primal, dual, accuracy,
-                LEAN_MARGIN_FLOOR,
+                LEAN_MARGIN_FLOOR, np.zeros((batch, 0), np.int64) if rows is None else rows[1],
+                iterations, warm_used,
             )  # fmt: skip
         if status or not ok:  # a failed check (NaN/Inf, asymmetric P, a zero row of G: the
             return None  # general path's rules and errors), or a point that does not certify
@@ -197,14 +209,24 @@ def small_batch_forward(
     lower, sense = daqp_bounds(m, p)
     solve = daqp_module().solve
     for i in rest.tolist():
-        init = None if starts is None else starts[i]
+        init = None if starts is None or rows is not None else starts[i]
+        dual_start = None if rows is None else rows[0][i]
         x, _, flag, info = solve(
-            Pn[i], qn[i], C[i], upper[i], lower, sense, primal_start=init, primal_tol=eps_abs,
-            eps_prox=0.0,
+            Pn[i], qn[i], C[i], upper[i], lower, sense, primal_start=init, dual_start=dual_start,
+            primal_tol=eps_abs, eps_prox=0.0,
         )  # fmt: skip
+        used = init is not None or dual_start is not None
+        if used and flag != 1 and flag != 2:  # the warm start failed: cold
+            iterations[i] += info["iterations"]
+            x, _, flag, info = solve(
+                Pn[i], qn[i], C[i], upper[i], lower, sense, primal_tol=eps_abs, eps_prox=0.0
+            )  # fmt: skip
+            used = False
         if flag != 1 and flag != 2:  # not solved, or P not positive definite
             return None
         X[i], duals[i] = x, info["lam"]
+        iterations[i] += info["iterations"]
+        warm_used[i] = used
     if rest.size and not certify_batch(
         Pn, qn, C, upper, m, X, duals, g_inf, eps_abs, rel, ROUNDOFF, rest, Xo, MU, NU, primal,
         dual,
@@ -218,6 +240,7 @@ def small_batch_forward(
     out.solvers = solvers
     out.L_given, out.Y_given, out.given = L_given, Y_given, given
     out.order_given, out.LW_given, out.accuracy_given = order, LW, accuracy
+    out.iterations, out.warm_used = tuple(iterations.tolist()), tuple(warm_used.tolist())
     out.solve_time = time.perf_counter() - start
     return out
 

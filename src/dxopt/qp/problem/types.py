@@ -135,6 +135,12 @@ class QPInfo:
             smallest constraint shift of a sample solved as its closest feasible problem
             (status ``RELAXED``, ``infeasible="relax"``; :mod:`dxopt.qp.api.relax`), ``0.0``
             for the other samples; empty when no sample was relaxed.
+        iterations: per sample, the active-set solver's working-set changes on the lean
+            routes (daqp's iteration count, or the compiled solver's; a warm start that failed
+            and was solved again cold: both attempts'); empty on the other routes.
+        warm_started: per sample, whether the answer is a warm start's (``warm_start=``
+            given and its attempt solved and certified; else it was solved cold); empty on
+            the routes that do not record it (the general and device routes).
     """
 
     solver: str
@@ -147,6 +153,8 @@ class QPInfo:
     polished: tuple[bool, ...] = ()
     route: str = "general"
     relax_shift: tuple[float, ...] = ()
+    iterations: tuple[int, ...] = ()
+    warm_started: tuple[bool, ...] = ()
 
     @property
     def degenerate(self) -> tuple[bool, ...]:
@@ -167,6 +175,8 @@ class QPInfo:
         polished: tuple[bool, ...],
         route: str,
         relax_shift: tuple[float, ...] = (),
+        iterations: tuple[int, ...] = (),
+        warm_started: tuple[bool, ...] = (),
     ) -> QPInfo:
         """What ``QPInfo(...)`` makes of every field, without the frozen dataclass's
         ``object.__setattr__`` per field (1.8 against 0.4 us: the lean paths' per-call cost;
@@ -176,7 +186,7 @@ class QPInfo:
             solver=solver, solve_time=solve_time, primal_residual=primal_residual,
             dual_residual=dual_residual, backward=backward, sample_solvers=sample_solvers,
             sample_tolerances=sample_tolerances, polished=polished, route=route,
-            relax_shift=relax_shift,
+            relax_shift=relax_shift, iterations=iterations, warm_started=warm_started,
         )  # fmt: skip
         return info
 

@@ -47,6 +47,18 @@ of infeasibility, or more than ``max_iter`` working-set changes. What it returns
 trusted either: the caller certifies every point
 (:func:`dxopt.qp.solvers.kernels.batch.certify_batch`).
 
+**Warm starts.** The method is a primal active-set method on the dual, which converges from
+any dual-feasible start whose support lies in the working set. A warm working set (a previous
+solve's, ``warm``) joins after the equalities through the same :func:`_add` (a row dependent on
+those before it is skipped) with zero multipliers, a dual-feasible start; the first subspace
+minimiser then either keeps every inequality multiplier non-negative (a correct guess: no
+working-set change is left but the joins the problem still needs) or removes, at step length
+zero, the rows whose multipliers it would turn negative, one at a time. A wrong guess costs
+those removals, never the answer: the point is the same unique minimiser (``P`` positive
+definite), and the caller certifies it as a cold one (and solves cold again when a warm solve
+fails, :func:`dxopt.qp.solvers.kernels.batch.forward_batch`). ``iterations`` counts the changes
+made after the warm rows joined.
+
 The factors :math:`L` (LAPACK ``dpotrf``) and :math:`Y = L^{-1}C^\\top` (BLAS ``dtrsm``) are
 what the block elimination of :func:`dxopt.linalg.small.schur_factor_small` starts from, so
 the lean backward takes them instead of factoring ``P`` again.
@@ -71,13 +83,22 @@ from dxopt.linalg.small import (
 )
 from dxopt.qp.certify.tolerances import DAS_DEPENDENT, DAS_REFINE_STEPS
 
-__all__ = ["SOLVE_STATUS", "solve_batch", "solve_one"]
+__all__ = ["NOT_CERTIFIED", "SOLVE_STATUS", "solve_batch", "solve_one"]
 
 _jit: Any = njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
 
-SOLVE_STATUS = ("solved", "factorization", "dependent equality", "infeasible", "iterations")
+SOLVE_STATUS = (
+    "solved",
+    "factorization",
+    "dependent equality",
+    "infeasible",
+    "iterations",
+    "not certified",
+)
 """What :func:`solve_batch`'s status code means: 0 solved; otherwise the caller solves the
-sample another way."""
+sample another way (``"not certified"``, :data:`NOT_CERTIFIED`: set by
+:func:`dxopt.qp.solvers.kernels.batch.forward_batch` for a point whose certificate fails)."""
+NOT_CERTIFIED = 5
 
 _EQ_GRAM = 2048  # p^2 n from which the equality rows join through their Gram matrix
 
@@ -248,8 +269,11 @@ def solve_one(
     Yt: np.ndarray,
     order_out: np.ndarray,
     LW_out: np.ndarray,
+    warm: np.ndarray,
 ) -> tuple[int, int]:
-    """``(status, iterations)`` of one problem (module docstring); writes ``x``, the
+    """``(status, iterations)`` of one problem (module docstring), started from the
+    inequality rows of ``warm`` (int64 row indices, ``-1`` or the end closing the list; see
+    *Warm starts* in the module docstring); writes ``x``, the
     multipliers of every row (zero off the working set), ``L``, the rows
     :math:`y_r = L^{-1}c_r` of ``Yt``, the final working set in its order (``order_out``, -1
     after it) and the Cholesky factor of its :math:`S_W` (``LW_out``, (w, w) with
@@ -278,6 +302,13 @@ def solve_one(
     k = _add_equalities(Yt, W, LW, member, m, lapack)
     if k < 0:
         return 2, 0
+    for r in warm:  # a warm working set: its independent inequality rows, multipliers zero
+        if r < 0:
+            break
+        if r < m and not member[r] and _add(Yt, W, LW, k, r):
+            member[r] = True
+            lam[k] = 0.0
+            k += 1
     u = np.zeros(n)
     iterations = 0
     # partial pricing on large problems: between full scans of the m inequality rows, only
@@ -397,6 +428,7 @@ def solve_batch(
     Yt: np.ndarray,
     order: np.ndarray,
     LW: np.ndarray,
+    warm: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:
     """``(status, iterations)`` per sample of the batch ``P`` (B, n, n), ``q`` (B, n), ``C``
     (B, rows, n), ``upper`` (B, rows) in daqp's layout (:data:`SOLVE_STATUS`; working-set
@@ -405,7 +437,8 @@ def solve_batch(
     ``L`` (B, n, n) of ``P``, :math:`Y^\\top = (L^{-1}C^\\top)^\\top` (B, rows, n), the
     final working set in its order (``order`` (B, w), -1 after it; ``w = min(n, rows) + 1``)
     and the lower Cholesky factor of its :math:`S_W` (``LW`` (B, w, w)), which the backward
-    takes when its active set is the working set. ``lapack``:
+    takes when its active set is the working set. ``warm`` (B, k) int64: each sample's warm
+    working set for :func:`solve_one` (``(B, 0)``: cold). ``lapack``:
     :func:`dxopt.linalg.small.lapack_kernels`."""
     B = q.shape[0]
     status = np.zeros(B, np.int64)
@@ -413,6 +446,6 @@ def solve_batch(
     for i in range(B):
         status[i], iterations[i] = solve_one(
             P[i], q[i], C[i], upper[i], m, primal_tol, max_iter, lapack, X[i], duals[i], L[i],
-            Yt[i], order[i], LW[i],
+            Yt[i], order[i], LW[i], warm[i],
         )  # fmt: skip
     return status, iterations
