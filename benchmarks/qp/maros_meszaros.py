@@ -90,6 +90,12 @@ def _task(kind: str, name: str, seed: int, accept_tol: float, extra: Any = None)
         return mme.fd_evidence(prob, seed)
     if kind == "piece":
         return mme.piece_evidence(prob, seed, *extra)
+    if kind == "kkt":  # the exact judge (extra: dxopt's gradient and solution)
+        from dataclasses import asdict
+
+        from benchmarks.qp.mm_kkt_judge import judge
+
+        return asdict(judge(prob, seed, *extra))
     if kind == "dxopt":
         from benchmarks.qp.mm_dxopt import run_dxopt
 
