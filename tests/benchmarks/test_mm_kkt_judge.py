@@ -117,3 +117,24 @@ def test_fixed_pair_is_one_equality_row():
     assert v.verdict == K.MATCH and v.n_pairs == 1, v
     bad = {**grads, "q": grads["q"] + np.array([0.0, 0.0, 0.3])}
     assert K.judge(prob, 0, bad, x, solvers=()).verdict == K.WRONG
+
+
+def _have_data() -> bool:
+    try:
+        mmp.data_dir()
+    except FileNotFoundError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _have_data(), reason=f"no Maros-Meszaros data (${mmp.DATA_ENV})")
+def test_a_real_problem_matches_and_its_scaled_gradient_is_wrong():
+    from benchmarks.qp.mm_dxopt import run_dxopt
+
+    prob = mmp.load("HS76")
+    dx = run_dxopt(prob, 0, accept_tol=1e-6, repeats=1)
+    assert dx["status"] == "ok", dx
+    v = K.judge(prob, 0, dx["grads"], dx["x"])
+    assert v.verdict == K.MATCH and max(v.rel_error) < 1e-6, v
+    bad = {k: 1.05 * g for k, g in dx["grads"].items()}
+    assert K.judge(prob, 0, bad, dx["x"]).verdict == K.WRONG
