@@ -17,7 +17,10 @@ process with a time limit (a hang or a crash is recorded, never stops the run):
   the exact reduced-KKT reference gradient where the active set is verified
   (:func:`benchmarks.qp.mm_evidence.reference_gradient`); a flagged gradient judged ``wrong``
   there gets the piece check (:func:`judge_piece`: B-subdifferential membership at a nearby
-  point of its piece).
+  point of its piece);
+- the exact judge of :mod:`benchmarks.qp.mm_kkt_judge` (``kkt_verdict``, ``kkt_why``): the
+  KKT derivative on an active set verified with strict-complementarity margins; a ``wrong``
+  there also counts as silently wrong when dxopt did not flag the sample.
 
 The finite-difference evidence does not depend on dxopt and is cached per problem (``--cache``)
 so that the same problems can be judged against two versions of the code (``--label before``
@@ -90,6 +93,12 @@ def _task(kind: str, name: str, seed: int, accept_tol: float, extra: Any = None)
         return mme.fd_evidence(prob, seed)
     if kind == "piece":
         return mme.piece_evidence(prob, seed, *extra)
+    if kind == "kkt":  # the exact judge (extra: dxopt's gradient and solution)
+        from dataclasses import asdict
+
+        from benchmarks.qp.mm_kkt_judge import judge
+
+        return asdict(judge(prob, seed, *extra))
     if kind == "dxopt":
         from benchmarks.qp.mm_dxopt import run_dxopt
 
@@ -284,7 +293,13 @@ def run_problem(name: str, args: argparse.Namespace) -> dict[str, Any]:
             rec["ref_why"] = ref.get("why", "")
             if x is not None and ev.get("x0") is not None:
                 rec["x_diff"] = float(np.abs(x - ev["x0"]).max() / (1 + np.abs(ev["x0"]).max()))
-    rec["silently_wrong"] = rec["verdict"] == J.WRONG and not rec["flagged"]
+    if status == "ok" and grads is not None:  # the exact judge (benchmarks.qp.mm_kkt_judge)
+        kkt, _ = isolated("kkt", name, args.seed, 0.0, args.fd_timeout, extra=(grads, x))
+        rec["kkt_verdict"] = kkt.get("verdict", J.NO_VERDICT)
+        rec["kkt_why"] = str(kkt.get("why", kkt.get("status", "")))[:300]
+        rec["kkt_rel_error"] = kkt.get("rel_error")
+    wrong = J.WRONG in (rec["verdict"], rec.get("kkt_verdict"))
+    rec["silently_wrong"] = wrong and not rec["flagged"]
     return rec
 
 

@@ -330,6 +330,9 @@ def test_quick_cli_run_writes_json_and_table(tmp_path):
     assert summary["verdicts"][J.MATCH] == 2
     assert summary["success_rate"]["dxopt"] == 100.0
     assert {r["problem"] for r in payload["records"]} == {"HS21", "HS35"}
+    # the exact KKT judge agrees on these smooth problems (benchmarks.qp.mm_kkt_judge)
+    assert [r["kkt_verdict"] for r in payload["records"]] == [J.MATCH] * 2, payload["records"]
+    assert max(max(r["kkt_rel_error"]) for r in payload["records"]) < 1e-6
     text = (tmp_path / "maros_meszaros.md").read_text()
     assert "| HS21 | 2 | 5 | 0 |" in text and "verdict: wrong" in text
     assert (tmp_path / "maros_meszaros.png").stat().st_size > 0

@@ -112,6 +112,21 @@ def test_a_large_sparse_problem_leaves_dense_only_backends_out() -> None:
     assert "clarabel" in names
 
 
+@pytest.mark.parametrize(("n", "dense_in_chain"), [(500, True), (1500, False), (2172, False)])
+def test_daqp_joins_a_sparse_chain_only_where_its_dense_solve_is_cheap(
+    n: int, dense_in_chain: bool
+) -> None:
+    # raw daqp takes 63-72 s on sparse Maros-Meszaros problems of n = 2118-2172 at one
+    # thread (QPILOTNO: 359 s inside a failing forward under load), 0.9 s at n = 1000
+    if "daqp" not in qpsolvers.available_solvers:
+        pytest.skip("daqp not installed")
+    eye = torch.eye(n, dtype=D).to_sparse()
+    problem = canonical_problem(eye, torch.ones(n, dtype=D), G=eye, h=torch.ones(n, dtype=D))
+    names = [a.solver for a in fallback_chain(problem, "piqp", 1e-9)]
+    assert ("daqp" in names) is dense_in_chain, names
+    assert "clarabel" in names and names[0] == names[-1] == "piqp"
+
+
 def test_a_changed_and_a_fake_entry_change_every_reader(monkeypatch: pytest.MonkeyPatch) -> None:
     """One edit of the table is seen by the router, the chain, the views and the batch fast
     path: proxqp made non-lean, CSC-only and a last fallback; a fake backend registered."""

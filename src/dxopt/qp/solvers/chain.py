@@ -27,7 +27,8 @@ tolerance). Missing multipliers are recovered by least squares on the active row
 unbounded, or its polished point does not certify, the next attempt runs (also when the point
 certifies only by its duality gap, i.e. its active set is not settled; such a point is used
 only if no attempt gives a settled one): the requested backend, then ``piqp``, ``clarabel``,
-``daqp`` (dense, or n <= 3000), then the requested backend at the looser stopping tolerance
+``daqp`` (dense, or n <= 1000: ``DENSE_FALLBACK_MAX_N``), then the requested backend at the
+looser stopping tolerance
 :math:`\\max(10^3\\varepsilon_{abs}, 10^{-7})` (the polish restores the accuracy; the
 certificate is still the requested one; skipped when that backend's strict point already
 certified, by its duality gap only: the looser stop is for a backend that stalls short of the
