@@ -70,18 +70,25 @@ these problems converge in tens of iterations; a sample still running here goes 
 Clarabel."""
 
 
-REFINE = 2
-"""Rounds of iterative refinement of each Newton solve against the unshifted reduced matrix
-(near the solution :math:`\\tilde G^\\top\\tilde G` is ill-conditioned and one solve leaves
-a dual residual well above round-off)."""
+REFINE = 1
+"""Rounds of iterative refinement of the corrector's Newton solve against the unshifted
+reduced matrix (near the solution :math:`\\tilde G^\\top\\tilde G` is ill-conditioned and
+one unrefined solve leaves a dual residual well above round-off)."""
 
 
 def _mv(M: Tensor, v: Tensor) -> Tensor:
-    return (M @ v[..., None])[..., 0]
+    """:math:`Mv` per sample; a shared ``M`` (batch 1) is one matrix product, a batched one a
+    broadcast multiply-and-sum (faster than ``bmm`` at these sizes on the CPU)."""
+    if M.shape[0] == 1:
+        return v @ M[0].mT
+    return (M * v[:, None, :]).sum(-1)
 
 
 def _rmv(M: Tensor, v: Tensor) -> Tensor:
-    return (M.mT @ v[..., None])[..., 0]
+    """:math:`M^\\top v` per sample (as :func:`_mv`)."""
+    if M.shape[0] == 1:
+        return v @ M[0]
+    return (M * v[..., None]).sum(-2)
 
 
 def _amax(v: Tensor) -> Tensor:
@@ -144,6 +151,14 @@ def _initial_point(lay: IPMLayout, d: _Data) -> tuple[Tensor, ...]:
 
 class _NoFactor(Exception):
     pass
+
+
+def _step_both(lay: IPMLayout, lam2: Tensor, ds: Tensor, dz: Tensor) -> Tensor:
+    """The common largest step of ``ds`` and ``dz`` from ``lam`` (``lam2`` = ``lam`` twice:
+    one batched call)."""
+    a = lay.max_step(lam2, torch.cat([ds, dz]))
+    B = ds.shape[0]
+    return torch.minimum(a[:B], a[B:])
 
 
 def interior_point(
@@ -217,11 +232,11 @@ def interior_point(
             continue
         Wrz = W.inv(rz)
 
-        def step(lr: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        def step(lr: Tensor, refine: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
             # lr = lambda \ r_c
             r1, r2 = -rx - _rmv(Gt, Wrz + lr), -ry  # noqa: B023
             dx, dy = f.solve(r1, r2)  # type: ignore[attr-defined]  # noqa: B023
-            for _ in range(REFINE):  # against the unshifted matrix P + Gt'Gt
+            for _ in range(refine):  # against the unshifted matrix P + Gt'Gt
                 e1 = r1 - _mv(d.P, dx) - _rmv(Gt, _mv(Gt, dx)) - _rmv(d.AE, dy)  # noqa: B023
                 cx, cy = f.solve(e1, r2 - _mv(d.AE, dx))  # type: ignore[attr-defined]  # noqa: B023
                 dx, dy = dx + cx, dy + cy
@@ -229,15 +244,14 @@ def interior_point(
             return dx, dy, dzt, lr - dzt
 
         mu = gap / deg
-        dx, dy, dzt, dst = step(-lam)
-        a_aff = torch.minimum(lay.max_step(lam, dst), lay.max_step(lam, dzt)).clamp(max=1.0)
+        lam2 = torch.cat([lam, lam])
+        dx, dy, dzt, dst = step(-lam, 0)
+        a_aff = _step_both(lay, lam2, dst, dzt).clamp(max=1.0)
         mu_aff = ((lam + a_aff[:, None] * dst) * (lam + a_aff[:, None] * dzt)).sum(-1) / deg
         sigma = (mu_aff / mu.clamp_min(1e-300)).clamp(0.0, 1.0) ** 3
         corr = (sigma * mu)[:, None] * e - lay.jordan(dst, dzt)
-        dx, dy, dzt, dst = step(-lam + lay.jordan_solve(lam, corr))
-        alpha = (0.99 * torch.minimum(lay.max_step(lam, dst), lay.max_step(lam, dzt))).clamp(
-            max=1.0
-        )
+        dx, dy, dzt, dst = step(-lam + lay.jordan_solve(lam, corr), REFINE)
+        alpha = (0.99 * _step_both(lay, lam2, dst, dzt)).clamp(max=1.0)
         a = alpha[:, None]
         nx, ny = x + a * dx, y + a * dy
         ns, nz = s + a * W.fwd(dst), z + a * W.inv(dzt)
