@@ -199,3 +199,30 @@ def test_solver_option_is_checked():
     with pytest.raises(ValueError, match="solver"):
         dc.solve(None, torch.zeros(2, dtype=F64), A, b, cones=[dc.SecondOrderCone(3)],
                  solver="cuda")  # fmt: skip
+
+
+def test_cvxpy_least_squares_socp_reaches_its_own_tolerance():
+    # the benchmark's socp (min |Fx - g|^2 s.t. ||x|| <= 0.67, |x| <= 1) as CVXPY
+    # canonicalises it for Clarabel: epigraph columns without a diagonal in P; a shift
+    # relative to the largest diagonal entry (old code) stalled the dual residual near 1e-4
+    cp = pytest.importorskip("cvxpy")
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    x = cp.Variable(20)
+    F, g = rng.standard_normal((30, 20)), 3 * rng.standard_normal(30)
+    problem = cp.Problem(cp.Minimize(cp.sum_squares(F @ x - g)),
+                         [cp.norm(x, 2) <= 0.5 * np.sqrt(20) * 0.3, cp.abs(x) <= 1])  # fmt: skip
+    data, _, _ = problem.get_problem_data(cp.CLARABEL)
+    dims = data["dims"]
+    P = torch.tensor(data["P"].toarray(), dtype=F64)
+    P = P + torch.triu(P, 1).T if bool((torch.tril(P, -1) == 0).all()) else P
+    A = torch.tensor(data["A"].toarray(), dtype=F64)
+    q, b = torch.tensor(data["c"], dtype=F64), torch.tensor(data["b"], dtype=F64)
+    cones = [dc.ZeroCone(dims.zero), dc.NonnegCone(dims.nonneg)]
+    cones += [dc.SecondOrderCone(d) for d in dims.soc]
+    prob = conic_problem(P, q, A, b, cones, check_psd=True)
+    raw = run_torch(prob, [0], 1e-8, 200)
+    assert raw.claims == ["solved"]
+    mine = dc.solve(P, q, A, b, cones=cones, solver="torch")
+    assert mine.info.solvers == ("torch",)

@@ -22,7 +22,7 @@ complementarity target :math:`r_c`, the Newton step solves
 :math:`G\\Delta x + \\Delta s = -r_z`, :math:`\\lambda\\circ(W\\Delta z + W^{-1}\\Delta s) = r_c`.
 Eliminating :math:`\\Delta s` and :math:`\\Delta z` with :math:`\\tilde G = W^{-1}G` leaves
 
-.. math:: \\begin{pmatrix} P + \\tilde G^\\top\\tilde G + \\delta I & A_E^\\top \\\\ A_E & 0
+.. math:: \\begin{pmatrix} P + \\tilde G^\\top\\tilde G + \\Delta & A_E^\\top \\\\ A_E & 0
     \\end{pmatrix}\\begin{pmatrix}\\Delta x \\\\ \\Delta y\\end{pmatrix} =
     \\begin{pmatrix} -r_x - \\tilde G^\\top(W^{-1}r_z + \\lambda\\backslash r_c) \\\\ -r_y
     \\end{pmatrix},
@@ -34,7 +34,10 @@ factored once per iteration by the batched block elimination :func:`dxopt.linalg
 :math:`\\sigma = (\\mu_a/\\mu)^3`); then :math:`W\\Delta z = \\tilde G\\Delta x + W^{-1}r_z +
 \\lambda\\backslash r_c` and :math:`W^{-1}\\Delta s = \\lambda\\backslash r_c - W\\Delta z`.
 The step is 0.99 of the way to the boundary (capped at 1), the same for primal and dual. The
-shift :math:`\\delta = 10^{-12}\\max_i H_{ii}` keeps the Cholesky alive where
+shift (each diagonal entry times :math:`1 + 10^{-12}`, plus :math:`\\delta = 10^{-12}` times
+the largest diagonal entry of the starting point's matrix: relative to each direction's own
+scale, so that the growing entries of the scaled rows do not swamp the small ones) keeps the
+Cholesky alive where
 :math:`P + \\tilde G^\\top\\tilde G` is singular; the residuals are always those of the exact
 problem, so it only makes a Newton step inexact. The starting point is CVXOPT's: the
 solution of the Newton system with :math:`W = I`, shifted into the cone's interior.
@@ -124,17 +127,26 @@ def _factor(H: Tensor, AE: Tensor) -> tuple[object, Tensor]:
     return f, bad
 
 
-def _newton_matrix(P: Tensor, Gt: Tensor, rel: float = 1e-12) -> Tensor:
+SHIFT = 1e-12
+"""Relative shift of the Newton matrix (module doc)."""
+
+
+def _newton_matrix(P: Tensor, Gt: Tensor, floor: Tensor) -> Tensor:
+    """:math:`P + \\tilde G^\\top\\tilde G` with its diagonal times :math:`1 + 10^{-12}` plus
+    ``floor`` (per sample)."""
     H = P + Gt.mT @ Gt
     diag = H.diagonal(dim1=-2, dim2=-1)
-    diag.add_(rel * diag.amax(-1, keepdim=True) + 1e-300)
+    diag.mul_(1.0 + SHIFT).add_(floor[:, None])
     return H
 
 
 def _initial_point(lay: IPMLayout, d: _Data) -> tuple[Tensor, ...]:
     """CVXOPT's start: the ``W = I`` Newton system, then both cone parts shifted inside."""
     B = d.q.shape[0]
-    H = _newton_matrix(d.P.expand(B, -1, -1), d.G.expand(B, -1, -1))
+    H = d.P.expand(B, -1, -1) + (d.G.mT @ d.G).expand(B, -1, -1)
+    big = H.diagonal(dim1=-2, dim2=-1).amax(-1)
+    floor = SHIFT * torch.where(big > 0, big, torch.ones_like(big))
+    H.diagonal(dim1=-2, dim2=-1).mul_(1.0 + SHIFT).add_(floor[:, None])
     f, bad = _factor(H, d.AE)
     if f is None:
         raise _NoFactor
@@ -146,7 +158,7 @@ def _initial_point(lay: IPMLayout, d: _Data) -> tuple[Tensor, ...]:
         a = -lay.min_eig(v)
         return torch.where((a < 0)[:, None], v, v + (1.0 + a)[:, None] * e)
 
-    return x, y, inside(-zt), inside(zt), bad
+    return x, y, inside(-zt), inside(zt), bad, floor
 
 
 class _NoFactor(Exception):
@@ -176,7 +188,7 @@ def interior_point(
     out_z, out_s = (torch.full((B, mK), float("nan"), dtype=f64) for _ in range(2))
     claims, iters = ["max_iter"] * B, [0] * B
     try:
-        x, y, s, z, bad = _initial_point(lay, d)
+        x, y, s, z, bad, floor = _initial_point(lay, d)
     except _NoFactor:
         return out_x, out_y, out_z, out_s, ["failed"] * B, iters
     live = torch.arange(B)
@@ -223,10 +235,11 @@ def interior_point(
             live, d = live[keep], d.take(keep)
             x, y, z, s, rx, ry, rz = (t[keep] for t in (x, y, z, s, rx, ry, rz))
             e, bscale, qscale, gap = e[keep], bscale[keep], qscale[keep], gap[keep]
+            floor = floor[keep]
         W = Scaling(lay, s, z)
         lam = W.lam
         Gt = W.inv(d.G.expand(x.shape[0], -1, -1))
-        f, bad = _factor(_newton_matrix(d.P, Gt), d.AE)
+        f, bad = _factor(_newton_matrix(d.P, Gt, floor), d.AE)
         if f is None:
             fail_now = torch.ones(x.shape[0], dtype=torch.bool)
             continue
