@@ -13,7 +13,9 @@ differentiate the primal ``x``, the dual ``y`` and the slack ``s`` with respect 
 - **forward** (:mod:`dxopt.conic.forward`): Clarabel, then (with ``fallback``) Clarabel
   tighter and SCS where importable; every point is cleaned, polished and **certified by
   dxopt** (:mod:`dxopt.conic.certify`); ``INFEASIBLE``/``UNBOUNDED`` only with a checked
-  certificate; a per-sample :class:`dxopt.Status`;
+  certificate; a per-sample :class:`dxopt.Status`; ``solver="torch"`` runs a batched
+  interior point in torch first (:mod:`dxopt.conic.ipm`; zero, nonnegative and second-order
+  cones), its points certified the same way;
 - **backward** (:mod:`dxopt.conic.backward`): implicit differentiation of
   :math:`F(x, w) = 0`, :math:`w = y - s` (:mod:`dxopt.conic.kkt`), a batched float64 LU with
   refinement checked to round-off; kinks and singular Jacobians are flagged

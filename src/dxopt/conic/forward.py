@@ -2,7 +2,8 @@
 
 :func:`solve_forward` runs the attempts of :func:`attempts` in order over the samples still
 unsolved (Clarabel at ``atol``; with ``fallback``, Clarabel 100x tighter, then SCS where it
-is importable; ``solver="scs"`` puts SCS first). After each attempt the points are cleaned,
+is importable; ``solver="scs"`` puts SCS first, ``solver="torch"`` the batched interior
+point of :mod:`dxopt.conic.ipm` where the cones allow). After each attempt the points are cleaned,
 polished and certified together (:func:`dxopt.conic.certify.certify_points`); a backend's
 infeasibility or unboundedness claim counts only with a checked certificate. What no attempt
 solved ends ``MAX_ITER`` (a backend ran out of iterations), ``INACCURATE`` (a finite point
@@ -29,6 +30,8 @@ from dxopt.conic.certify import (
     certify_unbounded,
 )
 from dxopt.conic.cones.base import Cone
+from dxopt.conic.ipm import run_torch
+from dxopt.conic.ipm import supported as ipm_supported
 from dxopt.conic.kkt import cone_kink, lu_storage, project_dual
 from dxopt.conic.problem import ConicProblem
 from dxopt.conic.types import ConicInfo, ConicOptions
@@ -74,14 +77,22 @@ class Attempt:
     tol: float
 
 
-def attempts(options: ConicOptions) -> list[Attempt]:
-    """The chain for ``options`` (see the module doc)."""
+def attempts(options: ConicOptions, prob: ChainProblem | None = None) -> list[Attempt]:
+    """The chain for ``options`` (see the module doc); ``solver="torch"`` puts the batched
+    interior point (:mod:`dxopt.conic.ipm`) first where ``prob`` is dense (the sparse route's
+    problems go to Clarabel) and its cones are supported."""
+    chain = _backends(options)
+    if options.solver == "torch" and isinstance(prob, ConicProblem) and ipm_supported(prob.cones):
+        chain.insert(0, Attempt("torch", run_torch, options.atol))
+    return chain if options.fallback else chain[:1]
+
+
+def _backends(options: ConicOptions) -> list[Attempt]:
     clarabel = [Attempt("clarabel", run_clarabel, options.atol)]
     if options.fallback:
         clarabel.append(Attempt("clarabel-tight", run_clarabel, options.atol / 100))
     scs = [Attempt("scs", run_scs, options.atol)] if scs_available() else []
-    chain = scs + clarabel if options.solver == "scs" else clarabel + scs
-    return chain if options.fallback else chain[:1]
+    return scs + clarabel if options.solver == "scs" else clarabel + scs
 
 
 @dataclass(frozen=True)
@@ -159,7 +170,7 @@ def run_chain(
     pending = list(range(B))
     calls = 0
     factors = _Factors()
-    for att in (*first, *attempts(options)):
+    for att in (*first, *attempts(options, prob)):
         if not pending:
             break
         raw = att.run(prob, pending, att.tol, options.max_iter)

@@ -28,8 +28,10 @@ __all__ = [
     "Smoothed",
 ]
 
-SOLVERS = ("clarabel", "scs")
-"""Backends of the forward chain, in their default order (SCS only where importable)."""
+SOLVERS = ("clarabel", "scs", "torch")
+"""Backends of the forward chain, in their default order (SCS only where importable; the
+batched torch interior point, :mod:`dxopt.conic.ipm`, only first and only for programs with
+zero, nonnegative and second-order cones)."""
 ROUTES = ("auto", "dense", "sparse")
 """What ``route=`` takes (:mod:`dxopt.conic.sparse_route`)."""
 INFEASIBLE = ("fail", "relax")
@@ -78,7 +80,10 @@ class ConicOptions:
             first and 100x tighter on a retry.
         infeas_tol: relative tolerance of the infeasibility / unboundedness certificates.
         max_iter: iteration limit of each backend attempt.
-        solver: the first backend, ``"clarabel"`` or ``"scs"``.
+        solver: the first backend, ``"clarabel"``, ``"scs"`` or ``"torch"`` (the batched
+            interior point of :mod:`dxopt.conic.ipm`, for zero, nonnegative and second-order
+            cones only; other programs start with Clarabel; its points are certified like the
+            others' and the samples it does not solve go on to Clarabel).
         fallback: after a point fails the certificate, try the other attempts of the chain
             (Clarabel tighter, then SCS where importable).
         on_failure: ``"raise"`` (:class:`ConicSolveError` naming the failed samples),
