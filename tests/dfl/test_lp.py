@@ -134,3 +134,33 @@ def test_the_certificate_covers_every_sample_of_the_last_call():
     cert = infeasible.last_certificate
     assert cert.ok.tolist() == [False, False] and np.isnan(cert.primal).all()
     assert infeasible.last_status == (Status.INFEASIBLE,) * 2
+
+
+def test_certificate_rows_are_built_once_per_lp_data(monkeypatch):
+    """The certificate's rows and canonical problem are cached on the LPData: later batches
+    do not rebuild them, and the cached certificate equals that of a fresh LPData (rows built
+    anew) on the same answers and multipliers, to the last bit."""
+    import dxopt.dfl.lp as lp_mod
+
+    sp = ShortestPathOracle((4, 4))
+    lp = sp.as_lp(solver="highs")
+    built, calls = [], []
+    real_rows, real_certify = lp_mod._certificate_rows, lp_mod.certify_lp
+    monkeypatch.setattr(lp_mod, "_certificate_rows", lambda d: built.append(d) or real_rows(d))
+    monkeypatch.setattr(
+        lp_mod, "certify_lp", lambda *a, **k: calls.append((a, k)) or real_certify(*a, **k)
+    )
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(3):
+        c = torch.rand(8, sp.dim, generator=gen, dtype=D) - 0.2
+        assert torch.equal(lp(c), sp(c))
+    assert built == [lp.data] and len(calls) == 3
+    data = lp.data
+    for args, kw in calls:
+        fresh = LPData.parse("test", A=data.A, b=data.b, G=data.G, h=data.h, lb=data.lb, ub=data.ub)
+        want = real_certify(fresh, *args[1:], **kw)
+        got = real_certify(data, *args[1:], **kw)
+        assert got.ok.all()
+        for name in ("ok", "primal", "dual"):
+            np.testing.assert_array_equal(getattr(got, name), getattr(want, name))
+    assert len(built) == 1 + 3  # only the fresh LPData built theirs

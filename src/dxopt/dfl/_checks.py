@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from dxopt._core import check_tensor
+from dxopt._core import Status, check_tensor
 
 
 def check_cost_vectors(name: str, c: Any, dim: int) -> Tensor:
@@ -89,6 +89,8 @@ def uncertified(oracle: Any) -> list[int]:
     """The samples of ``oracle``'s last call whose answer is not a certified optimum (from its
     ``last_status``; ``[]`` for oracles that do not report one)."""
     status = getattr(oracle, "last_status", None) or ()
+    if status.count(Status.SOLVED) == len(status):  # the common case, without a Python loop
+        return []
     return [i for i, s in enumerate(status) if not getattr(s, "ok", True)]
 
 

@@ -92,10 +92,9 @@ def cone_projection(a: Tensor, normals: Tensor) -> tuple[Tensor, Tensor]:
     A = a.detach().to("cpu", torch.float64).numpy()
     N = normals.detach().to("cpu", torch.float64).numpy()
     lam = np.zeros(N.shape[:2])
-    for i in range(A.shape[0]):
-        keep = np.abs(N[i]).sum(1) > 0
-        if keep.any():
-            lam[i, keep] = nnls(N[i][keep].T, A[i])[0]
+    keep = np.abs(N).sum(2) > 0  # (B, m): the non-padding rows, for the whole batch at once
+    for i in np.flatnonzero(keep.any(1)).tolist():
+        lam[i, keep[i]] = nnls(N[i][keep[i]].T, A[i])[0]
     proj = np.einsum("bm,bmd->bd", lam, N)
     return torch.as_tensor(proj).to(a.device, a.dtype), torch.as_tensor(lam).to(a.device, a.dtype)
 

@@ -69,15 +69,59 @@ def check_optima(name: str, z: Any, c_hat: Tensor) -> Tensor:
     return z.reshape(batch)
 
 
-def _check_pair(oracle: Any, c_hat: Tensor, other: Tensor, other_name: str) -> None:
-    c_hat = oracle.check_costs(c_hat, "c_hat") if isinstance(oracle, OracleBase) else c_hat
-    check_tensor("c_hat", c_hat, floating=True)
+def _check_pair(
+    oracle: Any, c_hat: Tensor, other: Tensor, other_name: str, *, checked: bool = False
+) -> None:
+    """Check ``c_hat`` (unless ``checked``: the caller has just checked it) and that ``other``
+    is a tensor of its shape."""
+    if not checked:
+        c_hat = oracle.check_costs(c_hat, "c_hat") if isinstance(oracle, OracleBase) else c_hat
+        check_tensor("c_hat", c_hat, floating=True)
     check_tensor(other_name, other)
     if other.shape != c_hat.shape:
         raise ValueError(
             f"{other_name}: expected the shape of c_hat {tuple(c_hat.shape)}, got "
             f"{tuple(other.shape)}."
         )
+
+
+class _SPOPlusFunction(torch.autograd.Function):
+    """The per-sample SPO+ loss :math:`s(-t^\\top\\tilde x + 2\\hat c^\\top x^* - z^*)`,
+    :math:`t = 2\\hat c - c`, with :math:`\\tilde x = x(t)` held fixed, and the magnitude
+    :math:`|t^\\top\\tilde x| + |2\\hat c^\\top x^*| + |z^*|` of its terms (no gradient).
+
+    Backward, for the incoming :math:`g` and :math:`\\gamma = s g`: :math:`2\\gamma x^* -
+    2\\gamma\\tilde x` in :math:`\\hat c`, :math:`\\gamma\\tilde x` in :math:`c`,
+    :math:`2\\gamma\\hat c` in :math:`x^*`, :math:`-\\gamma` in :math:`z^*`: the products
+    autograd forms from the expression, in the same order, so the gradients are the same to
+    the last bit; one node instead of a dozen."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, c_hat: Tensor, c: Tensor, x_true: Tensor, z: Tensor, target: Tensor,
+        x_tilde: Tensor, sign: float,
+    ) -> tuple[Tensor, Tensor]:  # fmt: skip
+        # forward(ctx, ...) rather than setup_context: torch binds the arguments of the
+        # latter with inspect.signature on every call, which costs more than this forward
+        first, second = (target * x_tilde).sum(-1), 2 * (c_hat * x_true).sum(-1)
+        loss = sign * (-first + second - z)
+        scale = first.abs() + second.abs() + z.abs()
+        ctx.save_for_backward(c_hat, x_true, x_tilde)
+        ctx.sign = sign
+        ctx.mark_non_differentiable(scale)
+        return loss, scale
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor, _: Tensor) -> tuple[Tensor | None, ...]:
+        c_hat, x_true, x_tilde = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        gamma = (grad * ctx.sign).unsqueeze(-1)
+        two = gamma * 2
+        g_hat = two * x_true - two * x_tilde if need[0] else None
+        g_c = gamma * x_tilde if need[1] else None
+        g_x = two * c_hat if need[2] else None
+        g_z = -gamma.squeeze(-1) if need[3] else None
+        return g_hat, g_c, g_x, g_z, None, None, None
 
 
 class SPOPlus(_OracleLoss):
@@ -96,14 +140,12 @@ class SPOPlus(_OracleLoss):
 
     def forward(self, c_hat: Tensor, c: Tensor, x_true: Tensor, z_true: Tensor) -> Tensor:
         _check_pair(self.oracle, c_hat, c, "c")
-        _check_pair(self.oracle, c_hat, x_true, "x_true")
+        _check_pair(self.oracle, c_hat, x_true, "x_true", checked=True)
         z = check_optima("z_true", z_true, c_hat).to(c_hat.dtype)
-        target = 2 * c_hat - c
-        x_tilde = self.solver(target.detach())
-        first, second = (target * x_tilde).sum(-1), 2 * (c_hat * x_true).sum(-1)
-        loss = self.sign * (-first + second - z)
+        target = 2 * c_hat.detach() - c.detach()
+        x_tilde = self.solver(target)
+        loss, scale = _SPOPlusFunction.apply(c_hat, c, x_true, z, target, x_tilde, self.sign)
         if self.solver.last_from_oracle and not uncertified(self.oracle):
-            scale = first.abs() + second.abs() + z.abs()
             check_not_negative("SPOPlus", loss, scale, self.oracle, _SPO_HINT)
         return _reduce(loss, self.reduction)
 

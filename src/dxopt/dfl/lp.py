@@ -94,6 +94,15 @@ class LPData:
         """``(dim,)`` bool: the entries with a finite upper bound."""
         return np.isfinite(self.ub)
 
+    def certificate_rows(self) -> _CertificateRows:
+        """The rows and canonical problem :func:`certify_lp` reads, built on first use and
+        kept (the data is read-only)."""
+        cached: _CertificateRows | None = self.__dict__.get("_certificate_rows")
+        if cached is None:
+            cached = _certificate_rows(self)
+            object.__setattr__(self, "_certificate_rows", cached)
+        return cached
+
     def tensors(self, dtype: torch.dtype, device: Any = None) -> dict[str, Tensor | None]:
         """The keyword arguments ``A, b, G, h, lb, ub`` of :func:`dxopt.qp.solve` as tensors
         (``lb`` / ``ub`` ``None`` where every entry is infinite)."""
@@ -175,14 +184,41 @@ class LPCertificate:
     dual: np.ndarray
 
 
-def _certify_rows(data: LPData) -> tuple[np.ndarray, np.ndarray]:
-    """The inequality rows of the certificate: ``G``, then :math:`-e_i^\\top x \\le -lb_i`
-    for the finite lower bounds, then :math:`e_i^\\top x \\le ub_i` for the finite upper ones."""
-    eye = np.eye(data.dim)
+@dataclass(frozen=True, eq=False)
+class _CertificateRows:
+    """What the certificate reads of an :class:`LPData`, built once per LPData
+    (:meth:`LPData.certificate_rows`): the inequality rows ``G``, ``h`` (``G``, then
+    :math:`-e_i^\\top x \\le -lb_i` for the finite lower bounds, then :math:`e_i^\\top x
+    \\le ub_i` for the finite upper ones), their max-norms ``g_inf``, and qp's canonical
+    problem of :math:`P = 0` and these rows for one placeholder cost, whose ``q`` each call
+    replaces."""
+
+    G: np.ndarray
+    h: np.ndarray
+    g_inf: np.ndarray
+    problem: Any  # dxopt.qp.problem.canonical.QPProblem
+
+
+def _certificate_rows(data: LPData) -> _CertificateRows:
+    from dxopt.qp.certify.polish import row_inf
+    from dxopt.qp.problem.canonical import canonical_problem
+
+    d = data.dim
+    eye = np.eye(d)
     lo, hi = data.has_lower, data.has_upper
     rows = [M for M in (data.G, -eye[lo], eye[hi]) if M is not None]
     rhs = [v for v in (data.h, -data.lb[lo], data.ub[hi]) if v is not None]
-    return np.vstack(rows), np.concatenate(rhs)
+    G, h = np.vstack(rows), np.concatenate(rhs)
+    for arr in (G, h):
+        arr.setflags(write=False)
+    t = torch.from_numpy
+    problem = canonical_problem(
+        torch.zeros(d, d, dtype=torch.float64), torch.zeros(1, d, dtype=torch.float64),
+        None if data.A is None else t(data.A.copy()), None if data.b is None else t(data.b.copy()),
+        t(G.copy()) if G.shape[0] else None, t(h.copy()) if G.shape[0] else None,
+        check_psd=False,
+    )  # fmt: skip
+    return _CertificateRows(G, h, row_inf(G), problem)
 
 
 def certify_lp(
@@ -211,22 +247,24 @@ def certify_lp(
             finite). Negative inequality multipliers are clipped at 0, so a wrong sign shows
             as a stationarity residual.
     """
-    from dxopt.qp.certify.polish import batch_accept_exact, row_inf
-    from dxopt.qp.problem.canonical import canonical_problem
+    import dataclasses
+
+    from dxopt.qp.certify.polish import batch_accept_exact
 
     B, d = c.shape
-    G, h = _certify_rows(data)
+    if d != data.dim:
+        raise ValueError(f"c: expected shape (B, {data.dim}), got {c.shape}.")
+    if not np.isfinite(c).all():
+        raise ValueError("c: expected finite costs, got NaN or infinite entries.")
+    rows = data.certificate_rows()
+    G, g_inf = rows.G, rows.g_inf
     lo, hi = data.has_lower, data.has_upper
     multipliers = [nu] if data.G is not None else []
     multipliers += [nu_lower[:, lo], nu_upper[:, hi]]
-    g_inf = row_inf(G)
     nu_all = np.where(g_inf > 0, np.maximum(np.concatenate(multipliers, 1), 0.0), 0.0)
-    t = torch.from_numpy
-    problem = canonical_problem(
-        torch.zeros(d, d, dtype=torch.float64), t(np.ascontiguousarray(c)),
-        None if data.A is None else t(data.A.copy()), None if data.b is None else t(data.b.copy()),
-        t(G) if G.shape[0] else None, t(h) if G.shape[0] else None, check_psd=False,
-    )  # fmt: skip
+    # the cached canonical problem with this batch's costs (its data validated once)
+    q = torch.from_numpy(np.ascontiguousarray(c, dtype=np.float64))
+    problem = dataclasses.replace(rows.problem, q=q, batch=B)
     if G.shape[0] == 0:
         nu_all = np.zeros((B, 0))
     mu = mu if data.A is not None else np.zeros((B, 0))

@@ -210,8 +210,13 @@ class KnapsackOracle(OracleBase):
             float(self.time_limit or 0.0), code, bound, nodes,
         )  # fmt: skip
         self.last_bound = bound if self.sense == "max" else -bound
-        self._status = tuple(Status.SOLVED if k == 0 else Status.BUDGET_EXHAUSTED for k in code)
         stopped = np.flatnonzero(code)
+        # None: every sample proven optimal (the base records Status.SOLVED for each)
+        self._status = (
+            tuple(Status.SOLVED if k == 0 else Status.BUDGET_EXHAUSTED for k in code)
+            if stopped.size
+            else None
+        )
         if stopped.size:
             why = "node_limit" if code[stopped[0]] == 1 else "time_limit"
             if self.on_failure == "nan":
