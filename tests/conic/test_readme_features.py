@@ -1,5 +1,6 @@
-"""The relax / warm-start / compile / smoothed / sparse-route examples of docs/readme/conic.md run and print
-exactly the documented output (each block follows its ``<!-- tested: NAME -->`` marker)."""
+"""The relax / warm-start / compile / smoothed / sparse-route examples of docs/readme/conic.md
+run and print exactly the documented output (each block follows its
+``<!-- tested: NAME -->`` marker)."""
 
 from __future__ import annotations
 
