@@ -60,6 +60,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from dxopt._core import DxoptError
 from dxopt.conic.backends import RawPoints
 from dxopt.conic.ipm_cones import IPMLayout, Scaling, ipm_layout, supported
 from dxopt.conic.problem import ConicProblem
@@ -161,8 +162,9 @@ def _initial_point(lay: IPMLayout, d: _Data) -> tuple[Tensor, ...]:
     return x, y, inside(-zt), inside(zt), bad, floor
 
 
-class _NoFactor(Exception):
-    pass
+class _NoFactor(DxoptError):
+    """The reduced Newton system of some sample could not be factored (caught inside
+    :func:`run_torch`: those samples are handed on to the next attempt)."""
 
 
 def _step_both(lay: IPMLayout, lam2: Tensor, ds: Tensor, dz: Tensor) -> Tensor:
