@@ -269,6 +269,8 @@ def summary(goals: list[dict[str, Any]]) -> str:
         missed = [g for g in rows if g["verdict"] != "MET"]
         figs = ", ".join(f"{g['problem']} {g['figure']}" for g in missed)
         tail = f"**MISSED** on {len(missed)} ({figs})" if missed else "MET on all"
+        if len(rows) == 1:  # one target over all problems: its figure says how well
+            tail += f" ({rows[0]['figure']})"
         lines.append(f"- {label}: met on {len(rows) - len(missed)} of {len(rows)}; {tail}")
     return "\n".join(lines)
 

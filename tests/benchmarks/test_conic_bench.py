@@ -55,6 +55,8 @@ def test_summary_reports_each_missed_target_with_its_figure():
     text = summary(goals)
     assert "met on 1 of 2" in text and "**MISSED** on 1 (socp 9.85x)" in text
     assert "batch 1: <= 2x" not in text  # no figure: no verdict, not counted
+    one = [{"problem": "all", "target": "gradients", "figure": "worst 5e-9", "verdict": "MET"}]
+    assert summary(one) == "- gradients: met on 1 of 1; MET on all (worst 5e-9)"
     sec = section(["--rounds", "3"], {}, goals, "TABLES", "conic")
     assert "python -m benchmarks.conic.run --rounds 3" in sec and "TABLES" in sec
     assert "results/conic.png" in sec

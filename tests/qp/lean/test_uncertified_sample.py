@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from benchmarks.qp_speed.illcond import ill_conditioned
 
 import dxopt.qp as dqp
 from dxopt.qp.api.solve import solve_with
@@ -13,26 +14,12 @@ from dxopt.qp.problem.options import QPOptions
 
 
 def _ill_conditioned(batch: int, n: int = 50, m: int = 50, p: int = 25):
-    """``P = Q diag(logspace(-6, 0)) Q' + 1e-8 I``, ``G`` dense positive, a few rows violated at
-    the equality-constrained minimiser (so some are active)."""
-    out = []
-    for seed in range(batch):
-        rng = np.random.default_rng(10_000 + seed)
-        Q, _ = np.linalg.qr(rng.standard_normal((n, n)))
-        P = (Q * np.logspace(-6, 0, n)) @ Q.T + 1e-8 * np.eye(n)
-        P = 0.5 * (P + P.T)
-        q = rng.standard_normal(n)
-        G = rng.uniform(size=(m, n)) + 1e-3
-        A = rng.standard_normal((p, n))
-        b = A @ rng.standard_normal(n)
-        K = np.block([[P, A.T], [A, np.zeros((p, p))]])
-        Gx = G @ np.linalg.solve(K, np.concatenate([-q, b]))[:n]
-        scale = max(float(np.abs(Gx).max()), 1.0)
-        s = scale * rng.uniform(0.05, 1.0, size=m)
-        rows = rng.choice(m, size=5, replace=False)
-        s[rows] = -0.1 * scale * rng.uniform(0.5, 1.0, size=5)
-        out.append((P, q, A, b, G, Gx + s))
-    return [torch.tensor(np.stack(parts)) for parts in zip(*out)]
+    """The qp_speed benchmark's ill-conditioned problems (``benchmarks/qp_speed/illcond.py``:
+    ``P = Q diag(logspace(-6, 0)) Q' + 1e-8 I``, ``G`` dense positive, a few rows active),
+    stacked into a batch."""
+    probs = [ill_conditioned(n, seed=seed, m=m, p=p) for seed in range(batch)]
+    parts = [(pr.P, pr.q, pr.A, pr.b, pr.G, pr.h) for pr in probs]
+    return [torch.tensor(np.stack(col)) for col in zip(*parts)]
 
 
 def test_an_uncertified_sample_goes_to_daqp_alone():
