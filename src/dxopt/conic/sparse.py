@@ -20,7 +20,7 @@ from typing import Any, overload
 import torch
 from torch import Tensor
 
-__all__ = ["Scatter", "densify"]
+__all__ = ["Scatter", "check_sparse_matrix", "densify"]
 
 _SPARSE = (torch.sparse_coo, torch.sparse_csr)
 
@@ -85,6 +85,15 @@ def densify(name: str, M: Tensor | None) -> Tensor | None:
             f"{name}: expected a dense, sparse COO or sparse CSR tensor, got layout "
             f"{M.layout}; convert it with .to_sparse_coo() or .to_dense()"
         )
+    check_sparse_matrix(name, M)
+    if M.layout == torch.sparse_coo and not M.is_coalesced():
+        M = M.coalesce()
+    return Scatter.apply(M)
+
+
+def check_sparse_matrix(name: str, M: Tensor) -> None:
+    """A sparse ``P`` or ``A`` must be one 2-D float32/float64 matrix shared by the batch (the
+    one check of both routes: :func:`densify` and the sparse route's validation)."""
     if M.dtype not in (torch.float32, torch.float64):
         raise TypeError(
             f"{name}: expected dtype float32 or float64, got {M.dtype}; cast it with .double()"
@@ -95,6 +104,3 @@ def densify(name: str, M: Tensor | None) -> Tensor | None:
             f"shape {tuple(M.shape)} ({M.dense_dim()} dense dimensions); pass one sparse "
             "matrix, or a dense (B, ...) batch"
         )
-    if M.layout == torch.sparse_coo and not M.is_coalesced():
-        M = M.coalesce()
-    return Scatter.apply(M)

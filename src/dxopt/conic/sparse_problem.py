@@ -31,6 +31,7 @@ from torch import Tensor
 from dxopt.conic.cones.base import Cone
 from dxopt.conic.cones.exp import ExpDualCone
 from dxopt.conic.problem import check_cones
+from dxopt.conic.sparse import check_sparse_matrix
 from dxopt.conic.types import ConicOptions, Smoothed
 
 __all__ = [
@@ -147,15 +148,7 @@ def sparse_route_wanted(
 
 
 def _entries(name: str, M: Tensor) -> tuple[sp.csc_matrix, Pattern]:
-    if M.ndim != 2 or M.dense_dim() != 0:
-        raise ValueError(
-            f"{name}: expected a 2-D sparse matrix shared by the batch, got a sparse tensor of "
-            f"shape {tuple(M.shape)}; pass one sparse matrix, or a dense (B, ...) batch"
-        )
-    if M.dtype not in (torch.float32, torch.float64):
-        raise TypeError(
-            f"{name}: expected dtype float32 or float64, got {M.dtype}; cast it with .double()"
-        )
+    check_sparse_matrix(name, M)
     indices: tuple[Tensor, ...]
     if M.layout == torch.sparse_csr:
         crow, col = M.crow_indices(), M.col_indices()
