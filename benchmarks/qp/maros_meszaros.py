@@ -20,7 +20,10 @@ process with a time limit (a hang or a crash is recorded, never stops the run):
   point of its piece);
 - the exact judge of :mod:`benchmarks.qp.mm_kkt_judge` (``kkt_verdict``, ``kkt_why``): the
   KKT derivative on an active set verified with strict-complementarity margins; a ``wrong``
-  there also counts as silently wrong when dxopt did not flag the sample.
+  there also counts as silently wrong when dxopt did not flag the sample;
+- for a refused gradient, the judge of :mod:`benchmarks.qp.mm_face` (``face_verdict``): two
+  LPs over the optimal set say whether the loss takes several values there (no derivative
+  exists: the refusal is right).
 
 The finite-difference evidence does not depend on dxopt and is cached per problem (``--cache``)
 so that the same problems can be judged against two versions of the code (``--label before``
@@ -99,6 +102,12 @@ def _task(kind: str, name: str, seed: int, accept_tol: float, extra: Any = None)
         from benchmarks.qp.mm_kkt_judge import judge
 
         return asdict(judge(prob, seed, *extra))
+    if kind == "face":  # the judge of refusals: is the loss a function of the data here?
+        from dataclasses import asdict
+
+        from benchmarks.qp.mm_face import judge_face
+
+        return asdict(judge_face(prob, seed))
     if kind == "dxopt":
         from benchmarks.qp.mm_dxopt import run_dxopt
 
@@ -272,6 +281,10 @@ def run_problem(name: str, args: argparse.Namespace) -> dict[str, Any]:
         rec["verdict"] = "forward failed"
     elif status == "refused":
         rec["verdict"] = "refused"
+        face, _ = isolated("face", name, args.seed, 0.0, args.fd_timeout)
+        rec["face_verdict"] = face.get("verdict", "no verdict")
+        rec["face_why"] = str(face.get("why", face.get("status", "")))[:300]
+        rec["face_ranges"] = face.get("ranges")
     elif backward_timeout:  # the forward is recorded; the gradient is missing, not refused
         rec.update(verdict="error", note=status)
     elif status == "not convex":  # refused input (NotPSDError): no forward, no gradient

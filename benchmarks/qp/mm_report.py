@@ -59,6 +59,10 @@ def summarize(records: list[dict], args_timeout: float) -> dict[str, Any]:
     solved = [r for r in records if r["forward_success"]]
     with_grad = [r for r in solved if r["verdict"] not in ("refused", "error", "forward failed")]
     verdictable = [r for r in with_grad if r["verdict"] != J.NO_VERDICT]
+    no_derivative = [  # refusals where benchmarks.qp.mm_face shows the loss is not unique
+        r["problem"] for r in solved
+        if r["verdict"] == "refused" and r.get("face_verdict") == "not unique (verified)"
+    ]  # fmt: skip
     best_raw = max(ran or mmp.RAW_SOLVERS, key=lambda s: rates.get(s, 0.0))
     return {
         "problems": N,
@@ -72,6 +76,10 @@ def summarize(records: list[dict], args_timeout: float) -> dict[str, Any]:
         "forward_solved": len(solved),
         "gradient_given": len(with_grad),
         "gradient_coverage": 100.0 * len(with_grad) / max(len(solved), 1),
+        "no_derivative_names": no_derivative,
+        "gradient_coverage_where_one_may_exist": 100.0
+        * len(with_grad)
+        / max(len(solved) - len(no_derivative), 1),
         "verdictable": len(verdictable),
         "verdictable_matching": sum(r["verdict"] in PASSING for r in verdictable),
         "nonunique_names": [r["problem"] for r in records if r.get("source") == "non-unique"],
@@ -133,6 +141,10 @@ def summary_table(summaries: dict[str, dict]) -> str:
     row("forward success, best raw backend (%)",
         lambda s: f"{s['success_rate'][s['best_raw']]:.1f} ({s['best_raw']})")  # fmt: skip
     row("gradient given / forward solved (%)", lambda s: f"{s['gradient_coverage']:.1f}")
+    row("  refused where no derivative exists (loss not unique on the optimal set, verified)",
+        lambda s: len(s.get("no_derivative_names", [])))  # fmt: skip
+    row("gradient given / forward solved less those (%)",
+        lambda s: _fmt(s.get("gradient_coverage_where_one_may_exist")))  # fmt: skip
     row("verdict-able gradients matching",
         lambda s: f"{s['verdictable_matching']} / {s['verdictable']}")  # fmt: skip
     row("time ratio to fastest, dxopt (shifted geomean)",
@@ -208,7 +220,9 @@ def problem_table(records: list[dict], before: dict | None = None) -> str:
             "ratio": _fmt(ratio),
             "before": old.get(r["problem"], "not run"),
             "verdict": r["verdict"]
-            + (f" ({r['source']})" if r.get("source") in ("ref", "non-unique") else ""),
+            + (f" ({r['source']})" if r.get("source") in ("ref", "non-unique") else "")
+            + (" (no derivative: loss not unique)"
+               if r.get("face_verdict") == "not unique (verified)" else ""),
             "q/hb/shift": "/".join(dirs.get(k, "-").replace("no verdict", "nv")
                                    for k in mmp.DIRECTION_KINDS) if dirs else "-",
             "ref err": _fmt(r.get("ref_err")),
@@ -329,7 +343,8 @@ def section(payloads: dict[str, dict]) -> str:
             f"No verdict as x* is not unique: {', '.join(s['nonunique_names']) or 'none'}. "
             f"Backward out of time (forward solved): "
             f"{', '.join(s.get('backward_timeout_names', [])) or 'none'}. "
-            f"Refused: {', '.join(s['refused_names']) or 'none'}. "
+            f"Refused: {', '.join(s['refused_names']) or 'none'} (of which no derivative exists, "
+            f"benchmarks.qp.mm_face: {', '.join(s.get('no_derivative_names', [])) or 'none'}). "
             f"Forward failed: {', '.join(s['failed_names']) or 'none'}.",
         ]  # fmt: skip
     last_label, last = list(payloads.items())[-1]

@@ -6,6 +6,7 @@ a singular ``P`` whose loss is constant on the optimal set (unique), and an infe
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import scipy.sparse as sp
 from benchmarks.qp import mm_face as F
 from benchmarks.qp import mm_problems as mmp
@@ -48,3 +49,33 @@ def test_strictly_convex_and_constant_loss_faces_are_unique():
 def test_no_reference_solution_gives_no_verdict():
     v = F.judge_face(_box_lp(np.eye(2), [0.0, 0.0], infeasible=True))
     assert v.verdict == F.NO_VERDICT and "reference" in v.why
+
+
+def test_qafiro_a_public_problem_with_a_face_of_optima_is_verified():
+    try:
+        prob = mmp.load("QAFIRO")
+    except FileNotFoundError:
+        pytest.skip("Maros-Meszaros data not found")
+    v = F.judge_face(prob)
+    assert v.verdict == F.NOT_UNIQUE, v
+    assert min(v.ranges) > 0.1 and max(v.gaps) <= F.ACCEPT_TOL
+
+
+def test_the_summary_counts_refusals_where_no_derivative_exists_apart():
+    from benchmarks.qp.mm_report import summarize, summary_table
+
+    def rec(name, verdict, face=None):
+        status = "refused" if verdict == "refused" else "ok"
+        out = {"problem": name, "n": 3, "verdict": verdict, "forward_success": True,
+               "silently_wrong": False, "flagged": False, "silent_forward_error": False,
+               "dxopt": {"status": status, "forward_s": 0.1},
+               "raw": {s: {"status": "ok", "success": True, "time_s": 0.05}
+                       for s in mmp.RAW_SOLVERS}}  # fmt: skip
+        return out | ({"face_verdict": face} if face else {})
+
+    records = [rec("A", "match"), rec("B", "match"), rec("C", "refused", F.NOT_UNIQUE),
+               rec("D", "refused", F.NO_VERDICT)]  # fmt: skip
+    s = summarize(records, 120.0)
+    assert s["gradient_coverage"] == 50.0 and s["no_derivative_names"] == ["C"]
+    assert abs(s["gradient_coverage_where_one_may_exist"] - 200.0 / 3) < 1e-12
+    assert "refused where no derivative exists" in summary_table({"run": s})
