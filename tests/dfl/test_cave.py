@@ -113,7 +113,7 @@ def test_cave_is_zero_exactly_when_the_true_path_is_optimal():
     same = (oracle(c_hat) == x).all(1)
     assert 5 <= int(same.sum()) <= 35
     assert (loss[same] < 1e-9).all() and (loss[~same] > 1e-6).all()
-    assert cave.last_outside == 0
+    assert cave.last_outside == 0 and cave.last_fallbacks == 0  # every projection certified
 
 
 def test_cave_polar_cone_fallback_and_refusals():

@@ -11,8 +11,10 @@ prediction towards that cone without calling the oracle: with :math:`a = -s\\hat
     p = N^\\top \\lambda^*, \\quad \\lambda^* = \\arg\\min_{\\lambda \\ge 0} \\|N^\\top\\lambda
     - a\\|_2^2, \\qquad \\ell = 1 - \\cos(a, p) = 1 - \\frac{a^\\top p}{\\|a\\|\\,\\|p\\|},
 
-(:math:`N` the binding normals, one non-negative least-squares problem per sample, solved
-exactly by the active-set method of :func:`scipy.optimize.nnls`); :math:`p` is a target held
+(:math:`N` the binding normals, one non-negative least-squares problem per sample, all solved
+in one compiled call by block principal pivoting with a KKT certificate per sample, and any
+sample that does not certify by the active-set method of :func:`scipy.optimize.nnls`: see
+:func:`cone_projection`); :math:`p` is a target held
 fixed (no gradient through the projection), as in the paper. :math:`\\ell = 0` exactly when
 :math:`-s\\hat c \\in K`, i.e. when :math:`x^*` is optimal for :math:`\\hat c`. This is the
 exact-projection CaVE; the paper's CaVE+ (a truncated interior-point projection) and PyEPO's
@@ -32,6 +34,7 @@ from scipy.optimize import nnls
 from torch import Tensor
 
 from dxopt._core import check_positive, check_tensor
+from dxopt.dfl._nnls import CERTIFIED, nnls_batch
 from dxopt.dfl.base import OracleLoss
 from dxopt.dfl.lp import lp_keywords, no_other_keywords, split_lp
 
@@ -84,19 +87,42 @@ def binding_normals(x: Tensor, *, rtol: float = 1e-9, **lp: Any) -> Tensor:
     return result[0] if x.ndim == 1 else result
 
 
-def cone_projection(a: Tensor, normals: Tensor) -> tuple[Tensor, Tensor]:
+def cone_projection(a: Tensor, normals: Tensor, *, tol: float = 1e-12) -> tuple[Tensor, Tensor]:
     """The Euclidean projection of each row of ``a`` ``(B, d)`` onto the cone spanned by the
     non-zero rows of ``normals`` ``(B, m, d)``: ``(p, lam)`` with ``p = lam @ N`` and
-    ``lam = argmin_{lam >= 0} ||N^T lam - a||`` (exact NNLS, float64, one per sample;
-    ``lam`` is 0 on the zero padding rows)."""
+    ``lam = argmin_{lam >= 0} ||N^T lam - a||`` (float64; ``lam`` is 0 on the zero padding
+    rows; where the generators are dependent ``lam`` is one of the minimisers, ``p`` is unique).
+
+    All samples are solved in one compiled call by block principal pivoting, each answer
+    certified by its KKT conditions to the relative tolerance ``tol``
+    (:mod:`dxopt.dfl._nnls`); a sample that does not certify is solved again by the exact
+    active-set method of :func:`scipy.optimize.nnls` (Lawson & Hanson, *Solving Least Squares
+    Problems*, 1974, ch. 23). :attr:`CaVE.last_fallbacks` counts those samples."""
+    check_tensor("a", a, floating=True, finite=True)
+    check_tensor("normals", normals, floating=True, finite=True)
+    tol = check_positive("tol", tol)
+    if a.ndim != 2 or normals.ndim != 3 or normals.shape[::2] != a.shape:
+        raise ValueError(
+            f"cone_projection: expected a (B, d) and normals (B, m, d), got a "
+            f"{tuple(a.shape)} and normals {tuple(normals.shape)}; pass one row of a per "
+            "sample and its generators as the rows of normals[i] (zero rows are padding)."
+        )
+    return _cone_projection(a, normals, tol)[:2]
+
+
+def _cone_projection(a: Tensor, normals: Tensor, tol: float) -> tuple[Tensor, Tensor, int]:
+    """:func:`cone_projection` on checked inputs, and the number of samples that fell back."""
     A = a.detach().to("cpu", torch.float64).numpy()
     N = normals.detach().to("cpu", torch.float64).numpy()
-    lam = np.zeros(N.shape[:2])
-    keep = np.abs(N).sum(2) > 0  # (B, m): the non-padding rows, for the whole batch at once
-    for i in np.flatnonzero(keep.any(1)).tolist():
-        lam[i, keep[i]] = nnls(N[i][keep[i]].T, A[i])[0]
+    lam, status, _ = nnls_batch(N, A, tol=tol)
+    redo = np.flatnonzero(status != CERTIFIED).tolist()
+    for i in redo:
+        keep = np.abs(N[i]).sum(1) > 0
+        if keep.any():
+            lam[i, keep] = nnls(N[i][keep].T, A[i])[0]
     proj = np.einsum("bm,bmd->bd", lam, N)
-    return torch.as_tensor(proj).to(a.device, a.dtype), torch.as_tensor(lam).to(a.device, a.dtype)
+    p = torch.as_tensor(proj).to(a.device, a.dtype)
+    return p, torch.as_tensor(lam).to(a.device, a.dtype), len(redo)
 
 
 class CaVE(OracleLoss):
@@ -109,13 +135,16 @@ class CaVE(OracleLoss):
         **kwargs: ``reduction`` of :class:`~dxopt.dfl.OracleLoss`.
 
     Call: ``loss(c_hat, tight_ctrs)`` with ``(B, d)`` predictions and the ``(B, m, d)`` binding
-    normals at the true optima (:func:`binding_normals`; zero rows are padding). A sample
+    normals at the true optima (:func:`binding_normals`; zero rows are padding).
+    :attr:`last_fallbacks` counts the samples of the last call whose projection did not
+    certify and was solved by :func:`scipy.optimize.nnls` (:func:`cone_projection`). A sample
     without any binding normal is refused: a non-zero linear objective has no interior optimum.
     """
 
     def __init__(self, oracle: Any, **kwargs: Any) -> None:
         super().__init__(oracle, **kwargs)
         self.last_outside = 0
+        self.last_fallbacks = 0
 
     def forward(self, c_hat: Tensor, tight_ctrs: Tensor) -> Tensor:
         self.check_costs(c_hat)
@@ -140,7 +169,7 @@ class CaVE(OracleLoss):
             )
         a = -self.sign * flat
         with torch.no_grad():
-            proj, _ = cone_projection(a, normals)
+            proj, _, self.last_fallbacks = _cone_projection(a, normals, 1e-12)
             outside = proj.norm(dim=-1) == 0  # exactly when lam = 0: a in the polar cone
             self.last_outside = int(outside.sum())
             if self.last_outside:
