@@ -96,7 +96,8 @@ class TightConstraints:
         self._index = {w[i].numpy().tobytes(): i for i in range(w.shape[0])}
 
     def __call__(self, w: Tensor, like: Tensor) -> Tensor:
-        idx = [self._index[row.double().numpy().tobytes()] for row in w]
+        rows = w.detach().to(torch.float64).numpy()  # one conversion, then the rows' bytes
+        idx = [self._index[row.tobytes()] for row in rows]
         return self.normals[idx].to(like.dtype)
 
 

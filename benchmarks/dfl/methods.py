@@ -266,14 +266,16 @@ class Trainer:
         order = torch.randperm(n, generator=self.gen)
         calls0 = self.count_calls()
         total, t0 = 0.0, time.perf_counter()
+        # the epoch's order gathered once; each batch is a slice (a view) of it
+        x, c, w, z = (t[order] for t in (inst.x_train, inst.c_train, inst.w_train, inst.z_train))
         for start in range(0, n, hp.batch):
-            idx = order[start : start + hp.batch]
-            c_hat = self.model(inst.x_train[idx])
-            loss = self.loss_fn(c_hat, inst.c_train[idx], inst.w_train[idx], inst.z_train[idx])
+            end = start + hp.batch
+            c_hat = self.model(x[start:end])
+            loss = self.loss_fn(c_hat, c[start:end], w[start:end], z[start:end])
             self.opt.zero_grad()
             loss.backward()
             self.opt.step()
-            total += float(loss.detach()) * len(idx)
+            total += float(loss.detach()) * c_hat.shape[0]
         self.record.epoch_seconds.append(time.perf_counter() - t0)
         self.record.epoch_oracle_calls.append(self.count_calls() - calls0)
         self.record.losses.append(total / n)

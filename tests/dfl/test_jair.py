@@ -45,6 +45,9 @@ def test_knapsack_split_shapes_and_oracle():
     assert task.train.features.shape == (550, 48, 8) and task.test.costs.shape == (139, 48)
     assert task.oracle.sense == "max" and task.oracle.capacity.tolist() == [120.0]
     assert torch.equal(task.costs_from_prices(task.prices["valid"]), task.valid.costs)
+    p = task.prices["valid"].double().requires_grad_(True)  # the identity map: exactly p @ I
+    c = task.costs_from_prices(p)
+    assert torch.equal(c, p @ task.cost_map.T) and c.requires_grad
     days = task.valid.costs[:4].double()
     x = task.oracle(days)
     w = task.oracle.weights
@@ -99,6 +102,9 @@ def test_scheduling_instance_solved_by_milp_oracle_matches_an_independent_model(
     prices = task.prices["test"][:2].double()
     c = task.costs_from_prices(prices)
     assert torch.allclose(c.float(), task.test.costs[:2], rtol=1e-6)
+    for dtype in (torch.float64, torch.float32, torch.float64):  # the kept map per dtype
+        p = prices.to(dtype)
+        assert torch.equal(task.costs_from_prices(p), p @ task.cost_map.to(dtype).T)
     sol = task.oracle.solve(c)
     assert sol.certified
     var = task.params["variables"]

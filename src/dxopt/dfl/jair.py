@@ -95,13 +95,24 @@ class JAIRTask:
     prices: dict[str, Tensor]
     cost_map: Tensor
     params: dict[str, Any] = field(default_factory=dict)
+    # the transposed cost map per (dtype, device), None where it is the identity
+    _maps: dict[Any, Tensor | None] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     def costs_from_prices(self, prices: Tensor) -> Tensor:
         """The oracle's cost vectors ``(..., d)`` of slot prices ``(..., 48)``
-        (differentiable: a model predicting prices is trained through it)."""
+        (differentiable: a model predicting prices is trained through it). An identity map
+        (the knapsack) returns ``prices`` itself, which equals ``prices @ I`` exactly."""
         if prices.shape[-1] != SLOTS:
             raise ValueError(f"prices: expected (..., {SLOTS}) slot prices, got {prices.shape}.")
-        return prices @ self.cost_map.to(prices.device, prices.dtype).T
+        key = (prices.dtype, prices.device)
+        if key not in self._maps:
+            T = self.cost_map
+            eye = T.shape == (SLOTS, SLOTS) and torch.equal(T, torch.eye(SLOTS, dtype=T.dtype))
+            self._maps[key] = None if eye else T.to(prices.device, prices.dtype).T
+        mapped = self._maps[key]
+        return prices if mapped is None else prices @ mapped
 
     def with_solutions(self) -> JAIRTask:
         """A copy whose three splits carry the oracle's optimal solutions and objectives."""
