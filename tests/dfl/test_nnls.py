@@ -90,6 +90,27 @@ def test_degenerate_generators():
     assert (lam[zero] == 0).all()  # padding rows are not generators
 
 
+def test_unit_rows_duplicate_opposite_and_spanned():
+    """Unit rows are eliminated: a repeated unit row, both signs of one coordinate (a free
+    coordinate), scaled units, a general row inside their span and one outside it."""
+    rng = np.random.default_rng(5)
+    d = 4
+    e = np.eye(d)
+    gens = np.stack(
+        [e[0], e[0], -e[0], 2.5 * e[1], e[0] + e[1], -0.5 * e[2], e[2] - e[3], 0 * e[0]]
+    )
+    N = np.stack([gens[rng.permutation(gens.shape[0])] for _ in range(30)])
+    A = 2.0 * rng.standard_normal((30, d))
+    status = _check_against_scipy(N, A, all_certified=False)
+    assert (status == CERTIFIED).sum() >= 25
+    # the exact projection: coordinate 0 free, 1 >= 0, and the cone {-e2, e2 - e3} on (2, 3)
+    lam, status, _ = nnls_batch(N, A)
+    p = np.einsum("bm,bmd->bd", lam, N)
+    ok = status == CERTIFIED
+    assert np.abs(p[ok, 0] - A[ok, 0]).max() <= 1e-14
+    assert np.abs(p[ok, 1] - np.maximum(A[ok, 1], 0.0)).max() <= 1e-14
+
+
 def test_inside_polar_and_zero():
     rng = np.random.default_rng(3)
     N = rng.standard_normal((3, 4, 6))
