@@ -12,6 +12,7 @@ import torch
 from scipy.optimize import nnls
 
 import dxopt.dfl.cave as cave_module
+from dxopt import DxoptWarning
 from dxopt.dfl import cone_projection
 from dxopt.dfl._nnls import CERTIFIED, MAX_ITER, nnls_batch
 
@@ -151,6 +152,21 @@ def test_uncertified_samples_fall_back_to_scipy(monkeypatch):
     assert counted and fallbacks == int(stopped.sum())
     for s in range(25):
         assert np.abs(p[s].numpy() - _scipy_projection(N[s], A[s])).max() <= 1e-12
+
+
+def test_a_fallback_that_misses_the_kkt_conditions_warns(monkeypatch):
+    N = np.broadcast_to(np.eye(3), (2, 3, 3)).copy()
+    A = np.array([[1.0, -1.0, 2.0], [-1.0, -1.0, -1.0]])
+    monkeypatch.setattr(
+        cave_module, "nnls_batch", lambda N_, A_, *, tol: nnls_batch(N_, A_, tol=tol, max_iter=0)
+    )
+    # scipy's answer for sample 0 replaced by lam = 0 (w = (1, 0, 2) > 0: not optimal)
+    monkeypatch.setattr(cave_module, "nnls", lambda M, b: (np.zeros(M.shape[1]), 0.0))
+    with pytest.warns(DxoptWarning, match=r"1 sample\(s\) \(first: 0\).*KKT"):
+        p, _, fallbacks = cave_module._cone_projection(
+            torch.as_tensor(A), torch.as_tensor(N), 1e-12
+        )
+    assert fallbacks == 2 and (p == 0).all()
 
 
 def test_cone_projection_refuses_bad_input():
