@@ -83,7 +83,8 @@ class JAIRTask:
             for scheduling); :meth:`with_solutions` fills their optima.
         prices: the slot prices ``{"train": (550, 48), "valid": ..., "test": ...}``.
         cost_map: ``(d, 48)`` float64 :math:`T` with ``costs = prices @ T.T`` (the identity
-            for the knapsack).
+            for the knapsack; :meth:`costs_from_prices` keeps it per dtype and device from
+            its first use, so change it through ``dataclasses.replace``, not in place).
         params: the loader's arguments.
     """
 
