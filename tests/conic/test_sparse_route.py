@@ -130,7 +130,19 @@ def test_structured_jacobian_matches_the_cones(snapped):
     z = torch.randn(n + m, generator=g, dtype=F64).numpy()
     np.testing.assert_allclose(J.matvec(z), Jd @ z, atol=1e-13, rtol=0)
     np.testing.assert_allclose(J.rmatvec(z), Jd.T @ z, atol=1e-13, rtol=0)
-    assert J.norm_1() == pytest.approx(np.abs(Jd).sum(0).max(), rel=1e-13)
+    norm_1, norm_inf = J.norms()
+    assert J.norm_1() == norm_1 == pytest.approx(np.abs(Jd).sum(0).max(), rel=1e-13)
+    assert norm_inf == pytest.approx(np.abs(Jd).sum(1).max(), rel=1e-13)
+    # every row and column sum, not only the largest: scale the rows of A so that each
+    # block's rows (the structured cone's among them) hold the largest sum in turn
+    for start in (0, slices[2].start, slices[2].start + 5, slices[5].start):
+        scaled = A.clone()
+        scaled[start] *= 50.0
+        Js = SparseJacobian(sp.csc_matrix(P.numpy()), sp.csc_matrix(scaled.numpy()), D)
+        Jsd = jacobian(P[None], scaled[None], ref, cones=cones, slices=slices)[0].numpy()
+        got = Js.norms()
+        assert got[0] == pytest.approx(np.abs(Jsd).sum(0).max(), rel=1e-13), start
+        assert got[1] == pytest.approx(np.abs(Jsd).sum(1).max(), rel=1e-13), start
     # the lifted matrix [[L11, L12], [L21, -I]] has the Schur complement L11 + L12 L21 = J
     L = J.lifted().toarray()
     N = n + m

@@ -33,6 +33,7 @@ first :math:`n + m` entries of :math:`L^{-1}(r, 0)` and :math:`L^{-\\top}(r, 0)`
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -44,14 +45,21 @@ from dxopt.conic.cones.nonneg import NonnegCone
 from dxopt.conic.cones.soc import SecondOrderCone
 from dxopt.conic.cones.zero import ZeroCone
 from dxopt.conic.kkt import cone_runs
+from dxopt.linalg import shifted_splu
 
-__all__ = ["SOC_STRUCTURED_MIN", "ConeJacobian", "SparseJacobian", "cone_jacobian_sparse"]
+__all__ = [
+    "SOC_STRUCTURED_MIN",
+    "ConeJacobian",
+    "SparseJacobian",
+    "cone_jacobian_sparse",
+    "lifted_solvers",
+]
 
 SOC_STRUCTURED_MIN = 16
 """Second-order cones of this dimension or more keep :math:`D_K` as diagonal plus rank 2;
 smaller ones are dense blocks (two lifted rows per cone would cost more than the block)."""
 
-_CHUNK = 2048  # columns per dense chunk in the exact 1-norm of A'D
+_CHUNK = 2048  # columns per dense chunk in the exact norms of A'D
 
 
 @dataclass(frozen=True)
@@ -204,15 +212,30 @@ class SparseJacobian:
         return sp.csc_matrix(sp.bmat([top, mid, bottom], format="csc"))
 
     def norm_1(self) -> float:
-        """:math:`\\Vert J\\Vert_1` (largest column sum of :math:`|J|`), exact: the
-        low-rank columns of :math:`A^\\top D` are summed in dense chunks over the rows of
-        :math:`A` they touch."""
+        """:math:`\\Vert J\\Vert_1` (largest column sum of :math:`|J|`), exact."""
+        return self.norms()[0]
+
+    def norms(self) -> tuple[float, float]:
+        """:math:`(\\Vert J\\Vert_1, \\Vert J\\Vert_\\infty)`, exact (the largest column
+        and row sums of :math:`|J|`): the entries of :math:`A^\\top D` in the columns of a
+        low-rank cone, :math:`\\lambda_k A_{kj} + (G\\, C U^\\top)_{jk}` with
+        :math:`G = A_R^\\top U_R`, are formed in dense chunks over the columns of :math:`A`
+        that touch the cone's rows :math:`R`, and summed both ways."""
         absP, absA = abs(self.P), abs(self.A)
         cols_x = np.asarray(absP.sum(axis=0)).ravel() + np.asarray(absA.sum(axis=0)).ravel()
+        rows_w = np.asarray(absA.sum(axis=1)).ravel()
         M = self.D.M
-        AtM = self.At @ M
-        Dm = sp.csc_matrix(M - sp.identity(self.m))
-        cols_w = np.asarray(abs(AtM).sum(axis=0)).ravel() + np.asarray(abs(Dm).sum(axis=0)).ravel()
+        # the low-rank cones' columns of A'M and rows of M - I are summed with their rank-2
+        # part below
+        plain = np.ones(self.m)
+        for start, stop, _ in self.D.low_rank:
+            plain[start:stop] = 0.0
+        AtM = abs(self.At @ M)
+        Dm = abs(sp.csc_matrix(M - sp.identity(self.m)))
+        cols_w = np.asarray(AtM.sum(axis=0)).ravel() + np.asarray(Dm.sum(axis=0)).ravel()
+        rows_x = np.asarray((AtM @ sp.diags(plain)).sum(axis=1)).ravel()
+        rows_x += np.asarray(absP.sum(axis=1)).ravel()
+        rows_w += plain * np.asarray(Dm.sum(axis=1)).ravel()
         U, C = self.D.U, self.D.C
         Acsr = sp.csr_matrix(self.A)
         for start, stop, col in self.D.low_rank:
@@ -220,22 +243,55 @@ class SparseJacobian:
             Ur = U[start:stop, col : col + 2].toarray()  # (d, 2): [e_0, (0, xbar)]
             CU = C[col : col + 2, col : col + 2].toarray() @ Ur.T  # (2, d)
             lam = self.D.diag[start:stop]
-            # column k of D - I on these rows: e_0 CU[0, k] + (0, xbar) CU[1, k] + (lam_k - 1) e_k
+            # D - I on these rows is diag(lam - 1) + Ur CU; each row of Ur has one nonzero
             xbar = Ur[:, 1]
-            dmi = np.abs(CU[0]) + np.abs(CU[1]) * np.abs(xbar).sum()
-            onk = Ur[:, 0] * CU[0] + xbar * CU[1]  # entry k of column k before lam_k - 1
-            dmi += np.abs(onk + lam - 1.0) - np.abs(onk)
-            # column k of A'D: lam_k A[k, :]' + G CU[:, k], G = A_R' U_R (n, 2)
+            onk = Ur[:, 0] * CU[0] + xbar * CU[1]  # the diagonal of Ur CU
+            fix = np.abs(onk + lam - 1.0) - np.abs(onk)
+            cols_w[start:stop] = np.abs(CU[0]) + np.abs(CU[1]) * np.abs(xbar).sum() + fix
+            row_sums = np.abs(Ur[:, 0]) * np.abs(CU[0]).sum() + np.abs(xbar) * np.abs(CU[1]).sum()
+            rows_w[start:stop] += row_sums + fix
+            # A'D on these columns: lam_k A[k, :]' + G CU[:, k], G = A_R' U_R (n, 2)
             Ar = Acsr[start:stop]
             touched = np.unique(Ar.indices)
             G = (Ar[:, touched].T @ Ur) if touched.size else np.zeros((0, 2))
-            atd = np.zeros(d)
+            atd, tr = np.zeros(d), np.zeros(touched.size)
             for a in range(0, d, _CHUNK):
                 b = min(a + _CHUNK, d)
-                atd[a:b] = np.abs(G @ CU[:, a:b]).sum(0)
+                T = np.abs(G @ CU[:, a:b])
+                atd[a:b] = T.sum(0)
+                tr += T.sum(1)
             Ac = Ar.tocoo()
             kk, jj = Ac.row, np.searchsorted(touched, Ac.col)
             v = (G[jj] * CU[:, kk].T).sum(1)
-            np.add.at(atd, kk, np.abs(v + lam[kk] * Ac.data) - np.abs(v))
-            cols_w[start:stop] = atd + dmi
-        return float(max(cols_x.max(initial=0.0), cols_w.max(initial=0.0)))
+            corr = np.abs(v + lam[kk] * Ac.data) - np.abs(v)
+            np.add.at(atd, kk, corr)
+            np.add.at(tr, jj, corr)
+            cols_w[start:stop] += atd
+            rows_x[touched] += tr
+        norm_1 = max(cols_x.max(initial=0.0), cols_w.max(initial=0.0))
+        norm_inf = max(rows_x.max(initial=0.0), rows_w.max(initial=0.0))
+        return float(norm_1), float(norm_inf)
+
+
+def lifted_solvers(J: SparseJacobian, shift: float, L: Any = None) -> tuple[Any, Any]:
+    """``(solve, solve_t)``: :math:`(J + \\delta I)^{-1}` and its transpose through the LU of
+    the shifted lifted matrix ``L`` (module doc; built here if not given)."""
+    N, r = J.size, J.r
+    # the pattern of L is nearly symmetric: minimum degree on L' + L (for the n = 5000
+    # problem of benchmarks/conic/large.py 8x less fill than COLAMD, the LU 3x faster)
+    lu = shifted_splu(
+        J.lifted() if L is None else L,
+        shift,
+        size=N,
+        what="lifted cone-program Jacobian",
+        permc_spec="MMD_AT_PLUS_A",
+    )
+    pad = np.zeros(r)
+
+    def solve(v: np.ndarray) -> np.ndarray:
+        return lu.solve(np.concatenate([v, pad]))[:N]
+
+    def solve_t(v: np.ndarray) -> np.ndarray:
+        return lu.solve(np.concatenate([v, pad]), trans="T")[:N]
+
+    return solve, solve_t

@@ -12,28 +12,26 @@ Nothing here forms a dense ``(n, n)``, ``(m, n)`` or ``(n + m)``-square matrix:
   (:mod:`dxopt.conic.sparse_kkt`) shifted by :data:`~dxopt.conic.certify.POLISH_SHIFT`
   :math:`\\Vert L\\Vert_1` and refined against the exact ``J``; a step is kept only where it
   lowers :math:`\\Vert F\\Vert_\\infty` (the point is certified afterwards either way);
-- **backward**: the adjoint :math:`J^\\top u = g` of :mod:`dxopt.conic.backward` (the same
-  right-hand side, one-sided rule at kinks and gradient formulas) with a sparse LU of the
-  lifted matrix shifted by :data:`BACKWARD_SHIFT` :math:`\\Vert J\\Vert_1` (only to keep
-  SuperLU off an exactly singular matrix), refined against the exact :math:`J^\\top`
-  (:func:`dxopt.linalg.refine`). A sample is accepted when the relative residual is at most
-  :data:`~dxopt.conic.kkt.ROUNDOFF` and the estimate of :math:`\\kappa_1(J)`
-  (:func:`dxopt.linalg.inverse_norm_1`) at most :data:`~dxopt.conic.backward.COND_MAX`;
-  otherwise it is flagged ``singular`` in ``info.backward`` and the backward raises
-  :class:`~dxopt.conic.types.ConicBackwardError` (the dense route's minimum-norm adjoint is an
-  SVD, out of reach at this size: no gradient rather than a wrong one). Gradients with
-  respect to ``P`` and ``A`` are sparse tensors on the input's stored entries
-  (:math:`\\bar A_{ij} = -(y_i u_{x,j} + u_{w,i} x_j)`,
-  :math:`\\bar P_{ij} = -\\tfrac12(u_{x,i} x_j + x_i u_{x,j})` at each stored
-  :math:`(i, j)`), as :class:`dxopt.conic.sparse.Scatter` gives them on the dense route.
-
-Forward mode (``jvp``) is the dense route's only.
+- **derivatives** (:mod:`dxopt.conic.sparse_adjoint`): reverse mode (``backward()``,
+  :func:`torch.autograd.grad`) and forward mode (:mod:`torch.autograd.forward_ad`,
+  :func:`torch.func.jvp`; :class:`SparseTangentFunction`) by implicit differentiation of
+  :math:`F(x, w) = 0` with the formulas, sign conventions and one-sided rule at kinks of
+  :mod:`dxopt.conic.backward`, each solve a sparse LU of the lifted Jacobian refined against
+  the exact :math:`J` or :math:`J^\\top` and checked (residual at round-off, condition
+  estimate at most :data:`~dxopt.conic.backward.COND_MAX`), a refused sample flagged
+  ``singular`` in ``info.backward`` with a :class:`~dxopt.conic.types.ConicBackwardError`.
+  Gradients with respect to ``P`` and ``A`` are sparse tensors on the input's stored entries,
+  as :class:`dxopt.conic.sparse.Scatter` gives them on the dense route; their tangents are
+  the input's matrix tangents (sparse COO/CSR or dense; torch itself builds no sparse dual
+  tensor, so through its forward AD a sparse input's tangent arrives as zero).
+  :mod:`torch.func` transforms see the problem's tensors only inside
+  :class:`SparseConicFunction`'s forward (the checks and the problem are built there);
+  ``torch.func.vmap`` has no rule here (pass a batch instead).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,7 +39,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from dxopt.conic.backward import COND_MAX
 from dxopt.conic.certify import (
     POLISH_ROUNDOFF,
     POLISH_SHIFT,
@@ -54,28 +51,19 @@ from dxopt.conic.certify import (
 )
 from dxopt.conic.cones.base import Cone
 from dxopt.conic.forward import Attempt, Checks, run_chain, scale_of
-from dxopt.conic.kkt import EPS, ROUNDOFF, project_dual
-from dxopt.conic.sparse_kkt import SparseJacobian, cone_jacobian_sparse
+from dxopt.conic.kkt import ROUNDOFF, project_dual
+from dxopt.conic.sparse_adjoint import BACKWARD_SHIFT, adjoint_gradients, tangent_matrix, tangents
+from dxopt.conic.sparse_kkt import SparseJacobian, cone_jacobian_sparse, lifted_solvers
 from dxopt.conic.sparse_problem import SparseConicProblem, sparse_problem
 from dxopt.conic.types import (
-    ConicBackwardError,
-    ConicBackwardInfo,
-    ConicDegenerateWarning,
     ConicInfo,
     ConicOptions,
     ConicSolution,
 )
 from dxopt.conic.warm import WarmStart, warm_attempt, warm_points
-from dxopt.linalg import FactorizationError, inverse_norm_1, refine, shifted_splu
+from dxopt.linalg import FactorizationError, refine
 
 __all__ = ["BACKWARD_SHIFT", "SPARSE_CHECKS", "SparseConicFunction", "solve_sparse"]
-
-BACKWARD_SHIFT = 1e2 * EPS
-"""The backward's LU is of :math:`J + \\delta I`, :math:`\\delta` = this times
-:math:`\\Vert J\\Vert_1`: refinement removes it in a round or two wherever
-:math:`\\kappa_1(J) \\le` ``COND_MAX`` (it contracts by :math:`\\delta\\Vert J^{-1}\\Vert
-\\le 10^{-2}`), and on a singular ``J`` the condition estimate of the shifted factor is about
-:math:`1/(100\\,\\epsilon) > ` ``COND_MAX``."""
 
 
 def _prod(M: Any, X: Tensor) -> Tensor:
@@ -102,31 +90,6 @@ def _amax(v: np.ndarray) -> float:
     return float(np.abs(v).max(initial=0.0))
 
 
-def _lifted_solvers(J: SparseJacobian, shift: float, L: Any = None) -> tuple[Any, Any]:
-    """``(solve, solve_t)``: :math:`(J + \\delta I)^{-1}` and its transpose through the LU of
-    the shifted lifted matrix ``L`` (:mod:`dxopt.conic.sparse_kkt`; built here if not
-    given)."""
-    N, r = J.size, J.r
-    # the pattern of L is nearly symmetric: minimum degree on L' + L (for the n = 5000
-    # problem of benchmarks/conic/large.py 8x less fill than COLAMD, the LU 3x faster)
-    lu = shifted_splu(
-        J.lifted() if L is None else L,
-        shift,
-        size=N,
-        what="lifted cone-program Jacobian",
-        permc_spec="MMD_AT_PLUS_A",
-    )
-    pad = np.zeros(r)
-
-    def solve(v: np.ndarray) -> np.ndarray:
-        return lu.solve(np.concatenate([v, pad]))[:N]
-
-    def solve_t(v: np.ndarray) -> np.ndarray:
-        return lu.solve(np.concatenate([v, pad]), trans="T")[:N]
-
-    return solve, solve_t
-
-
 def _polish_one(
     prob: SparseConicProblem, q: np.ndarray, b: np.ndarray, x: np.ndarray, w: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, bool]:
@@ -147,7 +110,7 @@ def _polish_one(
         L = J.lifted()
         norm = float(abs(L).sum(axis=0).max())
         try:
-            solve, _ = _lifted_solvers(J, POLISH_SHIFT * norm, L)
+            solve, _ = lifted_solvers(J, POLISH_SHIFT * norm, L)
         except FactorizationError:
             break
         dz = refine(solve, J.matvec, -F, norm=norm, target=ROUNDOFF, max_steps=3).z
@@ -253,10 +216,31 @@ class SparseCall:
     kink_scale: Tensor | None = None
 
 
+@dataclass
+class SparseSpec:
+    """The non-tensor inputs of one :class:`SparseConicFunction` call. The forward checks
+    the tensors and builds the problem (inside a :mod:`torch.func` transform only an
+    autograd Function's forward sees plain tensors, whose values numpy can read) and leaves
+    its :class:`SparseCall` in ``call``."""
+
+    cones: tuple[Cone, ...]
+    options: ConicOptions
+    warm_start: WarmStart
+    P_given: bool
+    call: SparseCall | None = None
+
+
 def _out(t: Tensor, prob: SparseConicProblem, ok: Tensor) -> Tensor:
     t = torch.where(ok[:, None], t, torch.full_like(t, float("nan")))
     t = t.to(dtype=prob.dtype, device=prob.device)
     return t if prob.batched else t[0]
+
+
+def _tangent(t: Tensor | None, B: int, d: int) -> Tensor:
+    """The tangent of ``q`` or ``b`` (shared ``(d,)`` or batched ``(B, d)``) as ``(B, d)``."""
+    if t is None:
+        return torch.zeros(B, d, dtype=torch.float64)
+    return t.detach().to(dtype=torch.float64, device="cpu").reshape(-1, d).expand(B, d)
 
 
 def _cot(g: Tensor | None, B: int, d: int) -> Tensor:
@@ -265,90 +249,30 @@ def _cot(g: Tensor | None, B: int, d: int) -> Tensor:
     return torch.nan_to_num(g.detach().to(dtype=torch.float64, device="cpu").reshape(B, d))
 
 
-def _adjoint(call: SparseCall, gx: Tensor, gy: Tensor, gs: Tensor) -> dict[str, np.ndarray]:
-    """``u = J^{-T} g`` per certified sample and the gradients of the module doc, summed
-    over the batch (``P``, ``A`` on their patterns)."""
-    prob, info = call.prob, call.info
-    assert call.x is not None and call.y is not None and call.w is not None and info is not None
-    assert call.kink_scale is not None
-    B, n, m = prob.batch, prob.n, prob.m
-    gq, gb = np.zeros((B, n)), np.zeros((B, m))
-    A_rows, A_cols = prob.A_pattern.rows, prob.A_pattern.cols
-    gA = np.zeros(A_rows.size)
-    gP = np.zeros(prob.P_pattern.rows.size) if prob.P_pattern is not None else np.zeros(0)
-    res, cond, singular = [0.0] * B, [float("nan")] * B, [False] * B
-    steps = 0
-    kinks: list[int] = []
-    for i, st in enumerate(call.status):
-        if not st.ok:
-            continue
-        if info.kink[i]:
-            kinks.append(i)
-        w = call.w[i]
-        atol = call.options.kink_tol * float(call.kink_scale[i])
-        D = cone_jacobian_sparse(prob.cones, prob.slices, w, atol)
-        J = SparseJacobian(prob.P, prob.A, D)
-        norm = J.norm_1()
-        g = np.concatenate([gx[i].numpy(), D.rmatvec((gy[i] + gs[i]).numpy()) - gs[i].numpy()])
-        try:
-            solve, solve_t = _lifted_solvers(J, BACKWARD_SHIFT * norm)
-        except FactorizationError:
-            res[i], cond[i], singular[i] = float("inf"), float("inf"), True
-            continue
-        cond[i] = norm * inverse_norm_1(solve, solve_t, J.size)
-        sol = refine(solve_t, J.rmatvec, g, norm=norm, target=EPS)
-        res[i], steps = sol.residual, max(steps, sol.steps)
-        if not (sol.residual <= ROUNDOFF and cond[i] <= COND_MAX):
-            singular[i] = True
-            continue
-        ux, uw = sol.z[:n], sol.z[n:]
-        x, y = call.x[i].numpy(), call.y[i].numpy()
-        gq[i], gb[i] = -ux, uw
-        gA -= y[A_rows] * ux[A_cols] + uw[A_rows] * x[A_cols]
-        if prob.P_pattern is not None:
-            r, c = prob.P_pattern.rows, prob.P_pattern.cols
-            gP -= 0.5 * (ux[r] * x[c] + x[r] * ux[c])
-    bi: ConicBackwardInfo = info.backward
-    bi.linear_solver, bi.residual, bi.refinement_steps = "splu", tuple(res), steps
-    bi.singular, bi.condition = tuple(singular), tuple(cond)
-    bad = [i for i in range(B) if singular[i]]
-    if bad:
-        raise ConicBackwardError(
-            f"dxopt.conic (sparse route): the Jacobian of samples {bad[:10]} is singular or "
-            f"too ill-conditioned (condition estimate {cond[bad[0]]:.3g}, refined residual "
-            f"{res[bad[0]]:.3g}; see sol.info.backward): no gradient is returned. A singular "
-            "Jacobian means a non-unique solution or an unresolved kink; route='dense' gives "
-            "the minimum-norm adjoint where the dense problem fits in memory"
-        )
-    if kinks:
-        warnings.warn(
-            f"dxopt.conic: the derivative of samples {kinks[:10]}"
-            f"{'...' if len(kinks) > 10 else ''} is one-sided (a cone kink: a weakly active "
-            "face taken as inactive); see sol.info.kink and sol.info.backward",
-            ConicDegenerateWarning,
-            stacklevel=4,
-        )
-    return {"q": gq, "b": gb, "A": gA, "P": gP}
-
-
 class SparseConicFunction(torch.autograd.Function):
-    """``(P, q, A, b, call) -> (x, y, s)`` on the sparse route (``P``, ``A`` the sparse
-    inputs; ``P`` an empty placeholder when absent)."""
+    """``(P, q, A, b, spec) -> (x, y, s)`` on the sparse route (``P``, ``A`` the sparse
+    inputs; ``P`` an empty placeholder when absent); forward mode through
+    :class:`SparseTangentFunction`."""
 
     @staticmethod
-    def forward(P: Tensor, q: Tensor, A: Tensor, b: Tensor, call: SparseCall) -> Any:
+    def forward(P: Tensor, q: Tensor, A: Tensor, b: Tensor, spec: SparseSpec) -> Any:
+        options = spec.options
+        prob = sparse_problem(
+            P if spec.P_given else None, q, A, b, spec.cones, check_psd=options.check_psd
+        )
+        call = SparseCall(prob, options, warm=warm_points(prob, spec.warm_start))
+        spec.call = call
         first: tuple[Attempt, ...] = () if call.warm is None else (warm_attempt(call.warm),)
-        chain = run_chain(call.prob, call.options, first, SPARSE_CHECKS)
+        chain = run_chain(prob, options, first, SPARSE_CHECKS)
         call.x, call.y, call.w = chain.x, chain.y, chain.w
         call.status, call.info, call.kink_scale = chain.status, chain.info, chain.kink_scale
         ok = torch.tensor([st.ok for st in chain.status], dtype=torch.bool)
-        prob = call.prob
         return _out(chain.x, prob, ok), _out(chain.y, prob, ok), _out(chain.s, prob, ok)
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-        _P, q, _A, b, call = inputs
-        ctx.call = call
+        _P, q, _A, b, spec = inputs
+        ctx.call = spec.call
         ctx.shapes = (tuple(q.shape), tuple(b.shape))
         ctx.mark_non_differentiable()
 
@@ -357,7 +281,7 @@ class SparseConicFunction(torch.autograd.Function):
         call: SparseCall = ctx.call
         prob = call.prob
         B, n, m = prob.batch, prob.n, prob.m
-        grads = _adjoint(call, _cot(gx, B, n), _cot(gy, B, m), _cot(gs, B, m))
+        grads = adjoint_gradients(call, _cot(gx, B, n), _cot(gy, B, m), _cot(gs, B, m))
         sq, sb = ctx.shapes
 
         def back(g: np.ndarray, shape: tuple[int, ...]) -> Tensor:
@@ -376,11 +300,33 @@ class SparseConicFunction(torch.autograd.Function):
         return grad_P, grad_q, grad_A, grad_b, None
 
     @staticmethod
-    def jvp(ctx: Any, *tangents: Any) -> Any:
-        raise ConicBackwardError(
-            "dxopt.conic (sparse route): forward-mode AD is offered on the dense route only; "
-            "use reverse mode (backward(), torch.autograd.grad) or pass route='dense'"
-        )
+    def jvp(
+        ctx: Any, dP: Tensor | None, dq: Tensor | None, dA: Tensor | None, db: Tensor | None, _: Any
+    ) -> Any:
+        return SparseTangentFunction.apply(dP, dq, dA, db, ctx.call)
+
+
+class SparseTangentFunction(torch.autograd.Function):
+    """``(dP, dq, dA, db, call) -> (dx, dy, ds)``: the forward mode of
+    :class:`SparseConicFunction` (:func:`dxopt.conic.sparse_adjoint.tangents`), a Function
+    of its own so that inside :func:`torch.func.jvp` the tangents reach numpy as plain
+    tensors. Its outputs are not differentiable (no second derivatives)."""
+
+    @staticmethod
+    def forward(
+        dP: Tensor | None, dq: Tensor | None, dA: Tensor | None, db: Tensor | None, call: Any
+    ) -> Any:
+        prob = call.prob
+        B, n, m = prob.batch, prob.n, prob.m
+        tP = tangent_matrix("P", dP, (n, n)) if prob.P_pattern is not None else None
+        tA = tangent_matrix("A", dA, (m, n))
+        dx, dy, ds = tangents(call, tP, _tangent(dq, B, n), tA, _tangent(db, B, m))
+        ok = torch.ones(B, dtype=torch.bool)
+        return _out(dx, prob, ok), _out(dy, prob, ok), _out(ds, prob, ok)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        ctx.mark_non_differentiable(*output)
 
 
 def solve_sparse(
@@ -394,10 +340,11 @@ def solve_sparse(
 ) -> ConicSolution:
     """One certified, differentiable solve on the sparse route (failed samples NaN; the
     caller applies ``on_failure``)."""
-    prob = sparse_problem(P, q, A, b, cones, check_psd=options.check_psd)
-    call = SparseCall(prob, options, warm=warm_points(prob, warm_start))
+    spec = SparseSpec(cones, options, warm_start, P is not None)
     P_in = P if P is not None else q.new_zeros(0)
-    x, y, s = SparseConicFunction.apply(P_in, q, A, b, call)
+    x, y, s = SparseConicFunction.apply(P_in, q, A, b, spec)
+    call = spec.call
+    assert call is not None
     info = call.info
     assert info is not None
     if call.warm is not None:
