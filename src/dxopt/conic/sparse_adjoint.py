@@ -13,10 +13,27 @@ Each solve is refined against the exact :math:`J` or :math:`J^\\top`
 (:func:`dxopt.linalg.refine`, with the exact :math:`\\Vert J\\Vert_\\infty` or
 :math:`\\Vert J\\Vert_1` in the relative residual of :mod:`dxopt.linalg.sparse_lu`) and
 accepted when that residual is at most :data:`~dxopt.conic.kkt.ROUNDOFF` and the condition
-estimate at most :data:`~dxopt.conic.backward.COND_MAX`. Otherwise the sample is flagged
-``singular`` in ``info.backward`` and the call raises
-:class:`~dxopt.conic.types.ConicBackwardError` naming the samples: no derivative rather than
-a wrong one.
+estimate at most :data:`~dxopt.conic.backward.COND_MAX`.
+
+**A singular Jacobian** (non-unique solutions, a kink the rule could not resolve) gets, as on
+the dense route, the minimum-norm least-squares solution :math:`z = M^+ r` of
+:math:`Mz = r` (:math:`M = J^\\top` or :math:`J`), here by LSMR (Fong and Saunders, "LSMR:
+An iterative algorithm for sparse least-squares problems", SIAM J. Sci. Comput. 33, 2011)
+from :math:`z_0 = 0`: its iterates lie in the Krylov space of :math:`M^\\top M` and
+:math:`M^\\top r`, inside :math:`\\mathrm{range}(M^\\top)`, so the least-squares solution
+it converges to is the minimum-norm one. It runs to round-off (:data:`MIN_NORM_TOL`) with
+LSMR's condition limit at :math:`1/`:data:`~dxopt.conic.backward.PINV_RTOL` (the dense
+route's SVD drops singular values below that fraction of the largest; a smaller nonzero
+one LSMR sees means the two would differ: refused), and is then checked with exact
+products: the normal equations' residual :math:`e = M^\\top(r - Mz)` must be at most
+:data:`~dxopt.conic.kkt.ROUNDOFF` relative to
+:math:`\\Vert M^\\top\\Vert_\\infty(\\Vert M\\Vert_\\infty \\Vert z\\Vert_\\infty +
+\\Vert r\\Vert_\\infty)`, and its error bound :math:`\\Vert e\\Vert_2 / \\sigma^2` at
+most :data:`MIN_NORM_ERROR` of its scale. An accepted sample is flagged ``singular`` in
+``info.backward`` (its ``residual`` then that of :math:`Mz = r`, as on the dense route) with
+a :class:`~dxopt.conic.types.ConicDegenerateWarning`; a sample that fails a check is flagged
+the same way and the call raises :class:`~dxopt.conic.types.ConicBackwardError` naming the
+samples: no derivative rather than a wrong one.
 
 **Reverse mode** (the formulas of :mod:`dxopt.conic.backward`): with
 :math:`g = (\\bar x, D^\\top(\\bar y + \\bar s) - \\bar s)`, solve :math:`J^\\top u = g`; then
@@ -44,10 +61,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import scipy.sparse as sp
+import scipy.sparse.linalg as spla
 import torch
 from torch import Tensor
 
-from dxopt.conic.backward import COND_MAX
+from dxopt.conic.backward import COND_MAX, PINV_RTOL
 from dxopt.conic.kkt import EPS, ROUNDOFF
 from dxopt.conic.sparse_kkt import (
     ConeJacobian,
@@ -69,6 +87,16 @@ refinement removes it in a round or two wherever :math:`\\kappa_1(J) \\le` ``CON
 contracts by :math:`\\delta\\Vert J^{-1}\\Vert \\le 10^{-2}`), and on a singular ``J`` the
 condition estimate of the shifted factor is about :math:`1/(100\\,\\epsilon) > `
 ``COND_MAX``."""
+
+MIN_NORM_TOL = EPS
+"""LSMR's ``atol`` and ``btol`` in the minimum-norm solve: run to round-off."""
+MIN_NORM_ITER = 20
+"""LSMR's iteration limit, this times :math:`n + m`."""
+MIN_NORM_ERROR = 1e-8
+"""A minimum-norm solution is accepted only where the error bound
+:math:`\\Vert e\\Vert_2 / \\sigma^2` of the normal equations' residual :math:`e`
+(:math:`\\sigma` the smallest nonzero singular value, LSMR's estimate) is at most this times
+the bound's scale :math:`\\Vert z\\Vert_2 + \\Vert r - Mz\\Vert_2 / \\sigma`."""
 
 Solve = Callable[[np.ndarray], np.ndarray]
 
@@ -116,17 +144,66 @@ class _Outcome:
     steps: int = 0
 
 
-def _solve(sys: SampleSystem, rhs: np.ndarray, *, adjoint: bool) -> tuple[Any, float, int]:
-    """``(z, residual, steps)`` of :math:`J z = r` (:math:`J^\\top z = r` if ``adjoint``),
-    ``z`` ``None`` where the sample is refused (module doc)."""
-    if sys.solve is None or sys.solve_t is None:
-        return None, float("inf"), 0
+def _solve(
+    sys: SampleSystem, rhs: np.ndarray, *, adjoint: bool
+) -> tuple[np.ndarray | None, float, int, bool]:
+    """``(z, residual, steps, minimum_norm)`` of :math:`J z = r` (:math:`J^\\top z = r` if
+    ``adjoint``): the refined LU solve where it passes its checks, else the checked
+    minimum-norm solution (:func:`_min_norm`); ``z`` ``None`` where the sample is refused
+    (module doc)."""
+    residual, steps = float("inf"), 0
+    if sys.solve is not None and sys.solve_t is not None:
+        if adjoint:
+            sol = refine(sys.solve_t, sys.J.rmatvec, rhs, norm=sys.norm_1, target=EPS)
+        else:
+            sol = refine(sys.solve, sys.J.matvec, rhs, norm=sys.norm_inf, target=EPS)
+        if sol.residual <= ROUNDOFF and sys.cond <= COND_MAX:
+            return sol.z, sol.residual, sol.steps, False
+        residual, steps = sol.residual, sol.steps
+    z, ls_residual = _min_norm(sys, rhs, adjoint=adjoint)
+    if z is None:
+        return None, residual, steps, False
+    return z, ls_residual, steps, True
+
+
+def _min_norm(sys: SampleSystem, rhs: np.ndarray, *, adjoint: bool) -> tuple[Any, float]:
+    """The minimum-norm least-squares solution of :math:`Mz = r`, :math:`M = J^\\top` (or
+    :math:`J`), by LSMR from :math:`z_0 = 0` (module doc), and its relative residual
+    :math:`\\Vert r - Mz\\Vert_\\infty / (\\Vert M\\Vert_\\infty \\Vert z\\Vert_\\infty +
+    \\Vert r\\Vert_\\infty)`; ``None`` where a check fails."""
+    J, N = sys.J, sys.J.size
+    mv: Solve
+    rmv: Solve
     if adjoint:
-        sol = refine(sys.solve_t, sys.J.rmatvec, rhs, norm=sys.norm_1, target=EPS)
+        mv, rmv, norm_m, norm_mt = J.rmatvec, J.matvec, sys.norm_1, sys.norm_inf
     else:
-        sol = refine(sys.solve, sys.J.matvec, rhs, norm=sys.norm_inf, target=EPS)
-    ok = sol.residual <= ROUNDOFF and sys.cond <= COND_MAX
-    return (sol.z if ok else None), sol.residual, sol.steps
+        mv, rmv, norm_m, norm_mt = J.matvec, J.rmatvec, sys.norm_inf, sys.norm_1
+    if not np.abs(rhs).max(initial=0.0) > 0:
+        return np.zeros(N), 0.0
+    op = spla.LinearOperator((N, N), matvec=mv, rmatvec=rmv, dtype=np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        z, istop, _, _, _, norma, conda, _ = spla.lsmr(
+            op,
+            rhs,
+            atol=MIN_NORM_TOL,
+            btol=MIN_NORM_TOL,
+            conlim=1.0 / PINV_RTOL,
+            maxiter=MIN_NORM_ITER * N,
+        )
+        if istop in (3, 6, 7) or not np.isfinite(z).all():
+            return None, float("inf")  # past conlim (the SVD's cut) or not converged
+        r = rhs - mv(z)
+        e = rmv(r)  # the normal equations' residual M'(r - Mz)
+        scale = norm_m * float(np.abs(z).max()) + float(np.abs(rhs).max())
+        normal = float(np.abs(e).max()) / (norm_mt * scale)
+        # ||z - z+|| <= ||e|| / s^2 on range(M'), s = ||M|| / cond the least nonzero
+        # singular value, against the bound's own scale ||z|| + ||r|| / s
+        inv_s = conda / norma if norma > 0 else 0.0
+        error = float(np.linalg.norm(e)) * inv_s**2
+        size = float(np.linalg.norm(z)) + float(np.linalg.norm(r)) * inv_s
+    if not (normal <= ROUNDOFF and error <= MIN_NORM_ERROR * size):
+        return None, float("inf")
+    return z, float(np.abs(r).max()) / scale
 
 
 def _implicit(
@@ -143,22 +220,23 @@ def _implicit(
     B = prob.batch
     out = _Outcome([0.0] * B, [float("nan")] * B, [False] * B)
     kinks: list[int] = []
+    bad: list[int] = []
     for i, st in enumerate(call.status):
         if not st.ok:
             continue
         if info.kink[i]:
             kinks.append(i)
         sys = sample_system(call, i)
-        z, out.residual[i], steps = _solve(sys, rhs(i, sys.D), adjoint=adjoint)
+        z, out.residual[i], steps, pinv = _solve(sys, rhs(i, sys.D), adjoint=adjoint)
         out.condition[i], out.steps = sys.cond, max(out.steps, steps)
+        out.singular[i] = z is None or pinv
         if z is None:
-            out.singular[i] = True
+            bad.append(i)
         else:
             finish(i, z, sys.D)
     bi: ConicBackwardInfo = info.backward
     bi.linear_solver, bi.residual, bi.refinement_steps = "splu", tuple(out.residual), out.steps
     bi.singular, bi.condition = tuple(out.singular), tuple(out.condition)
-    bad = [i for i in range(B) if out.singular[i]]
     mode = "reverse" if adjoint else "forward"
     if bad:
         raise ConicBackwardError(
@@ -166,14 +244,18 @@ def _implicit(
             f"singular or too ill-conditioned (condition estimate {out.condition[bad[0]]:.3g}, "
             f"refined residual {out.residual[bad[0]]:.3g}; see sol.info.backward): no "
             "derivative is returned. A singular Jacobian means a non-unique solution or an "
-            "unresolved kink; route='dense' gives the minimum-norm adjoint where the dense "
-            "problem fits in memory"
+            "unresolved kink, and its minimum-norm solution did not pass its checks here "
+            "(LSMR to round-off, the normal equations' residual and error bound); "
+            "route='dense' gives the SVD's minimum-norm solution where the dense problem fits "
+            "in memory"
         )
-    if kinks:
+    flagged = sorted(set(kinks) | {i for i in range(B) if out.singular[i]})
+    if flagged:
         warnings.warn(
-            f"dxopt.conic: the derivative of samples {kinks[:10]}"
-            f"{'...' if len(kinks) > 10 else ''} is one-sided (a cone kink: a weakly active "
-            "face taken as inactive); see sol.info.kink and sol.info.backward",
+            f"dxopt.conic: the derivative of samples {flagged[:10]}"
+            f"{'...' if len(flagged) > 10 else ''} is one-sided (a cone kink: a weakly active "
+            "face taken as inactive) or, where the Jacobian is singular, the minimum-norm "
+            "solution; see sol.info.kink and sol.info.backward",
             ConicDegenerateWarning,
             stacklevel=5,
         )

@@ -32,6 +32,7 @@ first :math:`n + m` entries of :math:`L^{-1}(r, 0)` and :math:`L^{-\\top}(r, 0)`
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -186,18 +187,32 @@ class SparseJacobian:
     def size(self) -> int:
         return self.n + self.m
 
+    @functools.cached_property
+    def _explicit(self) -> tuple[sp.csr_matrix, ...]:
+        """``(K, K', W, W', CU', VU')`` with :math:`J = K + W C U^\\top` on the ``w``
+        columns: :math:`K = [[P, A^\\top M], [A, M - I]]`, :math:`W = [A^\\top U; U]`,
+        built once for repeated products."""
+        M, U, C = self.D.M, self.D.U, self.D.C
+        eye_m = sp.identity(self.m, format="csr")
+        K = sp.csr_matrix(sp.bmat([[self.P, self.At @ M], [self.A, M - eye_m]]))
+        W = sp.csr_matrix(sp.vstack([self.At @ U, U]))
+        return K, sp.csr_matrix(K.T), W, sp.csr_matrix(W.T), sp.csr_matrix(C @ U.T), U @ C.T
+
     def matvec(self, z: np.ndarray) -> np.ndarray:
         """:math:`Jz`."""
-        n = self.n
-        zx, zw = z[:n], z[n:]
-        Dzw = self.D.matvec(zw)
-        return np.concatenate([self.P @ zx + self.At @ Dzw, self.A @ zx + Dzw - zw])
+        K, _, W, _, CUt, _ = self._explicit
+        out = K @ z
+        if self.r:
+            out += W @ (CUt @ z[self.n :])
+        return np.asarray(out)
 
     def rmatvec(self, u: np.ndarray) -> np.ndarray:
         """:math:`J^\\top u`."""
-        n = self.n
-        ux, uw = u[:n], u[n:]
-        return np.concatenate([self.P @ ux + self.At @ uw, self.D.rmatvec(self.A @ ux + uw) - uw])
+        _, Kt, _, Wt, _, UCt = self._explicit
+        out = Kt @ u
+        if self.r:
+            out[self.n :] += UCt @ (Wt @ u)
+        return np.asarray(out)
 
     def lifted(self) -> sp.csc_matrix:
         """:math:`L` (module doc), ``(n + m + r)``-square CSC."""
