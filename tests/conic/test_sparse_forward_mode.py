@@ -1,8 +1,8 @@
-"""Forward mode on the sparse route of dxopt.conic: torch.autograd.forward_ad and
-torch.func.jvp give the dense route's tangents on every cone kind, the tangents of the
+"""Forward mode and torch.func on the sparse route of dxopt.conic: torch.autograd.forward_ad
+and torch.func.jvp give the dense route's tangents on every cone kind, the tangents of the
 sparse P and A (SparseConicFunction.jvp) the dense route's, the jvp is the transpose of the
-vjp and a kink gets the documented one-sided tangent (singular Jacobians:
-test_sparse_min_norm.py)."""
+vjp, a kink gets the documented one-sided tangent, and torch.func.grad / vjp give the dense
+route's gradients (singular Jacobians: test_sparse_min_norm.py)."""
 
 from __future__ import annotations
 
@@ -148,3 +148,27 @@ def test_tangent_of_the_wrong_shape_is_refused():
     bad = torch.zeros(A.shape[0], n + 1, dtype=F64).to_sparse_coo()
     with pytest.raises(ValueError, match="tangent of A: expected shape"):
         SparseConicFunction.jvp(types.SimpleNamespace(call=call), None, None, bad, None, None)
+
+
+def test_torch_func_grad_and_vjp_match_the_dense_route():
+    """Reverse mode inside torch.func (the adjoint runs in its own Function's forward, where
+    numpy can read the cotangents): grad and vjp over q and b, P and A sparse constants."""
+    cones, n = KINDS["soc-small"]
+    P, q, A, b = _random_problem(cones, n, seed=23)
+    g = torch.Generator().manual_seed(3)
+    wx, wy = (torch.randn(t.shape, generator=g, dtype=F64) for t in (q, b))
+    grads = {}
+    for route, Pr, Ar in (("dense", P, A), ("sparse", P.to_sparse_coo(), A.to_sparse_coo())):
+
+        def loss(qv, bv, Pr=Pr, Ar=Ar, route=route):
+            sol = dc.solve(Pr, qv, Ar, bv, cones=cones, route=route, **TOL)
+            return (wx * sol.x).sum() + (wy * sol.y).sum()
+
+        def xs(qv, bv, Pr=Pr, Ar=Ar, route=route):
+            return dc.solve(Pr, qv, Ar, bv, cones=cones, route=route, **TOL).x
+
+        _, pull = torch.func.vjp(xs, q, b)
+        grads[route] = (*torch.func.grad(loss, argnums=(0, 1))(q, b), *pull(wx))
+    assert float(grads["dense"][0].abs().max()) > 1e-3
+    for a, c in zip(grads["sparse"], grads["dense"]):
+        torch.testing.assert_close(a, c, atol=1e-9, rtol=1e-9)

@@ -13,13 +13,16 @@ Nothing here forms a dense ``(n, n)``, ``(m, n)`` or ``(n + m)``-square matrix:
   :math:`\\Vert L\\Vert_1` and refined against the exact ``J``; a step is kept only where it
   lowers :math:`\\Vert F\\Vert_\\infty` (the point is certified afterwards either way);
 - **derivatives** (:mod:`dxopt.conic.sparse_adjoint`): reverse mode (``backward()``,
-  :func:`torch.autograd.grad`) and forward mode (:mod:`torch.autograd.forward_ad`,
+  :func:`torch.autograd.grad`, :func:`torch.func.grad` / ``vjp``;
+  :class:`SparseAdjointFunction`) and forward mode (:mod:`torch.autograd.forward_ad`,
   :func:`torch.func.jvp`; :class:`SparseTangentFunction`) by implicit differentiation of
   :math:`F(x, w) = 0` with the formulas, sign conventions and one-sided rule at kinks of
   :mod:`dxopt.conic.backward`, each solve a sparse LU of the lifted Jacobian refined against
   the exact :math:`J` or :math:`J^\\top` and checked (residual at round-off, condition
-  estimate at most :data:`~dxopt.conic.backward.COND_MAX`), a refused sample flagged
-  ``singular`` in ``info.backward`` with a :class:`~dxopt.conic.types.ConicBackwardError`.
+  estimate at most :data:`~dxopt.conic.backward.COND_MAX`); a singular Jacobian gets the
+  checked minimum-norm solution (LSMR) flagged ``singular`` in ``info.backward`` with a
+  :class:`~dxopt.conic.types.ConicDegenerateWarning`, or where that fails its checks a
+  :class:`~dxopt.conic.types.ConicBackwardError`.
   Gradients with respect to ``P`` and ``A`` are sparse tensors on the input's stored entries,
   as :class:`dxopt.conic.sparse.Scatter` gives them on the dense route; their tangents are
   the input's matrix tangents (sparse COO/CSR or dense; torch itself builds no sparse dual
@@ -278,11 +281,38 @@ class SparseConicFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, gx: Tensor | None, gy: Tensor | None, gs: Tensor | None) -> Any:
-        call: SparseCall = ctx.call
+        need = tuple(bool(v) for v in ctx.needs_input_grad[:4])
+        grads = SparseAdjointFunction.apply(gx, gy, gs, ctx.call, need, ctx.shapes)
+        return (*(g if k else None for g, k in zip(grads, need)), None)
+
+    @staticmethod
+    def jvp(
+        ctx: Any, dP: Tensor | None, dq: Tensor | None, dA: Tensor | None, db: Tensor | None, _: Any
+    ) -> Any:
+        return SparseTangentFunction.apply(dP, dq, dA, db, ctx.call)
+
+
+class SparseAdjointFunction(torch.autograd.Function):
+    """``(gx, gy, gs, call, need, shapes) -> (gP, gq, gA, gb)``: the reverse mode of
+    :class:`SparseConicFunction` (:func:`dxopt.conic.sparse_adjoint.adjoint_gradients`), a
+    Function of its own so that inside :func:`torch.func.grad` / ``vjp`` the cotangents reach
+    numpy as plain tensors; gradients not in ``need`` are empty placeholders. Its outputs
+    are not differentiable (no second derivatives)."""
+
+    @staticmethod
+    def forward(
+        gx: Tensor | None,
+        gy: Tensor | None,
+        gs: Tensor | None,
+        call: Any,
+        need: tuple[bool, ...],
+        shapes: tuple[tuple[int, ...], tuple[int, ...]],
+    ) -> Any:
         prob = call.prob
         B, n, m = prob.batch, prob.n, prob.m
         grads = adjoint_gradients(call, _cot(gx, B, n), _cot(gy, B, m), _cot(gs, B, m))
-        sq, sb = ctx.shapes
+        sq, sb = shapes
+        empty = torch.zeros(0, dtype=prob.dtype, device=prob.device)
 
         def back(g: np.ndarray, shape: tuple[int, ...]) -> Tensor:
             t = torch.from_numpy(g)
@@ -290,20 +320,17 @@ class SparseConicFunction(torch.autograd.Function):
                 t = t.sum(0)
             return t.reshape(shape).to(dtype=prob.dtype, device=prob.device)
 
-        need = ctx.needs_input_grad
-        grad_P = None
+        grad_P = empty
         if prob.P_pattern is not None and need[0]:
             grad_P = prob.P_pattern.tensor(grads["P"])
-        grad_A = prob.A_pattern.tensor(grads["A"]) if need[2] else None
-        grad_q = back(grads["q"], sq) if need[1] else None
-        grad_b = back(grads["b"], sb) if need[3] else None
-        return grad_P, grad_q, grad_A, grad_b, None
+        grad_A = prob.A_pattern.tensor(grads["A"]) if need[2] else empty
+        grad_q = back(grads["q"], sq) if need[1] else empty
+        grad_b = back(grads["b"], sb) if need[3] else empty
+        return grad_P, grad_q, grad_A, grad_b
 
     @staticmethod
-    def jvp(
-        ctx: Any, dP: Tensor | None, dq: Tensor | None, dA: Tensor | None, db: Tensor | None, _: Any
-    ) -> Any:
-        return SparseTangentFunction.apply(dP, dq, dA, db, ctx.call)
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        ctx.mark_non_differentiable(*output)
 
 
 class SparseTangentFunction(torch.autograd.Function):
