@@ -130,6 +130,9 @@ def test_structured_jacobian_matches_the_cones(snapped):
     z = torch.randn(n + m, generator=g, dtype=F64).numpy()
     np.testing.assert_allclose(J.matvec(z), Jd @ z, atol=1e-13, rtol=0)
     np.testing.assert_allclose(J.rmatvec(z), Jd.T @ z, atol=1e-13, rtol=0)
+    jv, jtv = J.products()  # the assembled form for iterative solves
+    np.testing.assert_allclose(jv(z), Jd @ z, atol=1e-13, rtol=0)
+    np.testing.assert_allclose(jtv(z), Jd.T @ z, atol=1e-13, rtol=0)
     norm_1, norm_inf = J.norms()
     assert J.norm_1() == norm_1 == pytest.approx(np.abs(Jd).sum(0).max(), rel=1e-13)
     assert norm_inf == pytest.approx(np.abs(Jd).sum(1).max(), rel=1e-13)

@@ -171,15 +171,14 @@ def _min_norm(sys: SampleSystem, rhs: np.ndarray, *, adjoint: bool) -> tuple[Any
     :math:`J`), by LSMR from :math:`z_0 = 0` (module doc), and its relative residual
     :math:`\\Vert r - Mz\\Vert_\\infty / (\\Vert M\\Vert_\\infty \\Vert z\\Vert_\\infty +
     \\Vert r\\Vert_\\infty)`; ``None`` where a check fails."""
-    J, N = sys.J, sys.J.size
-    mv: Solve
-    rmv: Solve
-    if adjoint:
-        mv, rmv, norm_m, norm_mt = J.rmatvec, J.matvec, sys.norm_1, sys.norm_inf
-    else:
-        mv, rmv, norm_m, norm_mt = J.matvec, J.rmatvec, sys.norm_inf, sys.norm_1
+    N = sys.J.size
     if not np.abs(rhs).max(initial=0.0) > 0:
         return np.zeros(N), 0.0
+    jv, jtv = sys.J.products()
+    if adjoint:
+        mv, rmv, norm_m, norm_mt = jtv, jv, sys.norm_1, sys.norm_inf
+    else:
+        mv, rmv, norm_m, norm_mt = jv, jtv, sys.norm_inf, sys.norm_1
     op = spla.LinearOperator((N, N), matvec=mv, rmatvec=rmv, dtype=np.float64)
     with np.errstate(over="ignore", invalid="ignore"):
         z, istop, _, _, _, norma, conda, _ = spla.lsmr(

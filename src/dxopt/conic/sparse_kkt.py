@@ -32,7 +32,7 @@ first :math:`n + m` entries of :math:`L^{-1}(r, 0)` and :math:`L^{-\\top}(r, 0)`
 
 from __future__ import annotations
 
-import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -187,32 +187,43 @@ class SparseJacobian:
     def size(self) -> int:
         return self.n + self.m
 
-    @functools.cached_property
-    def _explicit(self) -> tuple[sp.csr_matrix, ...]:
-        """``(K, K', W, W', CU', VU')`` with :math:`J = K + W C U^\\top` on the ``w``
-        columns: :math:`K = [[P, A^\\top M], [A, M - I]]`, :math:`W = [A^\\top U; U]`,
-        built once for repeated products."""
-        M, U, C = self.D.M, self.D.U, self.D.C
-        eye_m = sp.identity(self.m, format="csr")
-        K = sp.csr_matrix(sp.bmat([[self.P, self.At @ M], [self.A, M - eye_m]]))
-        W = sp.csr_matrix(sp.vstack([self.At @ U, U]))
-        return K, sp.csr_matrix(K.T), W, sp.csr_matrix(W.T), sp.csr_matrix(C @ U.T), U @ C.T
-
     def matvec(self, z: np.ndarray) -> np.ndarray:
         """:math:`Jz`."""
-        K, _, W, _, CUt, _ = self._explicit
-        out = K @ z
-        if self.r:
-            out += W @ (CUt @ z[self.n :])
-        return np.asarray(out)
+        n = self.n
+        zx, zw = z[:n], z[n:]
+        Dzw = self.D.matvec(zw)
+        return np.concatenate([self.P @ zx + self.At @ Dzw, self.A @ zx + Dzw - zw])
 
     def rmatvec(self, u: np.ndarray) -> np.ndarray:
         """:math:`J^\\top u`."""
-        _, Kt, _, Wt, _, UCt = self._explicit
-        out = Kt @ u
-        if self.r:
-            out[self.n :] += UCt @ (Wt @ u)
-        return np.asarray(out)
+        n = self.n
+        ux, uw = u[:n], u[n:]
+        return np.concatenate([self.P @ ux + self.At @ uw, self.D.rmatvec(self.A @ ux + uw) - uw])
+
+    def products(self) -> tuple[Callable[[np.ndarray], np.ndarray], ...]:
+        """``(matvec, rmatvec)`` of :math:`J` and :math:`J^\\top` for many products (an
+        iterative solve): :math:`J = K + W C U^\\top` on the ``w`` columns with
+        :math:`K = [[P, A^\\top M], [A, M - I]]` and :math:`W = [A^\\top U; U]` assembled once
+        (each product then two sparse products and the rank-2 terms)."""
+        M, U, C = self.D.M, self.D.U, self.D.C
+        n, eye_m = self.n, sp.identity(self.m, format="csr")
+        K = sp.csr_matrix(sp.bmat([[self.P, self.At @ M], [self.A, M - eye_m]]))
+        Kt, W = sp.csr_matrix(K.T), sp.csr_matrix(sp.vstack([self.At @ U, U]))
+        Wt, CUt, UCt = sp.csr_matrix(W.T), sp.csr_matrix(C @ U.T), sp.csr_matrix(U @ C.T)
+
+        def matvec(z: np.ndarray) -> np.ndarray:
+            out = K @ z
+            if self.r:
+                out += W @ (CUt @ z[n:])
+            return np.asarray(out)
+
+        def rmatvec(u: np.ndarray) -> np.ndarray:
+            out = Kt @ u
+            if self.r:
+                out[n:] += UCt @ (Wt @ u)
+            return np.asarray(out)
+
+        return matvec, rmatvec
 
     def lifted(self) -> sp.csc_matrix:
         """:math:`L` (module doc), ``(n + m + r)``-square CSC."""
