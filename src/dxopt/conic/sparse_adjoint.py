@@ -79,7 +79,17 @@ from dxopt.linalg import FactorizationError, inverse_norm_1, refine
 if TYPE_CHECKING:
     from dxopt.conic.sparse_route import SparseCall
 
-__all__ = ["BACKWARD_SHIFT", "SampleSystem", "adjoint_gradients", "sample_system", "tangents"]
+__all__ = [
+    "BACKWARD_SHIFT",
+    "MIN_NORM_ERROR",
+    "MIN_NORM_ITER",
+    "MIN_NORM_TOL",
+    "SampleSystem",
+    "adjoint_gradients",
+    "sample_system",
+    "tangent_matrix",
+    "tangents",
+]
 
 BACKWARD_SHIFT = 1e2 * EPS
 """The LU is of :math:`J + \\delta I`, :math:`\\delta` = this times :math:`\\Vert J\\Vert_1`:

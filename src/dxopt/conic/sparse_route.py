@@ -66,7 +66,16 @@ from dxopt.conic.types import (
 from dxopt.conic.warm import WarmStart, warm_attempt, warm_points
 from dxopt.linalg import FactorizationError, refine
 
-__all__ = ["BACKWARD_SHIFT", "SPARSE_CHECKS", "SparseConicFunction", "solve_sparse"]
+__all__ = [
+    "BACKWARD_SHIFT",
+    "SPARSE_CHECKS",
+    "SparseAdjointFunction",
+    "SparseCall",
+    "SparseConicFunction",
+    "SparseSpec",
+    "SparseTangentFunction",
+    "solve_sparse",
+]
 
 
 def _prod(M: Any, X: Tensor) -> Tensor:
