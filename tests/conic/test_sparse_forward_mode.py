@@ -172,3 +172,22 @@ def test_torch_func_grad_and_vjp_match_the_dense_route():
     assert float(grads["dense"][0].abs().max()) > 1e-3
     for a, c in zip(grads["sparse"], grads["dense"]):
         torch.testing.assert_close(a, c, atol=1e-9, rtol=1e-9)
+
+
+def test_float32_tangents():
+    """Float32 inputs: float32 tangents, the float64 ones rounded (the solve and the
+    derivative run in float64)."""
+    cones, n = KINDS["zero+nonneg"]
+    P, q, A, b = _random_problem(cones, n, seed=2)
+    dq = torch.randn(q.shape, generator=torch.Generator().manual_seed(6), dtype=F64)
+    out = {}
+    for dtype in (torch.float32, F64):
+        Ps, As = P.to(dtype).to_sparse_coo(), A.to(dtype).to_sparse_coo()
+        with fwAD.dual_level(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", dc.ConicDegenerateWarning)
+            sol = dc.solve(Ps, fwAD.make_dual(q.to(dtype), dq.to(dtype)), As, b.to(dtype),
+                           cones=cones, route="sparse")  # fmt: skip
+            out[dtype] = fwAD.unpack_dual(sol.x).tangent
+    assert out[torch.float32].dtype == torch.float32
+    assert float(out[F64].abs().max()) > 1e-2
+    torch.testing.assert_close(out[torch.float32].double(), out[F64], atol=1e-4, rtol=1e-4)

@@ -117,3 +117,26 @@ def test_a_minimum_norm_solution_that_fails_its_check_is_refused(monkeypatch):
     with fwAD.dual_level(), pytest.raises(dc.ConicBackwardError, match=r"forward mode"):
         dc.solve(Ps, fwAD.make_dual(q, torch.ones_like(q)), As, b, cones=cones, route="sparse",
                  **OPTS)  # fmt: skip
+
+
+def test_flags_are_per_sample_in_a_mixed_batch():
+    """Least squares in a box and a ball with the bound x_0 <= 0.1 stored twice: active in
+    sample 0 (a non-unique multiplier pair: singular), inactive in sample 1 (regular). Only
+    sample 0 takes the minimum-norm solution; both equal the dense route's."""
+    from .test_sparse_route import _ball_box
+
+    n = 20
+    P, q, A, b, _ = _ball_box(n, batch=2, seed=1)
+    A = A.to_dense()
+    A, b = torch.cat([A[:1], A]), torch.cat([b[:, :1], b], dim=1)
+    q = q.clone()
+    q[0, 0], q[1, 0] = -5.0, 5.0
+    cones = [dc.NonnegCone(2 * n + 1), dc.SecondOrderCone(n + 1)]
+    g = torch.Generator().manual_seed(4)
+    weights = [torch.randn(t.shape, generator=g, dtype=F64) for t in (q, b, b)]
+    dense, gd = _reverse(P, q, A.to_sparse_coo(), b, cones, "dense", weights)
+    sparse, gs = _reverse(P, q, A.to_sparse_coo(), b, cones, "sparse", weights)
+    assert sparse.info.backward.singular == dense.info.backward.singular == (True, False)
+    assert sparse.info.backward.condition[1] < 1e6  # the regular sample: the LU's solve
+    for a, c in zip(gs, gd):
+        torch.testing.assert_close(a, c, atol=1e-8, rtol=1e-8)
