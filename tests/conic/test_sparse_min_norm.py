@@ -140,3 +140,22 @@ def test_flags_are_per_sample_in_a_mixed_batch():
     assert sparse.info.backward.condition[1] < 1e6  # the regular sample: the LU's solve
     for a, c in zip(gs, gd):
         torch.testing.assert_close(a, c, atol=1e-8, rtol=1e-8)
+
+
+def test_a_nearly_singular_jacobian_beyond_the_svd_cut_is_refused():
+    """P = diag(1, 1e-13), x >= -10 inactive: J's smallest singular value, 1e-13 of the
+    largest, is nonzero (dx_2/dq_2 = -1e13) but below the dense route's SVD cut
+    (PINV_RTOL = 1e-10), which drops it (and flags the sample). LSMR sees it: its condition
+    estimate passes 1 / PINV_RTOL and the error bound of its solution is far above
+    MIN_NORM_ERROR (either check alone refuses; the normal equations' residual alone would
+    not), so the sparse route refuses rather than return either answer."""
+    P = torch.diag(torch.tensor([1.0, 1e-13], dtype=F64)).to_sparse_coo()
+    A = (-torch.eye(2, dtype=F64)).to_sparse_coo()
+    b = torch.full((2,), 10.0, dtype=F64)
+    qv = torch.tensor([1.0, 0.0], dtype=F64, requires_grad=True)
+    sol = dc.solve(P, qv, A, b, cones=[dc.NonnegCone(2)], route="sparse", **OPTS)
+    assert sol.ok
+    with pytest.raises(dc.ConicBackwardError, match=r"samples \[0\]"):
+        sol.x.sum().backward()
+    assert sol.info.backward.singular == (True,)
+    assert sol.info.backward.condition[0] > COND_MAX
