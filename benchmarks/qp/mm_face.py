@@ -218,7 +218,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     names = [s for s in args.problems.split(",") if s]
     for results in args.results:
         names += [name for name in refused_names(results) if name not in names]
-    verdicts = [judge_face(mmp.load(name), args.seed) for name in names]
+    verdicts = []
+    for name in names:
+        verdicts.append(judge_face(mmp.load(name), args.seed))
+        print(f"{name}: {verdicts[-1].verdict} ({verdicts[-1].why})", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     out = {"seed": args.seed, "taus": TAUS, "verdicts": [asdict(v) for v in verdicts]}
     (args.out / "mm_face.json").write_text(json.dumps(out, indent=2))
