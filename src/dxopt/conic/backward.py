@@ -47,6 +47,7 @@ import torch
 from torch import Tensor
 
 from dxopt.conic.certify import PolishFactor, structurally_singular, subset
+from dxopt.conic.cones._surface import ProjectionMemo, memo_scope
 from dxopt.conic.forward import ForwardState, kink_scale
 from dxopt.conic.kkt import (
     EPS,
@@ -189,7 +190,10 @@ def _refined(sys: _System, sel: Tensor, rhs: Tensor, adjoint: bool) -> LUSolve:
 def _system(state: ForwardState) -> _System:
     sys = state.cache.get("system")
     if sys is None:
-        sys = _System(state)
+        # the forward's projections (its last point's, from the kink test) serve D
+        memo = state.cache.get("projection_memo")
+        with memo_scope(ProjectionMemo() if memo is None else memo):
+            sys = _System(state)
         state.cache["system"] = sys
     return sys
 

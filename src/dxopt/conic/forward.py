@@ -29,6 +29,7 @@ from dxopt.conic.certify import (
     certify_points,
     certify_unbounded,
 )
+from dxopt.conic.cones._surface import ProjectionMemo, memo_scope
 from dxopt.conic.cones.base import Cone
 from dxopt.conic.ipm import run_torch
 from dxopt.conic.ipm import supported as ipm_supported
@@ -145,18 +146,32 @@ def solve_forward(
 ) -> ForwardState:
     """Solve and certify every sample of ``prob`` (module doc); ``first``: attempts run
     before the chain (the warm start, :mod:`dxopt.conic.warm`; not counted as backend calls)."""
-    c = run_chain(prob, options, first, DENSE_CHECKS)
-    cache: dict[str, Any] = {"kink_scale": c.kink_scale}
+    memo = ProjectionMemo()
+    c = run_chain(prob, options, first, DENSE_CHECKS, memo=memo)
+    cache: dict[str, Any] = {"kink_scale": c.kink_scale, "projection_memo": memo}
     if c.factor is not None:
         cache["polish_factor"] = c.factor
     return ForwardState(prob, options, c.x, c.y, c.s, c.w, c.status, c.info, cache)
 
 
 def run_chain(
-    prob: ChainProblem, options: ConicOptions, first: tuple[Attempt, ...], checks: Checks
+    prob: ChainProblem,
+    options: ConicOptions,
+    first: tuple[Attempt, ...],
+    checks: Checks,
+    *,
+    memo: ProjectionMemo | None = None,
 ) -> Chain:
     """The attempts of the module doc over the pending samples, each point certified by
-    ``checks``; then the kink classification."""
+    ``checks``; then the kink classification. The cones' projections run through ``memo``
+    (a fresh one if not given; :class:`~dxopt.conic.cones._surface.ProjectionMemo`)."""
+    with memo_scope(ProjectionMemo() if memo is None else memo):
+        return _run_chain(prob, options, first, checks)
+
+
+def _run_chain(
+    prob: ChainProblem, options: ConicOptions, first: tuple[Attempt, ...], checks: Checks
+) -> Chain:
     start = time.perf_counter()
     B, n, m = prob.batch, prob.n, prob.m
     f64 = torch.float64

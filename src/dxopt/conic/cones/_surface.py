@@ -32,7 +32,10 @@ a symmetric form with no division by :math:`g^\\top M g` that stays finite in th
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -40,6 +43,66 @@ from torch import Tensor
 #: The bracket ends of the scalar root-finds are clipped to this magnitude (beyond it the
 #: projection has reached its limit to far below round-off).
 RHO_MAX = 1e100
+
+
+class ProjectionMemo:
+    """The last :attr:`SIZE` results of a cone's root-finding projection, keyed by the exact
+    input rows (``torch.equal``: the same values give the same result bit for bit).
+
+    The engine projects the same ``w`` several times per forward (the polish's residual and
+    Jacobian, a rejected trial step that leaves ``w`` unchanged, the kink test, the backward's
+    Jacobian); each is a batched scalar root-find of several Newton rounds. A memo is active
+    only inside :func:`memo_scope` (the engine opens one per forward state, so a user's own
+    :meth:`~dxopt.conic.cones.base.Cone.project` calls never share results and nothing stays
+    alive beyond the state); inputs that carry autograd history are never memoised."""
+
+    SIZE = 4
+
+    def __init__(self) -> None:
+        self._entries: list[tuple[Hashable, Tensor, Any]] = []
+
+    def lookup(self, tag: Hashable, v: Tensor) -> Any:
+        """The stored result for ``(tag, v)``, or ``None``."""
+        for t, key, value in reversed(self._entries):
+            if (
+                t == tag
+                and key.shape == v.shape
+                and key.dtype == v.dtype
+                and key.device == v.device
+                and torch.equal(key, v)
+            ):
+                return value
+        return None
+
+    def store(self, tag: Hashable, v: Tensor, value: Any) -> None:
+        """Keep ``value`` as the result for ``(tag, v)``, dropping the oldest entry."""
+        self._entries = [*self._entries[-(self.SIZE - 1) :], (tag, v.detach().clone(), value)]
+
+
+_MEMO: ContextVar[ProjectionMemo | None] = ContextVar("dxopt_conic_projection_memo", default=None)
+
+
+@contextmanager
+def memo_scope(memo: ProjectionMemo) -> Iterator[ProjectionMemo]:
+    """Run the enclosed projections with ``memo`` (see :class:`ProjectionMemo`)."""
+    token = _MEMO.set(memo)
+    try:
+        yield memo
+    finally:
+        _MEMO.reset(token)
+
+
+def memoized(tag: Hashable, v: Tensor, compute: Callable[[Tensor], Any]) -> Any:
+    """``compute(v)``, through the active :class:`ProjectionMemo` where there is one and
+    ``v`` carries no autograd history. ``compute``'s result must not be modified in place."""
+    memo = _MEMO.get()
+    if memo is None or v.requires_grad:
+        return compute(v)
+    hit = memo.lookup(tag, v)
+    if hit is None:
+        hit = compute(v)
+        memo.store(tag, v, hit)
+    return hit
 
 
 def as_points(cls: str, v: object) -> tuple[Tensor, torch.Size, torch.dtype]:

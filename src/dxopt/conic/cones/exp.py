@@ -85,6 +85,7 @@ from dxopt.conic.cones._surface import (
     RHO_MAX,
     as_points,
     flat_tol,
+    memoized,
     safeguarded_root,
     surface_jacobian,
     unit,
@@ -156,7 +157,12 @@ def _solve_rho(v: Tensor) -> Tensor:
 
 
 def _project_unit(v: Tensor) -> tuple[Tensor, Tensor, tuple[Tensor, Tensor, Tensor]]:
-    """:math:`\\Pi_K` of unit rows ``(N, 3)``, the case-4 root, and the case masks."""
+    """:math:`\\Pi_K` of unit rows ``(N, 3)``, the case-4 root, and the case masks (through
+    the engine's :class:`~dxopt.conic.cones._surface.ProjectionMemo`)."""
+    return memoized("exp", v, _project_unit_fresh)
+
+
+def _project_unit_fresh(v: Tensor) -> tuple[Tensor, Tensor, tuple[Tensor, Tensor, Tensor]]:
     in_k, polar, face = _regions(v)
     generic = ~(in_k | polar | face)
     rho = torch.zeros_like(v[:, 0])

@@ -56,7 +56,14 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from dxopt.conic.cones._surface import as_points, flat_tol, safeguarded_root, surface_jacobian, unit
+from dxopt.conic.cones._surface import (
+    as_points,
+    flat_tol,
+    memoized,
+    safeguarded_root,
+    surface_jacobian,
+    unit,
+)
 from dxopt.conic.cones.base import Cone
 
 __all__ = ["PowerCone"]
@@ -146,7 +153,13 @@ class PowerCone(Cone):
     def _project_unit(
         self, v: Tensor
     ) -> tuple[Tensor, tuple[Tensor, Tensor], tuple[Tensor, Tensor, Tensor]]:
-        """:math:`\\Pi` of unit rows, :math:`(\\rho, \\mu)` of case 4, and the case masks."""
+        """:math:`\\Pi` of unit rows, :math:`(\\rho, \\mu)` of case 4, and the case masks
+        (through the engine's :class:`~dxopt.conic.cones._surface.ProjectionMemo`)."""
+        return memoized(("power", self.alpha), v, self._project_unit_fresh)
+
+    def _project_unit_fresh(
+        self, v: Tensor
+    ) -> tuple[Tensor, tuple[Tensor, Tensor], tuple[Tensor, Tensor, Tensor]]:
         in_k, polar, flat = self._regions(v)
         generic = ~(in_k | polar | flat)
         x, y, z = v.unbind(-1)
