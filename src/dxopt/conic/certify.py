@@ -52,7 +52,7 @@ from dxopt.conic.kkt import (
     take,
 )
 from dxopt.conic.problem import ConicProblem
-from dxopt.conic.reduce import reduce_jacobian, reduced_solve, zero_lines
+from dxopt.conic.reduce import Reduction, reduce_jacobian, reduced_solve, zero_lines
 from dxopt.conic.types import ConicOptions
 
 __all__ = [
@@ -229,15 +229,19 @@ def _polish(prob: ConicProblem, data: tuple[Tensor, ...], x: Tensor, w: Tensor):
             break
         D = cone_jacobian(prob.cones, prob.slices, w)
         J = jacobian(P, A, D, cones=prob.cones, slices=prob.slices)
+        known: tuple[Reduction, Tensor] | None = None
         if rnd == 0:  # later rounds: needs_shift remembers the failed plain steps
             dead = active & structurally_singular(J)
-            decoupled = dead & _decoupled(J, D, A, prob.n, dead)
+            found, known = _decoupled(J, D, A, prob.n, dead)
+            decoupled = dead & found
             needs_shift |= dead & ~decoupled
         plain = active & ~needs_shift & ~decoupled
         dz, pidx, LU, piv = _step(J, F, plain)
         reduced = active & decoupled & ~needs_shift
         if bool(reduced.any()):
-            dz = _reduced_step(J, D, A, prob.n, F, reduced, dz)
+            # round 0's reduction serves its step where it was built for exactly these samples
+            reuse = known if known is not None and bool((reduced == dead).all()) else None
+            dz = _reduced_step(J, D, A, prob.n, F, reduced, dz, known=reuse)
         if pidx.numel() or bool(reduced.any()):
             x_new, w_new, y_new, F_new, f_new = _trial(prob, data, x, w, fnorm, dz)
         else:  # every active sample takes the regularised step
@@ -270,25 +274,38 @@ def _polish(prob: ConicProblem, data: tuple[Tensor, ...], x: Tensor, w: Tensor):
     return x, w, y, polished, factor
 
 
-def _decoupled(J: Tensor, D: Tensor, A: Tensor, n: int, sel: Tensor) -> Tensor:
+def _decoupled(
+    J: Tensor, D: Tensor, A: Tensor, n: int, sel: Tensor
+) -> tuple[Tensor, tuple[Reduction, Tensor] | None]:
     """Per sample (``sel`` only): is ``J`` singular only through decoupled variables, its
-    reduced system (:mod:`dxopt.conic.reduce`) free of zero rows and columns?"""
+    reduced system (:mod:`dxopt.conic.reduce`) free of zero rows and columns? Also the
+    reduction of the samples ``sel`` and their :math:`J_R` (``None`` where ``sel`` is empty)."""
     out = torch.zeros_like(sel)
     idx = torch.nonzero(sel).flatten()
-    if idx.numel():
-        red, Jr, _ = reduce_jacobian(J[idx], D[idx], A if A.shape[0] == 1 else A[idx], n)
-        out[idx] = red.has_z & ~structurally_singular(Jr)
-    return out
+    if not idx.numel():
+        return out, None
+    red, Jr, _ = reduce_jacobian(J[idx], D[idx], A if A.shape[0] == 1 else A[idx], n)
+    out[idx] = red.has_z & ~structurally_singular(Jr)
+    return out, (red, Jr)
 
 
 def _reduced_step(
-    J: Tensor, D: Tensor, A: Tensor, n: int, F: Tensor, sel: Tensor, dz: Tensor
+    J: Tensor,
+    D: Tensor,
+    A: Tensor,
+    n: int,
+    F: Tensor,
+    sel: Tensor,
+    dz: Tensor,
+    *,
+    known: tuple[Reduction, Tensor] | None = None,
 ) -> Tensor:
     """``dz`` with the rows ``sel`` set to the minimum-norm Newton step :math:`-J^+ F`
-    through the reduced system (NaN where its LU is invalid)."""
+    through the reduced system (NaN where its LU is invalid); ``known``: the reduction of
+    this ``J`` on the samples ``sel`` and its :math:`J_R`, where already built."""
     idx = torch.nonzero(sel).flatten()
     As = A if A.shape[0] == 1 else A[idx]
-    red, Jr, _ = reduce_jacobian(J[idx], D[idx], As, n)
+    red, Jr = reduce_jacobian(J[idx], D[idx], As, n)[:2] if known is None else known
     LU, piv, valid = lu_factor_finite(Jr)
 
     def solve_r(r: Tensor) -> Tensor:
@@ -314,8 +331,9 @@ def _chord(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """Chord steps :math:`-J_0^{-1} F` with the last plain LU: the first is kept where it
     meets :data:`CHORD_GAIN`, then up to :data:`CHORD_STEPS` - 1 more where each at least
-    halves :math:`\\Vert F\\Vert_\\infty` (down to the round-off floor a Newton step would
-    overshoot to). Returns the updated point and the mask of samples it moved."""
+    halves :math:`\\Vert F\\Vert_\\infty`, on the samples not yet at the round-off floor of
+    :data:`POLISH_ROUNDOFF` (where the polish stops too). Returns the updated point and the
+    mask of samples it moved."""
     moved = torch.zeros_like(active)
     cand = active & factor.has
     target = torch.maximum(POLISH_ROUNDOFF * scale, CHORD_GAIN * fnorm)
@@ -332,7 +350,8 @@ def _chord(
         x, w, y = _keep(ok, x_new, x), _keep(ok, w_new, w), _keep(ok, y_new, y)
         F, fnorm = _keep(ok, F_new, F), torch.where(ok, f_new, fnorm)
         moved |= ok
-        cand = ok
+        # another step only where this one did not reach the round-off floor
+        cand = ok & (f_new > POLISH_ROUNDOFF * scale)
     return x, w, y, F, fnorm, moved
 
 
