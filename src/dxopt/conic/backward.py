@@ -120,7 +120,11 @@ class _System:
             if old is not None and bool(reuse.any()):
                 LU[reuse], piv[reuse] = old.LU[ix[reuse]], old.piv[ix[reuse]].to(piv.dtype)
         self.factor = (LU, piv)
-        cond = condition_1(self.J, self.factor)
+        # a J with a zero row or column has condition inf (set below): no estimate where
+        # every sample's is one
+        cond = condition_1(self.J, self.factor) if not bool(dead.all()) else None
+        if cond is None:
+            cond = self.J.new_full((k,), float("inf"))
         if old is not None and bool(reuse.any()):
             # rho = ||J0^-1||_1 ||J - J0||_1 (module constant REUSE_RHO)
             norm_j = torch.linalg.vector_norm(self.J, 1, dim=-2).amax(dim=-1)
