@@ -54,6 +54,7 @@ class _Pattern:
         self.rows, self.cols = rws, cols
         self.values = arr[:, rws, cols]  # (BM, nnz)
         self.batched = arr.shape[0] > 1
+        self.indptr = _indptr(cols, self.shape[1])
 
     @classmethod
     def of(cls, M: Any, *, upper: bool, rows: np.ndarray | None = None) -> _Pattern:
@@ -75,14 +76,22 @@ class _Pattern:
         self.cols = np.repeat(np.arange(C.shape[1]), np.diff(C.indptr))
         self.values = C.data[None, :]
         self.batched = False
+        self.indptr = C.indptr.astype(np.int64)
         return self
 
     def matrix(self, i: int) -> sp.csc_matrix:
+        # the pattern is in csc order already (sorted rows per column, no duplicates): the
+        # compressed constructor, without the triplet conversion
         k = i if self.batched else 0
-        return sp.csc_matrix((self.values[k], (self.rows, self.cols)), shape=self.shape)
+        return sp.csc_matrix((self.values[k], self.rows, self.indptr), shape=self.shape)
 
     def data(self, i: int) -> np.ndarray:
         return self.values[i if self.batched else 0]
+
+
+def _indptr(cols: np.ndarray, ncols: int) -> np.ndarray:
+    """The csc column pointers of entries listed column by column (``cols`` sorted)."""
+    return np.searchsorted(cols, np.arange(ncols + 1)).astype(np.int64)
 
 
 def _clarabel_claim(status: Any) -> str:
