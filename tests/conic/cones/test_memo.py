@@ -103,8 +103,8 @@ def test_autograd_inputs_are_not_memoised(root_calls):
 
 
 def test_the_engine_gives_the_same_answer_with_the_memo_disabled(monkeypatch):
-    """An exp-cone program's solution and gradients, with the memo and with every lookup
-    missing (the memo on or off must not change a bit)."""
+    """An exp-cone program's solution and gradients: with the memo's lookups only, exactly
+    those without any memo; with its warm starts too, the same to 1e-12."""
 
     # min -x1 + x2 s.t. (x1 - 1, c, x2) in K_exp, i.e. x2 >= c e^{(x1 - 1)/c}: x = (1, c)
     def run() -> tuple[torch.Tensor, ...]:
@@ -114,12 +114,59 @@ def test_the_engine_gives_the_same_answer_with_the_memo_disabled(monkeypatch):
         b = torch.tensor([-1.0, 1.3, 0.0], dtype=torch.float64, requires_grad=True)
         sol = conic.solve(None, q, A, b, cones=[ExpCone()], atol=1e-10, rtol=1e-10)
         (sol.x.sum() + sol.y.sum()).backward()
-        return sol.x.detach(), sol.y.detach(), q.grad, A.grad, b.grad
+        out = (sol.x.detach(), sol.y.detach(), q.grad, A.grad, b.grad)
+        assert all(t is not None for t in out)
+        return out  # type: ignore[return-value]
 
-    with_memo = run()
-    assert torch.allclose(with_memo[0], torch.tensor([1.0, 1.3], dtype=torch.float64), atol=1e-7)
+    full = run()
+    assert torch.allclose(full[0], torch.tensor([1.0, 1.3], dtype=torch.float64), atol=1e-7)
+    monkeypatch.setattr(ProjectionMemo, "latest", lambda self, tag, v: None)
+    lookups_only = run()
     monkeypatch.setattr(ProjectionMemo, "lookup", lambda self, tag, v: None)
     without = run()
-    for a, b in zip(with_memo, without):
-        assert a is not None and b is not None
-        assert torch.equal(a, b)
+    for a, b, c in zip(full, lookups_only, without):
+        assert torch.equal(b, c)
+        assert (a - c).abs().amax() <= 1e-12 * max(1.0, float(c.abs().amax()))
+
+
+def test_a_nearby_point_warm_starts_the_root_to_the_same_projection(monkeypatch):
+    """The memo's newest entry of the same shape starts the case-4 root-find: fewer Newton
+    rounds, the same projection and Jacobian to round-off (its hint may also be far off or
+    come from rows of another case: the bracket keeps the root)."""
+    import dxopt.conic.cones.exp as exp
+
+    iterations: list[int] = []
+    original = exp.safeguarded_root
+
+    def counted(fun, lo, hi, **kwargs):  # type: ignore[no-untyped-def]
+        n = [0]
+
+        def f(x):  # type: ignore[no-untyped-def]
+            n[0] += 1
+            return fun(x)
+
+        out = original(f, lo, hi, **kwargs)
+        iterations.append(n[0])
+        return out
+
+    monkeypatch.setattr(exp, "safeguarded_root", counted)
+    K = ExpCone()
+    v = _points(3)
+    near = v + 1e-6 * _points(4)
+    far = -_points(5)  # other rows, other cases: a hint for the wrong points
+    cold_p, cold_d = K.project(near), K.dproject(near)
+    cold_far = K.project(far)
+    cold_iters = iterations[0]
+    with memo_scope(ProjectionMemo()):
+        K.project(v)
+        iterations.clear()
+        warm_p = K.project(near)
+        warm_d = K.dproject(near)
+        assert iterations and iterations[0] < cold_iters
+        warm_far = K.project(far)
+    scale = near.abs().amax()
+    assert (warm_p - cold_p).abs().amax() <= 8 * torch.finfo(torch.float64).eps * scale
+    assert (warm_d - cold_d).abs().amax() <= 1e-12
+    assert (warm_far - cold_far).abs().amax() <= 8 * torch.finfo(
+        torch.float64
+    ).eps * far.abs().amax()

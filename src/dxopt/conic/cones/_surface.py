@@ -74,6 +74,14 @@ class ProjectionMemo:
                 return value
         return None
 
+    def latest(self, tag: Hashable, v: Tensor) -> Any:
+        """The newest stored result for ``tag`` whose input has the shape of ``v`` (a warm
+        start for the same cones at a nearby point), or ``None``."""
+        for t, key, value in reversed(self._entries):
+            if t == tag and key.shape == v.shape and key.dtype == v.dtype:
+                return value
+        return None
+
     def store(self, tag: Hashable, v: Tensor, value: Any) -> None:
         """Keep ``value`` as the result for ``(tag, v)``, dropping the oldest entry."""
         self._entries = [*self._entries[-(self.SIZE - 1) :], (tag, v.detach().clone(), value)]
@@ -92,15 +100,17 @@ def memo_scope(memo: ProjectionMemo) -> Iterator[ProjectionMemo]:
         _MEMO.reset(token)
 
 
-def memoized(tag: Hashable, v: Tensor, compute: Callable[[Tensor], Any]) -> Any:
-    """``compute(v)``, through the active :class:`ProjectionMemo` where there is one and
-    ``v`` carries no autograd history. ``compute``'s result must not be modified in place."""
+def memoized(tag: Hashable, v: Tensor, compute: Callable[[Tensor, Any], Any]) -> Any:
+    """``compute(v, hint)``, through the active :class:`ProjectionMemo` where there is one
+    and ``v`` carries no autograd history; ``hint`` is :meth:`ProjectionMemo.latest` (or
+    ``None``), for a warm start that must not change the result beyond its round-off.
+    ``compute``'s result must not be modified in place."""
     memo = _MEMO.get()
     if memo is None or v.requires_grad:
-        return compute(v)
+        return compute(v, None)
     hit = memo.lookup(tag, v)
     if hit is None:
-        hit = compute(v)
+        hit = compute(v, memo.latest(tag, v))
         memo.store(tag, v, hit)
     return hit
 
@@ -161,13 +171,16 @@ def safeguarded_root(
     length). The bracket is updated from the sign of ``f`` at every iterate, so the result
     is always inside a bracket that contains a sign change; an entry stops when the bracket
     is at round-off, ``f`` vanishes or a Newton correction is at round-off. The first iterate
-    is ``x0`` (clipped to the bracket) or the bracket's middle in ``asinh``. The iteration
+    is ``x0`` (clipped to the bracket) or, where ``x0`` is not given or not finite, the
+    bracket's middle in ``asinh``. The iteration
     count is the batch's maximum.
     """
     lo = lo.clone()
     hi = hi.clone()
     eps = torch.finfo(lo.dtype).eps
-    x = torch.sinh(0.5 * (torch.asinh(lo) + torch.asinh(hi))) if x0 is None else x0
+    x = torch.sinh(0.5 * (torch.asinh(lo) + torch.asinh(hi)))
+    if x0 is not None:
+        x = torch.where(torch.isfinite(x0), x0, x)
     x = torch.minimum(torch.maximum(x, lo), hi)
     done = torch.zeros_like(lo, dtype=torch.bool)
     f_prev = torch.full_like(lo, float("inf"))

@@ -141,8 +141,9 @@ def _rays(rho: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return a, b, torch.where(pos, e1, one)
 
 
-def _solve_rho(v: Tensor) -> Tensor:
-    """The root :math:`\\rho` of case 4 for unit rows ``v`` (other rows: any finite value)."""
+def _solve_rho(v: Tensor, x0: Tensor | None = None) -> Tensor:
+    """The root :math:`\\rho` of case 4 for unit rows ``v`` (other rows: any finite value);
+    ``x0``: a first iterate (clipped to the bracket; the root is the same to round-off)."""
     r, s, _ = v.unbind(-1)
     pos_r = torch.where(r > 0, r, torch.ones_like(r))
     pos_s = torch.where(s > 0, s, torch.ones_like(s))
@@ -153,7 +154,7 @@ def _solve_rho(v: Tensor) -> Tensor:
     lo = torch.clamp(torch.nan_to_num(lo, nan=0.0), -RHO_MAX, RHO_MAX)
     hi = torch.clamp(torch.nan_to_num(hi, nan=0.0), -RHO_MAX, RHO_MAX)
     hi = torch.maximum(hi, lo)
-    return safeguarded_root(lambda x: _f(v, x), lo, hi)
+    return safeguarded_root(lambda x: _f(v, x), lo, hi, x0=x0)
 
 
 def _project_unit(v: Tensor) -> tuple[Tensor, Tensor, tuple[Tensor, Tensor, Tensor]]:
@@ -162,13 +163,22 @@ def _project_unit(v: Tensor) -> tuple[Tensor, Tensor, tuple[Tensor, Tensor, Tens
     return memoized("exp", v, _project_unit_fresh)
 
 
-def _project_unit_fresh(v: Tensor) -> tuple[Tensor, Tensor, tuple[Tensor, Tensor, Tensor]]:
+def _project_unit_fresh(
+    v: Tensor, hint: tuple[Tensor, Tensor, tuple[Tensor, Tensor, Tensor]] | None = None
+) -> tuple[Tensor, Tensor, tuple[Tensor, Tensor, Tensor]]:
+    # hint: the result for the same cones at a nearby point; its case-4 roots start Newton
     in_k, polar, face = _regions(v)
     generic = ~(in_k | polar | face)
     rho = torch.zeros_like(v[:, 0])
     idx = torch.nonzero(generic).flatten()
     if idx.numel():
-        rho = rho.index_put((idx,), _solve_rho(v[idx]))
+        x0 = None
+        if hint is not None:
+            prev_rho, (prev_k, prev_p, prev_f) = hint[1], hint[2]
+            # only the rows that were in case 4 there too carry a root
+            was = (~(prev_k | prev_p | prev_f))[idx]
+            x0 = torch.where(was, prev_rho[idx], torch.nan) if bool(was.any()) else None
+        rho = rho.index_put((idx,), _solve_rho(v[idx], x0))
     a, _, _ = _rays(rho)
     ah, _ = unit(a)
     p4 = torch.clamp((v * ah).sum(-1, keepdim=True), min=0) * ah

@@ -158,8 +158,9 @@ class PowerCone(Cone):
         return memoized(("power", self.alpha), v, self._project_unit_fresh)
 
     def _project_unit_fresh(
-        self, v: Tensor
+        self, v: Tensor, hint: object = None
     ) -> tuple[Tensor, tuple[Tensor, Tensor], tuple[Tensor, Tensor, Tensor]]:
+        # hint (the memo's warm start) is not used: the root starts at sigma = 0
         in_k, polar, flat = self._regions(v)
         generic = ~(in_k | polar | flat)
         x, y, z = v.unbind(-1)
