@@ -170,3 +170,25 @@ def test_a_nearby_point_warm_starts_the_root_to_the_same_projection(monkeypatch)
     assert (warm_far - cold_far).abs().amax() <= 8 * torch.finfo(
         torch.float64
     ).eps * far.abs().amax()
+
+
+def test_the_psd_cone_decomposes_a_repeated_point_once(monkeypatch):
+    from dxopt.conic.cones.psd import PSDCone
+
+    K = PSDCone(3)
+    v = torch.randn(5, K.dim, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    fresh = (K.project(v), K.dproject(v), K.kink(v, 1e-3))
+    calls: list[int] = []
+    eigh = torch.linalg.eigh
+
+    def counted(X):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        return eigh(X)
+
+    monkeypatch.setattr(torch.linalg, "eigh", counted)
+    with memo_scope(ProjectionMemo()):
+        memo = (K.project(v), K.dproject(v), K.kink(v, 1e-3))
+        K.project(-v)
+    assert len(calls) == 2  # v once, -v once
+    for a, b in zip(fresh, memo):
+        assert torch.equal(a, b)

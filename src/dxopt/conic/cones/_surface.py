@@ -46,12 +46,14 @@ RHO_MAX = 1e100
 
 
 class ProjectionMemo:
-    """The last :attr:`SIZE` results of a cone's root-finding projection, keyed by the exact
+    """The last :attr:`SIZE` results per tag of a cone's costly projection step (the root-find
+    of the exponential and power cones, the PSD cone's eigendecomposition), keyed by the exact
     input rows (``torch.equal``: the same values give the same result bit for bit).
 
     The engine projects the same ``w`` several times per forward (the polish's residual and
     Jacobian, a rejected trial step that leaves ``w`` unchanged, the kink test, the backward's
-    Jacobian); each is a batched scalar root-find of several Newton rounds. A memo is active
+    Jacobian); for these cones each is a batched scalar root-find of several Newton rounds or
+    a batched ``eigh``. A memo is active
     only inside :func:`memo_scope` (the engine opens one per forward state, so a user's own
     :meth:`~dxopt.conic.cones.base.Cone.project` calls never share results and nothing stays
     alive beyond the state); inputs that carry autograd history are never memoised."""
@@ -83,8 +85,12 @@ class ProjectionMemo:
         return None
 
     def store(self, tag: Hashable, v: Tensor, value: Any) -> None:
-        """Keep ``value`` as the result for ``(tag, v)``, dropping the oldest entry."""
-        self._entries = [*self._entries[-(self.SIZE - 1) :], (tag, v.detach().clone(), value)]
+        """Keep ``value`` as the result for ``(tag, v)``, dropping the oldest entry of ``tag``
+        beyond :attr:`SIZE`."""
+        entries = [*self._entries, (tag, v.detach().clone(), value)]
+        same = [i for i, e in enumerate(entries) if e[0] == tag]
+        drop = set(same[: max(0, len(same) - self.SIZE)])
+        self._entries = [e for i, e in enumerate(entries) if i not in drop]
 
 
 _MEMO: ContextVar[ProjectionMemo | None] = ContextVar("dxopt_conic_projection_memo", default=None)

@@ -35,6 +35,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
+from dxopt.conic.cones._surface import memoized
 from dxopt.conic.cones.base import Cone
 from dxopt.conic.cones.zero import _check_dim
 
@@ -84,6 +85,11 @@ class PSDCone(Cone):
         return self.k * (self.k + 1) // 2
 
     def _eig(self, v: Tensor) -> tuple[Tensor, Tensor]:
+        # through the engine's memo (the polish, certificate, kink test and backward
+        # decompose the same point): exact, keyed by v
+        return memoized(("psd", self.k), v, self._eig_fresh)
+
+    def _eig_fresh(self, v: Tensor, hint: object = None) -> tuple[Tensor, Tensor]:
         lam, U = torch.linalg.eigh(smat(v, self.k))
         return lam, U
 
