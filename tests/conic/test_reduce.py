@@ -108,3 +108,44 @@ def test_structurally_singular_sample_is_solved_without_an_svd(monkeypatch, batc
         rhs = torch.cat([dq[i], -db[i]])
         z = -torch.linalg.pinv(sys.J[i], rtol=bw.PINV_RTOL) @ rhs
         torch.testing.assert_close(dx[i], z[:2], atol=1e-12, rtol=1e-10)
+
+
+def test_decoupled_polish_takes_chord_steps_with_its_reduced_factor(monkeypatch) -> None:
+    """``max c'x`` on the unit ball next to a free ``t`` in ``[-1, 1]`` (decoupled: ``J`` is
+    singular through ``t`` only), polished from a point 1e-4 off the solution: the first
+    round's reduced Newton step leaves ``F`` near 1e-8, the later ones are chord steps with
+    that round's reduced LU (one reduction in all, where every round used to build its own),
+    and the point ends at round-off: ``x = c / |c|``, ``F`` below the polish's floor."""
+    from dxopt.conic import certify
+    from dxopt.conic.kkt import project_dual, residual_map
+
+    c = torch.tensor([0.6, -0.8], dtype=F64) * 1.3
+    P = torch.zeros(3, 3, dtype=F64)
+    q = torch.cat([-c, torch.zeros(1, dtype=F64)])
+    A = torch.tensor([[0, 0, 0], [-1, 0, 0], [0, -1, 0], [0, 0, 1], [0, 0, -1]], dtype=F64)
+    b = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0], dtype=F64)
+    cones = [dc.SecondOrderCone(3), dc.NonnegCone(2)]
+    prob = conic_problem(P, q, A, b, cones, check_psd=True)
+    x_star = torch.cat([c / c.norm(), torch.zeros(1, dtype=F64)])
+    y_star = torch.cat([c.norm()[None], -c, torch.zeros(2, dtype=F64)])  # the SOC multiplier
+    s_star = b - A @ x_star
+    g = torch.Generator().manual_seed(0)
+    x0 = (x_star + 1e-4 * torch.randn(3, generator=g, dtype=F64))[None]
+    w0 = (y_star - s_star + 1e-4 * torch.randn(5, generator=g, dtype=F64))[None]
+    calls: list[int] = []
+    original = certify.reduce_jacobian
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(certify, "reduce_jacobian", counted)
+    data = certify.subset(prob, [0])
+    y0 = project_dual(prob.cones, prob.slices, w0)
+    f0 = residual_map(*data, y0, x0, w0).abs().amax()
+    x, w, y, polished, _ = certify._polish(prob, data, x0, w0)
+    F = residual_map(*data, y, x, w)
+    assert bool(polished[0]) and f0 > 1e-6
+    assert len(calls) == 1
+    assert F.abs().amax() <= certify.POLISH_ROUNDOFF * 2.0
+    torch.testing.assert_close(x[0, :2], x_star[:2], atol=1e-14, rtol=0)

@@ -204,8 +204,9 @@ def _polish(prob: ConicProblem, data: tuple[Tensor, ...], x: Tensor, w: Tensor):
     only (:mod:`dxopt.conic.reduce`), the regularised step otherwise; a sample whose plain
     (or reduced) step failed once goes to the regularised step directly. Every step is kept
     only where it lowers :math:`\\Vert F\\Vert_\\infty`. From the second round on, a sample
-    with a plain LU first tries the chord step with it (:data:`CHORD_GAIN`): near a regular
-    solution it contracts as fast as a Newton step, without a new Jacobian or LU.
+    with a plain LU (or a reduced system's LU) first tries the chord step with it
+    (:data:`CHORD_GAIN`): near a regular solution it contracts as fast as a Newton step,
+    without a new Jacobian, reduction or LU.
 
     Returns ``x, w, y`` (:math:`y = \\Pi_{K^*}(w)`), the mask of polished samples and the
     :class:`PolishFactor` of the last plain LU per sample."""
@@ -219,12 +220,22 @@ def _polish(prob: ConicProblem, data: tuple[Tensor, ...], x: Tensor, w: Tensor):
     needs_shift = torch.zeros_like(polished)
     decoupled = torch.zeros_like(polished)
     factor: PolishFactor | None = None
+    rfactor: _ReducedFactor | None = None
     for rnd in range(POLISH_STEPS):
         active = torch.isfinite(fnorm) & (fnorm > POLISH_ROUNDOFF * scale)
-        if factor is not None and bool((active & factor.has).any()):
-            x, w, y, F, fnorm, moved = _chord(prob, data, factor, x, w, y, F, fnorm, scale, active)
-            polished |= moved
-            active &= ~moved
+        chords = []
+        if factor is not None:
+            chords.append((factor.has, _plain_solver(factor)))
+        if rfactor is not None:
+            chords.append((rfactor.mask, rfactor.solve))
+        for has, solver in chords:
+            cand = active & has
+            if bool(cand.any()):
+                x, w, y, F, fnorm, moved = _chord(
+                    prob, data, solver, x, w, y, F, fnorm, scale, cand
+                )
+                polished |= moved
+                active &= ~moved
         if not bool(active.any()):
             break
         D = cone_jacobian(prob.cones, prob.slices, w)
@@ -241,7 +252,7 @@ def _polish(prob: ConicProblem, data: tuple[Tensor, ...], x: Tensor, w: Tensor):
         if bool(reduced.any()):
             # round 0's reduction serves its step where it was built for exactly these samples
             reuse = known if known is not None and bool((reduced == dead).all()) else None
-            dz = _reduced_step(J, D, A, prob.n, F, reduced, dz, known=reuse)
+            dz, rfactor = _reduced_step(J, D, A, prob.n, F, reduced, dz, known=reuse)
         if pidx.numel() or bool(reduced.any()):
             x_new, w_new, y_new, F_new, f_new = _trial(prob, data, x, w, fnorm, dz)
         else:  # every active sample takes the regularised step
@@ -299,51 +310,86 @@ def _reduced_step(
     dz: Tensor,
     *,
     known: tuple[Reduction, Tensor] | None = None,
-) -> Tensor:
+) -> tuple[Tensor, _ReducedFactor]:
     """``dz`` with the rows ``sel`` set to the minimum-norm Newton step :math:`-J^+ F`
-    through the reduced system (NaN where its LU is invalid); ``known``: the reduction of
-    this ``J`` on the samples ``sel`` and its :math:`J_R`, where already built."""
+    through the reduced system (NaN where its LU is invalid), and that system's factor;
+    ``known``: the reduction of this ``J`` on the samples ``sel`` and its :math:`J_R`,
+    where already built."""
     idx = torch.nonzero(sel).flatten()
     As = A if A.shape[0] == 1 else A[idx]
     red, Jr = reduce_jacobian(J[idx], D[idx], As, n)[:2] if known is None else known
     LU, piv, valid = lu_factor_finite(Jr)
-
-    def solve_r(r: Tensor) -> Tensor:
-        return torch.linalg.lu_solve(LU, piv, r[..., None])[..., 0]
-
-    step = reduced_solve(red, As, -F[idx], solve_r, adjoint=False)
+    rf = _ReducedFactor(sel.clone(), idx, red, As, LU, piv, valid)
     dz = dz.clone()
-    dz[idx] = torch.where(valid[:, None], step, torch.nan)
-    return dz
+    dz[idx] = rf.steps(F)
+    return dz, rf
+
+
+@dataclass(frozen=True)
+class _ReducedFactor:
+    """The reduction and LU of :math:`J_R` of the samples ``idx`` (``mask``), for the
+    minimum-norm step :math:`-J^+ F` of the round that built them and the later chord steps."""
+
+    mask: Tensor
+    idx: Tensor
+    red: Reduction
+    A: Tensor
+    LU: Tensor
+    piv: Tensor
+    valid: Tensor
+
+    def steps(self, F: Tensor) -> Tensor:
+        """:math:`-J^+ F` of the samples ``idx`` (rows of ``F``; NaN where the LU is invalid)."""
+
+        def solve_r(r: Tensor) -> Tensor:
+            return torch.linalg.lu_solve(self.LU, self.piv, r[..., None])[..., 0]
+
+        step = reduced_solve(self.red, self.A, -F[self.idx], solve_r, adjoint=False)
+        return torch.where(self.valid[:, None], step, torch.nan)
+
+    def solve(self, sel: Tensor, F: Tensor) -> Tensor:
+        """The steps of the samples ``sel`` (indices within ``mask``), from all of ``idx``
+        (the reduction is of that set)."""
+        full = torch.full_like(F, torch.nan)
+        full[self.idx] = self.steps(F)
+        return full[sel]
+
+
+def _plain_solver(factor: PolishFactor) -> Callable[[Tensor, Tensor], Tensor]:
+    def solve(sel: Tensor, F: Tensor) -> Tensor:
+        LU, piv = take(factor.LU, sel), take(factor.piv, sel)
+        return torch.linalg.lu_solve(LU, piv, -take(F, sel)[..., None])[..., 0]
+
+    return solve
 
 
 def _chord(
     prob: ConicProblem,
     data: tuple[Tensor, ...],
-    factor: PolishFactor,
+    solve: Callable[[Tensor, Tensor], Tensor],
     x: Tensor,
     w: Tensor,
     y: Tensor,
     F: Tensor,
     fnorm: Tensor,
     scale: Tensor,
-    active: Tensor,
+    cand: Tensor,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """Chord steps :math:`-J_0^{-1} F` with the last plain LU: the first is kept where it
+    """Chord steps :math:`-J_0^{-1} F` (``solve(sel, F)``: the steps of the samples ``sel``
+    with the last plain LU, or :math:`-J_0^+ F` with the last reduced one) on the samples
+    ``cand``: the first is kept where it
     meets :data:`CHORD_GAIN`, then up to :data:`CHORD_STEPS` - 1 more where each at least
     halves :math:`\\Vert F\\Vert_\\infty`, on the samples not yet at the round-off floor of
     :data:`POLISH_ROUNDOFF` (where the polish stops too). Returns the updated point and the
     mask of samples it moved."""
-    moved = torch.zeros_like(active)
-    cand = active & factor.has
+    moved = torch.zeros_like(cand)
     target = torch.maximum(POLISH_ROUNDOFF * scale, CHORD_GAIN * fnorm)
     for step in range(CHORD_STEPS):
         sel = torch.nonzero(cand).flatten()
         if not sel.numel():
             break
         dz = torch.full_like(F, torch.nan)
-        LU, piv = take(factor.LU, sel), take(factor.piv, sel)
-        dz[sel] = torch.linalg.lu_solve(LU, piv, -take(F, sel)[..., None])[..., 0]
+        dz[sel] = solve(sel, F)
         x_new, w_new, y_new, F_new, f_new = _trial(prob, data, x, w, fnorm, dz)
         bound = target if step == 0 else 0.5 * fnorm
         ok = cand & torch.isfinite(f_new) & (f_new <= bound)
