@@ -204,7 +204,8 @@ def _polish(prob: ConicProblem, data: tuple[Tensor, ...], x: Tensor, w: Tensor):
     only (:mod:`dxopt.conic.reduce`), the regularised step otherwise; a sample whose plain
     (or reduced) step failed once goes to the regularised step directly. Every step is kept
     only where it lowers :math:`\\Vert F\\Vert_\\infty`. From the second round on, a sample
-    with a plain LU (or a reduced system's LU) first tries the chord step with it
+    with a plain LU (or a reduced system's LU, or the regularised LU where the plain step
+    failed) first tries the chord step with it
     (:data:`CHORD_GAIN`): near a regular solution it contracts as fast as a Newton step,
     without a new Jacobian, reduction or LU.
 
@@ -221,11 +222,15 @@ def _polish(prob: ConicProblem, data: tuple[Tensor, ...], x: Tensor, w: Tensor):
     decoupled = torch.zeros_like(polished)
     factor: PolishFactor | None = None
     rfactor: _ReducedFactor | None = None
+    sfactor: _ShiftedFactor | None = None
     for rnd in range(POLISH_STEPS):
         active = torch.isfinite(fnorm) & (fnorm > POLISH_ROUNDOFF * scale)
         chords = []
+        if sfactor is not None:  # a sample whose plain step failed: the regularised LU
+            chords.append((sfactor.mask, sfactor.solve))
         if factor is not None:
-            chords.append((factor.has, _plain_solver(factor)))
+            plain_has = factor.has if sfactor is None else factor.has & ~sfactor.mask
+            chords.append((plain_has, _plain_solver(factor)))
         if rfactor is not None:
             chords.append((rfactor.mask, rfactor.solve))
         for has, solver in chords:
@@ -263,9 +268,10 @@ def _polish(prob: ConicProblem, data: tuple[Tensor, ...], x: Tensor, w: Tensor):
         needs_shift |= (plain | reduced) & retry
         if bool(retry.any()):
             shift = POLISH_SHIFT * torch.linalg.vector_norm(J, 1, dim=-1).amax(-1)
-            dz_r = _step(J, F, retry, shift=shift)[0]
+            dz_r, sidx, LU_r, piv_r = _step(J, F, retry, shift=shift)
             x_r, w_r, y_r, F_r, f_r = _trial(prob, data, x, w, fnorm, dz_r)
             use = retry & (f_r < f_new)
+            sfactor = _ShiftedFactor.of(use, sidx, LU_r, piv_r) if bool(use.any()) else None
             x_new, w_new, y_new = (
                 _keep(use, x_r, x_new),
                 _keep(use, w_r, w_new),
@@ -353,6 +359,31 @@ class _ReducedFactor:
         full = torch.full_like(F, torch.nan)
         full[self.idx] = self.steps(F)
         return full[sel]
+
+
+@dataclass(frozen=True)
+class _ShiftedFactor:
+    """The LU of :math:`J + \\delta I` of the samples ``idx`` (``mask``) whose regularised
+    step was kept, for chord steps in the next round (their plain ``J`` is singular)."""
+
+    mask: Tensor
+    idx: Tensor
+    LU: Tensor
+    piv: Tensor
+
+    @classmethod
+    def of(cls, use: Tensor, sidx: Tensor, LU: Tensor, piv: Tensor) -> _ShiftedFactor:
+        """The factor of the samples ``use`` from the LUs of the samples ``sidx``."""
+        keep = torch.nonzero(use[sidx]).flatten()
+        return cls(use.clone(), sidx[keep], take(LU, keep), take(piv, keep))
+
+    def solve(self, sel: Tensor, F: Tensor) -> Tensor:
+        """The chord steps of the samples ``sel`` (indices within ``mask``)."""
+        pos = torch.full((self.mask.shape[0],), -1, dtype=torch.long)
+        pos[self.idx] = torch.arange(self.idx.numel())
+        at = pos[sel]
+        LU, piv = take(self.LU, at), take(self.piv, at)
+        return torch.linalg.lu_solve(LU, piv, -take(F, sel)[..., None])[..., 0]
 
 
 def _plain_solver(factor: PolishFactor) -> Callable[[Tensor, Tensor], Tensor]:
