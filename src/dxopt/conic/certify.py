@@ -225,7 +225,7 @@ def _polish(prob: ConicProblem, data: tuple[Tensor, ...], x: Tensor, w: Tensor):
     sfactor: _ShiftedFactor | None = None
     for rnd in range(POLISH_STEPS):
         active = torch.isfinite(fnorm) & (fnorm > POLISH_ROUNDOFF * scale)
-        chords = []
+        chords: list[tuple[Tensor, Callable[[Tensor, Tensor], Tensor]]] = []
         if sfactor is not None:  # a sample whose plain step failed: the regularised LU
             chords.append((sfactor.mask, sfactor.solve))
         if factor is not None:
