@@ -195,7 +195,7 @@ def _logistic_like(batch: int) -> tuple[torch.Tensor, ...]:
 
 
 def test_chord_steps_polish_as_far_as_newton_with_fewer_lus(monkeypatch) -> None:
-    import dxopt.conic.certify as cert
+    import dxopt.conic.polish as cert
 
     P, q, A, b = _logistic_like(4)
     cones = [dc.NonnegCone(4)] + [dc.ExpCone() for _ in range(8)]

@@ -86,16 +86,16 @@ def test_entropic_ot_later_polish_rounds_are_chord_steps_with_the_regularised_lu
     :math:`J + \\delta I` (a plain chord with the singular ``J`` fails, as its Newton step
     did), so the polish builds one Jacobian, where it used to build one per round, and still
     ends at round-off with the Sinkhorn answer."""
-    from dxopt.conic import certify
+    from dxopt.conic import polish
 
     built: list[int] = []
-    original = certify.jacobian
+    original = polish.jacobian
 
     def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
         built.append(1)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(certify, "jacobian", counted)
+    monkeypatch.setattr(polish, "jacobian", counted)
     reg = 0.1
     C, q, A, b, cones = _entropic_ot(reg)
     sol = dc.solve(None, q, A, b, cones=cones, atol=1e-9, rtol=1e-9)

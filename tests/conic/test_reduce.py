@@ -116,7 +116,7 @@ def test_decoupled_polish_takes_chord_steps_with_its_reduced_factor(monkeypatch)
     round's reduced Newton step leaves ``F`` near 1e-8, the later ones are chord steps with
     that round's reduced LU (one reduction in all, where every round used to build its own),
     and the point ends at round-off: ``x = c / |c|``, ``F`` below the polish's floor."""
-    from dxopt.conic import certify
+    from dxopt.conic import certify, polish
     from dxopt.conic.kkt import project_dual, residual_map
 
     c = torch.tensor([0.6, -0.8], dtype=F64) * 1.3
@@ -133,19 +133,19 @@ def test_decoupled_polish_takes_chord_steps_with_its_reduced_factor(monkeypatch)
     x0 = (x_star + 1e-4 * torch.randn(3, generator=g, dtype=F64))[None]
     w0 = (y_star - s_star + 1e-4 * torch.randn(5, generator=g, dtype=F64))[None]
     calls: list[int] = []
-    original = certify.reduce_jacobian
+    original = polish.reduce_jacobian
 
     def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
         calls.append(1)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(certify, "reduce_jacobian", counted)
+    monkeypatch.setattr(polish, "reduce_jacobian", counted)
     data = certify.subset(prob, [0])
     y0 = project_dual(prob.cones, prob.slices, w0)
     f0 = residual_map(*data, y0, x0, w0).abs().amax()
-    x, w, y, polished, _ = certify._polish(prob, data, x0, w0)
+    x, w, y, polished, _ = polish.polish(prob, data, x0, w0)
     F = residual_map(*data, y, x, w)
     assert bool(polished[0]) and f0 > 1e-6
     assert len(calls) == 1
-    assert F.abs().amax() <= certify.POLISH_ROUNDOFF * 2.0
+    assert F.abs().amax() <= polish.POLISH_ROUNDOFF * 2.0
     torch.testing.assert_close(x[0, :2], x_star[:2], atol=1e-14, rtol=0)

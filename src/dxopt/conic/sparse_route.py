@@ -7,9 +7,9 @@ Nothing here forms a dense ``(n, n)``, ``(m, n)`` or ``(n + m)``-square matrix:
 - **certificate**: :func:`dxopt.conic.certify.point_checks`, ``farkas_check`` and
   ``ray_check`` (the same checks and tolerances as the dense route) on sparse matrix-vector
   products;
-- **polish**: up to :data:`~dxopt.conic.certify.POLISH_STEPS` Newton steps on
+- **polish**: up to :data:`~dxopt.conic.polish.POLISH_STEPS` Newton steps on
   :math:`F(x, w) = 0` per sample, each a sparse LU of the lifted Jacobian
-  (:mod:`dxopt.conic.sparse_kkt`) shifted by :data:`~dxopt.conic.certify.POLISH_SHIFT`
+  (:mod:`dxopt.conic.sparse_kkt`) shifted by :data:`~dxopt.conic.polish.POLISH_SHIFT`
   :math:`\\Vert L\\Vert_1` and refined against the exact ``J``; a step is kept only where it
   lowers :math:`\\Vert F\\Vert_\\infty` (the point is certified afterwards either way);
 - **derivatives** (:mod:`dxopt.conic.sparse_adjoint`): reverse mode (``backward()``,
