@@ -126,12 +126,14 @@ def cone_jacobian(
             blocks = c.dproject_dual(v)
         else:
             blocks = c.dproject_dual_snapped(v, atol.repeat_interleave(cnt))
-        # every block of the run placed in one indexed write
-        base = s0 + d * torch.arange(cnt, device=w.device)
-        off = torch.arange(d, device=w.device)
-        rows = (base[:, None, None] + off[None, :, None]).expand(cnt, d, d)
-        cols = (base[:, None, None] + off[None, None, :]).expand(cnt, d, d)
-        D[:, rows, cols] = blocks.reshape(k, cnt, d, d)
+        # every block of the run written in one copy, into the view of the run's diagonal
+        # blocks (a run of scalar cones: a stretch of D's diagonal)
+        s1 = s0 + cnt * d
+        if d == 1:
+            D.diagonal(dim1=-2, dim2=-1)[:, s0:s1] = blocks.reshape(k, cnt)
+        else:
+            diag = D[:, s0:s1, s0:s1].view(k, cnt, d, cnt, d).diagonal(dim1=1, dim2=3)
+            diag.copy_(blocks.reshape(k, cnt, d, d).permute(0, 2, 3, 1))
     return D
 
 
