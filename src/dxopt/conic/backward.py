@@ -61,6 +61,7 @@ from dxopt.conic.kkt import (
     solve_refined,
     take,
 )
+from dxopt.conic.polish import zero_rows_singular
 from dxopt.conic.reduce import Reduction, reduce_jacobian, reduced_solve
 from dxopt.conic.types import ConicBackwardInfo, ConicDegenerateWarning
 
@@ -108,7 +109,10 @@ class _System:
         reuse = take(old.has, ix) if old is not None else torch.zeros(k, dtype=torch.bool)
         # a J with a zero row or column is not factored (reused LUs: checked by REUSE_RHO)
         dead = torch.zeros_like(reuse)
-        if not bool(reuse.all()):
+        zrows: Tensor | None = None  # J's zero rows where every sample's were tested
+        if not bool(reuse.any()):
+            zrows, dead = zero_rows_singular(self.J)
+        elif not bool(reuse.all()):
             dead[~reuse] = structurally_singular(self.J[~reuse])
         if old is not None and bool(reuse.all()):
             LU, piv = take(old.LU, ix), take(old.piv, ix)
@@ -141,12 +145,13 @@ class _System:
             self.reused = torch.zeros(k, dtype=torch.bool)
         cond[dead] = float("inf")
         self.cond = cond
-        self._structural(A, prob.n, dead)
+        self._structural(A, prob.n, dead, zrows)
         self.kink = torch.tensor([state.info.kink[i] for i in self.idx], dtype=torch.bool)
 
-    def _structural(self, A: Tensor, n: int, dead: Tensor) -> None:
+    def _structural(self, A: Tensor, n: int, dead: Tensor, zrows: Tensor | None) -> None:
         """The samples whose ``J`` is singular only through decoupled variables
-        (:mod:`dxopt.conic.reduce`): their reduced system's LU and condition estimate."""
+        (:mod:`dxopt.conic.reduce`): their reduced system's LU and condition estimate
+        (``zrows``: ``J``'s zero rows, where known)."""
         self.zsel: Tensor | None = None
         cand = torch.nonzero(dead).flatten()
         if not cand.numel():
@@ -155,13 +160,17 @@ class _System:
         def rows(sel: Tensor) -> Tensor:
             return A if A.shape[0] == 1 else A[sel]
 
-        red, Jr, _ = reduce_jacobian(self.J[cand], self.D[cand], rows(cand), n)
+        def reduction(sel: Tensor) -> tuple[Reduction, Tensor, Tensor]:
+            zr = None if zrows is None else take(zrows, sel)
+            return reduce_jacobian(take(self.J, sel), take(self.D, sel), rows(sel), n, zero_rows=zr)
+
+        red, Jr, _ = reduction(cand)
         keep = red.has_z & ~structurally_singular(Jr)
         if not bool(keep.any()):
             return
         if not bool(keep.all()):
             cand = cand[keep]
-            red, Jr, _ = reduce_jacobian(self.J[cand], self.D[cand], rows(cand), n)
+            red, Jr, _ = reduction(cand)
             keep = torch.ones(cand.numel(), dtype=torch.bool)
         self.zsel, self.zred, self.zJ = cand[keep], red, Jr
         LU, piv, _ = lu_factor_finite(Jr)

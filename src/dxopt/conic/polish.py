@@ -44,6 +44,7 @@ __all__ = [
     "max_abs",
     "polish",
     "structurally_singular",
+    "zero_rows_singular",
 ]
 
 POLISH_STEPS = 3
@@ -92,7 +93,15 @@ class PolishFactor:
 
 def structurally_singular(J: Tensor) -> Tensor:
     """Per sample: does ``J`` have an all-zero row or column (so no LU of it is usable)?"""
-    return zero_lines(J, dim=-1).any(dim=-1) | zero_lines(J, dim=-2).any(dim=-1)
+    return zero_rows_singular(J)[1]
+
+
+def zero_rows_singular(J: Tensor) -> tuple[Tensor, Tensor]:
+    """:func:`~dxopt.conic.reduce.zero_lines` of ``J`` over its rows ``(k, N)`` (what
+    :func:`~dxopt.conic.reduce.reduce_jacobian` starts from) and
+    :func:`structurally_singular`."""
+    rows = zero_lines(J, dim=-1)
+    return rows, rows.any(dim=-1) | zero_lines(J, dim=-2).any(dim=-1)
 
 
 def _step(
@@ -198,8 +207,9 @@ def polish(prob: ConicProblem, data: tuple[Tensor, ...], x: Tensor, w: Tensor):
         J = jacobian(P, A, D, cones=prob.cones, slices=prob.slices)
         known: tuple[Reduction, Tensor] | None = None
         if rnd == 0:  # later rounds: needs_shift remembers the failed plain steps
-            dead = active & structurally_singular(J)
-            found, known = _decoupled(J, D, A, prob.n, dead)
+            zrows, singular = zero_rows_singular(J)
+            dead = active & singular
+            found, known = _decoupled(J, D, A, prob.n, dead, zrows)
             decoupled = dead & found
             needs_shift |= dead & ~decoupled
         plain = active & ~needs_shift & ~decoupled
@@ -243,16 +253,18 @@ def polish(prob: ConicProblem, data: tuple[Tensor, ...], x: Tensor, w: Tensor):
 
 
 def _decoupled(
-    J: Tensor, D: Tensor, A: Tensor, n: int, sel: Tensor
+    J: Tensor, D: Tensor, A: Tensor, n: int, sel: Tensor, zero_rows: Tensor
 ) -> tuple[Tensor, tuple[Reduction, Tensor] | None]:
     """Per sample (``sel`` only): is ``J`` singular only through decoupled variables, its
     reduced system (:mod:`dxopt.conic.reduce`) free of zero rows and columns? Also the
-    reduction of the samples ``sel`` and their :math:`J_R` (``None`` where ``sel`` is empty)."""
+    reduction of the samples ``sel`` and their :math:`J_R` (``None`` where ``sel`` is empty);
+    ``zero_rows``: the zero rows of ``J``."""
     out = torch.zeros_like(sel)
     idx = torch.nonzero(sel).flatten()
     if not idx.numel():
         return out, None
-    red, Jr, _ = reduce_jacobian(J[idx], D[idx], A if A.shape[0] == 1 else A[idx], n)
+    As = A if A.shape[0] == 1 else A[idx]
+    red, Jr, _ = reduce_jacobian(take(J, idx), take(D, idx), As, n, zero_rows=take(zero_rows, idx))
     out[idx] = red.has_z & ~structurally_singular(Jr)
     return out, (red, Jr)
 

@@ -73,18 +73,25 @@ class Reduction:
 
 
 def reduce_jacobian(
-    J: Tensor, D: Tensor, A: Tensor, n: int, *, pad: Tensor | None = None
+    J: Tensor,
+    D: Tensor,
+    A: Tensor,
+    n: int,
+    *,
+    pad: Tensor | None = None,
+    zero_rows: Tensor | None = None,
 ) -> tuple[Reduction, Tensor, Tensor]:
     """The :class:`Reduction` of ``J`` ``(k, N, N)`` (built from ``D`` ``(k, m, m)`` and ``A``
     ``(BA, m, n)``), the padded :math:`J_R` ``(k, K, K)`` and the pad scale ``c`` ``(k,)``
-    (``pad`` given: that scale, so that a factor built with it serves this matrix too)."""
+    (``pad`` given: that scale, so that a factor built with it serves this matrix too;
+    ``zero_rows``: :func:`zero_lines` of ``J`` over its rows, where the caller has it)."""
     k, N = J.shape[0], J.shape[-1]
     # exact zero tests: a 1-norm is 0 iff every entry is (NaN and inf are not)
     E = (zero_lines(D, dim=-1) & zero_lines(D, dim=-2)) if D.shape[-1] else D.new_zeros((k, 0)) > 0
     Ef = torch.cat([torch.zeros(k, n, dtype=torch.bool, device=J.device), E], dim=-1)
     # a Z row is zero in J (its entries in the columns E are zero by construction); its
     # column is tested on the rows outside E only, for those candidates
-    Z = zero_lines(J, dim=-1) & ~Ef
+    Z = (zero_lines(J, dim=-1) if zero_rows is None else zero_rows) & ~Ef
     if bool(Z.any()):
         cz = int(Z.sum(dim=-1).max())
         cidx = torch.argsort((~Z).to(torch.int8), dim=-1, stable=True)[:, :cz]
