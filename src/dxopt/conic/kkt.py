@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from dxopt._core.memory import host_array
 from dxopt.conic.cones.base import Cone
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "cone_jacobian",
     "cone_kink",
     "cone_runs",
+    "host_empty",
     "jacobian",
     "lu_factor_finite",
     "lu_storage",
@@ -119,7 +121,7 @@ def cone_jacobian(
     """Block-diagonal :math:`D\\Pi_{K^*}(w)`, ``(k, m, m)``; with ``atol`` (per sample) the
     cones' one-sided rule at kinks (:meth:`Cone.dproject_dual_snapped`)."""
     k, m = w.shape
-    D = w.new_zeros((k, m, m))
+    D = host_empty((k, m, m), w).zero_()
     for c, s0, cnt, d in _runs(cones, slices):
         v = w[:, s0 : s0 + cnt * d].reshape(k * cnt, d)
         if atol is None:
@@ -161,7 +163,7 @@ def jacobian(
     :math:`O(k\\, n\\, \\mathrm{cnt}\\, d^2)`, not :math:`O(k\\, n\\, m^2)`)."""
     k, m = D.shape[0], D.shape[-1]
     n = P.shape[-1]
-    J = D.new_empty((k, n + m, n + m))
+    J = host_empty((k, n + m, n + m), D)
     J[:, :n, :n] = P
     if cones is None or slices is None:
         J[:, :n, n:] = A.transpose(-1, -2) @ D
@@ -181,10 +183,21 @@ def jacobian(
     return J
 
 
+def host_empty(shape: tuple[int, ...], like: Tensor) -> Tensor:
+    """An uninitialised tensor of ``shape`` like ``like``; float64 on the CPU from
+    :func:`dxopt._core.memory.host_array` (a large one: memory of an earlier call's that is no
+    longer referenced, instead of fresh pages that fault on first touch: a batch of 128
+    Jacobians of order 205 is 43 MB), else torch's allocator."""
+    if like.device.type == "cpu" and like.dtype == torch.float64:
+        return torch.from_numpy(host_array(shape))
+    return like.new_empty(shape)
+
+
 def lu_storage(k: int, N: int, like: Tensor) -> Tensor:
     """An uninitialised ``(k, N, N)`` tensor in LAPACK's column-major layout (that of
-    ``torch.linalg.lu_factor``): ``lu_solve`` on a row-major LU copies it on every call."""
-    return like.new_empty((k, N, N)).transpose(-1, -2)
+    ``torch.linalg.lu_factor``): ``lu_solve`` on a row-major LU copies it on every call
+    (from :func:`host_empty`)."""
+    return host_empty((k, N, N), like).transpose(-1, -2)
 
 
 def take(t: Tensor, idx: Tensor) -> Tensor:
