@@ -39,6 +39,7 @@ from dxopt.linalg.schur import SchurFactor, schur_factor
 from dxopt.qp.backward.dense_large import large_dense_adjoint, reused_dense_adjoint
 from dxopt.qp.backward.rows import DenseRows, dense_rows
 from dxopt.qp.certify.dependence import DEPENDENT_TOL
+from dxopt.qp.certify.tolerances import EVALUATION_ROUNDOFF, REFINE_ROUNDOFF
 from dxopt.qp.problem.contracts import ActiveSet, AdjointInput
 from dxopt.qp.problem.types import QPBackwardError
 
@@ -250,7 +251,9 @@ def schur_refine(
     equilibrated system (:func:`equilibration`), invariant under the scaling of the
     objective and of each row; the refinement stops once it or the plain relative residual
     is within ``tol`` (so a well-scaled batch takes the steps the compiled rungs, which
-    measure the plain one, take), at ``max_steps`` or once round-off stalls both. Returns
+    measure the plain one, take), at ``max_steps``, once round-off stalls both, or once every
+    sample is within ``tol`` or at the round-off of its residual's evaluation (the compiled
+    rungs' rule: :data:`~dxopt.qp.certify.tolerances.REFINE_ROUNDOFF`). Returns
     ``(u, w, equilibrated relative residual, steps)`` (the residuals in numpy: a few small
     products)."""
     P, C, rhs2 = rows.P.numpy(), rows.C.numpy(), rows.rhs2.numpy()
@@ -272,6 +275,23 @@ def schur_refine(
     def stalled(worst: float, best: float) -> bool:
         return worst > 0.5 * best and worst < 1e-12
 
+    def settled(
+        u: np.ndarray, w: np.ndarray, r1: np.ndarray, r2: np.ndarray, rel: np.ndarray,
+        plain: np.ndarray,
+    ) -> bool:  # fmt: skip
+        # every sample within tol or at round-off: |r| <= c (|b| + |K||z|) componentwise
+        done = (rel <= tol) | (plain <= tol) | ~okn
+        if bool(done.all()):
+            return True
+        absP = np.abs(P)
+        au, aC = np.abs(u), np.abs(C)
+        Pu = au @ absP if absP.ndim == 2 else np.matmul(absP, au[:, :, None])[:, :, 0]
+        t1 = np.abs(g) + Pu + np.matmul(np.abs(w)[:, None, :], aC)[:, 0]
+        t2 = np.abs(rhs2) + np.matmul(aC, au[:, :, None])[:, :, 0]
+        bound = REFINE_ROUNDOFF * EVALUATION_ROUNDOFF
+        at = (np.abs(r1) <= bound * t1).all(-1) & (np.abs(r2) <= bound * t2).all(-1)
+        return bool((done | at).all())
+
     u_t, w_t = factor.solve(grad_x, rows.rhs2)
     u, w = u_t.numpy(), w_t.numpy()
     r1, r2, rel, plain = residual(u, w)
@@ -285,6 +305,7 @@ def schur_refine(
             or worst <= tol
             or worst_plain <= tol
             or (stalled(worst, best) and stalled(worst_plain, best_plain))
+            or (steps and settled(u, w, r1, r2, rel, plain))
         ):
             return torch.from_numpy(u), torch.from_numpy(w), torch.from_numpy(rel), steps
         best, best_plain = min(best, worst), min(best_plain, worst_plain)

@@ -103,6 +103,7 @@ __all__ = [
     "PINV_NORMAL_LIMIT",
     "PINV_NULL_X_PART",
     "PINV_RANK_TOL",
+    "REFINE_ROUNDOFF",
     "RELATIVE_FLOOR",
     "ROUNDOFF",
     "ROUNDOFF_KKT",
@@ -252,6 +253,15 @@ KKT_REFINE_STEPS = 5
 (:mod:`dxopt.qp.backward.kkt`, and the lean adjoint of :mod:`dxopt.qp.lean.small_backward`)."""
 KKT_REFINE_TOL = 1e-13
 """Relative residual at which that refinement stops."""
+REFINE_ROUNDOFF = 4.0
+"""The refinement against the reduced KKT matrix :math:`K` (the compiled kernels of
+:mod:`dxopt.qp.solvers.kernels.adjoint` and :func:`dxopt.qp.backward.regular.schur_refine`)
+also stops once its residual :math:`r = b - Kz` is at the round-off of its own evaluation:
+:math:`|r_i| \\le c\\,(|b| + |K||z|)_i` for every component (the componentwise backward
+error, Oettli & Prager 1964, as LAPACK's refinement tests it), :math:`c` this many times
+``EVALUATION_ROUNDOFF``. Further steps there only move round-off; the relative residual,
+which the refinement's tolerance and the residual bound judge, need not be small there (an
+ill-conditioned :math:`P`: :math:`|P||u| \\gg |b|`)."""
 PENALTY_PRECONDITIONER_BETA = 1e-6
 """The least penalty weight :math:`\\beta` of a penalty matrix that preconditions the refinement
 against the exact reduced KKT system (:class:`dxopt.qp.PenaltyBackward`)."""

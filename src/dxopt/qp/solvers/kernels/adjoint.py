@@ -24,6 +24,7 @@ from dxopt.linalg.small import (
     schur_solve_indexed,
     schur_solve_small,
 )
+from dxopt.qp.certify.tolerances import EVALUATION_ROUNDOFF, REFINE_ROUNDOFF
 from dxopt.qp.solvers.kernels.certify import (
     kernel_jit,
     kernel_jit_sums,
@@ -126,12 +127,17 @@ def _refined_solve(
     """``(u, w, relative residual, steps)``: :math:`[[P, C_J^\\top], [C_J, 0]][u; w] =
     [g; r_2]` by the block elimination's factors (``Y`` the columns :math:`L^{-1}c_j`),
     refined against the exact matrix with the stopping and best-iterate rules of
-    :func:`dxopt.qp.backward.kkt.schur_refine`."""
+    :func:`dxopt.qp.backward.kkt.schur_refine`, and stopped once a step leaves the residual at
+    the round-off of its evaluation (:func:`_at_roundoff`)."""
     norm = max(math.sqrt(dot(g, g) + dot(r2, r2)), 1e-300)
     u, w = schur_solve_small(L, Y, LS, g, r2)
     r1, rr, rel = _residual(P, CJ, g, r2, u, w, norm)
     steps, best = 0, math.inf
+    k = CJ.shape[0]
     while not (steps >= steps_max or rel <= tol or (rel > 0.5 * best and rel < 1e-12)):
+        # at round-off after a step (the first solve's residual is the factorization's)
+        if steps and _at_roundoff(P, CJ, CJ[:0], k, np.arange(k), g, r2, u, w, r1, rr):
+            break
         best = min(best, rel)
         du, dw = schur_solve_small(L, Y, LS, r1, rr)
         new_u, new_w = u + du, w + dw
@@ -237,7 +243,7 @@ def reused_solve(
     reduced KKT system of the rows ``rows_sel`` of ``[G; A]`` (right-hand side ``g``, ``r2``
     in ``rows_sel``'s order; ``w`` comes back in that order) from the forward's factors, the
     rows read in place (status 2: the Schur complement's factorization failed, 3: a pivot
-    below ``dependent_tol``)."""
+    below ``dependent_tol``), refined as :func:`_refined_solve` refines."""
     n, k = L.shape[0], rows_sel.shape[0]
     count = 0
     while count < order.shape[0] and order[count] >= 0:
@@ -276,6 +282,9 @@ def reused_solve(
     r1, rr, rel = _residual_rows(P, G, A, m, rows, g, rhs, u, w, norm)
     done, best = 0, math.inf
     while not (done >= steps_max or rel <= tol or (rel > 0.5 * best and rel < 1e-12)):
+        # at round-off after a step (the first solve's residual is the factorization's)
+        if done and _at_roundoff(P, G, A, m, rows, g, rhs, u, w, r1, rr):
+            break
         best = min(best, rel)
         du, dw = schur_solve_indexed(L, Y_all, rows, LS, r1, rr)
         new_u, new_w = u + du, w + dw
@@ -314,6 +323,54 @@ def _residual_rows(
             s += c[i] * u[i]
         b[j] -= s
     return a, b, math.sqrt(dot(a, a) + dot(b, b)) / norm
+
+
+@kernel_jit_sums
+def _at_roundoff(
+    P: np.ndarray,
+    G: np.ndarray,
+    A: np.ndarray,
+    m: int,
+    rows: np.ndarray,
+    r1: np.ndarray,
+    r2: np.ndarray,
+    u: np.ndarray,
+    w: np.ndarray,
+    res1: np.ndarray,
+    res2: np.ndarray,
+) -> bool:
+    """Whether the residual ``(res1, res2)`` of :math:`K[u; w] = [r_1; r_2]`
+    (:math:`K = [[P, C^\\top], [C, 0]]`, the rows :math:`c_j` of ``[G; A]`` read in place as in
+    :func:`_residual_rows`) is at the round-off of its own evaluation: its componentwise
+    backward error (Oettli & Prager, Numer. Math. 6, 1964; LAPACK's refinement stops on it,
+    Arioli, Demmel & Duff, SIAM J. Matrix Anal. Appl. 10, 1989) is within
+    ``REFINE_ROUNDOFF`` units of round-off, :math:`|r_i| \\le c\\,(|b| + |K||z|)_i` for every
+    component (no division: a component whose magnitudes all vanish passes only with a zero
+    residual). A refinement step there only moves round-off, whatever the relative residual
+    (for an ill-conditioned :math:`P`, where :math:`|P||u| \\gg |r_1|`, that one stays above the
+    stall test's :math:`10^{-12}`)."""
+    n, k = u.shape[0], rows.shape[0]
+    bound = REFINE_ROUNDOFF * EVALUATION_ROUNDOFF
+    a = np.abs(r1)
+    for i in range(n):
+        s = 0.0
+        for j in range(n):
+            s += abs(P[i, j] * u[j])
+        a[i] += s
+    for j in range(k):
+        c = _row(G, A, m, rows[j])
+        f = abs(w[j])
+        s = 0.0
+        for i in range(n):
+            t = abs(c[i])
+            a[i] += f * t
+            s += t * abs(u[i])
+        if not abs(res2[j]) <= bound * (abs(r2[j]) + s):
+            return False
+    for i in range(n):  # noqa: SIM110 (numba: a loop, no generator)
+        if not abs(res1[i]) <= bound * a[i]:
+            return False
+    return True
 
 
 @kernel_jit
