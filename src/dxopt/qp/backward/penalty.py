@@ -42,9 +42,12 @@ reduced KKT. Beyond the reference:
   regularisation :math:`W^{-1}` is taken to 0 and the exact block elimination of :math:`P`
   serves (:func:`dxopt.linalg.schur_factor`: Cholesky of :math:`P` and of the
   :math:`k\\times k` Schur complement :math:`CP^{-1}C^\\top`); the refinement typically
-  stops after the first solve, and the linear dependence of the active rows is read off the
-  same factorization (a batch in which every sample is regular this way returns at once:
-  :func:`dxopt.qp.backward.regular.regular_adjoint`, shared with the KKT method). One
+  stops after the first solve (an ill-conditioned :math:`P`: after one step, once the residual
+  is at the round-off of its evaluation, :data:`~dxopt.qp.certify.tolerances.REFINE_ROUNDOFF`,
+  though its relative size stays above ``refine_tol``), and the linear dependence of the
+  active rows is read off the same factorization (a batch in which every sample is regular
+  this way returns at once: :func:`dxopt.qp.backward.regular.regular_adjoint`, shared with
+  the KKT method). One
   large system (:math:`n \\ge 256`, at most four samples) with certified independent active
   rows is first solved exactly by float64 GMRES preconditioned with the float32 augmented
   matrix :math:`P + C^\\top WC` (:mod:`dxopt.qp.backward.dense_large`, also shared).
@@ -109,7 +112,9 @@ class PenaltyBackward(BackwardBase):
             saddle-point matrix with exact equality rows plus GMRES for sparse ones),
             ``"dense"`` or ``"sparse"``.
         max_refinement: most refinement steps against the exact reduced KKT (0: plain dXPP).
-        refine_tol: refinement stops once the relative adjoint residual is below this.
+        refine_tol: refinement stops once the relative adjoint residual is below this (the
+            block elimination's also once the residual is at the round-off of its evaluation,
+            :data:`~dxopt.qp.certify.tolerances.REFINE_ROUNDOFF`).
         max_residual: if the final relative residual of the exact adjoint system exceeds this,
             the ``degenerate`` policy applies. With ``max_refinement=0`` the check is skipped
             (plain dXPP has an O(β) residual by design).
