@@ -80,6 +80,21 @@ def test_ill_conditioned_batch_refines_once_and_matches_the_exact_adjoint(solver
         assert np.linalg.norm(got - ref) <= 1e-11 * np.linalg.norm(ref), i
 
 
+def test_ill_conditioned_single_problem_refines_once() -> None:
+    """The lean single path's kernel (its own factors): sample 0 took the 25-step limit."""
+    (pr,) = _problems(1)
+    leaves = {k: torch.tensor(getattr(pr, k)).requires_grad_(k in "qhb") for k in "PqAbGh"}
+    w = np.ones(N)
+    sol = dqp.solve(**leaves)
+    assert sol.info.route == "lean_single"
+    (torch.from_numpy(w) * sol.x).sum().backward()
+    assert sol.info.backward.refinement_steps <= 2, sol.info.backward.refinement_steps
+    assert sol.info.backward.residual <= 1e-8
+    got = np.concatenate([leaves[k].grad.numpy() for k in "qhb"])
+    ref = _reference(pr, w)
+    assert np.linalg.norm(got - ref) <= 1e-11 * np.linalg.norm(ref)
+
+
 def test_torch_schur_refine_stops_at_roundoff_with_the_exact_adjoint() -> None:
     """The general path's batched refinement (:func:`schur_refine`) on the same systems (a
     cotangent of ``x`` only, as in the benchmark; with multiplier cotangents the relative
