@@ -51,7 +51,7 @@ from dxopt.qp.lean.lean_check import SMALL_MAX_N, SYMMETRY_TOL
 from dxopt.qp.lean.records import SmallBatch
 from dxopt.qp.lean.small import daqp_bounds, daqp_module
 from dxopt.qp.lean.small_backward import cotangent_array, record_diagnostics, regular_settings
-from dxopt.qp.lean.warm import warm_rows
+from dxopt.qp.lean.warm import NO_FACTORS, cached_factors, dual_start, keep_factors, warm_rows
 from dxopt.qp.problem.canonical import canonical_problem
 from dxopt.qp.problem.contracts import BackwardMethod, ForwardFactors, ForwardResult, QPState
 from dxopt.qp.problem.options import COMPILED_SOLVER
@@ -150,8 +150,9 @@ def small_batch_forward(
     positive entries are each sample's warm working set, for the compiled solver and daqp
     (``dual_start``); a warm start that fails is solved again cold. ``compiled``: the compiled
     dual active-set solver of :mod:`dxopt.qp.solvers.dual_active_set` first (warm only from
-    ``warm_duals``: it takes no primal point), daqp for
-    the samples it does not solve; the backward reuses its factors and, with
+    ``warm_duals``: it takes no primal point; a warm sample whose ``P`` and rows have the bits of
+    the last warm start's takes that one's factors, :func:`dxopt.qp.lean.warm.keep_factors`),
+    daqp for the samples it does not solve; the backward reuses its factors and, with
     ``for_backward`` (a backward is likely: some input requires grad), the accuracies of their
     active sets, which the certificate finds from its own residuals at little cost."""
     q = data[1]
@@ -175,7 +176,7 @@ def small_batch_forward(
         elif v.ndim == base:
             views[i] = np.broadcast_to(v, (batch, *v.shape))
     m, p = views[4].shape[1], views[2].shape[1]
-    rows = warm_rows(warm_duals, batch, m, p)
+    rows = warm_rows(warm_duals, batch, m)
     use_compiled = compiled and (starts is None or rows is not None)
     Pn, qn, C, upper, g_inf, L_given, Y_given, order, LW = _workspace(batch, n, m, p, use_compiled)
     empty = (data[2] is not None and not p, data[4] is not None and not m)  # given, no rows
@@ -190,17 +191,22 @@ def small_batch_forward(
     iterations = np.zeros(batch, np.int64)
     warm_used = np.zeros(batch, np.bool_)
     if use_compiled:  # checks, solve and certificate sample by sample (one kernel)
-        with blas_threads(1):
+        # warm: the last warm start's factors, reused where P and C have the same bits
+        factors = cached_factors() if rows is not None else NO_FACTORS
+        reused = np.zeros(batch, np.bool_)
+        with blas_threads(1):  # (one thread: the factors' bits do not depend on the call)
             status, solved, ok = forward_batch(
                 *views, sym_tol, Pn, qn, C, upper, g_inf, eps_abs,
                 _MAX_ITER_PER_ROW * (m + p) + 20, lapack_kernels(), X, duals, L_given, Y_given,
                 order, LW, eps_abs, rel, ROUNDOFF, Xo, MU, NU, primal, dual, accuracy,
                 LEAN_MARGIN_FLOOR, np.zeros((batch, 0), np.int64) if rows is None else rows[1],
-                iterations, warm_used,
+                iterations, warm_used, factors.arrays(), reused,
             )  # fmt: skip
         if status or not ok:  # a failed check (NaN/Inf, asymmetric P, a zero row of G: the
             return None  # general path's rules and errors), or a point that does not certify
         given = solved == 0
+        if rows is not None and not reused[0] and given[0]:  # for the next warm start
+            keep_factors(Pn[0], C[0], L_given[0], Y_given[0])
     else:
         if prepare_batch(*views, sym_tol, Pn, qn, C, upper, g_inf):
             return None  # NaN/Inf, asymmetric P, a zero row of G: the general path's
@@ -209,13 +215,15 @@ def small_batch_forward(
     lower, sense = daqp_bounds(m, p)
     solve = daqp_module().solve
     for i in rest.tolist():
-        init = None if starts is None or rows is not None else starts[i]
-        dual_start = None if rows is None else rows[0][i]
+        init = None
+        if starts is not None and rows is None:  # our copy: daqp takes a writable one
+            init = np.array(starts if starts.ndim == 1 else starts[i])
+        start_duals = None if rows is None else dual_start(rows[0], i, p)
         x, _, flag, info = solve(
-            Pn[i], qn[i], C[i], upper[i], lower, sense, primal_start=init, dual_start=dual_start,
+            Pn[i], qn[i], C[i], upper[i], lower, sense, primal_start=init, dual_start=start_duals,
             primal_tol=eps_abs, eps_prox=0.0,
         )  # fmt: skip
-        used = init is not None or dual_start is not None
+        used = init is not None or start_duals is not None
         if used and flag != 1 and flag != 2:  # the warm start failed: cold
             iterations[i] += info["iterations"]
             x, _, flag, info = solve(
@@ -318,7 +326,8 @@ def _workspace(batch: int, n: int, m: int, p: int, factors: bool) -> tuple[np.nd
 
 
 def _starts(warm_start: Tensor | None, batch: int, n: int) -> Any:
-    """Each sample's float64 primal start (``(B, n)``), ``None`` without a warm start, or
+    """The float64 primal starts (``(B, n)``, or ``(n,)`` for every sample; a view where they
+    are float64 already), ``None`` without a warm start, or
     ``False`` for one the general path must validate (not a CPU float tensor of shape
     ``(n,)`` or ``(B, n)``)."""
     if warm_start is None:
@@ -327,8 +336,7 @@ def _starts(warm_start: Tensor | None, batch: int, n: int) -> Any:
         return False
     if warm_start.shape not in ((n,), (batch, n)):
         return False
-    start = warm_start.detach().to(torch.float64).numpy()
-    return np.array(np.broadcast_to(start, (batch, n)))  # our copy: daqp takes a writable one
+    return warm_start.detach().to(torch.float64).numpy()  # (copied per sample where used)
 
 
 def small_batch_backward(

@@ -62,6 +62,14 @@ made after the warm rows joined.
 The factors :math:`L` (LAPACK ``dpotrf``) and :math:`Y = L^{-1}C^\\top` (BLAS ``dtrsm``) are
 what the block elimination of :func:`dxopt.linalg.small.schur_factor_small` starts from, so
 the lean backward takes them instead of factoring ``P`` again.
+
+**Reused factors.** With ``factored`` the caller hands in :math:`L` and :math:`Y` of this very
+``P`` and ``C`` (a parametric QP, as in an MPC loop, changes only ``q`` and the right-hand
+sides between calls; Ferreau, Bock & Diehl, "An online active set strategy to overcome the
+limitations of explicit MPC", Int. J. Robust Nonlinear Control 18, 2008): the solve then
+costs :math:`O(n^2 + rows\\cdot n)` for :math:`v` and :math:`d` plus its working-set changes,
+instead of the :math:`O(n^3/3 + rows\\cdot n^2/2)` of the factors, which are the same for a
+warm or a cold start and otherwise the larger part of a warm solve.
 """
 
 from __future__ import annotations
@@ -270,6 +278,7 @@ def solve_one(
     order_out: np.ndarray,
     LW_out: np.ndarray,
     warm: np.ndarray,
+    factored: bool,
 ) -> tuple[int, int]:
     """``(status, iterations)`` of one problem (module docstring), started from the
     inequality rows of ``warm`` (int64 row indices, ``-1`` or the end closing the list; see
@@ -278,14 +287,17 @@ def solve_one(
     :math:`y_r = L^{-1}c_r` of ``Yt``, the final working set in its order (``order_out``, -1
     after it) and the Cholesky factor of its :math:`S_W` (``LW_out``, (w, w) with
     ``w = min(n, rows) + 1``: its lower triangle's leading block; the solver works in it, so
-    on a non-zero status it holds no factor)."""
+    on a non-zero status it holds no factor). ``factored``: ``L`` and ``Yt`` hold these factors
+    of this ``P`` and ``C`` already (*Reused factors* in the module docstring), read, not
+    written."""
     n, rows = P.shape[0], C.shape[0]
     order_out[:] = -1
-    L[:] = P
-    if cholesky_lapack(L, lapack[0]) != 0:
-        return 1, 0
-    Yt[:] = C
-    lower_solve_rows_lapack(L, Yt, lapack[1])
+    if not factored:
+        L[:] = P
+        if cholesky_lapack(L, lapack[0]) != 0:
+            return 1, 0
+        Yt[:] = C
+        lower_solve_rows_lapack(L, Yt, lapack[1])
     v = q.copy()
     lower_solve_inplace(L, v, n)
     d = np.empty(rows)
@@ -446,6 +458,6 @@ def solve_batch(
     for i in range(B):
         status[i], iterations[i] = solve_one(
             P[i], q[i], C[i], upper[i], m, primal_tol, max_iter, lapack, X[i], duals[i], L[i],
-            Yt[i], order[i], LW[i], warm[i],
+            Yt[i], order[i], LW[i], warm[i], False,
         )  # fmt: skip
     return status, iterations

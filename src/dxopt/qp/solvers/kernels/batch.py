@@ -28,7 +28,14 @@ from dxopt.qp.solvers.kernels.certify import (
     split_point,
 )
 
-__all__ = ["certify_batch", "forward_batch", "lean_adjoint_batch", "prepare", "prepare_batch"]
+__all__ = [
+    "certify_batch",
+    "forward_batch",
+    "lean_adjoint_batch",
+    "prepare",
+    "prepare_batch",
+    "same_bits",
+]
 
 
 @kernel_jit
@@ -236,6 +243,8 @@ def forward_batch(
     warm: np.ndarray,
     iterations: np.ndarray,
     warm_used: np.ndarray,
+    factors: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray],
+    reused: np.ndarray,
 ) -> tuple[int, np.ndarray, bool]:
     """:func:`prepare_batch`, the compiled solver's :func:`~.dual_active_set.solve_batch`
     and :func:`certify_batch` of its points, sample by sample in one loop (each sample's data
@@ -253,8 +262,13 @@ def forward_batch(
     solved again cold, so a warm start changes the iterations, never the answer's
     certificate. Written per sample: ``iterations`` (B,), the solver's working-set changes
     (the warm and the cold attempt's together), and ``warm_used`` (B,), whether the answer is
-    the warm attempt's."""
+    the warm attempt's. ``factors = (P0, C0, L0, Y0)``: a previous solve's ``Pn``, ``C`` and
+    their factors ``L``, ``Yt`` (empty arrays: none); a warm sample whose ``Pn`` and ``C`` are
+    bitwise those (:func:`same_bits`) takes copies of ``L0``, ``Y0`` instead of factoring
+    (``reused`` (B,) says which; the factors are what it would compute: the same bits, LAPACK
+    on one thread), and a warm attempt's factors serve its cold retry."""
     B, m = q.shape[0], G.shape[1]
+    P0, C0, L0, Y0 = factors
     solved = np.zeros(B, np.int64)
     none = np.zeros(0, np.bool_)
     g_inf[:] = 0.0
@@ -266,10 +280,15 @@ def forward_batch(
             return status, solved, False
         start = warm[i]
         iterations[i] = 0
+        factored = reused[i] = False
         if start.shape[0] and start[0] >= 0:  # warm, then cold where it fails
+            if same_bits(Pn[i], P0) and same_bits(C[i], C0):  # the previous call's P and C
+                L[i] = L0
+                Yt[i] = Y0
+                factored = reused[i] = True
             solved[i], iterations[i] = solve_one(
                 Pn[i], qn[i], C[i], upper[i], m, primal_tol, max_iter, lapack, X[i], duals[i],
-                L[i], Yt[i], order[i], LW[i], start,
+                L[i], Yt[i], order[i], LW[i], start, factored,
             )  # fmt: skip
             warm_used[i] = solved[i] == 0 and _certify_into(
                 Pn, qn, C, upper, m, X, duals, g_inf, eps_abs, rel, roundoff, i, none, Xo, MU,
@@ -277,10 +296,11 @@ def forward_batch(
             )  # fmt: skip
             if warm_used[i]:
                 continue
+            factored = solved[i] != 1  # L and Yt of this P and C (1: P not positive definite)
         warm_used[i] = False
         solved[i], cold_iterations = solve_one(
             Pn[i], qn[i], C[i], upper[i], m, primal_tol, max_iter, lapack, X[i], duals[i], L[i],
-            Yt[i], order[i], LW[i], start[:0],
+            Yt[i], order[i], LW[i], start[:0], factored,
         )  # fmt: skip
         iterations[i] += cold_iterations
         if solved[i] == 0 and not _certify_into(
@@ -289,6 +309,19 @@ def forward_batch(
         ):  # fmt: skip
             solved[i] = NOT_CERTIFIED  # the caller solves it otherwise (daqp)
     return 0, solved, True
+
+
+@kernel_jit
+def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether the C-contiguous float64 arrays ``a`` and ``b`` have one shape and the same bits
+    in every entry (no tolerance: ``-0.0`` is not ``0.0``)."""
+    if a.shape != b.shape:
+        return False
+    x, y = a.ravel().view(np.int64), b.ravel().view(np.int64)
+    for k in range(x.shape[0]):  # noqa: SIM110 (compiled: a loop that stops at a difference)
+        if x[k] != y[k]:
+            return False
+    return True
 
 
 @kernel_jit
