@@ -4,20 +4,24 @@
 - **MPC over a trajectory**: a double integrator (position, velocity; ``dt = 0.1``) steered
   from ``(5, 0)`` to the origin by a condensed MPC of horizon ``T`` (``n = T`` inputs,
   ``|u| <= 1`` and ``|position| <= 6`` over the horizon, ``m = 4T`` rows), one QP per step,
-  the first input applied; consecutive QPs differ only in the initial state. Warm: each step
-  starts from the previous step's solution (daqp's ``dual_start`` at ``n <= 64``, the
-  compiled dual active-set solver's warm working set above). Horizons 30 and 80: at
-  ``T = 30`` a step's solve is a fraction of a millisecond and sits at the per-call floor
-  (validation, certificate, outputs), so little is left for a warm start to save; at
-  ``T = 80`` (``m = 320``) the cold solve builds a working set of dozens of rows, which is
-  most of the step.
+  the first input applied; consecutive QPs differ only in the initial state (``q`` and
+  ``h``; ``P`` and ``G`` are the same tensors). Warm: each step starts from the previous
+  step's solution (daqp's ``dual_start`` at ``n <= 64``, the compiled dual active-set
+  solver's warm working set above, which also reuses the last warm step's factors of ``P`` and
+  ``G``: :func:`dxopt.qp.lean.warm.keep_factors`). Horizons 30 and 80: at ``T = 30`` a step's
+  solve is a fraction of a millisecond and sits at the per-call floor (validation,
+  certificate, outputs), so little is left for a warm start to save; at ``T = 80``
+  (``m = 320``) the cold solve factors ``P``, forms :math:`L^{-1}G^\top` and builds a working
+  set of dozens of rows, which is most of the step.
 - **DFL training epochs**: a linear cost model trained with QPTL's regret loss
   (:mod:`benchmarks.qp_speed.qptl`: PyEPO's ``side x side`` shortest-path LP with
   ``eps/2 ||x||^2``, flow rows and ``0 <= x <= 1``) by SGD, mini-batches of 32, forward and
   backward per batch. Warm: each batch starts from the previous epoch's solution of the same
   batch (the compiled solver's warm working sets). Sides 5 (40 arcs, PyEPO's size: the
-  backward and the per-call costs weigh as much as the solve) and 8 (112 arcs, 224 bound rows:
-  the solve is the larger part of the step).
+  backward and the per-call costs weigh as much as the solve) and 8 (112 arcs, 224 bound rows).
+  At both sizes the step's time is mostly the minimum-norm multiplier selection at the LP's
+  degenerate vertices (:func:`dxopt.qp.certify.multipliers.select_multipliers`, cold or warm
+  alike), so the warm start's saving on the solve itself moves the loop's ratio little.
 
 Both loops follow the same trajectory cold and warm (the answers agree to the certificate's
 tolerance: the script checks ``max |x_warm - x_cold|``). Reported per loop: the median over
