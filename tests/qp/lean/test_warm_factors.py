@@ -158,6 +158,11 @@ def test_a_stale_working_set_with_reused_factors_gives_the_cold_answer(reused):
     warm = dqp.solve(P, q, G=G, h=h, warm_start=every)
     assert reused[-1].tolist() == [True]
     _same_answer(warm, cold)
+    # no row of positive multiplier (an empty warm set: a cold start), the factors still reused
+    none = dqp.QPSolution(cold.x, None, torch.zeros_like(cold.ineq_duals), cold.status, cold.info)
+    warm = dqp.solve(P, q, G=G, h=h, warm_start=none)
+    assert reused[-1].tolist() == [True] and warm.info.warm_started == (False,)
+    _same_answer(warm, cold)
 
 
 def test_a_batch_reuses_the_factors_of_the_samples_with_the_same_bits(reused):

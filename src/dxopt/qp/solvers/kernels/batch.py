@@ -263,8 +263,9 @@ def forward_batch(
     certificate. Written per sample: ``iterations`` (B,), the solver's working-set changes
     (the warm and the cold attempt's together), and ``warm_used`` (B,), whether the answer is
     the warm attempt's. ``factors = (P0, C0, L0, Y0)``: a previous solve's ``Pn``, ``C`` and
-    their factors ``L``, ``Yt`` (empty arrays: none); a warm sample whose ``Pn`` and ``C`` are
-    bitwise those (:func:`same_bits`) takes copies of ``L0``, ``Y0`` instead of factoring
+    their factors ``L``, ``Yt`` (empty arrays: none; the caller passes them on warm calls), a
+    sample whose ``Pn`` and ``C`` are bitwise those (:func:`same_bits`; its warm set perhaps
+    empty) takes copies of ``L0``, ``Y0`` instead of factoring
     (``reused`` (B,) says which; the factors are what it would compute: the same bits, LAPACK
     on one thread), and a warm attempt's factors serve its cold retry."""
     B, m = q.shape[0], G.shape[1]
@@ -281,11 +282,11 @@ def forward_batch(
         start = warm[i]
         iterations[i] = 0
         factored = reused[i] = False
+        if same_bits(Pn[i], P0) and same_bits(C[i], C0):  # the kept P and C (warm calls only)
+            L[i] = L0
+            Yt[i] = Y0
+            factored = reused[i] = True
         if start.shape[0] and start[0] >= 0:  # warm, then cold where it fails
-            if same_bits(Pn[i], P0) and same_bits(C[i], C0):  # the previous call's P and C
-                L[i] = L0
-                Yt[i] = Y0
-                factored = reused[i] = True
             solved[i], iterations[i] = solve_one(
                 Pn[i], qn[i], C[i], upper[i], m, primal_tol, max_iter, lapack, X[i], duals[i],
                 L[i], Yt[i], order[i], LW[i], start, factored,
