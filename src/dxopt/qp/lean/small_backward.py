@@ -42,6 +42,7 @@ class _Regular(NamedTuple):
     beta: float | None
     beta_min: float
     settings: np.ndarray  # the kernel's: (steps, tol, max_residual, DEPENDENT_TOL, margin floor)
+    name: str = ""  # the method's name (BackwardDiagnostics.method)
 
 
 _REGULAR: dict[int, tuple[Any, _Regular]] = {}  # id(method) -> (method, settings)
@@ -67,7 +68,9 @@ def regular_settings(method: Any) -> _Regular:
     settings = np.array(
         [steps, tol, method.max_residual, DEPENDENT_TOL, LEAN_MARGIN_FLOOR], dtype=np.float64
     )
-    regular = _Regular(steps, tol, method.max_residual, penalty, beta, beta_min, settings)
+    regular = _Regular(
+        steps, tol, method.max_residual, penalty, beta, beta_min, settings, method.name
+    )
     if len(_REGULAR) > 256:
         _REGULAR.clear()
     _REGULAR[id(method)] = (method, regular)  # keeps method alive: its id is not reused
@@ -122,7 +125,7 @@ def small_backward(
     )  # fmt: skip
     if status:
         return None
-    record_diagnostics(point.diagnostics, method, residual, steps, (k,), (accuracy,), regular)
+    _record_one(point.diagnostics, residual, steps, k, accuracy, regular)
     # absent constraints get None; constraints given without rows get empty gradients
     eq, ineq = point.given
     out = (gP if needs[0] else None, gq if needs[1] else None,
@@ -132,6 +135,37 @@ def small_backward(
     if point.dtype is torch.float64:
         return tuple([None if a is None else from_numpy(a) for a in out])
     return tuple([None if a is None else from_numpy(a).to(point.dtype) for a in out])
+
+
+_ONE = {
+    "linear_solver": "schur", "dependent_rows": (0,), "licq": True, "n_weak": (0,),
+    "pseudo_inverse": (False,), "vertex_dropped": (0,), "dropped_rows": ((),),
+    "weak_kept": False,
+}  # fmt: skip
+"""The fields :func:`record_diagnostics` sets alike for every one-sample call."""
+
+
+def _record_one(
+    diagnostics: BackwardDiagnostics,
+    residual: float,
+    steps: int,
+    k: int,
+    accuracy: float,
+    regular: _Regular,
+) -> None:
+    """:func:`record_diagnostics` for one sample (the same fields and values, written by two
+    ``dict.update`` calls instead of a ``setattr`` each: the dataclass has no ``__slots__``
+    and no ``__setattr__`` of its own)."""
+    fields = diagnostics.__dict__
+    fields.update(_ONE)
+    fields.update(method=regular.name, residual=residual, n_active=(k,))
+    if regular.penalty:  # its fixed beta, or max(10 eps, beta_min) (PenaltyBackward._beta)
+        beta = regular.beta
+        fields.update(
+            jitter=0.0,
+            refinement_steps=steps,
+            beta=(max(10.0 * accuracy, regular.beta_min),) if beta is None else (beta,),
+        )
 
 
 def record_diagnostics(
