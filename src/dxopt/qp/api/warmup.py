@@ -32,6 +32,7 @@ _KERNEL_MODULES = (
     "dxopt.qp.solvers.kernels.adjoint",
     "dxopt.qp.solvers.kernels.batch",
     "dxopt.qp.solvers.dual_active_set",
+    "dxopt.qp.lean.fused",
 )
 
 

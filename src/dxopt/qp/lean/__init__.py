@@ -3,7 +3,8 @@
 Owns what the lean routes take (`lean_check`: the inputs, sizes and backward methods; the
 backends are those whose entry in `dxopt.qp.solvers.backends` says `lean`), the
 records the lean forwards hand to their backward (`records`: `SmallPoint`, `SmallBatch`), the
-lean forward for one small dense problem (`small`) and its adjoint (`small_backward`), the
+lean forward for one small dense problem (`small`, with its fused compiled calls in `fused`)
+and its adjoint (`small_backward`), the
 lean batch forward and backward (`small_batch`) and the autograd Function both routes share
 (`small_function`: `SmallQPFunction`). Where the lean backward declines it builds the
 general route's state itself (`dxopt.qp.autograd.state`). The runners that pick these routes

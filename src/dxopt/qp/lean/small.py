@@ -9,7 +9,9 @@ path (canonical problem, fallback chain, batch certificate, batched active set a
 costs about 0.6 ms with daqp, some 60 raw solves; as straight-line numpy on the one sample,
 about 0.15 ms, most of it the dispatch of some hundred small array operations. This module
 and :mod:`dxopt.qp.lean.small_backward` run the same steps in three compiled kernels
-(:mod:`dxopt.qp.solvers.kernels`, numba) around the backend call:
+(:mod:`dxopt.qp.solvers.kernels`, numba; in the forward each fused with its neighbour's work
+by :mod:`dxopt.qp.lean.fused`: the copy reads the tensors where they lie, daqp's certificate
+carries the first test of the multiplier selection) around the backend call:
 
 - **forward** (:func:`small_forward`): the cheap checks (finite entries, symmetry of ``P``, no
   zero row of ``G``) while copying the data into daqp's layout; then either one
@@ -61,6 +63,7 @@ from dxopt.qp.autograd.function import eager_gradients
 from dxopt.qp.autograd.state import rebuilt_state
 from dxopt.qp.certify.multipliers import note_not_selected, select_multipliers
 from dxopt.qp.certify.tolerances import RELATIVE_FLOOR, ROUNDOFF
+from dxopt.qp.lean.fused import certify_exact, copy_in
 from dxopt.qp.lean.lean_check import SYMMETRY_TOL
 from dxopt.qp.lean.records import SmallPoint
 from dxopt.qp.lean.small_backward import small_backward
@@ -118,6 +121,34 @@ def daqp_bounds(m: int, p: int) -> tuple[np.ndarray, np.ndarray]:
     return _BOUNDS[key]
 
 
+def _copy_views(
+    data: tuple[Any, ...],
+) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    """``(status, Pn, qn, C, upper, g_inf)`` of :func:`~dxopt.qp.solvers.kernels.batch.prepare`
+    through numpy views of the inputs (:func:`dxopt.qp.lean.fused.copy_in`'s result for the
+    inputs it does not read); ``None`` where an input has no numpy view (the general path)."""
+    P, q, A, b, G, h = data
+    # numpy views (force: detached, and a conjugate or negative-bit view resolved: copied,
+    # as below); absent constraints, and those given without rows, as arrays without rows
+    try:
+        Pv, qv = P.numpy(force=True), q.numpy(force=True)
+        n = qv.shape[0]
+        no_rows = _absent(n, qv.dtype)
+        Av, bv = (
+            no_rows if A is None or not A.shape[0] else (A.numpy(force=True), b.numpy(force=True))
+        )
+        Gv, hv = (
+            no_rows if G is None or not G.shape[0] else (G.numpy(force=True), h.numpy(force=True))
+        )
+    except (RuntimeError, TypeError):  # no numpy view: the general path
+        return None
+    m, p = Gv.shape[0], Av.shape[0]
+    Pn, qn, C, upper = np.empty((n, n)), np.empty(n), np.empty((m + p, n)), np.empty(m + p)
+    g_inf = np.zeros(m)
+    status = prepare(Pv, qv, Av, bv, Gv, hv, SYMMETRY_TOL[q.dtype], Pn, qn, C, upper, g_inf)
+    return status, Pn, qn, C, upper, g_inf
+
+
 def small_forward(
     data: tuple[Tensor | None, ...],
     options: QPOptions,
@@ -147,25 +178,12 @@ def small_forward(
     dtype = q.dtype
     tensors: tuple[Any, ...] = data  # (small_inputs holds: A, b and G, h in pairs)
     P, _, A, b, G, h = tensors
-    # numpy views (force: detached, and a conjugate or negative-bit view resolved: copied,
-    # as below); absent constraints, and those given without rows, as arrays without rows
-    try:
-        Pv, qv = P.numpy(force=True), q.numpy(force=True)
-        n = qv.shape[0]
-        no_rows = _absent(n, qv.dtype)
-        Av, bv = (
-            no_rows if A is None or not A.shape[0] else (A.numpy(force=True), b.numpy(force=True))
-        )
-        Gv, hv = (
-            no_rows if G is None or not G.shape[0] else (G.numpy(force=True), h.numpy(force=True))
-        )
-    except (RuntimeError, TypeError):  # no numpy view: the general path
-        return None
-    m, p = Gv.shape[0], Av.shape[0]
-    Pn, qn, C, upper = np.empty((n, n)), np.empty(n), np.empty((m + p, n)), np.empty(m + p)
-    g_inf = np.zeros(m)
-    if prepare(Pv, qv, Av, bv, Gv, hv, SYMMETRY_TOL[dtype], Pn, qn, C, upper, g_inf):
+    copied = copy_in(P, q, A, b, G, h, SYMMETRY_TOL[dtype]) or _copy_views(tensors)
+    if copied is None or copied[0]:
         return None  # NaN/Inf, asymmetric P, a zero row of G: the general path's rules, errors
+    _, Pn, qn, C, upper, g_inf = copied
+    n, m = qn.shape[0], g_inf.shape[0]
+    p = C.shape[0] - m
     given = (data[2] is not None, data[4] is not None)
     eps_abs, eps_rel = options.eps_abs, options.eps_rel
     entry = backend(solver)
@@ -198,14 +216,22 @@ def small_forward(
         duals = np.concatenate((nu_p, mu_p))
     rel = max(eps_rel, RELATIVE_FLOOR)
     outputs = (np.empty(n), np.empty(p), np.empty(m))  # copies of (x, mu, nu) for the caller
-    ok, primal, dual = certify_point(
-        Pn, qn, C, upper, m, x, duals, working, g_inf, eps_abs, rel, ROUNDOFF, *outputs
-    )
+    exact = entry.exact_working_set
+    if exact:  # the certificate and _select's first test in one call
+        ok, primal, dual, dependent = certify_exact(
+            Pn, qn, C, upper, m, x, duals, working, g_inf, eps_abs, rel, ROUNDOFF, *outputs
+        )
+        select = dependent
+    else:
+        ok, primal, dual = certify_point(
+            Pn, qn, C, upper, m, x, duals, working, g_inf, eps_abs, rel, ROUNDOFF, *outputs
+        )
+        select = bool(m or p)
     if not ok:
         return None
-    if m or p:  # one multiplier selection at degenerate points (qp.certify.multipliers)
+    if select:  # one multiplier selection at degenerate points (qp.certify.multipliers)
         working = _select(Pn, qn, C, upper, m, outputs, duals, working, g_inf, eps_abs, eps_rel,
-                          exact=entry.exact_working_set)  # fmt: skip
+                          exact=exact, tested=exact)  # fmt: skip
     return SmallPoint(Pn, qn, C, upper, x, duals, working, g_inf, dtype, options, solver, given,
                       start_x, polished, BackwardDiagnostics(), time.perf_counter() - start,
                       primal, dual, outputs, iterations, warm_used)  # fmt: skip
@@ -225,13 +251,17 @@ def _select(
     eps_rel: float,
     *,
     exact: bool,
+    tested: bool = False,
 ) -> np.ndarray:
     """:func:`dxopt.qp.certify.multipliers.select_multipliers` at the certified point: the
     caller's copies ``outputs = (x, mu, nu)`` and the saved ``duals = [nu; mu]`` take the
     minimum-norm multipliers where the active rows are dependent; returns the working set
-    (with the rows that got a positive multiplier)."""
+    (with the rows that got a positive multiplier). ``tested``: the caller's
+    :func:`~dxopt.qp.lean.fused.certify_exact` found that the active rows may be dependent
+    (the test ``exact`` runs first otherwise)."""
     x, mu, nu = outputs
-    if exact and not may_be_dependent(C, upper, m, x, duals, eps_abs, max(eps_rel, RELATIVE_FLOOR)):
+    rel = max(eps_rel, RELATIVE_FLOOR)
+    if exact and not tested and not may_be_dependent(C, upper, m, x, duals, eps_abs, rel):
         return working  # daqp's working set, and no active row outside it (one kernel pass)
     p = C.shape[0] - m
     sel = select_multipliers(
