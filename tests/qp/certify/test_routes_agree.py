@@ -34,6 +34,7 @@ import dxopt.qp as dqp
 from dxopt.qp.certify import polish as _polish
 from dxopt.qp.certify import torch_certify as _torch_certify
 from dxopt.qp.certify.tolerances import ROUNDOFF, ROW_FLOOR
+from dxopt.qp.lean import fused as _fused
 from dxopt.qp.problem.canonical import canonical_problem
 from dxopt.qp.solvers.kernels import batch as _kbatch
 from dxopt.qp.solvers.kernels import certify as _kcertify
@@ -102,8 +103,9 @@ def _batch(kind: str) -> dict[str, np.ndarray]:
 for _module in pkgutil.walk_packages(dqp.__path__, "dxopt.qp."):  # the lazily imported too
     importlib.import_module(_module.name)
 
-SPIED = {
+SPIED = {  # the lean single route's certify_exact is certify_point plus a dependence test
     "certify_point": _kcertify.certify_point,
+    "certify_point (fused)": _fused.certify_exact,
     "forward_batch": _kbatch.forward_batch,
     "certify_batch": _kbatch.certify_batch,
     "polish": _polish.polish,
@@ -125,7 +127,8 @@ def _spy(monkeypatch: pytest.MonkeyPatch, calls: dict[str, list[dict[str, Any]]]
 
         def wrapper(*args: Any, _name=name, _func=func, _sig=sig, **kwargs: Any) -> Any:
             bound = _sig.bind(*args, **kwargs)
-            calls[_name].append({k: v for k, v in bound.arguments.items() if k in TOLERANCE_ARGS})
+            key = _name.removesuffix(" (fused)")  # the same certificate, the same arguments
+            calls[key].append({k: v for k, v in bound.arguments.items() if k in TOLERANCE_ARGS})
             return _func(*args, **kwargs)
 
         for module_name, module in list(sys.modules.items()):
