@@ -439,10 +439,13 @@ def _qptl_targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _target(label: str, value: float, limit: float) -> dict[str, Any]:
+    """A ratio of times target; a ratio that is not positive and finite (a backward time
+    taken as the difference of two medians, below the timer's noise) is no figure."""
+    measured = math.isfinite(value) and value > 0
     return {
         "target": f"{label} (<= {limit:g})",
         "figure": value,
-        "verdict": "MET" if value <= limit else "MISSED",
+        "verdict": ("MET" if value <= limit else "MISSED") if measured else "NO FIGURE (noise)",
     }
 
 

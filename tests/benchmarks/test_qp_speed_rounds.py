@@ -58,3 +58,12 @@ def test_slower_methods_single_calls_and_no_lead_in_past_50_ms(monkeypatch) -> N
     assert timed.count("fast") == 5 * 6  # a lead-in call and a block of 5 a round
     assert timed.count("medium") == 5 * 2  # a lead-in call and one timed call a round
     assert timed.count("slow") == 5  # one timed call a round
+
+
+def test_a_ratio_below_the_timer_noise_is_no_figure_not_a_pass():
+    from benchmarks.qp_speed.run import _target
+
+    assert _target("t", 0.5, 2.0)["verdict"] == "MET"
+    assert _target("t", 3.0, 2.0)["verdict"] == "MISSED"
+    for bad in (-0.04, 0.0, float("nan")):  # (fwd+bwd - fwd) / fwd from two noisy medians
+        assert _target("t", bad, 2.0)["verdict"].startswith("NO FIGURE")
