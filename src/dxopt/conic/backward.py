@@ -323,15 +323,20 @@ def _record(state: ForwardState, sys: _System, residual: Tensor, singular: Tenso
     bi.linear_solver, bi.residual, bi.refinement_steps = "lu", tuple(res), steps
     bi.singular, bi.condition = tuple(sing), tuple(cond)
     bad = (singular | sys.kink).tolist()
-    flagged = [i for j, i in enumerate(sys.idx) if bad[j]]
+    warn_flagged([i for j, i in enumerate(sys.idx) if bad[j]], stacklevel=4)
+
+
+def warn_flagged(flagged: list[int], *, stacklevel: int) -> None:
+    """The one :class:`ConicDegenerateWarning` of both routes for the samples ``flagged``
+    (a one-sided derivative at a kink, or the minimum-norm one of a singular Jacobian)."""
     if flagged:
         warnings.warn(
             "dxopt.conic: the derivative of samples "
             f"{flagged[:10]}{'...' if len(flagged) > 10 else ''} is one-sided (a cone kink: "
             "a weakly active face taken as inactive) or, where the Jacobian is singular, the "
-            "minimum-norm adjoint; see sol.info.kink and sol.info.backward",
+            "minimum-norm solution; see sol.info.kink and sol.info.backward",
             ConicDegenerateWarning,
-            stacklevel=4,
+            stacklevel=stacklevel + 1,
         )
 
 

@@ -54,7 +54,6 @@ the batch, sparse or dense; ``dq``, ``db`` batched or shared) solve
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -65,7 +64,7 @@ import scipy.sparse.linalg as spla
 import torch
 from torch import Tensor
 
-from dxopt.conic.backward import COND_MAX, PINV_RTOL
+from dxopt.conic.backward import COND_MAX, PINV_RTOL, warn_flagged
 from dxopt.conic.kkt import EPS, ROUNDOFF
 from dxopt.conic.sparse_kkt import (
     ConeJacobian,
@@ -73,7 +72,7 @@ from dxopt.conic.sparse_kkt import (
     cone_jacobian_sparse,
     lifted_solvers,
 )
-from dxopt.conic.types import ConicBackwardError, ConicBackwardInfo, ConicDegenerateWarning
+from dxopt.conic.types import ConicBackwardError, ConicBackwardInfo
 from dxopt.linalg import FactorizationError, inverse_norm_1, refine
 
 if TYPE_CHECKING:
@@ -258,16 +257,7 @@ def _implicit(
             "route='dense' gives the SVD's minimum-norm solution where the dense problem fits "
             "in memory"
         )
-    flagged = sorted(set(kinks) | {i for i in range(B) if out.singular[i]})
-    if flagged:
-        warnings.warn(
-            f"dxopt.conic: the derivative of samples {flagged[:10]}"
-            f"{'...' if len(flagged) > 10 else ''} is one-sided (a cone kink: a weakly active "
-            "face taken as inactive) or, where the Jacobian is singular, the minimum-norm "
-            "solution; see sol.info.kink and sol.info.backward",
-            ConicDegenerateWarning,
-            stacklevel=5,
-        )
+    warn_flagged(sorted(set(kinks) | {i for i in range(B) if out.singular[i]}), stacklevel=5)
 
 
 def adjoint_gradients(
