@@ -128,4 +128,6 @@ def test_qp_speed_has_the_qptl_case_and_its_target() -> None:
     # benchmark's medians judge speed)
     assert all(0 < r["forward_ms"] < math.inf and 0 < r["fwd_bwd_ms"] < math.inf for r in rows)
     found = [t for t in targets(rows) if t["target"].startswith(CASE)]
-    assert len(found) == 3 and all(t["verdict"] in ("MET", "MISSED") for t in found)
+    # a backward below the timer's noise (fwd+bwd <= fwd on one call each) is no figure
+    verdicts = ("MET", "MISSED", "NO FIGURE (noise)")
+    assert len(found) == 3 and all(t["verdict"] in verdicts for t in found)
